@@ -1,0 +1,346 @@
+//! Configuration: typed, defaulted, validated once, before any port is bound.
+//!
+//! Sources, later wins: the defaults below, a TOML file (`--config`), then
+//! environment variables `HERALD_<KEY>` with `__` between nested keys
+//! (`HERALD_LISTEN=127.0.0.1:9000`, `HERALD_WEBSOCKET__PING_INTERVAL=10s`,
+//! `HERALD_HTTP__API_KEYS=key1,key2`). `docs/herald.sample.toml` lists every key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use router::{NamespaceSettings, Namespaces};
+use serde::Deserialize;
+
+use crate::outbound::{Limits, Overflow};
+
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+/// Largest client message, in bytes, whole or reassembled from fragments.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Interval between server pings.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(25);
+/// Grace after a ping interval in which some frame must arrive.
+pub const DEFAULT_PONG_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a write to one client may take before the client counts as stuck.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the HTTP request head (the WebSocket handshake) may take.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server waits for the client's close frame after its own.
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// WebSocket connections per pod; more get HTTP 503 before the upgrade.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Bad commands in a row after which a client is closed with 4500.
+pub const DEFAULT_MAX_BAD_COMMANDS: u32 = 10;
+/// Frames a client's outgoing queue holds.
+pub const DEFAULT_QUEUE_FRAMES: usize = 1024;
+/// Bytes a client's outgoing queue holds, frames being written included.
+pub const DEFAULT_QUEUE_BYTES: usize = 1024 * 1024;
+/// How long a disconnected session can be resumed.
+pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(120);
+/// Subscriptions one connection may hold.
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
+/// Largest HTTP publish body.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+/// How long a draining pod waits for its clients to leave.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Exit code for a configuration error (EX_USAGE).
+pub const EXIT_BAD_CONFIG: i32 = 64;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// Address the HTTP and WebSocket server listens on.
+    pub listen: SocketAddr,
+    /// `memory`: the embedded single-pod broker.
+    pub broker: BrokerKind,
+    pub websocket: WebSocketConfig,
+    pub queue: QueueConfig,
+    pub session: SessionConfig,
+    pub http: HttpConfig,
+    pub shutdown: ShutdownConfig,
+    pub log: LogConfig,
+    /// Per-namespace settings; `default` is for topics without a `:`.
+    pub namespaces: BTreeMap<String, NamespaceSettings>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BrokerKind {
+    Memory,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebSocketConfig {
+    pub max_message_bytes: usize,
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub pong_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub close_timeout: Duration,
+    pub max_connections: usize,
+    pub max_bad_commands: u32,
+    /// Origins allowed to open a WebSocket; empty allows any (and requests
+    /// without `Origin`, as non-browser clients send).
+    pub allowed_origins: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    pub frames: usize,
+    pub bytes: usize,
+    pub overflow: Overflow,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionConfig {
+    #[serde(with = "humantime_serde")]
+    pub resume_window: Duration,
+    pub max_subscriptions: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Bearer keys for the publish API; empty leaves it open.
+    pub api_keys: Vec<String>,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter: `info`, `herald=debug,hyper=warn`, ...
+    pub level: String,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| unreachable!()),
+            broker: BrokerKind::Memory,
+            websocket: WebSocketConfig::default(),
+            queue: QueueConfig::default(),
+            session: SessionConfig::default(),
+            http: HttpConfig::default(),
+            shutdown: ShutdownConfig::default(),
+            log: LogConfig::default(),
+            namespaces: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            pong_timeout: DEFAULT_PONG_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            close_timeout: DEFAULT_CLOSE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_bad_commands: DEFAULT_MAX_BAD_COMMANDS,
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            frames: DEFAULT_QUEUE_FRAMES,
+            bytes: DEFAULT_QUEUE_BYTES,
+            overflow: Overflow::Disconnect,
+        }
+    }
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            resume_window: DEFAULT_RESUME_WINDOW,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// A configuration that cannot be used; the message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Source(#[from] config::ConfigError),
+    #[error("unknown key `{key}` in {file}")]
+    UnknownKey { key: String, file: String },
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+/// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
+/// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
+/// Service named herald.)
+const TOP_LEVEL_KEYS: [&str; 9] = [
+    "listen",
+    "broker",
+    "websocket",
+    "queue",
+    "session",
+    "http",
+    "shutdown",
+    "log",
+    "namespaces",
+];
+
+impl Config {
+    /// Reads the file (if any), then the `HERALD_*` variables of `env`, and
+    /// validates the result.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = file {
+            let source = config::File::from(path).format(config::FileFormat::Toml);
+            let keys = config::Config::builder()
+                .add_source(source.clone())
+                .build()?
+                .try_deserialize::<config::Map<String, config::Value>>()?;
+            if let Some(key) = keys.keys().find(|k| !TOP_LEVEL_KEYS.contains(&k.as_str())) {
+                return Err(ConfigError::UnknownKey {
+                    key: key.clone(),
+                    file: path.display().to_string(),
+                });
+            }
+            builder = builder.add_source(source);
+        }
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("HERALD_") && k != "HERALD_CONFIG")
+            .collect();
+        let env_source = config::Environment::with_prefix("HERALD")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("http.api_keys")
+            .with_list_parse_key("websocket.allowed_origins")
+            .source(Some(env));
+        let config: Config = builder.add_source(env_source).build()?.try_deserialize()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        let ws = &self.websocket;
+        if ws.max_message_bytes == 0 {
+            return invalid("websocket.max_message_bytes", "must be at least 1");
+        }
+        for (key, d) in [
+            ("websocket.ping_interval", ws.ping_interval),
+            ("websocket.pong_timeout", ws.pong_timeout),
+            ("websocket.write_timeout", ws.write_timeout),
+            ("websocket.handshake_timeout", ws.handshake_timeout),
+        ] {
+            if d.is_zero() {
+                return invalid(key, "must be longer than 0s");
+            }
+        }
+        if ws.max_connections == 0 {
+            return invalid("websocket.max_connections", "must be at least 1");
+        }
+        if self.queue.frames < 2 {
+            return invalid("queue.frames", "must be at least 2");
+        }
+        if self.queue.bytes < 2 * ws.max_message_bytes {
+            return invalid(
+                "queue.bytes",
+                "must hold at least two of the largest messages (2 x websocket.max_message_bytes)",
+            );
+        }
+        if self.http.max_body_bytes == 0 {
+            return invalid("http.max_body_bytes", "must be at least 1");
+        }
+        if self.http.api_keys.iter().any(|k| k.trim().is_empty()) {
+            return invalid("http.api_keys", "keys must not be empty");
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return invalid("log.level", "not a tracing filter (try `info` or `herald=debug`)");
+        }
+        if let Err(e) = Namespaces::new(&self.namespaces) {
+            return Err(ConfigError::Invalid {
+                key: "namespaces",
+                reason: e.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The validated namespace table.
+    pub fn namespaces(&self) -> Namespaces {
+        Namespaces::new(&self.namespaces).unwrap_or_default()
+    }
+
+    /// The outgoing queue bounds of each connection.
+    pub fn queue_limits(&self) -> Limits {
+        Limits {
+            frames: self.queue.frames,
+            bytes: self.queue.bytes,
+            overflow: self.queue.overflow,
+        }
+    }
+}

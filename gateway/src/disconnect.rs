@@ -1,0 +1,149 @@
+//! Why a connection ended, and the close code that tells the client.
+//!
+//! Herald's own codes are split in two ranges, so that a client library can
+//! decide without knowing every code:
+//!
+//! | code | range | meaning |
+//! |------|-------|---------|
+//! | 4000 | reconnect | slow consumer: the outgoing queue overflowed or a write timed out |
+//! | 4001 | reconnect | no frame from the client for `ping_interval + pong_timeout` |
+//! | 4500 | do not reconnect | too many bad commands in a row |
+//! | 4501 | do not reconnect | session taken over by a newer connection that resumed it |
+//!
+//! 4000-4499 mean "come back (with `resume`) after a backoff"; 4500-4999 mean
+//! "do not retry without changing something". Standard codes are used where
+//! RFC 6455 has one: 1002, 1003, 1007, 1009, and 1012 for a pod that is
+//! draining.
+
+use fastwebsockets::WebSocketError;
+
+/// Herald's close codes; see the module docs.
+pub mod code {
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    pub const UNSUPPORTED_DATA: u16 = 1003;
+    pub const INVALID_PAYLOAD: u16 = 1007;
+    pub const MESSAGE_TOO_BIG: u16 = 1009;
+    pub const SERVICE_RESTART: u16 = 1012;
+    pub const SLOW_CONSUMER: u16 = 4000;
+    pub const DEAD_PEER: u16 = 4001;
+    pub const BAD_COMMANDS: u16 = 4500;
+    pub const TAKEN_OVER: u16 = 4501;
+}
+
+/// Why a connection ended. Each reason is one metric label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client sent a close frame.
+    ClientClosed,
+    /// The TCP connection ended or failed without a close handshake.
+    ConnectionLost,
+    /// A frame broke RFC 6455 (unmasked, bad fragmentation, reserved bits...).
+    ProtocolError,
+    /// A binary message: the JSON protocol speaks text only.
+    UnsupportedData,
+    /// A text message that is not UTF-8.
+    InvalidUtf8,
+    /// A message over `websocket.max_message_bytes`.
+    MessageTooBig,
+    /// The outgoing queue overflowed.
+    SlowConsumer,
+    /// A write did not finish within `websocket.write_timeout`.
+    WriteTimeout,
+    /// Nothing arrived for `ping_interval + pong_timeout`.
+    DeadPeer,
+    /// Too many bad commands in a row.
+    BadCommands,
+    /// Another connection resumed this session.
+    TakenOver,
+    /// The pod is draining.
+    Shutdown,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 12] = [
+        CloseReason::ClientClosed,
+        CloseReason::ConnectionLost,
+        CloseReason::ProtocolError,
+        CloseReason::UnsupportedData,
+        CloseReason::InvalidUtf8,
+        CloseReason::MessageTooBig,
+        CloseReason::SlowConsumer,
+        CloseReason::WriteTimeout,
+        CloseReason::DeadPeer,
+        CloseReason::BadCommands,
+        CloseReason::TakenOver,
+        CloseReason::Shutdown,
+    ];
+
+    /// The close code the server sends, if it sends one.
+    pub fn code(self) -> Option<u16> {
+        Some(match self {
+            CloseReason::ClientClosed | CloseReason::ConnectionLost => return None,
+            CloseReason::ProtocolError => code::PROTOCOL_ERROR,
+            CloseReason::UnsupportedData => code::UNSUPPORTED_DATA,
+            CloseReason::InvalidUtf8 => code::INVALID_PAYLOAD,
+            CloseReason::MessageTooBig => code::MESSAGE_TOO_BIG,
+            CloseReason::SlowConsumer | CloseReason::WriteTimeout => code::SLOW_CONSUMER,
+            CloseReason::DeadPeer => code::DEAD_PEER,
+            CloseReason::BadCommands => code::BAD_COMMANDS,
+            CloseReason::TakenOver => code::TAKEN_OVER,
+            CloseReason::Shutdown => code::SERVICE_RESTART,
+        })
+    }
+
+    /// The metric label and log field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::ClientClosed => "client_closed",
+            CloseReason::ConnectionLost => "connection_lost",
+            CloseReason::ProtocolError => "protocol_error",
+            CloseReason::UnsupportedData => "unsupported_data",
+            CloseReason::InvalidUtf8 => "invalid_utf8",
+            CloseReason::MessageTooBig => "message_too_big",
+            CloseReason::SlowConsumer => "slow_consumer",
+            CloseReason::WriteTimeout => "write_timeout",
+            CloseReason::DeadPeer => "dead_peer",
+            CloseReason::BadCommands => "bad_commands",
+            CloseReason::TakenOver => "taken_over",
+            CloseReason::Shutdown => "shutdown",
+        }
+    }
+
+    /// The reason text sent in the close frame.
+    pub fn text(self) -> &'static str {
+        match self {
+            CloseReason::SlowConsumer => "slow consumer",
+            CloseReason::WriteTimeout => "write timeout",
+            CloseReason::DeadPeer => "no pong",
+            CloseReason::BadCommands => "too many bad commands",
+            CloseReason::TakenOver => "session resumed elsewhere",
+            CloseReason::Shutdown => "pod draining",
+            CloseReason::MessageTooBig => "message too big",
+            CloseReason::InvalidUtf8 => "invalid utf-8",
+            CloseReason::UnsupportedData => "text frames only",
+            _ => "",
+        }
+    }
+
+    /// Whether the server waits for the client's close frame after sending its
+    /// own. Not after a broken frame (the stream cannot be read any more) or
+    /// when the client is not reading.
+    pub fn lingers(self) -> bool {
+        matches!(
+            self,
+            CloseReason::BadCommands | CloseReason::TakenOver | CloseReason::Shutdown
+        )
+    }
+
+    /// The reason a read error closes the connection with.
+    pub fn from_read_error(e: &WebSocketError) -> Self {
+        match e {
+            WebSocketError::InvalidUTF8 => CloseReason::InvalidUtf8,
+            WebSocketError::FrameTooLarge => CloseReason::MessageTooBig,
+            WebSocketError::IoError(_) | WebSocketError::UnexpectedEOF => {
+                CloseReason::ConnectionLost
+            }
+            _ => CloseReason::ProtocolError,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The pod's local subscribers, by topic.
+//!
+//! The broker hands every publication of a watched topic to [`Hub::deliver`],
+//! which encodes its frame once and pushes it to each subscriber's queue. The
+//! topic table is sharded, each shard behind its own short lock: no global
+//! lock on the publish path, no lock held across an `.await`.
+//!
+//! A new subscriber starts out *buffering*: publications that arrive while
+//! its session reads history are kept aside, and [`Hub::go_live`] releases
+//! those the history did not already cover. That is what makes `since`
+//! gapless and duplicate-free under concurrent publishing.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use router::{Deliver, Publication, Topic};
+use tokio::sync::OnceCell;
+
+use crate::frame;
+use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Pushed};
+
+const SHARDS: usize = 64;
+
+/// A connection's id, unique within the pod.
+pub type ConnId = u64;
+
+pub struct Hub {
+    shards: Box<[Mutex<HashMap<Topic, LocalTopic>>]>,
+    metrics: Arc<Metrics>,
+    /// Most publications a buffering subscriber may hold aside.
+    max_pending: usize,
+}
+
+struct LocalTopic {
+    subscribers: HashMap<ConnId, Subscriber>,
+    /// Set once the broker watches the topic for this pod.
+    watched: Arc<OnceCell<()>>,
+}
+
+struct Subscriber {
+    out: Outbound,
+    /// `Some` while the session reads history: frames held aside, with seqs.
+    pending: Option<Vec<(u64, Bytes)>>,
+}
+
+/// The result of [`Hub::join`].
+pub struct Joined {
+    /// Initialised by whoever gets there first with `Broker::watch`.
+    pub watched: Arc<OnceCell<()>>,
+}
+
+impl Hub {
+    pub fn new(metrics: Arc<Metrics>, max_pending: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            metrics,
+            max_pending,
+        }
+    }
+
+    fn shard(&self, topic: &Topic) -> MutexGuard<'_, HashMap<Topic, LocalTopic>> {
+        let mut h = DefaultHasher::new();
+        topic.as_str().hash(&mut h);
+        let index = (h.finish() as usize) % SHARDS;
+        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a buffering subscriber.
+    pub fn join(&self, topic: &Topic, conn: ConnId, out: Outbound) -> Joined {
+        let mut shard = self.shard(topic);
+        let local = shard.entry(topic.clone()).or_insert_with(|| {
+            self.metrics.topics.inc();
+            LocalTopic {
+                subscribers: HashMap::new(),
+                watched: Arc::new(OnceCell::new()),
+            }
+        });
+        let subscriber = Subscriber {
+            out,
+            pending: Some(Vec::new()),
+        };
+        if local.subscribers.insert(conn, subscriber).is_none() {
+            self.metrics.subscriptions.inc();
+        }
+        Joined {
+            watched: local.watched.clone(),
+        }
+    }
+
+    /// Ends buffering: queues the held-aside frames after `seq` (what the
+    /// session already sent from history), then delivers directly.
+    pub fn go_live(&self, topic: &Topic, conn: ConnId, seq: u64) {
+        let mut shard = self.shard(topic);
+        let Some(subscriber) = shard
+            .get_mut(topic)
+            .and_then(|local| local.subscribers.get_mut(&conn))
+        else {
+            return;
+        };
+        for (pending_seq, frame) in subscriber.pending.take().unwrap_or_default() {
+            if pending_seq > seq {
+                self.count(subscriber.out.push(frame));
+            }
+        }
+    }
+
+    /// Removes a subscriber. Returns true when it was the topic's last one on
+    /// this pod, whose broker watch was then established: the caller unwatches.
+    pub fn leave(&self, topic: &Topic, conn: ConnId) -> bool {
+        let mut shard = self.shard(topic);
+        let Some(local) = shard.get_mut(topic) else {
+            return false;
+        };
+        if local.subscribers.remove(&conn).is_some() {
+            self.metrics.subscriptions.dec();
+        }
+        if !local.subscribers.is_empty() {
+            return false;
+        }
+        let watched = local.watched.initialized();
+        shard.remove(topic);
+        self.metrics.topics.dec();
+        watched
+    }
+
+    /// Local subscribers of `topic`.
+    pub fn subscribers(&self, topic: &Topic) -> usize {
+        self.shard(topic)
+            .get(topic)
+            .map_or(0, |local| local.subscribers.len())
+    }
+
+    fn count(&self, pushed: Pushed) {
+        if pushed == Pushed::Dropped {
+            self.metrics.dropped_queue_full.inc();
+        }
+    }
+}
+
+impl Deliver for Hub {
+    fn deliver(&self, publication: &Publication) {
+        let mut shard = self.shard(&publication.topic);
+        let Some(local) = shard.get_mut(&publication.topic) else {
+            return;
+        };
+        let frame = frame::publication(publication);
+        for subscriber in local.subscribers.values_mut() {
+            match &mut subscriber.pending {
+                None => self.count(subscriber.out.push(frame.clone())),
+                Some(pending) if pending.len() < self.max_pending => {
+                    pending.push((publication.seq, frame.clone()));
+                }
+                // Held aside too much while replaying: the same rule as a
+                // full queue.
+                Some(_) => self.count(subscriber.out.overflow()),
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Herald's gateway pod.
+//!
+//! - [`server`]: accepts TCP, serves HTTP/1.1, routes, upgrades `/ws`, drains.
+//! - [`api`]: `POST /v1/publish`, `/healthz`, `/readyz`, `/metrics`.
+//! - [`session`]: one WebSocket connection: a reader (commands) and a writer
+//!   task (the only owner of the socket's write half).
+//! - [`outbound`]: each connection's bounded outgoing queue and its overflow rule.
+//! - [`hub`]: the pod's local subscribers by topic; fan-out.
+//! - [`frame`]: server frames, encoded once per publication.
+//! - [`disconnect`]: close reasons and codes.
+//! - [`node`]: the pod's shared state; [`config`]; [`metrics`].
+//!
+//! One message's way: a client's `pub` frame is read by the session reader,
+//! passed to the broker (`router`), which gives it a seq, keeps it in
+//! history and hands it to the hub; the hub encodes the `msg` frame once and
+//! pushes it to every subscriber's queue without waiting; each subscriber's
+//! writer takes its queue and writes it to the socket with one `writev`.
+
+pub mod api;
+pub mod config;
+pub mod disconnect;
+pub mod frame;
+pub mod hub;
+pub mod metrics;
+pub mod node;
+pub mod outbound;
+pub mod server;
+pub mod session;
+
+pub use config::Config;
+pub use node::Node;
+pub use server::{run, serve};

@@ -1,0 +1,134 @@
+//! `herald`: loads the configuration, sets up logging, binds, and runs the
+//! gateway until SIGTERM or SIGINT, then drains.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use gateway::Config;
+use gateway::config::{EXIT_BAD_CONFIG, LogFormat};
+use tokio::net::TcpListener;
+
+const USAGE: &str = "\
+herald: a realtime WebSocket gateway
+
+Usage: herald [--config <file.toml>] [--check]
+
+Options:
+  -c, --config <file>  TOML configuration (docs/herald.sample.toml lists every key)
+      --check          validate the configuration and exit
+  -h, --help           print this help
+  -V, --version        print the version
+
+Every key can be set from the environment: HERALD_<KEY>, with __ between
+nested keys, e.g. HERALD_LISTEN=127.0.0.1:9000 or
+HERALD_WEBSOCKET__PING_INTERVAL=10s. The environment wins over the file.
+
+Without a file or variables, herald listens on 0.0.0.0:8080 with the
+embedded single-pod broker.";
+
+struct Args {
+    config: Option<PathBuf>,
+    check: bool,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut args = Args {
+        config: None,
+        check: false,
+    };
+    let mut it = std::env::args_os().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.to_str() {
+            Some("-h" | "--help") => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            Some("-V" | "--version") => {
+                println!("herald {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            Some("-c" | "--config") => {
+                let path = it.next().ok_or("--config needs a file")?;
+                args.config = Some(PathBuf::from(path));
+            }
+            Some("--check") => args.check = true,
+            _ => return Err(format!("unexpected argument {arg:?}; see --help")),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(args)) => args,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        }
+    };
+    let config = match Config::load(args.config.as_deref(), std::env::vars()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("herald: bad configuration: {e}");
+            return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        }
+    };
+    if args.check {
+        println!("configuration ok");
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&config);
+    match serve(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("herald: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    // Each connection is a file descriptor: take all the process may have.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "file descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        tracing::info!(listen = %config.listen, broker = ?config.broker, "herald listening");
+        gateway::run(config, listener, shutdown_signal()).await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// SIGTERM (Kubernetes) or SIGINT (a terminal).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot listen for signals; stop herald with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}

@@ -1,0 +1,132 @@
+//! The pod's shared state: configuration, hub, broker, live sessions, metrics,
+//! and the drain signal. One per running gateway; every connection holds it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use router::{Broker, MemoryBroker, Namespaces, SessionStore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{BrokerKind, Config};
+use crate::hub::{ConnId, Hub};
+use crate::metrics::Metrics;
+
+/// How long a resume waits for the connection it takes over to let go.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
+
+pub struct Node {
+    pub config: Config,
+    pub hub: Arc<Hub>,
+    pub broker: Arc<dyn Broker>,
+    pub sessions: Arc<dyn SessionStore>,
+    pub namespaces: Arc<Namespaces>,
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when the pod starts draining.
+    pub drain: CancellationToken,
+    /// Every connection task, upgraded or not: shutdown waits for them.
+    pub tasks: TaskTracker,
+    /// The zero of ping timestamps.
+    pub clock: Instant,
+    live: Mutex<HashMap<Arc<str>, LiveSession>>,
+    connections: AtomicUsize,
+    next_conn: AtomicU64,
+}
+
+/// A session with a connection on this pod.
+#[derive(Clone)]
+struct LiveSession {
+    conn: ConnId,
+    takeover: CancellationToken,
+    ended: CancellationToken,
+}
+
+impl Node {
+    pub fn new(config: Config) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
+        let namespaces = Arc::new(config.namespaces());
+        let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
+            BrokerKind::Memory => {
+                let memory = MemoryBroker::new(namespaces.clone(), hub.clone());
+                (Arc::new(memory.clone()), Arc::new(memory))
+            }
+        };
+        Arc::new(Self {
+            config,
+            hub,
+            broker,
+            sessions,
+            namespaces,
+            metrics,
+            drain: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            clock: Instant::now(),
+            live: Mutex::new(HashMap::new()),
+            connections: AtomicUsize::new(0),
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.drain.is_cancelled()
+    }
+
+    /// Takes one of the pod's connection slots, unless all are taken.
+    pub fn admit(self: &Arc<Self>) -> Option<Admission> {
+        let max = self.config.websocket.max_connections;
+        self.connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()?;
+        self.metrics.connections.inc();
+        self.metrics.connections_opened.inc();
+        Some(Admission {
+            node: self.clone(),
+            conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<Arc<str>, LiveSession>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `conn` now serves session `id`; `takeover` is cancelled
+    /// when a newer connection resumes it, and the connection cancels `ended`
+    /// once it has saved the session.
+    pub fn register(&self, id: Arc<str>, conn: ConnId, takeover: CancellationToken, ended: CancellationToken) {
+        self.live().insert(id, LiveSession { conn, takeover, ended });
+    }
+
+    pub fn deregister(&self, id: &str, conn: ConnId) {
+        let mut live = self.live();
+        if live.get(id).is_some_and(|l| l.conn == conn) {
+            live.remove(id);
+        }
+    }
+
+    /// Asks the connection that serves session `id` (if any) to end, and waits
+    /// until it has saved the session: a resume must see its latest acks.
+    pub async fn take_over(&self, id: &str) {
+        let current = self.live().get(id).cloned();
+        if let Some(current) = current {
+            current.takeover.cancel();
+            let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
+        }
+    }
+}
+
+/// A connection slot, given back on drop.
+pub struct Admission {
+    node: Arc<Node>,
+    pub conn: ConnId,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.node.connections.fetch_sub(1, Ordering::AcqRel);
+        self.node.metrics.connections.dec();
+    }
+}

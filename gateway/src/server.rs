@@ -1,0 +1,174 @@
+//! The listener: accepts TCP connections, serves HTTP/1.1 on each, routes
+//! requests, upgrades `/ws`, and drains on shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ORIGIN, RETRY_AFTER};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::api;
+use crate::config::Config;
+use crate::node::Node;
+use crate::session;
+
+/// Keepalive probes start after this much TCP silence.
+const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Pause after a failed `accept` (out of file descriptors, say), so that the
+/// loop does not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+pub type Body = Full<Bytes>;
+
+/// Serves `listener` with `config` until `shutdown` resolves, then drains:
+/// `/readyz` turns 503, no new connections or upgrades are taken, every client
+/// gets `reconnect` and a 1012 close, and this returns once they are gone or
+/// `shutdown.drain_timeout` has passed.
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let node = Node::new(config);
+    serve(node, listener, shutdown).await;
+}
+
+/// [`run`] with a node built by the caller (tests read its metrics).
+pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    node.tasks.spawn(connection(stream, peer, node.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let timeout = node.config.shutdown.drain_timeout;
+    tracing::info!(connections = node.metrics.connections.get(), ?timeout, "draining");
+    node.drain.cancel();
+    node.tasks.close();
+    if tokio::time::timeout(timeout, node.tasks.wait()).await.is_err() {
+        tracing::warn!(
+            remaining = node.metrics.connections.get(),
+            "drain timeout passed; dropping the connections left"
+        );
+    }
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
+    if let Err(e) = tune(&stream) {
+        tracing::debug!(%peer, error = %e, "socket options not set");
+    }
+    let service = {
+        let node = node.clone();
+        service_fn(move |req| route(req, node.clone()))
+    };
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(node.config.websocket.handshake_timeout)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = node.drain.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "http connection ended");
+    }
+}
+
+/// TCP_NODELAY (frames go out as soon as they are written) and keepalive
+/// (half-open connections are found even where no ping gets through).
+fn tune(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
+async fn route(req: Request<Incoming>, node: Arc<Node>) -> Result<Response<Body>, Infallible> {
+    let response = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/ws") => upgrade(req, node),
+        (&Method::POST, "/v1/publish") => api::publish(req, &node).await,
+        (&Method::GET, "/healthz") => api::text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") if node.is_draining() => {
+            api::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        }
+        (&Method::GET, "/readyz") => api::text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/metrics") => api::metrics(&node),
+        (_, "/ws" | "/v1/publish" | "/healthz" | "/readyz" | "/metrics") => {
+            api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+        }
+        _ => api::text(StatusCode::NOT_FOUND, "not found\n"),
+    };
+    Ok(response)
+}
+
+/// Checks the handshake, takes a connection slot and hands the upgraded
+/// connection to a session task. The 101 must go out before the upgrade
+/// completes, so the session runs in its own task.
+fn upgrade(mut req: Request<Incoming>, node: Arc<Node>) -> Response<Body> {
+    let reject = |reason: &str, status, message| {
+        node.metrics.upgrades_rejected.with_label_values(&[reason]).inc();
+        api::text(status, message)
+    };
+    if !fastwebsockets::upgrade::is_upgrade_request(&req) {
+        return reject("bad_handshake", StatusCode::BAD_REQUEST, "expected a WebSocket upgrade\n");
+    }
+    if node.is_draining() {
+        return reject("draining", StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+    }
+    if !origin_allowed(&node.config.websocket.allowed_origins, req.headers().get(ORIGIN)) {
+        return reject("origin", StatusCode::FORBIDDEN, "origin not allowed\n");
+    }
+    let Some(admission) = node.admit() else {
+        let mut response = reject("at_capacity", StatusCode::SERVICE_UNAVAILABLE, "at capacity\n");
+        response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
+    let (response, upgrading) = match fastwebsockets::upgrade::upgrade(&mut req) {
+        Ok(upgrade) => upgrade,
+        Err(e) => {
+            drop(admission);
+            return reject("bad_handshake", StatusCode::BAD_REQUEST, &format!("{e}\n"));
+        }
+    };
+    let tasks = node.tasks.clone();
+    tasks.spawn(async move {
+        match upgrading.await {
+            Ok(ws) => session::serve_upgraded(ws, node, admission).await,
+            Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
+        }
+    });
+    response.map(|_| Body::default())
+}
+
+fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
+    if allowed.is_empty() {
+        return true;
+    }
+    origin
+        .and_then(|o| o.to_str().ok())
+        .is_some_and(|o| allowed.iter().any(|a| a.eq_ignore_ascii_case(o)))
+}

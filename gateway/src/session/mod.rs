@@ -1,0 +1,481 @@
+//! One WebSocket connection: a reader (this task) and a writer task.
+//!
+//! The reader decodes commands and acts on them: subscriptions go through the
+//! hub and the broker, replies and replays go to the connection's outgoing
+//! queue, which the writer drains. The session keeps what a resume needs: the
+//! subscriptions and, for each, how far the client acked.
+
+mod reader;
+mod writer;
+
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fastwebsockets::WebSocket;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use proto::{Command, CommandError, ErrorCode, ServerMessage};
+use rand::RngCore;
+use router::{BrokerError, Epoch, SessionSnapshot, Since, SubscriptionState, Topic};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::disconnect::CloseReason;
+use crate::frame;
+use crate::hub::ConnId;
+use crate::node::{Admission, Node};
+use crate::outbound::Outbound;
+use reader::{Incoming, Reader};
+
+/// Serves an upgraded connection until it ends.
+pub async fn serve_upgraded(ws: WebSocket<TokioIo<Upgraded>>, node: Arc<Node>, admission: Admission) {
+    let upgraded = ws.into_inner().into_inner();
+    // Own the TCP stream's halves directly: no lock between reader and writer.
+    match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            let (read, write) = parts.io.into_inner().into_split();
+            // Bytes the client sent right behind its handshake come first.
+            let read = Cursor::new(parts.read_buf).chain(read);
+            serve(read, write, node, admission).await;
+        }
+        Err(upgraded) => {
+            let (read, write) = tokio::io::split(TokioIo::new(upgraded));
+            serve(read, write, node, admission).await;
+        }
+    }
+}
+
+async fn serve<R, W>(read: R, write: W, node: Arc<Node>, admission: Admission)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let out = Outbound::new(node.config.queue_limits());
+    let stop = CancellationToken::new();
+    let writer = node
+        .tasks
+        .spawn(writer::run(write, out.clone(), stop.clone(), node.clone()));
+    let mut session = Session {
+        conn: admission.conn,
+        id: None,
+        resumed: false,
+        out: out.clone(),
+        subscriptions: HashMap::new(),
+        bad_in_a_row: 0,
+        takeover: CancellationToken::new(),
+        ended: CancellationToken::new(),
+        node: node.clone(),
+    };
+    let mut reader = Reader::new(read, node.config.websocket.max_message_bytes);
+    session.read(&mut reader, &stop).await;
+    drop(reader);
+    let _ = writer.await;
+    session.end().await;
+    drop(admission);
+}
+
+struct Session {
+    conn: ConnId,
+    /// Set by the first command (an explicit or implied `hello`).
+    id: Option<Arc<str>>,
+    resumed: bool,
+    out: Outbound,
+    subscriptions: HashMap<Topic, Subscription>,
+    bad_in_a_row: u32,
+    /// Cancelled when another connection resumes this session.
+    takeover: CancellationToken,
+    /// Cancelled once this session is saved and gone.
+    ended: CancellationToken,
+    node: Arc<Node>,
+}
+
+struct Subscription {
+    epoch: Epoch,
+    /// The newest seq acked, or the seq the subscription started after.
+    position: u64,
+}
+
+impl Session {
+    async fn read<R: AsyncRead + Unpin>(&mut self, reader: &mut Reader<R>, stop: &CancellationToken) {
+        let ws = &self.node.config.websocket;
+        let idle = ws.ping_interval + ws.pong_timeout;
+        loop {
+            // Every branch but the read ends the connection, so dropping an
+            // unfinished read (which is not cancel-safe) is harmless.
+            let next = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = self.takeover.cancelled() => {
+                    self.out.close(CloseReason::TakenOver, false);
+                    return;
+                }
+                next = tokio::time::timeout(idle, reader.next(&self.out)) => next,
+            };
+            match next {
+                Err(_) => {
+                    self.out.close(CloseReason::DeadPeer, false);
+                    return;
+                }
+                Ok(Err(reason)) => {
+                    if reason.code().is_some() {
+                        self.out.close(reason, false);
+                    } else {
+                        self.out.note_reason(reason);
+                        stop.cancel();
+                    }
+                    return;
+                }
+                Ok(Ok(Incoming::Close)) => {
+                    // Our close went out first: this completes the handshake.
+                    if self.out.reason() != Some(CloseReason::ClientClosed) {
+                        stop.cancel();
+                    }
+                    return;
+                }
+                Ok(Ok(Incoming::Ping(payload))) => {
+                    self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
+                }
+                Ok(Ok(Incoming::Pong(payload))) => self.observe_pong(&payload),
+                Ok(Ok(Incoming::Text(text))) => {
+                    if !self.out.is_closing() {
+                        self.command(text).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn observe_pong(&self, payload: &[u8]) {
+        if let Ok(stamp) = <[u8; 8]>::try_from(payload) {
+            let sent = u64::from_be_bytes(stamp);
+            let now = self.node.clock.elapsed().as_micros() as u64;
+            if let Some(rtt) = now.checked_sub(sent) {
+                self.node.metrics.ping_rtt.observe(rtt as f64 / 1e6);
+            }
+        }
+    }
+
+    async fn command(&mut self, text: Bytes) {
+        let Ok(json) = std::str::from_utf8(&text) else {
+            // The reader only yields valid UTF-8.
+            self.out.close(CloseReason::InvalidUtf8, false);
+            return;
+        };
+        let result = match Command::decode(json) {
+            Err(e) => Err(e),
+            Ok(Command::Hello { resume, .. }) if self.id.is_none() => {
+                self.hello(resume.as_deref()).await;
+                Ok(())
+            }
+            Ok(Command::Hello { .. }) => Err(CommandError::new(
+                None,
+                ErrorCode::Malformed,
+                "hello must be the first command",
+            )),
+            Ok(command) => {
+                if self.id.is_none() {
+                    self.hello(None).await;
+                }
+                self.act(command, &text).await
+            }
+        };
+        match result {
+            Ok(()) => self.bad_in_a_row = 0,
+            Err(e) => self.reject(e).await,
+        }
+    }
+
+    async fn act(&mut self, command: Command<'_>, text: &Bytes) -> Result<(), CommandError> {
+        match command {
+            Command::Hello { .. } => Ok(()),
+            Command::Sub {
+                id,
+                topic,
+                since,
+                epoch,
+            } => {
+                let topic = self.topic(Some(id), &topic)?;
+                if self.subscriptions.contains_key(&topic) {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::AlreadySubscribed,
+                        format!("already subscribed to `{topic}`"),
+                    ));
+                }
+                if self.subscriptions.len() >= self.node.config.session.max_subscriptions {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::TooManySubscriptions,
+                        format!(
+                            "at most {} subscriptions per connection",
+                            self.node.config.session.max_subscriptions
+                        ),
+                    ));
+                }
+                let since = since.map(|seq| Since {
+                    seq,
+                    epoch: epoch.map(|e| e.into_owned()),
+                });
+                self.subscribe(Some(id), topic, since).await
+            }
+            Command::Unsub { id, topic } => {
+                let topic = self.topic(Some(id), &topic)?;
+                if self.subscriptions.remove(&topic).is_none() {
+                    return Err(not_subscribed(Some(id), &topic));
+                }
+                self.leave(&topic).await;
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: topic.as_str(),
+                    seq: None,
+                    epoch: None,
+                    recovered: None,
+                })
+                .await;
+                Ok(())
+            }
+            Command::Pub { id, topic, data } => {
+                let topic = self.topic(Some(id), &topic)?;
+                let allowed = self.node.namespaces.get(&topic).is_some_and(|ns| ns.client_publish);
+                if !allowed {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::Forbidden,
+                        format!("clients may not publish to `{topic}`"),
+                    ));
+                }
+                // `data` points into the frame: publish it without a copy.
+                let data = text.slice_ref(data.get().as_bytes());
+                let position = self
+                    .node
+                    .broker
+                    .publish(&topic, data)
+                    .await
+                    .map_err(|e| broker_error(Some(id), e))?;
+                self.node.metrics.published.inc();
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: topic.as_str(),
+                    seq: Some(position.seq),
+                    epoch: Some(&position.epoch),
+                    recovered: None,
+                })
+                .await;
+                Ok(())
+            }
+            Command::Ack { topic, seq } => {
+                let topic = self.topic(None, &topic)?;
+                let Some(subscription) = self.subscriptions.get_mut(&topic) else {
+                    return Err(not_subscribed(None, &topic));
+                };
+                subscription.position = subscription.position.max(seq);
+                Ok(())
+            }
+        }
+    }
+
+    /// Parses a topic and checks that its namespace exists.
+    fn topic(&self, id: Option<u64>, name: &str) -> Result<Topic, CommandError> {
+        let topic = Topic::parse(name).map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()))?;
+        if self.node.namespaces.get(&topic).is_none() {
+            return Err(CommandError::new(
+                id,
+                ErrorCode::UnknownNamespace,
+                format!("namespace `{}` is not configured", topic.namespace()),
+            ));
+        }
+        Ok(topic)
+    }
+
+    /// Starts (or restores) the session and sends `welcome`.
+    async fn hello(&mut self, resume: Option<&str>) {
+        let mut restored = None;
+        if let Some(id) = resume {
+            self.node.take_over(id).await;
+            match self.node.sessions.load(id).await {
+                Ok(snapshot) => restored = snapshot.map(|s| (Arc::<str>::from(id), s)),
+                Err(e) => tracing::warn!(error = %e, "session store unavailable; starting a fresh session"),
+            }
+            let label = if restored.is_some() { "true" } else { "false" };
+            self.node.metrics.resumes.with_label_values(&[label]).inc();
+        }
+        let (id, snapshot) = match restored {
+            Some((id, snapshot)) => (id, Some(snapshot)),
+            None => (new_session_id(), None),
+        };
+        self.resumed = snapshot.is_some();
+        self.node
+            .register(id.clone(), self.conn, self.takeover.clone(), self.ended.clone());
+        self.id = Some(id.clone());
+        let ping_ms = self.node.config.websocket.ping_interval.as_millis() as u64;
+        self.reply(ServerMessage::Welcome {
+            session: &id,
+            ping_ms,
+            resumed: self.resumed,
+        })
+        .await;
+        for state in snapshot.map(|s| s.subscriptions).unwrap_or_default() {
+            let since = Since {
+                seq: state.position,
+                epoch: Some(state.epoch.to_string()),
+            };
+            if let Err(e) = self.subscribe(None, state.topic, Some(since)).await {
+                self.reject(e).await;
+            }
+        }
+    }
+
+    /// Subscribes: live delivery first (buffered), then the topic's position
+    /// and history, then the buffered messages the history did not cover.
+    /// Without `id` this restores a resumed subscription: no `ok`, and a
+    /// `reset` when history cannot bridge the gap.
+    async fn subscribe(&mut self, id: Option<u64>, topic: Topic, since: Option<Since>) -> Result<(), CommandError> {
+        let node = self.node.clone();
+        let joined = node.hub.join(&topic, self.conn, self.out.clone());
+        let watched = joined
+            .watched
+            .get_or_try_init(|| node.broker.watch(&topic))
+            .await;
+        let recovery = match watched {
+            Ok(()) => node.broker.recover(&topic, since.clone()).await,
+            Err(e) => Err(e),
+        };
+        let recovery = match recovery {
+            Ok(recovery) => recovery,
+            Err(e) => {
+                self.leave(&topic).await;
+                return Err(broker_error(id, e));
+            }
+        };
+        let position = recovery.position.clone();
+        if since.is_some() {
+            let label = if recovery.recovered { "true" } else { "false" };
+            node.metrics.replays.with_label_values(&[label]).inc();
+        }
+        match id {
+            Some(id) => {
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: topic.as_str(),
+                    seq: Some(position.seq),
+                    epoch: Some(&position.epoch),
+                    recovered: since.as_ref().map(|_| recovery.recovered),
+                })
+                .await;
+            }
+            None if !recovery.recovered => {
+                self.reply(ServerMessage::Reset {
+                    topic: topic.as_str(),
+                    epoch: &position.epoch,
+                    seq: position.seq,
+                })
+                .await;
+            }
+            None => {}
+        }
+        for publication in &recovery.publications {
+            if !self.out.send(frame::publication(publication)).await {
+                break;
+            }
+        }
+        node.hub.go_live(&topic, self.conn, position.seq);
+        let start = match since {
+            Some(since) if recovery.recovered => since.seq,
+            _ => position.seq,
+        };
+        self.subscriptions.insert(
+            topic,
+            Subscription {
+                epoch: position.epoch,
+                position: start,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes this connection from a topic; the last local subscriber
+    /// releases the broker's watch.
+    async fn leave(&self, topic: &Topic) {
+        if self.node.hub.leave(topic, self.conn) {
+            self.node.broker.unwatch(topic).await;
+        }
+    }
+
+    async fn reply(&self, message: ServerMessage<'_>) {
+        self.out.send(frame::message(&message)).await;
+    }
+
+    async fn reject(&mut self, e: CommandError) {
+        self.node.metrics.bad_commands.inc();
+        tracing::debug!(conn = self.conn, code = %e.code, message = %e.message, "command rejected");
+        self.reply(ServerMessage::Err {
+            id: e.id,
+            code: e.code,
+            message: &e.message,
+        })
+        .await;
+        self.bad_in_a_row += 1;
+        if self.bad_in_a_row >= self.node.config.websocket.max_bad_commands {
+            self.out.close(CloseReason::BadCommands, true);
+        }
+    }
+
+    /// Leaves every topic, saves the session for the resume window, logs and
+    /// counts the close.
+    async fn end(mut self) {
+        let subscriptions = std::mem::take(&mut self.subscriptions);
+        for topic in subscriptions.keys() {
+            self.leave(topic).await;
+        }
+        if let Some(id) = &self.id {
+            let snapshot = SessionSnapshot {
+                subscriptions: subscriptions
+                    .into_iter()
+                    .map(|(topic, s)| SubscriptionState {
+                        topic,
+                        epoch: s.epoch,
+                        position: s.position,
+                    })
+                    .collect(),
+            };
+            let window = self.node.config.session.resume_window;
+            if let Err(e) = self.node.sessions.save(id, snapshot, window).await {
+                tracing::warn!(error = %e, session = %id, "session not saved; it cannot be resumed");
+            }
+            self.node.deregister(id, self.conn);
+        }
+        self.ended.cancel();
+        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
+        self.node.metrics.closed(reason);
+        let session = self.id.as_deref().unwrap_or("-");
+        match reason {
+            CloseReason::SlowConsumer | CloseReason::WriteTimeout | CloseReason::DeadPeer => {
+                tracing::warn!(conn = self.conn, session, reason = reason.as_str(), "connection closed");
+            }
+            _ => tracing::info!(conn = self.conn, session, reason = reason.as_str(), "connection closed"),
+        }
+    }
+}
+
+fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
+    CommandError::new(id, ErrorCode::NotSubscribed, format!("not subscribed to `{topic}`"))
+}
+
+fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {
+    let code = match e {
+        BrokerError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        BrokerError::Unavailable(_) => ErrorCode::Unavailable,
+    };
+    CommandError::new(id, code, e.to_string())
+}
+
+/// 128 random bits from a CSPRNG, hex: unguessable, and safe in any header.
+fn new_session_id() -> Arc<str> {
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Arc::from(hex)
+}

@@ -1,0 +1,156 @@
+//! The writer task: the only owner of a connection's write half.
+//!
+//! It wakes when the outgoing queue has something, takes all of it, and
+//! writes it with vectored writes, each batch under the write timeout. It
+//! also sends the heartbeat pings and, when the pod drains, the `reconnect`
+//! advice and the 1012 close.
+
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proto::ServerMessage;
+use rand::Rng;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::disconnect::CloseReason;
+use crate::frame;
+use crate::node::Node;
+use crate::outbound::Outbound;
+
+/// Slices handed to one `writev` (Linux allows 1024).
+const MAX_IOV: usize = 256;
+
+/// Runs until the connection ends; cancels `stop` when it returns.
+pub async fn run<W: AsyncWrite + Unpin>(mut io: W, out: Outbound, stop: CancellationToken, node: Arc<Node>) {
+    let ws = &node.config.websocket;
+    let mut ping = tokio::time::interval_at(Instant::now() + ws.ping_interval, ws.ping_interval);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch: Vec<Bytes> = Vec::new();
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            _ = out.ready() => {}
+            _ = node.drain.cancelled(), if !draining => {
+                draining = true;
+                advise_reconnect(&out, node.config.shutdown.drain_timeout);
+                continue;
+            }
+            _ = ping.tick() => {
+                let stamp = node.clock.elapsed().as_micros() as u64;
+                let ping = frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]);
+                if let Err(reason) = write_timed(&mut io, &[ping], ws.write_timeout).await {
+                    out.note_reason(reason);
+                    break;
+                }
+                continue;
+            }
+        }
+        let taken = out.take(&mut batch);
+        let frames = batch.len() as u64;
+        let bytes: usize = batch.iter().map(Bytes::len).sum();
+        if let Some(pong) = taken.pong {
+            batch.insert(0, pong);
+        }
+        if let Some(close) = taken.close.as_ref().and_then(|c| c.frame.clone()) {
+            batch.push(close);
+        }
+        let result = write_timed(&mut io, &batch, ws.write_timeout).await;
+        batch.clear();
+        out.written(bytes);
+        if let Err(reason) = result {
+            out.note_reason(reason);
+            break;
+        }
+        node.metrics.delivered.inc_by(frames);
+        if let Some(close) = taken.close {
+            if close.reason.lingers() {
+                // The client answers our close with its own; the reader sees it.
+                let _ = tokio::time::timeout(ws.close_timeout, stop.cancelled()).await;
+            }
+            break;
+        }
+    }
+    out.finish();
+    let _ = io.shutdown().await;
+    stop.cancel();
+}
+
+/// Queues `reconnect` with a random delay within the drain window, so that
+/// the clients of a draining pod do not all come back at the same instant,
+/// then the 1012 close.
+fn advise_reconnect(out: &Outbound, window: Duration) {
+    let window_ms = window.as_millis().max(1) as u64;
+    let after_ms = rand::thread_rng().gen_range(0..window_ms);
+    out.push(frame::message(&ServerMessage::Reconnect {
+        after_ms,
+        reason: "draining",
+    }));
+    out.close(CloseReason::Shutdown, true);
+}
+
+async fn write_timed<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes], timeout: Duration) -> Result<(), CloseReason> {
+    match tokio::time::timeout(timeout, write_all(io, frames)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(CloseReason::ConnectionLost),
+        Err(_) => Err(CloseReason::WriteTimeout),
+    }
+}
+
+/// Writes every frame, as few `writev` calls as the kernel allows.
+async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::Result<()> {
+    let mut index = 0;
+    let mut offset = 0;
+    while index < frames.len() {
+        let mut slices = [IoSlice::new(&[]); MAX_IOV];
+        let mut count = 0;
+        for (slot, frame) in slices.iter_mut().zip(&frames[index..]) {
+            *slot = IoSlice::new(if count == 0 { &frame[offset..] } else { frame });
+            count += 1;
+        }
+        let mut written = io.write_vectored(&slices[..count]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let left = frames[index].len() - offset;
+            if written >= left {
+                written -= left;
+                index += 1;
+                offset = 0;
+            } else {
+                offset += written;
+                written = 0;
+            }
+        }
+    }
+    io.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn write_all_survives_short_writes() -> io::Result<()> {
+        // A 7-byte pipe forces many partial writes.
+        let (mut a, mut b) = tokio::io::duplex(7);
+        let frames: Vec<Bytes> = (0..300u16).map(|i| Bytes::from(i.to_string())).collect();
+        let expected: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).await.map(|_| got)
+        });
+        write_all(&mut a, &frames).await?;
+        drop(a);
+        let got = reader.await.map_err(io::Error::other)??;
+        assert_eq!(got, expected);
+        Ok(())
+    }
+}

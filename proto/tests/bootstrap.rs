@@ -1,0 +1,31 @@
+//! The generated protobuf code is checked in, so that building Herald needs no
+//! `protoc`. This test regenerates it with a vendored `protoc` and fails on any
+//! difference. Run with `HERALD_BLESS=1` to write the new code instead.
+
+use std::path::Path;
+
+#[test]
+fn generated_code_matches_the_proto_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("herald-proto-{}", std::process::id()));
+    std::fs::create_dir_all(&out).expect("temp dir");
+    let protoc = protoc_bin_vendored::protoc_bin_path().expect("vendored protoc");
+    prost_build::Config::new()
+        .protoc_executable(protoc)
+        .out_dir(&out)
+        .compile_protos(&[root.join("proto/herald/v1/herald.proto")], &[root.join("proto")])
+        .expect("protoc compiles herald.proto");
+
+    let fresh = std::fs::read_to_string(out.join("herald.v1.rs")).expect("generated file");
+    let _ = std::fs::remove_dir_all(&out);
+    let checked_in_path = root.join("src/gen/herald.v1.rs");
+    if std::env::var_os("HERALD_BLESS").is_some() {
+        std::fs::write(&checked_in_path, &fresh).expect("write generated code");
+        return;
+    }
+    let checked_in = std::fs::read_to_string(&checked_in_path).unwrap_or_default();
+    assert!(
+        checked_in == fresh,
+        "src/gen/herald.v1.rs is stale: run `HERALD_BLESS=1 cargo test -p herald-proto --test bootstrap`"
+    );
+}

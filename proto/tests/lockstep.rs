@@ -1,0 +1,109 @@
+//! The JSON protocol and `herald.proto` describe the same messages: for every
+//! op, the JSON keys (besides `op`) are exactly the fields of the protobuf
+//! message of that name, and the JSON form converts to a protobuf message that
+//! survives an encode/decode round trip.
+
+use std::collections::BTreeSet;
+
+use prost::Message;
+use proto::{Command, ErrorCode, ServerMessage};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+const PROTO: &str = include_str!("../proto/herald/v1/herald.proto");
+
+/// Field names of `message <name> { ... }` in herald.proto.
+fn proto_fields(name: &str) -> BTreeSet<String> {
+    let start = PROTO
+        .find(&format!("message {name} {{"))
+        .unwrap_or_else(|| panic!("message {name} in herald.proto"));
+    let body = &PROTO[start..];
+    let body = &body[..body.find("\n}").expect("message end")];
+    body.lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && l.contains('='))
+        .map(|l| {
+            let decl = l.split('=').next().unwrap_or_default();
+            decl.split_whitespace().last().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+fn json_keys(json: &[u8]) -> (String, BTreeSet<String>) {
+    let Value::Object(map) = serde_json::from_slice::<Value>(json).expect("JSON object") else {
+        panic!("not an object")
+    };
+    let op = map["op"].as_str().expect("op").to_owned();
+    (op, map.keys().filter(|k| *k != "op").cloned().collect())
+}
+
+fn capitalised(op: &str) -> String {
+    let mut c = op.chars();
+    c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+}
+
+#[test]
+fn every_command_matches_its_proto_message() {
+    let commands = [
+        r#"{"op":"hello","token":"t","resume":"s"}"#,
+        r#"{"op":"sub","id":1,"topic":"news","since":41,"epoch":"9f3c"}"#,
+        r#"{"op":"unsub","id":2,"topic":"news"}"#,
+        r#"{"op":"pub","id":3,"topic":"news","data":{"any":"json"}}"#,
+        r#"{"op":"ack","topic":"news","seq":42}"#,
+    ];
+    for text in commands {
+        let (op, keys) = json_keys(text.as_bytes());
+        assert_eq!(keys, proto_fields(&capitalised(&op)), "keys of `{op}`");
+        let command = Command::decode(text).expect("decodes");
+        let pb = command.to_proto();
+        let back = proto::v1::ClientCommand::decode(pb.encode_to_vec().as_slice()).expect("pb");
+        assert_eq!(pb, back, "`{op}` survives protobuf");
+    }
+}
+
+#[test]
+fn every_server_message_matches_its_proto_message() {
+    let data = RawValue::from_string(r#"{"any":"json"}"#.to_owned()).expect("raw");
+    let messages = [
+        ServerMessage::Welcome { session: "s", ping_ms: 25_000, resumed: false },
+        ServerMessage::Ok { id: 1, topic: "news", seq: Some(41), epoch: Some("9f3c"), recovered: Some(true) },
+        ServerMessage::Msg { topic: "news", seq: 42, data: &data },
+        ServerMessage::Err { id: Some(3), code: ErrorCode::Forbidden, message: "no" },
+        ServerMessage::Reset { topic: "news", epoch: "77ab", seq: 130 },
+        ServerMessage::Reconnect { after_ms: 1500, reason: "draining" },
+    ];
+    let mut ops = BTreeSet::new();
+    for message in &messages {
+        let (op, keys) = json_keys(&message.to_json());
+        assert_eq!(keys, proto_fields(&capitalised(&op)), "keys of `{op}`");
+        let pb = message.to_proto();
+        let back = proto::v1::ServerMessage::decode(pb.encode_to_vec().as_slice()).expect("pb");
+        assert_eq!(pb, back, "`{op}` survives protobuf");
+        ops.insert(capitalised(&op));
+    }
+    // And no case of the oneof is missing from the JSON form.
+    let oneof: BTreeSet<String> = proto_fields("ServerMessage")
+        .iter()
+        .map(|f| capitalised(f))
+        .collect();
+    assert_eq!(ops, oneof);
+}
+
+#[test]
+fn publish_api_matches_its_proto_messages() {
+    let body = br#"{"topic":"news","data":{"x":1}}"#;
+    let (_, keys) = {
+        let Value::Object(map) = serde_json::from_slice::<Value>(body).expect("json") else {
+            panic!()
+        };
+        ((), map.keys().cloned().collect::<BTreeSet<_>>())
+    };
+    assert_eq!(keys, proto_fields("PublishRequest"));
+    let answer = serde_json::to_vec(&proto::json::PublishResponse { seq: 42, epoch: "9f3c".into() })
+        .expect("json");
+    let Value::Object(map) = serde_json::from_slice::<Value>(&answer).expect("json") else {
+        panic!()
+    };
+    assert_eq!(map.keys().cloned().collect::<BTreeSet<_>>(), proto_fields("PublishResponse"));
+}

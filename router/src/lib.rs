@@ -1,0 +1,107 @@
+//! The broker seam: where topics get their sequence numbers and history, and
+//! where publications come from.
+//!
+//! - [`topic`]: topic names and their namespaces.
+//! - [`namespace`]: per-namespace settings (history size and age, client publish).
+//! - [`Broker`]: publish, watch a topic for this pod, recover history.
+//! - [`SessionStore`]: what a disconnected session needs to resume.
+//! - [`memory`]: the embedded engine for a single pod, implementing both.
+//!
+//! A publication flows: `Broker::publish` assigns the topic's next seq, keeps
+//! it in history, and hands it to the pod's [`Deliver`] sink (the gateway's
+//! hub) in seq order. An engine calls the sink for every topic this pod
+//! watches, and for no other.
+
+pub mod memory;
+pub mod namespace;
+pub mod session;
+pub mod topic;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use memory::MemoryBroker;
+pub use namespace::{NamespaceSettings, Namespaces};
+pub use session::{SessionSnapshot, SessionStore, SubscriptionState};
+pub use topic::{Topic, TopicError};
+
+/// An epoch: an opaque id for one unbroken series of a topic's seqs. It changes
+/// when the topic's history is lost, so that seq 1 of a new series is never
+/// mistaken for seq 1 of the old one.
+pub type Epoch = Arc<str>;
+
+/// One published message.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub topic: Topic,
+    pub epoch: Epoch,
+    pub seq: u64,
+    /// The publisher's JSON text, verbatim.
+    pub data: Bytes,
+}
+
+/// Where a topic stands: the seq of its newest message in its epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub epoch: Epoch,
+    pub seq: u64,
+}
+
+/// A subscriber's claim: "I have everything up to `seq`" (in `epoch`, or the
+/// topic's current epoch when `None`).
+#[derive(Debug, Clone)]
+pub struct Since {
+    pub seq: u64,
+    pub epoch: Option<String>,
+}
+
+/// The answer to [`Broker::recover`].
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    /// The topic's position when history was read.
+    pub position: Position,
+    /// Whether `publications` continue the subscriber's `since` without a gap.
+    /// Always true when no `since` was given.
+    pub recovered: bool,
+    /// The publications after `since` up to `position`, oldest first; empty
+    /// when not recovered.
+    pub publications: Vec<Publication>,
+}
+
+/// Where an engine hands publications for the topics this pod watches.
+///
+/// Called in seq order per topic, possibly while the engine holds a lock of
+/// its own: an implementation must not call back into the broker.
+pub trait Deliver: Send + Sync + 'static {
+    fn deliver(&self, publication: &Publication);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    #[error("topic `{0}` is in no configured namespace")]
+    UnknownNamespace(String),
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Topics, sequence numbers, history and fan-out across pods.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Gives `data` the topic's next seq, keeps it in history as the namespace
+    /// says, and delivers it to every pod that watches the topic.
+    async fn publish(&self, topic: &Topic, data: Bytes) -> Result<Position, BrokerError>;
+
+    /// Starts delivering the topic's publications to this pod's sink. The
+    /// gateway calls this once per topic, when its first local subscriber comes.
+    async fn watch(&self, topic: &Topic) -> Result<(), BrokerError>;
+
+    /// Stops delivering the topic to this pod.
+    async fn unwatch(&self, topic: &Topic);
+
+    /// The topic's position and, given `since`, the publications after it.
+    /// Call after `watch`, so that nothing published meanwhile is missed: the
+    /// caller merges what it receives live by seq.
+    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError>;
+}

@@ -1,0 +1,344 @@
+//! The embedded engine: one pod, everything in memory.
+//!
+//! Topics live in shards, each behind its own lock, so publishes to different
+//! topics do not contend. A publish assigns the seq, appends to history and
+//! delivers to the sink under the topic's shard lock: that lock is what makes
+//! delivery order equal seq order.
+
+use std::collections::hash_map::{DefaultHasher, Entry};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::{
+    Broker, BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Recovery,
+    SessionSnapshot, SessionStore, Since, Topic,
+};
+
+/// Topic shards; a power of two well above the core count.
+const SHARDS: usize = 64;
+/// How often expired history, idle topics and expired sessions are swept.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The in-memory [`Broker`] and [`SessionStore`].
+#[derive(Clone)]
+pub struct MemoryBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<HashMap<Topic, TopicState>>]>,
+    namespaces: Arc<Namespaces>,
+    sink: Arc<dyn Deliver>,
+    sessions: Mutex<HashMap<String, (Instant, SessionSnapshot)>>,
+}
+
+struct TopicState {
+    epoch: Epoch,
+    seq: u64,
+    /// Oldest first, each with the time it was published.
+    history: VecDeque<(Instant, Publication)>,
+    /// Whether this pod's sink wants the topic; a watched topic is never swept.
+    watched: bool,
+    touched: Instant,
+}
+
+impl TopicState {
+    fn new(now: Instant) -> Self {
+        Self {
+            epoch: new_epoch(),
+            seq: 0,
+            history: VecDeque::new(),
+            watched: false,
+            touched: now,
+        }
+    }
+
+    /// Drops what is older than `ttl`.
+    fn expire(&mut self, now: Instant, ttl: Duration) {
+        while let Some((at, _)) = self.history.front() {
+            if now.saturating_duration_since(*at) <= ttl {
+                break;
+            }
+            self.history.pop_front();
+        }
+    }
+}
+
+/// A fresh random epoch: 64 bits, hex.
+fn new_epoch() -> Epoch {
+    Arc::from(format!("{:016x}", rand::random::<u64>()))
+}
+
+impl MemoryBroker {
+    /// An engine that delivers to `sink`. Inside a tokio runtime it also starts
+    /// a sweeper that ends when the engine is dropped.
+    pub fn new(namespaces: Arc<Namespaces>, sink: Arc<dyn Deliver>) -> Self {
+        let inner = Arc::new(Inner {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            namespaces,
+            sink,
+            sessions: Mutex::new(HashMap::new()),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep_forever(Arc::downgrade(&inner)));
+        }
+        Self { inner }
+    }
+}
+
+impl Inner {
+    fn shard(&self, topic: &Topic) -> MutexGuard<'_, HashMap<Topic, TopicState>> {
+        let mut h = DefaultHasher::new();
+        topic.as_str().hash(&mut h);
+        let index = (h.finish() as usize) % SHARDS;
+        // A poisoned shard only means a sink panicked mid-delivery; the map
+        // itself is consistent, so keep serving.
+        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn settings(&self, topic: &Topic) -> Result<(usize, Duration), BrokerError> {
+        let ns = self
+            .namespaces
+            .get(topic)
+            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?;
+        Ok((ns.history_size, ns.history_ttl))
+    }
+
+    /// Drops expired history, topics nobody watches that have nothing left to
+    /// replay, and expired sessions.
+    fn sweep(&self) {
+        let now = Instant::now();
+        for shard in self.shards.iter() {
+            let mut topics = shard.lock().unwrap_or_else(|e| e.into_inner());
+            topics.retain(|topic, state| {
+                let ttl = self.namespaces.get(topic).map_or(Duration::ZERO, |ns| ns.history_ttl);
+                state.expire(now, ttl);
+                state.watched
+                    || !state.history.is_empty()
+                    || now.saturating_duration_since(state.touched) <= ttl
+            });
+        }
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.retain(|_, (deadline, _)| *deadline > now);
+    }
+}
+
+async fn sweep_forever(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match inner.upgrade() {
+            Some(inner) => inner.sweep(),
+            None => return,
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for MemoryBroker {
+    async fn publish(&self, topic: &Topic, data: Bytes) -> Result<Position, BrokerError> {
+        let (history_size, ttl) = self.inner.settings(topic)?;
+        let now = Instant::now();
+        let mut shard = self.inner.shard(topic);
+        let state = shard
+            .entry(topic.clone())
+            .or_insert_with(|| TopicState::new(now));
+        state.seq += 1;
+        state.touched = now;
+        let publication = Publication {
+            topic: topic.clone(),
+            epoch: state.epoch.clone(),
+            seq: state.seq,
+            data,
+        };
+        if history_size > 0 {
+            state.history.push_back((now, publication.clone()));
+            while state.history.len() > history_size {
+                state.history.pop_front();
+            }
+            state.expire(now, ttl);
+        }
+        if state.watched {
+            self.inner.sink.deliver(&publication);
+        }
+        Ok(Position {
+            epoch: state.epoch.clone(),
+            seq: state.seq,
+        })
+    }
+
+    async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
+        self.inner.settings(topic)?;
+        let now = Instant::now();
+        let mut shard = self.inner.shard(topic);
+        let state = shard
+            .entry(topic.clone())
+            .or_insert_with(|| TopicState::new(now));
+        state.watched = true;
+        state.touched = now;
+        Ok(())
+    }
+
+    async fn unwatch(&self, topic: &Topic) {
+        let now = Instant::now();
+        if let Some(state) = self.inner.shard(topic).get_mut(topic) {
+            state.watched = false;
+            state.touched = now;
+        }
+    }
+
+    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
+        let (_, ttl) = self.inner.settings(topic)?;
+        let now = Instant::now();
+        let mut shard = self.inner.shard(topic);
+        let state = match shard.entry(topic.clone()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(TopicState::new(now)),
+        };
+        state.expire(now, ttl);
+        let position = Position {
+            epoch: state.epoch.clone(),
+            seq: state.seq,
+        };
+        let Some(since) = since else {
+            return Ok(Recovery {
+                position,
+                recovered: true,
+                publications: Vec::new(),
+            });
+        };
+        let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *state.epoch);
+        // The history must hold since+1 (or there must be nothing after since).
+        let reaches_back = since.seq == state.seq
+            || state
+                .history
+                .front()
+                .is_some_and(|(_, p)| p.seq <= since.seq + 1);
+        if !same_epoch || since.seq > state.seq || !reaches_back {
+            return Ok(Recovery {
+                position,
+                recovered: false,
+                publications: Vec::new(),
+            });
+        }
+        let publications = state
+            .history
+            .iter()
+            .map(|(_, p)| p)
+            .filter(|p| p.seq > since.seq)
+            .cloned()
+            .collect();
+        Ok(Recovery {
+            position,
+            recovered: true,
+            publications,
+        })
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemoryBroker {
+    async fn save(&self, id: &str, snapshot: SessionSnapshot, ttl: Duration) -> Result<(), BrokerError> {
+        let deadline = Instant::now() + ttl;
+        let mut sessions = self.inner.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.insert(id.to_owned(), (deadline, snapshot));
+        Ok(())
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
+        let now = Instant::now();
+        let sessions = self.inner.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(sessions
+            .get(id)
+            .filter(|(deadline, _)| *deadline > now)
+            .map(|(_, snapshot)| snapshot.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::NamespaceSettings;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<u64>>);
+    impl Deliver for Collect {
+        fn deliver(&self, p: &Publication) {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.seq);
+        }
+    }
+
+    fn broker(history_size: usize) -> (MemoryBroker, Arc<Collect>) {
+        let ns = BTreeMap::from([(
+            "default".to_owned(),
+            NamespaceSettings {
+                history_size,
+                ..NamespaceSettings::default()
+            },
+        )]);
+        let sink = Arc::new(Collect::default());
+        let namespaces = Arc::new(Namespaces::new(&ns).unwrap_or_default());
+        (MemoryBroker::new(namespaces, sink.clone()), sink)
+    }
+
+    fn topic(s: &str) -> Topic {
+        Topic::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn seqs_history_and_recovery() -> Result<(), BrokerError> {
+        let (b, sink) = broker(3);
+        let t = topic("news");
+        b.publish(&t, Bytes::from_static(b"1")).await?;
+        b.watch(&t).await?;
+        for _ in 0..4 {
+            b.publish(&t, Bytes::from_static(b"1")).await?;
+        }
+        // Only what was published while watched reaches the sink.
+        assert_eq!(*sink.0.lock().unwrap_or_else(|e| e.into_inner()), vec![2, 3, 4, 5]);
+
+        let since = |seq, epoch: Option<&str>| {
+            Some(Since {
+                seq,
+                epoch: epoch.map(str::to_owned),
+            })
+        };
+        let r = b.recover(&t, since(2, None)).await?;
+        assert!(r.recovered);
+        assert_eq!(r.position.seq, 5);
+        assert_eq!(r.publications.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
+        let epoch = r.position.epoch.to_string();
+        assert!(b.recover(&t, since(5, Some(&epoch))).await?.recovered);
+        // History holds 3..=5 only: since 1 would need seq 2.
+        assert!(!b.recover(&t, since(1, None)).await?.recovered);
+        assert!(!b.recover(&t, since(3, Some("other"))).await?.recovered);
+        assert!(!b.recover(&t, since(9, None)).await?.recovered);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn unknown_namespace_is_refused() {
+        let (b, _) = broker(3);
+        let err = b.publish(&topic("nope:x"), Bytes::new()).await;
+        assert!(matches!(err, Err(BrokerError::UnknownNamespace(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_expire() -> Result<(), BrokerError> {
+        let (b, _) = broker(3);
+        b.save("s", SessionSnapshot::default(), Duration::from_secs(5)).await?;
+        assert!(b.load("s").await?.is_some());
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(b.load("s").await?.is_none());
+        Ok(())
+    }
+}
