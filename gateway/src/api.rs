@@ -89,11 +89,18 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
     if declared.is_some_and(|len| len > http.max_body_bytes) {
         return Err(too_large());
     }
-    let body: Bytes = match Limited::new(req.into_body(), http.max_body_bytes).collect().await {
+    let body: Bytes = match Limited::new(req.into_body(), http.max_body_bytes)
+        .collect()
+        .await
+    {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
         Err(e) => {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::Malformed, e.to_string()));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::Malformed,
+                e.to_string(),
+            ));
         }
     };
     let request: PublishRequest<'_> = serde_json::from_slice(&body)
@@ -101,14 +108,22 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
     let topic = Topic::parse(&request.topic)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadTopic, e.to_string()))?;
     let data = body.slice_ref(request.data.get().as_bytes());
-    let position = node.broker.publish(&topic, data).await.map_err(|e| match e {
-        BrokerError::UnknownNamespace(_) => {
-            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::UnknownNamespace, e.to_string())
-        }
-        BrokerError::Unavailable(_) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, e.to_string())
-        }
-    })?;
+    let position = node
+        .broker
+        .publish(&topic, data)
+        .await
+        .map_err(|e| match e {
+            BrokerError::UnknownNamespace(_) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::UnknownNamespace,
+                e.to_string(),
+            ),
+            BrokerError::Unavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                e.to_string(),
+            ),
+        })?;
     node.metrics.published.inc();
     Ok(PublishResponse {
         seq: position.seq,
@@ -124,8 +139,9 @@ fn authorized(keys: &[String], header: Option<&HeaderValue>) -> bool {
     else {
         return false;
     };
-    keys.iter()
-        .fold(false, |found, key| found | constant_time_eq(key.as_bytes(), given.trim().as_bytes()))
+    keys.iter().fold(false, |found, key| {
+        found | constant_time_eq(key.as_bytes(), given.trim().as_bytes())
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -148,9 +164,10 @@ pub fn metrics(node: &Node) -> Response<Body> {
 pub fn text(status: StatusCode, body: &str) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::copy_from_slice(body.as_bytes())));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 

@@ -319,7 +319,10 @@ impl Config {
             return invalid("http.api_keys", "keys must not be empty");
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return invalid("log.level", "not a tracing filter (try `info` or `herald=debug`)");
+            return invalid(
+                "log.level",
+                "not a tracing filter (try `info` or `herald=debug`)",
+            );
         }
         if let Err(e) = Namespaces::new(&self.namespaces) {
             return Err(ConfigError::Invalid {

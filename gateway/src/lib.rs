@@ -16,6 +16,9 @@
 //! pushes it to every subscriber's queue without waiting; each subscriber's
 //! writer takes its queue and writes it to the socket with one `writev`.
 
+// Nothing a peer, a config file or a broker sends may panic the server.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod api;
 pub mod config;
 pub mod disconnect;

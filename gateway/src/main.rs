@@ -1,6 +1,9 @@
 //! `herald`: loads the configuration, sets up logging, binds, and runs the
 //! gateway until SIGTERM or SIGINT, then drains.
 
+// Nothing a peer, a config file or a broker sends may panic the server.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -92,7 +95,9 @@ fn main() -> ExitCode {
 
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::new(&config.log.level);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -123,7 +128,10 @@ fn serve(config: Config) -> anyhow::Result<()> {
 /// SIGTERM (Kubernetes) or SIGINT (a terminal).
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot listen for signals; stop herald with SIGKILL");
         return std::future::pending().await;
     };

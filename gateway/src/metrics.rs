@@ -64,7 +64,11 @@ impl Metrics {
                 &["reason"],
             ),
             subscriptions: gauge(r, "herald_subscriptions", "Live subscriptions on this pod."),
-            topics: gauge(r, "herald_topics", "Topics with at least one subscriber on this pod."),
+            topics: gauge(
+                r,
+                "herald_topics",
+                "Topics with at least one subscriber on this pod.",
+            ),
             published: counter(r, "herald_messages_published_total", "Publishes accepted."),
             delivered: counter(
                 r,
@@ -105,7 +109,9 @@ impl Metrics {
     }
 
     pub fn closed(&self, reason: CloseReason) {
-        self.connections_closed.with_label_values(&[reason.as_str()]).inc();
+        self.connections_closed
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -134,19 +140,30 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    register(r, IntCounter::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()))
+    register(
+        r,
+        IntCounter::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()),
+    )
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    register(r, IntGauge::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()))
+    register(
+        r,
+        IntGauge::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()),
+    )
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(r, IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| unreachable!()))
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| unreachable!()),
+    )
 }
 
 fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
-    let buckets = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+    let buckets = vec![
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ];
     register(
         r,
         Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))

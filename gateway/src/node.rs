@@ -79,7 +79,9 @@ impl Node {
     pub fn admit(self: &Arc<Self>) -> Option<Admission> {
         let max = self.config.websocket.max_connections;
         self.connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
             .ok()?;
         self.metrics.connections.inc();
         self.metrics.connections_opened.inc();
@@ -96,8 +98,21 @@ impl Node {
     /// Records that `conn` now serves session `id`; `takeover` is cancelled
     /// when a newer connection resumes it, and the connection cancels `ended`
     /// once it has saved the session.
-    pub fn register(&self, id: Arc<str>, conn: ConnId, takeover: CancellationToken, ended: CancellationToken) {
-        self.live().insert(id, LiveSession { conn, takeover, ended });
+    pub fn register(
+        &self,
+        id: Arc<str>,
+        conn: ConnId,
+        takeover: CancellationToken,
+        ended: CancellationToken,
+    ) {
+        self.live().insert(
+            id,
+            LiveSession {
+                conn,
+                takeover,
+                ended,
+            },
+        );
     }
 
     pub fn deregister(&self, id: &str, conn: ConnId) {

@@ -247,11 +247,6 @@ impl Outbound {
         state.close.is_some() || state.closed
     }
 
-    /// Frames queued, for metrics and tests.
-    pub fn len(&self) -> usize {
-        self.state().frames.len()
-    }
-
     /// Waits until there is something for the writer.
     pub async fn ready(&self) {
         self.shared.writer.notified().await;

@@ -60,10 +60,17 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future
     }
     drop(listener);
     let timeout = node.config.shutdown.drain_timeout;
-    tracing::info!(connections = node.metrics.connections.get(), ?timeout, "draining");
+    tracing::info!(
+        connections = node.metrics.connections.get(),
+        ?timeout,
+        "draining"
+    );
     node.drain.cancel();
     node.tasks.close();
-    if tokio::time::timeout(timeout, node.tasks.wait()).await.is_err() {
+    if tokio::time::timeout(timeout, node.tasks.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             remaining = node.metrics.connections.get(),
             "drain timeout passed; dropping the connections left"
@@ -130,21 +137,37 @@ async fn route(req: Request<Incoming>, node: Arc<Node>) -> Result<Response<Body>
 /// completes, so the session runs in its own task.
 fn upgrade(mut req: Request<Incoming>, node: Arc<Node>) -> Response<Body> {
     let reject = |reason: &str, status, message| {
-        node.metrics.upgrades_rejected.with_label_values(&[reason]).inc();
+        node.metrics
+            .upgrades_rejected
+            .with_label_values(&[reason])
+            .inc();
         api::text(status, message)
     };
     if !fastwebsockets::upgrade::is_upgrade_request(&req) {
-        return reject("bad_handshake", StatusCode::BAD_REQUEST, "expected a WebSocket upgrade\n");
+        return reject(
+            "bad_handshake",
+            StatusCode::BAD_REQUEST,
+            "expected a WebSocket upgrade\n",
+        );
     }
     if node.is_draining() {
         return reject("draining", StatusCode::SERVICE_UNAVAILABLE, "draining\n");
     }
-    if !origin_allowed(&node.config.websocket.allowed_origins, req.headers().get(ORIGIN)) {
+    if !origin_allowed(
+        &node.config.websocket.allowed_origins,
+        req.headers().get(ORIGIN),
+    ) {
         return reject("origin", StatusCode::FORBIDDEN, "origin not allowed\n");
     }
     let Some(admission) = node.admit() else {
-        let mut response = reject("at_capacity", StatusCode::SERVICE_UNAVAILABLE, "at capacity\n");
-        response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        let mut response = reject(
+            "at_capacity",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "at capacity\n",
+        );
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     };
     let (response, upgrading) = match fastwebsockets::upgrade::upgrade(&mut req) {

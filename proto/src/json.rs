@@ -67,7 +67,11 @@ impl<'a> Command<'a> {
             .map_err(|e| CommandError::new(None, ErrorCode::Malformed, e.to_string()))?;
         let id = raw.id;
         let missing = |field: &str| {
-            CommandError::new(id, ErrorCode::MissingField, format!("`{field}` is required"))
+            CommandError::new(
+                id,
+                ErrorCode::MissingField,
+                format!("`{field}` is required"),
+            )
         };
         let op = raw.op.ok_or_else(|| missing("op"))?;
         Ok(match op.as_ref() {
@@ -356,7 +360,10 @@ mod tests {
             data: &data,
         }
         .to_json();
-        assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&slow));
+        assert_eq!(
+            String::from_utf8_lossy(&fast),
+            String::from_utf8_lossy(&slow)
+        );
     }
 
     #[test]

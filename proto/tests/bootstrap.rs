@@ -13,7 +13,10 @@ fn generated_code_matches_the_proto_files() {
     prost_build::Config::new()
         .protoc_executable(protoc)
         .out_dir(&out)
-        .compile_protos(&[root.join("proto/herald/v1/herald.proto")], &[root.join("proto")])
+        .compile_protos(
+            &[root.join("proto/herald/v1/herald.proto")],
+            &[root.join("proto")],
+        )
         .expect("protoc compiles herald.proto");
 
     let fresh = std::fs::read_to_string(out.join("herald.v1.rs")).expect("generated file");

@@ -25,7 +25,10 @@ fn proto_fields(name: &str) -> BTreeSet<String> {
         .filter(|l| !l.starts_with("//") && l.contains('='))
         .map(|l| {
             let decl = l.split('=').next().unwrap_or_default();
-            decl.split_whitespace().last().unwrap_or_default().to_owned()
+            decl.split_whitespace()
+                .last()
+                .unwrap_or_default()
+                .to_owned()
         })
         .collect()
 }
@@ -40,7 +43,9 @@ fn json_keys(json: &[u8]) -> (String, BTreeSet<String>) {
 
 fn capitalised(op: &str) -> String {
     let mut c = op.chars();
-    c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+    c.next()
+        .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -66,12 +71,37 @@ fn every_command_matches_its_proto_message() {
 fn every_server_message_matches_its_proto_message() {
     let data = RawValue::from_string(r#"{"any":"json"}"#.to_owned()).expect("raw");
     let messages = [
-        ServerMessage::Welcome { session: "s", ping_ms: 25_000, resumed: false },
-        ServerMessage::Ok { id: 1, topic: "news", seq: Some(41), epoch: Some("9f3c"), recovered: Some(true) },
-        ServerMessage::Msg { topic: "news", seq: 42, data: &data },
-        ServerMessage::Err { id: Some(3), code: ErrorCode::Forbidden, message: "no" },
-        ServerMessage::Reset { topic: "news", epoch: "77ab", seq: 130 },
-        ServerMessage::Reconnect { after_ms: 1500, reason: "draining" },
+        ServerMessage::Welcome {
+            session: "s",
+            ping_ms: 25_000,
+            resumed: false,
+        },
+        ServerMessage::Ok {
+            id: 1,
+            topic: "news",
+            seq: Some(41),
+            epoch: Some("9f3c"),
+            recovered: Some(true),
+        },
+        ServerMessage::Msg {
+            topic: "news",
+            seq: 42,
+            data: &data,
+        },
+        ServerMessage::Err {
+            id: Some(3),
+            code: ErrorCode::Forbidden,
+            message: "no",
+        },
+        ServerMessage::Reset {
+            topic: "news",
+            epoch: "77ab",
+            seq: 130,
+        },
+        ServerMessage::Reconnect {
+            after_ms: 1500,
+            reason: "draining",
+        },
     ];
     let mut ops = BTreeSet::new();
     for message in &messages {
@@ -100,10 +130,16 @@ fn publish_api_matches_its_proto_messages() {
         ((), map.keys().cloned().collect::<BTreeSet<_>>())
     };
     assert_eq!(keys, proto_fields("PublishRequest"));
-    let answer = serde_json::to_vec(&proto::json::PublishResponse { seq: 42, epoch: "9f3c".into() })
-        .expect("json");
+    let answer = serde_json::to_vec(&proto::json::PublishResponse {
+        seq: 42,
+        epoch: "9f3c".into(),
+    })
+    .expect("json");
     let Value::Object(map) = serde_json::from_slice::<Value>(&answer).expect("json") else {
         panic!()
     };
-    assert_eq!(map.keys().cloned().collect::<BTreeSet<_>>(), proto_fields("PublishResponse"));
+    assert_eq!(
+        map.keys().cloned().collect::<BTreeSet<_>>(),
+        proto_fields("PublishResponse")
+    );
 }

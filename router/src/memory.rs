@@ -117,7 +117,10 @@ impl Inner {
         for shard in self.shards.iter() {
             let mut topics = shard.lock().unwrap_or_else(|e| e.into_inner());
             topics.retain(|topic, state| {
-                let ttl = self.namespaces.get(topic).map_or(Duration::ZERO, |ns| ns.history_ttl);
+                let ttl = self
+                    .namespaces
+                    .get(topic)
+                    .map_or(Duration::ZERO, |ns| ns.history_ttl);
                 state.expire(now, ttl);
                 state.watched
                     || !state.history.is_empty()
@@ -245,16 +248,29 @@ impl Broker for MemoryBroker {
 
 #[async_trait]
 impl SessionStore for MemoryBroker {
-    async fn save(&self, id: &str, snapshot: SessionSnapshot, ttl: Duration) -> Result<(), BrokerError> {
+    async fn save(
+        &self,
+        id: &str,
+        snapshot: SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<(), BrokerError> {
         let deadline = Instant::now() + ttl;
-        let mut sessions = self.inner.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         sessions.insert(id.to_owned(), (deadline, snapshot));
         Ok(())
     }
 
     async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
         let now = Instant::now();
-        let sessions = self.inner.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         Ok(sessions
             .get(id)
             .filter(|(deadline, _)| *deadline > now)
@@ -304,7 +320,10 @@ mod tests {
             b.publish(&t, Bytes::from_static(b"1")).await?;
         }
         // Only what was published while watched reaches the sink.
-        assert_eq!(*sink.0.lock().unwrap_or_else(|e| e.into_inner()), vec![2, 3, 4, 5]);
+        assert_eq!(
+            *sink.0.lock().unwrap_or_else(|e| e.into_inner()),
+            vec![2, 3, 4, 5]
+        );
 
         let since = |seq, epoch: Option<&str>| {
             Some(Since {
@@ -315,7 +334,10 @@ mod tests {
         let r = b.recover(&t, since(2, None)).await?;
         assert!(r.recovered);
         assert_eq!(r.position.seq, 5);
-        assert_eq!(r.publications.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
+        assert_eq!(
+            r.publications.iter().map(|p| p.seq).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
         let epoch = r.position.epoch.to_string();
         assert!(b.recover(&t, since(5, Some(&epoch))).await?.recovered);
         // History holds 3..=5 only: since 1 would need seq 2.
@@ -335,7 +357,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sessions_expire() -> Result<(), BrokerError> {
         let (b, _) = broker(3);
-        b.save("s", SessionSnapshot::default(), Duration::from_secs(5)).await?;
+        b.save("s", SessionSnapshot::default(), Duration::from_secs(5))
+            .await?;
         assert!(b.load("s").await?.is_some());
         tokio::time::advance(Duration::from_secs(6)).await;
         assert!(b.load("s").await?.is_none());

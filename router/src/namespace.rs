@@ -58,7 +58,11 @@ impl Namespaces {
             if !is_namespace(name) {
                 return Err(BadNamespaceName(name.clone()));
             }
-            let key = if name == DEFAULT_NAMESPACE_KEY { "" } else { name };
+            let key = if name == DEFAULT_NAMESPACE_KEY {
+                ""
+            } else {
+                name
+            };
             by_name.insert(key.to_owned(), settings.clone());
         }
         Ok(Self { by_name })

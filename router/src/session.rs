@@ -27,7 +27,12 @@ pub struct SubscriptionState {
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// Keeps `snapshot` for `ttl`, replacing any earlier one.
-    async fn save(&self, id: &str, snapshot: SessionSnapshot, ttl: Duration) -> Result<(), BrokerError>;
+    async fn save(
+        &self,
+        id: &str,
+        snapshot: SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<(), BrokerError>;
 
     /// The snapshot saved under `id`, unless it expired.
     async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError>;

@@ -110,7 +110,13 @@ mod tests {
         ] {
             assert_eq!(Topic::parse(bad), Err(why), "{bad:?}");
         }
-        assert_eq!(Topic::parse("chat:r").map(|t| t.namespace().to_owned()), Ok("chat".into()));
-        assert_eq!(Topic::parse("r").map(|t| t.namespace().to_owned()), Ok(String::new()));
+        assert_eq!(
+            Topic::parse("chat:r").map(|t| t.namespace().to_owned()),
+            Ok("chat".into())
+        );
+        assert_eq!(
+            Topic::parse("r").map(|t| t.namespace().to_owned()),
+            Ok(String::new())
+        );
     }
 }

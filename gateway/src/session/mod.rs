@@ -31,7 +31,11 @@ use crate::outbound::Outbound;
 use reader::{Incoming, Reader};
 
 /// Serves an upgraded connection until it ends.
-pub async fn serve_upgraded(ws: WebSocket<TokioIo<Upgraded>>, node: Arc<Node>, admission: Admission) {
+pub async fn serve_upgraded(
+    ws: WebSocket<TokioIo<Upgraded>>,
+    node: Arc<Node>,
+    admission: Admission,
+) {
     let upgraded = ws.into_inner().into_inner();
     // Own the TCP stream's halves directly: no lock between reader and writer.
     match upgraded.downcast::<TokioIo<TcpStream>>() {
@@ -99,7 +103,11 @@ struct Subscription {
 }
 
 impl Session {
-    async fn read<R: AsyncRead + Unpin>(&mut self, reader: &mut Reader<R>, stop: &CancellationToken) {
+    async fn read<R: AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut Reader<R>,
+        stop: &CancellationToken,
+    ) {
         let ws = &self.node.config.websocket;
         let idle = ws.ping_interval + ws.pong_timeout;
         loop {
@@ -239,7 +247,11 @@ impl Session {
             }
             Command::Pub { id, topic, data } => {
                 let topic = self.topic(Some(id), &topic)?;
-                let allowed = self.node.namespaces.get(&topic).is_some_and(|ns| ns.client_publish);
+                let allowed = self
+                    .node
+                    .namespaces
+                    .get(&topic)
+                    .is_some_and(|ns| ns.client_publish);
                 if !allowed {
                     return Err(CommandError::new(
                         Some(id),
@@ -279,7 +291,8 @@ impl Session {
 
     /// Parses a topic and checks that its namespace exists.
     fn topic(&self, id: Option<u64>, name: &str) -> Result<Topic, CommandError> {
-        let topic = Topic::parse(name).map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()))?;
+        let topic = Topic::parse(name)
+            .map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()))?;
         if self.node.namespaces.get(&topic).is_none() {
             return Err(CommandError::new(
                 id,
@@ -297,7 +310,9 @@ impl Session {
             self.node.take_over(id).await;
             match self.node.sessions.load(id).await {
                 Ok(snapshot) => restored = snapshot.map(|s| (Arc::<str>::from(id), s)),
-                Err(e) => tracing::warn!(error = %e, "session store unavailable; starting a fresh session"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "session store unavailable; starting a fresh session")
+                }
             }
             let label = if restored.is_some() { "true" } else { "false" };
             self.node.metrics.resumes.with_label_values(&[label]).inc();
@@ -307,8 +322,12 @@ impl Session {
             None => (new_session_id(), None),
         };
         self.resumed = snapshot.is_some();
-        self.node
-            .register(id.clone(), self.conn, self.takeover.clone(), self.ended.clone());
+        self.node.register(
+            id.clone(),
+            self.conn,
+            self.takeover.clone(),
+            self.ended.clone(),
+        );
         self.id = Some(id.clone());
         let ping_ms = self.node.config.websocket.ping_interval.as_millis() as u64;
         self.reply(ServerMessage::Welcome {
@@ -332,7 +351,12 @@ impl Session {
     /// and history, then the buffered messages the history did not cover.
     /// Without `id` this restores a resumed subscription: no `ok`, and a
     /// `reset` when history cannot bridge the gap.
-    async fn subscribe(&mut self, id: Option<u64>, topic: Topic, since: Option<Since>) -> Result<(), CommandError> {
+    async fn subscribe(
+        &mut self,
+        id: Option<u64>,
+        topic: Topic,
+        since: Option<Since>,
+    ) -> Result<(), CommandError> {
         let node = self.node.clone();
         let joined = node.hub.join(&topic, self.conn, self.out.clone());
         let watched = joined
@@ -453,15 +477,29 @@ impl Session {
         let session = self.id.as_deref().unwrap_or("-");
         match reason {
             CloseReason::SlowConsumer | CloseReason::WriteTimeout | CloseReason::DeadPeer => {
-                tracing::warn!(conn = self.conn, session, reason = reason.as_str(), "connection closed");
+                tracing::warn!(
+                    conn = self.conn,
+                    session,
+                    reason = reason.as_str(),
+                    "connection closed"
+                );
             }
-            _ => tracing::info!(conn = self.conn, session, reason = reason.as_str(), "connection closed"),
+            _ => tracing::info!(
+                conn = self.conn,
+                session,
+                reason = reason.as_str(),
+                "connection closed"
+            ),
         }
     }
 }
 
 fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
-    CommandError::new(id, ErrorCode::NotSubscribed, format!("not subscribed to `{topic}`"))
+    CommandError::new(
+        id,
+        ErrorCode::NotSubscribed,
+        format!("not subscribed to `{topic}`"),
+    )
 }
 
 fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {

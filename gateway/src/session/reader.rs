@@ -43,7 +43,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// Reads from `read`, a stream past the handshake; messages over `max`
     /// bytes close the connection.
     pub fn new(read: R, max: usize) -> Self {
-        let (mut ws, _) = fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
+        let (mut ws, _) =
+            fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
         // Pings come to us, so that they count as a sign of life.
         ws.set_auto_pong(false);
         // The library checks the close frame and hands us the echo.
@@ -100,10 +101,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                     }
                     partial.buf.extend_from_slice(&payload);
                     partial.check(fin)?;
-                    if fin {
-                        if let Some(partial) = self.partial.take() {
-                            return Ok(Incoming::Text(partial.buf.freeze()));
-                        }
+                    if fin && let Some(partial) = self.partial.take() {
+                        return Ok(Incoming::Text(partial.buf.freeze()));
                     }
                 }
             }

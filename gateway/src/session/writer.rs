@@ -25,7 +25,12 @@ use crate::outbound::Outbound;
 const MAX_IOV: usize = 256;
 
 /// Runs until the connection ends; cancels `stop` when it returns.
-pub async fn run<W: AsyncWrite + Unpin>(mut io: W, out: Outbound, stop: CancellationToken, node: Arc<Node>) {
+pub async fn run<W: AsyncWrite + Unpin>(
+    mut io: W,
+    out: Outbound,
+    stop: CancellationToken,
+    node: Arc<Node>,
+) {
     let ws = &node.config.websocket;
     let mut ping = tokio::time::interval_at(Instant::now() + ws.ping_interval, ws.ping_interval);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -94,7 +99,11 @@ fn advise_reconnect(out: &Outbound, window: Duration) {
     out.close(CloseReason::Shutdown, true);
 }
 
-async fn write_timed<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes], timeout: Duration) -> Result<(), CloseReason> {
+async fn write_timed<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    frames: &[Bytes],
+    timeout: Duration,
+) -> Result<(), CloseReason> {
     match tokio::time::timeout(timeout, write_all(io, frames)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(CloseReason::ConnectionLost),

@@ -80,8 +80,14 @@ impl Gateway {
 
     /// Publishes over HTTP; returns the seq.
     pub async fn publish(&self, topic: &str, data: Value) -> u64 {
-        let (status, body) =
-            http(self.addr, "POST", "/v1/publish", &[], json!({"topic": topic, "data": data}).to_string().as_bytes()).await;
+        let (status, body) = http(
+            self.addr,
+            "POST",
+            "/v1/publish",
+            &[],
+            json!({"topic": topic, "data": data}).to_string().as_bytes(),
+        )
+        .await;
         assert_eq!(status, 200, "publish: {body}");
         let answer: Value = serde_json::from_str(&body).expect("json answer");
         answer["seq"].as_u64().expect("seq")
@@ -99,12 +105,19 @@ impl Gateway {
 }
 
 /// One HTTP/1.1 request over a fresh connection: (status, body).
-pub async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
     use http_body_util::{BodyExt, Full};
     let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .expect("handshake");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
     tokio::spawn(conn);
     let mut req = hyper::Request::builder()
         .method(method)
@@ -113,13 +126,20 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, 
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let req = req.body(Full::new(bytes::Bytes::copy_from_slice(body))).expect("request");
+    let req = req
+        .body(Full::new(bytes::Bytes::copy_from_slice(body)))
+        .expect("request");
     let response = tokio::time::timeout(WAIT, sender.send_request(req))
         .await
         .expect("answer in time")
         .expect("answer");
     let status = response.status().as_u16();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -142,7 +162,10 @@ impl Client {
     }
 
     pub async fn send(&mut self, value: Value) {
-        self.ws.send(Message::text(value.to_string())).await.expect("send");
+        self.ws
+            .send(Message::text(value.to_string()))
+            .await
+            .expect("send");
     }
 
     pub async fn send_text(&mut self, text: &str) {
@@ -183,7 +206,8 @@ impl Client {
 
     /// `sub` and its `ok`.
     pub async fn sub(&mut self, id: u64, topic: &str) -> Value {
-        self.send(json!({"op": "sub", "id": id, "topic": topic})).await;
+        self.send(json!({"op": "sub", "id": id, "topic": topic}))
+            .await;
         let ok = self.expect("ok").await;
         assert_eq!(ok["id"], id);
         ok
@@ -202,9 +226,13 @@ impl Client {
     /// Reads until the server closes; returns its close code.
     pub async fn closed(&mut self) -> Option<u16> {
         loop {
-            let next = tokio::time::timeout(WAIT, self.ws.next()).await.expect("close in time");
+            let next = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("close in time");
             match next {
-                Some(Ok(Message::Close(frame))) => return frame.map(|f: CloseFrame| u16::from(f.code)),
+                Some(Ok(Message::Close(frame))) => {
+                    return frame.map(|f: CloseFrame| u16::from(f.code));
+                }
                 Some(Ok(_)) => {}
                 Some(Err(_)) | None => return None,
             }

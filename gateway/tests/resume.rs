@@ -1,0 +1,132 @@
+//! Sessions: a client that comes back within the resume window gets every
+//! subscription back and everything it did not ack; after the window it starts
+//! afresh.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{Client, Gateway};
+use serde_json::json;
+
+#[tokio::test]
+async fn resume_within_the_window_replays_what_was_not_acked() {
+    let gw = Gateway::start().await;
+    gw.publish("b", json!("before")).await; // b is at seq 1 when the client subscribes
+    let mut client = Client::connect(&gw).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    client.sub(1, "a").await;
+    client.sub(2, "b").await;
+    for i in 1..=5 {
+        gw.publish("a", json!(i)).await;
+    }
+    for seq in 1..=5 {
+        assert_eq!(client.msg().await.1, seq);
+    }
+    client
+        .send(json!({"op": "ack", "topic": "a", "seq": 3}))
+        .await;
+    drop(client);
+
+    // While the client is away: a gets 6..8, b gets 2..3.
+    for i in 6..=8 {
+        gw.publish("a", json!(i)).await;
+    }
+    for i in 2..=3 {
+        gw.publish("b", json!(i)).await;
+    }
+
+    let mut back = Client::connect(&gw).await;
+    let welcome = back.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true);
+    assert_eq!(welcome["session"], session.as_str());
+    // a: everything after the ack (4..8); b: everything after the subscription point (2..3).
+    let mut got: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for _ in 0..(5 + 2) {
+        let (topic, seq, _) = back.msg().await;
+        got.entry(topic).or_default().push(seq);
+    }
+    assert_eq!(got["a"], vec![4, 5, 6, 7, 8]);
+    assert_eq!(got["b"], vec![2, 3]);
+
+    // And both subscriptions are live again without a new `sub`.
+    gw.publish("a", json!(9)).await;
+    assert_eq!(back.msg().await.1, 9);
+    gw.publish("b", json!(4)).await;
+    assert_eq!(back.msg().await.1, 4);
+    assert_eq!(
+        gw.metric("herald_resumes_total{resumed=\"true\"}").await,
+        1.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn after_the_window_the_session_is_fresh() {
+    let mut config = Gateway::config();
+    config.session.resume_window = Duration::from_millis(300);
+    let gw = Gateway::with(config).await;
+    let mut client = Client::connect(&gw).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    client.sub(1, "a").await;
+    drop(client);
+    // Expiry is a matter of time passing: wait it out.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let mut back = Client::connect(&gw).await;
+    let welcome = back.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], false);
+    assert_ne!(welcome["session"], session.as_str());
+    // No subscription came back: a publish to `a` does not arrive, but a reply does.
+    gw.publish("a", json!(1)).await;
+    back.send(json!({"op": "unsub", "id": 5, "topic": "a"}))
+        .await;
+    let err = back.expect("err").await;
+    assert_eq!(err["code"], "not_subscribed");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unknown_session_starts_fresh() {
+    let gw = Gateway::start().await;
+    let mut client = Client::connect(&gw).await;
+    let welcome = client.hello(Some("0123456789abcdef0123456789abcdef")).await;
+    assert_eq!(welcome["resumed"], false);
+    assert_eq!(
+        gw.metric("herald_resumes_total{resumed=\"false\"}").await,
+        1.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn resuming_a_session_that_is_still_connected_takes_it_over() {
+    let gw = Gateway::start().await;
+    let mut first = Client::connect(&gw).await;
+    let session = first.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    first.sub(1, "a").await;
+    gw.publish("a", json!(1)).await;
+    assert_eq!(first.msg().await.1, 1);
+    first
+        .send(json!({"op": "ack", "topic": "a", "seq": 1}))
+        .await;
+
+    // The first connection looks alive to the server, but the client moved on.
+    let mut second = Client::connect(&gw).await;
+    let welcome = second.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true);
+    assert_eq!(first.closed().await, Some(4501));
+    gw.publish("a", json!(2)).await;
+    assert_eq!(second.msg().await.1, 2);
+    gw.shutdown().await;
+}

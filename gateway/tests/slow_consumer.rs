@@ -1,0 +1,142 @@
+//! A client that stops reading must not delay anyone else: its queue fills,
+//! the overflow rule closes it, and the others keep getting every message
+//! promptly. Its memory is bounded by its queue (`queue.bytes`).
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{Client, Gateway};
+use serde_json::json;
+use tokio::net::TcpSocket;
+use tokio_tungstenite::MaybeTlsStream;
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
+    const HEALTHY: usize = 100;
+    // 6 MB in all: more than the kernel buffers on loopback (tcp_wmem max 4 MB)
+    // plus the queue.
+    const MESSAGES: u64 = 120;
+    let mut config = Gateway::config();
+    config.queue.bytes = 256 * 1024;
+    config.websocket.write_timeout = Duration::from_secs(2);
+    let gw = Gateway::with(config).await;
+
+    // The slow client: a tiny receive buffer, and it never reads after subscribing.
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let stream = socket.connect(gw.addr).await.expect("connect");
+    let (ws, _) = tokio_tungstenite::client_async(gw.ws_url(), MaybeTlsStream::Plain(stream))
+        .await
+        .expect("handshake");
+    let mut slow = Client { ws };
+    slow.hello(None).await;
+    slow.sub(1, "firehose").await;
+
+    let mut healthy = Vec::new();
+    for _ in 0..HEALTHY {
+        let mut client = Client::connect(&gw).await;
+        client.hello(None).await;
+        client.sub(1, "firehose").await;
+        healthy.push(client);
+    }
+    let readers: Vec<_> = healthy
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let mut worst = 0u64;
+                for seq in 1..=MESSAGES {
+                    let (_, got, data) = client.msg().await;
+                    assert_eq!(got, seq, "a healthy client missed a message");
+                    let sent = data["sent"].as_u64().expect("sent");
+                    worst = worst.max(now_micros().saturating_sub(sent));
+                }
+                (worst, client)
+            })
+        })
+        .collect();
+
+    let pad = "x".repeat(48 * 1024);
+    for _ in 1..=MESSAGES {
+        gw.publish("firehose", json!({"sent": now_micros(), "pad": pad}))
+            .await;
+    }
+    let mut worst = 0;
+    let mut healthy = Vec::new();
+    for reader in readers {
+        let (latency, client) = reader.await.expect("healthy client got everything");
+        worst = worst.max(latency);
+        healthy.push(client);
+    }
+    // Generous: a blocked fan-out would stall everyone for the write timeout (2 s).
+    assert!(
+        worst < 1_000_000,
+        "a healthy client waited {worst} us for a message"
+    );
+
+    // The slow one was closed by the overflow rule, and the pod forgot it.
+    let closed = "herald_connections_closed_total{reason=\"slow_consumer\"}";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while gw.metric(closed).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow client not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let topic = router::Topic::parse("firehose").expect("topic");
+    assert_eq!(gw.node.hub.subscribers(&topic), HEALTHY);
+    assert_eq!(gw.metric("herald_messages_dropped_total").await, 0.0);
+    drop((slow, healthy));
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_drop_newest_a_slow_client_sees_a_gap_instead() {
+    let mut config = Gateway::config();
+    config.queue.frames = 4;
+    config.queue.overflow = gateway::outbound::Overflow::DropNewest;
+    let gw = Gateway::with(config).await;
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let stream = socket.connect(gw.addr).await.expect("connect");
+    let (ws, _) = tokio_tungstenite::client_async(gw.ws_url(), MaybeTlsStream::Plain(stream))
+        .await
+        .expect("handshake");
+    let mut slow = Client { ws };
+    slow.hello(None).await;
+    slow.sub(1, "firehose").await;
+    let pad = "x".repeat(16 * 1024);
+    for _ in 0..200 {
+        gw.publish("firehose", json!({"pad": pad})).await;
+    }
+    assert!(gw.metric("herald_messages_dropped_total").await > 0.0);
+    // Reading again, the client gets a series with gaps, and stays connected:
+    // it reads until a message published after the flood arrives.
+    let reader = tokio::spawn(async move {
+        let (mut last, mut gaps) = (0, 0);
+        while last <= 200 {
+            let (_, seq, _) = slow.msg().await;
+            gaps += u32::from(seq != last + 1);
+            last = seq;
+        }
+        gaps
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !reader.is_finished() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no message after the flood arrived"
+        );
+        gw.publish("firehose", json!("after the flood")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reader.await.expect("reader") > 0, "drops must show as gaps");
+    gw.shutdown().await;
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Herald's whole test suite, on a fresh Debian machine with a Rust toolchain:
+# installs what the tests need, checks formatting and lints, runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n== %s\n' "$*"; }
+
+say "test dependencies"
+# The Python client test talks to herald through the `websockets` package.
+if ! python3 -c 'import websockets' 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12,<16'
+fi
+python3 -c 'import websockets; print("python websockets", websockets.__version__)'
+
+say "format"
+cargo fmt --all --check
+
+say "lints"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}"
+    cargo test --workspace --locked --doc
+else
+    cargo test --workspace --locked
+fi
