@@ -103,8 +103,8 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
             ));
         }
     };
-    let request: PublishRequest<'_> = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::Malformed, e.to_string()))?;
+    let request = PublishRequest::decode(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code, e.message))?;
     let topic = Topic::parse(&request.topic)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadTopic, e.to_string()))?;
     let data = body.slice_ref(request.data.get().as_bytes());
@@ -131,14 +131,18 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
     })
 }
 
-/// Whether `header` is `Bearer <one of keys>`, compared in constant time.
+/// Whether `header` is `Bearer <one of keys>` (the scheme in any case, RFC
+/// 9110 11.1), the key compared in constant time.
 fn authorized(keys: &[String], header: Option<&HeaderValue>) -> bool {
-    let Some(given) = header
+    let Some((scheme, given)) = header
         .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
+        .and_then(|h| h.split_once(' '))
     else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
     keys.iter().fold(false, |found, key| {
         found | constant_time_eq(key.as_bytes(), given.trim().as_bytes())
     })

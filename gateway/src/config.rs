@@ -240,6 +240,18 @@ const TOP_LEVEL_KEYS: [&str; 9] = [
     "namespaces",
 ];
 
+/// The variable that names the configuration file when `--config` is not given.
+pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
+
+/// Variables that hold comma-separated lists, and their keys.
+const LIST_VARS: [(&str, &str); 2] = [
+    ("HERALD_HTTP__API_KEYS", "http.api_keys"),
+    (
+        "HERALD_WEBSOCKET__ALLOWED_ORIGINS",
+        "websocket.allowed_origins",
+    ),
+];
+
 impl Config {
     /// Reads the file (if any), then the `HERALD_*` variables of `env`, and
     /// validates the result.
@@ -262,19 +274,37 @@ impl Config {
             }
             builder = builder.add_source(source);
         }
-        let env: config::Map<String, String> = env
+        let mut env: config::Map<String, String> = env
             .into_iter()
-            .filter(|(k, _)| k.starts_with("HERALD_") && k != "HERALD_CONFIG")
+            .filter(|(k, _)| k.starts_with("HERALD_") && k != CONFIG_FILE_VAR)
             .collect();
+        // Lists of text are split here: the source below would read a lone
+        // `123` or `true` as a number or a boolean, not as a list of one.
+        let mut lists = Vec::new();
+        for (var, key) in LIST_VARS {
+            if let Some(value) = env.remove(var) {
+                // An empty variable is an empty list; an empty item is an
+                // error that validation names.
+                let items: Vec<String> = match value.trim() {
+                    "" => Vec::new(),
+                    value => value
+                        .split(',')
+                        .map(|item| item.trim().to_owned())
+                        .collect(),
+                };
+                lists.push((key, items));
+            }
+        }
         let env_source = config::Environment::with_prefix("HERALD")
             .prefix_separator("_")
             .separator("__")
             .try_parsing(true)
-            .list_separator(",")
-            .with_list_parse_key("http.api_keys")
-            .with_list_parse_key("websocket.allowed_origins")
             .source(Some(env));
-        let config: Config = builder.add_source(env_source).build()?.try_deserialize()?;
+        builder = builder.add_source(env_source);
+        for (key, items) in lists {
+            builder = builder.set_override(key, items)?;
+        }
+        let config: Config = builder.build()?.try_deserialize()?;
         config.validate()?;
         Ok(config)
     }

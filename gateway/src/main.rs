@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use gateway::Config;
-use gateway::config::{EXIT_BAD_CONFIG, LogFormat};
+use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
@@ -18,7 +18,8 @@ herald: a realtime WebSocket gateway
 Usage: herald [--config <file.toml>] [--check]
 
 Options:
-  -c, --config <file>  TOML configuration (docs/herald.sample.toml lists every key)
+  -c, --config <file>  TOML configuration (docs/herald.sample.toml lists every key);
+                       HERALD_CONFIG names one too
       --check          validate the configuration and exit
   -h, --help           print this help
   -V, --version        print the version
@@ -71,7 +72,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG as u8);
         }
     };
-    let config = match Config::load(args.config.as_deref(), std::env::vars()) {
+    let file = args
+        .config
+        .or_else(|| std::env::var_os(CONFIG_FILE_VAR).map(PathBuf::from));
+    let config = match Config::load(file.as_deref(), std::env::vars()) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("herald: bad configuration: {e}");

@@ -93,6 +93,13 @@ struct State {
     reason: Option<CloseReason>,
 }
 
+impl State {
+    /// A close is requested or done: nothing more is queued.
+    fn is_closing(&self) -> bool {
+        self.close.is_some() || self.closed
+    }
+}
+
 impl Outbound {
     pub fn new(limits: Limits) -> Self {
         Self {
@@ -113,14 +120,21 @@ impl Outbound {
     /// Queues `frame` without waiting: the fan-out path.
     pub fn push(&self, frame: Bytes) -> Pushed {
         let limits = self.shared.limits;
-        let mut state = self.state();
-        if state.close.is_some() || state.closed {
+        let state = self.state();
+        if state.is_closing() {
             return Pushed::Closed;
         }
         if state.frames.len() >= limits.frames || state.bytes + frame.len() > limits.bytes {
             drop(state);
             return self.overflow();
         }
+        self.enqueue(state, frame);
+        Pushed::Queued
+    }
+
+    /// Appends `frame`, releases the lock, and wakes the writer if it may be
+    /// waiting (the queue was empty).
+    fn enqueue(&self, mut state: MutexGuard<'_, State>, frame: Bytes) {
         let was_empty = state.frames.is_empty();
         state.bytes += frame.len();
         state.frames.push_back(frame);
@@ -128,7 +142,6 @@ impl Outbound {
         if was_empty {
             self.shared.writer.notify_one();
         }
-        Pushed::Queued
     }
 
     /// Applies the overflow rule to a frame that does not fit.
@@ -159,20 +172,14 @@ impl Outbound {
             tokio::pin!(room);
             room.as_mut().enable();
             {
-                let mut state = self.state();
-                if state.close.is_some() || state.closed {
+                let state = self.state();
+                if state.is_closing() {
                     return false;
                 }
                 let fits = state.frames.len() < limits.frames / 2
                     && state.bytes + frame.len() <= limits.bytes / 2;
                 if fits || state.bytes == 0 {
-                    let was_empty = state.frames.is_empty();
-                    state.bytes += frame.len();
-                    state.frames.push_back(frame);
-                    drop(state);
-                    if was_empty {
-                        self.shared.writer.notify_one();
-                    }
+                    self.enqueue(state, frame);
                     return true;
                 }
             }
@@ -205,7 +212,7 @@ impl Outbound {
     /// the library's 1002 for an invalid code), unless a close is under way.
     pub fn echo_close(&self, frame: Bytes) {
         let mut state = self.state();
-        if state.close.is_none() && !state.closed {
+        if !state.is_closing() {
             state.reason.get_or_insert(CloseReason::ClientClosed);
             state.close = Some(Close {
                 reason: CloseReason::ClientClosed,
@@ -219,7 +226,7 @@ impl Outbound {
     }
 
     fn request_close(state: &mut State, reason: CloseReason, flush: bool) {
-        if state.close.is_some() || state.closed {
+        if state.is_closing() {
             return;
         }
         state.reason.get_or_insert(reason);
@@ -243,8 +250,7 @@ impl Outbound {
 
     /// Whether a close frame went out or is about to.
     pub fn is_closing(&self) -> bool {
-        let state = self.state();
-        state.close.is_some() || state.closed
+        self.state().is_closing()
     }
 
     /// Waits until there is something for the writer.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ORIGIN, RETRY_AFTER};
+use hyper::header::{HeaderValue, ORIGIN, RETRY_AFTER, SEC_WEBSOCKET_VERSION};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -33,9 +33,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 pub type Body = Full<Bytes>;
 
 /// Serves `listener` with `config` until `shutdown` resolves, then drains:
-/// `/readyz` turns 503, no new connections or upgrades are taken, every client
-/// gets `reconnect` and a 1012 close, and this returns once they are gone or
-/// `shutdown.drain_timeout` has passed.
+/// `/readyz` turns 503 and upgrades are refused with 503 (the listener stays
+/// open, so that probes see it), every client gets `reconnect` and a 1012
+/// close, and this returns once they are gone or `shutdown.drain_timeout` has
+/// passed.
 pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let node = Node::new(config);
     serve(node, listener, shutdown).await;
@@ -44,9 +45,25 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
 /// [`run`] with a node built by the caller (tests read its metrics).
 pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let drain_deadline = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(drain_deadline);
     loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if !node.is_draining() => {
+                let timeout = node.config.shutdown.drain_timeout;
+                tracing::info!(connections = node.metrics.connections.get(), ?timeout, "draining");
+                node.drain.cancel();
+                node.tasks.close();
+                drain_deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+            }
+            _ = node.tasks.wait(), if node.is_draining() => break,
+            _ = &mut drain_deadline => {
+                tracing::warn!(
+                    remaining = node.metrics.connections.get(),
+                    "drain timeout passed; dropping the connections left"
+                );
+                break;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     node.tasks.spawn(connection(stream, peer, node.clone()));
@@ -58,24 +75,6 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future
             },
         }
     }
-    drop(listener);
-    let timeout = node.config.shutdown.drain_timeout;
-    tracing::info!(
-        connections = node.metrics.connections.get(),
-        ?timeout,
-        "draining"
-    );
-    node.drain.cancel();
-    node.tasks.close();
-    if tokio::time::timeout(timeout, node.tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            remaining = node.metrics.connections.get(),
-            "drain timeout passed; dropping the connections left"
-        );
-    }
 }
 
 async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
@@ -86,17 +85,25 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
         let node = node.clone();
         service_fn(move |req| route(req, node.clone()))
     };
+    // A connection that arrives while the pod drains gets one answer (a
+    // probe's 503, say) and is closed.
+    let draining = node.is_draining();
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(node.config.websocket.handshake_timeout)
+        .keep_alive(!draining)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        _ = node.drain.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let result = if draining {
+        conn.await
+    } else {
+        tokio::select! {
+            result = conn.as_mut() => result,
+            _ = node.drain.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
         }
     };
     if let Err(e) = result {
@@ -158,6 +165,23 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>) -> Response<Body> {
         req.headers().get(ORIGIN),
     ) {
         return reject("origin", StatusCode::FORBIDDEN, "origin not allowed\n");
+    }
+    // RFC 6455 4.4: refuse other versions and name the one spoken here.
+    if req
+        .headers()
+        .get(SEC_WEBSOCKET_VERSION)
+        .map(HeaderValue::as_bytes)
+        != Some(b"13")
+    {
+        let mut response = reject(
+            "bad_handshake",
+            StatusCode::BAD_REQUEST,
+            "unsupported WebSocket version; this server speaks 13\n",
+        );
+        response
+            .headers_mut()
+            .insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+        return response;
     }
     let Some(admission) = node.admit() else {
         let mut response = reject(

@@ -11,6 +11,21 @@ use serde_json::json;
 use tokio::net::TcpSocket;
 use tokio_tungstenite::MaybeTlsStream;
 
+/// A subscriber with a tiny receive buffer, so that the gateway's writes to
+/// it block as soon as it stops reading.
+async fn slow_subscriber(gw: &Gateway, topic: &str) -> Client {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let stream = socket.connect(gw.addr).await.expect("connect");
+    let (ws, _) = tokio_tungstenite::client_async(gw.ws_url(), MaybeTlsStream::Plain(stream))
+        .await
+        .expect("handshake");
+    let mut client = Client { ws };
+    client.hello(None).await;
+    client.sub(1, topic).await;
+    client
+}
+
 fn now_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -28,16 +43,8 @@ async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
     config.websocket.write_timeout = Duration::from_secs(2);
     let gw = Gateway::with(config).await;
 
-    // The slow client: a tiny receive buffer, and it never reads after subscribing.
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let stream = socket.connect(gw.addr).await.expect("connect");
-    let (ws, _) = tokio_tungstenite::client_async(gw.ws_url(), MaybeTlsStream::Plain(stream))
-        .await
-        .expect("handshake");
-    let mut slow = Client { ws };
-    slow.hello(None).await;
-    slow.sub(1, "firehose").await;
+    // The slow client never reads after subscribing.
+    let slow = slow_subscriber(&gw, "firehose").await;
 
     let mut healthy = Vec::new();
     for _ in 0..HEALTHY {
@@ -103,15 +110,7 @@ async fn with_drop_newest_a_slow_client_sees_a_gap_instead() {
     config.queue.frames = 4;
     config.queue.overflow = gateway::outbound::Overflow::DropNewest;
     let gw = Gateway::with(config).await;
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
-    let stream = socket.connect(gw.addr).await.expect("connect");
-    let (ws, _) = tokio_tungstenite::client_async(gw.ws_url(), MaybeTlsStream::Plain(stream))
-        .await
-        .expect("handshake");
-    let mut slow = Client { ws };
-    slow.hello(None).await;
-    slow.sub(1, "firehose").await;
+    let mut slow = slow_subscriber(&gw, "firehose").await;
     let pad = "x".repeat(16 * 1024);
     for _ in 0..200 {
         gw.publish("firehose", json!({"pad": pad})).await;

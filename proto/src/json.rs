@@ -56,15 +56,14 @@ struct RawCommand<'a> {
     token: Option<Cow<'a, str>>,
     #[serde(borrow)]
     resume: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
 }
 
 impl<'a> Command<'a> {
     /// Decodes one text frame.
     pub fn decode(text: &'a str) -> Result<Self, CommandError> {
-        let raw: RawCommand<'a> = serde_json::from_str(text)
-            .map_err(|e| CommandError::new(None, ErrorCode::Malformed, e.to_string()))?;
+        let raw: RawCommand<'a> = from_object(text.as_bytes())?;
         let id = raw.id;
         let missing = |field: &str| {
             CommandError::new(
@@ -328,12 +327,52 @@ pub fn encode_msg_prefix(out: &mut Vec<u8>, topic: &str, seq: u64) {
 }
 
 /// The HTTP publish body: `{"topic":"news","data":<any JSON>}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct PublishRequest<'a> {
-    #[serde(borrow)]
     pub topic: Cow<'a, str>,
-    #[serde(borrow)]
     pub data: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct RawPublishRequest<'a> {
+    #[serde(borrow)]
+    topic: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    data: Option<&'a RawValue>,
+}
+
+impl<'a> PublishRequest<'a> {
+    /// Decodes a request body, with the same error codes as a command.
+    pub fn decode(body: &'a [u8]) -> Result<Self, CommandError> {
+        let raw: RawPublishRequest<'a> = from_object(body)?;
+        let missing = |field: &str| {
+            CommandError::new(
+                None,
+                ErrorCode::MissingField,
+                format!("`{field}` is required"),
+            )
+        };
+        Ok(Self {
+            topic: raw.topic.ok_or_else(|| missing("topic"))?,
+            data: raw.data.ok_or_else(|| missing("data"))?,
+        })
+    }
+}
+
+/// `Some` for any value that is present, `null` included (a plain
+/// `Option<&RawValue>` reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Deserializes a JSON object. serde would also fill a struct from an array
+/// of its fields in order (`["sub",1,"news"]`); the protocol speaks objects.
+fn from_object<'a, T: Deserialize<'a>>(json: &'a [u8]) -> Result<T, CommandError> {
+    let malformed = |message: String| CommandError::new(None, ErrorCode::Malformed, message);
+    if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(malformed("expected a JSON object".to_owned()));
+    }
+    serde_json::from_slice(json).map_err(|e| malformed(e.to_string()))
 }
 
 /// The HTTP publish answer.
@@ -376,6 +415,20 @@ mod tests {
         assert_eq!(err.code, ErrorCode::Malformed);
         let err = Command::decode(r#"{"op":"pub","id":1,"topic":"a"}"#).unwrap_err();
         assert_eq!(err.code, ErrorCode::MissingField);
+        // A struct would also deserialize from an array of its fields.
+        let err = Command::decode(r#"["sub",1,"news"]"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Malformed);
+        let err = PublishRequest::decode(br#" ["news",1]"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Malformed);
+        let err = PublishRequest::decode(br#"{"topic":"news"}"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::MissingField);
+        // null is a value like any other.
+        let ok = PublishRequest::decode(br#"{"topic":"news","data":null}"#);
+        assert_eq!(
+            ok.map(|r| r.data.get().to_owned()).ok().as_deref(),
+            Some("null")
+        );
+        assert!(Command::decode(r#"{"op":"pub","id":1,"topic":"a","data":null}"#).is_ok());
     }
 
     #[test]

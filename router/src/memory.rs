@@ -43,8 +43,10 @@ struct TopicState {
     seq: u64,
     /// Oldest first, each with the time it was published.
     history: VecDeque<(Instant, Publication)>,
-    /// Whether this pod's sink wants the topic; a watched topic is never swept.
-    watched: bool,
+    /// How many `watch` calls are not yet matched by `unwatch`: a count, not
+    /// a flag, so that a late `unwatch` of an earlier watch cannot cancel a
+    /// newer one. A watched topic is never swept.
+    watchers: usize,
     touched: Instant,
 }
 
@@ -54,7 +56,7 @@ impl TopicState {
             epoch: new_epoch(),
             seq: 0,
             history: VecDeque::new(),
-            watched: false,
+            watchers: 0,
             touched: now,
         }
     }
@@ -122,7 +124,7 @@ impl Inner {
                     .get(topic)
                     .map_or(Duration::ZERO, |ns| ns.history_ttl);
                 state.expire(now, ttl);
-                state.watched
+                state.watchers > 0
                     || !state.history.is_empty()
                     || now.saturating_duration_since(state.touched) <= ttl
             });
@@ -168,7 +170,7 @@ impl Broker for MemoryBroker {
             }
             state.expire(now, ttl);
         }
-        if state.watched {
+        if state.watchers > 0 {
             self.inner.sink.deliver(&publication);
         }
         Ok(Position {
@@ -184,7 +186,7 @@ impl Broker for MemoryBroker {
         let state = shard
             .entry(topic.clone())
             .or_insert_with(|| TopicState::new(now));
-        state.watched = true;
+        state.watchers += 1;
         state.touched = now;
         Ok(())
     }
@@ -192,7 +194,7 @@ impl Broker for MemoryBroker {
     async fn unwatch(&self, topic: &Topic) {
         let now = Instant::now();
         if let Some(state) = self.inner.shard(topic).get_mut(topic) {
-            state.watched = false;
+            state.watchers = state.watchers.saturating_sub(1);
             state.touched = now;
         }
     }
@@ -344,6 +346,23 @@ mod tests {
         assert!(!b.recover(&t, since(1, None)).await?.recovered);
         assert!(!b.recover(&t, since(3, Some("other"))).await?.recovered);
         assert!(!b.recover(&t, since(9, None)).await?.recovered);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn watches_are_counted() -> Result<(), BrokerError> {
+        let (b, sink) = broker(3);
+        let t = topic("news");
+        let delivered = || sink.0.lock().unwrap_or_else(|e| e.into_inner()).len();
+        b.watch(&t).await?;
+        b.watch(&t).await?;
+        // A late unwatch of the first watch does not cancel the second.
+        b.unwatch(&t).await;
+        b.publish(&t, Bytes::from_static(b"1")).await?;
+        assert_eq!(delivered(), 1);
+        b.unwatch(&t).await;
+        b.publish(&t, Bytes::from_static(b"1")).await?;
+        assert_eq!(delivered(), 1);
         Ok(())
     }
 

@@ -61,8 +61,13 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// The next event. Not cancel-safe: drop the future only to end the connection.
     pub async fn next(&mut self, out: &Outbound) -> Result<Incoming, CloseReason> {
         loop {
+            // The library hands over the close echo before we have checked the
+            // frame: hold it until the frame has passed our own checks. On a
+            // read error (an invalid close code among them) the session sends
+            // the close for the error instead.
+            let mut echo = None;
             let mut obligation = |frame: Frame<'_>| {
-                out.echo_close(frame::encode(frame::OP_CLOSE, &[&frame.payload]));
+                echo = Some(frame::encode(frame::OP_CLOSE, &[&frame.payload]));
                 std::future::ready(Ok::<(), Infallible>(()))
             };
             let mut frame = self
@@ -72,6 +77,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 .map_err(|e| CloseReason::from_read_error(&e))?;
             if !is_masked(&mut frame) {
                 return Err(CloseReason::ProtocolError);
+            }
+            if let Some(echo) = echo {
+                out.echo_close(echo);
             }
             let fin = frame.fin;
             let opcode = frame.opcode;

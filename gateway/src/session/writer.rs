@@ -6,6 +6,7 @@
 //! advice and the 1012 close.
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,13 +117,18 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
     let mut index = 0;
     let mut offset = 0;
     while index < frames.len() {
-        let mut slices = [IoSlice::new(&[]); MAX_IOV];
-        let mut count = 0;
-        for (slot, frame) in slices.iter_mut().zip(&frames[index..]) {
-            *slot = IoSlice::new(if count == 0 { &frame[offset..] } else { frame });
-            count += 1;
-        }
-        let mut written = io.write_vectored(&slices[..count]).await?;
+        // The slice array lives only inside one poll, not in the task's
+        // state: an idle connection should not carry 4 KiB of it.
+        let mut written = std::future::poll_fn(|cx| {
+            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let mut count = 0;
+            for (slot, frame) in slices.iter_mut().zip(&frames[index..]) {
+                *slot = IoSlice::new(if count == 0 { &frame[offset..] } else { frame });
+                count += 1;
+            }
+            Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count])
+        })
+        .await?;
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

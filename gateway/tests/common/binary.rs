@@ -1,0 +1,233 @@
+//! The real `herald` binary as a child process: configured through
+//! `HERALD_*` variables only, on a free loopback port, ready once `/readyz`
+//! says so, and killed when dropped so that a failing test leaves no process
+//! behind. Include with `#[path = "common/binary.rs"] mod binary;`.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Longest the binary may take to become ready.
+pub const READY_WAIT: Duration = Duration::from_secs(20);
+/// Longest one HTTP exchange with the binary may take.
+pub const HTTP_WAIT: Duration = Duration::from_secs(5);
+/// Between two looks at something that has no event to wait on (an exit
+/// status, a port that is not listening yet).
+const POLL: Duration = Duration::from_millis(20);
+/// Ports tried before giving up (another process may take the free port
+/// between our look and the binary's bind).
+const ATTEMPTS: usize = 5;
+
+/// A running `herald`.
+pub struct Herald {
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    /// The binary's stdout and stderr, shown when a test fails.
+    log: PathBuf,
+}
+
+impl Herald {
+    /// Starts `herald` with `env` (plus `HERALD_LISTEN` on a free loopback
+    /// port) and `args`, and waits until `GET /readyz` answers 200.
+    pub async fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
+        let mut last_log = String::new();
+        for _ in 0..ATTEMPTS {
+            let port = free_port();
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let mut herald = Self::spawn(addr, env, args);
+            match herald.wait_ready().await {
+                Ready::Yes => return herald,
+                Ready::Exited(status) => {
+                    last_log = herald.log();
+                    assert!(
+                        last_log.contains("binding"),
+                        "herald exited with {status} before it was ready:\n{last_log}"
+                    );
+                    // The port was taken in the meantime: try another.
+                }
+            }
+        }
+        panic!(
+            "herald could not bind a free port in {ATTEMPTS} attempts; last output:\n{last_log}"
+        );
+    }
+
+    fn spawn(addr: SocketAddr, env: &[(&str, &str)], args: &[&str]) -> Self {
+        let log = log_path();
+        let out = std::fs::File::create(&log).expect("create the log file");
+        let err = out.try_clone().expect("clone the log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        // Only what the test says: no HERALD_* of the environment the tests run in.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HERALD_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .args(args)
+            .env("HERALD_LISTEN", addr.to_string())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = command.spawn().expect("spawn herald");
+        Self {
+            addr,
+            child: Some(child),
+            log,
+        }
+    }
+
+    async fn wait_ready(&mut self) -> Ready {
+        let deadline = Instant::now() + READY_WAIT;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Ready::Exited(status);
+            }
+            if let Ok((200, _)) = get(self.addr, "/readyz").await {
+                return Ready::Yes;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "herald not ready within {READY_WAIT:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("child").id()
+    }
+
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What the binary printed so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM, as Kubernetes does to a pod it stops.
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().expect("try_wait"))
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for Herald {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- herald output ({}) ---\n{}",
+                self.log.display(),
+                self.log()
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+enum Ready {
+    Yes,
+    Exited(ExitStatus),
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn log_path() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "herald-test-{}-{}.log",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// One `GET` over a fresh connection (`Connection: close`): (status, body).
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::time::timeout(HTTP_WAIT, TcpStream::connect(addr)).await??;
+    request(
+        &mut stream,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// Writes `raw` on `stream` and reads the response until the server closes
+/// the connection: (status, body).
+pub async fn request(stream: &mut TcpStream, raw: &str) -> std::io::Result<(u16, String)> {
+    let exchange = async {
+        stream.write_all(raw.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(HTTP_WAIT, exchange).await??;
+    parse_response(&response)
+}
+
+/// (status, body) of an HTTP/1.1 response read in full.
+pub fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
+    let text = String::from_utf8_lossy(response);
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not an HTTP response: {text:?}"),
+        )
+    };
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(bad)?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .ok_or_else(bad)?;
+    Ok((status, body))
+}

@@ -1,0 +1,391 @@
+//! Configuration as an operator writes it: the sample file loads with the
+//! values it documents; `HERALD_*` variables set any key and win over the
+//! file, while the variables Kubernetes injects are ignored; a bad value is
+//! refused with an error that names its key, and the binary then exits 64
+//! before binding anything.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use gateway::Config;
+use gateway::config::{ConfigError, EXIT_BAD_CONFIG, LogFormat};
+
+fn sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/herald.sample.toml")
+}
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A TOML file under the temp dir, removed on drop.
+struct TempToml(PathBuf);
+
+impl TempToml {
+    fn new(text: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "herald-config-test-{}-{}.toml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).expect("write the temp config");
+        Self(path)
+    }
+}
+
+impl Drop for TempToml {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn load_file(text: &str) -> Result<Config, ConfigError> {
+    let file = TempToml::new(text);
+    Config::load(Some(&file.0), std::iter::empty())
+}
+
+fn load_env(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::load(None, env(vars))
+}
+
+/// The error's text, which must name `key`.
+#[track_caller]
+fn assert_names(result: Result<Config, ConfigError>, key: &str) {
+    match result {
+        Ok(config) => panic!("expected an error naming `{key}`, got {config:?}"),
+        Err(e) => assert!(e.to_string().contains(key), "the error names `{key}`: {e}"),
+    }
+}
+
+#[test]
+fn the_sample_file_loads_with_the_documented_values() {
+    let config = Config::load(Some(&sample()), std::iter::empty()).expect("the sample loads");
+    assert_eq!(config.listen.to_string(), "0.0.0.0:8080");
+    let ws = &config.websocket;
+    assert_eq!(ws.max_message_bytes, 65536);
+    assert_eq!(ws.ping_interval, Duration::from_secs(25));
+    assert_eq!(ws.pong_timeout, Duration::from_secs(10));
+    assert_eq!(ws.write_timeout, Duration::from_secs(5));
+    assert_eq!(ws.handshake_timeout, Duration::from_secs(10));
+    assert_eq!(ws.close_timeout, Duration::from_secs(2));
+    assert_eq!(ws.max_connections, 10000);
+    assert_eq!(ws.max_bad_commands, 10);
+    assert!(ws.allowed_origins.is_empty());
+    assert_eq!((config.queue.frames, config.queue.bytes), (1024, 1_048_576));
+    assert_eq!(config.session.resume_window, Duration::from_secs(120));
+    assert_eq!(config.session.max_subscriptions, 1000);
+    assert!(config.http.api_keys.is_empty());
+    assert_eq!(config.http.max_body_bytes, 65536);
+    assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(10));
+    assert_eq!(config.log.level, "info");
+    assert_eq!(config.log.format, LogFormat::Text);
+
+    let chat = &config.namespaces["chat"];
+    assert!(chat.client_publish);
+    assert_eq!(chat.history_size, 500);
+    assert_eq!(chat.history_ttl, Duration::from_secs(600));
+    let default = &config.namespaces["default"];
+    assert!(!default.client_publish);
+    assert_eq!(
+        (default.history_size, default.history_ttl),
+        (100, Duration::from_secs(300))
+    );
+}
+
+#[test]
+fn the_sample_file_documents_the_defaults() {
+    let sample = Config::load(Some(&sample()), std::iter::empty()).expect("the sample loads");
+    let defaults = Config::load(None, std::iter::empty()).expect("the defaults load");
+    // Everything but the namespaces (the sample adds `chat`) is the default.
+    let strip = |c: &Config| {
+        let mut c = c.clone();
+        c.namespaces.clear();
+        format!("{c:?}")
+    };
+    assert_eq!(strip(&sample), strip(&defaults));
+}
+
+#[test]
+fn environment_variables_set_keys() {
+    let config = load_env(&[
+        ("HERALD_LISTEN", "127.0.0.1:9000"),
+        ("HERALD_WEBSOCKET__PING_INTERVAL", "3s"),
+        ("HERALD_HTTP__API_KEYS", "k1,k2"),
+        ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "1500ms"),
+        ("HERALD_QUEUE__OVERFLOW", "drop_newest"),
+        ("HERALD_LOG__FORMAT", "json"),
+        ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+    ])
+    .expect("loads");
+    assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
+    assert_eq!(config.websocket.ping_interval, Duration::from_secs(3));
+    assert_eq!(config.http.api_keys, ["k1", "k2"]);
+    assert_eq!(config.shutdown.drain_timeout, Duration::from_millis(1500));
+    assert_eq!(format!("{:?}", config.queue.overflow), "DropNewest");
+    assert_eq!(config.log.format, LogFormat::Json);
+    // A namespace made from the environment alone: its other settings are defaulted.
+    let chat = &config.namespaces["chat"];
+    assert!(chat.client_publish);
+    assert_eq!(
+        chat.history_size,
+        router::NamespaceSettings::default().history_size
+    );
+}
+
+#[test]
+fn one_api_key_from_the_environment_is_a_list_of_one() {
+    let config = load_env(&[("HERALD_HTTP__API_KEYS", "only")]).expect("loads");
+    assert_eq!(config.http.api_keys, ["only"]);
+}
+
+#[test]
+fn api_keys_that_look_like_numbers_stay_keys() {
+    // A key is text, whatever it looks like: digits, an exponent, `true`.
+    for key in ["123456", "1e10", "true", "nan"] {
+        let config = load_env(&[("HERALD_HTTP__API_KEYS", key)])
+            .unwrap_or_else(|e| panic!("HERALD_HTTP__API_KEYS={key}: {e}"));
+        assert_eq!(config.http.api_keys, [key]);
+    }
+    let config = load_env(&[("HERALD_WEBSOCKET__ALLOWED_ORIGINS", "1234")])
+        .unwrap_or_else(|e| panic!("HERALD_WEBSOCKET__ALLOWED_ORIGINS=1234: {e}"));
+    assert_eq!(config.websocket.allowed_origins, ["1234"]);
+}
+
+#[test]
+fn the_environment_wins_over_the_file() {
+    let file = TempToml::new(
+        "listen = \"127.0.0.1:7000\"\n\
+         [websocket]\nping_interval = \"7s\"\nmax_connections = 7\n\
+         [namespaces.chat]\nclient_publish = false\nhistory_size = 7\n",
+    );
+    let config = Config::load(
+        Some(&file.0),
+        env(&[
+            ("HERALD_LISTEN", "127.0.0.1:9000"),
+            ("HERALD_WEBSOCKET__PING_INTERVAL", "3s"),
+            ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+        ]),
+    )
+    .expect("loads");
+    assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
+    assert_eq!(config.websocket.ping_interval, Duration::from_secs(3));
+    // What the environment does not set stays as the file says.
+    assert_eq!(config.websocket.max_connections, 7);
+    assert!(config.namespaces["chat"].client_publish);
+    assert_eq!(config.namespaces["chat"].history_size, 7);
+}
+
+#[test]
+fn variables_that_are_not_herald_keys_are_ignored() {
+    // What Kubernetes injects for a Service named `herald`, plus unrelated
+    // variables; none is a configuration key.
+    let config = load_env(&[
+        ("HERALD_PORT", "tcp://10.0.0.1:80"),
+        ("HERALD_PORT_80_TCP", "tcp://10.0.0.1:80"),
+        ("HERALD_PORT_80_TCP_ADDR", "10.0.0.1"),
+        ("HERALD_PORT_80_TCP_PORT", "80"),
+        ("HERALD_PORT_80_TCP_PROTO", "tcp"),
+        ("HERALD_SERVICE_HOST", "10.0.0.1"),
+        ("HERALD_SERVICE_PORT", "80"),
+        ("PATH", "/usr/bin"),
+        ("LISTEN", "1.2.3.4:5"),
+    ])
+    .expect("loads");
+    assert_eq!(config.listen.to_string(), "0.0.0.0:8080");
+}
+
+#[test]
+fn bad_values_from_the_environment_name_their_key() {
+    assert_names(
+        load_env(&[("HERALD_WEBSOCKET__PING_INTERVAL", "abc")]),
+        "websocket.ping_interval",
+    );
+    assert_names(
+        load_env(&[("HERALD_WEBSOCKET__PING_INTERVAL", "0s")]),
+        "websocket.ping_interval",
+    );
+    assert_names(
+        load_env(&[("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "soon")]),
+        "shutdown.drain_timeout",
+    );
+    assert_names(
+        load_env(&[("HERALD_WEBSOCKET__MAX_CONNECTIONS", "many")]),
+        "websocket.max_connections",
+    );
+    assert_names(
+        load_env(&[("HERALD_WEBSOCKET__MAX_CONNECTIONS", "0")]),
+        "websocket.max_connections",
+    );
+    assert_names(load_env(&[("HERALD_LISTEN", "not an address")]), "listen");
+    assert_names(load_env(&[("HERALD_QUEUE__BYTES", "1000")]), "queue.bytes");
+    assert_names(
+        load_env(&[("HERALD_QUEUE__OVERFLOW", "explode")]),
+        "queue.overflow",
+    );
+    assert_names(
+        load_env(&[("HERALD_HTTP__API_KEYS", "k1,,k2")]),
+        "http.api_keys",
+    );
+}
+
+#[test]
+fn bad_values_in_a_file_name_their_key() {
+    assert_names(
+        load_file("[websocket]\nping_interval = \"abc\"\n"),
+        "websocket.ping_interval",
+    );
+    assert_names(
+        load_file("[websocket]\nmax_connections = \"many\"\n"),
+        "websocket.max_connections",
+    );
+    assert_names(load_file("[queue]\nbytes = 10\n"), "queue.bytes");
+    assert_names(
+        load_file("[namespaces.\"Bad Name\"]\nclient_publish = true\n"),
+        "namespaces",
+    );
+}
+
+#[test]
+fn unknown_keys_in_a_file_are_refused_by_name() {
+    assert_names(load_file("lisen = \"127.0.0.1:9000\"\n"), "lisen");
+    assert_names(
+        load_file("[websocket]\nping_intervall = \"3s\"\n"),
+        "ping_intervall",
+    );
+    assert_names(
+        load_file("[namespaces.chat]\nclient_publsh = true\n"),
+        "client_publsh",
+    );
+}
+
+#[test]
+fn a_file_that_is_not_toml_or_not_there_is_an_error() {
+    assert!(load_file("this is [not toml").is_err());
+    let missing = std::env::temp_dir().join(format!(
+        "herald-config-test-{}-missing.toml",
+        std::process::id()
+    ));
+    assert!(Config::load(Some(&missing), std::iter::empty()).is_err());
+}
+
+/// Runs the binary with `args` and only the `HERALD_*` variables in `vars`.
+fn herald(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("HERALD_") {
+            command.env_remove(key);
+        }
+    }
+    let child = command
+        .args(args)
+        .envs(vars.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn herald");
+    wait_output(child, Duration::from_secs(20))
+}
+
+/// The output of `child`, which must exit within `timeout` (it is killed otherwise).
+fn wait_output(child: std::process::Child, timeout: Duration) -> Output {
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(timeout) {
+        Ok(output) => output.expect("herald's output"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("herald did not exit within {timeout:?}");
+        }
+    }
+}
+
+#[test]
+fn the_binary_refuses_a_bad_value_with_exit_64_naming_the_key() {
+    // Were the value taken, herald would serve on a loopback port until
+    // killed by the timeout, not on 0.0.0.0.
+    let output = herald(
+        &[],
+        &[
+            ("HERALD_WEBSOCKET__PING_INTERVAL", "abc"),
+            ("HERALD_LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(EXIT_BAD_CONFIG),
+        "stderr: {stderr}"
+    );
+    assert_eq!(EXIT_BAD_CONFIG, 64);
+    assert!(
+        stderr.contains("websocket.ping_interval"),
+        "stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("listening"),
+        "nothing was started: {stderr}"
+    );
+}
+
+#[test]
+fn the_binary_refuses_an_unknown_argument_with_exit_64() {
+    let output = herald(&["--confg", "x.toml"], &[]);
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--confg"));
+}
+
+#[test]
+fn the_binary_prints_its_usage() {
+    let output = herald(&["--help"], &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("Usage"), "{stdout}");
+    assert!(stdout.contains("--config"), "{stdout}");
+}
+
+#[test]
+fn the_binary_checks_the_sample_file() {
+    let sample = sample();
+    let output = herald(
+        &[
+            "--config",
+            sample.to_str().expect("a UTF-8 path"),
+            "--check",
+        ],
+        &[],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // --check with a bad variable fails as a start would.
+    let output = herald(
+        &[
+            "--config",
+            sample.to_str().expect("a UTF-8 path"),
+            "--check",
+        ],
+        &[("HERALD_QUEUE__BYTES", "10")],
+    );
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("queue.bytes"));
+}

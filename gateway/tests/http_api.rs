@@ -1,0 +1,371 @@
+//! The HTTP API a backend and an operator see: `POST /v1/publish` answers a
+//! seq and an epoch, refuses with a status and a JSON error body (401 with
+//! `WWW-Authenticate` without a valid API key, 400 for a bad request, 413 for
+//! a body over `http.max_body_bytes`, however it is sent); `/healthz`,
+//! `/readyz` and `/metrics` answer; anything else is 404 or 405.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{Gateway, WAIT};
+use gateway::Config;
+use hyper::HeaderMap;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const LIMIT: usize = 1024;
+
+/// One request over a fresh connection: (status, headers, body).
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, HeaderMap, String) {
+    use http_body_util::{BodyExt, Full};
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(bytes::Bytes::copy_from_slice(body)))
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = tokio::time::timeout(WAIT, response.into_body().collect())
+        .await
+        .expect("body in time")
+        .expect("body")
+        .to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn publish(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, HeaderMap, String) {
+    request(addr, "POST", "/v1/publish", headers, body).await
+}
+
+/// Writes `raw` and reads the whole response (the request says
+/// `Connection: close`): (status, body).
+async fn raw(addr: SocketAddr, raw: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let exchange = async {
+        stream.write_all(raw).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(WAIT, exchange)
+        .await
+        .expect("answer in time")
+        .expect("answer");
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP response: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The error body: `{"code": .., "message": ..}`; returns the code.
+fn error_code(body: &str) -> String {
+    let error: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("a JSON error body ({e}): {body}"));
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "a message: {error}"
+    );
+    error["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a code: {error}"))
+        .to_owned()
+}
+
+fn small_body_config() -> Config {
+    let mut config = Gateway::config();
+    config.http.max_body_bytes = LIMIT;
+    config
+}
+
+#[tokio::test]
+async fn publish_answers_the_seq_and_epoch_and_the_seq_grows() {
+    let gw = Gateway::with(Gateway::config()).await;
+    let body = json!({"topic": "news", "data": {"n": 1}}).to_string();
+    let (status, headers, first) = publish(gw.addr, &[], body.as_bytes()).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(headers["content-type"], "application/json");
+    let first: Value = serde_json::from_str(&first).expect("JSON");
+    assert_eq!(first["seq"], 1, "{first}");
+    let epoch = first["epoch"].as_str().expect("epoch");
+    assert!(!epoch.is_empty());
+
+    let (_, _, second) = publish(gw.addr, &[], body.as_bytes()).await;
+    let second: Value = serde_json::from_str(&second).expect("JSON");
+    assert_eq!(second["seq"], 2, "{second}");
+    assert_eq!(second["epoch"], epoch, "same series");
+
+    // Seqs are per topic.
+    assert_eq!(gw.publish("chat:other", json!(null)).await, 1);
+    assert_eq!(gw.metric("herald_messages_published_total").await, 3.0);
+    assert_eq!(
+        gw.metric("herald_publish_requests_total{status=\"200\"}")
+            .await,
+        3.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn publish_needs_a_valid_api_key_when_keys_are_configured() {
+    let mut config = Gateway::config();
+    config.http.api_keys = vec!["secret".into()];
+    let gw = Gateway::with(config).await;
+    let body = json!({"topic": "news", "data": 1}).to_string();
+    let refused: [&[(&str, &str)]; 5] = [
+        &[],
+        &[("authorization", "Bearer wrong")],
+        &[("authorization", "Bearer secretsecret")],
+        &[("authorization", "Basic secret")],
+        &[("authorization", "secret")],
+    ];
+    for headers in refused {
+        let (status, response_headers, error) = publish(gw.addr, headers, body.as_bytes()).await;
+        assert_eq!(status, 401, "with {headers:?}: {error}");
+        assert_eq!(
+            response_headers
+                .get("www-authenticate")
+                .map(|v| v.as_bytes()),
+            Some(&b"Bearer"[..]),
+            "with {headers:?}"
+        );
+        assert_eq!(response_headers["content-type"], "application/json");
+        error_code(&error);
+    }
+    let (status, _, answer) = publish(
+        gw.addr,
+        &[("authorization", "Bearer secret")],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&answer).expect("JSON")["seq"],
+        1
+    );
+
+    assert_eq!(
+        gw.metric("herald_publish_requests_total{status=\"401\"}")
+            .await,
+        5.0
+    );
+    assert_eq!(
+        gw.metric("herald_publish_requests_total{status=\"200\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(gw.metric("herald_messages_published_total").await, 1.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_publish_gets_400_and_a_code() {
+    let gw = Gateway::with(Gateway::config()).await;
+    let cases: [(&str, Option<&str>); 8] = [
+        ("this is not JSON", Some("malformed")),
+        ("", Some("malformed")),
+        ("42", Some("malformed")),
+        (r#"{"topic":"news","data":}"#, Some("malformed")),
+        (r#"{"topic":"news"}"#, None),
+        (r#"{"data":1}"#, None),
+        (r#"{"topic":"bad topic!","data":1}"#, Some("bad_topic")),
+        (r#"{"topic":"nope:x","data":1}"#, Some("unknown_namespace")),
+    ];
+    for (body, expected) in cases {
+        let (status, headers, error) = publish(gw.addr, &[], body.as_bytes()).await;
+        assert_eq!(status, 400, "for {body}: {error}");
+        assert_eq!(headers["content-type"], "application/json");
+        let code = error_code(&error);
+        if let Some(expected) = expected {
+            assert_eq!(code, expected, "for {body}");
+        }
+    }
+    assert_eq!(
+        gw.metric("herald_publish_requests_total{status=\"400\"}")
+            .await,
+        8.0
+    );
+    assert_eq!(gw.metric("herald_messages_published_total").await, 0.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_publish_body_must_be_an_object() {
+    // The documented body is `{"topic":..,"data":..}`; a JSON array in the
+    // same order is not that (WebSocket commands refuse arrays too).
+    let gw = Gateway::with(Gateway::config()).await;
+    let (status, _, error) = publish(gw.addr, &[], br#"["news", 1]"#).await;
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(error_code(&error), "malformed");
+    assert_eq!(gw.metric("herald_messages_published_total").await, 0.0);
+    gw.shutdown().await;
+}
+
+/// A publish body of exactly `len` bytes.
+fn body_of_len(len: usize) -> String {
+    let empty = json!({"topic": "news", "data": ""}).to_string();
+    let body = json!({"topic": "news", "data": "x".repeat(len - empty.len())}).to_string();
+    assert_eq!(body.len(), len);
+    body
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_gets_413_with_or_without_a_length() {
+    let gw = Gateway::with(small_body_config()).await;
+
+    // At the limit: accepted.
+    let (status, _, answer) = publish(gw.addr, &[], body_of_len(LIMIT).as_bytes()).await;
+    assert_eq!(status, 200, "{answer}");
+
+    // One byte over, with a Content-Length.
+    let (status, headers, error) = publish(gw.addr, &[], body_of_len(LIMIT + 1).as_bytes()).await;
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(headers["content-type"], "application/json");
+    error_code(&error);
+
+    // A declared length over the limit is refused before the body is sent.
+    let (status, error) = raw(
+        gw.addr,
+        b"POST /v1/publish HTTP/1.1\r\nHost: herald\r\nContent-Length: 10000000\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 413, "{error}");
+    error_code(&error);
+
+    // Chunked, without a Content-Length: the limit applies to what arrives.
+    let body = body_of_len(LIMIT + 100);
+    let (first, second) = body.split_at(600);
+    let request = format!(
+        "POST /v1/publish HTTP/1.1\r\nHost: herald\r\nTransfer-Encoding: chunked\r\n\
+         Content-Type: application/json\r\nConnection: close\r\n\r\n\
+         {:x}\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\r\n",
+        first.len(),
+        second.len()
+    );
+    let (status, error) = raw(gw.addr, request.as_bytes()).await;
+    assert_eq!(status, 413, "{error}");
+    error_code(&error);
+
+    // The same way, within the limit: accepted.
+    let body = body_of_len(LIMIT);
+    let (first, second) = body.split_at(600);
+    let request = format!(
+        "POST /v1/publish HTTP/1.1\r\nHost: herald\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         {:x}\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\r\n",
+        first.len(),
+        second.len()
+    );
+    let (status, answer) = raw(gw.addr, request.as_bytes()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&answer).expect("JSON")["seq"],
+        2
+    );
+
+    assert_eq!(
+        gw.metric("herald_publish_requests_total{status=\"413\"}")
+            .await,
+        3.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_answer() {
+    let gw = Gateway::with(Gateway::config()).await;
+    let (status, _, body) = request(gw.addr, "GET", "/healthz", &[], b"").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, _, body) = request(gw.addr, "GET", "/readyz", &[], b"").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+
+    let (status, headers, metrics) = request(gw.addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("text/plain")),
+        "{headers:?}"
+    );
+    for name in [
+        "herald_connections ",
+        "herald_messages_published_total ",
+        "herald_messages_delivered_total ",
+        "herald_messages_dropped_total{",
+        "herald_connections_closed_total{reason=\"slow_consumer\"} ",
+        "herald_connections_closed_total{reason=\"dead_peer\"} ",
+        "herald_subscriptions ",
+    ] {
+        assert!(
+            metrics.lines().any(|line| line.starts_with(name)),
+            "/metrics has a sample of `{}`:\n{metrics}",
+            name.trim_end()
+        );
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_and_wrong_methods_405() {
+    let gw = Gateway::with(Gateway::config()).await;
+    for path in [
+        "/",
+        "/nope",
+        "/v1/publish/extra",
+        "/v2/publish",
+        "/metricsx",
+    ] {
+        let (status, _, _) = request(gw.addr, "GET", path, &[], b"").await;
+        assert_eq!(status, 404, "GET {path}");
+    }
+    for (method, path) in [
+        ("GET", "/v1/publish"),
+        ("PUT", "/v1/publish"),
+        ("POST", "/healthz"),
+        ("POST", "/readyz"),
+        ("DELETE", "/metrics"),
+        ("POST", "/ws"),
+    ] {
+        let (status, _, _) = request(gw.addr, method, path, &[], b"").await;
+        assert_eq!(status, 405, "{method} {path}");
+    }
+    // Not a publish request: nothing counted.
+    let (_, _, metrics) = request(gw.addr, "GET", "/metrics", &[], b"").await;
+    assert!(
+        !metrics.contains("herald_publish_requests_total{"),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}

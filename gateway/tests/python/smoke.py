@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Herald seen from a client the project did not write: Python's `websockets`.
+
+Usage: smoke.py ws://127.0.0.1:PORT/ws http://127.0.0.1:PORT
+
+Two clients say hello; one subscribes to `chat:py`, the other publishes to it
+with a `pub` command; then a backend publishes over HTTP. The subscriber must
+get both, in order (seq 1 then 2), with the data as sent. Exits 0 and prints
+`smoke: ok`, or exits 1 with `smoke: FAIL: <what>` on stderr. Every wait is
+bounded.
+"""
+
+import asyncio
+import inspect
+import json
+import sys
+import urllib.request
+
+import websockets
+
+TIMEOUT = 10.0
+TOPIC = "chat:py"
+
+
+class Failure(Exception):
+    pass
+
+
+def check(condition, what):
+    if not condition:
+        raise Failure(what)
+
+
+async def connect(url):
+    kwargs = {"open_timeout": TIMEOUT, "close_timeout": TIMEOUT}
+    # Recent versions honour proxy variables; the server is on loopback.
+    if "proxy" in inspect.signature(websockets.connect).parameters:
+        kwargs["proxy"] = None
+    return await asyncio.wait_for(websockets.connect(url, **kwargs), TIMEOUT)
+
+
+async def send(ws, message):
+    await asyncio.wait_for(ws.send(json.dumps(message)), TIMEOUT)
+
+
+async def recv(ws, op, who):
+    """The next message, which must be a text frame with `op`."""
+    try:
+        raw = await asyncio.wait_for(ws.recv(), TIMEOUT)
+    except asyncio.TimeoutError:
+        raise Failure(f"{who}: no `{op}` within {TIMEOUT}s") from None
+    check(isinstance(raw, str), f"{who}: expected a text frame, got {raw!r}")
+    message = json.loads(raw)
+    check(message.get("op") == op, f"{who}: expected `{op}`, got {message}")
+    return message
+
+
+async def hello(ws, who):
+    await send(ws, {"op": "hello"})
+    welcome = await recv(ws, "welcome", who)
+    check(isinstance(welcome.get("session"), str) and welcome["session"], f"{who}: welcome has a session: {welcome}")
+    return welcome
+
+
+def http_publish(http_base, topic, data):
+    body = json.dumps({"topic": topic, "data": data}).encode()
+    request = urllib.request.Request(
+        http_base.rstrip("/") + "/v1/publish",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=TIMEOUT) as response:
+        check(response.status == 200, f"HTTP publish: status {response.status}")
+        return json.loads(response.read())
+
+
+async def expect_msg(ws, seq, data):
+    message = await recv(ws, "msg", "subscriber")
+    check(message.get("topic") == TOPIC, f"msg topic: {message}")
+    check(message.get("seq") == seq, f"msg seq {seq}: {message}")
+    check(message.get("data") == data, f"msg data {data!r}: {message}")
+
+
+async def smoke(ws_url, http_base):
+    subscriber = await connect(ws_url)
+    publisher = await connect(ws_url)
+    try:
+        a = await hello(subscriber, "subscriber")
+        b = await hello(publisher, "publisher")
+        check(a["session"] != b["session"], "two sessions")
+
+        await send(subscriber, {"op": "sub", "id": 1, "topic": TOPIC})
+        ok = await recv(subscriber, "ok", "subscriber")
+        check(ok.get("id") == 1, f"ok for the sub: {ok}")
+
+        data = {"text": "héllo from python", "n": [1, 2.5, None, True]}
+        await send(publisher, {"op": "pub", "id": 7, "topic": TOPIC, "data": data})
+        ok = await recv(publisher, "ok", "publisher")
+        check(ok.get("id") == 7 and ok.get("seq") == 1, f"ok for the pub: {ok}")
+        await expect_msg(subscriber, 1, data)
+
+        backend = ["from", "the", "backend"]
+        answer = await asyncio.wait_for(asyncio.to_thread(http_publish, http_base, TOPIC, backend), TIMEOUT)
+        check(answer.get("seq") == 2 and answer.get("epoch"), f"HTTP publish answer: {answer}")
+        await expect_msg(subscriber, 2, backend)
+    finally:
+        for ws in (subscriber, publisher):
+            try:
+                await asyncio.wait_for(ws.close(), TIMEOUT)
+            except Exception:
+                pass
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(asyncio.wait_for(smoke(sys.argv[1], sys.argv[2]), 6 * TIMEOUT))
+    except Failure as e:
+        print(f"smoke: FAIL: {e}", file=sys.stderr)
+        return 1
+    except asyncio.TimeoutError:
+        print(f"smoke: FAIL: the whole exchange took over {6 * TIMEOUT}s", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - any error is a failure, said plainly
+        print(f"smoke: FAIL: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"smoke: ok (websockets {websockets.__version__})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+//! A client in another language against the real binary: Python's
+//! `websockets` (tests/python/smoke.py) subscribes, publishes with `pub`, and
+//! sees a backend's HTTP publish arrive, all through a `chat` namespace that
+//! only the environment configures.
+
+#[path = "common/binary.rs"]
+mod binary;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use binary::Herald;
+
+/// Longest the script may run (its own waits are 10 s each).
+const SCRIPT_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs `python3 args` to completion, killing it after `timeout`.
+fn python(args: &[&str], timeout: Duration) -> Output {
+    let child = match Command::new("python3")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => panic!(
+            "cannot run python3 ({e}): the Python client test needs python3 with the `websockets` \
+             package; run the project's test script (.ci/run), which installs them"
+        ),
+    };
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(timeout) {
+        Ok(output) => output.expect("python3's output"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("python3 {args:?} did not finish within {timeout:?}");
+        }
+    }
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "status: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test]
+async fn a_python_websockets_client_publishes_and_receives() {
+    // Not a skip: a machine without the package must not pass silently.
+    let probe = tokio::task::spawn_blocking(|| {
+        python(&["-c", "import websockets"], Duration::from_secs(30))
+    })
+    .await
+    .expect("probe");
+    assert!(
+        probe.status.success(),
+        "the Python package `websockets` is missing: run the project's test script (.ci/run), \
+         which installs it (pip install websockets)\n{}",
+        show(&probe)
+    );
+
+    let herald = Herald::start(&[("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true")], &[]).await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/smoke.py");
+    let script = script.to_str().expect("a UTF-8 path").to_owned();
+    let (ws_url, http_url) = (herald.ws_url(), herald.http_url());
+    let output =
+        tokio::task::spawn_blocking(move || python(&[&script, &ws_url, &http_url], SCRIPT_WAIT))
+            .await
+            .expect("script");
+    assert!(
+        output.status.success(),
+        "smoke.py failed\n{}",
+        show(&output)
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("smoke: ok"),
+        "{}",
+        show(&output)
+    );
+    drop(herald);
+}
