@@ -1,6 +1,6 @@
 //! Measures what an idle connection costs the gateway: starts the `herald`
 //! binary given as the first argument, opens N connections (default 5,000)
-//! that each say `hello` and subscribe to a topic of their own, and reports
+//! that each subscribe to one shared topic, and reports
 //! the growth of herald's resident memory per connection.
 //!
 //! `cargo build --release -p gateway && cargo run --release -p gateway --example idle_memory -- target/release/herald 5000`
@@ -32,15 +32,16 @@ async fn main() -> anyhow::Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let mut herald = Command::new(&binary)
+    let herald = Command::new(&binary)
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .env(
             "HERALD_WEBSOCKET__MAX_CONNECTIONS",
-            (count + 10).to_string(),
+            (count + WARM_UP + 10).to_string(),
         )
         .env("HERALD_LOG__LEVEL", "warn")
         .stderr(Stdio::inherit())
-        .spawn()?;
+        .spawn()
+        .map(KillOnDrop)?;
     let url = format!("ws://127.0.0.1:{port}/ws");
     for _ in 0..100 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -53,27 +54,37 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // Warm up: the first connections pay for allocator arenas and the runtime.
-    let mut clients = Vec::with_capacity(count + 100);
-    for i in 0..100 {
+    let mut clients = Vec::with_capacity(count + WARM_UP);
+    for i in 0..WARM_UP {
         clients.push(open(&url, i).await?);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = rss_bytes(herald.id());
-    for i in 100..count + 100 {
+    let before = rss_bytes(herald.0.id());
+    for i in WARM_UP..count + WARM_UP {
         clients.push(open(&url, i).await?);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = rss_bytes(herald.id());
+    let after = rss_bytes(herald.0.id());
     let per = (after.saturating_sub(before)) as f64 / count as f64;
     println!(
-        "{count} idle connections (each subscribed to a topic): herald RSS {:.1} MiB -> {:.1} MiB, {per:.0} bytes per connection",
+        "{count} idle connections (subscribed to one topic): herald RSS {:.1} MiB -> {:.1} MiB, {per:.0} bytes per connection",
         before as f64 / 1048576.0,
         after as f64 / 1048576.0
     );
     drop(clients);
-    herald.kill()?;
-    herald.wait()?;
     Ok(())
+}
+
+const WARM_UP: usize = 100;
+
+/// The gateway, killed however this program ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 async fn open(
@@ -84,7 +95,7 @@ async fn open(
 > {
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     ws.send(Message::text(format!(
-        r#"{{"op":"sub","id":1,"topic":"idle-{i}"}}"#
+        r#"{{"op":"sub","id":1,"topic":"idle"}}"#
     )))
     .await?;
     // welcome, then ok

@@ -42,7 +42,9 @@ pub async fn serve_upgraded(
         Ok(parts) => {
             let (read, write) = parts.io.into_inner().into_split();
             // Bytes the client sent right behind its handshake come first.
-            let read = Cursor::new(parts.read_buf).chain(read);
+            // Copied: the slice would keep hyper's whole read buffer alive.
+            let early = Bytes::copy_from_slice(&parts.read_buf);
+            let read = Cursor::new(early).chain(read);
             serve(read, write, node, admission).await;
         }
         Err(upgraded) => {
