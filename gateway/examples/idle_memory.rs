@@ -55,13 +55,13 @@ async fn main() -> anyhow::Result<()> {
 
     // Warm up: the first connections pay for allocator arenas and the runtime.
     let mut clients = Vec::with_capacity(count + WARM_UP);
-    for i in 0..WARM_UP {
-        clients.push(open(&url, i).await?);
+    for _ in 0..WARM_UP {
+        clients.push(open(&url).await?);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_bytes(herald.0.id());
-    for i in WARM_UP..count + WARM_UP {
-        clients.push(open(&url, i).await?);
+    for _ in 0..count {
+        clients.push(open(&url).await?);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_bytes(herald.0.id());
@@ -89,15 +89,12 @@ impl Drop for KillOnDrop {
 
 async fn open(
     url: &str,
-    i: usize,
 ) -> anyhow::Result<
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
 > {
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
-    ws.send(Message::text(format!(
-        r#"{{"op":"sub","id":1,"topic":"idle"}}"#
-    )))
-    .await?;
+    ws.send(Message::text(r#"{"op":"sub","id":1,"topic":"idle"}"#))
+        .await?;
     // welcome, then ok
     for _ in 0..2 {
         ws.next().await.ok_or_else(|| anyhow::anyhow!("closed"))??;
