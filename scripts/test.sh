@@ -21,8 +21,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}"
+    # nextest runs no doctests; run them first so that its summary closes the run.
     cargo test --workspace --locked --doc
+    cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}"
 else
     cargo test --workspace --locked
 fi
