@@ -110,7 +110,7 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
     let data = body.slice_ref(request.data.get().as_bytes());
     let position = node
         .broker
-        .publish(&topic, data)
+        .publish(&topic, data, None)
         .await
         .map_err(|e| match e {
             BrokerError::UnknownNamespace(_) => ApiError::new(

@@ -30,6 +30,9 @@ pub use namespace::{NamespaceSettings, Namespaces};
 pub use session::{SessionSnapshot, SessionStore, SubscriptionState};
 pub use topic::{Topic, TopicError};
 
+/// How long a publish's idempotency key is remembered.
+pub const IDEMPOTENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// An epoch: an opaque id for one unbroken series of a topic's seqs. It changes
 /// when the topic's history is lost, so that seq 1 of a new series is never
 /// mistaken for seq 1 of the old one.
@@ -93,8 +96,15 @@ pub enum BrokerError {
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
     /// Gives `data` the topic's next seq, keeps it in history as the namespace
-    /// says, and delivers it to every pod that watches the topic.
-    async fn publish(&self, topic: &Topic, data: Bytes) -> Result<Position, BrokerError>;
+    /// says, and delivers it to every pod that watches the topic. A retry with
+    /// the same `idempotency_key` within [`IDEMPOTENCY_WINDOW`] returns the
+    /// first publish's position and publishes nothing.
+    async fn publish(
+        &self,
+        topic: &Topic,
+        data: Bytes,
+        idempotency_key: Option<&str>,
+    ) -> Result<Position, BrokerError>;
 
     /// Starts delivering the topic's publications to this pod's sink. The
     /// gateway calls this once per topic, when its first local subscriber comes.

@@ -48,6 +48,8 @@ struct TopicState {
     /// newer one. A watched topic is never swept.
     watchers: usize,
     touched: Instant,
+    /// Idempotency keys of recent publishes, with when they expire.
+    keys: HashMap<Box<str>, (Instant, Position)>,
 }
 
 impl TopicState {
@@ -58,6 +60,7 @@ impl TopicState {
             history: VecDeque::new(),
             watchers: 0,
             touched: now,
+            keys: HashMap::new(),
         }
     }
 
@@ -124,7 +127,9 @@ impl Inner {
                     .get(topic)
                     .map_or(Duration::ZERO, |ns| ns.history_ttl);
                 state.expire(now, ttl);
+                state.keys.retain(|_, (expires, _)| *expires > now);
                 state.watchers > 0
+                    || !state.keys.is_empty()
                     || !state.history.is_empty()
                     || now.saturating_duration_since(state.touched) <= ttl
             });
@@ -148,13 +153,24 @@ async fn sweep_forever(inner: Weak<Inner>) {
 
 #[async_trait]
 impl Broker for MemoryBroker {
-    async fn publish(&self, topic: &Topic, data: Bytes) -> Result<Position, BrokerError> {
+    async fn publish(
+        &self,
+        topic: &Topic,
+        data: Bytes,
+        idempotency_key: Option<&str>,
+    ) -> Result<Position, BrokerError> {
         let (history_size, ttl) = self.inner.settings(topic)?;
         let now = Instant::now();
         let mut shard = self.inner.shard(topic);
         let state = shard
             .entry(topic.clone())
             .or_insert_with(|| TopicState::new(now));
+        if let Some(key) = idempotency_key {
+            state.keys.retain(|_, (expires, _)| *expires > now);
+            if let Some((_, first)) = state.keys.get(key) {
+                return Ok(first.clone());
+            }
+        }
         state.seq += 1;
         state.touched = now;
         let publication = Publication {
@@ -173,10 +189,15 @@ impl Broker for MemoryBroker {
         if state.watchers > 0 {
             self.inner.sink.deliver(&publication);
         }
-        Ok(Position {
+        let position = Position {
             epoch: state.epoch.clone(),
             seq: state.seq,
-        })
+        };
+        if let Some(key) = idempotency_key {
+            let expires = now + crate::IDEMPOTENCY_WINDOW;
+            state.keys.insert(key.into(), (expires, position.clone()));
+        }
+        Ok(position)
     }
 
     async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
@@ -316,10 +337,10 @@ mod tests {
     async fn seqs_history_and_recovery() -> Result<(), BrokerError> {
         let (b, sink) = broker(3);
         let t = topic("news");
-        b.publish(&t, Bytes::from_static(b"1")).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None).await?;
         b.watch(&t).await?;
         for _ in 0..4 {
-            b.publish(&t, Bytes::from_static(b"1")).await?;
+            b.publish(&t, Bytes::from_static(b"1"), None).await?;
         }
         // Only what was published while watched reaches the sink.
         assert_eq!(
@@ -358,18 +379,34 @@ mod tests {
         b.watch(&t).await?;
         // A late unwatch of the first watch does not cancel the second.
         b.unwatch(&t).await;
-        b.publish(&t, Bytes::from_static(b"1")).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None).await?;
         assert_eq!(delivered(), 1);
         b.unwatch(&t).await;
-        b.publish(&t, Bytes::from_static(b"1")).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None).await?;
         assert_eq!(delivered(), 1);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_retry_with_the_same_key_publishes_nothing() -> Result<(), BrokerError> {
+        let (b, sink) = broker(3);
+        let t = topic("news");
+        b.watch(&t).await?;
+        let first = b.publish(&t, Bytes::from_static(b"1"), Some("k")).await?;
+        let again = b.publish(&t, Bytes::from_static(b"1"), Some("k")).await?;
+        let other = b.publish(&t, Bytes::from_static(b"1"), Some("k2")).await?;
+        assert_eq!((first.seq, again.seq, other.seq), (1, 1, 2));
+        assert_eq!(
+            *sink.0.lock().unwrap_or_else(|e| e.into_inner()),
+            vec![1, 2]
+        );
         Ok(())
     }
 
     #[tokio::test]
     async fn unknown_namespace_is_refused() {
         let (b, _) = broker(3);
-        let err = b.publish(&topic("nope:x"), Bytes::new()).await;
+        let err = b.publish(&topic("nope:x"), Bytes::new(), None).await;
         assert!(matches!(err, Err(BrokerError::UnknownNamespace(_))));
     }
 

@@ -266,7 +266,7 @@ impl Session {
                 let position = self
                     .node
                     .broker
-                    .publish(&topic, data)
+                    .publish(&topic, data, None)
                     .await
                     .map_err(|e| broker_error(Some(id), e))?;
                 self.node.metrics.published.inc();
