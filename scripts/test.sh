@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 say() { printf '\n== %s\n' "$*"; }
 
 say "test dependencies"
+# The cluster tests start their own redis-server (and use redis-cli).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends redis-server redis-tools
+fi
+redis-server --version
 # The Python client test talks to herald through the `websockets` package.
 if ! python3 -c 'import websockets' 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12,<16'

@@ -30,7 +30,14 @@ fn publish_to_local_queues(c: &mut Criterion) {
         .map(|conn| {
             let out = Outbound::new(limits);
             hub.join(&topic, conn, out.clone());
-            hub.go_live(&topic, conn, 0);
+            hub.go_live(
+                &topic,
+                conn,
+                &router::Position {
+                    epoch: Arc::from("bench"),
+                    seq: 0,
+                },
+            );
             out
         })
         .collect();

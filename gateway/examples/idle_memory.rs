@@ -34,6 +34,8 @@ async fn main() -> anyhow::Result<()> {
         .port();
     let herald = Command::new(&binary)
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+        // Not the default 0.0.0.0:9090, which may be taken.
+        .env("HERALD_GRPC__LISTEN", "127.0.0.1:0")
         .env(
             "HERALD_WEBSOCKET__MAX_CONNECTIONS",
             (count + WARM_UP + 10).to_string(),

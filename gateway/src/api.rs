@@ -1,34 +1,160 @@
-//! The HTTP API: publish, health, metrics.
+//! The HTTP API: publish, health, metrics; and what the publish APIs, HTTP
+//! and gRPC ([`crate::grpc`]), share: authorization, the checks of a publish,
+//! and their errors.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use hyper::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE,
+};
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
 use proto::json::{PublishRequest, PublishResponse};
-use router::{BrokerError, Topic};
+use router::{BrokerError, Position, Topic};
 use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::node::Node;
 use crate::server::Body;
 
-/// An API error: its status, and a JSON body with a code from the protocol's
-/// error table.
-struct ApiError {
-    status: StatusCode,
-    code: ErrorCode,
-    message: String,
+/// How a refused API request is answered, whichever protocol it came by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// HTTP 400, gRPC `INVALID_ARGUMENT`.
+    Invalid,
+    /// HTTP 401, gRPC `UNAUTHENTICATED`.
+    Unauthenticated,
+    /// HTTP 413, gRPC `RESOURCE_EXHAUSTED`.
+    TooLarge,
+    /// HTTP 503, gRPC `UNAVAILABLE`: retry later.
+    Unavailable,
+}
+
+/// A refused API request: how to answer it, and a code from the protocol's
+/// error table with a message, for the HTTP error body or the gRPC status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub refusal: Refusal,
+    pub code: ErrorCode,
+    pub message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+    pub fn new(refusal: Refusal, code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            refusal,
             code,
             message: message.into(),
         }
     }
+
+    fn invalid(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(Refusal::Invalid, code, message)
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn http_status(&self) -> StatusCode {
+        match self.refusal {
+            Refusal::Invalid => StatusCode::BAD_REQUEST,
+            Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::UnknownNamespace(_) => {
+                Self::invalid(ErrorCode::UnknownNamespace, e.to_string())
+            }
+            BrokerError::Unavailable(_) => {
+                Self::new(Refusal::Unavailable, ErrorCode::Unavailable, e.to_string())
+            }
+        }
+    }
+}
+
+/// The longest idempotency key, in bytes: a key names one publish, it is not
+/// a payload, and the broker keeps it for [`router::IDEMPOTENCY_WINDOW`].
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
+
+/// The request header that carries an idempotency key (the body's
+/// `idempotency_key` may carry it instead).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// A publication's data: JSON text, checked, so that it can be spliced into
+/// `msg` frames verbatim.
+#[derive(Debug, Clone)]
+pub struct JsonData(Bytes);
+
+impl JsonData {
+    /// `data`, if it is JSON text of at most `limit` bytes.
+    pub fn parse(data: Bytes, limit: usize) -> Result<Self, ApiError> {
+        if data.len() > limit {
+            return Err(ApiError::new(
+                Refusal::TooLarge,
+                ErrorCode::Malformed,
+                format!("`data` is limited to {limit} bytes"),
+            ));
+        }
+        if let Err(e) = serde_json::from_slice::<&RawValue>(&data) {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                format!("`data` is not JSON text: {e}"),
+            ));
+        }
+        Ok(Self(data))
+    }
+
+    /// The text of `value`, which serde_json has read from `body`.
+    fn within(body: &Bytes, value: &RawValue) -> Self {
+        Self(body.slice_ref(value.get().as_bytes()))
+    }
+}
+
+/// Checks an `Authorization` header (or `authorization` gRPC metadata)
+/// against `http.api_keys`: with keys configured, it must be `Bearer <key>`.
+pub fn authorize(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
+    let keys = &node.config.http.api_keys;
+    if keys.is_empty() || authorized(keys, authorization) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        Refusal::Unauthenticated,
+        ErrorCode::Forbidden,
+        "a valid `Authorization: Bearer <api key>` is required",
+    ))
+}
+
+/// A topic named by an API request.
+pub fn topic(name: &str) -> Result<Topic, ApiError> {
+    Topic::parse(name).map_err(|e| ApiError::invalid(ErrorCode::BadTopic, e.to_string()))
+}
+
+/// One publish, as both APIs do it once the caller is authorized: checks the
+/// topic and the idempotency key, and hands `data` to the broker.
+pub async fn publish_data(
+    node: &Node,
+    topic_name: &str,
+    data: JsonData,
+    idempotency_key: Option<&str>,
+) -> Result<Position, ApiError> {
+    let topic = topic(topic_name)?;
+    if let Some(key) = idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
+    {
+        return Err(ApiError::invalid(
+            ErrorCode::Malformed,
+            format!("an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
+        ));
+    }
+    let position = node.broker.publish(&topic, data.0, idempotency_key).await?;
+    node.metrics.published.inc();
+    Ok(position)
 }
 
 #[derive(Serialize)]
@@ -37,20 +163,21 @@ struct ErrorBody<'a> {
     message: &'a str,
 }
 
-/// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}`:
+/// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}` (and an
+/// optional `Idempotency-Key` header or `idempotency_key` field):
 /// `{"seq":42,"epoch":"9f3c"}`, or 400, 401, 413, 503 with an error body.
 pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let response = match publish_inner(req, node).await {
         Ok(answer) => json(StatusCode::OK, &answer),
         Err(e) => {
             let mut response = json(
-                e.status,
+                e.http_status(),
                 &ErrorBody {
                     code: e.code,
                     message: &e.message,
                 },
             );
-            if e.status == StatusCode::UNAUTHORIZED {
+            if e.refusal == Refusal::Unauthenticated {
                 response
                     .headers_mut()
                     .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -66,65 +193,55 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
 }
 
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
-    let http = &node.config.http;
-    if !http.api_keys.is_empty() && !authorized(&http.api_keys, req.headers().get(AUTHORIZATION)) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden,
-            "a valid `Authorization: Bearer <api key>` is required",
-        ));
-    }
+    let headers = req.headers();
+    authorize(
+        node,
+        headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
+    )?;
+    let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
+    let limit = node.config.http.max_body_bytes;
     let too_large = || {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::TooLarge,
             ErrorCode::Malformed,
-            format!("the body is limited to {} bytes", http.max_body_bytes),
+            format!("the body is limited to {limit} bytes"),
         )
     };
-    let declared = req
-        .headers()
+    let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > http.max_body_bytes) {
+    if declared.is_some_and(|len| len > limit) {
         return Err(too_large());
     }
-    let body: Bytes = match Limited::new(req.into_body(), http.max_body_bytes)
-        .collect()
-        .await
-    {
+    let body: Bytes = match Limited::new(req.into_body(), limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(e) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
+        Err(e) => return Err(ApiError::invalid(ErrorCode::Malformed, e.to_string())),
+    };
+    let request =
+        PublishRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
+    let header_key = header_key
+        .as_ref()
+        .map(|v| v.to_str())
+        .transpose()
+        .map_err(|_| {
+            ApiError::invalid(
                 ErrorCode::Malformed,
-                e.to_string(),
+                "`Idempotency-Key` is not visible ASCII",
+            )
+        })?;
+    let idempotency_key = match (header_key, request.idempotency_key.as_deref()) {
+        (Some(header), Some(field)) if header != field => {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                "the `Idempotency-Key` header and `idempotency_key` differ",
             ));
         }
+        (header, field) => header.or(field),
     };
-    let request = PublishRequest::decode(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code, e.message))?;
-    let topic = Topic::parse(&request.topic)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadTopic, e.to_string()))?;
-    let data = body.slice_ref(request.data.get().as_bytes());
-    let position = node
-        .broker
-        .publish(&topic, data, None)
-        .await
-        .map_err(|e| match e {
-            BrokerError::UnknownNamespace(_) => ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::UnknownNamespace,
-                e.to_string(),
-            ),
-            BrokerError::Unavailable(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Unavailable,
-                e.to_string(),
-            ),
-        })?;
-    node.metrics.published.inc();
+    let data = JsonData::within(&body, request.data);
+    let position = publish_data(node, &request.topic, data, idempotency_key).await?;
     Ok(PublishResponse {
         seq: position.seq,
         epoch: position.epoch.to_string(),
@@ -133,11 +250,8 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
 
 /// Whether `header` is `Bearer <one of keys>` (the scheme in any case, RFC
 /// 9110 11.1), the key compared in constant time.
-fn authorized(keys: &[String], header: Option<&HeaderValue>) -> bool {
-    let Some((scheme, given)) = header
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.split_once(' '))
-    else {
+fn authorized(keys: &[String], header: Option<&str>) -> bool {
+    let Some((scheme, given)) = header.and_then(|h| h.split_once(' ')) else {
         return false;
     };
     if !scheme.eq_ignore_ascii_case("bearer") {

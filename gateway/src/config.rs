@@ -10,12 +10,14 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use router::{NamespaceSettings, Namespaces};
+use router::{NamespaceSettings, Namespaces, RedisSettings};
 use serde::Deserialize;
 
 use crate::outbound::{Limits, Overflow};
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+/// Address the gRPC publish API listens on.
+pub const DEFAULT_GRPC_LISTEN: &str = "0.0.0.0:9090";
 /// Largest client message, in bytes, whole or reassembled from fragments.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Interval between server pings.
@@ -38,9 +40,17 @@ pub const DEFAULT_QUEUE_FRAMES: usize = 1024;
 pub const DEFAULT_QUEUE_BYTES: usize = 1024 * 1024;
 /// How long a disconnected session can be resumed.
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(120);
+/// How often changed sessions are saved to a shared (Redis) store.
+pub const DEFAULT_SESSION_FLUSH_INTERVAL: Duration = Duration::from_millis(250);
+/// Where the Redis broker connects unless told otherwise.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Longest a Redis command may take.
+pub const DEFAULT_REDIS_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a pod stays subscribed to an abandoned topic.
+pub const DEFAULT_REDIS_LINGER: Duration = Duration::from_secs(2);
 /// Subscriptions one connection may hold.
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
-/// Largest HTTP publish body.
+/// Largest HTTP publish body, and largest `data` of a gRPC publish.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a draining pod waits for its clients to leave.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,10 +64,12 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `memory`: the embedded single-pod broker.
     pub broker: BrokerKind,
+    pub redis: RedisConfig,
     pub websocket: WebSocketConfig,
     pub queue: QueueConfig,
     pub session: SessionConfig,
     pub http: HttpConfig,
+    pub grpc: GrpcConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
@@ -67,7 +79,43 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BrokerKind {
+    /// The embedded broker: one pod, everything in memory.
     Memory,
+    /// Topics, history and sessions in Redis, shared by every pod.
+    Redis,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Longest a Redis command may take; a publish fails with 503 after it.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// How long a pod stays subscribed to a topic after its last local subscriber left.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: DEFAULT_REDIS_URL.to_owned(),
+            command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
+            linger: DEFAULT_REDIS_LINGER,
+        }
+    }
+}
+
+impl RedisConfig {
+    pub fn settings(&self) -> RedisSettings {
+        RedisSettings {
+            url: self.url.clone(),
+            command_timeout: self.command_timeout,
+            linger: self.linger,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,14 +153,27 @@ pub struct SessionConfig {
     #[serde(with = "humantime_serde")]
     pub resume_window: Duration,
     pub max_subscriptions: usize,
+    /// How often sessions that changed (acks, subscriptions) are saved to the
+    /// shared store, so that a pod that dies loses at most this much.
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Bearer keys for the publish API; empty leaves it open.
+    /// Bearer keys for the publish API, HTTP and gRPC; empty leaves it open.
     pub api_keys: Vec<String>,
+    /// Largest HTTP publish body; over gRPC, the largest `data`.
     pub max_body_bytes: usize,
+}
+
+/// The gRPC publish API: the same API keys and size limit as `http`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Address the gRPC server listens on.
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -142,10 +203,12 @@ impl Default for Config {
         Self {
             listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| unreachable!()),
             broker: BrokerKind::Memory,
+            redis: RedisConfig::default(),
             websocket: WebSocketConfig::default(),
             queue: QueueConfig::default(),
             session: SessionConfig::default(),
             http: HttpConfig::default(),
+            grpc: GrpcConfig::default(),
             shutdown: ShutdownConfig::default(),
             log: LogConfig::default(),
             namespaces: BTreeMap::new(),
@@ -184,6 +247,7 @@ impl Default for SessionConfig {
         Self {
             resume_window: DEFAULT_RESUME_WINDOW,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            flush_interval: DEFAULT_SESSION_FLUSH_INTERVAL,
         }
     }
 }
@@ -193,6 +257,16 @@ impl Default for HttpConfig {
         Self {
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_GRPC_LISTEN
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
         }
     }
 }
@@ -228,13 +302,15 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 9] = [
+const TOP_LEVEL_KEYS: [&str; 11] = [
     "listen",
     "broker",
+    "redis",
     "websocket",
     "queue",
     "session",
     "http",
+    "grpc",
     "shutdown",
     "log",
     "namespaces",
@@ -348,11 +424,26 @@ impl Config {
         if self.http.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("http.api_keys", "keys must not be empty");
         }
+        // Port 0 (any free port, as tests bind) may appear twice.
+        if self.grpc.listen == self.listen && self.listen.port() != 0 {
+            return invalid("grpc.listen", "must differ from `listen`");
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid(
                 "log.level",
                 "not a tracing filter (try `info` or `herald=debug`)",
             );
+        }
+        if self.session.flush_interval.is_zero() {
+            return invalid("session.flush_interval", "must be longer than 0s");
+        }
+        if self.broker == BrokerKind::Redis {
+            if let Err(e) = self.redis.settings().validate() {
+                return invalid("redis.url", &e);
+            }
+            if self.redis.command_timeout.is_zero() {
+                return invalid("redis.command_timeout", "must be longer than 0s");
+            }
         }
         if let Err(e) = Namespaces::new(&self.namespaces) {
             return Err(ConfigError::Invalid {

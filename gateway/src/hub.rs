@@ -16,7 +16,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use router::{Deliver, Publication, Topic};
+use proto::ServerMessage;
+use router::{Deliver, Epoch, Position, Publication, Topic};
 use tokio::sync::OnceCell;
 
 use crate::frame;
@@ -43,8 +44,9 @@ struct LocalTopic {
 
 struct Subscriber {
     out: Outbound,
-    /// `Some` while the session reads history: frames held aside, with seqs.
-    pending: Option<Vec<(u64, Bytes)>>,
+    /// `Some` while the session reads history: frames held aside, with the
+    /// position each belongs to.
+    pending: Option<Vec<(Epoch, u64, Bytes)>>,
 }
 
 /// The result of [`Hub::join`].
@@ -91,9 +93,10 @@ impl Hub {
         }
     }
 
-    /// Ends buffering: queues the held-aside frames after `seq` (what the
-    /// session already sent from history), then delivers directly.
-    pub fn go_live(&self, topic: &Topic, conn: ConnId, seq: u64) {
+    /// Ends buffering: queues the held-aside frames after `position` (what
+    /// the session already sent from history; frames of another epoch, a
+    /// reset among them, all go), then delivers directly.
+    pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
         let mut shard = self.shard(topic);
         let Some(subscriber) = shard
             .get_mut(topic)
@@ -101,8 +104,8 @@ impl Hub {
         else {
             return;
         };
-        for (pending_seq, frame) in subscriber.pending.take().unwrap_or_default() {
-            if pending_seq > seq {
+        for (epoch, seq, frame) in subscriber.pending.take().unwrap_or_default() {
+            if epoch != position.epoch || seq > position.seq {
                 self.count(subscriber.out.push(frame));
             }
         }
@@ -141,23 +144,44 @@ impl Hub {
     }
 }
 
-impl Deliver for Hub {
-    fn deliver(&self, publication: &Publication) {
-        let mut shard = self.shard(&publication.topic);
-        let Some(local) = shard.get_mut(&publication.topic) else {
+impl Hub {
+    /// Pushes `frame` (of `position`) to every subscriber of `topic`.
+    fn fan_out(&self, topic: &Topic, position: (&Epoch, u64), frame: impl Fn() -> Bytes) {
+        let mut shard = self.shard(topic);
+        let Some(local) = shard.get_mut(topic) else {
             return;
         };
-        let frame = frame::publication(publication);
+        let frame = frame();
         for subscriber in local.subscribers.values_mut() {
             match &mut subscriber.pending {
                 None => self.count(subscriber.out.push(frame.clone())),
                 Some(pending) if pending.len() < self.max_pending => {
-                    pending.push((publication.seq, frame.clone()));
+                    pending.push((position.0.clone(), position.1, frame.clone()));
                 }
                 // Held aside too much while replaying: the same rule as a
                 // full queue.
                 Some(_) => self.count(subscriber.out.overflow()),
             }
         }
+    }
+}
+
+impl Deliver for Hub {
+    fn deliver(&self, publication: &Publication) {
+        self.fan_out(
+            &publication.topic,
+            (&publication.epoch, publication.seq),
+            || frame::publication(publication),
+        );
+    }
+
+    fn reset(&self, topic: &Topic, position: &Position) {
+        self.fan_out(topic, (&position.epoch, position.seq), || {
+            frame::message(&ServerMessage::Reset {
+                topic: topic.as_str(),
+                epoch: &position.epoch,
+                seq: position.seq,
+            })
+        });
     }
 }

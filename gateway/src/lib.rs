@@ -1,7 +1,9 @@
 //! Herald's gateway pod.
 //!
 //! - [`server`]: accepts TCP, serves HTTP/1.1, routes, upgrades `/ws`, drains.
-//! - [`api`]: `POST /v1/publish`, `/healthz`, `/readyz`, `/metrics`.
+//! - [`api`]: `POST /v1/publish`, `/healthz`, `/readyz`, `/metrics`; the
+//!   checks and errors both publish APIs share.
+//! - [`grpc`]: the gRPC publish API (`herald.v1.Publisher`), on its own listener.
 //! - [`session`]: one WebSocket connection: a reader (commands) and a writer
 //!   task (the only owner of the socket's write half).
 //! - [`outbound`]: each connection's bounded outgoing queue and its overflow rule.
@@ -10,7 +12,8 @@
 //! - [`disconnect`]: close reasons and codes.
 //! - [`node`]: the pod's shared state; [`config`]; [`metrics`].
 //!
-//! One message's way: a client's `pub` frame is read by the session reader,
+//! One message's way: a client's `pub` frame is read by the session reader
+//! (a backend's publish comes by [`api`] or [`grpc`] instead) and is
 //! passed to the broker (`router`), which gives it a seq, keeps it in
 //! history and hands it to the hub; the hub encodes the `msg` frame once and
 //! pushes it to every subscriber's queue without waiting; each subscriber's
@@ -23,6 +26,7 @@ pub mod api;
 pub mod config;
 pub mod disconnect;
 pub mod frame;
+pub mod grpc;
 pub mod hub;
 pub mod metrics;
 pub mod node;
@@ -32,4 +36,4 @@ pub mod session;
 
 pub use config::Config;
 pub use node::Node;
-pub use server::{run, serve};
+pub use server::{Listeners, run, serve};

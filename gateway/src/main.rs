@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gateway::Config;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
+use gateway::{Config, Listeners};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
@@ -28,8 +28,8 @@ Every key can be set from the environment: HERALD_<KEY>, with __ between
 nested keys, e.g. HERALD_LISTEN=127.0.0.1:9000 or
 HERALD_WEBSOCKET__PING_INTERVAL=10s. The environment wins over the file.
 
-Without a file or variables, herald listens on 0.0.0.0:8080 with the
-embedded single-pod broker.";
+Without a file or variables, herald listens on 0.0.0.0:8080 (WebSocket and
+HTTP) and 0.0.0.0:9090 (gRPC) with the embedded single-pod broker.";
 
 struct Args {
     config: Option<PathBuf>,
@@ -119,14 +119,30 @@ fn serve(config: Config) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(config.listen)
+        let http = bind(config.listen).await?;
+        let grpc = bind(config.grpc.listen).await?;
+        tracing::info!(
+            listen = %http.local_addr()?,
+            grpc = %grpc.local_addr()?,
+            broker = ?config.broker,
+            "herald listening"
+        );
+        let listeners = Listeners {
+            http,
+            grpc: Some(grpc),
+        };
+        gateway::run(config, listeners, shutdown_signal())
             .await
-            .with_context(|| format!("binding {}", config.listen))?;
-        tracing::info!(listen = %config.listen, broker = ?config.broker, "herald listening");
-        gateway::run(config, listener, shutdown_signal()).await;
+            .context("starting the broker")?;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
 }
 
 /// SIGTERM (Kubernetes) or SIGINT (a terminal).

@@ -1,12 +1,14 @@
 //! Every metric the gateway exports, named in one place.
 //!
 //! Label values come from closed sets (close reasons, drop reasons, HTTP
-//! statuses): never a topic or a session.
+//! statuses, gRPC methods and codes): never a topic or a session.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
+
+use router::Observer;
 
 use crate::disconnect::CloseReason;
 
@@ -27,7 +29,15 @@ pub struct Metrics {
     pub replays: IntCounterVec,
     pub resumes: IntCounterVec,
     pub publish_requests: IntCounterVec,
+    pub grpc_requests: IntCounterVec,
     pub ping_rtt: Histogram,
+    redis_seconds: HistogramVec,
+    redis_errors: IntCounterVec,
+    redis_pubsub_up: IntGauge,
+    redis_pubsub_reconnects: IntCounter,
+    redis_pubsub_lag: Histogram,
+    gap_filled: IntCounter,
+    resets: IntCounter,
 }
 
 impl Metrics {
@@ -99,10 +109,59 @@ impl Metrics {
                 "HTTP publish requests, by status code.",
                 &["status"],
             ),
+            grpc_requests: counter_vec(
+                r,
+                "herald_grpc_requests_total",
+                "gRPC publish API calls, by method and status code.",
+                &["method", "code"],
+            ),
             ping_rtt: histogram(
                 r,
                 "herald_ping_rtt_seconds",
                 "Time from a server ping to the client's pong.",
+            ),
+            redis_seconds: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "herald_redis_command_seconds",
+                        "Redis command latency, by operation.",
+                    )
+                    .buckets(BUCKETS.to_vec()),
+                    &["op"],
+                )
+                .unwrap_or_else(|_| unreachable!()),
+            ),
+            redis_errors: counter_vec(
+                r,
+                "herald_redis_errors_total",
+                "Redis commands that failed or timed out, by operation.",
+                &["op"],
+            ),
+            redis_pubsub_up: gauge(
+                r,
+                "herald_redis_pubsub_up",
+                "1 while the pod's Redis pub/sub connection is up (0 with the memory broker).",
+            ),
+            redis_pubsub_reconnects: counter(
+                r,
+                "herald_redis_pubsub_reconnects_total",
+                "Times the pub/sub connection was lost (Redis restart, CLIENT KILL, output buffer limit) and re-established.",
+            ),
+            redis_pubsub_lag: histogram(
+                r,
+                "herald_redis_pubsub_lag_seconds",
+                "Time from a publish in Redis to its arrival at this pod.",
+            ),
+            gap_filled: counter(
+                r,
+                "herald_gap_filled_total",
+                "Publications delivered from history because live delivery skipped them.",
+            ),
+            resets: counter(
+                r,
+                "herald_topic_resets_total",
+                "Times a topic lost continuity on this pod and its subscribers got `reset`.",
             ),
             registry,
         }
@@ -121,6 +180,35 @@ impl Metrics {
         // itself would have refused.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+/// The broker's events, as metrics.
+impl Observer for Metrics {
+    fn redis_call(&self, op: &'static str, seconds: f64, ok: bool) {
+        self.redis_seconds.with_label_values(&[op]).observe(seconds);
+        if !ok {
+            self.redis_errors.with_label_values(&[op]).inc();
+        }
+    }
+
+    fn pubsub_up(&self, up: bool) {
+        self.redis_pubsub_up.set(i64::from(up));
+        if !up {
+            self.redis_pubsub_reconnects.inc();
+        }
+    }
+
+    fn pubsub_lag(&self, seconds: f64) {
+        self.redis_pubsub_lag.observe(seconds);
+    }
+
+    fn gap_filled(&self, count: u64) {
+        self.gap_filled.inc_by(count);
+    }
+
+    fn topic_reset(&self) {
+        self.resets.inc();
     }
 }
 
@@ -160,13 +248,15 @@ fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCoun
     )
 }
 
+/// Seconds, from well under a millisecond (loopback) to seconds (trouble).
+const BUCKETS: [f64; 13] = [
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
-    let buckets = vec![
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    ];
     register(
         r,
-        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()))
             .unwrap_or_else(|_| unreachable!()),
     )
 }

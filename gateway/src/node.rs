@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use router::{Broker, MemoryBroker, Namespaces, SessionStore};
+use router::{
+    Broker, BrokerError, MemoryBroker, Namespaces, RedisBroker, SessionSnapshot, SessionStore,
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -14,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{BrokerKind, Config};
 use crate::hub::{ConnId, Hub};
 use crate::metrics::Metrics;
+use crate::session::Subscriptions;
 
 /// How long a resume waits for the connection it takes over to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
@@ -40,12 +43,15 @@ pub struct Node {
 #[derive(Clone)]
 struct LiveSession {
     conn: ConnId,
+    subscriptions: Subscriptions,
     takeover: CancellationToken,
     ended: CancellationToken,
 }
 
 impl Node {
-    pub fn new(config: Config) -> Arc<Self> {
+    /// Builds the pod's state and connects its broker (for Redis: failing
+    /// when Redis cannot be reached now).
+    pub async fn start(config: Config) -> Result<Arc<Self>, BrokerError> {
         let metrics = Arc::new(Metrics::new());
         let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
         let namespaces = Arc::new(config.namespaces());
@@ -54,8 +60,19 @@ impl Node {
                 let memory = MemoryBroker::new(namespaces.clone(), hub.clone());
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
+            BrokerKind::Redis => {
+                let redis = RedisBroker::connect(
+                    config.redis.settings(),
+                    namespaces.clone(),
+                    hub.clone(),
+                    metrics.clone(),
+                )
+                .await?;
+                (Arc::new(redis.clone()), Arc::new(redis))
+            }
         };
-        Arc::new(Self {
+        let shared_sessions = config.broker != BrokerKind::Memory;
+        let node = Arc::new(Self {
             config,
             hub,
             broker,
@@ -68,7 +85,14 @@ impl Node {
             live: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
-        })
+        });
+        // A pod-local store loses sessions with the pod anyway; a shared one
+        // gets what changed, in batches, so that a pod killed without warning
+        // loses at most one interval of acks.
+        if shared_sessions {
+            tokio::spawn(flush_forever(Arc::downgrade(&node)));
+        }
+        Ok(node)
     }
 
     pub fn is_draining(&self) -> bool {
@@ -102,6 +126,7 @@ impl Node {
         &self,
         id: Arc<str>,
         conn: ConnId,
+        subscriptions: Subscriptions,
         takeover: CancellationToken,
         ended: CancellationToken,
     ) {
@@ -109,10 +134,28 @@ impl Node {
             id,
             LiveSession {
                 conn,
+                subscriptions,
                 takeover,
                 ended,
             },
         );
+    }
+
+    /// Saves every live session that changed since its last save, in one
+    /// batch.
+    pub async fn flush_sessions(&self) {
+        let changed: Vec<(Arc<str>, SessionSnapshot)> = self
+            .live()
+            .iter()
+            .filter_map(|(id, live)| Some((id.clone(), live.subscriptions.changed()?)))
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        let window = self.config.session.resume_window;
+        if let Err(e) = self.sessions.save_many(changed, window).await {
+            tracing::warn!(error = %e, "sessions not saved");
+        }
     }
 
     pub fn deregister(&self, id: &str, conn: ConnId) {
@@ -129,6 +172,21 @@ impl Node {
         if let Some(current) = current {
             current.takeover.cancel();
             let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
+        }
+    }
+}
+
+async fn flush_forever(node: Weak<Node>) {
+    let Some(every) = node.upgrade().map(|n| n.config.session.flush_interval) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match node.upgrade() {
+            Some(node) => node.flush_sessions().await,
+            None => return,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The listener: accepts TCP connections, serves HTTP/1.1 on each, routes
-//! requests, upgrades `/ws`, and drains on shutdown.
+//! The listeners: accepts TCP connections, serves HTTP/1.1 on each, routes
+//! requests, upgrades `/ws`, runs the gRPC server ([`grpc`]) beside, and
+//! drains on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,32 +19,61 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::api;
 use crate::config::Config;
 use crate::node::Node;
-use crate::session;
+use crate::{api, grpc, session};
 
 /// Keepalive probes start after this much TCP silence.
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// Pause after a failed `accept` (out of file descriptors, say), so that the
 /// loop does not spin while the condition lasts.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 pub type Body = Full<Bytes>;
 
-/// Serves `listener` with `config` until `shutdown` resolves, then drains:
-/// `/readyz` turns 503 and upgrades are refused with 503 (the listener stays
-/// open, so that probes see it), every client gets `reconnect` and a 1012
-/// close, and this returns once they are gone or `shutdown.drain_timeout` has
-/// passed.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) {
-    let node = Node::new(config);
-    serve(node, listener, shutdown).await;
+/// The sockets a gateway serves, bound by the caller.
+pub struct Listeners {
+    /// HTTP: the WebSocket endpoint and the HTTP API (`listen`).
+    pub http: TcpListener,
+    /// The gRPC publish API (`grpc.listen`); `None` serves none.
+    pub grpc: Option<TcpListener>,
+}
+
+/// HTTP alone.
+impl From<TcpListener> for Listeners {
+    fn from(http: TcpListener) -> Self {
+        Self { http, grpc: None }
+    }
+}
+
+/// Serves `listeners` with `config` until `shutdown` resolves, then drains:
+/// `/readyz` turns 503 and upgrades are refused with 503 (the HTTP listener
+/// stays open, so that probes see it), the gRPC listener closes and its calls
+/// in flight finish, every client gets `reconnect` and a 1012 close, and this
+/// returns once they are gone or `shutdown.drain_timeout` has passed.
+pub async fn run(
+    config: Config,
+    listeners: impl Into<Listeners>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), router::BrokerError> {
+    let node = Node::start(config).await?;
+    serve(node, listeners, shutdown).await;
+    Ok(())
 }
 
 /// [`run`] with a node built by the caller (tests read its metrics).
-pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    node: Arc<Node>,
+    listeners: impl Into<Listeners>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let Listeners {
+        http: listener,
+        grpc,
+    } = listeners.into();
+    // Tracked like a connection: the drain waits for it.
+    let grpc = grpc.map(|grpc| node.tasks.spawn(grpc::serve(node.clone(), grpc)));
     tokio::pin!(shutdown);
     let drain_deadline = tokio::time::sleep(Duration::MAX);
     tokio::pin!(drain_deadline);
@@ -74,6 +104,11 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future
                 }
             },
         }
+    }
+    // Past the drain timeout, stop waiting for the gRPC server too (its
+    // connections, tasks of tonic's own, end with the runtime).
+    if let Some(grpc) = grpc {
+        grpc.abort();
     }
 }
 
@@ -113,7 +148,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
 
 /// TCP_NODELAY (frames go out as soon as they are written) and keepalive
 /// (half-open connections are found even where no ping gets through).
-fn tune(stream: &TcpStream) -> std::io::Result<()> {
+pub(crate) fn tune(stream: &TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let keepalive = TcpKeepalive::new()
         .with_time(TCP_KEEPALIVE_TIME)

@@ -389,3 +389,29 @@ fn the_binary_checks_the_sample_file() {
     assert_eq!(output.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&output.stderr).contains("queue.bytes"));
 }
+
+#[test]
+fn the_grpc_listener_is_configured_like_the_others() {
+    let defaults = load_env(&[]).expect("the defaults load");
+    assert_eq!(
+        defaults.grpc.listen.to_string(),
+        gateway::config::DEFAULT_GRPC_LISTEN
+    );
+    let config = load_env(&[("HERALD_GRPC__LISTEN", "127.0.0.1:9999")]).expect("loads");
+    assert_eq!(config.grpc.listen.to_string(), "127.0.0.1:9999");
+    let config = load_file("[grpc]\nlisten = \"127.0.0.1:9998\"\n").expect("loads");
+    assert_eq!(config.grpc.listen.to_string(), "127.0.0.1:9998");
+
+    assert_names(
+        load_env(&[("HERALD_GRPC__LISTEN", "nowhere")]),
+        "grpc.listen",
+    );
+    assert_names(
+        load_env(&[
+            ("HERALD_LISTEN", "127.0.0.1:9000"),
+            ("HERALD_GRPC__LISTEN", "127.0.0.1:9000"),
+        ]),
+        "grpc.listen",
+    );
+    assert_names(load_file("[grpc]\nlisen = \"127.0.0.1:1\"\n"), "lisen");
+}

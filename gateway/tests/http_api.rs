@@ -369,3 +369,54 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_same_idempotency_key_publishes_once() {
+    let gw = Gateway::with(Gateway::config()).await;
+    let mut sub = common::Client::connect(&gw).await;
+    sub.hello(None).await;
+    sub.sub(1, "news").await;
+
+    let seq = |answer: &str| {
+        serde_json::from_str::<Value>(answer).expect("JSON")["seq"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("a seq: {answer}"))
+    };
+    let body = json!({"topic": "news", "data": {"order": 17}}).to_string();
+    let key = [("idempotency-key", "order-17")];
+    let (status, _, first) = publish(gw.addr, &key, body.as_bytes()).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(seq(&first), 1);
+    // A retry, by the header or by the body's field: the first answer again.
+    let (status, _, retry) = publish(gw.addr, &key, body.as_bytes()).await;
+    assert_eq!((status, retry.as_str()), (200, first.as_str()));
+    let in_body =
+        json!({"topic": "news", "data": {"order": 17}, "idempotency_key": "order-17"}).to_string();
+    let (status, _, retry) = publish(gw.addr, &[], in_body.as_bytes()).await;
+    assert_eq!((status, retry.as_str()), (200, first.as_str()));
+    // Both, agreeing.
+    let (status, _, retry) = publish(gw.addr, &key, in_body.as_bytes()).await;
+    assert_eq!((status, retry.as_str()), (200, first.as_str()));
+
+    // Both, disagreeing; or a key that is empty or too long: 400.
+    let other = [("idempotency-key", "order-18")];
+    let too_long = "k".repeat(257);
+    for headers in [
+        &other[..],
+        &[("idempotency-key", "")],
+        &[("idempotency-key", &too_long)],
+    ] {
+        let (status, _, error) = publish(gw.addr, headers, in_body.as_bytes()).await;
+        assert_eq!(status, 400, "with {headers:?}: {error}");
+        assert_eq!(error_code(&error), "malformed");
+    }
+
+    // Without a key, the next seq; the subscriber got the keyed message once.
+    let next = json!({"topic": "news", "data": "after"}).to_string();
+    let (status, _, answer) = publish(gw.addr, &[], next.as_bytes()).await;
+    assert_eq!((status, seq(&answer)), (200, 2), "{answer}");
+    assert_eq!(sub.msg().await, ("news".into(), 1, json!({"order": 17})));
+    assert_eq!(sub.msg().await, ("news".into(), 2, json!("after")));
+    assert_eq!(gw.metric("herald_messages_published_total").await, 5.0);
+    gw.shutdown().await;
+}

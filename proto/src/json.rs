@@ -326,11 +326,13 @@ pub fn encode_msg_prefix(out: &mut Vec<u8>, topic: &str, seq: u64) {
     out.extend_from_slice(br#","data":"#);
 }
 
-/// The HTTP publish body: `{"topic":"news","data":<any JSON>}`.
+/// The HTTP publish body: `{"topic":"news","data":<any JSON>}`, optionally
+/// with `"idempotency_key":"<text>"`.
 #[derive(Debug)]
 pub struct PublishRequest<'a> {
     pub topic: Cow<'a, str>,
     pub data: &'a RawValue,
+    pub idempotency_key: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -339,6 +341,8 @@ struct RawPublishRequest<'a> {
     topic: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    idempotency_key: Option<Cow<'a, str>>,
 }
 
 impl<'a> PublishRequest<'a> {
@@ -355,7 +359,17 @@ impl<'a> PublishRequest<'a> {
         Ok(Self {
             topic: raw.topic.ok_or_else(|| missing("topic"))?,
             data: raw.data.ok_or_else(|| missing("data"))?,
+            idempotency_key: raw.idempotency_key,
         })
+    }
+
+    /// The protobuf form of this request (the gRPC `Publish` request).
+    pub fn to_proto(&self) -> v1::PublishRequest {
+        v1::PublishRequest {
+            topic: self.topic.to_string(),
+            data: self.data.get().as_bytes().to_vec(),
+            idempotency_key: self.idempotency_key.as_deref().map(str::to_owned),
+        }
     }
 }
 
@@ -423,6 +437,9 @@ mod tests {
         let err = PublishRequest::decode(br#"{"topic":"news"}"#).unwrap_err();
         assert_eq!(err.code, ErrorCode::MissingField);
         // null is a value like any other.
+        let err = PublishRequest::decode(br#"{"topic":"news","data":1,"idempotency_key":7}"#)
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Malformed);
         let ok = PublishRequest::decode(br#"{"topic":"news","data":null}"#);
         assert_eq!(
             ok.map(|r| r.data.get().to_owned()).ok().as_deref(),

@@ -1,10 +1,11 @@
 //! Herald's wire types.
 //!
 //! The messages are defined once, in `proto/herald/v1/herald.proto`; [`v1`] is
-//! the prost code generated from it (checked in, guarded by
-//! `tests/bootstrap.rs`). [`json`] is the JSON text form the WebSocket protocol
-//! speaks today: the same messages, an `"op"` key naming the case, the same field
-//! names. `tests/lockstep.rs` keeps the two in step.
+//! the prost code generated from it, with the tonic server and client of its
+//! `Publisher` service (checked in, guarded by `tests/bootstrap.rs`). [`json`]
+//! is the JSON text form the WebSocket protocol and the HTTP API speak: the
+//! same messages, an `"op"` key naming the case, the same field names.
+//! `tests/lockstep.rs` keeps the two in step.
 
 // Nothing a peer, a config file or a broker sends may panic the server.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

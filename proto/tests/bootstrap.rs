@@ -1,6 +1,7 @@
-//! The generated protobuf code is checked in, so that building Herald needs no
-//! `protoc`. This test regenerates it with a vendored `protoc` and fails on any
-//! difference. Run with `HERALD_BLESS=1` to write the new code instead.
+//! The generated protobuf and gRPC code is checked in, so that building Herald
+//! needs no `protoc` and no build script. This test regenerates it with a
+//! vendored `protoc` and fails on any difference. Run with `HERALD_BLESS=1` to
+//! write the new code instead.
 
 use std::path::Path;
 
@@ -10,10 +11,18 @@ fn generated_code_matches_the_proto_files() {
     let out = std::env::temp_dir().join(format!("herald-proto-{}", std::process::id()));
     std::fs::create_dir_all(&out).expect("temp dir");
     let protoc = protoc_bin_vendored::protoc_bin_path().expect("vendored protoc");
-    prost_build::Config::new()
-        .protoc_executable(protoc)
+    let mut prost = tonic_prost_build::Config::new();
+    prost.protoc_executable(protoc);
+    // The messages, the `Publisher` server and a client over any channel
+    // (`build_transport(false)`: the client needs no tonic transport, and the
+    // tests bring their own).
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .build_transport(false)
         .out_dir(&out)
-        .compile_protos(
+        .compile_with_config(
+            prost,
             &[root.join("proto/herald/v1/herald.proto")],
             &[root.join("proto")],
         )

@@ -122,7 +122,7 @@ fn every_server_message_matches_its_proto_message() {
 
 #[test]
 fn publish_api_matches_its_proto_messages() {
-    let body = br#"{"topic":"news","data":{"x":1}}"#;
+    let body = br#"{"topic":"news","data":{"x":1},"idempotency_key":"order-17"}"#;
     let (_, keys) = {
         let Value::Object(map) = serde_json::from_slice::<Value>(body).expect("json") else {
             panic!()
@@ -130,6 +130,12 @@ fn publish_api_matches_its_proto_messages() {
         ((), map.keys().cloned().collect::<BTreeSet<_>>())
     };
     assert_eq!(keys, proto_fields("PublishRequest"));
+    let request = proto::json::PublishRequest::decode(body).expect("decodes");
+    let pb = request.to_proto();
+    assert_eq!(pb.idempotency_key.as_deref(), Some("order-17"));
+    assert_eq!(pb.data, br#"{"x":1}"#);
+    let back = proto::v1::PublishRequest::decode(pb.encode_to_vec().as_slice()).expect("pb");
+    assert_eq!(pb, back, "the publish request survives protobuf");
     let answer = serde_json::to_vec(&proto::json::PublishResponse {
         seq: 42,
         epoch: "9f3c".into(),

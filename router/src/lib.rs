@@ -6,6 +6,8 @@
 //! - [`Broker`]: publish, watch a topic for this pod, recover history.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
+//! - [`redis`]: the engine that spreads topics across pods through Redis.
+//! - [`observe`]: what an engine reports, for the gateway's metrics.
 //!
 //! A publication flows: `Broker::publish` assigns the topic's next seq, keeps
 //! it in history, and hands it to the pod's [`Deliver`] sink (the gateway's
@@ -17,6 +19,8 @@
 
 pub mod memory;
 pub mod namespace;
+pub mod observe;
+pub mod redis;
 pub mod session;
 pub mod topic;
 
@@ -27,6 +31,8 @@ use bytes::Bytes;
 
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces};
+pub use observe::Observer;
+pub use redis::{RedisBroker, RedisSettings};
 pub use session::{SessionSnapshot, SessionStore, SubscriptionState};
 pub use topic::{Topic, TopicError};
 
@@ -82,6 +88,11 @@ pub struct Recovery {
 /// its own: an implementation must not call back into the broker.
 pub trait Deliver: Send + Sync + 'static {
     fn deliver(&self, publication: &Publication);
+
+    /// The topic lost continuity on this pod (its history could not bridge a
+    /// gap, or its keys were lost and a new epoch began): subscribers must
+    /// resync; live delivery goes on after `position`.
+    fn reset(&self, topic: &Topic, position: &Position);
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -314,6 +314,7 @@ mod tests {
         fn deliver(&self, p: &Publication) {
             self.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.seq);
         }
+        fn reset(&self, _: &Topic, _: &Position) {}
     }
 
     fn broker(history_size: usize) -> (MemoryBroker, Arc<Collect>) {

@@ -1,6 +1,7 @@
 //! What a session leaves behind when its connection ends, so that a client
 //! can resume it (on any pod, once the store is shared).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,6 +34,18 @@ pub trait SessionStore: Send + Sync + 'static {
         snapshot: SessionSnapshot,
         ttl: Duration,
     ) -> Result<(), BrokerError>;
+
+    /// Saves many snapshots at once; engines that can batch do.
+    async fn save_many(
+        &self,
+        batch: Vec<(Arc<str>, SessionSnapshot)>,
+        ttl: Duration,
+    ) -> Result<(), BrokerError> {
+        for (id, snapshot) in batch {
+            self.save(&id, snapshot, ttl).await?;
+        }
+        Ok(())
+    }
 
     /// The snapshot saved under `id`, unless it expired.
     async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError>;

@@ -6,9 +6,11 @@
 //! subscriptions and, for each, how far the client acked.
 
 mod reader;
+mod subscriptions;
 mod writer;
 
-use std::collections::HashMap;
+pub use subscriptions::Subscriptions;
+
 use std::io::Cursor;
 use std::sync::Arc;
 
@@ -18,7 +20,7 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
-use router::{BrokerError, Epoch, SessionSnapshot, Since, SubscriptionState, Topic};
+use router::{BrokerError, Since, Topic};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -69,7 +71,7 @@ where
         id: None,
         resumed: false,
         out: out.clone(),
-        subscriptions: HashMap::new(),
+        subscriptions: Subscriptions::default(),
         bad_in_a_row: 0,
         takeover: CancellationToken::new(),
         ended: CancellationToken::new(),
@@ -89,19 +91,13 @@ struct Session {
     id: Option<Arc<str>>,
     resumed: bool,
     out: Outbound,
-    subscriptions: HashMap<Topic, Subscription>,
+    subscriptions: Subscriptions,
     bad_in_a_row: u32,
     /// Cancelled when another connection resumes this session.
     takeover: CancellationToken,
     /// Cancelled once this session is saved and gone.
     ended: CancellationToken,
     node: Arc<Node>,
-}
-
-struct Subscription {
-    epoch: Epoch,
-    /// The newest seq acked, or the seq the subscription started after.
-    position: u64,
 }
 
 impl Session {
@@ -208,14 +204,14 @@ impl Session {
                 epoch,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
-                if self.subscriptions.contains_key(&topic) {
+                if self.subscriptions.contains(&topic) {
                     return Err(CommandError::new(
                         Some(id),
                         ErrorCode::AlreadySubscribed,
                         format!("already subscribed to `{topic}`"),
                     ));
                 }
-                if self.subscriptions.len() >= self.node.config.session.max_subscriptions {
+                if self.subscriptions.count() >= self.node.config.session.max_subscriptions {
                     return Err(CommandError::new(
                         Some(id),
                         ErrorCode::TooManySubscriptions,
@@ -233,7 +229,7 @@ impl Session {
             }
             Command::Unsub { id, topic } => {
                 let topic = self.topic(Some(id), &topic)?;
-                if self.subscriptions.remove(&topic).is_none() {
+                if !self.subscriptions.remove(&topic) {
                     return Err(not_subscribed(Some(id), &topic));
                 }
                 self.leave(&topic).await;
@@ -282,10 +278,9 @@ impl Session {
             }
             Command::Ack { topic, seq } => {
                 let topic = self.topic(None, &topic)?;
-                let Some(subscription) = self.subscriptions.get_mut(&topic) else {
+                if !self.subscriptions.ack(&topic, seq) {
                     return Err(not_subscribed(None, &topic));
-                };
-                subscription.position = subscription.position.max(seq);
+                }
                 Ok(())
             }
         }
@@ -327,6 +322,7 @@ impl Session {
         self.node.register(
             id.clone(),
             self.conn,
+            self.subscriptions.clone(),
             self.takeover.clone(),
             self.ended.clone(),
         );
@@ -407,18 +403,12 @@ impl Session {
                 break;
             }
         }
-        node.hub.go_live(&topic, self.conn, position.seq);
+        node.hub.go_live(&topic, self.conn, &position);
         let start = match since {
             Some(since) if recovery.recovered => since.seq,
             _ => position.seq,
         };
-        self.subscriptions.insert(
-            topic,
-            Subscription {
-                epoch: position.epoch,
-                position: start,
-            },
-        );
+        self.subscriptions.insert(topic, position.epoch, start);
         Ok(())
     }
 
@@ -451,22 +441,12 @@ impl Session {
 
     /// Leaves every topic, saves the session for the resume window, logs and
     /// counts the close.
-    async fn end(mut self) {
-        let subscriptions = std::mem::take(&mut self.subscriptions);
-        for topic in subscriptions.keys() {
-            self.leave(topic).await;
+    async fn end(self) {
+        for topic in self.subscriptions.topics() {
+            self.leave(&topic).await;
         }
         if let Some(id) = &self.id {
-            let snapshot = SessionSnapshot {
-                subscriptions: subscriptions
-                    .into_iter()
-                    .map(|(topic, s)| SubscriptionState {
-                        topic,
-                        epoch: s.epoch,
-                        position: s.position,
-                    })
-                    .collect(),
-            };
+            let snapshot = self.subscriptions.snapshot();
             let window = self.node.config.session.resume_window;
             if let Err(e) = self.node.sessions.save(id, snapshot, window).await {
                 tracing::warn!(error = %e, session = %id, "session not saved; it cannot be resumed");

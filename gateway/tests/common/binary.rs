@@ -28,20 +28,22 @@ const ATTEMPTS: usize = 5;
 /// A running `herald`.
 pub struct Herald {
     pub addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
     child: Option<Child>,
     /// The binary's stdout and stderr, shown when a test fails.
     log: PathBuf,
 }
 
 impl Herald {
-    /// Starts `herald` with `env` (plus `HERALD_LISTEN` on a free loopback
-    /// port) and `args`, and waits until `GET /readyz` answers 200.
+    /// Starts `herald` with `env` (plus `HERALD_LISTEN` and
+    /// `HERALD_GRPC__LISTEN` on free loopback ports) and `args`, and waits until `GET /readyz`
+    /// answers 200.
     pub async fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
         let mut last_log = String::new();
         for _ in 0..ATTEMPTS {
-            let port = free_port();
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let mut herald = Self::spawn(addr, env, args);
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let mut herald = Self::spawn(addr, grpc_addr, env, args);
             match herald.wait_ready().await {
                 Ready::Yes => return herald,
                 Ready::Exited(status) => {
@@ -59,7 +61,7 @@ impl Herald {
         );
     }
 
-    fn spawn(addr: SocketAddr, env: &[(&str, &str)], args: &[&str]) -> Self {
+    fn spawn(addr: SocketAddr, grpc_addr: SocketAddr, env: &[(&str, &str)], args: &[&str]) -> Self {
         let log = log_path();
         let out = std::fs::File::create(&log).expect("create the log file");
         let err = out.try_clone().expect("clone the log file");
@@ -73,6 +75,9 @@ impl Herald {
         command
             .args(args)
             .env("HERALD_LISTEN", addr.to_string())
+            // A port of its own, so that binaries started side by side do
+            // not compete for the default gRPC port.
+            .env("HERALD_GRPC__LISTEN", grpc_addr.to_string())
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
@@ -80,6 +85,7 @@ impl Herald {
         let child = command.spawn().expect("spawn herald");
         Self {
             addr,
+            grpc_addr,
             child: Some(child),
             log,
         }
@@ -127,6 +133,14 @@ impl Herald {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// SIGKILL: the pod dies with no chance to drain or save anything.
+    pub fn kill9(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// The exit status, if the process has exited.

@@ -1,5 +1,6 @@
-//! Shared test helpers: a gateway on port 0 in this process, an independent
-//! WebSocket client (tokio-tungstenite), and a small HTTP client.
+//! Shared test helpers: a gateway on port 0 in this process (HTTP and gRPC),
+//! an independent WebSocket client (tokio-tungstenite), and a small HTTP
+//! client.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -22,6 +23,8 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// A gateway serving on a loopback port in this process.
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The gRPC publish API.
+    pub grpc_addr: SocketAddr,
     pub node: Arc<Node>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
@@ -50,13 +53,20 @@ impl Gateway {
     pub async fn with(config: Config) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let node = Node::new(config);
+        let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind gRPC");
+        let grpc_addr = grpc.local_addr().expect("gRPC addr");
+        let listeners = gateway::Listeners {
+            http: listener,
+            grpc: Some(grpc),
+        };
+        let node = Node::start(config).await.expect("node");
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(gateway::serve(node.clone(), listener, async {
+        let task = tokio::spawn(gateway::serve(node.clone(), listeners, async {
             let _ = stopped.await;
         }));
         Self {
             addr,
+            grpc_addr,
             node,
             stop: Some(stop),
             task,

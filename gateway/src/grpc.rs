@@ -1,0 +1,277 @@
+//! The gRPC publish API: `herald.v1.Publisher` (`proto/herald/v1/herald.proto`)
+//! on a listener of its own (`grpc.listen`).
+//!
+//! It is the HTTP publish API by another protocol: the same API keys, the same
+//! checks ([`api::publish_data`]) and the same errors, answered with the gRPC
+//! code of the HTTP status (see [`status`]). It stops with the drain: the
+//! listener closes, calls in flight finish, and the server ends with them.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use futures_core::Stream;
+use proto::v1::publisher_server::{self, PublisherServer};
+use proto::v1::{
+    PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest, PublishResponse,
+    PublishResult, TopicInfoRequest, TopicInfoResponse, publish_result,
+};
+use router::Position;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::Server;
+use tonic::{Code, Request, Response, Status};
+
+use crate::api::{self, ApiError, JsonData, Refusal};
+use crate::node::Node;
+use crate::server;
+
+/// Items one `PublishBatch` may carry; more is `RESOURCE_EXHAUSTED`.
+pub const MAX_BATCH_ITEMS: usize = 1000;
+/// Largest request the server decodes, in bytes (tonic's default): bounds a
+/// batch. It grows to hold one `data` of `http.max_body_bytes` where that
+/// is larger. A request over it is refused by tonic with `OUT_OF_RANGE`.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// Room in a `Publish` request for its topic, key and framing, besides `data`.
+const REQUEST_OVERHEAD_BYTES: usize = 1024;
+/// The metadata key that carries a refusal's code from the error table.
+pub const ERROR_CODE_METADATA: &str = "herald-error-code";
+/// The metadata key of the API key (metadata keys are HTTP/2 header names,
+/// in lower case).
+const AUTHORIZATION: &str = "authorization";
+
+/// Serves the `Publisher` service on `listener` until the node drains, then
+/// closes the listener and returns once the calls in flight have finished.
+pub async fn serve(node: Arc<Node>, listener: TcpListener) {
+    let max_request =
+        MAX_REQUEST_BYTES.max(node.config.http.max_body_bytes + REQUEST_OVERHEAD_BYTES);
+    let service =
+        PublisherServer::new(Publisher::new(node.clone())).max_decoding_message_size(max_request);
+    let result = Server::builder()
+        .serve_with_incoming_shutdown(
+            service,
+            Incoming::new(listener),
+            node.drain.clone().cancelled_owned(),
+        )
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "the gRPC server failed");
+    }
+}
+
+/// The `Publisher` service over the pod's node.
+pub struct Publisher {
+    node: Arc<Node>,
+}
+
+impl Publisher {
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
+    }
+
+    fn authorize(&self, metadata: &MetadataMap) -> Result<(), ApiError> {
+        let authorization = metadata.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+        api::authorize(&self.node, authorization)
+    }
+
+    async fn single(&self, request: Request<PublishRequest>) -> Result<PublishResponse, ApiError> {
+        self.authorize(request.metadata())?;
+        self.publish_one(request.into_inner()).await
+    }
+
+    /// One item, checked and published as `POST /v1/publish` would.
+    async fn publish_one(&self, request: PublishRequest) -> Result<PublishResponse, ApiError> {
+        let data = JsonData::parse(
+            Bytes::from(request.data),
+            self.node.config.http.max_body_bytes,
+        )?;
+        let position = api::publish_data(
+            &self.node,
+            &request.topic,
+            data,
+            request.idempotency_key.as_deref(),
+        )
+        .await?;
+        Ok(published(position))
+    }
+
+    async fn batch(
+        &self,
+        request: Request<PublishBatchRequest>,
+    ) -> Result<PublishBatchResponse, ApiError> {
+        self.authorize(request.metadata())?;
+        let items = request.into_inner().items;
+        if items.len() > MAX_BATCH_ITEMS {
+            return Err(ApiError::new(
+                Refusal::TooLarge,
+                proto::ErrorCode::Malformed,
+                format!("a batch is limited to {MAX_BATCH_ITEMS} items"),
+            ));
+        }
+        // In order, one after another: items for one topic get their seqs in
+        // the order of the batch.
+        let mut results = Vec::with_capacity(items.len());
+        for item in items {
+            let result = match self.publish_one(item).await {
+                Ok(response) => publish_result::Result::Published(response),
+                Err(e) => publish_result::Result::Error(PublishError {
+                    code: e.code.as_str().to_owned(),
+                    message: e.message,
+                }),
+            };
+            results.push(PublishResult {
+                result: Some(result),
+            });
+        }
+        Ok(PublishBatchResponse { results })
+    }
+
+    async fn info(
+        &self,
+        request: Request<TopicInfoRequest>,
+    ) -> Result<TopicInfoResponse, ApiError> {
+        self.authorize(request.metadata())?;
+        let topic = api::topic(&request.get_ref().topic)?;
+        let position = self.node.broker.recover(&topic, None).await?.position;
+        Ok(TopicInfoResponse {
+            seq: position.seq,
+            epoch: position.epoch.to_string(),
+            subscribers: self.node.hub.subscribers(&topic) as u64,
+        })
+    }
+
+    /// Counts the call and turns its error into a status.
+    fn answer<T>(&self, method: &str, result: Result<T, ApiError>) -> Result<Response<T>, Status> {
+        let result = result.map(Response::new).map_err(status);
+        let code = match &result {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.node
+            .metrics
+            .grpc_requests
+            .with_label_values(&[method, code_name(code)])
+            .inc();
+        result
+    }
+}
+
+#[tonic::async_trait]
+impl publisher_server::Publisher for Publisher {
+    async fn publish(
+        &self,
+        request: Request<PublishRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        self.answer("Publish", self.single(request).await)
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<PublishBatchRequest>,
+    ) -> Result<Response<PublishBatchResponse>, Status> {
+        self.answer("PublishBatch", self.batch(request).await)
+    }
+
+    async fn topic_info(
+        &self,
+        request: Request<TopicInfoRequest>,
+    ) -> Result<Response<TopicInfoResponse>, Status> {
+        self.answer("TopicInfo", self.info(request).await)
+    }
+}
+
+fn published(position: Position) -> PublishResponse {
+    PublishResponse {
+        seq: position.seq,
+        epoch: position.epoch.to_string(),
+    }
+}
+
+/// The gRPC status of a refusal: the code of its HTTP status, the message
+/// prefixed with the error table's code, which the `herald-error-code`
+/// metadata also carries.
+pub fn status(e: ApiError) -> Status {
+    let code = match e.refusal {
+        Refusal::Invalid => Code::InvalidArgument,
+        Refusal::Unauthenticated => Code::Unauthenticated,
+        Refusal::TooLarge => Code::ResourceExhausted,
+        Refusal::Unavailable => Code::Unavailable,
+    };
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        ERROR_CODE_METADATA,
+        MetadataValue::from_static(e.code.as_str()),
+    );
+    Status::with_metadata(code, e.to_string(), metadata)
+}
+
+/// The canonical name of a gRPC status code (the `code` metric label).
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The listener's connections, tuned as the HTTP listener's are. A failed
+/// accept (out of file descriptors, say) pauses the stream for
+/// [`server::ACCEPT_BACKOFF`]: tonic would otherwise ask again at once, and
+/// spin while the condition lasts.
+struct Incoming {
+    listener: TcpListener,
+    backoff: Option<Pin<Box<Sleep>>>,
+}
+
+impl Incoming {
+    fn new(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            backoff: None,
+        }
+    }
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<TcpStream>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(backoff) = &mut this.backoff {
+                ready!(backoff.as_mut().poll(cx));
+                this.backoff = None;
+            }
+            match ready!(this.listener.poll_accept(cx)) {
+                Ok((stream, peer)) => {
+                    if let Err(e) = server::tune(&stream) {
+                        tracing::debug!(%peer, error = %e, "socket options not set");
+                    }
+                    return Poll::Ready(Some(Ok(stream)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    this.backoff = Some(Box::pin(tokio::time::sleep(server::ACCEPT_BACKOFF)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! A session's subscriptions and how far the client got in each: owned by
+//! the session, shared with the pod's flusher, which saves changed sessions
+//! periodically so that a pod that dies without warning loses little.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use router::{Epoch, SessionSnapshot, SubscriptionState, Topic};
+
+#[derive(Clone, Default)]
+pub struct Subscriptions(Arc<Mutex<Inner>>);
+
+#[derive(Default)]
+struct Inner {
+    by_topic: HashMap<Topic, Subscription>,
+    /// Changed since the last snapshot.
+    dirty: bool,
+}
+
+struct Subscription {
+    epoch: Epoch,
+    /// The newest seq acked, or the seq the subscription started after.
+    position: u64,
+}
+
+impl Subscriptions {
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn contains(&self, topic: &Topic) -> bool {
+        self.inner().by_topic.contains_key(topic)
+    }
+
+    /// How many topics; the session caps it.
+    pub fn count(&self) -> usize {
+        self.inner().by_topic.len()
+    }
+
+    pub fn insert(&self, topic: Topic, epoch: Epoch, position: u64) {
+        let mut inner = self.inner();
+        inner
+            .by_topic
+            .insert(topic, Subscription { epoch, position });
+        inner.dirty = true;
+    }
+
+    /// Whether the topic was subscribed.
+    pub fn remove(&self, topic: &Topic) -> bool {
+        let mut inner = self.inner();
+        let removed = inner.by_topic.remove(topic).is_some();
+        inner.dirty |= removed;
+        removed
+    }
+
+    /// Records a cumulative ack; false when the topic is not subscribed.
+    pub fn ack(&self, topic: &Topic, seq: u64) -> bool {
+        let mut inner = self.inner();
+        let Some(subscription) = inner.by_topic.get_mut(topic) else {
+            return false;
+        };
+        if seq > subscription.position {
+            subscription.position = seq;
+            inner.dirty = true;
+        }
+        true
+    }
+
+    pub fn topics(&self) -> Vec<Topic> {
+        self.inner().by_topic.keys().cloned().collect()
+    }
+
+    /// The snapshot to save, and the session is clean again.
+    pub fn snapshot(&self) -> SessionSnapshot {
+        let mut inner = self.inner();
+        inner.dirty = false;
+        SessionSnapshot {
+            subscriptions: inner
+                .by_topic
+                .iter()
+                .map(|(topic, s)| SubscriptionState {
+                    topic: topic.clone(),
+                    epoch: s.epoch.clone(),
+                    position: s.position,
+                })
+                .collect(),
+        }
+    }
+
+    /// The snapshot, if anything changed since the last one.
+    pub fn changed(&self) -> Option<SessionSnapshot> {
+        if !self.inner().dirty {
+            return None;
+        }
+        Some(self.snapshot())
+    }
+}

@@ -1,0 +1,413 @@
+//! Herald as a distributed system: real `herald` processes sharing a real
+//! `redis-server`. Pods share topics, seqs, history and sessions; a client
+//! may lose its pod and carry on at another; Redis may blink, restart empty
+//! or cut a pod's pub/sub connection, and nothing is lost silently.
+
+#[path = "common/binary.rs"]
+mod binary;
+mod common;
+#[path = "common/redis.rs"]
+mod redis;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use binary::Herald;
+use common::{Client, WAIT};
+use futures_util::StreamExt;
+use proto::v1::publisher_client::PublisherClient;
+use redis::Redis;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tonic::transport::{Channel, Endpoint};
+
+async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
+    let url = redis.url();
+    let mut env = vec![
+        ("HERALD_BROKER", "redis"),
+        ("HERALD_REDIS__URL", url.as_str()),
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
+        ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
+        ("HERALD_LOG__LEVEL", "info"),
+    ];
+    env.extend_from_slice(extra);
+    Herald::start(&env, &[]).await
+}
+
+/// Publishes over HTTP; the status and the answer.
+async fn publish(addr: SocketAddr, topic: &str, data: Value, key: Option<&str>) -> (u16, Value) {
+    let body = json!({"topic": topic, "data": data}).to_string();
+    let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+    let (status, body) = common::http(addr, "POST", "/v1/publish", &headers, body.as_bytes()).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+async fn grpc_client(addr: SocketAddr) -> PublisherClient<Channel> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect_timeout(WAIT)
+        .timeout(WAIT)
+        .connect()
+        .await
+        .expect("connect over gRPC");
+    PublisherClient::new(channel)
+}
+
+async fn subscriber(url: &str, topic: &str) -> Client {
+    let mut client = Client::connect_url(url).await;
+    client.hello(None).await;
+    client.sub(1, topic).await;
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
+    const PER_PUBLISHER: u64 = 60;
+    let redis = Redis::start().await;
+    let (a, b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
+    let mut subscribers = Vec::new();
+    for url in [a.ws_url(), b.ws_url()] {
+        for _ in 0..4 {
+            subscribers.push(subscriber(&url, "news").await);
+        }
+    }
+    // On each pod, one publisher over HTTP and one over gRPC, all at once.
+    let mut publishers = Vec::new();
+    for (p, pod) in [&a, &b].into_iter().enumerate() {
+        let addr = pod.addr;
+        publishers.push(tokio::spawn(async move {
+            for i in 0..PER_PUBLISHER {
+                let (status, _) = publish(addr, "news", json!({"http": p, "i": i}), None).await;
+                assert_eq!(status, 200);
+            }
+        }));
+        let grpc = pod.grpc_addr;
+        publishers.push(tokio::spawn(async move {
+            let mut client = grpc_client(grpc).await;
+            for i in 0..PER_PUBLISHER {
+                let request = proto::v1::PublishRequest {
+                    topic: "news".into(),
+                    data: json!({"grpc": p, "i": i}).to_string().into_bytes(),
+                    idempotency_key: None,
+                };
+                let answer = tokio::time::timeout(WAIT, client.publish(request)).await;
+                answer.expect("in time").expect("published over gRPC");
+            }
+        }));
+    }
+    let total = 4 * PER_PUBLISHER;
+    let readers: Vec<_> = subscribers
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let mut stream = BTreeMap::new();
+                for expected in 1..=total {
+                    let (_, seq, data) = client.msg().await;
+                    assert_eq!(seq, expected, "in order, once");
+                    stream.insert(seq, data);
+                }
+                stream
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        publisher.await.expect("publisher");
+    }
+    let mut streams = Vec::new();
+    for reader in readers {
+        streams.push(reader.await.expect("a complete stream"));
+    }
+    assert!(
+        streams.windows(2).all(|w| w[0] == w[1]),
+        "every subscriber saw the same stream"
+    );
+}
+
+/// What one client collected: seqs as they arrived, and how many arrived
+/// again (a resumed session replays what was not acked yet).
+struct Collected {
+    seqs: Vec<u64>,
+    redelivered: usize,
+}
+
+/// A client of pod `first` that acks everything and, when its pod dies,
+/// comes back at `second`, either resuming its session or with `since`.
+async fn survivor(
+    first: String,
+    second: String,
+    topic: &'static str,
+    total: u64,
+    resume: bool,
+) -> Collected {
+    let mut client = Client::connect_url(&first).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    let ok = client.sub(1, topic).await;
+    let epoch = ok["epoch"].as_str().expect("epoch").to_owned();
+    let mut collected = Collected {
+        seqs: Vec::new(),
+        redelivered: 0,
+    };
+    let mut last = ok["seq"].as_u64().expect("seq");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut moved = false;
+    while last < total {
+        assert!(Instant::now() < deadline, "stream incomplete at {last}");
+        let next = tokio::time::timeout(WAIT, client.ws.next())
+            .await
+            .expect("a frame in time");
+        let frame: Value = match next {
+            Some(Ok(Message::Text(text))) => serde_json::from_str(&text).expect("json"),
+            Some(Ok(_)) => continue,
+            // The pod died: go to the other one.
+            Some(Err(_)) | None => {
+                assert!(!moved, "lost a second connection");
+                moved = true;
+                client = Client::connect_url(&second).await;
+                if resume {
+                    let welcome = client.hello(Some(&session)).await;
+                    assert_eq!(welcome["resumed"], true, "{welcome}");
+                } else {
+                    client.hello(None).await;
+                    client
+                        .send(json!({"op": "sub", "id": 2, "topic": topic, "since": last, "epoch": epoch}))
+                        .await;
+                    let ok = client.expect("ok").await;
+                    assert_eq!(ok["recovered"], true, "{ok}");
+                }
+                continue;
+            }
+        };
+        assert_eq!(frame["op"], "msg", "{frame}");
+        let seq = frame["seq"].as_u64().expect("seq");
+        // The protocol's rule: a seq at or below the last one processed was
+        // seen already.
+        if seq <= last {
+            collected.redelivered += 1;
+            continue;
+        }
+        assert_eq!(seq, last + 1, "a gap after {last}");
+        last = seq;
+        collected.seqs.push(seq);
+        client
+            .send(json!({"op": "ack", "topic": topic, "seq": seq}))
+            .await;
+    }
+    collected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_killed_pod_resume_at_another_and_miss_nothing() {
+    const TOTAL: u64 = 300;
+    let redis = Redis::start().await;
+    let mut a = pod(&redis, &[]).await;
+    let b = pod(&redis, &[]).await;
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let resume = i % 2 == 0;
+            tokio::spawn(survivor(a.ws_url(), b.ws_url(), "feed", TOTAL, resume))
+        })
+        .collect();
+    // Every client is subscribed before the publisher starts (their `ok` said seq 0).
+    let deadline = Instant::now() + WAIT;
+    while common::http(a.addr, "GET", "/metrics", &[], b"")
+        .await
+        .1
+        .lines()
+        .all(|l| l != "herald_subscriptions 12")
+    {
+        assert!(Instant::now() < deadline, "clients did not subscribe");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (third, third_published) = tokio::sync::oneshot::channel();
+    let publisher = {
+        let addr = b.addr;
+        tokio::spawn(async move {
+            let mut third = Some(third);
+            for i in 1..=TOTAL {
+                let (status, _) = publish(addr, "feed", json!(i), None).await;
+                assert_eq!(status, 200);
+                if i == TOTAL / 3 {
+                    third.take().map(|t| t.send(()));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    // Kill pod A a third of the way through.
+    tokio::time::timeout(WAIT, third_published)
+        .await
+        .expect("publisher progresses")
+        .expect("publisher");
+    a.kill9();
+    publisher.await.expect("publisher");
+    for client in clients {
+        let collected = client.await.expect("a complete stream");
+        assert_eq!(collected.seqs, (1..=TOTAL).collect::<Vec<_>>());
+        eprintln!("redelivered after the move: {}", collected.redelivered);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_pubsub_connection_is_refilled_from_history() {
+    const TOTAL: u64 = 300;
+    let redis = Redis::start().await;
+    // History deep enough for everything published while the pod is cut off.
+    let a = pod(
+        &redis,
+        &[("HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE", "1000")],
+    )
+    .await;
+    let mut client = subscriber(&a.ws_url(), "news").await;
+    let publisher = {
+        let addr = a.addr;
+        tokio::spawn(async move {
+            for i in 1..=TOTAL {
+                assert_eq!(publish(addr, "news", json!(i), None).await.0, 200);
+            }
+        })
+    };
+    for seq in 1..=TOTAL {
+        if seq == 100 {
+            let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+            assert_eq!(killed.trim(), "1", "one pub/sub connection killed");
+        }
+        let (_, got, data) = client.msg().await;
+        assert_eq!((got, data), (seq, json!(seq)));
+    }
+    publisher.await.expect("publisher");
+    let (_, metrics) = common::http(a.addr, "GET", "/metrics", &[], b"").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("herald_redis_pubsub_reconnects_total ") && !l.ends_with(" 0")),
+        "the reconnect is counted:\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_is_a_reset_not_a_silent_new_series() {
+    let mut redis = Redis::start().await;
+    let a = pod(&redis, &[]).await;
+    let mut client = subscriber(&a.ws_url(), "news").await;
+    for i in 1..=3 {
+        assert_eq!(publish(a.addr, "news", json!(i), None).await.0, 200);
+        assert_eq!(client.msg().await.1, i);
+    }
+    let mut late = Client::connect_url(&a.ws_url()).await;
+    late.hello(None).await;
+    let epoch = late.sub(1, "news").await["epoch"]
+        .as_str()
+        .expect("epoch")
+        .to_owned();
+
+    redis.restart_empty().await;
+    // Publishing works again once the pod has reconnected.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, _) = publish(a.addr, "news", json!("after"), None).await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "publishing never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The subscriber is told before anything of the new series arrives.
+    let reset = client.recv().await;
+    assert_eq!(reset["op"], "reset", "{reset}");
+    assert_ne!(reset["epoch"], epoch.as_str());
+
+    // A client that comes back with the old epoch is not recovered either.
+    let mut back = Client::connect_url(&a.ws_url()).await;
+    back.hello(None).await;
+    back.send(json!({"op": "sub", "id": 1, "topic": "news", "since": 3, "epoch": epoch}))
+        .await;
+    assert_eq!(back.expect("ok").await["recovered"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_unreachable_clients_stay_and_publishes_fail_fast() {
+    let redis = Redis::start().await;
+    let a = pod(
+        &redis,
+        &[
+            ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+            ("HERALD_WEBSOCKET__PING_INTERVAL", "300ms"),
+            ("HERALD_WEBSOCKET__PONG_TIMEOUT", "300ms"),
+        ],
+    )
+    .await;
+    let mut client = subscriber(&a.ws_url(), "chat:room").await;
+    assert_eq!(publish(a.addr, "chat:room", json!(1), None).await.0, 200);
+    assert_eq!(client.msg().await.1, 1);
+
+    redis.freeze();
+    let started = Instant::now();
+    let (status, body) = publish(a.addr, "chat:room", json!(2), None).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "failed fast: {:?}",
+        started.elapsed()
+    );
+    // Over WebSocket too; and the client, answering pings, stays connected.
+    client
+        .send(json!({"op": "pub", "id": 9, "topic": "chat:room", "data": 2}))
+        .await;
+    let err = client.expect("err").await;
+    assert_eq!(
+        (err["id"].as_u64(), err["code"].as_str()),
+        (Some(9), Some("unavailable"))
+    );
+    // Redis stays away a while; the client keeps reading (and so answers
+    // the server's pings) and gets nothing but pings.
+    let away = Instant::now() + Duration::from_secs(2);
+    while let Ok(frame) = tokio::time::timeout_at(away, client.ws.next()).await {
+        match frame {
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("while Redis is away: {other:?}"),
+        }
+    }
+    redis.thaw();
+
+    let deadline = Instant::now() + WAIT;
+    while publish(a.addr, "chat:room", json!(2), None).await.0 != 200 {
+        assert!(Instant::now() < deadline, "publishing never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        client.msg().await.1,
+        2,
+        "the same connection, the same series"
+    );
+    let (_, metrics) = common::http(a.addr, "GET", "/metrics", &[], b"").await;
+    assert!(metrics.contains("herald_redis_errors_total"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_publish_on_the_other_pod_delivers_once() {
+    let redis = Redis::start().await;
+    let (a, b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
+    let mut client = subscriber(&a.ws_url(), "orders").await;
+    let (status, first) = publish(a.addr, "orders", json!({"id": 7}), Some("order-7")).await;
+    assert_eq!(status, 200);
+    let (status, again) = publish(b.addr, "orders", json!({"id": 7}), Some("order-7")).await;
+    assert_eq!(status, 200);
+    assert_eq!(first, again, "the retry answers the first publish's seq");
+    let (_, next) = publish(b.addr, "orders", json!({"id": 8}), None).await;
+    assert_eq!(client.msg().await.1, first["seq"].as_u64().expect("seq"));
+    assert_eq!(
+        client.msg().await.1,
+        next["seq"].as_u64().expect("seq"),
+        "no second delivery"
+    );
+}

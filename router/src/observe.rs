@@ -1,0 +1,22 @@
+//! What an engine reports about itself: the gateway turns these calls into
+//! metrics. Every method has a default that ignores the event.
+
+/// Events of the broker's own life.
+pub trait Observer: Send + Sync + 'static {
+    /// A Redis command finished (`op` is a fixed name: `publish`, `recover`, ...).
+    fn redis_call(&self, _op: &'static str, _seconds: f64, _ok: bool) {}
+    /// The pub/sub connection came up (`true`) or went down (`false`).
+    fn pubsub_up(&self, _up: bool) {}
+    /// Time from a publish to its arrival at this pod.
+    fn pubsub_lag(&self, _seconds: f64) {}
+    /// Publications delivered from history because live delivery skipped them.
+    fn gap_filled(&self, _count: u64) {}
+    /// A topic lost continuity on this pod; its subscribers were told.
+    fn topic_reset(&self) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default)]
+pub struct Ignore;
+
+impl Observer for Ignore {}

@@ -1,0 +1,462 @@
+//! The Redis engine: topics, seqs, history and sessions shared by every pod.
+//!
+//! - A publish is one Lua script ([`scripts::PUBLISH`]): next seq, history
+//!   append and trim, announcement on the topic's channel, idempotency key.
+//!   Seq order is therefore the order every pod delivers in.
+//! - Each pod keeps one pub/sub connection ([`pubsub`]): it subscribes to a
+//!   topic's channel while the pod has subscribers, delivers in seq order,
+//!   fills gaps from history and tells subscribers (`reset`) where it cannot.
+//! - Commands go over one multiplexed connection (pipelined, with timeouts,
+//!   reconnecting by itself); session saves are batched ([`sessions`]).
+
+mod pubsub;
+mod scripts;
+mod sessions;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use redis::Value;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::observe::Observer;
+use crate::{
+    Broker, BrokerError, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position, Publication,
+    Recovery, SessionSnapshot, SessionStore, Since, Topic,
+};
+
+/// How long a topic's seq and epoch outlive its last publish. Longer than any
+/// sensible history age: losing them starts a new epoch, which subscribers
+/// are told about.
+const META_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How to reach Redis and how patient to be with it.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Longest a command (or a connection attempt) may take before it fails.
+    pub command_timeout: Duration,
+    /// How long a pod stays subscribed to a topic after its last local
+    /// subscriber left, so that a quick resubscribe costs nothing.
+    pub linger: Duration,
+}
+
+/// The Redis [`Broker`] and [`SessionStore`].
+#[derive(Clone)]
+pub struct RedisBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    namespaces: Arc<Namespaces>,
+    watches: mpsc::UnboundedSender<pubsub::Command>,
+    saves: mpsc::Sender<sessions::Save>,
+    observer: Arc<dyn Observer>,
+}
+
+impl RedisSettings {
+    /// Checks what can be checked before connecting: the URL.
+    pub fn validate(&self) -> Result<(), String> {
+        redis::Client::open(self.url.as_str())
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl RedisBroker {
+    /// Connects (failing if Redis cannot be reached now) and starts the
+    /// pub/sub and session-writer tasks, which end when the broker is dropped.
+    pub async fn connect(
+        settings: RedisSettings,
+        namespaces: Arc<Namespaces>,
+        sink: Arc<dyn Deliver>,
+        observer: Arc<dyn Observer>,
+    ) -> Result<Self, BrokerError> {
+        let client = redis::Client::open(settings.url.as_str()).map_err(unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.command_timeout))
+            .set_response_timeout(Some(settings.command_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(unavailable)?;
+        let (watches, commands) = mpsc::unbounded_channel();
+        let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
+        tokio::spawn(pubsub::run(
+            pubsub::Pubsub::new(
+                client,
+                conn.clone(),
+                sink,
+                observer.clone(),
+                namespaces.clone(),
+                settings,
+            ),
+            commands,
+        ));
+        tokio::spawn(sessions::write(
+            conn.clone(),
+            pending_saves,
+            observer.clone(),
+        ));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                namespaces,
+                watches,
+                saves,
+                observer,
+            }),
+        })
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> BrokerError {
+    BrokerError::Unavailable(format!("redis: {e}"))
+}
+
+/// A fresh random epoch: 64 bits, hex.
+fn new_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+/// Runs one Redis call, reporting its time and outcome.
+async fn timed<T>(
+    observer: &dyn Observer,
+    op: &'static str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, BrokerError> {
+    let start = Instant::now();
+    let result = call.await;
+    observer.redis_call(op, start.elapsed().as_secs_f64(), result.is_ok());
+    result.map_err(unavailable)
+}
+
+/// What [`scripts::RECOVER`] answered.
+struct Recovered {
+    position: Position,
+    now_ms: u64,
+    /// With each one's publish time (ms); `None` when the script did not
+    /// read history.
+    entries: Option<Vec<(Publication, u64)>>,
+}
+
+/// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
+/// history after it.
+async fn recover_raw(
+    conn: &ConnectionManager,
+    observer: &dyn Observer,
+    topic: &Topic,
+    since: Option<&Since>,
+) -> Result<Recovered, BrokerError> {
+    let mut invocation = scripts::RECOVER.prepare_invoke();
+    invocation
+        .key(scripts::meta_key(topic))
+        .key(scripts::history_key(topic))
+        .arg(new_epoch())
+        .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
+        .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
+        .arg(millis(META_TTL));
+    let mut conn = conn.clone();
+    let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
+    parse_recovered(topic, value)
+        .ok_or_else(|| BrokerError::Unavailable("redis: unexpected recover reply".into()))
+}
+
+fn parse_recovered(topic: &Topic, value: Value) -> Option<Recovered> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let mut items = items.into_iter();
+    let seq = as_u64(&items.next()?)?;
+    let epoch: Epoch = Arc::from(as_string(&items.next()?)?);
+    let now_ms = as_u64(&items.next()?)?;
+    let entries = match items.next() {
+        Some(entries) => Some(parse_entries(topic, &epoch, entries)?),
+        None => None,
+    };
+    Some(Recovered {
+        position: Position { epoch, seq },
+        now_ms,
+        entries,
+    })
+}
+
+/// Parses an `XRANGE` reply into publications, with each one's publish time.
+fn parse_entries(topic: &Topic, epoch: &Epoch, value: Value) -> Option<Vec<(Publication, u64)>> {
+    let Value::Array(entries) = value else {
+        return None;
+    };
+    entries
+        .into_iter()
+        .map(|entry| {
+            let Value::Array(parts) = entry else {
+                return None;
+            };
+            let mut parts = parts.into_iter();
+            let id = as_string(&parts.next()?)?;
+            let seq = id.split_once('-')?.0.parse().ok()?;
+            let Value::Array(fields) = parts.next()? else {
+                return None;
+            };
+            let mut data = None;
+            let mut at = 0;
+            for pair in fields.chunks(2) {
+                match (pair.first().and_then(as_string).as_deref(), pair.get(1)) {
+                    (Some("d"), Some(Value::BulkString(d))) => {
+                        data = Some(Bytes::copy_from_slice(d))
+                    }
+                    (Some("t"), Some(t)) => at = as_u64(t)?,
+                    _ => {}
+                }
+            }
+            Some((
+                Publication {
+                    topic: topic.clone(),
+                    epoch: epoch.clone(),
+                    seq,
+                    data: data?,
+                },
+                at,
+            ))
+        })
+        .collect()
+}
+
+fn as_u64(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_string(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// Whether `entries` (read after `since`) continue it without a gap up to
+/// `seq`, none older than `ttl`.
+fn continuous(
+    entries: &[(Publication, u64)],
+    since: u64,
+    seq: u64,
+    now_ms: u64,
+    ttl: Duration,
+) -> bool {
+    let oldest_allowed = now_ms.saturating_sub(millis(ttl));
+    entries.len() as u64 == seq - since
+        && entries
+            .first()
+            .is_some_and(|(first, at)| first.seq == since + 1 && *at >= oldest_allowed)
+        && entries.windows(2).all(|w| w[1].0.seq == w[0].0.seq + 1)
+}
+
+#[async_trait]
+impl Broker for RedisBroker {
+    async fn publish(
+        &self,
+        topic: &Topic,
+        data: Bytes,
+        idempotency_key: Option<&str>,
+    ) -> Result<Position, BrokerError> {
+        let ns = self
+            .inner
+            .namespaces
+            .get(topic)
+            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?;
+        let mut invocation = scripts::PUBLISH.prepare_invoke();
+        invocation
+            .key(scripts::meta_key(topic))
+            .key(scripts::history_key(topic));
+        if let Some(key) = idempotency_key {
+            invocation.key(scripts::idempotency_key(topic, key));
+        }
+        invocation
+            .arg(data.as_ref())
+            .arg(ns.history_size)
+            .arg(millis(ns.history_ttl).max(1))
+            .arg(new_epoch())
+            .arg(scripts::channel(topic))
+            .arg(millis(META_TTL))
+            .arg(millis(IDEMPOTENCY_WINDOW));
+        let mut conn = self.inner.conn.clone();
+        let reply: String = timed(
+            &*self.inner.observer,
+            "publish",
+            invocation.invoke_async(&mut conn),
+        )
+        .await?;
+        let (seq, epoch) = reply
+            .split_once(':')
+            .and_then(|(seq, epoch)| Some((seq.parse().ok()?, epoch)))
+            .ok_or_else(|| {
+                BrokerError::Unavailable(format!("redis: unexpected publish reply {reply:?}"))
+            })?;
+        Ok(Position {
+            epoch: Arc::from(epoch),
+            seq,
+        })
+    }
+
+    async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
+        if self.inner.namespaces.get(topic).is_none() {
+            return Err(BrokerError::UnknownNamespace(topic.to_string()));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .watches
+            .send(pubsub::Command::Watch(topic.clone(), reply))
+            .map_err(|_| BrokerError::Unavailable("redis: pub/sub task ended".into()))?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err(BrokerError::Unavailable("redis: pub/sub task ended".into())))
+    }
+
+    async fn unwatch(&self, topic: &Topic) {
+        let _ = self
+            .inner
+            .watches
+            .send(pubsub::Command::Unwatch(topic.clone()));
+    }
+
+    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
+        let ttl = self
+            .inner
+            .namespaces
+            .get(topic)
+            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?
+            .history_ttl;
+        let recovered = recover_raw(
+            &self.inner.conn,
+            &*self.inner.observer,
+            topic,
+            since.as_ref(),
+        )
+        .await?;
+        let position = recovered.position;
+        let Some(since) = since else {
+            return Ok(Recovery {
+                position,
+                recovered: true,
+                publications: Vec::new(),
+            });
+        };
+        let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *position.epoch);
+        if !same_epoch || since.seq > position.seq {
+            return Ok(Recovery {
+                position,
+                recovered: false,
+                publications: Vec::new(),
+            });
+        }
+        if since.seq == position.seq {
+            return Ok(Recovery {
+                position,
+                recovered: true,
+                publications: Vec::new(),
+            });
+        }
+        let entries = recovered.entries.unwrap_or_default();
+        if !continuous(&entries, since.seq, position.seq, recovered.now_ms, ttl) {
+            return Ok(Recovery {
+                position,
+                recovered: false,
+                publications: Vec::new(),
+            });
+        }
+        Ok(Recovery {
+            position,
+            recovered: true,
+            publications: entries.into_iter().map(|(p, _)| p).collect(),
+        })
+    }
+}
+
+#[async_trait]
+impl SessionStore for RedisBroker {
+    async fn save(
+        &self,
+        id: &str,
+        snapshot: SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<(), BrokerError> {
+        let (done, saved) = oneshot::channel();
+        let save = sessions::Save {
+            key: scripts::session_key(id),
+            value: sessions::encode(&snapshot),
+            ttl_ms: millis(ttl).max(1),
+            done,
+        };
+        self.inner
+            .saves
+            .send(save)
+            .await
+            .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
+        saved.await.unwrap_or_else(|_| {
+            Err(BrokerError::Unavailable(
+                "redis: session writer ended".into(),
+            ))
+        })
+    }
+
+    async fn save_many(
+        &self,
+        batch: Vec<(Arc<str>, SessionSnapshot)>,
+        ttl: Duration,
+    ) -> Result<(), BrokerError> {
+        // Queued together, the writer sends them in one pipeline.
+        let mut answers = Vec::with_capacity(batch.len());
+        for (id, snapshot) in batch {
+            let (done, saved) = oneshot::channel();
+            let save = sessions::Save {
+                key: scripts::session_key(&id),
+                value: sessions::encode(&snapshot),
+                ttl_ms: millis(ttl).max(1),
+                done,
+            };
+            self.inner
+                .saves
+                .send(save)
+                .await
+                .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
+            answers.push(saved);
+        }
+        for saved in answers {
+            saved.await.unwrap_or_else(|_| {
+                Err(BrokerError::Unavailable(
+                    "redis: session writer ended".into(),
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
+        let mut conn = self.inner.conn.clone();
+        let key = scripts::session_key(id);
+        let value: Option<Vec<u8>> = timed(
+            &*self.inner.observer,
+            "session_load",
+            redis::cmd("GET").arg(key).query_async(&mut conn),
+        )
+        .await?;
+        Ok(value.map(|v| sessions::decode(&v)))
+    }
+}

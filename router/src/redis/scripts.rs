@@ -1,0 +1,125 @@
+//! The Lua scripts that make each step one atomic server-side operation, and
+//! the keys they work on.
+//!
+//! A topic's keys share the hash tag `{<topic>}`, so that in a Redis Cluster
+//! its seq, history, idempotency keys and channel live on one shard.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::Topic;
+
+const PREFIX: &str = "herald";
+
+/// `HASH {seq, epoch}`: the topic's newest seq and its epoch.
+pub fn meta_key(topic: &Topic) -> String {
+    format!("{PREFIX}:{{{topic}}}:meta")
+}
+
+/// `STREAM`: the history, entry id `<seq>-0`, fields `d` (data), `t` (ms).
+pub fn history_key(topic: &Topic) -> String {
+    format!("{PREFIX}:{{{topic}}}:hist")
+}
+
+/// The pub/sub channel every publication of the topic is announced on.
+pub fn channel(topic: &Topic) -> String {
+    format!("{PREFIX}:{{{topic}}}")
+}
+
+/// The topic of a channel name, if it is one of ours.
+pub fn topic_of_channel(channel: &str) -> Option<Topic> {
+    let inner = channel
+        .strip_prefix(PREFIX)?
+        .strip_prefix(":{")?
+        .strip_suffix('}')?;
+    Topic::parse(inner).ok()
+}
+
+/// The remembered result of a publish with an idempotency key.
+pub fn idempotency_key(topic: &Topic, key: &str) -> String {
+    format!("{PREFIX}:{{{topic}}}:idem:{key}")
+}
+
+/// A session's snapshot.
+pub fn session_key(id: &str) -> String {
+    format!("{PREFIX}:session:{id}")
+}
+
+/// Assigns the next seq, appends to history (trimmed to the namespace's size;
+/// age is checked on read and bounds the key's life), announces on the
+/// channel, remembers an idempotency key. Returns `"<seq>:<epoch>"`.
+///
+/// KEYS: meta, history, [idempotency]. ARGV: data, history size, history ttl
+/// ms, a fresh epoch (used if the topic has none), channel, meta ttl ms,
+/// idempotency ttl ms.
+pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if KEYS[3] then
+  local first = redis.call('GET', KEYS[3])
+  if first then return first end
+end
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  -- A new series: whatever history is left belongs to a lost one.
+  epoch = ARGV[4]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+end
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(ARGV[2]) > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], seq .. '-0', 'd', ARGV[1], 't', now)
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. now .. ':' .. ARGV[1])
+local result = seq .. ':' .. epoch
+if KEYS[3] then redis.call('SET', KEYS[3], result, 'PX', ARGV[7]) end
+return result
+"#,
+    )
+});
+
+/// The topic's position (creating its epoch if it has none) and, given a
+/// `since`, the history after it. Returns `{seq, epoch, now_ms, entries}`;
+/// `entries` only when `since` is in the same epoch and before `seq`.
+///
+/// KEYS: meta, history. ARGV: a fresh epoch, since (-1 for none), the
+/// client's epoch ('' for any), meta ttl ms.
+pub static RECOVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'seq', 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = tonumber(ARGV[2])
+if since < 0 or since >= seq or (ARGV[3] ~= '' and ARGV[3] ~= epoch) then
+  return {seq, epoch, now}
+end
+return {seq, epoch, now, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
+"#,
+    )
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_round_trip() {
+        let topic = Topic::parse("chat:room-1/a").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(channel(&topic), "herald:{chat:room-1/a}");
+        assert_eq!(topic_of_channel(&channel(&topic)), Some(topic));
+        assert_eq!(topic_of_channel("other:{x}"), None);
+    }
+}
