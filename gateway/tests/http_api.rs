@@ -17,51 +17,12 @@ use tokio::net::TcpStream;
 
 const LIMIT: usize = 1024;
 
-/// One request over a fresh connection: (status, headers, body).
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, HeaderMap, String) {
-    use http_body_util::{BodyExt, Full};
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req
-        .body(Full::new(bytes::Bytes::copy_from_slice(body)))
-        .expect("request");
-    let response = tokio::time::timeout(WAIT, sender.send_request(req))
-        .await
-        .expect("answer in time")
-        .expect("answer");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = tokio::time::timeout(WAIT, response.into_body().collect())
-        .await
-        .expect("body in time")
-        .expect("body")
-        .to_bytes();
-    (status, headers, String::from_utf8_lossy(&body).into_owned())
-}
-
 async fn publish(
     addr: SocketAddr,
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, HeaderMap, String) {
-    request(addr, "POST", "/v1/publish", headers, body).await
+    common::http_with_headers(addr, "POST", "/v1/publish", headers, body).await
 }
 
 /// Writes `raw` and reads the whole response (the request says
@@ -306,12 +267,13 @@ async fn a_body_over_the_limit_gets_413_with_or_without_a_length() {
 #[tokio::test]
 async fn health_readiness_and_metrics_answer() {
     let gw = Gateway::with(Gateway::config()).await;
-    let (status, _, body) = request(gw.addr, "GET", "/healthz", &[], b"").await;
+    let (status, _, body) = common::http_with_headers(gw.addr, "GET", "/healthz", &[], b"").await;
     assert_eq!((status, body.as_str()), (200, "ok\n"));
-    let (status, _, body) = request(gw.addr, "GET", "/readyz", &[], b"").await;
+    let (status, _, body) = common::http_with_headers(gw.addr, "GET", "/readyz", &[], b"").await;
     assert_eq!((status, body.as_str()), (200, "ready\n"));
 
-    let (status, headers, metrics) = request(gw.addr, "GET", "/metrics", &[], b"").await;
+    let (status, headers, metrics) =
+        common::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
     assert_eq!(status, 200);
     assert!(
         headers["content-type"]
@@ -347,7 +309,7 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         "/v2/publish",
         "/metricsx",
     ] {
-        let (status, _, _) = request(gw.addr, "GET", path, &[], b"").await;
+        let (status, _, _) = common::http_with_headers(gw.addr, "GET", path, &[], b"").await;
         assert_eq!(status, 404, "GET {path}");
     }
     for (method, path) in [
@@ -358,11 +320,11 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         ("DELETE", "/metrics"),
         ("POST", "/ws"),
     ] {
-        let (status, _, _) = request(gw.addr, method, path, &[], b"").await;
+        let (status, _, _) = common::http_with_headers(gw.addr, method, path, &[], b"").await;
         assert_eq!(status, 405, "{method} {path}");
     }
     // Not a publish request: nothing counted.
-    let (_, _, metrics) = request(gw.addr, "GET", "/metrics", &[], b"").await;
+    let (_, _, metrics) = common::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
     assert!(
         !metrics.contains("herald_publish_requests_total{"),
         "{metrics}"

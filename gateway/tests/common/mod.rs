@@ -122,6 +122,18 @@ pub async fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String) {
+    let (status, _, body) = http_with_headers(addr, method, path, headers, body).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 request over a fresh connection: (status, headers, body).
+pub async fn http_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, hyper::HeaderMap, String) {
     use http_body_util::{BodyExt, Full};
     let stream = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, conn) =
@@ -144,13 +156,13 @@ pub async fn http(
         .expect("answer in time")
         .expect("answer");
     let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
+    let headers = response.headers().clone();
+    let body = tokio::time::timeout(WAIT, response.into_body().collect())
         .await
+        .expect("body in time")
         .expect("body")
         .to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// A WebSocket client the project did not write.

@@ -397,23 +397,7 @@ impl SessionStore for RedisBroker {
         snapshot: SessionSnapshot,
         ttl: Duration,
     ) -> Result<(), BrokerError> {
-        let (done, saved) = oneshot::channel();
-        let save = sessions::Save {
-            key: scripts::session_key(id),
-            value: sessions::encode(&snapshot),
-            ttl_ms: millis(ttl).max(1),
-            done,
-        };
-        self.inner
-            .saves
-            .send(save)
-            .await
-            .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
-        saved.await.unwrap_or_else(|_| {
-            Err(BrokerError::Unavailable(
-                "redis: session writer ended".into(),
-            ))
-        })
+        self.save_many(vec![(Arc::from(id), snapshot)], ttl).await
     }
 
     async fn save_many(

@@ -46,9 +46,10 @@ pub fn session_key(id: &str) -> String {
     format!("{PREFIX}:session:{id}")
 }
 
-/// Assigns the next seq, appends to history (trimmed to the namespace's size;
-/// age is checked on read and bounds the key's life), announces on the
-/// channel, remembers an idempotency key. Returns `"<seq>:<epoch>"`.
+/// Assigns the next seq, appends to history (trimmed to the namespace's size
+/// and, a few entries per publish, to its age; reads check the age too),
+/// announces on the channel, remembers an idempotency key. Returns
+/// `"<seq>:<epoch>"`.
 ///
 /// KEYS: meta, history, [idempotency]. ARGV: data, history size, history ttl
 /// ms, a fresh epoch (used if the topic has none), channel, meta ttl ms,
@@ -73,6 +74,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(ARGV[2]) > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], seq .. '-0', 'd', ARGV[1], 't', now)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  -- Drop what is older than the history age, a few entries per publish.
+  local oldest = now - tonumber(ARGV[3])
+  for _ = 1, 8 do
+    local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+    if not first or tonumber(first[2][4]) >= oldest then break end
+    redis.call('XDEL', KEYS[2], first[1])
+  end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. now .. ':' .. ARGV[1])
