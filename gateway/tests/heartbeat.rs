@@ -7,27 +7,20 @@
 // A test that cannot go on should stop and say why.
 
 mod common;
+#[path = "common/raw.rs"]
+mod raw;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{Client, Gateway};
 use futures_util::StreamExt;
+use raw::{CLOSE, Frame, PING, PONG, RawClient, STEP, TEXT};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 const PING_INTERVAL: Duration = Duration::from_millis(300);
 const PONG_TIMEOUT: Duration = Duration::from_millis(300);
-/// Longest the server may take for any one answer.
-const STEP: Duration = Duration::from_secs(5);
-
-const TEXT: u8 = 0x1;
-const CLOSE: u8 = 0x8;
-const PING: u8 = 0x9;
-const PONG: u8 = 0xA;
 
 async fn heartbeat_gateway() -> Gateway {
     let mut config = Gateway::config();
@@ -36,101 +29,24 @@ async fn heartbeat_gateway() -> Gateway {
     Gateway::with(config).await
 }
 
-/// A frame from the server: (fin, opcode, masked, payload).
-type Frame = (bool, u8, bool, Vec<u8>);
-
-/// Just enough of a WebSocket client to stay silent on purpose.
-struct RawClient {
-    stream: TcpStream,
-    buf: Vec<u8>,
+/// The next server frame, or `None` once TCP has ended. Heartbeat frames are
+/// short: their length fits the 7-bit form.
+async fn next_short_frame(client: &mut RawClient) -> Option<Frame> {
+    let frame = client.next_frame().await?;
+    assert_eq!(
+        frame.extended_len,
+        0,
+        "heartbeat frames are short: {} bytes",
+        frame.payload.len()
+    );
+    Some(frame)
 }
 
-impl RawClient {
-    async fn connect(addr: SocketAddr) -> Self {
-        let stream = timeout(STEP, TcpStream::connect(addr))
-            .await
-            .expect("connect in time")
-            .expect("connect");
-        let mut client = Self {
-            stream,
-            buf: Vec::new(),
-        };
-        let request = format!(
-            "GET /ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        );
-        timeout(STEP, client.stream.write_all(request.as_bytes()))
-            .await
-            .expect("write in time")
-            .expect("write the handshake");
-        let end = loop {
-            if let Some(at) = client.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            assert!(
-                client.fill(client.buf.len() + 1).await,
-                "the handshake response"
-            );
-        };
-        let head: Vec<u8> = client.buf.drain(..end).collect();
-        assert!(
-            head.starts_with(b"HTTP/1.1 101"),
-            "{}",
-            String::from_utf8_lossy(&head)
-        );
-        client
-    }
-
-    /// A masked frame.
-    async fn send_frame(&mut self, fin: bool, opcode: u8, payload: &[u8]) {
-        const KEY: [u8; 4] = [0x11, 0x22, 0x33, 0x44];
-        assert!(payload.len() < 126, "short frames only");
-        let mut bytes = vec![u8::from(fin) << 7 | opcode, 0x80 | payload.len() as u8];
-        bytes.extend_from_slice(&KEY);
-        bytes.extend(payload.iter().enumerate().map(|(i, b)| b ^ KEY[i % 4]));
-        timeout(STEP, self.stream.write_all(&bytes))
-            .await
-            .expect("write in time")
-            .expect("write a frame");
-    }
-
-    /// Reads until `buf` holds `n` bytes; false once the connection ended.
-    async fn fill(&mut self, n: usize) -> bool {
-        let mut chunk = [0u8; 4096];
-        while self.buf.len() < n {
-            match timeout(STEP, self.stream.read(&mut chunk))
-                .await
-                .expect("bytes in time")
-            {
-                Ok(0) | Err(_) => return false,
-                Ok(read) => self.buf.extend_from_slice(&chunk[..read]),
-            }
-        }
-        true
-    }
-
-    /// The next server frame (unmasked, short), or `None` once TCP has ended.
-    async fn next_frame(&mut self) -> Option<Frame> {
-        if !self.fill(2).await {
-            return None;
-        }
-        let (b0, b1) = (self.buf[0], self.buf[1]);
-        let len = usize::from(b1 & 0x7f);
-        assert!(len < 126, "heartbeat frames are short: {len}");
-        let masked = b1 & 0x80 != 0;
-        let start = if masked { 6 } else { 2 };
-        if !self.fill(start + len).await {
-            return None;
-        }
-        let payload = self.buf.drain(..start + len).skip(start).collect();
-        Some((b0 & 0x80 != 0, b0 & 0x0f, masked, payload))
-    }
-
-    async fn read_frame(&mut self) -> Frame {
-        self.next_frame()
-            .await
-            .expect("a frame, not the end of the connection")
-    }
+/// [`next_short_frame`], which must not find the connection ended.
+async fn read_short_frame(client: &mut RawClient) -> Frame {
+    next_short_frame(client)
+        .await
+        .expect("a frame, not the end of the connection")
 }
 
 /// Polls a metric until it reads `want`; the count is updated once the
@@ -159,32 +75,39 @@ async fn a_silent_client_is_pinged_then_closed_as_a_dead_peer() {
     // The client says nothing and answers nothing; it just reads.
     let mut pings = 0;
     let close = loop {
-        match client.next_frame().await {
-            Some((fin, PING, masked, payload)) => {
-                assert!(fin && !masked, "server pings are final and unmasked");
-                assert_eq!(payload.len(), 8, "the ping carries an 8-byte timestamp");
+        match next_short_frame(&mut client).await {
+            Some(frame) if frame.opcode == PING => {
+                assert!(
+                    frame.fin && !frame.masked,
+                    "server pings are final and unmasked"
+                );
+                assert_eq!(
+                    frame.payload.len(),
+                    8,
+                    "the ping carries an 8-byte timestamp"
+                );
                 pings += 1;
             }
-            Some((_, CLOSE, masked, payload)) => {
-                assert!(!masked);
-                break Some(payload);
+            Some(frame) if frame.opcode == CLOSE => {
+                assert!(!frame.masked);
+                break Some(frame);
             }
-            Some((_, opcode, _, payload)) => {
+            Some(frame) => {
                 panic!(
-                    "unexpected opcode {opcode:#x}: {:?}",
-                    String::from_utf8_lossy(&payload)
+                    "unexpected opcode {:#x}: {:?}",
+                    frame.opcode,
+                    String::from_utf8_lossy(&frame.payload)
                 )
             }
             None => break None,
         }
     };
     let elapsed = started.elapsed();
-    if let Some(payload) = close {
-        assert!(payload.len() >= 2, "close frame without a code");
-        assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 4001);
+    if let Some(frame) = close {
+        assert_eq!(frame.close_code(), 4001);
         // TCP ends right after the close frame.
         assert!(
-            client.next_frame().await.is_none(),
+            next_short_frame(&mut client).await.is_none(),
             "nothing after the close frame"
         );
     }
@@ -246,28 +169,33 @@ async fn pings_carry_8_bytes_and_client_pings_are_answered_in_kind() {
     let gw = heartbeat_gateway().await;
     let mut client = RawClient::connect(gw.addr).await;
 
-    let (fin, opcode, masked, payload) = client.read_frame().await;
-    assert_eq!((fin, opcode, masked), (true, PING, false));
-    assert_eq!(payload.len(), 8);
+    let ping = read_short_frame(&mut client).await;
+    assert_eq!((ping.fin, ping.opcode, ping.masked), (true, PING, false));
+    assert_eq!(ping.payload.len(), 8);
 
-    client.send_frame(true, PING, b"are you there?").await;
+    client.send_frame(true, PING, b"are you there?", true).await;
     let pong = loop {
         // A server ping may come first; look past it.
-        match client.read_frame().await {
-            (_, PING, _, _) => continue,
-            frame => break frame,
+        let frame = read_short_frame(&mut client).await;
+        if frame.opcode != PING {
+            break frame;
         }
     };
-    assert_eq!(pong, (true, PONG, false, b"are you there?".to_vec()));
+    assert_eq!(
+        (pong.fin, pong.opcode, pong.masked, pong.payload.as_slice()),
+        (true, PONG, false, &b"are you there?"[..])
+    );
 
     // And the connection still works.
-    client.send_frame(true, TEXT, br#"{"op":"hello"}"#).await;
-    let (_, opcode, _, _) = loop {
-        match client.read_frame().await {
-            (_, PING, _, _) => continue,
-            frame => break frame,
+    client
+        .send_frame(true, TEXT, br#"{"op":"hello"}"#, true)
+        .await;
+    let welcome = loop {
+        let frame = read_short_frame(&mut client).await;
+        if frame.opcode != PING {
+            break frame;
         }
     };
-    assert_eq!(opcode, TEXT, "the welcome");
+    assert_eq!(welcome.opcode, TEXT, "the welcome");
     gw.shutdown().await;
 }
