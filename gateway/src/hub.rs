@@ -19,6 +19,7 @@ use bytes::Bytes;
 use proto::ServerMessage;
 use router::{Deliver, Epoch, Position, Publication, Topic};
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 use crate::frame;
 use crate::metrics::Metrics;
@@ -44,9 +45,16 @@ struct LocalTopic {
 
 struct Subscriber {
     out: Outbound,
-    /// `Some` while the session reads history: frames held aside, with the
-    /// position each belongs to.
-    pending: Option<Vec<(Epoch, u64, Bytes)>>,
+    /// `Some` while the session reads history: frames held aside.
+    pending: Option<Vec<Held>>,
+}
+
+/// A frame held aside for a subscriber that reads history.
+struct Held {
+    epoch: Epoch,
+    seq: u64,
+    frame: Bytes,
+    at: Instant,
 }
 
 /// The result of [`Hub::join`].
@@ -104,9 +112,9 @@ impl Hub {
         else {
             return;
         };
-        for (epoch, seq, frame) in subscriber.pending.take().unwrap_or_default() {
-            if epoch != position.epoch || seq > position.seq {
-                self.count(subscriber.out.push(frame));
+        for held in subscriber.pending.take().unwrap_or_default() {
+            if held.epoch != position.epoch || held.seq > position.seq {
+                self.count(subscriber.out.push(held.frame, held.at));
             }
         }
     }
@@ -152,11 +160,17 @@ impl Hub {
             return;
         };
         let frame = frame();
+        let at = Instant::now();
         for subscriber in local.subscribers.values_mut() {
             match &mut subscriber.pending {
-                None => self.count(subscriber.out.push(frame.clone())),
+                None => self.count(subscriber.out.push(frame.clone(), at)),
                 Some(pending) if pending.len() < self.max_pending => {
-                    pending.push((position.0.clone(), position.1, frame.clone()));
+                    pending.push(Held {
+                        epoch: position.0.clone(),
+                        seq: position.1,
+                        frame: frame.clone(),
+                        at,
+                    });
                 }
                 // Held aside too much while replaying: the same rule as a
                 // full queue.

@@ -4,8 +4,8 @@
 //! statuses, gRPC methods and codes): never a topic or a session.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use router::Observer;
@@ -31,6 +31,9 @@ pub struct Metrics {
     pub publish_requests: IntCounterVec,
     pub grpc_requests: IntCounterVec,
     pub ping_rtt: Histogram,
+    pub fanout_latency: Histogram,
+    pub write_batch_frames: Histogram,
+    pub connections_max: IntGauge,
     redis_seconds: HistogramVec,
     redis_errors: IntCounterVec,
     redis_pubsub_up: IntGauge,
@@ -59,6 +62,17 @@ impl Metrics {
             "Messages not delivered to a subscriber, by reason.",
             &["reason"],
         );
+        // Registered once and never changed: only the registry needs it.
+        register(
+            r,
+            IntGaugeVec::new(
+                Opts::new("herald_build_info", "Always 1; the version is a label."),
+                &["version"],
+            )
+            .unwrap_or_else(|_| unreachable!()),
+        )
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
         Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
             connections_opened: counter(
@@ -119,6 +133,27 @@ impl Metrics {
                 r,
                 "herald_ping_rtt_seconds",
                 "Time from a server ping to the client's pong.",
+            ),
+            fanout_latency: histogram(
+                r,
+                "herald_fanout_latency_seconds",
+                "Time from a publication reaching the pod's hub to its frame written to a client (the oldest frame of each write).",
+            ),
+            write_batch_frames: register(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "herald_write_batch_frames",
+                        "Frames per write to a client: how much a queue held when its writer took it.",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
+                )
+                .unwrap_or_else(|_| unreachable!()),
+            ),
+            connections_max: gauge(
+                r,
+                "herald_connections_max",
+                "The pod's connection cap (websocket.max_connections).",
             ),
             redis_seconds: register(
                 r,

@@ -53,6 +53,9 @@ impl Node {
     /// when Redis cannot be reached now).
     pub async fn start(config: Config) -> Result<Arc<Self>, BrokerError> {
         let metrics = Arc::new(Metrics::new());
+        metrics
+            .connections_max
+            .set(i64::try_from(config.websocket.max_connections).unwrap_or(i64::MAX));
         let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
         let namespaces = Arc::new(config.namespaces());
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {

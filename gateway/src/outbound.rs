@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -63,6 +64,8 @@ pub struct Close {
 pub struct Taken {
     pub pong: Option<Bytes>,
     pub close: Option<Close>,
+    /// When the oldest fan-out frame of the batch reached the queue.
+    pub oldest: Option<Instant>,
 }
 
 /// The handle shared by the fan-out, the session and the writer.
@@ -91,6 +94,9 @@ struct State {
     closed: bool,
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
+    /// When the oldest queued fan-out frame was handed over, for the fan-out
+    /// latency (one timestamp per queue, not per frame).
+    oldest: Option<Instant>,
 }
 
 impl State {
@@ -117,10 +123,10 @@ impl Outbound {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `frame` without waiting: the fan-out path.
-    pub fn push(&self, frame: Bytes) -> Pushed {
+    /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
+    pub fn push(&self, frame: Bytes, at: Instant) -> Pushed {
         let limits = self.shared.limits;
-        let state = self.state();
+        let mut state = self.state();
         if state.is_closing() {
             return Pushed::Closed;
         }
@@ -128,6 +134,7 @@ impl Outbound {
             drop(state);
             return self.overflow();
         }
+        state.oldest.get_or_insert(at);
         self.enqueue(state, frame);
         Pushed::Queued
     }
@@ -275,6 +282,7 @@ impl Outbound {
         Taken {
             pong: state.pong.take(),
             close,
+            oldest: state.oldest.take(),
         }
     }
 
@@ -313,22 +321,43 @@ mod tests {
     fn bounded_in_frames_and_bytes() {
         let q = queue(Overflow::DropNewest);
         for _ in 0..4 {
-            assert_eq!(q.push(Bytes::from_static(b"x")), Pushed::Queued);
+            assert_eq!(
+                q.push(Bytes::from_static(b"x"), Instant::now()),
+                Pushed::Queued
+            );
         }
-        assert_eq!(q.push(Bytes::from_static(b"x")), Pushed::Dropped);
+        assert_eq!(
+            q.push(Bytes::from_static(b"x"), Instant::now()),
+            Pushed::Dropped
+        );
         let mut batch = Vec::new();
         q.take(&mut batch);
         q.written(4);
-        assert_eq!(q.push(Bytes::from(vec![0; 101])), Pushed::Dropped);
-        assert_eq!(q.push(Bytes::from(vec![0; 100])), Pushed::Queued);
+        assert_eq!(
+            q.push(Bytes::from(vec![0; 101]), Instant::now()),
+            Pushed::Dropped
+        );
+        assert_eq!(
+            q.push(Bytes::from(vec![0; 100]), Instant::now()),
+            Pushed::Queued
+        );
     }
 
     #[test]
     fn overflow_disconnects_and_drops_the_backlog() {
         let q = queue(Overflow::Disconnect);
-        assert_eq!(q.push(Bytes::from(vec![0; 60])), Pushed::Queued);
-        assert_eq!(q.push(Bytes::from(vec![0; 60])), Pushed::Overflowed);
-        assert_eq!(q.push(Bytes::from_static(b"x")), Pushed::Closed);
+        assert_eq!(
+            q.push(Bytes::from(vec![0; 60]), Instant::now()),
+            Pushed::Queued
+        );
+        assert_eq!(
+            q.push(Bytes::from(vec![0; 60]), Instant::now()),
+            Pushed::Overflowed
+        );
+        assert_eq!(
+            q.push(Bytes::from_static(b"x"), Instant::now()),
+            Pushed::Closed
+        );
         let mut batch = Vec::new();
         let taken = q.take(&mut batch);
         assert!(batch.is_empty());

@@ -43,5 +43,8 @@ async fn every_message_reaches_a_thousand_clients_in_order() {
         reader.await.expect("every message, in order");
     }
     assert_eq!(gw.metric("herald_messages_dropped_total").await, 0.0);
+    // Every write of a publication is timed from the hub to the socket.
+    assert!(gw.metric("herald_fanout_latency_seconds_count").await >= CLIENTS as f64);
+    assert!(gw.metric("herald_write_batch_frames_count").await >= CLIENTS as f64);
     gw.shutdown().await;
 }

@@ -74,6 +74,12 @@ pub async fn run<W: AsyncWrite + Unpin>(
             break;
         }
         node.metrics.delivered.inc_by(frames);
+        node.metrics.write_batch_frames.observe(frames as f64);
+        if let Some(oldest) = taken.oldest {
+            node.metrics
+                .fanout_latency
+                .observe(oldest.elapsed().as_secs_f64());
+        }
         if let Some(close) = taken.close {
             if close.reason.lingers() {
                 // The client answers our close with its own; the reader sees it.
@@ -93,10 +99,13 @@ pub async fn run<W: AsyncWrite + Unpin>(
 fn advise_reconnect(out: &Outbound, window: Duration) {
     let window_ms = window.as_millis().max(1) as u64;
     let after_ms = rand::thread_rng().gen_range(0..window_ms);
-    out.push(frame::message(&ServerMessage::Reconnect {
-        after_ms,
-        reason: "draining",
-    }));
+    out.push(
+        frame::message(&ServerMessage::Reconnect {
+            after_ms,
+            reason: "draining",
+        }),
+        Instant::now(),
+    );
     out.close(CloseReason::Shutdown, true);
 }
 
