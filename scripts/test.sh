@@ -7,18 +7,26 @@ cd "$(dirname "$0")/.."
 say() { printf '\n== %s\n' "$*"; }
 
 say "test dependencies"
-# The cluster tests start their own redis-server (and use redis-cli).
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+# Debian packages the tests run, installed only when missing: redis-server
+# and redis-cli (the cluster tests start their own Redis), prometheus and
+# promtool (the observability test scrapes herald with a real Prometheus).
+missing=()
+{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-server redis-tools)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends redis-server redis-tools
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 redis-server --version
+prometheus --version 2>&1 | sed -n 1p
 # The Python client test talks to herald through the `websockets` package.
 if ! python3 -c 'import websockets' 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12,<16'
 fi
 python3 -c 'import websockets; print("python websockets", websockets.__version__)'
+
+scripts/check-k8s.sh    # section "kubernetes manifests": helm, kustomize, schemas
 
 say "format"
 cargo fmt --all --check

@@ -73,7 +73,7 @@ impl Metrics {
         )
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
-        Self {
+        let metrics = Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
             connections_opened: counter(
                 r,
@@ -199,6 +199,34 @@ impl Metrics {
                 "Times a topic lost continuity on this pod and its subscribers got `reset`.",
             ),
             registry,
+        };
+        metrics.start_at_zero();
+        metrics
+    }
+
+    /// Creates every known label value at 0, so that the first increment is a
+    /// visible change (`rate` ignores a series' first sample).
+    fn start_at_zero(&self) {
+        for reason in ["bad_handshake", "draining", "origin", "at_capacity"] {
+            self.upgrades_rejected.with_label_values(&[reason]);
+        }
+        for outcome in ["true", "false"] {
+            self.replays.with_label_values(&[outcome]);
+            self.resumes.with_label_values(&[outcome]);
+        }
+        for status in ["200", "400", "401", "413", "503"] {
+            self.publish_requests.with_label_values(&[status]);
+        }
+        for op in [
+            "publish",
+            "recover",
+            "fill",
+            "subscribe",
+            "session_save",
+            "session_load",
+        ] {
+            self.redis_seconds.with_label_values(&[op]);
+            self.redis_errors.with_label_values(&[op]);
         }
     }
 

@@ -1,0 +1,191 @@
+{{/* Names, labels and the derived settings every template shares. */}}
+
+{{- define "herald.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: the release name alone when it already says herald. */}}
+{{- define "herald.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "herald.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. helm.sh/chart and managed-by are Helm's own:
+the kustomize base (k8s/base) is this chart's render without those two. */}}
+{{- define "herald.labels" -}}
+helm.sh/chart: {{ include "herald.chart" . }}
+app.kubernetes.io/name: {{ include "herald.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: herald
+{{- end }}
+
+{{/* The gateway pods: selector labels never change after install. */}}
+{{- define "herald.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "herald.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "herald.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "herald.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{- define "herald.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "herald.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "herald.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "herald.redisFullname" -}}
+{{- printf "%s-redis" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "herald.apiKeysSecretName" -}}
+{{- if .Values.auth.existingSecret }}
+{{- .Values.auth.existingSecret }}
+{{- else if .Values.auth.apiKeys }}
+{{- printf "%s-api-keys" (include "herald.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* "redis" when a shared broker is configured, else "memory". Fails on
+settings that contradict each other. */}}
+{{- define "herald.broker" -}}
+{{- $r := .Values.redis }}
+{{- $sources := 0 }}
+{{- if $r.url }}{{ $sources = add1 $sources }}{{ end }}
+{{- if $r.urlSecret.name }}{{ $sources = add1 $sources }}{{ end }}
+{{- if $r.inChart.enabled }}{{ $sources = add1 $sources }}{{ end }}
+{{- if gt $sources 1 }}
+{{- fail "set only one of redis.url, redis.urlSecret.name and redis.inChart.enabled" }}
+{{- end }}
+{{- if gt $sources 0 }}redis{{ else }}memory{{ end }}
+{{- end }}
+
+{{/* The Redis URL written to herald.toml (a urlSecret overrides it through
+HERALD_REDIS__URL). */}}
+{{- define "herald.redisUrl" -}}
+{{- if .Values.redis.inChart.enabled }}
+{{- printf "redis://%s:%d" (include "herald.redisFullname" .) (int .Values.redis.inChart.port) }}
+{{- else if .Values.redis.url }}
+{{- .Values.redis.url }}
+{{- else }}
+{{- "redis://127.0.0.1:6379" }}
+{{- end }}
+{{- end }}
+
+{{/* Replicas for the Deployment (when no HPA owns the count). */}}
+{{- define "herald.replicas" -}}
+{{- $shared := eq (include "herald.broker" .) "redis" }}
+{{- if kindIs "invalid" .Values.replicaCount }}
+{{- if $shared }}3{{ else }}1{{ end }}
+{{- else }}
+{{- if and (not $shared) (gt (int .Values.replicaCount) 1) }}
+{{- fail "replicaCount > 1 needs a shared broker: set redis.url, redis.urlSecret or redis.inChart.enabled (the memory broker reaches only its own pod's clients)" }}
+{{- end }}
+{{- int .Values.replicaCount }}
+{{- end }}
+{{- end }}
+
+{{- define "herald.terminationGracePeriodSeconds" -}}
+{{- $s := .Values.shutdown }}
+{{- $needed := add (int $s.preStopSleepSeconds) (int $s.drainTimeoutSeconds) }}
+{{- if kindIs "invalid" $s.terminationGracePeriodSeconds }}
+{{- add $needed 5 }}
+{{- else }}
+{{- if lt (int $s.terminationGracePeriodSeconds) $needed }}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds (%d) must cover preStopSleepSeconds + drainTimeoutSeconds (%d), or the drain is cut short" (int $s.terminationGracePeriodSeconds) $needed) }}
+{{- end }}
+{{- int $s.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
+{{/* Whether a Prometheus Operator object is rendered: "auto" follows the
+cluster's API versions; true or false decide. */}}
+{{- define "herald.monitoringEnabled" -}}
+{{- $enabled := index . 0 }}
+{{- $root := index . 1 }}
+{{- if eq (toString $enabled) "auto" }}
+{{- if $root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- else if eq (toString $enabled) "true" }}true
+{{- end }}
+{{- end }}
+
+{{/* herald.toml: the values' `config` with the chart's own keys set, as TOML. */}}
+{{- define "herald.config" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.http)) }}
+{{- $_ = set $cfg "broker" (include "herald.broker" .) }}
+{{- $_ = set $cfg "grpc" (dict "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc))) }}
+{{- $_ = set $cfg "shutdown" (dict "drain_timeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds))) }}
+{{- $redis := default dict $cfg.redis }}
+{{- $_ = set $redis "url" (include "herald.redisUrl" .) }}
+{{- $_ = set $cfg "redis" $redis }}
+{{- include "herald.tomlTable" (dict "prefix" "" "table" $cfg) }}
+{{- end }}
+
+{{/* One TOML table: its plain keys, then each sub-table under its header. */}}
+{{- define "herald.tomlTable" -}}
+{{- $prefix := .prefix }}
+{{- $table := .table }}
+{{- range $key := keys $table | sortAlpha }}
+{{- $value := index $table $key }}
+{{- if not (kindIs "map" $value) }}
+{{ include "herald.tomlKey" $key }} = {{ include "herald.tomlValue" $value }}
+{{- end }}
+{{- end }}
+{{- range $key := keys $table | sortAlpha }}
+{{- $value := index $table $key }}
+{{- if kindIs "map" $value }}
+{{- $name := include "herald.tomlKey" $key }}
+{{- if $prefix }}{{ $name = printf "%s.%s" $prefix $name }}{{ end }}
+{{- /* A table holding only tables needs no header of its own. */}}
+{{- $plain := false }}
+{{- range $v := values $value }}{{ if not (kindIs "map" $v) }}{{ $plain = true }}{{ end }}{{ end }}
+{{- if or $plain (not $value) }}
+{{ printf "\n[%s]" $name }}
+{{- end }}
+{{- include "herald.tomlTable" (dict "prefix" $name "table" $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "herald.tomlKey" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . }}{{ . }}{{ else }}{{ toJson . }}{{ end }}
+{{- end }}
+
+{{/* A TOML value. Helm reads YAML numbers as floats: whole ones are written
+as integers, which herald's integer keys need. JSON strings are valid TOML
+basic strings. */}}
+{{- define "herald.tomlValue" -}}
+{{- if kindIs "string" . }}{{ toJson . }}
+{{- else if kindIs "bool" . }}{{ . }}
+{{- else if or (kindIs "float64" .) (kindIs "float32" .) }}
+{{- if eq (float64 (int64 .)) (float64 .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "herald.tomlValue" $v }}{{ end }}]
+{{- else if kindIs "invalid" . }}{{ fail "herald.toml has no null: remove the key to take herald's default" }}
+{{- else }}{{ . }}
+{{- end }}
+{{- end }}

