@@ -48,6 +48,12 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const DEFAULT_REDIS_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a pod stays subscribed to an abandoned topic.
 pub const DEFAULT_REDIS_LINGER: Duration = Duration::from_secs(2);
+/// How often pods compare loads.
+pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(5);
+/// How far above the average a pod may be before it moves clients.
+pub const DEFAULT_REBALANCE_TOLERANCE: f64 = 0.2;
+/// The most of its connections a pod moves per interval.
+pub const DEFAULT_REBALANCE_MAX_MOVE_FRACTION: f64 = 0.05;
 /// Subscriptions one connection may hold.
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
 /// Largest HTTP publish body, and largest `data` of a gRPC publish.
@@ -71,6 +77,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
     pub shutdown: ShutdownConfig,
+    pub rebalance: RebalanceConfig,
     pub log: LogConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
     pub namespaces: BTreeMap<String, NamespaceSettings>,
@@ -183,6 +190,35 @@ pub struct ShutdownConfig {
     pub drain_timeout: Duration,
 }
 
+/// Moving clients off a pod that holds more than its share, so that pods
+/// added by a scale-out get some of the long-lived connections.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RebalanceConfig {
+    /// Needs a shared broker (Redis): pods compare their loads through it.
+    pub enabled: bool,
+    /// How often a pod reports its load and, if it is over, moves clients.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A pod moves clients while it holds more than the average by this
+    /// fraction (0.2: more than 120% of the average).
+    pub tolerance: f64,
+    /// At most this fraction of the pod's connections is asked to move per
+    /// interval, so that a rebalance never becomes a reconnect storm.
+    pub max_move_fraction: f64,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval: DEFAULT_REBALANCE_INTERVAL,
+            tolerance: DEFAULT_REBALANCE_TOLERANCE,
+            max_move_fraction: DEFAULT_REBALANCE_MAX_MOVE_FRACTION,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -210,6 +246,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             grpc: GrpcConfig::default(),
             shutdown: ShutdownConfig::default(),
+            rebalance: RebalanceConfig::default(),
             log: LogConfig::default(),
             namespaces: BTreeMap::new(),
         }
@@ -302,7 +339,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 11] = [
+const TOP_LEVEL_KEYS: [&str; 12] = [
     "listen",
     "broker",
     "redis",
@@ -312,6 +349,7 @@ const TOP_LEVEL_KEYS: [&str; 11] = [
     "http",
     "grpc",
     "shutdown",
+    "rebalance",
     "log",
     "namespaces",
 ];
@@ -433,6 +471,24 @@ impl Config {
                 "log.level",
                 "not a tracing filter (try `info` or `herald=debug`)",
             );
+        }
+        let rebalance = &self.rebalance;
+        if rebalance.enabled {
+            if self.broker == BrokerKind::Memory {
+                return invalid(
+                    "rebalance.enabled",
+                    "needs broker = \"redis\": pods compare loads through it",
+                );
+            }
+            if rebalance.interval.is_zero() {
+                return invalid("rebalance.interval", "must be longer than 0s");
+            }
+            if !(rebalance.tolerance > 0.0 && rebalance.tolerance.is_finite()) {
+                return invalid("rebalance.tolerance", "must be above 0 (0.2 is 20%)");
+            }
+            if !(rebalance.max_move_fraction > 0.0 && rebalance.max_move_fraction <= 1.0) {
+                return invalid("rebalance.max_move_fraction", "must be in (0, 1]");
+            }
         }
         if self.session.flush_interval.is_zero() {
             return invalid("session.flush_interval", "must be longer than 0s");

@@ -7,6 +7,7 @@
 //! |------|-------|---------|
 //! | 4000 | reconnect | slow consumer: the outgoing queue overflowed or a write timed out |
 //! | 4001 | reconnect | no frame from the client for `ping_interval + pong_timeout` |
+//! | 4002 | reconnect | rebalancing: this pod holds more than its share; come back (to any pod) after `reconnect.after_ms` |
 //! | 4500 | do not reconnect | too many bad commands in a row |
 //! | 4501 | do not reconnect | session taken over by a newer connection that resumed it |
 //!
@@ -26,6 +27,7 @@ pub mod code {
     pub const SERVICE_RESTART: u16 = 1012;
     pub const SLOW_CONSUMER: u16 = 4000;
     pub const DEAD_PEER: u16 = 4001;
+    pub const REBALANCE: u16 = 4002;
     pub const BAD_COMMANDS: u16 = 4500;
     pub const TAKEN_OVER: u16 = 4501;
 }
@@ -55,12 +57,14 @@ pub enum CloseReason {
     BadCommands,
     /// Another connection resumed this session.
     TakenOver,
+    /// The pod holds more than its share of the cluster's connections.
+    Rebalance,
     /// The pod is draining.
     Shutdown,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 12] = [
+    pub const ALL: [CloseReason; 13] = [
         CloseReason::ClientClosed,
         CloseReason::ConnectionLost,
         CloseReason::ProtocolError,
@@ -72,6 +76,7 @@ impl CloseReason {
         CloseReason::DeadPeer,
         CloseReason::BadCommands,
         CloseReason::TakenOver,
+        CloseReason::Rebalance,
         CloseReason::Shutdown,
     ];
 
@@ -87,6 +92,7 @@ impl CloseReason {
             CloseReason::DeadPeer => code::DEAD_PEER,
             CloseReason::BadCommands => code::BAD_COMMANDS,
             CloseReason::TakenOver => code::TAKEN_OVER,
+            CloseReason::Rebalance => code::REBALANCE,
             CloseReason::Shutdown => code::SERVICE_RESTART,
         })
     }
@@ -105,6 +111,7 @@ impl CloseReason {
             CloseReason::DeadPeer => "dead_peer",
             CloseReason::BadCommands => "bad_commands",
             CloseReason::TakenOver => "taken_over",
+            CloseReason::Rebalance => "rebalance",
             CloseReason::Shutdown => "shutdown",
         }
     }
@@ -117,6 +124,7 @@ impl CloseReason {
             CloseReason::DeadPeer => "no pong",
             CloseReason::BadCommands => "too many bad commands",
             CloseReason::TakenOver => "session resumed elsewhere",
+            CloseReason::Rebalance => "rebalancing",
             CloseReason::Shutdown => "pod draining",
             CloseReason::MessageTooBig => "message too big",
             CloseReason::InvalidUtf8 => "invalid utf-8",
@@ -126,12 +134,13 @@ impl CloseReason {
     }
 
     /// Whether the server waits for the client's close frame after sending its
-    /// own. Not after a broken frame (the stream cannot be read any more) or
-    /// when the client is not reading.
+    /// own. Not after a broken frame (the stream cannot be read any more),
+    /// when the client is not reading, or when the session's reader has
+    /// already stopped (a takeover, where a resume waits for this one to end).
     pub fn lingers(self) -> bool {
         matches!(
             self,
-            CloseReason::BadCommands | CloseReason::TakenOver | CloseReason::Shutdown
+            CloseReason::BadCommands | CloseReason::Rebalance | CloseReason::Shutdown
         )
     }
 

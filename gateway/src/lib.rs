@@ -11,6 +11,7 @@
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes.
 //! - [`node`]: the pod's shared state; [`config`]; [`metrics`].
+//! - [`rebalance`]: moving clients off a pod that holds more than its share.
 //!
 //! One message's way: a client's `pub` frame is read by the session reader
 //! (a backend's publish comes by [`api`] or [`grpc`] instead) and is
@@ -31,6 +32,7 @@ pub mod hub;
 pub mod metrics;
 pub mod node;
 pub mod outbound;
+pub mod rebalance;
 pub mod server;
 pub mod session;
 

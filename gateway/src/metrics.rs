@@ -34,6 +34,9 @@ pub struct Metrics {
     pub fanout_latency: Histogram,
     pub write_batch_frames: Histogram,
     pub connections_max: IntGauge,
+    pub cluster_pods: IntGauge,
+    pub cluster_average_connections: IntGauge,
+    pub rebalance_moves: IntCounter,
     redis_seconds: HistogramVec,
     redis_errors: IntCounterVec,
     redis_pubsub_up: IntGauge,
@@ -154,6 +157,21 @@ impl Metrics {
                 r,
                 "herald_connections_max",
                 "The pod's connection cap (websocket.max_connections).",
+            ),
+            cluster_pods: gauge(
+                r,
+                "herald_cluster_pods",
+                "Pods that reported their load in the last rebalance round (0 until one ran).",
+            ),
+            cluster_average_connections: gauge(
+                r,
+                "herald_cluster_average_connections",
+                "The average connections per pod in the last rebalance round.",
+            ),
+            rebalance_moves: counter(
+                r,
+                "herald_rebalance_moves_total",
+                "Clients asked to reconnect elsewhere because this pod held more than its share.",
             ),
             redis_seconds: register(
                 r,

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use proto::ServerMessage;
+use rand::Rng;
 use router::{
     Broker, BrokerError, MemoryBroker, Namespaces, RedisBroker, SessionSnapshot, SessionStore,
 };
@@ -14,8 +16,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{BrokerKind, Config};
+use crate::disconnect::CloseReason;
+use crate::frame;
 use crate::hub::{ConnId, Hub};
 use crate::metrics::Metrics;
+use crate::outbound::Outbound;
+use crate::rebalance;
 use crate::session::Subscriptions;
 
 /// How long a resume waits for the connection it takes over to let go.
@@ -43,6 +49,7 @@ pub struct Node {
 #[derive(Clone)]
 struct LiveSession {
     conn: ConnId,
+    out: Outbound,
     subscriptions: Subscriptions,
     takeover: CancellationToken,
     ended: CancellationToken,
@@ -95,6 +102,12 @@ impl Node {
         if shared_sessions {
             tokio::spawn(flush_forever(Arc::downgrade(&node)));
         }
+        if node.config.rebalance.enabled {
+            // Random, not the host name: two pods may share a host.
+            let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+            tracing::info!(%pod, "rebalancing with the other pods");
+            tokio::spawn(rebalance::run(Arc::downgrade(&node), pod));
+        }
         Ok(node)
     }
 
@@ -129,6 +142,7 @@ impl Node {
         &self,
         id: Arc<str>,
         conn: ConnId,
+        out: Outbound,
         subscriptions: Subscriptions,
         takeover: CancellationToken,
         ended: CancellationToken,
@@ -137,11 +151,41 @@ impl Node {
             id,
             LiveSession {
                 conn,
+                out,
                 subscriptions,
                 takeover,
                 ended,
             },
         );
+    }
+
+    /// Open WebSocket connections.
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    /// Asks up to `count` sessions to reconnect elsewhere, each after a random
+    /// delay within `spread`; returns how many were asked.
+    pub fn ask_to_move(&self, count: usize, spread: Duration) -> usize {
+        let spread_ms = spread.as_millis().max(1) as u64;
+        let mut asked = 0;
+        for live in self.live().values() {
+            if asked == count {
+                break;
+            }
+            if live.out.is_closing() {
+                continue;
+            }
+            let after_ms = rand::thread_rng().gen_range(0..spread_ms);
+            let advice = frame::message(&ServerMessage::Reconnect {
+                after_ms,
+                reason: "rebalance",
+            });
+            live.out.push(advice, Instant::now());
+            live.out.close(CloseReason::Rebalance, true);
+            asked += 1;
+        }
+        asked
     }
 
     /// Saves every live session that changed since its last save, in one

@@ -415,3 +415,21 @@ fn the_grpc_listener_is_configured_like_the_others() {
     );
     assert_names(load_file("[grpc]\nlisen = \"127.0.0.1:1\"\n"), "lisen");
 }
+
+#[test]
+fn rebalancing_needs_a_shared_broker_and_sane_bounds() {
+    assert_names(
+        load_env(&[("HERALD_REBALANCE__ENABLED", "true")]),
+        "rebalance.enabled",
+    );
+    let redis = [
+        ("HERALD_BROKER", "redis"),
+        ("HERALD_REBALANCE__ENABLED", "true"),
+    ];
+    let config = load_env(&redis).expect("rebalancing with Redis");
+    assert!(config.rebalance.enabled);
+    assert_eq!(config.rebalance.tolerance, 0.2);
+    let mut bad = redis.to_vec();
+    bad.push(("HERALD_REBALANCE__MAX_MOVE_FRACTION", "1.5"));
+    assert_names(load_env(&bad), "rebalance.max_move_fraction");
+}

@@ -124,6 +124,19 @@ pub trait Broker: Send + Sync + 'static {
     /// Stops delivering the topic to this pod.
     async fn unwatch(&self, topic: &Topic);
 
+    /// Reports this pod's connection count and returns the counts of every
+    /// pod that reported within `ttl`, this one included. With a pod-local
+    /// engine, this pod is the cluster.
+    async fn pod_loads(
+        &self,
+        pod: &str,
+        connections: u64,
+        ttl: std::time::Duration,
+    ) -> Result<Vec<u64>, BrokerError> {
+        let _ = (pod, ttl);
+        Ok(vec![connections])
+    }
+
     /// The topic's position and, given `since`, the publications after it.
     /// Call after `watch`, so that nothing published meanwhile is missed: the
     /// caller merges what it receives live by seq.

@@ -322,6 +322,7 @@ impl Session {
         self.node.register(
             id.clone(),
             self.conn,
+            self.out.clone(),
             self.subscriptions.clone(),
             self.takeover.clone(),
             self.ended.clone(),

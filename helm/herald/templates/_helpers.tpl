@@ -143,6 +143,10 @@ cluster's API versions; true or false decide. */}}
 {{- $redis := default dict $cfg.redis }}
 {{- $_ = set $redis "url" (include "herald.redisUrl" .) }}
 {{- $_ = set $cfg "redis" $redis }}
+{{- if and (eq (include "herald.broker" .) "redis") .Values.rebalance.enabled }}
+{{- $r := .Values.rebalance }}
+{{- $_ = set $cfg "rebalance" (dict "enabled" true "interval" $r.interval "tolerance" $r.tolerance "max_move_fraction" $r.maxMoveFraction) }}
+{{- end }}
 {{- include "herald.tomlTable" (dict "prefix" "" "table" $cfg) }}
 {{- end }}
 

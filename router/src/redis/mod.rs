@@ -336,6 +336,27 @@ impl Broker for RedisBroker {
             .send(pubsub::Command::Unwatch(topic.clone()));
     }
 
+    async fn pod_loads(
+        &self,
+        pod: &str,
+        connections: u64,
+        ttl: Duration,
+    ) -> Result<Vec<u64>, BrokerError> {
+        let mut invocation = scripts::POD_LOADS.prepare_invoke();
+        invocation
+            .key(scripts::PODS_KEY)
+            .arg(pod)
+            .arg(connections)
+            .arg(millis(ttl).max(1));
+        let mut conn = self.inner.conn.clone();
+        timed(
+            &*self.inner.observer,
+            "pod_loads",
+            invocation.invoke_async(&mut conn),
+        )
+        .await
+    }
+
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
         let ttl = self
             .inner

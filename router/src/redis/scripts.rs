@@ -41,6 +41,9 @@ pub fn idempotency_key(topic: &Topic, key: &str) -> String {
     format!("{PREFIX}:{{{topic}}}:idem:{key}")
 }
 
+/// `HASH pod -> "<connections>:<ms>"`: what each pod last reported.
+pub const PODS_KEY: &str = "herald:pods";
+
 /// A session's snapshot.
 pub fn session_key(id: &str) -> String {
     format!("{PREFIX}:session:{id}")
@@ -115,6 +118,31 @@ if since < 0 or since >= seq or (ARGV[3] ~= '' and ARGV[3] ~= epoch) then
   return {seq, epoch, now}
 end
 return {seq, epoch, now, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
+"#,
+    )
+});
+
+/// Records a pod's connection count and returns the counts of the pods that
+/// reported within the ttl (forgetting the others).
+///
+/// KEYS: pods. ARGV: pod, connections, ttl ms.
+pub static POD_LOADS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. now)
+local all = redis.call('HGETALL', KEYS[1])
+local loads = {}
+for i = 1, #all, 2 do
+  local count, at = string.match(all[i + 1], '^(%d+):(%d+)$')
+  if at and now - tonumber(at) <= tonumber(ARGV[3]) then
+    table.insert(loads, tonumber(count))
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return loads
 "#,
     )
 });

@@ -1,0 +1,91 @@
+//! Scale-out that moves load. Long-lived WebSockets stay on the pod they
+//! first reached, so a pod added by the autoscaler would only ever get new
+//! clients. Every interval each pod reports its connection count through the
+//! broker and reads everyone's; a pod holding more than the average by the
+//! tolerance asks some of its clients to move (`reconnect` with a jittered
+//! `after_ms`, then close 4002), at most a fraction of its connections per
+//! interval. Clients resume wherever the Service sends them and lose nothing.
+
+use std::sync::{Arc, Weak};
+
+use crate::node::Node;
+
+/// Runs until the node is gone.
+pub async fn run(node: Weak<Node>, pod: Arc<str>) {
+    let Some(every) = node.upgrade().map(|n| n.config.rebalance.interval) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        if node.is_draining() {
+            return;
+        }
+        round(&node, &pod).await;
+    }
+}
+
+async fn round(node: &Node, pod: &str) {
+    let config = &node.config.rebalance;
+    let mine = node.connection_count() as u64;
+    // A pod that missed three reports is gone.
+    let loads = match node.broker.pod_loads(pod, mine, config.interval * 3).await {
+        Ok(loads) => loads,
+        Err(e) => {
+            tracing::debug!(error = %e, "pod loads unavailable; not rebalancing this round");
+            return;
+        }
+    };
+    let pods = loads.len().max(1);
+    let average = loads.iter().sum::<u64>() as f64 / pods as f64;
+    node.metrics.cluster_pods.set(pods as i64);
+    node.metrics
+        .cluster_average_connections
+        .set(average.round() as i64);
+    let moves = to_move(mine, average, config.tolerance, config.max_move_fraction);
+    if moves == 0 {
+        return;
+    }
+    let asked = node.ask_to_move(moves, config.interval);
+    node.metrics.rebalance_moves.inc_by(asked as u64);
+    tracing::info!(
+        pods,
+        connections = mine,
+        average,
+        asked,
+        "moving clients to even out the pods"
+    );
+}
+
+/// How many clients a pod with `mine` connections moves this round: down to
+/// the average, once it is over it by `tolerance`, at most `max_fraction` of
+/// its connections (and at least one).
+fn to_move(mine: u64, average: f64, tolerance: f64, max_fraction: f64) -> usize {
+    if (mine as f64) <= average * (1.0 + tolerance) {
+        return 0;
+    }
+    let excess = (mine as f64 - average).floor() as usize;
+    let cap = ((mine as f64 * max_fraction).ceil() as usize).max(1);
+    excess.min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_move;
+
+    #[test]
+    fn moves_only_when_over_the_tolerance_and_at_a_bounded_rate() {
+        // Three pods at 1000 and a new one at 0: average 750.
+        assert_eq!(to_move(1000, 750.0, 0.2, 0.05), 50);
+        assert_eq!(to_move(1000, 750.0, 0.2, 1.0), 250);
+        // Within 20% of the average: stay.
+        assert_eq!(to_move(890, 750.0, 0.2, 1.0), 0);
+        assert_eq!(to_move(0, 0.0, 0.2, 0.05), 0);
+        // A small pod still moves one at a time.
+        assert_eq!(to_move(3, 1.0, 0.2, 0.05), 1);
+    }
+}
