@@ -1,0 +1,362 @@
+//! Many WebSocket clients (tokio-tungstenite, a library Herald did not write).
+//!
+//! A TCP connection is named by its four addresses and ports; towards one
+//! gateway port, one source address has only the kernel's ephemeral ports
+//! (about 28,000 here) to tell its connections apart. So each client binds a
+//! source address of its own before it connects, spread round-robin over
+//! [`SOURCE_ADDRESSES`] addresses from 127.0.0.2 (all of 127.0.0.0/8 is this
+//! machine on Linux): tens of thousands of connections do not run out of ports.
+//! Every connection is also a file descriptor: [`raise_fd_limit`] takes what
+//! the process may have and says plainly when that is not enough.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+use crate::latency::{Stamp, now_micros};
+use crate::{Error, Target};
+
+/// Longest one client may take to connect, finish the handshake and have
+/// its subscription confirmed.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Clients connecting at once (a gateway's accept queue is finite).
+pub const CONNECT_CONCURRENCY: usize = 128;
+/// Source addresses clients are spread over: 127.0.0.2 and the next ones.
+/// Sixteen of them hold some 450,000 connections to one gateway port.
+pub const SOURCE_ADDRESSES: u32 = 16;
+/// File descriptors kept beyond one per client: the runtime, the publisher's
+/// connections, stdio, the report file.
+pub const FD_MARGIN: u64 = 64;
+/// Each client's read buffer. tungstenite's default of 128 KiB would cost
+/// 1.3 GB at 10,000 clients; a frame is read whole however small this is.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+/// The first source address.
+const FIRST_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// A client's slot in [`Received::latency_us`] that no message filled.
+pub const MISSING: u32 = u32::MAX;
+
+/// The WebSocket connection of one client.
+pub type Socket = WebSocketStream<TcpStream>;
+
+/// Raises this process's soft file-descriptor limit as far as the hard limit
+/// allows and checks that `needed` fit; the limit now in force.
+pub fn raise_fd_limit(needed: u64) -> Result<u64, Error> {
+    let limit = rlimit::increase_nofile_limit(u64::MAX).map_err(Error::Rlimit)?;
+    if limit < needed {
+        let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(limit, |(_, hard)| hard);
+        return Err(Error::FdLimit {
+            needed,
+            limit,
+            hard,
+        });
+    }
+    Ok(limit)
+}
+
+/// The source address client `client` binds towards `target`: one of
+/// [`SOURCE_ADDRESSES`] from 127.0.0.2 for an IPv4 target; none for IPv6,
+/// whose loopback is the single address ::1.
+pub fn source_addr(target: IpAddr, client: usize) -> Option<SocketAddr> {
+    match target {
+        IpAddr::V4(_) => {
+            let offset = (client as u64 % u64::from(SOURCE_ADDRESSES)) as u32;
+            let ip = Ipv4Addr::from(u32::from(FIRST_SOURCE) + offset);
+            Some(SocketAddr::new(IpAddr::V4(ip), 0))
+        }
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// A connected client whose subscription the gateway confirmed.
+pub struct Subscriber {
+    /// Its number, from 0.
+    pub client: usize,
+    /// The index of its gateway among those given.
+    pub gateway: usize,
+    ws: Socket,
+}
+
+/// What one client received, for the scenario to merge.
+#[derive(Debug)]
+pub struct Received {
+    pub client: usize,
+    pub gateway: usize,
+    /// By message index: microseconds from the stamp to receipt, or [`MISSING`].
+    pub latency_us: Vec<u32>,
+    /// Messages received again after their first time.
+    pub duplicates: u64,
+    /// Frames that were no stamped `msg` of this run.
+    pub unexpected: u64,
+    pub end: End,
+}
+
+/// How a client's reading ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The scenario was done with it.
+    Stopped,
+    /// The gateway closed the connection, with this close code if any.
+    Closed(Option<u16>),
+    /// The connection failed.
+    Failed(String),
+}
+
+/// A server frame, as far as the load generator cares.
+#[derive(Deserialize)]
+struct ServerFrame<'a> {
+    #[serde(borrow)]
+    op: Cow<'a, str>,
+    /// A `msg`'s data: the publisher's stamp.
+    data: Option<Stamp>,
+}
+
+/// Opens `count` clients, client `i` to `gateways[i % gateways.len()]`, each
+/// subscribed to `topic`, at most [`CONNECT_CONCURRENCY`] connecting at
+/// once. The first failure stops the others and is returned.
+pub async fn subscribe_all(
+    gateways: &[Target],
+    count: usize,
+    topic: &str,
+) -> Result<Vec<Subscriber>, Error> {
+    if gateways.is_empty() {
+        return Err(Error::Options("no gateway to connect to".to_owned()));
+    }
+    let gateways: Arc<[Target]> = gateways.into();
+    let topic: Arc<str> = topic.into();
+    let next = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut workers = JoinSet::new();
+    for _ in 0..CONNECT_CONCURRENCY.min(count) {
+        let (gateways, topic, next, failed) = (
+            gateways.clone(),
+            topic.clone(),
+            next.clone(),
+            failed.clone(),
+        );
+        workers.spawn(async move {
+            let mut opened = Vec::new();
+            loop {
+                let client = next.fetch_add(1, Ordering::Relaxed);
+                if client >= count || failed.load(Ordering::Relaxed) {
+                    return Ok(opened);
+                }
+                let gateway = client % gateways.len();
+                match Subscriber::open(client, gateway, &gateways[gateway], &topic).await {
+                    Ok(subscriber) => opened.push(subscriber),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(count);
+    let mut first_error = None;
+    while let Some(joined) = workers.join_next().await {
+        match joined {
+            Ok(Ok(opened)) => all.extend(opened),
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    all.sort_by_key(|s| s.client);
+    Ok(all)
+}
+
+impl Subscriber {
+    /// Connects client `client` to `target` from its source address, and
+    /// subscribes it to `topic` (the `welcome` and the `ok` are read here).
+    pub async fn open(
+        client: usize,
+        gateway: usize,
+        target: &Target,
+        topic: &str,
+    ) -> Result<Self, Error> {
+        let source = source_addr(target.addr.ip(), client);
+        let fail = |reason: String| Error::Client {
+            client,
+            source_addr: source,
+            target: target.addr,
+            reason,
+        };
+        let opening = async {
+            let stream = connect(source, target.addr)
+                .await
+                .map_err(|e| fail(describe(&e)))?;
+            let config = WebSocketConfig::default()
+                .read_buffer_size(READ_BUFFER_BYTES)
+                .write_buffer_size(0);
+            let (mut ws, _) =
+                tokio_tungstenite::client_async_with_config(target.ws_url(), stream, Some(config))
+                    .await
+                    .map_err(|e| {
+                        let hint = if e.to_string().contains("503") {
+                            " (over the gateway's websocket.max_connections, or draining)"
+                        } else {
+                            ""
+                        };
+                        fail(format!("WebSocket handshake: {e}{hint}"))
+                    })?;
+            let sub = serde_json::json!({"op": "sub", "id": 1, "topic": topic}).to_string();
+            ws.send(Message::text(sub))
+                .await
+                .map_err(|e| fail(format!("sending sub: {e}")))?;
+            // `welcome` comes first, then the `ok` (or `err`) of the `sub`.
+            loop {
+                let text = match ws.next().await {
+                    Some(Ok(Message::Text(text))) => text,
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    Some(Ok(other)) => return Err(fail(format!("unexpected {other:?}"))),
+                    Some(Err(e)) => return Err(fail(format!("reading: {e}"))),
+                    None => return Err(fail("closed before the sub was confirmed".to_owned())),
+                };
+                let frame: ServerFrame<'_> = serde_json::from_str(text.as_str())
+                    .map_err(|e| fail(format!("not a server frame ({e}): {}", text.as_str())))?;
+                match frame.op.as_ref() {
+                    "welcome" => {}
+                    "ok" => return Ok(ws),
+                    _ => return Err(fail(format!("sub refused: {}", text.as_str()))),
+                }
+            }
+        };
+        let ws = tokio::time::timeout(CONNECT_TIMEOUT, opening)
+            .await
+            .map_err(|_| fail(format!("not subscribed within {CONNECT_TIMEOUT:?}")))??;
+        Ok(Self {
+            client,
+            gateway,
+            ws,
+        })
+    }
+
+    /// Reads until `stop` turns true (or its sender goes), noting for each
+    /// stamped message its latency under its index (`messages` of them);
+    /// `progress` counts first deliveries, so the scenario knows when all are in.
+    pub async fn read(
+        mut self,
+        messages: usize,
+        progress: Arc<AtomicU64>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Received {
+        let mut received = Received {
+            client: self.client,
+            gateway: self.gateway,
+            latency_us: vec![MISSING; messages],
+            duplicates: 0,
+            unexpected: 0,
+            end: End::Stopped,
+        };
+        if *stop.borrow_and_update() {
+            return received;
+        }
+        loop {
+            // Both futures are cancel-safe: a frame half read stays in the stream.
+            let next = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                    continue;
+                }
+                next = self.ws.next() => next,
+            };
+            match next {
+                Some(Ok(Message::Text(text))) => {
+                    let now = now_micros();
+                    match serde_json::from_str::<ServerFrame<'_>>(text.as_str()) {
+                        Ok(ServerFrame {
+                            op,
+                            data: Some(stamp),
+                        }) if op == "msg" && (stamp.i as usize) < messages => {
+                            let slot = &mut received.latency_us[stamp.i as usize];
+                            if *slot == MISSING {
+                                *slot = stamp.latency_to(now).min(MISSING - 1);
+                                progress.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                received.duplicates += 1;
+                            }
+                        }
+                        _ => received.unexpected += 1,
+                    }
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    received.end = End::Closed(frame.map(|f| u16::from(f.code)));
+                    break;
+                }
+                // Pings are answered by the library.
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    received.end = End::Failed(e.to_string());
+                    break;
+                }
+                None => {
+                    received.end = End::Closed(None);
+                    break;
+                }
+            }
+        }
+        received
+    }
+}
+
+/// A TCP connection to `target`, from `source` if given.
+async fn connect(source: Option<SocketAddr>, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = if target.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(source) = source {
+        socket.bind(source)?;
+    }
+    let stream = socket.connect(target).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// An I/O error with what it usually means here.
+fn describe(e: &std::io::Error) -> String {
+    // Linux errno values: this tool runs where the gateway runs.
+    let hint = match e.raw_os_error() {
+        Some(24) => " (out of file descriptors: see `ulimit -n`)",
+        Some(99) => " (no local port left for this source address)",
+        Some(111) => " (nothing listens there: is the gateway running?)",
+        _ => "",
+    };
+    format!("{e}{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_spread_over_source_addresses_from_127_0_0_2() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let at = |client| source_addr(v4, client).map(|a| a.to_string());
+        assert_eq!(at(0).as_deref(), Some("127.0.0.2:0"));
+        assert_eq!(at(1).as_deref(), Some("127.0.0.3:0"));
+        assert_eq!(at(15).as_deref(), Some("127.0.0.17:0"));
+        assert_eq!(at(16).as_deref(), Some("127.0.0.2:0"));
+        assert_eq!(source_addr("::1".parse().expect("ip"), 3), None);
+    }
+}

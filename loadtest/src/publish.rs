@@ -1,0 +1,191 @@
+//! Publishing over HTTP (`POST /v1/publish`), as a backend does: each
+//! [`Connection`] is one keep-alive HTTP/1.1 connection (hyper's client
+//! `conn`, no pool of hyper's own), and a [`Pool`] shares a few of them
+//! between concurrent publishes.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+use crate::Error;
+
+/// Longest one publish may take, from sending the request to the whole answer.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The body of a publish: `{"topic":…,"data":…}` with `data` as given (JSON text).
+pub fn body(topic: &str, data: &str) -> Bytes {
+    let topic = serde_json::to_string(topic).unwrap_or_default();
+    Bytes::from(format!(r#"{{"topic":{topic},"data":{data}}}"#))
+}
+
+/// One keep-alive HTTP/1.1 connection to a gateway.
+pub struct Connection {
+    target: SocketAddr,
+    host: String,
+    sender: SendRequest<Full<Bytes>>,
+}
+
+/// The gateway's answer to a publish.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct Published {
+    /// The message's seq in its topic.
+    pub seq: u64,
+}
+
+impl Connection {
+    pub async fn open(target: SocketAddr) -> Result<Self, Error> {
+        let fail = |reason: String| Error::Publish { target, reason };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target))
+            .await
+            .map_err(|_| fail("connect timed out".to_owned()))?
+            .map_err(|e| {
+                let hint = match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => " (is the gateway running?)",
+                    _ => "",
+                };
+                fail(format!("connect: {e}{hint}"))
+            })?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| fail(format!("TCP_NODELAY: {e}")))?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| fail(format!("HTTP handshake: {e}")))?;
+        // The connection's I/O runs beside; it ends when `sender` is dropped.
+        tokio::spawn(conn);
+        Ok(Self {
+            target,
+            host: target.to_string(),
+            sender,
+        })
+    }
+
+    /// Posts `body` (see [`body`]) and waits for the answer, at most [`PUBLISH_TIMEOUT`].
+    pub async fn publish(&mut self, body: Bytes) -> Result<Published, Error> {
+        let target = self.target;
+        let fail = |reason: String| Error::Publish { target, reason };
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/publish")
+            .header(HOST, &self.host)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| fail(format!("request: {e}")))?;
+        let exchange = async {
+            self.sender
+                .ready()
+                .await
+                .map_err(|e| fail(format!("connection: {e}")))?;
+            let response = self
+                .sender
+                .send_request(request)
+                .await
+                .map_err(|e| fail(format!("request: {e}")))?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| fail(format!("answer: {e}")))?
+                .to_bytes();
+            if status != StatusCode::OK {
+                return Err(fail(format!(
+                    "{status}: {}",
+                    String::from_utf8_lossy(&body)
+                )));
+            }
+            serde_json::from_slice::<Published>(&body).map_err(|e| {
+                fail(format!(
+                    "answer not understood ({e}): {}",
+                    String::from_utf8_lossy(&body)
+                ))
+            })
+        };
+        tokio::time::timeout(PUBLISH_TIMEOUT, exchange)
+            .await
+            .map_err(|_| fail(format!("no answer within {PUBLISH_TIMEOUT:?}")))?
+    }
+}
+
+/// A few keep-alive connections shared by concurrent publishes: a publish
+/// waits for a free one. A connection that failed is dropped and replaced by
+/// a fresh one on its next use.
+pub struct Pool {
+    target: SocketAddr,
+    idle: Mutex<Vec<Option<Connection>>>,
+    free: Semaphore,
+}
+
+impl Pool {
+    /// Opens `size` connections to `target` (at least one).
+    pub async fn open(target: SocketAddr, size: usize) -> Result<Self, Error> {
+        let size = size.max(1);
+        let mut idle = Vec::with_capacity(size);
+        for _ in 0..size {
+            idle.push(Some(Connection::open(target).await?));
+        }
+        Ok(Self {
+            target,
+            idle: Mutex::new(idle),
+            free: Semaphore::new(size),
+        })
+    }
+
+    /// Waits for a free connection, then builds the body with `make_body`
+    /// (so that a send time taken there is not spent waiting) and publishes it.
+    pub async fn publish_with(
+        &self,
+        make_body: impl FnOnce() -> Bytes,
+    ) -> Result<Published, Error> {
+        let _permit = self.free.acquire().await.map_err(|_| Error::Publish {
+            target: self.target,
+            reason: "pool closed".to_owned(),
+        })?;
+        // One permit per slot: a slot is always there to pop.
+        let slot = self.lock().pop().flatten();
+        let mut connection = match slot {
+            Some(c) => c,
+            None => match Connection::open(self.target).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.lock().push(None);
+                    return Err(e);
+                }
+            },
+        };
+        let result = connection.publish(make_body()).await;
+        let keep = result.is_ok().then_some(connection);
+        self.lock().push(keep);
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Connection>>> {
+        // Nothing panics while holding it; a poisoned lock still holds good slots.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_carries_data_as_given() {
+        assert_eq!(
+            body("news", r#"{"t":1,"i":2}"#),
+            Bytes::from_static(br#"{"topic":"news","data":{"t":1,"i":2}}"#)
+        );
+    }
+}

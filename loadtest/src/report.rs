@@ -1,0 +1,119 @@
+//! What a run leaves behind: a table for people on stdout, and one JSON file
+//! for tools (`--out`): the scenario's name, the machine it ran on, whether
+//! it passed and why not, and every figure.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::Error;
+
+/// A scenario's result, as the report shows it.
+pub trait Outcome: Serialize {
+    /// The scenario's name, as on the command line.
+    const SCENARIO: &'static str;
+    /// The table's lines, in order.
+    fn rows(&self) -> Vec<Row>;
+    /// What went wrong that must not (lost or duplicated messages, ...);
+    /// empty when the run passed.
+    fn failures(&self) -> Vec<String>;
+}
+
+/// One line of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub figure: String,
+    pub value: String,
+}
+
+impl Row {
+    pub fn new(figure: impl Into<String>, value: impl ToString) -> Self {
+        Self {
+            figure: figure.into(),
+            value: value.to_string(),
+        }
+    }
+}
+
+/// The machine a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub kernel: String,
+}
+
+impl Machine {
+    pub fn this() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+            .unwrap_or_default();
+        Self {
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|k| k.trim().to_owned())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The JSON result file.
+#[derive(Serialize)]
+struct Envelope<'a, T> {
+    scenario: &'static str,
+    version: &'static str,
+    /// When the run ended, seconds since the UNIX epoch.
+    finished_unix_s: u64,
+    machine: Machine,
+    passed: bool,
+    failures: Vec<String>,
+    result: &'a T,
+}
+
+/// The human table, with a verdict line at the end.
+pub fn table<T: Outcome>(outcome: &T) -> String {
+    let rows = outcome.rows();
+    let width = rows.iter().map(|r| r.figure.len()).max().unwrap_or(0);
+    let mut out = format!("herald-loadtest {}\n", T::SCENARIO);
+    for row in &rows {
+        let _ = writeln!(out, "  {:<width$}  {}", row.figure, row.value);
+    }
+    match outcome.failures().as_slice() {
+        [] => out.push_str("  PASSED\n"),
+        failures => {
+            for f in failures {
+                let _ = writeln!(out, "  FAILED: {f}");
+            }
+        }
+    }
+    out
+}
+
+/// Writes the JSON result file (creating its directory).
+pub fn write_json<T: Outcome>(path: &Path, outcome: &T) -> Result<(), Error> {
+    let failures = outcome.failures();
+    let envelope = Envelope {
+        scenario: T::SCENARIO,
+        version: env!("CARGO_PKG_VERSION"),
+        finished_unix_s: crate::latency::now_micros() / 1_000_000,
+        machine: Machine::this(),
+        passed: failures.is_empty(),
+        failures,
+        result: outcome,
+    };
+    let write_err = |source| Error::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(write_err)?;
+    }
+    let mut json = serde_json::to_string_pretty(&envelope).map_err(|e| write_err(e.into()))?;
+    json.push('\n');
+    std::fs::write(path, json).map_err(write_err)
+}

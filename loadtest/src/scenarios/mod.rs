@@ -1,0 +1,48 @@
+//! The scenarios. Each is a module with `Options` (every default a named
+//! constant, every size and time bounded), an `async fn run(Options)` and a
+//! result that implements [`report::Outcome`](crate::report::Outcome).
+//!
+//! - [`pods`]: delivery latency, loss and duplication with clients spread
+//!   over one or more gateways and a paced publisher on one of them.
+//! - [`publish`]: publish throughput and latency over keep-alive HTTP.
+
+use std::time::Duration;
+
+use crate::Error;
+
+pub mod pods;
+pub mod publish;
+
+/// Payload size, in bytes, when `--size` is not given.
+pub const DEFAULT_SIZE: usize = 256;
+/// Longest run a scenario accepts: the tool stops by itself, always.
+pub const MAX_DURATION: Duration = Duration::from_secs(300);
+/// Largest payload: a publish body must stay under the gateway's default
+/// `http.max_body_bytes` (64 KiB) with the topic around it.
+pub const MAX_SIZE: usize = 60 * 1024;
+
+/// A topic of this run's own (`loadtest.<scenario>.<pid>.<µs>`), so that a
+/// run against a shared Redis never sees an earlier run's history.
+pub fn unique_topic(scenario: &str) -> String {
+    format!(
+        "loadtest.{scenario}.{}.{}",
+        std::process::id(),
+        crate::latency::now_micros()
+    )
+}
+
+/// Refuses a duration of zero or over [`MAX_DURATION`], and a size over [`MAX_SIZE`].
+fn check_bounds(duration: Duration, size: usize) -> Result<(), Error> {
+    if duration.is_zero() || duration > MAX_DURATION {
+        return Err(Error::Options(format!(
+            "--duration must be over 0s and at most {}s",
+            MAX_DURATION.as_secs()
+        )));
+    }
+    if size > MAX_SIZE {
+        return Err(Error::Options(format!(
+            "--size must be at most {MAX_SIZE} bytes"
+        )));
+    }
+    Ok(())
+}
