@@ -108,10 +108,7 @@ impl Inner {
     }
 
     fn settings(&self, topic: &Topic) -> Result<(usize, Duration), BrokerError> {
-        let ns = self
-            .namespaces
-            .get(topic)
-            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?;
+        let ns = self.namespaces.require(topic)?;
         Ok((ns.history_size, ns.history_ttl))
     }
 

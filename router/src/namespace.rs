@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::BrokerError;
 use crate::topic::{Topic, is_namespace};
 
 /// How many messages a topic keeps for replay, unless its namespace says otherwise.
@@ -71,6 +72,13 @@ impl Namespaces {
     /// The settings for `topic`, or `None` when its namespace is not configured.
     pub fn get(&self, topic: &Topic) -> Option<&NamespaceSettings> {
         self.by_name.get(topic.namespace())
+    }
+
+    /// The settings for `topic`, or the engines' error for a topic outside
+    /// every configured namespace.
+    pub fn require(&self, topic: &Topic) -> Result<&NamespaceSettings, BrokerError> {
+        self.get(topic)
+            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))
     }
 }
 

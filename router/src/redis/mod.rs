@@ -276,11 +276,7 @@ impl Broker for RedisBroker {
         data: Bytes,
         idempotency_key: Option<&str>,
     ) -> Result<Position, BrokerError> {
-        let ns = self
-            .inner
-            .namespaces
-            .get(topic)
-            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?;
+        let ns = self.inner.namespaces.require(topic)?;
         let mut invocation = scripts::PUBLISH.prepare_invoke();
         invocation
             .key(scripts::meta_key(topic))
@@ -316,9 +312,7 @@ impl Broker for RedisBroker {
     }
 
     async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
-        if self.inner.namespaces.get(topic).is_none() {
-            return Err(BrokerError::UnknownNamespace(topic.to_string()));
-        }
+        self.inner.namespaces.require(topic)?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .watches
@@ -358,12 +352,7 @@ impl Broker for RedisBroker {
     }
 
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
-        let ttl = self
-            .inner
-            .namespaces
-            .get(topic)
-            .ok_or_else(|| BrokerError::UnknownNamespace(topic.to_string()))?
-            .history_ttl;
+        let ttl = self.inner.namespaces.require(topic)?.history_ttl;
         let recovered = recover_raw(
             &self.inner.conn,
             &*self.inner.observer,
