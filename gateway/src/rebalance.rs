@@ -7,6 +7,7 @@
 //! interval. Clients resume wherever the Service sends them and lose nothing.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use crate::node::Node;
 
@@ -32,8 +33,10 @@ pub async fn run(node: Weak<Node>, pod: Arc<str>) {
 async fn round(node: &Node, pod: &str) {
     let config = &node.config.rebalance;
     let mine = node.connection_count() as u64;
-    // A pod that missed three reports is gone.
-    let loads = match node.broker.pod_loads(pod, mine, config.interval * 3).await {
+    // A pod that missed three reports (and a second more, for a pod
+    // that is merely busy) is gone.
+    let gone_after = config.interval * 3 + Duration::from_secs(1);
+    let loads = match node.broker.pod_loads(pod, mine, gone_after).await {
         Ok(loads) => loads,
         Err(e) => {
             tracing::debug!(error = %e, "pod loads unavailable; not rebalancing this round");

@@ -65,7 +65,7 @@ async fn mobile(first: String, pods: Vec<String>, total: u64) -> (Vec<u64>, usiz
         .to_owned();
     let mut last = client.sub(1, "feed").await["seq"].as_u64().expect("seq");
     let (mut seqs, mut moves, mut after_ms) = (Vec::new(), 0, 0);
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Instant::now() + Duration::from_secs(100);
     while last < total {
         assert!(Instant::now() < deadline, "stream incomplete at {last}");
         let next = tokio::time::timeout(WAIT, client.ws.next())
@@ -156,8 +156,9 @@ async fn clients_spread_over_pods_added_later_and_lose_nothing() {
             eprintln!("even after {:?}: {counts:?}", started.elapsed());
             break;
         }
+        // Generous: on a loaded CI machine rounds and reconnects slow down.
         assert!(
-            started.elapsed() < Duration::from_secs(30),
+            started.elapsed() < Duration::from_secs(60),
             "pods never evened out: {counts:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
