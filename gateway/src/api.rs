@@ -14,9 +14,11 @@ use proto::json::{PublishRequest, PublishResponse};
 use router::{BrokerError, Position, Topic};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use tracing::Instrument;
 
 use crate::node::Node;
 use crate::server::Body;
+use crate::telemetry::{self, Api, Headers};
 
 /// How a refused API request is answered, whichever protocol it came by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +138,8 @@ pub fn topic(name: &str) -> Result<Topic, ApiError> {
 }
 
 /// One publish, as both APIs do it once the caller is authorized: checks the
-/// topic and the idempotency key, and hands `data` to the broker.
+/// topic and the idempotency key, and hands `data` to the broker, within a
+/// `herald.router.publish` span (a child of the caller's publish span).
 pub async fn publish_data(
     node: &Node,
     topic_name: &str,
@@ -152,7 +155,22 @@ pub async fn publish_data(
             format!("an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
         ));
     }
-    let position = node.broker.publish(&topic, data.0, idempotency_key).await?;
+    let span = telemetry::router_span(topic.as_str());
+    // Only a sampled trace travels with the publication (through Redis).
+    let traceparent = telemetry::traceparent(&span);
+    let published = node
+        .broker
+        .publish_traced(&topic, data.0, idempotency_key, traceparent.as_deref())
+        .instrument(span.clone())
+        .await;
+    match &published {
+        Ok(position) => {
+            span.record("herald.seq", telemetry::int(position.seq));
+            span.record("herald.epoch", &*position.epoch);
+        }
+        Err(e) => telemetry::failed(&span, e),
+    }
+    let position = published?;
     node.metrics.published.inc();
     Ok(position)
 }
@@ -166,10 +184,15 @@ struct ErrorBody<'a> {
 /// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}` (and an
 /// optional `Idempotency-Key` header or `idempotency_key` field):
 /// `{"seq":42,"epoch":"9f3c"}`, or 400, 401, 413, 503 with an error body.
+/// Traced as a `herald.publish` span, the child of the request's
+/// `traceparent` when it has one.
 pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
-    let response = match publish_inner(req, node).await {
+    let span = telemetry::publish_span(Api::Http, Headers(req.headers()));
+    let answer = publish_inner(req, node).instrument(span.clone()).await;
+    let response = match answer {
         Ok(answer) => json(StatusCode::OK, &answer),
         Err(e) => {
+            telemetry::failed(&span, &e);
             let mut response = json(
                 e.http_status(),
                 &ErrorBody {

@@ -60,6 +60,10 @@ pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a draining pod waits for its clients to leave.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The `service.name` of exported traces.
+pub const DEFAULT_TELEMETRY_SERVICE_NAME: &str = "herald";
+/// Fraction of publishes traced when the publisher sent no sampling decision.
+pub const DEFAULT_TELEMETRY_SAMPLE_RATIO: f64 = 1.0;
 /// Exit code for a configuration error (EX_USAGE).
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
@@ -79,6 +83,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub rebalance: RebalanceConfig,
     pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
     pub namespaces: BTreeMap<String, NamespaceSettings>,
 }
@@ -227,6 +232,30 @@ pub struct LogConfig {
     pub format: LogFormat,
 }
 
+/// OpenTelemetry traces of the publish path (docs/tracing.md); off unless
+/// `otlp_endpoint` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// An OTLP/gRPC collector, `http://host:4317`; empty exports nothing.
+    pub otlp_endpoint: String,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// Parent-based: a publisher's sampled flag is followed; a publish
+    /// without one is traced with this probability (0 to 1).
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: String::new(),
+            service_name: DEFAULT_TELEMETRY_SERVICE_NAME.to_owned(),
+            sample_ratio: DEFAULT_TELEMETRY_SAMPLE_RATIO,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
@@ -248,6 +277,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             rebalance: RebalanceConfig::default(),
             log: LogConfig::default(),
+            telemetry: TelemetryConfig::default(),
             namespaces: BTreeMap::new(),
         }
     }
@@ -339,7 +369,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 12] = [
+const TOP_LEVEL_KEYS: [&str; 13] = [
     "listen",
     "broker",
     "redis",
@@ -351,6 +381,7 @@ const TOP_LEVEL_KEYS: [&str; 12] = [
     "shutdown",
     "rebalance",
     "log",
+    "telemetry",
     "namespaces",
 ];
 
@@ -471,6 +502,25 @@ impl Config {
                 "log.level",
                 "not a tracing filter (try `info` or `herald=debug`)",
             );
+        }
+        let telemetry = &self.telemetry;
+        if !telemetry.otlp_endpoint.is_empty() {
+            let endpoint = telemetry.otlp_endpoint.parse::<hyper::Uri>();
+            let plain_http = endpoint
+                .as_ref()
+                .is_ok_and(|uri| uri.scheme_str() == Some("http") && uri.host().is_some());
+            if !plain_http {
+                return invalid(
+                    "telemetry.otlp_endpoint",
+                    "must be an OTLP/gRPC collector as http://host:port (no TLS), or empty",
+                );
+            }
+        }
+        if telemetry.service_name.trim().is_empty() {
+            return invalid("telemetry.service_name", "must not be empty");
+        }
+        if !(0.0..=1.0).contains(&telemetry.sample_ratio) {
+            return invalid("telemetry.sample_ratio", "must be in [0, 1]");
         }
         let rebalance = &self.rebalance;
         if rebalance.enabled {

@@ -25,10 +25,12 @@ use tokio::time::Sleep;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
+use tracing::Instrument;
 
 use crate::api::{self, ApiError, JsonData, Refusal};
 use crate::node::Node;
 use crate::server;
+use crate::telemetry::{self, Api, Headers};
 
 /// Items one `PublishBatch` may carry; more is `RESOURCE_EXHAUSTED`.
 pub const MAX_BATCH_ITEMS: usize = 1000;
@@ -166,14 +168,25 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
-        self.answer("Publish", self.single(request).await)
+        let span = telemetry::publish_span(Api::GrpcPublish, Headers(request.metadata().as_ref()));
+        let result = self.single(request).instrument(span.clone()).await;
+        if let Err(e) = &result {
+            telemetry::failed(&span, e);
+        }
+        self.answer("Publish", result)
     }
 
     async fn publish_batch(
         &self,
         request: Request<PublishBatchRequest>,
     ) -> Result<Response<PublishBatchResponse>, Status> {
-        self.answer("PublishBatch", self.batch(request).await)
+        let span =
+            telemetry::publish_span(Api::GrpcPublishBatch, Headers(request.metadata().as_ref()));
+        let result = self.batch(request).instrument(span.clone()).await;
+        if let Err(e) = &result {
+            telemetry::failed(&span, e);
+        }
+        self.answer("PublishBatch", result)
     }
 
     async fn topic_info(

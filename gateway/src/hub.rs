@@ -20,10 +20,12 @@ use proto::ServerMessage;
 use router::{Deliver, Epoch, Position, Publication, Topic};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
+use tracing::Span;
 
 use crate::frame;
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Pushed};
+use crate::telemetry;
 
 const SHARDS: usize = 64;
 
@@ -153,12 +155,28 @@ impl Hub {
 }
 
 impl Hub {
-    /// Pushes `frame` (of `position`) to every subscriber of `topic`.
-    fn fan_out(&self, topic: &Topic, position: (&Epoch, u64), frame: impl Fn() -> Bytes) {
+    /// Pushes `frame` (of `position`) to every subscriber of `topic`, and
+    /// records their number on `span` (a traced fan-out's).
+    fn fan_out(
+        &self,
+        topic: &Topic,
+        position: (&Epoch, u64),
+        frame: impl Fn() -> Bytes,
+        span: Option<&Span>,
+    ) {
         let mut shard = self.shard(topic);
         let Some(local) = shard.get_mut(topic) else {
+            if let Some(span) = span {
+                span.record("herald.subscribers", 0);
+            }
             return;
         };
+        if let Some(span) = span {
+            span.record(
+                "herald.subscribers",
+                telemetry::int(local.subscribers.len()),
+            );
+        }
         let frame = frame();
         let at = Instant::now();
         for subscriber in local.subscribers.values_mut() {
@@ -182,20 +200,42 @@ impl Hub {
 
 impl Deliver for Hub {
     fn deliver(&self, publication: &Publication) {
+        // Traced only within a traced publish on this pod (embedded broker).
+        let span = telemetry::fan_out_span(publication.topic.as_str(), publication.seq, None);
         self.fan_out(
             &publication.topic,
             (&publication.epoch, publication.seq),
             || frame::publication(publication),
+            span.as_ref(),
+        );
+    }
+
+    fn deliver_traced(&self, publication: &Publication, traceparent: &str) {
+        let span = telemetry::fan_out_span(
+            publication.topic.as_str(),
+            publication.seq,
+            Some(traceparent),
+        );
+        self.fan_out(
+            &publication.topic,
+            (&publication.epoch, publication.seq),
+            || frame::publication(publication),
+            span.as_ref(),
         );
     }
 
     fn reset(&self, topic: &Topic, position: &Position) {
-        self.fan_out(topic, (&position.epoch, position.seq), || {
-            frame::message(&ServerMessage::Reset {
-                topic: topic.as_str(),
-                epoch: &position.epoch,
-                seq: position.seq,
-            })
-        });
+        self.fan_out(
+            topic,
+            (&position.epoch, position.seq),
+            || {
+                frame::message(&ServerMessage::Reset {
+                    topic: topic.as_str(),
+                    epoch: &position.epoch,
+                    seq: position.seq,
+                })
+            },
+            None,
+        );
     }
 }

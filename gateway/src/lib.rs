@@ -12,6 +12,7 @@
 //! - [`disconnect`]: close reasons and codes.
 //! - [`node`]: the pod's shared state; [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
+//! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //!
 //! One message's way: a client's `pub` frame is read by the session reader
 //! (a backend's publish comes by [`api`] or [`grpc`] instead) and is
@@ -35,6 +36,7 @@ pub mod outbound;
 pub mod rebalance;
 pub mod server;
 pub mod session;
+pub mod telemetry;
 
 pub use config::Config;
 pub use node::Node;

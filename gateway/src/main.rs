@@ -1,5 +1,6 @@
-//! `herald`: loads the configuration, sets up logging, binds, and runs the
-//! gateway until SIGTERM or SIGINT, then drains.
+//! `herald`: loads the configuration, sets up logging and (if configured)
+//! trace export, binds, and runs the gateway until SIGTERM or SIGINT, then
+//! drains and flushes the traces.
 
 // Nothing a peer, a config file or a broker sends may panic the server.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -9,8 +10,13 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
+use gateway::telemetry::{self, Tracing};
 use gateway::{Config, Listeners};
 use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 const USAGE: &str = "\
 herald: a realtime WebSocket gateway
@@ -86,8 +92,35 @@ fn main() -> ExitCode {
         println!("configuration ok");
         return ExitCode::SUCCESS;
     }
-    init_logging(&config);
-    match serve(config) {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("herald: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The exporter's channel lives on the runtime.
+    let traces = match runtime.block_on(async { Tracing::start(&config.telemetry) }) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!(
+                "herald: bad configuration: invalid value for `telemetry.otlp_endpoint`: {e}"
+            );
+            return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        }
+    };
+    init_logging(&config, traces.as_ref());
+    let served = serve(config, &runtime);
+    // After the drain: what the last publishes traced is exported before
+    // exit. Blocking here, on the main thread, leaves the runtime's workers
+    // free to drive the export.
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -97,27 +130,30 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::new(&config.log.level);
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+/// Logs to stderr as `log` says; with `traces`, the spans of
+/// [`telemetry::TARGET`] go to the exporter, and never to the log.
+fn init_logging(config: &Config, traces: Option<&Tracing>) {
+    let mut filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+    if let Ok(off) = format!("{}=off", telemetry::TARGET).parse() {
+        filter = filter.add_directive(off);
     }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match config.log.format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(traces.map(Tracing::layer))
+        .init();
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
     // Each connection is a file descriptor: take all the process may have.
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => tracing::debug!(limit, "file descriptor limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
     runtime.block_on(async {
         let http = bind(config.listen).await?;
         let grpc = bind(config.grpc.listen).await?;

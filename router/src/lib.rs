@@ -89,6 +89,14 @@ pub struct Recovery {
 pub trait Deliver: Send + Sync + 'static {
     fn deliver(&self, publication: &Publication);
 
+    /// [`Deliver::deliver`] for a publication that carries the W3C
+    /// `traceparent` of the publish that made it (another pod's, with Redis):
+    /// the sink may trace its fan-out as part of that trace.
+    fn deliver_traced(&self, publication: &Publication, traceparent: &str) {
+        let _ = traceparent;
+        self.deliver(publication);
+    }
+
     /// The topic lost continuity on this pod (its history could not bridge a
     /// gap, or its keys were lost and a new epoch began): subscribers must
     /// resync; live delivery goes on after `position`.
@@ -116,6 +124,22 @@ pub trait Broker: Send + Sync + 'static {
         data: Bytes,
         idempotency_key: Option<&str>,
     ) -> Result<Position, BrokerError>;
+
+    /// [`Broker::publish`], carrying a W3C `traceparent` with the publication
+    /// to the pods that deliver it ([`Deliver::deliver_traced`]). Given only
+    /// for a sampled trace, so an untraced publish pays nothing. An engine
+    /// that delivers within `publish` (the embedded one) needs no carrier:
+    /// the caller's span is still current, and the default ignores it.
+    async fn publish_traced(
+        &self,
+        topic: &Topic,
+        data: Bytes,
+        idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
+    ) -> Result<Position, BrokerError> {
+        let _ = traceparent;
+        self.publish(topic, data, idempotency_key).await
+    }
 
     /// Starts delivering the topic's publications to this pod's sink. The
     /// gateway calls this once per topic, when its first local subscriber comes.

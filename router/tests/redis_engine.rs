@@ -15,12 +15,32 @@ use router::{
     RedisSettings, Since, Topic,
 };
 
+/// What was delivered, and with which `traceparent`.
 #[derive(Default)]
-struct Collect(Mutex<Vec<(u64, Bytes)>>);
+struct Collect(Mutex<Vec<(u64, Bytes)>>, Mutex<Vec<(u64, Option<String>)>>);
+
+impl Collect {
+    fn record(&self, p: &Publication, traceparent: Option<String>) {
+        self.0.lock().expect("lock").push((p.seq, p.data.clone()));
+        self.1.lock().expect("lock").push((p.seq, traceparent));
+    }
+
+    /// Waits, at most 10 s, until `n` publications have been delivered.
+    async fn wait_for(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.0.lock().expect("lock").len() < n {
+            assert!(tokio::time::Instant::now() < deadline, "deliveries missing");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
 
 impl Deliver for Collect {
     fn deliver(&self, p: &Publication) {
-        self.0.lock().expect("lock").push((p.seq, p.data.clone()));
+        self.record(p, None);
+    }
+    fn deliver_traced(&self, p: &Publication, traceparent: &str) {
+        self.record(p, Some(traceparent.to_owned()));
     }
     fn reset(&self, _: &Topic, _: &Position) {}
 }
@@ -54,6 +74,18 @@ async fn engine(
     .await
     .expect("connect");
     (broker, sink)
+}
+
+/// A pod watching `news` (kept alive by the caller), what it is delivered,
+/// and another pod to publish from.
+async fn watcher_and_publisher(
+    redis: &redis::Redis,
+) -> (RedisBroker, Arc<Collect>, RedisBroker, Topic) {
+    let (broker, sink) = engine(redis, 100, Duration::from_secs(60)).await;
+    let (other, _) = engine(redis, 100, Duration::from_secs(60)).await;
+    let topic = Topic::parse("news").expect("topic");
+    broker.watch(&topic).await.expect("watch");
+    (broker, sink, other, topic)
 }
 
 fn since(seq: u64, epoch: Option<&str>) -> Option<Since> {
@@ -157,10 +189,7 @@ async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
 #[tokio::test]
 async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
     let redis = redis::Redis::start().await;
-    let (broker, sink) = engine(&redis, 100, Duration::from_secs(60)).await;
-    let (other, _) = engine(&redis, 100, Duration::from_secs(60)).await;
-    let topic = Topic::parse("news").expect("topic");
-    broker.watch(&topic).await.expect("watch");
+    let (broker, sink, other, topic) = watcher_and_publisher(&redis).await;
     let first = other
         .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"))
         .await
@@ -176,11 +205,7 @@ async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
             .await
             .expect("publish");
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while sink.0.lock().expect("lock").len() < 51 {
-        assert!(tokio::time::Instant::now() < deadline, "deliveries missing");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    sink.wait_for(51).await;
     let seqs: Vec<u64> = sink
         .0
         .lock()
@@ -189,4 +214,34 @@ async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
         .map(|(seq, _)| *seq)
         .collect();
     assert_eq!(seqs, (1..=51).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_traced_publish_carries_its_traceparent_to_the_watching_pod() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let redis = redis::Redis::start().await;
+    let (_watcher, sink, other, topic) = watcher_and_publisher(&redis).await;
+    let data = Bytes::from_static(br#"{"a":"b:c;d"}"#);
+    other
+        .publish_traced(&topic, data.clone(), None, Some(TRACEPARENT))
+        .await
+        .expect("traced publish");
+    other
+        .publish(&topic, data.clone(), None)
+        .await
+        .expect("publish");
+    // Not a traceparent (a `:` would break the announcement): not carried.
+    other
+        .publish_traced(&topic, data.clone(), None, Some("00:x"))
+        .await
+        .expect("publish with a bad traceparent");
+    sink.wait_for(3).await;
+    assert_eq!(
+        *sink.1.lock().expect("lock"),
+        vec![(1, Some(TRACEPARENT.to_owned())), (2, None), (3, None)]
+    );
+    assert!(
+        sink.0.lock().expect("lock").iter().all(|(_, d)| *d == data),
+        "the data arrives intact, traced or not"
+    );
 }

@@ -147,6 +147,11 @@ cluster's API versions; true or false decide. */}}
 {{- $r := .Values.rebalance }}
 {{- $_ = set $cfg "rebalance" (dict "enabled" true "interval" $r.interval "tolerance" $r.tolerance "max_move_fraction" $r.maxMoveFraction) }}
 {{- end }}
+{{- with .Values.telemetry }}
+{{- if .otlpEndpoint }}
+{{- $_ = set $cfg "telemetry" (dict "otlp_endpoint" .otlpEndpoint "service_name" .serviceName "sample_ratio" (float64 .sampleRatio)) }}
+{{- end }}
+{{- end }}
 {{- include "herald.tomlTable" (dict "prefix" "" "table" $cfg) }}
 {{- end }}
 

@@ -292,12 +292,19 @@ impl Pubsub {
         result
     }
 
-    /// A publication from the channel: `<seq>:<epoch>:<ms>:<data>`.
+    /// A publication from the channel: `<seq>:<epoch>:<ms>[;<traceparent>]:<data>`.
     async fn message(&mut self, channel: &str, payload: &[u8]) -> Result<(), BrokerError> {
         let Some(topic) = scripts::topic_of_channel(channel) else {
             return Ok(());
         };
-        let Some((seq, epoch, at_ms, data)) = parse_payload(payload) else {
+        let Some(Announcement {
+            seq,
+            epoch,
+            at_ms,
+            traceparent,
+            data,
+        }) = parse_payload(payload)
+        else {
             tracing::warn!(channel, "unreadable publication on a herald channel");
             return Ok(());
         };
@@ -336,7 +343,10 @@ impl Pubsub {
             ),
             None => {}
         }
-        self.sink.deliver(&publication);
+        match traceparent {
+            Some(traceparent) => self.sink.deliver_traced(&publication, traceparent),
+            None => self.sink.deliver(&publication),
+        }
         if let Some(watched) = self.topics.get_mut(&topic) {
             watched.last = Some((epoch, seq));
         }
@@ -475,13 +485,35 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Splits `<seq>:<epoch>:<ms>:<data>`.
-fn parse_payload(payload: &[u8]) -> Option<(u64, &str, u64, &[u8])> {
+/// An announcement on a topic's channel, parsed.
+#[derive(Debug, PartialEq, Eq)]
+struct Announcement<'a> {
+    seq: u64,
+    epoch: &'a str,
+    /// When Redis ran the publish, in ms since the epoch.
+    at_ms: u64,
+    /// The publish's W3C `traceparent`, when it was traced.
+    traceparent: Option<&'a str>,
+    data: &'a [u8],
+}
+
+/// Splits `<seq>:<epoch>:<ms>[;<traceparent>]:<data>`.
+fn parse_payload(payload: &[u8]) -> Option<Announcement<'_>> {
     let mut parts = payload.splitn(4, |b| *b == b':');
     let seq = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
     let epoch = std::str::from_utf8(parts.next()?).ok()?;
-    let at = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    Some((seq, epoch, at, parts.next()?))
+    let stamp = std::str::from_utf8(parts.next()?).ok()?;
+    let (at, traceparent) = match stamp.split_once(';') {
+        Some((at, traceparent)) => (at, Some(traceparent)),
+        None => (stamp, None),
+    };
+    Some(Announcement {
+        seq,
+        epoch,
+        at_ms: at.parse().ok()?,
+        traceparent,
+        data: parts.next()?,
+    })
 }
 
 #[cfg(test)]
@@ -492,7 +524,25 @@ mod tests {
     fn payloads_split_at_the_first_three_colons() {
         assert_eq!(
             parse_payload(b"42:9f3c:1700000000000:{\"a\":\"b:c\"}"),
-            Some((42, "9f3c", 1_700_000_000_000, &b"{\"a\":\"b:c\"}"[..]))
+            Some(Announcement {
+                seq: 42,
+                epoch: "9f3c",
+                at_ms: 1_700_000_000_000,
+                traceparent: None,
+                data: &b"{\"a\":\"b:c\"}"[..],
+            })
+        );
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = format!("7:9f3c:1700000000000;{tp}:[1]");
+        assert_eq!(
+            parse_payload(traced.as_bytes()),
+            Some(Announcement {
+                seq: 7,
+                epoch: "9f3c",
+                at_ms: 1_700_000_000_000,
+                traceparent: Some(tp),
+                data: &b"[1]"[..],
+            })
         );
         assert_eq!(parse_payload(b"x:9f3c:1:{}"), None);
     }

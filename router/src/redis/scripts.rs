@@ -54,9 +54,12 @@ pub fn session_key(id: &str) -> String {
 /// announces on the channel, remembers an idempotency key. Returns
 /// `"<seq>:<epoch>"`.
 ///
+/// The announcement is `<seq>:<epoch>:<ms>:<data>`, or, for a traced publish,
+/// `<seq>:<epoch>:<ms>;<traceparent>:<data>`.
+///
 /// KEYS: meta, history, [idempotency]. ARGV: data, history size, history ttl
 /// ms, a fresh epoch (used if the topic has none), channel, meta ttl ms,
-/// idempotency ttl ms.
+/// idempotency ttl ms, [traceparent].
 pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -86,13 +89,26 @@ if tonumber(ARGV[2]) > 0 then
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. now .. ':' .. ARGV[1])
+local stamp = now
+if ARGV[8] then stamp = now .. ';' .. ARGV[8] end
+redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. stamp .. ':' .. ARGV[1])
 local result = seq .. ':' .. epoch
 if KEYS[3] then redis.call('SET', KEYS[3], result, 'PX', ARGV[7]) end
 return result
 "#,
     )
 });
+
+/// Whether `value` looks like a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2
+/// hex>`, 55 bytes): only such a value goes into an announcement, where a
+/// `:` would break its framing.
+pub fn is_traceparent(value: &str) -> bool {
+    value.len() == 55
+        && value.bytes().enumerate().all(|(i, b)| match i {
+            2 | 35 | 52 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
 
 /// The topic's position (creating its epoch if it has none) and, given a
 /// `since`, the history after it. Returns `{seq, epoch, now_ms, entries}`;
@@ -150,6 +166,17 @@ return loads
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traceparents_are_checked_before_they_travel() {
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00:4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent("00-4bf92f35-01"));
+    }
 
     #[test]
     fn channel_names_round_trip() {
