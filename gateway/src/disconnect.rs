@@ -8,6 +8,7 @@
 //! | 4000 | reconnect | slow consumer: the outgoing queue overflowed or a write timed out |
 //! | 4001 | reconnect | no frame from the client for `ping_interval + pong_timeout` |
 //! | 4002 | reconnect | rebalancing: this pod holds more than its share; come back (to any pod) after `reconnect.after_ms` |
+//! | 4003 | reconnect | the session could not be restored now (the store or broker is unavailable); resume again after a backoff |
 //! | 4500 | do not reconnect | too many bad commands in a row |
 //! | 4501 | do not reconnect | session taken over by a newer connection that resumed it |
 //!
@@ -16,7 +17,7 @@
 //! RFC 6455 has one: 1002, 1003, 1007, 1009, and 1012 for a pod that is
 //! draining.
 
-use fastwebsockets::WebSocketError;
+use crate::session::parser::FrameError;
 
 /// Herald's close codes; see the module docs.
 pub mod code {
@@ -28,6 +29,7 @@ pub mod code {
     pub const SLOW_CONSUMER: u16 = 4000;
     pub const DEAD_PEER: u16 = 4001;
     pub const REBALANCE: u16 = 4002;
+    pub const UNAVAILABLE: u16 = 4003;
     pub const BAD_COMMANDS: u16 = 4500;
     pub const TAKEN_OVER: u16 = 4501;
 }
@@ -61,10 +63,13 @@ pub enum CloseReason {
     Rebalance,
     /// The pod is draining.
     Shutdown,
+    /// A resume could not be completed now: the session store or the
+    /// broker did not answer. The stored session is left as it was.
+    Unavailable,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 13] = [
+    pub const ALL: [CloseReason; 14] = [
         CloseReason::ClientClosed,
         CloseReason::ConnectionLost,
         CloseReason::ProtocolError,
@@ -78,6 +83,7 @@ impl CloseReason {
         CloseReason::TakenOver,
         CloseReason::Rebalance,
         CloseReason::Shutdown,
+        CloseReason::Unavailable,
     ];
 
     /// The close code the server sends, if it sends one.
@@ -94,6 +100,7 @@ impl CloseReason {
             CloseReason::TakenOver => code::TAKEN_OVER,
             CloseReason::Rebalance => code::REBALANCE,
             CloseReason::Shutdown => code::SERVICE_RESTART,
+            CloseReason::Unavailable => code::UNAVAILABLE,
         })
     }
 
@@ -113,6 +120,7 @@ impl CloseReason {
             CloseReason::TakenOver => "taken_over",
             CloseReason::Rebalance => "rebalance",
             CloseReason::Shutdown => "shutdown",
+            CloseReason::Unavailable => "unavailable",
         }
     }
 
@@ -126,6 +134,7 @@ impl CloseReason {
             CloseReason::TakenOver => "session resumed elsewhere",
             CloseReason::Rebalance => "rebalancing",
             CloseReason::Shutdown => "pod draining",
+            CloseReason::Unavailable => "try again",
             CloseReason::MessageTooBig => "message too big",
             CloseReason::InvalidUtf8 => "invalid utf-8",
             CloseReason::UnsupportedData => "text frames only",
@@ -140,19 +149,30 @@ impl CloseReason {
     pub fn lingers(self) -> bool {
         matches!(
             self,
-            CloseReason::BadCommands | CloseReason::Rebalance | CloseReason::Shutdown
+            CloseReason::BadCommands
+                | CloseReason::Rebalance
+                | CloseReason::Shutdown
+                | CloseReason::Unavailable
         )
     }
 
-    /// The reason a read error closes the connection with.
-    pub fn from_read_error(e: &WebSocketError) -> Self {
+    /// The reason a bad client frame closes the connection with. (A read
+    /// that fails or ends is [`CloseReason::ConnectionLost`]: no close frame.)
+    pub fn from_read_error(e: &FrameError) -> Self {
         match e {
-            WebSocketError::InvalidUTF8 => CloseReason::InvalidUtf8,
-            WebSocketError::FrameTooLarge => CloseReason::MessageTooBig,
-            WebSocketError::IoError(_) | WebSocketError::UnexpectedEOF => {
-                CloseReason::ConnectionLost
-            }
-            _ => CloseReason::ProtocolError,
+            FrameError::InvalidUtf8 | FrameError::CloseReasonUtf8 => CloseReason::InvalidUtf8,
+            FrameError::TooBig => CloseReason::MessageTooBig,
+            FrameError::Binary => CloseReason::UnsupportedData,
+            FrameError::ReservedBits
+            | FrameError::ReservedOpcode(_)
+            | FrameError::Unmasked
+            | FrameError::FragmentedControl
+            | FrameError::LongControl
+            | FrameError::LengthTopBit
+            | FrameError::StrayContinuation
+            | FrameError::Interleaved
+            | FrameError::ShortClose
+            | FrameError::CloseCode(_) => CloseReason::ProtocolError,
         }
     }
 }

@@ -212,14 +212,17 @@ impl Node {
         }
     }
 
-    /// Asks the connection that serves session `id` (if any) to end, and waits
-    /// until it has saved the session: a resume must see its latest acks.
-    pub async fn take_over(&self, id: &str) {
-        let current = self.live().get(id).cloned();
-        if let Some(current) = current {
-            current.takeover.cancel();
-            let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
-        }
+    /// Ends the connection that serves session `id` on this pod, if any, and
+    /// returns the session as that connection left it: a resume must see its
+    /// latest acks, and must not depend on the store having them yet (with
+    /// the memory broker a session is stored only when its connection ends,
+    /// which a half-open connection may take long to do).
+    pub async fn take_over(&self, id: &str) -> Option<SessionSnapshot> {
+        let current = self.live().get(id).cloned()?;
+        current.takeover.cancel();
+        // Its reader stops between commands: wait for that, briefly.
+        let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
+        Some(current.subscriptions.snapshot())
     }
 }
 

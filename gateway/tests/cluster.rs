@@ -6,6 +6,8 @@
 #[path = "common/binary.rs"]
 mod binary;
 mod common;
+#[path = "common/follower.rs"]
+mod follower;
 #[path = "common/redis.rs"]
 mod redis;
 
@@ -15,25 +17,21 @@ use std::time::Duration;
 
 use binary::Herald;
 use common::{Client, WAIT};
+use follower::{Crowd, Follow, Service};
 use futures_util::StreamExt;
-use proto::v1::publisher_client::PublisherClient;
 use redis::Redis;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
-use tonic::transport::{Channel, Endpoint};
 
 async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
-    let url = redis.url();
     let mut env = vec![
-        ("HERALD_BROKER", "redis"),
-        ("HERALD_REDIS__URL", url.as_str()),
         ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
-        ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
         ("HERALD_LOG__LEVEL", "info"),
     ];
     env.extend_from_slice(extra);
-    Herald::start(&env, &[]).await
+    Herald::pod(&redis.url(), &env).await
 }
 
 /// Publishes over HTTP; the status and the answer.
@@ -44,24 +42,6 @@ async fn publish(addr: SocketAddr, topic: &str, data: Value, key: Option<&str>) 
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-async fn grpc_client(addr: SocketAddr) -> PublisherClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .expect("an endpoint")
-        .connect_timeout(WAIT)
-        .timeout(WAIT)
-        .connect()
-        .await
-        .expect("connect over gRPC");
-    PublisherClient::new(channel)
-}
-
-async fn subscriber(url: &str, topic: &str) -> Client {
-    let mut client = Client::connect_url(url).await;
-    client.hello(None).await;
-    client.sub(1, topic).await;
-    client
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
     const PER_PUBLISHER: u64 = 60;
@@ -70,7 +50,7 @@ async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
     let mut subscribers = Vec::new();
     for url in [a.ws_url(), b.ws_url()] {
         for _ in 0..4 {
-            subscribers.push(subscriber(&url, "news").await);
+            subscribers.push(Client::subscriber(&url, "news").await);
         }
     }
     // On each pod, one publisher over HTTP and one over gRPC, all at once.
@@ -85,7 +65,7 @@ async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
         }));
         let grpc = pod.grpc_addr;
         publishers.push(tokio::spawn(async move {
-            let mut client = grpc_client(grpc).await;
+            let mut client = common::grpc_client(grpc).await;
             for i in 0..PER_PUBLISHER {
                 let request = proto::v1::PublishRequest {
                     topic: "news".into(),
@@ -125,104 +105,23 @@ async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
     );
 }
 
-/// What one client collected: seqs as they arrived, and how many arrived
-/// again (a resumed session replays what was not acked yet).
-struct Collected {
-    seqs: Vec<u64>,
-    redelivered: usize,
-}
-
-/// A client of pod `first` that acks everything and, when its pod dies,
-/// comes back at `second`, either resuming its session or with `since`.
-async fn survivor(
-    first: String,
-    second: String,
-    topic: &'static str,
-    total: u64,
-    resume: bool,
-) -> Collected {
-    let mut client = Client::connect_url(&first).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
-    let ok = client.sub(1, topic).await;
-    let epoch = ok["epoch"].as_str().expect("epoch").to_owned();
-    let mut collected = Collected {
-        seqs: Vec::new(),
-        redelivered: 0,
-    };
-    let mut last = ok["seq"].as_u64().expect("seq");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut moved = false;
-    while last < total {
-        assert!(Instant::now() < deadline, "stream incomplete at {last}");
-        let next = tokio::time::timeout(WAIT, client.ws.next())
-            .await
-            .expect("a frame in time");
-        let frame: Value = match next {
-            Some(Ok(Message::Text(text))) => serde_json::from_str(&text).expect("json"),
-            Some(Ok(_)) => continue,
-            // The pod died: go to the other one.
-            Some(Err(_)) | None => {
-                assert!(!moved, "lost a second connection");
-                moved = true;
-                client = Client::connect_url(&second).await;
-                if resume {
-                    let welcome = client.hello(Some(&session)).await;
-                    assert_eq!(welcome["resumed"], true, "{welcome}");
-                } else {
-                    client.hello(None).await;
-                    client
-                        .send(json!({"op": "sub", "id": 2, "topic": topic, "since": last, "epoch": epoch}))
-                        .await;
-                    let ok = client.expect("ok").await;
-                    assert_eq!(ok["recovered"], true, "{ok}");
-                }
-                continue;
-            }
-        };
-        assert_eq!(frame["op"], "msg", "{frame}");
-        let seq = frame["seq"].as_u64().expect("seq");
-        // The protocol's rule: a seq at or below the last one processed was
-        // seen already.
-        if seq <= last {
-            collected.redelivered += 1;
-            continue;
-        }
-        assert_eq!(seq, last + 1, "a gap after {last}");
-        last = seq;
-        collected.seqs.push(seq);
-        client
-            .send(json!({"op": "ack", "topic": topic, "seq": seq}))
-            .await;
-    }
-    collected
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_of_a_killed_pod_resume_at_another_and_miss_nothing() {
     const TOTAL: u64 = 300;
+    const CLIENTS: usize = 12;
     let redis = Redis::start().await;
     let mut a = pod(&redis, &[]).await;
     let b = pod(&redis, &[]).await;
-    let clients: Vec<_> = (0..12)
-        .map(|i| {
-            let resume = i % 2 == 0;
-            tokio::spawn(survivor(a.ws_url(), b.ws_url(), "feed", TOTAL, resume))
-        })
-        .collect();
-    // Every client is subscribed before the publisher starts (their `ok` said seq 0).
-    let deadline = Instant::now() + WAIT;
-    while common::http(a.addr, "GET", "/metrics", &[], b"")
-        .await
-        .1
-        .lines()
-        .all(|l| l != "herald_subscriptions 12")
-    {
-        assert!(Instant::now() < deadline, "clients did not subscribe");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Clients of pod A that ack everything and, when A dies, come back at B:
+    // half resuming their sessions, half with a new one and `since`.
+    let service = Service::new([a.addr]);
+    let (_, last) = watch::channel(Some(TOTAL));
+    // Every client is subscribed before the publisher starts.
+    let follows = (0..CLIENTS).map(|i| Follow {
+        resume: i % 2 == 0,
+        ..Follow::new(&service, "feed", &last)
+    });
+    let clients = Crowd::subscribed(follows, WAIT).await;
     let (third, third_published) = tokio::sync::oneshot::channel();
     let publisher = {
         let addr = b.addr;
@@ -238,17 +137,21 @@ async fn clients_of_a_killed_pod_resume_at_another_and_miss_nothing() {
             }
         })
     };
-    // Kill pod A a third of the way through.
+    // Kill pod A a third of the way through; its endpoint gives way to B's.
     tokio::time::timeout(WAIT, third_published)
         .await
         .expect("publisher progresses")
         .expect("publisher");
     a.kill9();
+    service.remove(a.addr);
+    service.add(b.addr);
     publisher.await.expect("publisher");
-    for client in clients {
-        let collected = client.await.expect("a complete stream");
-        assert_eq!(collected.seqs, (1..=TOTAL).collect::<Vec<_>>());
-        eprintln!("redelivered after the move: {}", collected.redelivered);
+    for seen in clients.finish(Duration::from_secs(60)).await {
+        assert_eq!(seen.processed, (1..=TOTAL).collect::<Vec<_>>(), "{seen:?}");
+        assert_eq!(seen.resumes, 1, "one move, to B: {seen:?}");
+        assert_eq!(seen.failed_resumes, 0, "{seen:?}");
+        assert!(seen.problems.is_empty(), "{seen:?}");
+        eprintln!("redelivered after the move: {}", seen.wire_duplicates);
     }
 }
 
@@ -262,7 +165,7 @@ async fn a_cut_pubsub_connection_is_refilled_from_history() {
         &[("HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE", "1000")],
     )
     .await;
-    let mut client = subscriber(&a.ws_url(), "news").await;
+    let mut client = Client::subscriber(&a.ws_url(), "news").await;
     let publisher = {
         let addr = a.addr;
         tokio::spawn(async move {
@@ -293,7 +196,7 @@ async fn a_cut_pubsub_connection_is_refilled_from_history() {
 async fn redis_restarted_empty_is_a_reset_not_a_silent_new_series() {
     let mut redis = Redis::start().await;
     let a = pod(&redis, &[]).await;
-    let mut client = subscriber(&a.ws_url(), "news").await;
+    let mut client = Client::subscriber(&a.ws_url(), "news").await;
     for i in 1..=3 {
         assert_eq!(publish(a.addr, "news", json!(i), None).await.0, 200);
         assert_eq!(client.msg().await.1, i);
@@ -342,7 +245,7 @@ async fn while_redis_is_unreachable_clients_stay_and_publishes_fail_fast() {
         ],
     )
     .await;
-    let mut client = subscriber(&a.ws_url(), "chat:room").await;
+    let mut client = Client::subscriber(&a.ws_url(), "chat:room").await;
     assert_eq!(publish(a.addr, "chat:room", json!(1), None).await.0, 200);
     assert_eq!(client.msg().await.1, 1);
 
@@ -397,7 +300,7 @@ async fn while_redis_is_unreachable_clients_stay_and_publishes_fail_fast() {
 async fn a_retried_publish_on_the_other_pod_delivers_once() {
     let redis = Redis::start().await;
     let (a, b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
-    let mut client = subscriber(&a.ws_url(), "orders").await;
+    let mut client = Client::subscriber(&a.ws_url(), "orders").await;
     let (status, first) = publish(a.addr, "orders", json!({"id": 7}), Some("order-7")).await;
     assert_eq!(status, 200);
     let (status, again) = publish(b.addr, "orders", json!({"id": 7}), Some("order-7")).await;
@@ -410,4 +313,77 @@ async fn a_retried_publish_on_the_other_pod_delivers_once() {
         next["seq"].as_u64().expect("seq"),
         "no second delivery"
     );
+}
+
+/// A client with a session on `pod`, subscribed to `news`, that has
+/// received (not acked) messages 1 to `count`.
+async fn subscribed_with(count: u64, pod: &Herald) -> (Client, String) {
+    let mut client = Client::connect_url(&pod.ws_url()).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    client.sub(1, "news").await;
+    for n in 1..=count {
+        assert_eq!(publish(pod.addr, "news", json!(n), None).await.0, 200);
+        assert_eq!(client.msg().await.1, n);
+    }
+    (client, session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survives() {
+    let redis = Redis::start().await;
+    let a = pod(&redis, &[("HERALD_SESSION__FLUSH_INTERVAL", "50ms")]).await;
+    let (mut client, session) = subscribed_with(2, &a).await;
+    client
+        .send(json!({"op": "ack", "topic": "news", "seq": 1}))
+        .await;
+    // The ack is in the shared store once the pod has flushed it.
+    let key = format!("herald:session:{session}");
+    let deadline = Instant::now() + WAIT;
+    while !redis.cli(&["GET", &key]).contains("news") {
+        assert!(Instant::now() < deadline, "the session was never saved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+
+    redis.freeze();
+    let mut early = Client::connect_url(&a.ws_url()).await;
+    early.send(json!({"op": "hello", "resume": session})).await;
+    assert_eq!(early.closed().await, Some(4003), "come back later");
+    redis.thaw();
+
+    // Once the pod reaches Redis again (a publish goes through), the resume
+    // works: the refused attempt did not start a fresh session, and the
+    // unacked message comes again.
+    let deadline = Instant::now() + WAIT;
+    while publish(a.addr, "other", json!(0), None).await.0 != 200 {
+        assert!(Instant::now() < deadline, "Redis never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    assert_eq!(client.hello(Some(&session)).await["resumed"], true);
+    assert_eq!(client.msg().await.1, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_after_a_reconnect_advice_still_count() {
+    let redis = Redis::start().await;
+    let (mut a, b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
+    let (mut client, session) = subscribed_with(3, &a).await;
+    // Pod a drains; the client acks what it has only after the advice.
+    a.sigterm();
+    let advice = client.expect("reconnect").await;
+    assert_eq!(advice["reason"], "draining");
+    client
+        .send(json!({"op": "ack", "topic": "news", "seq": 3}))
+        .await;
+    assert_eq!(client.closed().await, Some(1012));
+    assert!(a.wait_exit(WAIT).await.is_some_and(|s| s.success()));
+
+    let mut client = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(client.hello(Some(&session)).await["resumed"], true);
+    assert_eq!(publish(b.addr, "news", json!(4), None).await.0, 200);
+    assert_eq!(client.msg().await.1, 4, "nothing acked is replayed");
 }

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Client, Gateway, WAIT};
+use common::{Client, Gateway, WAIT, grpc_client};
 use futures_util::StreamExt;
 use proto::v1::publisher_client::PublisherClient;
 use proto::v1::{
@@ -20,22 +20,10 @@ use proto::v1::{
 };
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 const LIMIT: usize = 1024;
-
-/// A client of the gateway's gRPC API; every call is bounded by [`WAIT`].
-async fn connect(gw: &Gateway) -> PublisherClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{}", gw.grpc_addr))
-        .expect("an endpoint")
-        .connect_timeout(WAIT)
-        .timeout(WAIT)
-        .connect()
-        .await
-        .expect("connect");
-    PublisherClient::new(channel)
-}
 
 /// `message` with `authorization: Bearer <key>` when a key is given.
 fn with_key<T>(message: T, key: Option<&str>) -> Request<T> {
@@ -130,7 +118,7 @@ async fn next_text(client: &mut Client) -> String {
 async fn publish_answers_the_seq_and_epoch_and_the_data_arrives_byte_for_byte() {
     let gw = Gateway::start().await;
     let (mut sub, epoch) = subscriber(&gw, "news").await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     // Odd spacing, escapes and number forms: nothing may normalise them.
     let data = r#"{ "b" : 1.50, "a":"\u00e9", "c": [1e3 ,null] }"#;
@@ -163,7 +151,7 @@ async fn publish_answers_the_seq_and_epoch_and_the_data_arrives_byte_for_byte() 
 async fn a_batch_answers_each_item_and_a_bad_item_fails_alone() {
     let gw = Gateway::start().await;
     let (mut sub, _) = subscriber(&gw, "news").await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     let items = vec![
         item("news", br#"{"n":1}"#),
@@ -221,7 +209,7 @@ async fn a_batch_answers_each_item_and_a_bad_item_fails_alone() {
 #[tokio::test]
 async fn topic_info_tells_the_position_and_the_local_subscribers() {
     let gw = Gateway::start().await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     let fresh = topic_info(&mut client, "news").await;
     assert_eq!((fresh.seq, fresh.subscribers), (0, 0));
@@ -266,7 +254,7 @@ async fn calls_need_a_valid_api_key_when_keys_are_configured() {
     let mut config = Gateway::config();
     config.http.api_keys = vec!["secret".into(), "other".into()];
     let gw = Gateway::with(config).await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     for key in [None, Some("wrong"), Some("secretsecret"), Some("")] {
         let refused = client.publish(with_key(item("news", b"1"), key)).await;
@@ -342,7 +330,7 @@ async fn calls_need_a_valid_api_key_when_keys_are_configured() {
 #[tokio::test]
 async fn a_bad_publish_is_invalid_argument_with_a_code() {
     let gw = Gateway::start().await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
     let cases: [(PublishRequest, &str); 10] = [
         (item("bad topic!", b"1"), "bad_topic"),
         (item("", b"1"), "bad_topic"),
@@ -386,7 +374,7 @@ async fn data_over_the_limit_is_resource_exhausted() {
     let mut config = Gateway::config();
     config.http.max_body_bytes = LIMIT;
     let gw = Gateway::with(config).await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     let at_limit = publish(&mut client, item("news", &json_of_len(LIMIT))).await;
     assert_eq!(at_limit.expect("data at the limit").seq, 1);
@@ -431,7 +419,7 @@ async fn data_over_the_limit_is_resource_exhausted() {
 async fn the_same_idempotency_key_publishes_once() {
     let gw = Gateway::start().await;
     let (mut sub, _) = subscriber(&gw, "news").await;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
 
     let first = publish(&mut client, keyed("news", br#"{"order":17}"#, "order-17"))
         .await
@@ -489,7 +477,7 @@ async fn the_same_idempotency_key_publishes_once() {
 async fn the_grpc_server_stops_with_the_drain() {
     let gw = Gateway::start().await;
     let grpc_addr = gw.grpc_addr;
-    let mut client = connect(&gw).await;
+    let mut client = grpc_client(gw.grpc_addr).await;
     publish(&mut client, item("news", b"1"))
         .await
         .expect("Publish");

@@ -168,18 +168,14 @@ fn promtool_accepts_the_alerting_rules() {
 async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     require("prometheus");
     let redis = Redis::start().await;
-    let url = redis.url();
-    let herald = Herald::start(
+    let herald = Herald::pod(
+        &redis.url(),
         &[
-            ("HERALD_BROKER", "redis"),
-            ("HERALD_REDIS__URL", url.as_str()),
             ("HERALD_REDIS__COMMAND_TIMEOUT", REDIS_COMMAND_TIMEOUT),
-            ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
             ("HERALD_WEBSOCKET__PING_INTERVAL", PING_INTERVAL),
             ("HERALD_WEBSOCKET__PONG_TIMEOUT", PONG_TIMEOUT),
             ("HERALD_LOG__LEVEL", "info"),
         ],
-        &[],
     )
     .await;
     let load = Load::start(&herald).await;

@@ -5,6 +5,7 @@
 //! queue, which the writer drains. The session keeps what a resume needs: the
 //! subscriptions and, for each, how far the client acked.
 
+pub(crate) mod parser;
 mod reader;
 mod subscriptions;
 mod writer;
@@ -46,6 +47,9 @@ pub async fn serve_upgraded(
             // Bytes the client sent right behind its handshake come first.
             // Copied: the slice would keep hyper's whole read buffer alive.
             let early = Bytes::copy_from_slice(&parts.read_buf);
+            // And dropped now: a partly moved `parts` would keep it (8 KiB)
+            // until the connection ends.
+            drop(parts.read_buf);
             let read = Cursor::new(early).chain(read);
             serve(read, write, node, admission).await;
         }
@@ -145,12 +149,21 @@ impl Session {
                     self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
                 }
                 Ok(Ok(Incoming::Pong(payload))) => self.observe_pong(&payload),
-                Ok(Ok(Incoming::Text(text))) => {
-                    if !self.out.is_closing() {
-                        self.command(text).await;
-                    }
-                }
+                Ok(Ok(Incoming::Text(text))) if self.out.is_closing() => self.late_ack(&text),
+                Ok(Ok(Incoming::Text(text))) => self.command(text).await,
             }
+        }
+    }
+
+    /// While the connection closes (a drain, a move) commands are ignored,
+    /// but acks still count: the resume elsewhere then replays nothing the
+    /// client already has.
+    fn late_ack(&self, text: &[u8]) {
+        let command = std::str::from_utf8(text).ok().map(Command::decode);
+        if let Some(Ok(Command::Ack { topic, seq })) = command
+            && let Ok(topic) = Topic::parse(&topic)
+        {
+            self.subscriptions.ack(&topic, seq);
         }
     }
 
@@ -300,15 +313,23 @@ impl Session {
         Ok(topic)
     }
 
-    /// Starts (or restores) the session and sends `welcome`.
+    /// Starts (or restores) the session and sends `welcome`. A resume that
+    /// cannot be completed now (store or broker unavailable) closes with
+    /// 4003, leaving the stored session as it was: the client comes back
+    /// and resumes, rather than losing what it missed to a fresh session.
     async fn hello(&mut self, resume: Option<&str>) {
         let mut restored = None;
         if let Some(id) = resume {
-            self.node.take_over(id).await;
-            match self.node.sessions.load(id).await {
+            let snapshot = match self.node.take_over(id).await {
+                Some(live) => Ok(Some(live)),
+                None => self.node.sessions.load(id).await,
+            };
+            match snapshot {
                 Ok(snapshot) => restored = snapshot.map(|s| (Arc::<str>::from(id), s)),
                 Err(e) => {
-                    tracing::warn!(error = %e, "session store unavailable; starting a fresh session")
+                    tracing::warn!(error = %e, "session store unavailable; the client is to come back");
+                    self.out.close(CloseReason::Unavailable, true);
+                    return;
                 }
             }
             let label = if restored.is_some() { "true" } else { "false" };
@@ -319,14 +340,6 @@ impl Session {
             None => (new_session_id(), None),
         };
         self.resumed = snapshot.is_some();
-        self.node.register(
-            id.clone(),
-            self.conn,
-            self.out.clone(),
-            self.subscriptions.clone(),
-            self.takeover.clone(),
-            self.ended.clone(),
-        );
         self.id = Some(id.clone());
         let ping_ms = self.node.config.websocket.ping_interval.as_millis() as u64;
         self.reply(ServerMessage::Welcome {
@@ -335,13 +348,29 @@ impl Session {
             resumed: self.resumed,
         })
         .await;
+        // Registered after `welcome` is queued, so that a `reconnect` from
+        // the rebalancer never comes before it.
+        self.node.register(
+            id.clone(),
+            self.conn,
+            self.out.clone(),
+            self.subscriptions.clone(),
+            self.takeover.clone(),
+            self.ended.clone(),
+        );
         for state in snapshot.map(|s| s.subscriptions).unwrap_or_default() {
             let since = Since {
                 seq: state.position,
                 epoch: Some(state.epoch.to_string()),
             };
-            if let Err(e) = self.subscribe(None, state.topic, Some(since)).await {
-                self.reject(e).await;
+            if let Err(e) = self.subscribe(None, state.topic.clone(), Some(since)).await {
+                tracing::warn!(code = %e.code, message = %e.message, "a resumed subscription could not be restored");
+                // Kept as stored, so that the session saved when this
+                // connection ends still has it; the client tries again.
+                self.subscriptions
+                    .insert(state.topic, state.epoch, state.position);
+                self.out.close(CloseReason::Unavailable, true);
+                return;
             }
         }
     }

@@ -1,20 +1,31 @@
-//! Reads client frames: RFC 6455 checks fastwebsockets leaves to us, and
-//! reassembly of fragmented messages under a byte cap.
+//! Reads client frames off the socket, through our own RFC 6455 parser
+//! ([`super::parser`]).
 //!
-//! fastwebsockets 0.10.0 caps single frames but not reassembled messages, does
-//! not reject unmasked client frames, and checks UTF-8 of a fragmented text
-//! only in its own collector (which has no cap). So this reader collects
-//! fragments itself: at most `max` bytes, UTF-8 checked as they arrive.
+//! fastwebsockets 0.10.0 only does the upgrade handshake for us (and lends
+//! us its `unmask`): its reader keeps a fixed 8 KiB buffer per connection,
+//! more than the rest of an idle connection together. This reader keeps no
+//! buffer while the client is quiet. It reads into a buffer on the stack that
+//! lives only inside one poll and hands the bytes to the parser, which
+//! allocates only for a payload under way. A frame's payload larger than
+//! that stack buffer is read from the socket straight into its final buffer.
+//! Bytes a read brings beyond the message it completes wait in `carry`,
+//! which is freed as soon as it is used up.
 
-use std::convert::Infallible;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::Poll;
 
-use bytes::{Bytes, BytesMut};
-use fastwebsockets::{Frame, OpCode, Payload, Role, WebSocketRead};
-use tokio::io::AsyncRead;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
+use super::parser::{FrameError, Parsed, Parser};
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::outbound::Outbound;
+
+/// The stack buffer one read fills. Payloads of at least this size are read
+/// straight into their own buffer instead.
+const STACK_READ: usize = 8 * 1024;
 
 /// One event from the client.
 #[derive(Debug)]
@@ -28,125 +39,314 @@ pub enum Incoming {
 }
 
 pub struct Reader<R> {
-    ws: WebSocketRead<R>,
-    max: usize,
-    partial: Option<Partial>,
-}
-
-struct Partial {
-    buf: BytesMut,
-    /// Bytes at the front of `buf` known to be valid UTF-8.
-    valid: usize,
+    read: R,
+    parser: Parser,
+    /// Bytes read past the last message, not yet parsed. Empty, and without
+    /// an allocation, whenever the parser has caught up with the socket.
+    carry: BytesMut,
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
     /// Reads from `read`, a stream past the handshake; messages over `max`
     /// bytes close the connection.
     pub fn new(read: R, max: usize) -> Self {
-        let (mut ws, _) =
-            fastwebsockets::after_handshake_split(read, tokio::io::sink(), Role::Server);
-        // Pings come to us, so that they count as a sign of life.
-        ws.set_auto_pong(false);
-        // The library checks the close frame and hands us the echo.
-        ws.set_auto_close(true);
-        // The library refuses frames of at least this size before reading them.
-        ws.set_max_message_size(max.saturating_add(1));
         Self {
-            ws,
-            max,
-            partial: None,
+            read,
+            parser: Parser::new(max),
+            carry: BytesMut::new(),
         }
     }
 
-    /// The next event. Not cancel-safe: drop the future only to end the connection.
+    /// The next event. Every partial frame lives in `self`, so dropping the
+    /// future between polls loses no bytes; a session drops it only to end
+    /// the connection anyway.
     pub async fn next(&mut self, out: &Outbound) -> Result<Incoming, CloseReason> {
         loop {
-            // The library hands over the close echo before we have checked the
-            // frame: hold it until the frame has passed our own checks. On a
-            // read error (an invalid close code among them) the session sends
-            // the close for the error instead.
-            let mut echo = None;
-            let mut obligation = |frame: Frame<'_>| {
-                echo = Some(frame::encode(frame::OP_CLOSE, &[&frame.payload]));
-                std::future::ready(Ok::<(), Infallible>(()))
+            let parsed = if !self.carry.is_empty() {
+                self.parse_carry()?
+            } else if self.parser.payload_left() >= STACK_READ {
+                self.read_payload().await?
+            } else {
+                self.read_some().await?
             };
-            let mut frame = self
-                .ws
-                .read_frame(&mut obligation)
+            let Some(parsed) = parsed else { continue };
+            return Ok(match parsed {
+                Parsed::Text(text) => Incoming::Text(text),
+                Parsed::Ping(payload) => Incoming::Ping(payload),
+                Parsed::Pong(payload) => Incoming::Pong(payload),
+                Parsed::Close(payload) => {
+                    // Echo the client's code (and reason), as RFC 6455 5.5.1 asks.
+                    out.echo_close(frame::encode(frame::OP_CLOSE, &[&payload]));
+                    Incoming::Close
+                }
+            });
+        }
+    }
+
+    /// Parses bytes left over from an earlier read.
+    fn parse_carry(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let mut carry = std::mem::take(&mut self.carry);
+        let (used, parsed) = self.parser.feed(&carry).map_err(closes)?;
+        carry.advance(used);
+        if !carry.is_empty() {
+            self.carry = carry;
+        }
+        Ok(parsed)
+    }
+
+    /// Reads the rest of a large payload straight into its buffer.
+    async fn read_payload(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let left = self.parser.payload_left();
+        let mut room = self.parser.payload().limit(left);
+        let read = self
+            .read
+            .read_buf(&mut room)
+            .await
+            .map_err(|_| CloseReason::ConnectionLost)?;
+        if read == 0 {
+            return Err(CloseReason::ConnectionLost);
+        }
+        self.parser.appended(read).map_err(closes)
+    }
+
+    /// Reads what the socket has (up to [`STACK_READ`]) and parses it; what
+    /// follows a complete message goes to `carry`.
+    async fn read_some(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        std::future::poll_fn(|cx| {
+            let mut stack = [MaybeUninit::<u8>::uninit(); STACK_READ];
+            let mut buf = ReadBuf::uninit(&mut stack);
+            match Pin::new(&mut self.read).poll_read(cx, &mut buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(CloseReason::ConnectionLost)),
+                Poll::Ready(Ok(())) => {}
+            }
+            let filled = buf.filled();
+            if filled.is_empty() {
+                // EOF, between frames or inside one: no close handshake.
+                return Poll::Ready(Err(CloseReason::ConnectionLost));
+            }
+            let (used, parsed) = self.parser.feed(filled).map_err(closes)?;
+            self.carry.extend_from_slice(&filled[used..]);
+            Poll::Ready(Ok(parsed))
+        })
+        .await
+    }
+}
+
+fn closes(e: FrameError) -> CloseReason {
+    tracing::debug!(error = %e, "bad client frame");
+    CloseReason::from_read_error(&e)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::time::timeout;
+
+    use super::super::parser::tests::masked;
+    use super::*;
+    use crate::outbound::{Limits, Overflow};
+
+    const FIN: u8 = 0x80;
+    const TEXT: u8 = 0x1;
+    const CONTINUATION: u8 = 0x0;
+    const CLOSE: u8 = 0x8;
+    const PING: u8 = 0x9;
+
+    /// Bounds every wait, so that a reader that hangs fails the test.
+    const STEP: Duration = Duration::from_secs(10);
+
+    fn outbound() -> Outbound {
+        Outbound::new(Limits {
+            frames: 16,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        })
+    }
+
+    /// Yields its bytes one per read, and then EOF.
+    struct OneByte(Vec<u8>, usize);
+
+    impl AsyncRead for OneByte {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some(&b) = self.0.get(self.1) {
+                buf.put_slice(&[b]);
+                self.1 += 1;
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    async fn next<R: AsyncRead + Unpin>(
+        reader: &mut Reader<R>,
+        out: &Outbound,
+    ) -> Result<Incoming, CloseReason> {
+        timeout(STEP, reader.next(out))
+            .await
+            .unwrap_or_else(|_| panic!("the reader hangs"))
+    }
+
+    async fn text<R: AsyncRead + Unpin>(reader: &mut Reader<R>, out: &Outbound) -> Bytes {
+        match next(reader, out).await {
+            Ok(Incoming::Text(text)) => text,
+            other => panic!("expected text, got {other:?}"),
+        }
+    }
+
+    /// A session's worth of frames: a 7-bit, a 16-bit and a 64-bit length, a
+    /// fragmented message with a ping between its fragments, a close.
+    fn conversation() -> (Vec<u8>, Vec<u8>) {
+        let big = vec![b'b'; 70_000];
+        let mut wire = masked(FIN | TEXT, b"{\"op\":\"hello\"}");
+        wire.extend(masked(FIN | TEXT, &[b'm'; 300]));
+        wire.extend(masked(FIN | TEXT, &big));
+        wire.extend(masked(TEXT, b"frag"));
+        wire.extend(masked(FIN | PING, b"mid"));
+        wire.extend(masked(FIN | CONTINUATION, b"ment"));
+        wire.extend(masked(FIN | CLOSE, &[0x03, 0xe8, b'o', b'k']));
+        (wire, big)
+    }
+
+    async fn check_conversation<R: AsyncRead + Unpin>(reader: &mut Reader<R>, big: &[u8]) {
+        let out = outbound();
+        assert_eq!(&text(reader, &out).await[..], b"{\"op\":\"hello\"}");
+        assert_eq!(&text(reader, &out).await[..], &[b'm'; 300][..]);
+        assert_eq!(&text(reader, &out).await[..], big);
+        match next(reader, &out).await {
+            Ok(Incoming::Ping(p)) => assert_eq!(&p[..], b"mid"),
+            other => panic!("expected the ping, got {other:?}"),
+        }
+        assert_eq!(&text(reader, &out).await[..], b"fragment");
+        assert!(matches!(next(reader, &out).await, Ok(Incoming::Close)));
+        // The echo carries the client's code and reason.
+        let mut batch = Vec::new();
+        let taken = out.take(&mut batch);
+        let echo = taken.close.and_then(|c| c.frame);
+        assert_eq!(
+            echo.as_deref(),
+            Some(&[0x88, 4, 0x03, 0xe8, b'o', b'k'][..])
+        );
+        assert!(reader.carry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn reads_one_byte_at_a_time() {
+        let (wire, big) = conversation();
+        let mut reader = Reader::new(OneByte(wire, 0), 1 << 20);
+        check_conversation(&mut reader, &big).await;
+        assert_eq!(
+            next(&mut reader, &outbound()).await.err(),
+            Some(CloseReason::ConnectionLost)
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_from_a_pipe_in_odd_sizes() {
+        let (wire, big) = conversation();
+        let (mut client, server) = tokio::io::duplex(1000);
+        let writer = tokio::spawn(async move {
+            for chunk in wire.chunks(777) {
+                client.write_all(chunk).await?;
+            }
+            Ok::<_, io::Error>(client)
+        });
+        let mut reader = Reader::new(server, 1 << 20);
+        check_conversation(&mut reader, &big).await;
+        let client = timeout(STEP, writer).await.map(|r| r.map(|r| r.is_ok()));
+        assert!(matches!(client, Ok(Ok(true))));
+    }
+
+    #[tokio::test]
+    async fn pipelined_frames_come_out_one_by_one() {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let mut wire = Vec::new();
+        for i in 0..100 {
+            wire.extend(masked(FIN | TEXT, format!("message {i}").as_bytes()));
+        }
+        timeout(STEP, client.write_all(&wire))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("write"));
+        let out = outbound();
+        let mut reader = Reader::new(server, 1024);
+        for i in 0..100 {
+            assert_eq!(
+                text(&mut reader, &out).await,
+                format!("message {i}").as_bytes()
+            );
+        }
+        assert!(reader.carry.is_empty() && reader.carry.capacity() == 0);
+    }
+
+    #[tokio::test]
+    async fn errors_close_with_the_parsers_reason() {
+        let cases: [(&[u8], CloseReason); 4] = [
+            (&masked(FIN | TEXT, &[0xff]), CloseReason::InvalidUtf8),
+            (&masked(FIN | 0x2, b"{}"), CloseReason::UnsupportedData),
+            (
+                &masked(FIN | CLOSE, &1005u16.to_be_bytes()),
+                CloseReason::ProtocolError,
+            ),
+            (
+                &masked(FIN | TEXT, &[b'x'; 2000]),
+                CloseReason::MessageTooBig,
+            ),
+        ];
+        for (wire, reason) in cases {
+            let out = outbound();
+            let mut reader = Reader::new(OneByte(wire.to_vec(), 0), 1024);
+            assert_eq!(next(&mut reader, &out).await.err(), Some(reason));
+            // Only a valid close is echoed; the session sends the error's close.
+            assert!(!out.is_closing());
+        }
+    }
+
+    #[tokio::test]
+    async fn eof_inside_a_frame_is_a_lost_connection() {
+        let wire = masked(FIN | TEXT, &[b'x'; 20_000]);
+        for cut in [1, 5, 100, 19_000] {
+            let mut reader = Reader::new(OneByte(wire[..cut].to_vec(), 0), 1 << 20);
+            assert_eq!(
+                next(&mut reader, &outbound()).await.err(),
+                Some(CloseReason::ConnectionLost)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_read_loses_nothing() {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let wire = masked(FIN | TEXT, &[b'y'; 20_000]);
+        let out = outbound();
+        let mut reader = Reader::new(server, 1 << 20);
+        // Half a frame, then the read is given up: the rest still parses.
+        let _ = client.write_all(&wire[..10_003]).await;
+        assert!(
+            timeout(Duration::from_millis(50), reader.next(&out))
                 .await
-                .map_err(|e| CloseReason::from_read_error(&e))?;
-            if !is_masked(&mut frame) {
-                return Err(CloseReason::ProtocolError);
-            }
-            if let Some(echo) = echo {
-                out.echo_close(echo);
-            }
-            let fin = frame.fin;
-            let opcode = frame.opcode;
-            let payload = into_bytes(frame.payload);
-            match opcode {
-                OpCode::Ping => return Ok(Incoming::Ping(payload.freeze())),
-                OpCode::Pong => return Ok(Incoming::Pong(payload.freeze())),
-                OpCode::Close => return Ok(Incoming::Close),
-                OpCode::Binary => return Err(CloseReason::UnsupportedData),
-                OpCode::Text if self.partial.is_some() => return Err(CloseReason::ProtocolError),
-                // Single-frame text was UTF-8 checked by the library.
-                OpCode::Text if fin => return Ok(Incoming::Text(payload.freeze())),
-                OpCode::Text => {
-                    let mut partial = Partial {
-                        buf: payload,
-                        valid: 0,
-                    };
-                    partial.check(false)?;
-                    self.partial = Some(partial);
-                }
-                OpCode::Continuation => {
-                    let Some(partial) = self.partial.as_mut() else {
-                        return Err(CloseReason::ProtocolError);
-                    };
-                    if partial.buf.len() + payload.len() > self.max {
-                        return Err(CloseReason::MessageTooBig);
-                    }
-                    partial.buf.extend_from_slice(&payload);
-                    partial.check(fin)?;
-                    if fin && let Some(partial) = self.partial.take() {
-                        return Ok(Incoming::Text(partial.buf.freeze()));
-                    }
-                }
-            }
-        }
+                .is_err()
+        );
+        let _ = client.write_all(&wire[10_003..]).await;
+        assert_eq!(text(&mut reader, &out).await.len(), 20_000);
     }
-}
 
-impl Partial {
-    /// Checks the bytes not yet known valid; an incomplete character at the
-    /// end is fine unless the message is `complete`.
-    fn check(&mut self, complete: bool) -> Result<(), CloseReason> {
-        match std::str::from_utf8(&self.buf[self.valid..]) {
-            Ok(_) => {
-                self.valid = self.buf.len();
-                Ok(())
-            }
-            Err(e) if e.error_len().is_none() && !complete => {
-                self.valid += e.valid_up_to();
-                Ok(())
-            }
-            Err(_) => Err(CloseReason::InvalidUtf8),
-        }
-    }
-}
-
-/// Whether the client masked the frame, as RFC 6455 5.1 requires. The
-/// library keeps the mask private but writes it into a formatted header.
-fn is_masked(frame: &mut Frame<'_>) -> bool {
-    let mut head = [0u8; 14];
-    frame.fmt_head(&mut head);
-    head[1] & 0x80 != 0
-}
-
-fn into_bytes(payload: Payload<'_>) -> BytesMut {
-    match payload {
-        Payload::Bytes(b) => b,
-        other => BytesMut::from(&other[..]),
+    #[test]
+    fn an_idle_reader_holds_no_buffer() {
+        // Its size is all it costs: the parser and carry own no heap memory.
+        let reader = Reader::new(tokio::io::empty(), 1 << 16);
+        assert!(reader.carry.capacity() == 0);
+        assert!(
+            std::mem::size_of_val(&reader) <= 160,
+            "{}",
+            std::mem::size_of_val(&reader)
+        );
     }
 }

@@ -37,12 +37,19 @@ pub async fn run<W: AsyncWrite + Unpin>(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch: Vec<Bytes> = Vec::new();
     let mut draining = false;
+    // Watched through a child token of this connection's own, and both
+    // futures made once: polled on every wake-up, the pod-wide token's lock
+    // and waiter list would be shared by every writer on every core.
+    let drain = node.drain.child_token();
+    let stopped = stop.cancelled();
+    let drained = drain.cancelled();
+    tokio::pin!(stopped, drained);
     loop {
         tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
+            _ = &mut stopped => break,
             _ = out.ready() => {}
-            _ = node.drain.cancelled(), if !draining => {
+            _ = &mut drained, if !draining => {
                 draining = true;
                 advise_reconnect(&out, node.config.shutdown.drain_timeout);
                 continue;

@@ -61,6 +61,19 @@ impl Herald {
         );
     }
 
+    /// A pod of a cluster sharing the `redis-server` at `redis_url`, with
+    /// sessions flushed every 50 ms so that a client that moves finds its
+    /// acks at the next pod; plus `env`.
+    pub async fn pod(redis_url: &str, env: &[(&str, &str)]) -> Self {
+        let mut all = vec![
+            ("HERALD_BROKER", "redis"),
+            ("HERALD_REDIS__URL", redis_url),
+            ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
+        ];
+        all.extend_from_slice(env);
+        Self::start(&all, &[]).await
+    }
+
     fn spawn(addr: SocketAddr, grpc_addr: SocketAddr, env: &[(&str, &str)], args: &[&str]) -> Self {
         let log = log_path();
         let out = std::fs::File::create(&log).expect("create the log file");

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use gateway::{Config, Node};
+use proto::v1::publisher_client::PublisherClient;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -16,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tonic::transport::{Channel, Endpoint};
 
 /// Longest any single expected event may take before a test fails.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -165,6 +167,19 @@ pub async fn http_with_headers(
     (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A client of the gRPC publish API at `addr`; every call is bounded by
+/// [`WAIT`].
+pub async fn grpc_client(addr: SocketAddr) -> PublisherClient<Channel> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect_timeout(WAIT)
+        .timeout(WAIT)
+        .connect()
+        .await
+        .expect("connect over gRPC");
+    PublisherClient::new(channel)
+}
+
 /// A WebSocket client the project did not write.
 pub struct Client {
     pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
@@ -181,6 +196,14 @@ impl Client {
             .expect("connect in time")
             .expect("connect");
         Self { ws }
+    }
+
+    /// A client at `url` with a session, subscribed to `topic`.
+    pub async fn subscriber(url: &str, topic: &str) -> Self {
+        let mut client = Self::connect_url(url).await;
+        client.hello(None).await;
+        client.sub(1, topic).await;
+        client
     }
 
     pub async fn send(&mut self, value: Value) {

@@ -1,0 +1,720 @@
+//! RFC 6455 client frames, parsed from whatever bytes have arrived.
+//!
+//! The parser does no I/O: [`Parser::feed`] takes the bytes one read
+//! returned, keeps what it needs and says how much it used. It holds a
+//! 14-byte header in place and allocates only for a payload: a control
+//! frame's (at most 125 bytes) or the text message being assembled, sized
+//! from the frame header and handed over whole. Between messages it owns no
+//! heap memory, so an idle connection costs only this struct.
+//!
+//! Every rule a server must enforce on client frames is checked here, as early
+//! as the bytes allow: a frame is refused from its header, before its payload
+//! is read, when its bits, opcode, mask, length or place in a fragmented
+//! message are wrong.
+
+use bytes::Bytes;
+
+const FIN: u8 = 0x80;
+const RSV: u8 = 0x70;
+const MASKED: u8 = 0x80;
+
+const OP_CONTINUATION: u8 = 0x0;
+const OP_TEXT: u8 = 0x1;
+const OP_BINARY: u8 = 0x2;
+const OP_CLOSE: u8 = 0x8;
+const OP_PING: u8 = 0x9;
+const OP_PONG: u8 = 0xA;
+
+/// Longest frame header: 2 bytes, a 64-bit length and the mask.
+const MAX_HEADER: usize = 14;
+/// Largest control frame payload (RFC 6455 5.5).
+const MAX_CONTROL: usize = 125;
+
+/// A client frame that breaks RFC 6455 or our limits. Each ends the
+/// connection; `CloseReason::from_read_error` picks the close code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("reserved bits set, but no extension was negotiated")]
+    ReservedBits,
+    #[error("opcode {0:#x} is reserved")]
+    ReservedOpcode(u8),
+    #[error("client frame not masked")]
+    Unmasked,
+    #[error("control frame without FIN")]
+    FragmentedControl,
+    #[error("control frame payload over 125 bytes")]
+    LongControl,
+    #[error("64-bit payload length with the most significant bit set")]
+    LengthTopBit,
+    #[error("message over the size limit")]
+    TooBig,
+    #[error("continuation frame without a message to continue")]
+    StrayContinuation,
+    #[error("new message started inside a fragmented one")]
+    Interleaved,
+    #[error("binary message")]
+    Binary,
+    #[error("text that is not UTF-8")]
+    InvalidUtf8,
+    #[error("close frame with a 1-byte payload")]
+    ShortClose,
+    #[error("close code {0} is not allowed on the wire")]
+    CloseCode(u16),
+    #[error("close reason that is not UTF-8")]
+    CloseReasonUtf8,
+}
+
+/// A whole message or control frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A text message, valid UTF-8, reassembled if it came in fragments.
+    Text(Bytes),
+    Ping(Bytes),
+    Pong(Bytes),
+    /// A valid close frame's payload (code and reason), to be echoed.
+    Close(Bytes),
+}
+
+/// The frame parser of one connection.
+#[derive(Debug)]
+pub struct Parser {
+    /// Largest message, whole or reassembled.
+    max: usize,
+    /// The header of the next frame, as far as it has arrived.
+    head: [u8; MAX_HEADER],
+    head_len: usize,
+    /// The frame whose payload is being read.
+    frame: Option<Frame>,
+    /// The text message being assembled: set by a text frame, taken when a
+    /// frame with FIN completes it.
+    message: Option<Message>,
+    /// The payload of the control frame being read.
+    control: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Frame {
+    fin: bool,
+    opcode: u8,
+    mask: [u8; 4],
+    /// Payload bytes still to come.
+    left: usize,
+    /// Payload bytes read (and unmasked) so far.
+    got: usize,
+}
+
+#[derive(Debug)]
+struct Message {
+    buf: Vec<u8>,
+    /// Bytes at the front of `buf` known to be valid UTF-8.
+    valid: usize,
+}
+
+impl Parser {
+    /// A parser that refuses messages over `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            head: [0; MAX_HEADER],
+            head_len: 0,
+            frame: None,
+            message: None,
+            control: Vec::new(),
+        }
+    }
+
+    /// Parses from `input` until it runs out or a message (or control frame)
+    /// is complete. Returns the bytes used: all of `input` unless a message
+    /// came out, in which case the rest belongs to the frames that follow.
+    pub fn feed(&mut self, input: &[u8]) -> Result<(usize, Option<Parsed>), FrameError> {
+        let mut used = 0;
+        loop {
+            if let Some(frame) = &self.frame {
+                let take = frame.left.min(input.len() - used);
+                if frame.left > 0 && take == 0 {
+                    return Ok((used, None));
+                }
+                self.payload().extend_from_slice(&input[used..used + take]);
+                used += take;
+                let parsed = self.appended(take)?;
+                if parsed.is_some() || self.frame.is_some() {
+                    return Ok((used, parsed));
+                }
+                // A fragment that completes no message: on to the next header.
+                continue;
+            }
+            let need = self.header_len()?;
+            let take = (need - self.head_len).min(input.len() - used);
+            self.head[self.head_len..self.head_len + take]
+                .copy_from_slice(&input[used..used + take]);
+            self.head_len += take;
+            used += take;
+            // With two bytes in, the header's full length is known: go round
+            // again for the rest.
+            if self.head_len < self.header_len()? {
+                if used == input.len() {
+                    return Ok((used, None));
+                }
+                continue;
+            }
+            self.start_frame()?;
+        }
+    }
+
+    /// Payload bytes of the current frame still to come; 0 while reading a
+    /// header.
+    pub fn payload_left(&self) -> usize {
+        self.frame.as_ref().map_or(0, |f| f.left)
+    }
+
+    /// Where the current frame's payload goes. It has room for the whole
+    /// frame, so a reader may append up to [`payload_left`](Self::payload_left)
+    /// bytes straight from the socket, then call [`appended`](Self::appended).
+    pub fn payload(&mut self) -> &mut Vec<u8> {
+        match (&self.frame, &mut self.message) {
+            (Some(frame), Some(message)) if !is_control(frame.opcode) => &mut message.buf,
+            _ => &mut self.control,
+        }
+    }
+
+    /// Takes note of `n` raw payload bytes appended to [`payload`](Self::payload):
+    /// unmasks them and, if they end the frame, checks it.
+    pub fn appended(&mut self, n: usize) -> Result<Option<Parsed>, FrameError> {
+        let Some(frame) = self.frame.as_mut() else {
+            return Ok(None);
+        };
+        // The mask runs on from where the previous chunk stopped.
+        let mut mask = frame.mask;
+        mask.rotate_left(frame.got % 4);
+        frame.got += n;
+        frame.left -= n;
+        let done = frame.left == 0;
+        let payload = self.payload();
+        let start = payload.len() - n;
+        fastwebsockets::unmask(&mut payload[start..], mask);
+        if !done {
+            return Ok(None);
+        }
+        match self.frame.take() {
+            Some(frame) => self.finish_frame(&frame),
+            None => Ok(None),
+        }
+    }
+
+    /// The full length of the header being read, once its first two bytes
+    /// are in and have passed the checks they allow.
+    fn header_len(&self) -> Result<usize, FrameError> {
+        if self.head_len < 2 {
+            return Ok(2);
+        }
+        let [b0, b1] = [self.head[0], self.head[1]];
+        let opcode = b0 & 0x0F;
+        if b0 & RSV != 0 {
+            // No extension is negotiated, so no reserved bit may be set.
+            return Err(FrameError::ReservedBits);
+        }
+        if !matches!(
+            opcode,
+            OP_CONTINUATION | OP_TEXT | OP_BINARY | OP_CLOSE | OP_PING | OP_PONG
+        ) {
+            return Err(FrameError::ReservedOpcode(opcode));
+        }
+        if b1 & MASKED == 0 {
+            // RFC 6455 5.1: every client frame is masked.
+            return Err(FrameError::Unmasked);
+        }
+        let short = usize::from(b1 & 0x7F);
+        if is_control(opcode) && b0 & FIN == 0 {
+            return Err(FrameError::FragmentedControl);
+        }
+        if is_control(opcode) && short > MAX_CONTROL {
+            return Err(FrameError::LongControl);
+        }
+        let extended = match short {
+            126 => 2,
+            127 => 8,
+            _ => 0,
+        };
+        Ok(2 + extended + 4)
+    }
+
+    /// Checks a complete header against the limits and the message in
+    /// progress, and makes room for the payload.
+    fn start_frame(&mut self) -> Result<(), FrameError> {
+        let head = &self.head[..self.head_len];
+        self.head_len = 0;
+        let fin = head[0] & FIN != 0;
+        let opcode = head[0] & 0x0F;
+        let (len, rest) = match head[1] & 0x7F {
+            126 => (
+                u64::from(u16::from_be_bytes([head[2], head[3]])),
+                &head[4..],
+            ),
+            127 => {
+                let mut len = [0; 8];
+                len.copy_from_slice(&head[2..10]);
+                let len = u64::from_be_bytes(len);
+                if len >> 63 != 0 {
+                    // RFC 6455 5.2: the most significant bit must be 0.
+                    return Err(FrameError::LengthTopBit);
+                }
+                (len, &head[10..])
+            }
+            short => (u64::from(short), &head[2..]),
+        };
+        let mask = [rest[0], rest[1], rest[2], rest[3]];
+        let len = usize::try_from(len).map_err(|_| FrameError::TooBig)?;
+        // Control frames are short by now; `max` bounds messages.
+        if len > self.max && !is_control(opcode) {
+            return Err(FrameError::TooBig);
+        }
+        match opcode {
+            OP_CLOSE | OP_PING | OP_PONG => self.control = Vec::with_capacity(len),
+            OP_CONTINUATION => {
+                let Some(message) = self.message.as_mut() else {
+                    return Err(FrameError::StrayContinuation);
+                };
+                if message.buf.len() + len > self.max {
+                    return Err(FrameError::TooBig);
+                }
+                message.buf.reserve_exact(len);
+            }
+            _ if self.message.is_some() => return Err(FrameError::Interleaved),
+            OP_BINARY => return Err(FrameError::Binary),
+            _ => {
+                self.message = Some(Message {
+                    buf: Vec::with_capacity(len),
+                    valid: 0,
+                })
+            }
+        }
+        self.frame = Some(Frame {
+            fin,
+            opcode,
+            mask,
+            left: len,
+            got: 0,
+        });
+        Ok(())
+    }
+
+    /// Checks a frame whose payload is complete and unmasked.
+    fn finish_frame(&mut self, frame: &Frame) -> Result<Option<Parsed>, FrameError> {
+        match frame.opcode {
+            OP_PING => Ok(Some(Parsed::Ping(self.take_control()))),
+            OP_PONG => Ok(Some(Parsed::Pong(self.take_control()))),
+            OP_CLOSE => {
+                let payload = self.take_control();
+                check_close(&payload)?;
+                Ok(Some(Parsed::Close(payload)))
+            }
+            _ => {
+                let Some(message) = self.message.as_mut() else {
+                    return Ok(None);
+                };
+                message.check(frame.fin)?;
+                if !frame.fin {
+                    return Ok(None);
+                }
+                let mut buf = self.message.take().map(|m| m.buf).unwrap_or_default();
+                // Fragments may have left spare room; the message may live on
+                // in history, so it should not carry that.
+                buf.shrink_to_fit();
+                Ok(Some(Parsed::Text(Bytes::from(buf))))
+            }
+        }
+    }
+
+    fn take_control(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.control))
+    }
+}
+
+impl Message {
+    /// Checks the bytes not yet known valid; an incomplete character at the
+    /// end is fine unless the message is `complete`.
+    fn check(&mut self, complete: bool) -> Result<(), FrameError> {
+        let unchecked = &self.buf[self.valid..];
+        if simdutf8::basic::from_utf8(unchecked).is_ok() {
+            self.valid = self.buf.len();
+            return Ok(());
+        }
+        // Rare: find out whether the text is bad or only cut short.
+        match simdutf8::compat::from_utf8(unchecked) {
+            Ok(_) => {
+                self.valid = self.buf.len();
+                Ok(())
+            }
+            Err(e) if e.error_len().is_none() && !complete => {
+                self.valid += e.valid_up_to();
+                Ok(())
+            }
+            Err(_) => Err(FrameError::InvalidUtf8),
+        }
+    }
+}
+
+fn is_control(opcode: u8) -> bool {
+    opcode & 0x8 != 0
+}
+
+/// RFC 6455 5.5.1 and 7.4: a close payload is empty or a code the wire
+/// allows, then UTF-8 text.
+fn check_close(payload: &[u8]) -> Result<(), FrameError> {
+    match payload {
+        [] => Ok(()),
+        [_] => Err(FrameError::ShortClose),
+        [hi, lo, reason @ ..] => {
+            let code = u16::from_be_bytes([*hi, *lo]);
+            if !close_code_allowed(code) {
+                return Err(FrameError::CloseCode(code));
+            }
+            if simdutf8::basic::from_utf8(reason).is_err() {
+                return Err(FrameError::CloseReasonUtf8);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Codes a peer may send (RFC 6455 7.4.1, 7.4.2). 1004, 1005, 1006 and 1015
+/// are reserved or local-only; 1016-2999 are for future standards; 3000-4999
+/// belong to libraries and applications.
+fn close_code_allowed(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A masked client frame: `first` is FIN, RSV and opcode.
+    pub(crate) fn masked(first: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        let mut out = vec![first];
+        let len = payload.len();
+        if len < 126 {
+            out.push(MASKED | len as u8);
+        } else if let Ok(len) = u16::try_from(len) {
+            out.push(MASKED | 126);
+            out.extend_from_slice(&len.to_be_bytes());
+        } else {
+            out.push(MASKED | 127);
+            out.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    /// Feeds `input` in chunks of `step` bytes; every event, then the error
+    /// that stopped the parse, if any.
+    fn parse_in(max: usize, input: &[u8], step: usize) -> (Vec<Parsed>, Option<FrameError>) {
+        let mut parser = Parser::new(max);
+        let mut events = Vec::new();
+        let mut chunks = input.chunks(step);
+        let mut carry: Vec<u8> = Vec::new();
+        loop {
+            let chunk: Vec<u8> = if carry.is_empty() {
+                match chunks.next() {
+                    Some(c) => c.to_vec(),
+                    None => return (events, None),
+                }
+            } else {
+                std::mem::take(&mut carry)
+            };
+            match parser.feed(&chunk) {
+                Ok((used, parsed)) => {
+                    if parsed.is_none() {
+                        assert_eq!(used, chunk.len(), "all input used when nothing came out");
+                    }
+                    carry = chunk[used..].to_vec();
+                    events.extend(parsed);
+                }
+                Err(reason) => return (events, Some(reason)),
+            }
+        }
+    }
+
+    /// The same bytes one at a time, all at once and in 7-byte chunks must
+    /// give the same result; returns it.
+    fn parse(max: usize, input: &[u8]) -> (Vec<Parsed>, Option<FrameError>) {
+        let bytewise = parse_in(max, input, 1);
+        assert_eq!(parse_in(max, input, input.len().max(1)), bytewise);
+        assert_eq!(parse_in(max, input, 7), bytewise);
+        bytewise
+    }
+
+    fn fails(max: usize, input: &[u8]) -> FrameError {
+        match parse(max, input) {
+            (_, Some(reason)) => reason,
+            (events, None) => panic!("expected an error, got {events:?}"),
+        }
+    }
+
+    fn text(s: &str) -> Parsed {
+        Parsed::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn a_text_frame_of_each_length_form() {
+        for len in [0usize, 1, 125, 126, 65535, 65536, 200_000] {
+            let payload = "é".repeat(len / 2) + &"x".repeat(len % 2);
+            let (events, error) = parse_in(1 << 20, &masked(FIN | OP_TEXT, payload.as_bytes()), 1);
+            assert_eq!(error, None, "len {len}");
+            assert_eq!(events, vec![text(&payload)], "len {len}");
+        }
+    }
+
+    #[test]
+    fn length_forms_on_the_wire() {
+        // The second byte (without the mask bit) and the extended length.
+        assert_eq!(masked(FIN | OP_TEXT, &[b'a'; 125])[1], MASKED | 125);
+        assert_eq!(
+            &masked(FIN | OP_TEXT, &[b'a'; 126])[1..4],
+            &[MASKED | 126, 0, 126]
+        );
+        assert_eq!(
+            &masked(FIN | OP_TEXT, &[b'a'; 65536])[1..10],
+            &[MASKED | 127, 0, 0, 0, 0, 0, 1, 0, 0]
+        );
+    }
+
+    #[test]
+    fn several_frames_in_one_read() {
+        let mut input = masked(FIN | OP_TEXT, b"one");
+        input.extend(masked(FIN | OP_PING, b"p"));
+        input.extend(masked(FIN | OP_TEXT, b""));
+        input.extend(masked(FIN | OP_PONG, b""));
+        input.extend(masked(FIN | OP_CLOSE, &[0x03, 0xe8, b'o', b'k']));
+        assert_eq!(
+            parse(64, &input),
+            (
+                vec![
+                    text("one"),
+                    Parsed::Ping(Bytes::from_static(b"p")),
+                    text(""),
+                    Parsed::Pong(Bytes::new()),
+                    Parsed::Close(Bytes::from_static(&[0x03, 0xe8, b'o', b'k'])),
+                ],
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn fragments_are_reassembled_around_control_frames() {
+        let mut input = masked(OP_TEXT, b"{\"op\"");
+        input.extend(masked(FIN | OP_PING, b"mid"));
+        input.extend(masked(OP_CONTINUATION, b""));
+        input.extend(masked(OP_CONTINUATION, b":\"hel"));
+        input.extend(masked(FIN | OP_PONG, b"x"));
+        input.extend(masked(FIN | OP_CONTINUATION, b"lo\"}"));
+        assert_eq!(
+            parse(64, &input),
+            (
+                vec![
+                    Parsed::Ping(Bytes::from_static(b"mid")),
+                    Parsed::Pong(Bytes::from_static(b"x")),
+                    text("{\"op\":\"hello\"}"),
+                ],
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn a_character_may_straddle_fragments() {
+        let euro = "€".as_bytes();
+        let mut input = masked(OP_TEXT, &euro[..1]);
+        input.extend(masked(OP_CONTINUATION, &euro[1..2]));
+        input.extend(masked(FIN | OP_CONTINUATION, &euro[2..]));
+        assert_eq!(parse(64, &input), (vec![text("€")], None));
+    }
+
+    #[test]
+    fn a_message_cut_inside_a_character_is_invalid() {
+        let euro = "€".as_bytes();
+        let mut input = masked(OP_TEXT, &euro[..1]);
+        input.extend(masked(FIN | OP_CONTINUATION, &euro[1..2]));
+        assert_eq!(fails(64, &input), FrameError::InvalidUtf8);
+        assert_eq!(
+            fails(64, &masked(FIN | OP_TEXT, &euro[..2])),
+            FrameError::InvalidUtf8
+        );
+    }
+
+    #[test]
+    fn bad_utf8_is_refused_in_the_fragment_that_has_it() {
+        assert_eq!(
+            fails(64, &masked(FIN | OP_TEXT, &[0xff, 0xfe])),
+            FrameError::InvalidUtf8
+        );
+        let mut input = masked(OP_TEXT, b"ok");
+        input.extend(masked(OP_CONTINUATION, b"\"h\xff"));
+        // No final fragment: the error comes as the bad one arrives.
+        assert_eq!(parse(64, &input), (vec![], Some(FrameError::InvalidUtf8)));
+    }
+
+    #[test]
+    fn reserved_bits_unknown_opcodes_and_unmasked_frames_are_protocol_errors() {
+        for rsv in [0x40, 0x20, 0x10] {
+            assert_eq!(
+                fails(64, &masked(FIN | rsv | OP_TEXT, b"x")),
+                FrameError::ReservedBits
+            );
+        }
+        for opcode in [0x3, 0x4, 0x5, 0x6, 0x7, 0xB, 0xC, 0xD, 0xE, 0xF] {
+            assert_eq!(
+                fails(64, &masked(FIN | opcode, b"")),
+                FrameError::ReservedOpcode(opcode)
+            );
+        }
+        let mut unmasked = masked(FIN | OP_TEXT, b"hi");
+        unmasked[1] &= !MASKED;
+        // Refused from the first two bytes, before the rest arrives.
+        assert_eq!(fails(64, &unmasked[..2]), FrameError::Unmasked);
+    }
+
+    #[test]
+    fn control_frames_are_final_and_short() {
+        for opcode in [OP_PING, OP_PONG, OP_CLOSE] {
+            assert_eq!(
+                fails(300, &masked(opcode, b"")),
+                FrameError::FragmentedControl
+            );
+            assert_eq!(
+                fails(300, &masked(FIN | opcode, &[b'a'; 126])[..2]),
+                FrameError::LongControl
+            );
+        }
+        let (events, error) = parse(300, &masked(FIN | OP_PING, &[b'a'; 125]));
+        assert_eq!((events.len(), error), (1, None));
+    }
+
+    #[test]
+    fn a_64_bit_length_with_the_top_bit_is_a_protocol_error() {
+        let mut input = vec![FIN | OP_TEXT, MASKED | 127];
+        input.extend_from_slice(&(1u64 << 63).to_be_bytes());
+        input.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(fails(64, &input), FrameError::LengthTopBit);
+    }
+
+    #[test]
+    fn size_is_refused_from_the_header() {
+        // At the limit is fine; one byte over is refused with the header
+        // alone, payload unsent.
+        assert_eq!(parse(10, &masked(FIN | OP_TEXT, b"0123456789")).1, None);
+        let over = masked(FIN | OP_TEXT, b"0123456789a");
+        assert_eq!(fails(10, &over[..6]), FrameError::TooBig);
+        let mut huge = vec![FIN | OP_TEXT, MASKED | 127];
+        huge.extend_from_slice(&(u64::MAX >> 1).to_be_bytes());
+        huge.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(fails(10, &huge), FrameError::TooBig);
+        // A binary frame over the limit is too big before it is binary.
+        let binary = masked(FIN | OP_BINARY, b"0123456789a");
+        assert_eq!(fails(10, &binary[..6]), FrameError::TooBig);
+        // Control frames are bounded by 125 bytes, not by the message limit.
+        assert_eq!(parse(10, &masked(FIN | OP_PING, &[b'p'; 125])).1, None);
+    }
+
+    #[test]
+    fn a_reassembled_message_over_the_limit_is_refused_from_the_header() {
+        let mut input = masked(OP_TEXT, b"01234");
+        input.extend(masked(OP_CONTINUATION, b"56789"));
+        let over = masked(FIN | OP_CONTINUATION, b"a");
+        input.extend_from_slice(&over[..6]);
+        assert_eq!(fails(10, &input), FrameError::TooBig);
+    }
+
+    #[test]
+    fn fragments_out_of_order_are_protocol_errors() {
+        assert_eq!(
+            fails(64, &masked(FIN | OP_CONTINUATION, b"x")),
+            FrameError::StrayContinuation
+        );
+        let mut input = masked(OP_TEXT, b"a");
+        input.extend(masked(FIN | OP_TEXT, b"b"));
+        assert_eq!(fails(64, &input), FrameError::Interleaved);
+        let mut input = masked(OP_TEXT, b"a");
+        input.extend(masked(FIN | OP_BINARY, b"b"));
+        assert_eq!(fails(64, &input), FrameError::Interleaved);
+        // A finished message leaves nothing to continue.
+        let mut input = masked(FIN | OP_TEXT, b"a");
+        input.extend(masked(FIN | OP_CONTINUATION, b"b"));
+        assert_eq!(
+            parse(64, &input),
+            (vec![text("a")], Some(FrameError::StrayContinuation))
+        );
+    }
+
+    #[test]
+    fn binary_is_unsupported_data() {
+        assert_eq!(
+            fails(64, &masked(FIN | OP_BINARY, b"{}")),
+            FrameError::Binary
+        );
+        assert_eq!(fails(64, &masked(OP_BINARY, b"{")), FrameError::Binary);
+    }
+
+    #[test]
+    fn close_frames_are_checked() {
+        let close = |payload: &[u8]| parse(200, &masked(FIN | OP_CLOSE, payload));
+        assert_eq!(close(&[]), (vec![Parsed::Close(Bytes::new())], None));
+        assert_eq!(close(&[0x03]).1, Some(FrameError::ShortClose));
+        for code in [
+            0u16,
+            999,
+            1004,
+            1005,
+            1006,
+            1015,
+            1016,
+            2000,
+            2999,
+            5000,
+            u16::MAX,
+        ] {
+            assert_eq!(
+                close(&code.to_be_bytes()).1,
+                Some(FrameError::CloseCode(code)),
+                "{code}"
+            );
+        }
+        for code in [
+            1000u16, 1001, 1002, 1003, 1007, 1008, 1011, 1014, 3000, 4000, 4999,
+        ] {
+            let mut payload = code.to_be_bytes().to_vec();
+            payload.extend_from_slice("bye €".as_bytes());
+            assert_eq!(
+                close(&payload),
+                (vec![Parsed::Close(Bytes::from(payload.clone()))], None),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            close(&[0x03, 0xe8, 0xff]).1,
+            Some(FrameError::CloseReasonUtf8)
+        );
+    }
+
+    #[test]
+    fn nothing_is_held_between_messages() {
+        let mut parser = Parser::new(1 << 20);
+        let mut input = masked(OP_TEXT, &[b'a'; 70_000]);
+        input.extend(masked(FIN | OP_PING, b"p"));
+        input.extend(masked(FIN | OP_CONTINUATION, b"b"));
+        let mut used = 0;
+        let mut events = 0;
+        while used < input.len() {
+            let (n, parsed) = parser
+                .feed(&input[used..])
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            used += n;
+            events += usize::from(parsed.is_some());
+        }
+        assert_eq!(events, 2);
+        assert!(parser.message.is_none() && parser.frame.is_none());
+        assert_eq!(parser.control.capacity(), 0);
+    }
+}
