@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::latency::{Stamp, now_micros};
 use crate::{Error, Target};
@@ -40,7 +40,7 @@ pub const SOURCE_ADDRESSES: u32 = 16;
 pub const FD_MARGIN: u64 = 64;
 /// Each client's read buffer. tungstenite's default of 128 KiB would cost
 /// 1.3 GB at 10,000 clients; a frame is read whole however small this is.
-const READ_BUFFER_BYTES: usize = 16 * 1024;
+pub(crate) const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// The first source address.
 const FIRST_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
@@ -130,21 +130,61 @@ pub async fn subscribe_all(
     count: usize,
     topic: &str,
 ) -> Result<Vec<Subscriber>, Error> {
-    if gateways.is_empty() {
-        return Err(Error::Options("no gateway to connect to".to_owned()));
+    subscribe_spread(gateways, count, &[topic.to_owned()]).await
+}
+
+/// As [`subscribe_all`], with client `i` subscribed to `topics[i % topics.len()]`.
+pub async fn subscribe_spread(
+    gateways: &[Target],
+    count: usize,
+    topics: &[String],
+) -> Result<Vec<Subscriber>, Error> {
+    if gateways.is_empty() || topics.is_empty() {
+        return Err(Error::Options(
+            "no gateway to connect to, or no topic".to_owned(),
+        ));
     }
     let gateways: Arc<[Target]> = gateways.into();
-    let topic: Arc<str> = topic.into();
+    let topics: Arc<[String]> = topics.into();
+    open_all(count, move |client| {
+        let (gateways, topics) = (gateways.clone(), topics.clone());
+        async move {
+            let gateway = client % gateways.len();
+            let topic = &topics[client % topics.len()];
+            Subscriber::open(client, gateway, &gateways[gateway], topic).await
+        }
+    })
+    .await
+}
+
+/// How a failure of client `client` (from `source_addr`, to `target`)
+/// becomes an [`Error::Client`], given the reason.
+pub(crate) fn client_failure(
+    client: usize,
+    source_addr: Option<SocketAddr>,
+    target: SocketAddr,
+) -> impl Fn(String) -> Error + Copy {
+    move |reason| Error::Client {
+        client,
+        source_addr,
+        target,
+        reason,
+    }
+}
+
+/// Opens clients `0..count` with `open`, at most [`CONNECT_CONCURRENCY`] at
+/// once, sorted by number. The first failure stops the others and is returned.
+pub async fn open_all<T, F, Fut>(count: usize, open: F) -> Result<Vec<T>, Error>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T, Error>> + Send,
+{
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicBool::new(false));
     let mut workers = JoinSet::new();
     for _ in 0..CONNECT_CONCURRENCY.min(count) {
-        let (gateways, topic, next, failed) = (
-            gateways.clone(),
-            topic.clone(),
-            next.clone(),
-            failed.clone(),
-        );
+        let (open, next, failed) = (open.clone(), next.clone(), failed.clone());
         workers.spawn(async move {
             let mut opened = Vec::new();
             loop {
@@ -152,9 +192,8 @@ pub async fn subscribe_all(
                 if client >= count || failed.load(Ordering::Relaxed) {
                     return Ok(opened);
                 }
-                let gateway = client % gateways.len();
-                match Subscriber::open(client, gateway, &gateways[gateway], &topic).await {
-                    Ok(subscriber) => opened.push(subscriber),
+                match open(client).await {
+                    Ok(one) => opened.push((client, one)),
                     Err(e) => {
                         failed.store(true, Ordering::Relaxed);
                         return Err(e);
@@ -177,8 +216,8 @@ pub async fn subscribe_all(
     if let Some(e) = first_error {
         return Err(e);
     }
-    all.sort_by_key(|s| s.client);
-    Ok(all)
+    all.sort_by_key(|&(client, _)| client);
+    Ok(all.into_iter().map(|(_, one)| one).collect())
 }
 
 impl Subscriber {
@@ -190,31 +229,39 @@ impl Subscriber {
         target: &Target,
         topic: &str,
     ) -> Result<Self, Error> {
+        Self::open_with(client, gateway, target, topic, None).await
+    }
+
+    /// As [`open`](Self::open), with the socket's receive buffer
+    /// (`SO_RCVBUF`) set to `recv_buffer` bytes before connecting: a client
+    /// that then stops reading fills its gateway's buffers soon.
+    pub async fn open_with(
+        client: usize,
+        gateway: usize,
+        target: &Target,
+        topic: &str,
+        recv_buffer: Option<u32>,
+    ) -> Result<Self, Error> {
         let source = source_addr(target.addr.ip(), client);
-        let fail = |reason: String| Error::Client {
-            client,
-            source_addr: source,
-            target: target.addr,
-            reason,
-        };
+        let fail = client_failure(client, source, target.addr);
         let opening = async {
-            let stream = connect(source, target.addr)
+            let stream = connect_with(source, target.addr, recv_buffer)
                 .await
                 .map_err(|e| fail(describe(&e)))?;
-            let config = WebSocketConfig::default()
-                .read_buffer_size(READ_BUFFER_BYTES)
-                .write_buffer_size(0);
-            let (mut ws, _) =
-                tokio_tungstenite::client_async_with_config(target.ws_url(), stream, Some(config))
-                    .await
-                    .map_err(|e| {
-                        let hint = if e.to_string().contains("503") {
-                            " (over the gateway's websocket.max_connections, or draining)"
-                        } else {
-                            ""
-                        };
-                        fail(format!("WebSocket handshake: {e}{hint}"))
-                    })?;
+            let (mut ws, _) = tokio_tungstenite::client_async_with_config(
+                target.ws_url(),
+                stream,
+                Some(config()),
+            )
+            .await
+            .map_err(|e| {
+                let hint = if e.to_string().contains("503") {
+                    " (over the gateway's websocket.max_connections, or draining)"
+                } else {
+                    ""
+                };
+                fail(format!("WebSocket handshake: {e}{hint}"))
+            })?;
             let sub = serde_json::json!({"op": "sub", "id": 1, "topic": topic}).to_string();
             ws.send(Message::text(sub))
                 .await
@@ -245,6 +292,18 @@ impl Subscriber {
             gateway,
             ws,
         })
+    }
+
+    /// Client `client` on a connection that speaks WebSocket from its first
+    /// byte, without a handshake: `floor`'s readers, whose writer is no
+    /// WebSocket server. It reads as a gateway's client does.
+    pub async fn raw(client: usize, stream: TcpStream) -> Self {
+        let ws = WebSocketStream::from_raw_socket(stream, Role::Client, Some(config())).await;
+        Self {
+            client,
+            gateway: 0,
+            ws,
+        }
     }
 
     /// Reads until `stop` turns true (or its sender goes), noting for each
@@ -318,13 +377,35 @@ impl Subscriber {
     }
 }
 
+/// Every client's WebSocket settings.
+fn config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+}
+
 /// A TCP connection to `target`, from `source` if given.
-async fn connect(source: Option<SocketAddr>, target: SocketAddr) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect(
+    source: Option<SocketAddr>,
+    target: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    connect_with(source, target, None).await
+}
+
+/// As [`connect`], with `SO_RCVBUF` set to `recv_buffer` bytes if given.
+async fn connect_with(
+    source: Option<SocketAddr>,
+    target: SocketAddr,
+    recv_buffer: Option<u32>,
+) -> std::io::Result<TcpStream> {
     let socket = if target.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
         TcpSocket::new_v6()?
     };
+    if let Some(bytes) = recv_buffer {
+        socket.set_recv_buffer_size(bytes)?;
+    }
     if let Some(source) = source {
         socket.bind(source)?;
     }
@@ -334,7 +415,7 @@ async fn connect(source: Option<SocketAddr>, target: SocketAddr) -> std::io::Res
 }
 
 /// An I/O error with what it usually means here.
-fn describe(e: &std::io::Error) -> String {
+pub(crate) fn describe(e: &std::io::Error) -> String {
     // Linux errno values: this tool runs where the gateway runs.
     let hint = match e.raw_os_error() {
         Some(24) => " (out of file descriptors: see `ulimit -n`)",

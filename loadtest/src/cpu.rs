@@ -23,6 +23,15 @@ pub fn process_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / TICKS_PER_SECOND)
 }
 
+/// CPU seconds the calling thread has run so far, to the nanosecond
+/// (`/proc/thread-self/schedstat`; `stat`'s ticks are 10 ms, too coarse for
+/// one round of writes).
+pub fn thread_seconds() -> Option<f64> {
+    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: f64 = schedstat.split_whitespace().next()?.parse().ok()?;
+    Some(ns / 1e9)
+}
+
 /// (busy, total) CPU seconds of the whole machine so far, all cores.
 fn machine_seconds() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -40,7 +49,7 @@ fn machine_seconds() -> Option<(f64, f64)> {
 }
 
 /// The process's name (`/proc/<pid>/comm`).
-fn process_name(pid: u32) -> String {
+pub fn process_name(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim().to_owned())
         .unwrap_or_else(|_| "?".to_owned())
@@ -145,6 +154,18 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn this_thread_burning_cpu_shows() {
+        let before = thread_seconds().expect("schedstat");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while thread_seconds().expect("schedstat") - before < 0.01 {
+            assert!(std::time::Instant::now() < deadline, "no CPU time counted");
+            for i in 0..10_000u64 {
+                std::hint::black_box(i);
+            }
+        }
+    }
 
     #[tokio::test]
     async fn this_process_burning_cpu_shows() {

@@ -66,7 +66,7 @@ impl Stamp {
 }
 
 /// Percentiles of a set of samples, in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub count: u64,
     pub p50_us: u32,

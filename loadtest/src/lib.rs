@@ -12,28 +12,54 @@
 //! - [`cpu`]: where the CPU went during a measurement (the machine, this
 //!   tool, the gateways named with `--watch-pid`), from `/proc`.
 //! - [`report`]: the human table on stdout and the JSON result file.
+//! - [`raw`]: a lean WebSocket client on a bare TCP socket, for counting a
+//!   frame's bytes and holding tens of thousands of idle connections.
+//! - [`memory`]: a process's resident memory, from `/proc`.
+//! - [`metrics`]: a gateway's `/metrics`, for what a client cannot see (when
+//!   the gateway closed a client that does not read).
+//! - [`sessions`]: clients that keep a session: they ack, and when their
+//!   connection goes they resume it, after a jittered backoff, at any gateway.
 //! - [`cli`]: the command line of `herald-loadtest`.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
+//! - [`scenarios::fanout`]: N clients on T topics, R paced rounds: per round
+//!   p50/p99/last client, gateway CPU and memory per round; with `--floor`,
+//!   as multiples of the floor. The engine of `pods` and `slow`.
 //! - [`scenarios::pods`]: clients spread over one or more gateways, a paced
 //!   publisher on one: delivery latency, lost and duplicated messages.
+//! - [`scenarios::slow`]: `fanout` without and then with clients that never
+//!   read: the others' latency, when the gateway closed the slow ones.
+//! - [`scenarios::floor`]: the same frames written to plain loopback sockets
+//!   by one thread (readers in a second process): the kernel's cost.
 //! - [`scenarios::publish`]: publish throughput over keep-alive HTTP.
+//! - [`scenarios::idle`]: connections held with heartbeats: gateway memory
+//!   per connection, unexpected closes; over several processes if need be.
+//! - [`scenarios::throughput`]: deliveries per second and per gateway CPU-second.
+//! - [`scenarios::wire`]: bytes on the wire per message, Herald against HTTP POST.
+//! - [`scenarios::storm`]: every connection cut at once (or a gateway
+//!   killed); the time until every session is resumed, lost and duplicated
+//!   messages per client.
 //!
-//! One message's way in `pods`: the publisher takes a connection from the
+//! One message's way in `fanout` (and `pods`, `slow`): the publisher takes a connection from the
 //! [`publish::Pool`], stamps the payload with the time
 //! ([`latency::Stamp`]) and posts it; the gateway fans it out; each client's
 //! reader ([`clients::Subscriber::read`]) notes the receive time minus the
 //! stamp under the message's index; the scenario merges the clients'
-//! records into percentiles per message ("round") and over the run.
+//! records into percentiles per round (a round's maximum is its "last
+//! client") and over the run.
 
 pub mod cli;
 pub mod clients;
 pub mod cpu;
 pub mod latency;
+pub mod memory;
+pub mod metrics;
 pub mod publish;
+pub mod raw;
 pub mod report;
 pub mod scenarios;
+pub mod sessions;
 pub mod target;
 
 use std::net::SocketAddr;
@@ -64,6 +90,10 @@ pub enum Error {
     },
     #[error("publish to {target}: {reason}")]
     Publish { target: SocketAddr, reason: String },
+    #[error("reading the metrics of {target}: {reason}")]
+    Scrape { target: SocketAddr, reason: String },
+    #[error("worker process: {0}")]
+    Worker(String),
     #[error("writing {path}: {source}")]
     Write {
         path: String,

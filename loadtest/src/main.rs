@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use loadtest::cli::{self, Command, EXIT_USAGE, USAGE};
 use loadtest::report::{self, Outcome};
-use loadtest::scenarios::{pods, publish};
+use loadtest::scenarios::{fanout, floor, idle, pods, publish, slow, storm, throughput, wire};
 
 /// Exit code when a figure that must be zero was not.
 const EXIT_FAILED: u8 = 1;
@@ -62,6 +62,46 @@ fn run(command: Command) -> anyhow::Result<bool> {
             }
             Command::Publish { options, out } => {
                 let outcome = publish::run(options).await.context("publish")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::Fanout { options, out } => {
+                let outcome = fanout::run(options).await.context("fanout")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::Slow { options, out } => {
+                let outcome = slow::run(options).await.context("slow")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::Floor { options, out } => {
+                let outcome = floor::run(options).await.context("floor")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::FloorReaders(readers) => {
+                // The writer reads these two lines from our stdout.
+                let report = floor::readers(readers, || println!("ready"))
+                    .await
+                    .context("floor readers")?;
+                println!("{}", serde_json::to_string(&report).context("the report")?);
+                Ok(true)
+            }
+            Command::Idle { options, out } => {
+                let outcome = idle::run(options).await.context("idle")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::IdleWorker(worker) => {
+                idle::work(worker).await.context("idle worker")?;
+                Ok(true)
+            }
+            Command::Throughput { options, out } => {
+                let outcome = throughput::run(options).await.context("throughput")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::Wire { options, out } => {
+                let outcome = wire::run(options).await.context("wire")?;
+                emit(&outcome, out.as_deref())
+            }
+            Command::Storm { options, out } => {
+                let outcome = storm::run(options).await.context("storm")?;
                 emit(&outcome, out.as_deref())
             }
         }

@@ -74,6 +74,12 @@ impl Connection {
 
     /// Posts `body` (see [`body`]) and waits for the answer, at most [`PUBLISH_TIMEOUT`].
     pub async fn publish(&mut self, body: Bytes) -> Result<Published, Error> {
+        // The gateway closes a keep-alive connection left idle longer than
+        // its header read timeout (a pause between a scenario's phases):
+        // nothing was sent on it, so a fresh one serves the same request.
+        if self.sender.is_closed() {
+            *self = Self::open(self.target).await?;
+        }
         let target = self.target;
         let fail = |reason: String| Error::Publish { target, reason };
         let request = Request::builder()
@@ -84,22 +90,7 @@ impl Connection {
             .body(Full::new(body))
             .map_err(|e| fail(format!("request: {e}")))?;
         let exchange = async {
-            self.sender
-                .ready()
-                .await
-                .map_err(|e| fail(format!("connection: {e}")))?;
-            let response = self
-                .sender
-                .send_request(request)
-                .await
-                .map_err(|e| fail(format!("request: {e}")))?;
-            let status = response.status();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| fail(format!("answer: {e}")))?
-                .to_bytes();
+            let (status, body) = round_trip(&mut self.sender, request).await.map_err(fail)?;
             if status != StatusCode::OK {
                 return Err(fail(format!(
                     "{status}: {}",
@@ -117,6 +108,115 @@ impl Connection {
             .await
             .map_err(|_| fail(format!("no answer within {PUBLISH_TIMEOUT:?}")))?
     }
+}
+
+/// Pause before a publisher reconnects after a failed publish.
+pub const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+
+/// What [`back_to_back`]'s publishers did: each one's tally, and the
+/// publishes that failed over all of them.
+pub struct BackToBack<T> {
+    pub tallies: Vec<T>,
+    pub errors: u64,
+    pub first_error: Option<String>,
+}
+
+/// Publishes back to back on every connection until `deadline`, a task each:
+/// of `n` connections, connection `w` sends publishes number `w`, `w + n`,
+/// `w + 2n`, ... with the body `make(number)`, and each answer goes to
+/// `answered(tally, number, answer, time to the answer)` on its own copy of
+/// `tally`. A failed publish drops its connection; a fresh one is opened
+/// after [`RECONNECT_PAUSE`].
+pub async fn back_to_back<T, M, A>(
+    connections: Vec<Connection>,
+    deadline: tokio::time::Instant,
+    tally: T,
+    make: M,
+    answered: A,
+) -> BackToBack<T>
+where
+    T: Clone + Send + 'static,
+    M: Fn(usize) -> Bytes + Clone + Send + 'static,
+    A: Fn(&mut T, usize, Published, Duration) + Clone + Send + 'static,
+{
+    let step = connections.len();
+    let publishers: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(w, connection)| {
+            let (mut tally, make, answered) = (tally.clone(), make.clone(), answered.clone());
+            tokio::spawn(async move {
+                let target = connection.target;
+                let (mut errors, mut first_error) = (0, None);
+                let mut connection = Some(connection);
+                let mut number = w;
+                while tokio::time::Instant::now() < deadline {
+                    let Some(conn) = connection.as_mut() else {
+                        tokio::time::sleep(RECONNECT_PAUSE).await;
+                        connection = Connection::open(target).await.ok();
+                        continue;
+                    };
+                    let body = make(number);
+                    let sent = tokio::time::Instant::now();
+                    match conn.publish(body).await {
+                        Ok(answer) => answered(&mut tally, number, answer, sent.elapsed()),
+                        Err(e) => {
+                            errors += 1;
+                            first_error.get_or_insert(e.to_string());
+                            connection = None;
+                        }
+                    }
+                    number += step;
+                }
+                (tally, errors, first_error)
+            })
+        })
+        .collect();
+    let mut done = BackToBack {
+        tallies: Vec::with_capacity(step),
+        errors: 0,
+        first_error: None,
+    };
+    for publisher in publishers {
+        let (tally, errors, first_error) = match publisher.await {
+            Ok(finished) => finished,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        done.tallies.push(tally);
+        done.errors += errors;
+        if done.first_error.is_none() {
+            done.first_error = first_error;
+        }
+    }
+    done
+}
+
+/// One request on a keep-alive HTTP/1.1 connection: waits until the
+/// connection is ready, sends, and reads the whole answer. The error names
+/// the step that failed.
+pub(crate) async fn round_trip<B>(
+    sender: &mut SendRequest<B>,
+    request: Request<B>,
+) -> Result<(StatusCode, Bytes), String>
+where
+    B: hyper::body::Body + 'static,
+{
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("answer: {e}"))?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// A few keep-alive connections shared by concurrent publishes: a publish

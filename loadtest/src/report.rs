@@ -20,6 +20,44 @@ pub trait Outcome: Serialize {
     fn failures(&self) -> Vec<String>;
 }
 
+/// The failures of a run whose clients count what they were owed: publishes
+/// that failed, deliveries lost or duplicated, unexpected frames, clients
+/// disconnected. `fanout` (so `pods` and `slow` too) and `throughput` check
+/// the same.
+pub(crate) fn delivery_failures(
+    publish_errors: u64,
+    first_publish_error: Option<&str>,
+    lost: u64,
+    duplicated: u64,
+    unexpected: u64,
+    disconnected: u64,
+    disconnects: &[String],
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if publish_errors > 0 {
+        failures.push(format!(
+            "{publish_errors} publishes failed; first: {}",
+            first_publish_error.unwrap_or("?")
+        ));
+    }
+    if lost > 0 {
+        failures.push(format!("{lost} deliveries lost"));
+    }
+    if duplicated > 0 {
+        failures.push(format!("{duplicated} deliveries duplicated"));
+    }
+    if unexpected > 0 {
+        failures.push(format!("{unexpected} unexpected frames"));
+    }
+    if disconnected > 0 {
+        failures.push(format!(
+            "{disconnected} clients disconnected: {}",
+            disconnects.join("; ")
+        ));
+    }
+    failures
+}
+
 /// One line of the table.
 #[derive(Debug, Clone)]
 pub struct Row {

@@ -1,6 +1,6 @@
 //! The scenarios at CI size, against gateways in this process, so that the
 //! tool cannot rot: every delivery once, every publish accepted. The
-//! full-size runs are `scripts/bench-redis.sh`'s.
+//! full-size runs are `scripts/bench.sh`'s.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -11,7 +11,9 @@ use gateway::config::BrokerKind;
 use gateway::{Config, Node};
 use loadtest::Target;
 use loadtest::report::{self, Outcome};
-use loadtest::scenarios::{pods, publish};
+use loadtest::scenarios::{fanout, slow};
+use loadtest::scenarios::{idle, throughput, wire};
+use loadtest::scenarios::{pods, publish, storm};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -41,6 +43,16 @@ impl Gateway {
     async fn memory() -> Self {
         Self::start(Config::default()).await
     }
+}
+
+/// A gateway's configuration with the Redis broker at `url`.
+fn redis_config(url: &str) -> Config {
+    let mut config = Config {
+        broker: BrokerKind::Redis,
+        ..Config::default()
+    };
+    config.redis.url = url.to_owned();
+    config
 }
 
 /// A `redis-server` on a free loopback port, without persistence.
@@ -86,10 +98,10 @@ impl Drop for Redis {
 }
 
 fn small(options: &mut pods::Options) {
-    options.clients = 50;
+    options.fanout.clients = 50;
     options.rate = 50.0;
     options.duration = Duration::from_secs(2);
-    options.warmup = 5;
+    options.fanout.warmup = 5;
 }
 
 fn assert_passed<T: Outcome>(outcome: &T) {
@@ -109,9 +121,9 @@ async fn pods_on_one_gateway_delivers_every_message_once() {
     assert_eq!(outcome.published, 105);
     assert_eq!(outcome.deliveries, 105 * 50);
     // Every measured (message, client) pair has its latency.
-    assert_eq!(outcome.latency.count, 100 * 50);
-    assert_eq!(outcome.last_client.count, 100);
-    assert!(outcome.latency.p50_us <= outcome.latency.max_us);
+    assert_eq!(outcome.stats.latency.count, 100 * 50);
+    assert_eq!(outcome.stats.last_client.count, 100);
+    assert!(outcome.stats.latency.p50_us <= outcome.stats.latency.max_us);
 
     // The JSON result says the same.
     let path = std::env::temp_dir().join(format!("herald-loadtest-{}.json", std::process::id()));
@@ -128,18 +140,11 @@ async fn pods_on_one_gateway_delivers_every_message_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_across_two_redis_pods_delivers_every_message_once() {
     let redis = Redis::start().await;
-    let pod = || {
-        let mut config = Config {
-            broker: BrokerKind::Redis,
-            ..Config::default()
-        };
-        config.redis.url = redis.url.clone();
-        Gateway::start(config)
-    };
+    let pod = || Gateway::start(redis_config(&redis.url));
     let (a, b) = (pod().await, pod().await);
     // Half the clients on the publisher's pod, half on the other.
     let mut options = pods::Options::new(a.target.clone());
-    options.gateways.push(b.target.clone());
+    options.fanout.gateways.push(b.target.clone());
     small(&mut options);
     let outcome = pods::run(options).await.expect("pods runs");
     assert_passed(&outcome);
@@ -159,6 +164,362 @@ async fn publish_measures_accepted_publishes() {
     assert_passed(&outcome);
     assert!(outcome.publishes > 0);
     assert_eq!(outcome.latency.count, outcome.publishes);
+}
+
+/// `clients` sessions on 10 topics, 50 messages a second for 3 s, the cut
+/// after 1 s.
+fn storm_at_ci_size(options: &mut storm::Options, clients: usize) {
+    options.clients = clients;
+    options.topics = 10;
+    options.rate = 50.0;
+    options.duration = Duration::from_secs(3);
+    options.cut_at = Duration::from_secs(1);
+    // A busy machine may take long to bring the clients back; the run ends
+    // as soon as everything is in.
+    options.drain = Duration::from_secs(30);
+}
+
+/// The storm at CI size: 300 sessions on 10 topics, every connection cut at
+/// once while the publisher runs; every session resumes, nothing is lost,
+/// nothing is processed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_every_cut_session_resumes_and_misses_nothing() {
+    let gateway = Gateway::memory().await;
+    let mut options = storm::Options::new(gateway.target.clone());
+    storm_at_ci_size(&mut options, 300);
+    let outcome = storm::run(options).await.expect("storm runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.published, 150);
+    assert_eq!((outcome.cut_clients, outcome.resumed), (300, 300));
+    assert_eq!(outcome.failed_clients, 0);
+    assert!(outcome.all_resumed_s.is_some());
+    assert_eq!((outcome.lost, outcome.app_duplicates), (0, 0));
+    assert_eq!(outcome.processed, 150 * 30);
+    assert_eq!(outcome.resume_time.count, 300);
+}
+
+/// Turns [`child_gateway_process`] into a gateway: the Redis URL it uses.
+const CHILD_GATEWAY_REDIS: &str = "HERALD_LOADTEST_CHILD_GATEWAY_REDIS";
+
+/// Not a test of its own: started as a child process of this test binary by
+/// [`ChildGateway`], it serves a Redis-backed gateway on a loopback port,
+/// prints `listening <addr>`, and runs until it is killed (or its parent's
+/// end of stdin closes). Without [`CHILD_GATEWAY_REDIS`] it does nothing.
+#[test]
+fn child_gateway_process() {
+    let Ok(url) = std::env::var(CHILD_GATEWAY_REDIS) else {
+        return;
+    };
+    // An orphan must not outlive its test: stdin closes when the parent goes.
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        std::process::exit(0);
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        println!("listening {}", listener.local_addr().expect("addr"));
+        gateway::run(redis_config(&url), listener, std::future::pending())
+            .await
+            .expect("gateway");
+    });
+}
+
+/// A gateway in a process of its own (this test binary, running
+/// [`child_gateway_process`]), so that a scenario can SIGKILL it.
+struct ChildGateway {
+    target: Target,
+    child: Child,
+}
+
+impl ChildGateway {
+    async fn start(redis: &Redis) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args(["child_gateway_process", "--exact", "--nocapture"])
+            .env(CHILD_GATEWAY_REDIS, &redis.url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("a child gateway");
+        let stdout = child.stdout.take().expect("its stdout");
+        // Owned from here on: a failure below kills it (Drop).
+        let mut gateway = Self {
+            target: Target::websocket("ws://127.0.0.1:1").expect("placeholder"),
+            child,
+        };
+        let reading = tokio::task::spawn_blocking(move || {
+            use std::io::BufRead;
+            std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .find_map(|l| l.strip_prefix("listening ").map(str::to_owned))
+        });
+        let addr = tokio::time::timeout(Duration::from_secs(30), reading)
+            .await
+            .expect("the child gateway listens in time")
+            .expect("reader")
+            .expect("the child gateway says where it listens");
+        gateway.target = Target::at(addr.parse().expect("an address")).expect("loopback");
+        gateway
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The storm with a pod killed: two pods over a real Redis, one of them a
+/// real process that gets SIGKILL while the publisher runs. Its clients
+/// resume at the other pod; nothing is lost, nothing processed twice (acks
+/// younger than the flush interval come again on the wire, by design).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_after_a_kill_9_every_session_resumes_at_the_other_pod() {
+    let redis = Redis::start().await;
+    let doomed = ChildGateway::start(&redis).await;
+    let survivor = Gateway::start(redis_config(&redis.url)).await;
+    let mut options = storm::Options::new(doomed.target.clone());
+    options.gateways.push(survivor.target.clone());
+    options.kill_pid = Some(doomed.pid());
+    storm_at_ci_size(&mut options, 200);
+    let outcome = storm::run(options).await.expect("storm runs");
+    assert_passed(&outcome);
+    assert!(outcome.cut.starts_with("kill -9"), "{}", outcome.cut);
+    assert_eq!(outcome.publish_to, survivor.target.http_url());
+    assert_eq!((outcome.cut_clients, outcome.resumed), (100, 100));
+    assert_eq!(outcome.clients_by_gateway, vec![0, 200]);
+    assert_eq!((outcome.lost, outcome.app_duplicates), (0, 0));
+    assert_eq!(outcome.processed, 150 * 20);
+}
+
+/// `idle` at CI size: 300 connections held for 3 s while the gateway pings
+/// every second; every ping answered, none closed. The gateway runs in this
+/// process, so its "RSS" is the test's own: reported, not judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_holds_every_connection_through_heartbeats() {
+    let mut config = Config::default();
+    config.websocket.ping_interval = Duration::from_secs(1);
+    let gateway = Gateway::start(config).await;
+    let mut options = idle::Options::new(gateway.target.clone());
+    options.gateway_pids = vec![std::process::id()];
+    options.clients = 300;
+    options.duration = Duration::from_secs(3);
+    let outcome = idle::run(options).await.expect("idle runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.processes, 1);
+    assert_eq!(outcome.unexpected_closes, 0);
+    assert_eq!(outcome.pods[0].connections, 300);
+    assert!(outcome.pings_answered > 0, "heartbeats ran");
+    assert!(outcome.rss_per_connection_bytes.is_some());
+}
+
+/// `idle` split over two worker processes (the real `herald-loadtest`
+/// binary) and two gateways: each pod holds its half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_over_worker_processes_shares_the_pods() {
+    let (a, b) = (Gateway::memory().await, Gateway::memory().await);
+    let mut options = idle::Options::new(a.target.clone());
+    options.gateways.push(b.target.clone());
+    options.clients = 200;
+    options.processes = 2;
+    options.duration = Duration::from_secs(1);
+    options.worker_program = Some(env!("CARGO_BIN_EXE_herald-loadtest").into());
+    let outcome = idle::run(options).await.expect("idle runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.processes, 2);
+    let per_pod: Vec<u64> = outcome.pods.iter().map(|p| p.connections).collect();
+    assert_eq!(per_pod, vec![100, 100]);
+}
+
+/// A gateway that refuses connections fails the run with its answer, in
+/// this process or in a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_says_when_the_gateway_is_full() {
+    let mut config = Config::default();
+    config.websocket.max_connections = 10;
+    let gateway = Gateway::start(config).await;
+    for processes in [1, 2] {
+        let mut options = idle::Options::new(gateway.target.clone());
+        options.clients = 30;
+        options.processes = processes;
+        options.duration = Duration::from_secs(1);
+        options.worker_program = Some(env!("CARGO_BIN_EXE_herald-loadtest").into());
+        let e = idle::run(options).await.expect_err("refused").to_string();
+        assert!(e.contains("MAX_CONNECTIONS"), "{processes}: {e}");
+    }
+}
+
+/// `throughput` at CI size: every publish reaches each of its topic's
+/// subscribers exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_delivers_every_publish_to_every_subscriber() {
+    let gateway = Gateway::memory().await;
+    let mut options = throughput::Options::new(gateway.target.clone());
+    options.gateway_pid = Some(std::process::id());
+    options.clients = 20;
+    options.topics = 20;
+    options.subscriptions = 5;
+    options.concurrency = 2;
+    options.duration = Duration::from_secs(2);
+    options.drain = Duration::from_secs(20);
+    let outcome = throughput::run(options).await.expect("throughput runs");
+    assert_passed(&outcome);
+    assert!(outcome.publishes > 0);
+    assert_eq!(outcome.fanout, 5.0);
+    assert_eq!(outcome.deliveries_expected, outcome.publishes * 5);
+    assert_eq!(outcome.deliveries, outcome.deliveries_expected);
+    assert!(outcome.deliveries_per_gateway_cpu_s.is_some());
+}
+
+/// `wire` counts every byte: header, envelope and payload of Herald's frame
+/// and of the POST, up to 1 MiB on a gateway started with larger limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wire_counts_frame_and_post_bytes() {
+    let mut config = Config::default();
+    config.http.max_body_bytes = 2 * 1024 * 1024;
+    config.queue.bytes = 4 * 1024 * 1024;
+    let gateway = Gateway::start(config).await;
+    let options = wire::Options::new(gateway.target.clone());
+    let outcome = wire::run(options).await.expect("wire runs");
+    assert_passed(&outcome);
+    let topic = outcome.topic.len();
+    assert_eq!(topic, 8);
+    for (m, header) in outcome.sizes.iter().zip([2, 4, 4, 4, 10, 10]) {
+        let size = m.payload_bytes;
+        // {"op":"msg","topic":"…","seq":N,"data":…} with a one-digit seq.
+        let envelope = r#"{"op":"msg","topic":"","seq":1,"data":}"#.len() + topic;
+        assert_eq!(m.envelope_bytes, Some(envelope), "{size}");
+        assert_eq!(m.header_bytes, Some(header), "{size}");
+        assert_eq!(m.herald_bytes, Some(header + envelope + size), "{size}");
+        let post = format!(
+            "POST / HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {size}\r\n\r\n",
+            "127.0.0.1:PORT"
+        );
+        // The listener's port has 1 to 5 digits; the rest is exact.
+        let m_post = m.http_post_bytes.expect("POST counted");
+        let base = post.len() - "PORT".len() + size;
+        assert!((base + 1..=base + 5).contains(&m_post), "{size}: {m_post}");
+    }
+
+    // On a gateway with the default limits, 1 MiB fails with advice.
+    let gateway = Gateway::memory().await;
+    let mut options = wire::Options::new(gateway.target.clone());
+    options.sizes = vec![10, 1_048_576];
+    let outcome = wire::run(options).await.expect("wire runs");
+    assert_eq!(outcome.sizes[0].error, None);
+    let failures = outcome.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].contains("HERALD_HTTP__MAX_BODY_BYTES"),
+        "{failures:?}"
+    );
+}
+
+/// `fanout --floor` at CI size: 300 clients on 3 topics, 6 rounds 100 ms
+/// apart; every client gets every round once, through the gateway and
+/// through the floor (its readers in a second `herald-loadtest` process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_and_its_floor_deliver_every_round_to_every_client_once() {
+    let gateway = Gateway::memory().await;
+    let mut options = fanout::Options::new(gateway.target.clone());
+    options.clients = 300;
+    options.topics = 3;
+    options.rounds = 5;
+    options.warmup = 1;
+    options.interval = Duration::from_millis(100);
+    options.size = 1024;
+    // The gateway runs in this process: its CPU and RSS are the test's own.
+    options.watch = vec![std::process::id()];
+    options.floor = Some(env!("CARGO_BIN_EXE_herald-loadtest").into());
+    let outcome = fanout::run(options).await.expect("fanout runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.published, 6 * 3);
+    assert_eq!(outcome.deliveries, 6 * 300);
+    assert_eq!((outcome.lost, outcome.duplicated), (0, 0));
+    assert_eq!(outcome.stats.latency.count, 5 * 300);
+    assert_eq!(outcome.stats.last_client.count, 5);
+    assert_eq!(outcome.per_round.len(), 6);
+    assert!(
+        outcome
+            .per_round
+            .iter()
+            .all(|r| r.clients == 300 && r.missing == 0)
+    );
+    let process = &outcome.processes[0];
+    assert!(
+        process.cpu_per_round_s.is_some_and(|s| s > 0.0),
+        "{process:?}"
+    );
+    assert_eq!(process.rss_bytes.len(), 7);
+
+    let floor = outcome.floor.as_ref().expect("the floor ran");
+    assert_eq!((floor.deliveries, floor.lost), (6 * 300, 0));
+    assert_eq!(floor.stats.last_client.count, 5);
+    assert_eq!(floor.per_round.len(), 6);
+    assert!(floor.writer_cpu_per_round_s > 0.0);
+    let vs = outcome.vs_floor.expect("compared");
+    assert!(vs.last_client_p50_x > 0.0);
+}
+
+/// `slow` at CI size: one client that never reads joins 5 healthy ones.
+/// The kernel takes some MB for a loopback socket that is not read (up to
+/// `tcp_wmem`'s maximum), so the frames are large, there are enough of them
+/// to fill that and the queue, and the gateway's queue and write timeout are
+/// small: the gateway must close the slow client, and the healthy ones miss
+/// nothing. Paced gently (3 MB/s per client) so that on a busy machine the
+/// healthy clients of this debug build keep up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_client_is_closed_and_the_others_get_every_round() {
+    const SIZE: usize = 60 * 1024;
+    const QUEUE_BYTES: usize = 256 * 1024;
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|w| w.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(4 << 20);
+    let rounds = (wmem_max + QUEUE_BYTES) / SIZE + 10;
+    let mut config = Config::default();
+    config.queue.bytes = QUEUE_BYTES;
+    config.websocket.write_timeout = Duration::from_secs(2);
+    let gateway = Gateway::start(config).await;
+    let mut fanout = fanout::Options::new(gateway.target.clone());
+    fanout.clients = 5;
+    fanout.rounds = rounds;
+    fanout.warmup = 1;
+    fanout.interval = Duration::from_millis(50);
+    fanout.size = SIZE;
+    fanout.watch = vec![std::process::id()];
+    let mut options = slow::Options::new(fanout);
+    options.close_wait = Duration::from_secs(15);
+    let outcome = slow::run(options).await.expect("slow runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.run.deliveries, (1 + 2 * rounds as u64) * 5);
+    assert_eq!(outcome.without.last_client.count, rounds as u64);
+    assert_eq!(outcome.with.last_client.count, rounds as u64);
+    let client = &outcome.slow_clients[0];
+    assert!(client.closed, "{client:?}");
+    assert!(
+        client
+            .reason
+            .as_deref()
+            .is_some_and(|r| slow::SLOW_REASONS.contains(&r)),
+        "{client:?} {:?}",
+        outcome.closes
+    );
+    assert!(client.closed_after_s.is_some() && client.blocked_for_s.is_some());
+    assert!(client.rounds_received < client.rounds_sent, "{client:?}");
+    assert!(outcome.rss[0].from_bytes.is_some());
 }
 
 #[tokio::test]

@@ -2,16 +2,38 @@
 //! constant, every size and time bounded), an `async fn run(Options)` and a
 //! result that implements [`report::Outcome`](crate::report::Outcome).
 //!
+//! - [`fanout`]: N clients on T topics, R rounds `interval` apart: per round
+//!   p50, p99 and last client; gateway CPU per round and memory. The engine
+//!   of `pods` and `slow`.
 //! - [`pods`]: delivery latency, loss and duplication with clients spread
 //!   over one or more gateways and a paced publisher on one of them.
+//! - [`slow`]: `fanout` before and after K clients that never read join:
+//!   the others' latency with and without them, when the gateway closed them.
+//! - [`floor`]: the same frames written to plain loopback sockets by one
+//!   thread: the kernel's cost, `fanout`'s yardstick.
 //! - [`publish`]: publish throughput and latency over keep-alive HTTP.
+//! - [`idle`]: connections held with heartbeats running: the gateway's
+//!   memory per connection, unexpected closes (none allowed).
+//! - [`throughput`]: many topics, small messages, as fast as the gateway
+//!   takes them: deliveries per second and per gateway CPU-second.
+//! - [`wire`]: bytes on the wire per message through Herald against an
+//!   HTTP/1.1 POST of the same payload.
+//! - [`storm`]: every session cut at once (or its pod killed) and resumed:
+//!   time until all are back, messages lost and duplicated.
 
 use std::time::Duration;
 
 use crate::Error;
 
+pub mod fanout;
+pub mod floor;
+pub mod idle;
 pub mod pods;
 pub mod publish;
+pub mod slow;
+pub mod storm;
+pub mod throughput;
+pub mod wire;
 
 /// Payload size, in bytes, when `--size` is not given.
 pub const DEFAULT_SIZE: usize = 256;

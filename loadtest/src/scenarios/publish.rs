@@ -13,7 +13,7 @@ use super::{DEFAULT_SIZE, check_bounds, unique_topic};
 use crate::clients::{self, FD_MARGIN};
 use crate::cpu::{Meter, Usage};
 use crate::latency::{Stamp, Summary, micros};
-use crate::publish::{Connection, body};
+use crate::publish::{Connection, back_to_back, body};
 use crate::report::{Outcome, Row};
 use crate::{Error, Target};
 
@@ -30,8 +30,6 @@ pub const MAX_TOPICS: usize = 100_000;
 /// Latency samples kept over all workers (4 bytes each); publishes past
 /// them are counted, not timed.
 pub const MAX_SAMPLES: usize = 20_000_000;
-/// Pause before reconnecting after a connection failed.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -94,11 +92,9 @@ pub struct Publish {
 }
 
 /// What one worker did.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Tally {
     publishes: u64,
-    errors: u64,
-    first_error: Option<String>,
     latency_us: Vec<u32>,
 }
 
@@ -118,55 +114,28 @@ pub async fn run(options: Options) -> Result<Publish, Error> {
     let started = Instant::now();
     let deadline = started + options.duration;
     let samples_each = MAX_SAMPLES / options.concurrency;
-    let workers: Vec<_> = connections
-        .into_iter()
-        .enumerate()
-        .map(|(w, connection)| {
-            let topics = topics.clone();
-            let (target, size, concurrency) =
-                (options.publish_to.addr, options.size, options.concurrency);
-            tokio::spawn(async move {
-                let mut tally = Tally::default();
-                let mut connection = Some(connection);
-                let mut n = w;
-                while Instant::now() < deadline {
-                    let Some(conn) = connection.as_mut() else {
-                        tokio::time::sleep(RECONNECT_PAUSE).await;
-                        connection = Connection::open(target).await.ok();
-                        continue;
-                    };
-                    let data = Stamp::now(n as u64).encode(size);
-                    let sent = Instant::now();
-                    match conn.publish(body(&topics[n % topics.len()], &data)).await {
-                        Ok(_) => {
-                            tally.publishes += 1;
-                            if tally.latency_us.len() < samples_each {
-                                tally.latency_us.push(micros(sent.elapsed()));
-                            }
-                        }
-                        Err(e) => {
-                            tally.errors += 1;
-                            tally.first_error.get_or_insert(e.to_string());
-                            connection = None;
-                        }
-                    }
-                    n += concurrency;
-                }
-                tally
-            })
-        })
-        .collect();
+    let size = options.size;
+    let sent = back_to_back(
+        connections,
+        deadline,
+        Tally::default(),
+        move |n| {
+            body(
+                &topics[n % topics.len()],
+                &Stamp::now(n as u64).encode(size),
+            )
+        },
+        move |tally: &mut Tally, _, _, took| {
+            tally.publishes += 1;
+            if tally.latency_us.len() < samples_each {
+                tally.latency_us.push(micros(took));
+            }
+        },
+    )
+    .await;
     let mut total = Tally::default();
-    for worker in workers {
-        let tally = match worker.await {
-            Ok(t) => t,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
+    for tally in sent.tallies {
         total.publishes += tally.publishes;
-        total.errors += tally.errors;
-        if total.first_error.is_none() {
-            total.first_error = tally.first_error;
-        }
         total.latency_us.extend(tally.latency_us);
     }
     let elapsed = started.elapsed();
@@ -178,8 +147,8 @@ pub async fn run(options: Options) -> Result<Publish, Error> {
         duration_s: options.duration.as_secs_f64(),
         size_bytes: Stamp::now(0).encode(options.size).len(),
         publishes: total.publishes,
-        errors: total.errors,
-        first_error: total.first_error,
+        errors: sent.errors,
+        first_error: sent.first_error,
         elapsed_s: elapsed.as_secs_f64(),
         per_second: total.publishes as f64 / elapsed.as_secs_f64(),
         latency: Summary::of(&mut total.latency_us),

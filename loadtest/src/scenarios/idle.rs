@@ -1,0 +1,725 @@
+//! `idle`: N connections held for a while with heartbeats running, spread
+//! over one or more gateways. What it measures: what a held connection costs
+//! a gateway in resident memory (RSS growth over the connections it took,
+//! read from `/proc/<pid>/status` of each `--gateway-pid`), and that no
+//! connection is lost meanwhile: any close or EOF before the end counts as
+//! an unexpected close, and there must be none.
+//!
+//! Every client is a [`raw::Client`]: a socket, a 512-byte buffer and a
+//! task that answers each ping with a pong at once, so tens of thousands fit
+//! in one process and none is closed for a missed pong while the others are
+//! still connecting. A process may hold only as many clients as it may open
+//! file descriptors; past that, the clients are split over several worker
+//! processes (this program, re-run with the hidden `__idle-worker`
+//! command), each holding a contiguous range of client numbers and
+//! reporting to this one over its stdin and stdout, one JSON line each way.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use super::unique_topic;
+use crate::clients::{
+    CONNECT_CONCURRENCY, CONNECT_TIMEOUT, FD_MARGIN, client_failure, source_addr,
+};
+use crate::cpu::{Meter, Usage};
+use crate::memory::rss_bytes;
+use crate::raw::{self, Client};
+use crate::report::{Outcome, Row};
+use crate::{Error, Target};
+
+/// Connections held, over all gateways.
+pub const DEFAULT_CLIENTS: usize = 1000;
+/// How long they are held once all are connected.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
+/// Most connections one run holds (over all its processes).
+pub const MAX_CLIENTS: usize = 200_000;
+/// Most worker processes.
+pub const MAX_PROCESSES: usize = 64;
+/// Each client's read buffer: an idle client reads pings, `welcome` and `ok`.
+const BUFFER_BYTES: usize = 512;
+/// Unexpected closes whose reason the result lists.
+const CLOSES_LISTED: usize = 5;
+/// Longest a worker process may take to connect its share.
+const WORKER_CONNECT_BUDGET: Duration = Duration::from_secs(600);
+/// How long past the hold a worker waits to be told to stop before it
+/// stops by itself (the parent is gone or stuck).
+const WORKER_GRACE: Duration = Duration::from_secs(60);
+/// The hidden command a worker process runs.
+pub const WORKER_COMMAND: &str = "__idle-worker";
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Client `i` connects to `gateways[i % len]`.
+    pub gateways: Vec<Target>,
+    /// The gateways' process ids, in the order of `gateways`; empty: no
+    /// memory figures.
+    pub gateway_pids: Vec<u32>,
+    pub clients: usize,
+    pub duration: Duration,
+    /// Worker processes holding the clients; 0: as few as this process's
+    /// file-descriptor limit allows (1: all in this process).
+    pub processes: usize,
+    /// The topic every client subscribes to; a fresh one when `None`.
+    pub topic: Option<String>,
+    /// Other local processes (redis) whose CPU time to report.
+    pub watch: Vec<u32>,
+    /// The program a worker runs (default: this one). Tests name the
+    /// `herald-loadtest` binary, as their own program is the test harness.
+    pub worker_program: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn new(gateway: Target) -> Self {
+        Self {
+            gateways: vec![gateway],
+            gateway_pids: Vec::new(),
+            clients: DEFAULT_CLIENTS,
+            duration: DEFAULT_DURATION,
+            processes: 0,
+            topic: None,
+            watch: Vec::new(),
+            worker_program: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        super::check_bounds(self.duration, 0)?;
+        let bad = |m: String| Err(Error::Options(m));
+        if self.gateways.is_empty() {
+            return bad("give at least one --gateway".to_owned());
+        }
+        if !self.gateway_pids.is_empty() && self.gateway_pids.len() != self.gateways.len() {
+            return bad(format!(
+                "{} --gateway-pid for {} --gateway: give one per gateway, in the same order",
+                self.gateway_pids.len(),
+                self.gateways.len()
+            ));
+        }
+        if self.clients == 0 || self.clients > MAX_CLIENTS {
+            return bad(format!("--clients must be 1 to {MAX_CLIENTS}"));
+        }
+        if self.processes > MAX_PROCESSES {
+            return bad(format!("--processes must be 0 (auto) to {MAX_PROCESSES}"));
+        }
+        Ok(())
+    }
+
+    /// How many processes hold the clients: as asked, or as few as the
+    /// hard file-descriptor limit allows.
+    fn process_count(&self) -> usize {
+        if self.processes > 0 {
+            return self.processes.min(self.clients);
+        }
+        let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(_, hard)| hard);
+        let each = hard.saturating_sub(FD_MARGIN).max(1) as usize;
+        self.clients.div_ceil(each)
+    }
+}
+
+/// What one worker process is told to do (the hidden command's options).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Worker {
+    pub gateways: Vec<Target>,
+    /// Its first client's number: it decides the gateway and source address.
+    pub first: usize,
+    pub clients: usize,
+    pub topic: String,
+    /// Stops by itself this long after connecting if not told to before.
+    pub max_hold: Duration,
+}
+
+impl Worker {
+    /// Its command line (after the program name).
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![WORKER_COMMAND.to_owned()];
+        for g in &self.gateways {
+            args.extend(["--gateway".to_owned(), g.ws_url()]);
+        }
+        args.extend([
+            "--first".to_owned(),
+            self.first.to_string(),
+            "--clients".to_owned(),
+            self.clients.to_string(),
+            "--topic".to_owned(),
+            self.topic.clone(),
+            "--max-hold".to_owned(),
+            format!("{}ms", self.max_hold.as_millis()),
+        ]);
+        args
+    }
+}
+
+/// What a worker says, one JSON line each, on its stdout.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Report {
+    /// Every client connected and subscribed; holding.
+    Connected,
+    Failed {
+        error: String,
+    },
+    /// Told to stop (a line or EOF on stdin): what happened meanwhile.
+    Done(Tally),
+}
+
+/// What a share of the clients saw, by gateway index.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Tally {
+    pub connected: Vec<u64>,
+    /// Unexpected closes.
+    pub closed: Vec<u64>,
+    pub pings: u64,
+    /// The first few unexpected closes, with their reasons.
+    pub closes: Vec<String>,
+    /// Resident memory of the processes holding the clients, at the end.
+    pub holders_rss_bytes: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        for (mine, theirs) in [
+            (&mut self.connected, other.connected),
+            (&mut self.closed, other.closed),
+        ] {
+            mine.resize(mine.len().max(theirs.len()), 0);
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m += t;
+            }
+        }
+        self.pings += other.pings;
+        self.holders_rss_bytes += other.holders_rss_bytes;
+        let room = CLOSES_LISTED.saturating_sub(self.closes.len());
+        self.closes.extend(other.closes.into_iter().take(room));
+    }
+}
+
+/// Counters the clients of one process share.
+struct Counters {
+    closed: Vec<AtomicU64>,
+    pings: AtomicU64,
+    /// Set when the scenario is done: closes after it are expected.
+    stopping: AtomicBool,
+    closes: Mutex<Vec<String>>,
+}
+
+/// The clients of this process, connected and held until [`Holding::finish`].
+pub struct Holding {
+    connected: Vec<u64>,
+    counters: Arc<Counters>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Connects clients `first..first + count`, each to its gateway from its
+/// source address, subscribes each to `topic`, and holds them: each answers
+/// pings from the moment it is subscribed.
+pub async fn hold(
+    gateways: &[Target],
+    first: usize,
+    count: usize,
+    topic: &str,
+) -> Result<Holding, Error> {
+    if gateways.is_empty() {
+        return Err(Error::Options("no gateway to connect to".to_owned()));
+    }
+    crate::clients::raise_fd_limit(count as u64 + FD_MARGIN)?;
+    let counters = Arc::new(Counters {
+        closed: gateways.iter().map(|_| AtomicU64::new(0)).collect(),
+        pings: AtomicU64::new(0),
+        stopping: AtomicBool::new(false),
+        closes: Mutex::new(Vec::new()),
+    });
+    let gateways: Arc<[Target]> = gateways.into();
+    let topic: Arc<str> = topic.into();
+    let next = Arc::new(AtomicUsize::new(first));
+    let failed = Arc::new(AtomicBool::new(false));
+    let end = first + count;
+    let mut workers = JoinSet::new();
+    for _ in 0..CONNECT_CONCURRENCY.min(count) {
+        let (gateways, topic, next, failed, counters) = (
+            gateways.clone(),
+            topic.clone(),
+            next.clone(),
+            failed.clone(),
+            counters.clone(),
+        );
+        workers.spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let client = next.fetch_add(1, Ordering::Relaxed);
+                if client >= end || failed.load(Ordering::Relaxed) {
+                    return Ok(held);
+                }
+                let gateway = client % gateways.len();
+                match open(client, &gateways[gateway], &topic).await {
+                    Ok(c) => held.push((gateway, tokio::spawn(keep(c, gateway, counters.clone())))),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err((e, held));
+                    }
+                }
+            }
+        });
+    }
+    let mut connected = vec![0; gateways.len()];
+    let mut tasks = Vec::with_capacity(count);
+    let mut first_error = None;
+    while let Some(joined) = workers.join_next().await {
+        let held = match joined {
+            Ok(Ok(held)) => held,
+            Ok(Err((e, held))) => {
+                first_error.get_or_insert(e);
+                held
+            }
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        for (gateway, task) in held {
+            connected[gateway] += 1;
+            tasks.push(task);
+        }
+    }
+    if let Some(e) = first_error {
+        tasks.iter().for_each(JoinHandle::abort);
+        return Err(e);
+    }
+    Ok(Holding {
+        connected,
+        counters,
+        tasks,
+    })
+}
+
+/// One client, connected and subscribed within [`CONNECT_TIMEOUT`].
+async fn open(client: usize, target: &Target, topic: &str) -> Result<Client, Error> {
+    let source = source_addr(target.addr.ip(), client);
+    let fail = client_failure(client, source, target.addr);
+    let opening = async {
+        let mut c = Client::connect(source, target, BUFFER_BYTES, client as u64)
+            .await
+            .map_err(|e| {
+                let hint = if e.to_string().contains(" 503 ") {
+                    " (over the gateway's websocket.max_connections: \
+                     HERALD_WEBSOCKET__MAX_CONNECTIONS)"
+                } else {
+                    ""
+                };
+                fail(format!("{e}{hint}"))
+            })?;
+        c.subscribe(&[topic]).await.map_err(fail)?;
+        Ok(c)
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, opening)
+        .await
+        .map_err(|_| fail(format!("not subscribed within {CONNECT_TIMEOUT:?}")))?
+}
+
+/// Holds one client: answers pings until the connection ends, and counts
+/// the end as unexpected unless the scenario is stopping.
+async fn keep(mut client: Client, gateway: usize, counters: Arc<Counters>) {
+    let reason = loop {
+        let ping = match client.next().await {
+            Ok(Some(frame)) => match frame.opcode {
+                raw::OP_PING => frame.payload.to_vec(),
+                raw::OP_CLOSE => break format!("closed: {}", raw::describe_close(frame.payload)),
+                // Nothing is published on the topic; a `reset` would be news
+                // but not a close.
+                _ => continue,
+            },
+            Ok(None) => break "EOF".to_owned(),
+            Err(e) => break e.to_string(),
+        };
+        if let Err(e) = client.send(raw::OP_PONG, &ping).await {
+            break format!("sending a pong: {e}");
+        }
+        counters.pings.fetch_add(1, Ordering::Relaxed);
+    };
+    if counters.stopping.load(Ordering::Acquire) {
+        return;
+    }
+    counters.closed[gateway].fetch_add(1, Ordering::Relaxed);
+    let mut closes = counters.closes.lock().unwrap_or_else(|p| p.into_inner());
+    if closes.len() < CLOSES_LISTED {
+        closes.push(format!("a client of gateway {gateway}: {reason}"));
+    }
+}
+
+impl Holding {
+    /// Stops counting, closes every client, and says what happened.
+    pub fn finish(self) -> Tally {
+        let counters = &self.counters;
+        counters.stopping.store(true, Ordering::Release);
+        let tally = Tally {
+            connected: self.connected,
+            closed: counters
+                .closed
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            pings: counters.pings.load(Ordering::Relaxed),
+            closes: counters
+                .closes
+                .lock()
+                .map(|c| c.clone())
+                .unwrap_or_else(|p| p.into_inner().clone()),
+            holders_rss_bytes: rss_bytes(std::process::id()).unwrap_or(0),
+        };
+        self.tasks.iter().for_each(JoinHandle::abort);
+        tally
+    }
+}
+
+/// The hidden command: holds a share of a run's clients for the process
+/// that started it (see the module docs).
+pub async fn work(worker: Worker) -> Result<(), Error> {
+    let holding = match hold(
+        &worker.gateways,
+        worker.first,
+        worker.clients,
+        &worker.topic,
+    )
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            say(&Report::Failed {
+                error: e.to_string(),
+            })
+            .await;
+            return Err(e);
+        }
+    };
+    say(&Report::Connected).await;
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    // A line or EOF (the parent went) ends the hold; so does the deadline.
+    let _ = tokio::time::timeout(worker.max_hold, stdin.read_line(&mut line)).await;
+    say(&Report::Done(holding.finish())).await;
+    Ok(())
+}
+
+async fn say(report: &Report) {
+    let mut line = serde_json::to_string(report).unwrap_or_default();
+    line.push('\n');
+    let mut stdout = tokio::io::stdout();
+    let _ = stdout.write_all(line.as_bytes()).await;
+    let _ = stdout.flush().await;
+}
+
+/// A worker process started by [`run`].
+struct Part {
+    child: Child,
+    stdin: ChildStdin,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Part {
+    fn start(program: &PathBuf, worker: &Worker) -> Result<Self, Error> {
+        let fail = |reason: String| Error::Worker(format!("starting: {reason}"));
+        let mut child = Command::new(program)
+            .args(worker.args())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| fail(format!("{}: {e}", program.display())))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(fail("no pipes".to_owned()));
+        };
+        Ok(Self {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// The worker's next report, within `within`.
+    async fn report(&mut self, within: Duration) -> Result<Report, Error> {
+        let fail = |reason: String| Error::Worker(reason);
+        match tokio::time::timeout(within, self.lines.next_line()).await {
+            Err(_) => Err(fail(format!("no word within {within:?}"))),
+            Ok(Err(e)) => Err(fail(e.to_string())),
+            Ok(Ok(None)) => Err(fail("exited early".to_owned())),
+            Ok(Ok(Some(line))) => serde_json::from_str(&line)
+                .map_err(|e| fail(format!("said `{line}`, not understood: {e}"))),
+        }
+    }
+
+    /// Tells it to stop and reads its tally.
+    async fn finish(mut self) -> Result<Tally, Error> {
+        let _ = self.stdin.write_all(b"stop\n").await;
+        let _ = self.stdin.flush().await;
+        let report = self.report(WORKER_GRACE).await;
+        let _ = tokio::time::timeout(WORKER_GRACE, self.child.wait()).await;
+        match report? {
+            Report::Done(tally) => Ok(tally),
+            other => Err(Error::Worker(format!("said {other:?} when told to stop"))),
+        }
+    }
+}
+
+/// Where the clients are held: here, or in worker processes.
+enum Holders {
+    Here(Holding),
+    Workers(Vec<Part>),
+}
+
+/// The result of an `idle` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Idle {
+    pub topic: String,
+    pub clients: usize,
+    pub processes: usize,
+    pub duration_s: f64,
+    /// Time to connect and subscribe every client.
+    pub connect_s: f64,
+    /// Pings the clients answered while connected (heartbeats ran).
+    pub pings_answered: u64,
+    /// Closes and EOFs before the end; must be 0.
+    pub unexpected_closes: u64,
+    pub closes: Vec<String>,
+    pub pods: Vec<Pod>,
+    /// This tool's resident memory holding the clients (its worker
+    /// processes' when there are some), at the end of the hold.
+    pub loadtest_rss_bytes: u64,
+    /// Over the pods with a pid: RSS growth from before connecting to the
+    /// end of the hold, divided by their connections.
+    pub rss_per_connection_bytes: Option<f64>,
+    /// CPU during the hold.
+    pub cpu: Usage,
+}
+
+/// One gateway's share.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pod {
+    pub gateway: String,
+    pub pid: Option<u32>,
+    pub connections: u64,
+    pub unexpected_closes: u64,
+    /// Resident memory before any client connected, once all were
+    /// subscribed, and at the end of the hold.
+    pub rss_before_bytes: Option<u64>,
+    pub rss_connected_bytes: Option<u64>,
+    pub rss_end_bytes: Option<u64>,
+    /// `(connected − before) / connections`.
+    pub rss_per_connection_connected_bytes: Option<f64>,
+    /// `(end − before) / connections`.
+    pub rss_per_connection_end_bytes: Option<f64>,
+}
+
+pub async fn run(options: Options) -> Result<Idle, Error> {
+    options.validate()?;
+    let topic = options
+        .topic
+        .clone()
+        .unwrap_or_else(|| unique_topic("idle"));
+    let processes = options.process_count();
+    let rss = |pids: &[u32]| -> Vec<Option<u64>> { pids.iter().map(|&p| rss_bytes(p)).collect() };
+    let before = rss(&options.gateway_pids);
+
+    let connecting = Instant::now();
+    let holders = if processes <= 1 {
+        Holders::Here(hold(&options.gateways, 0, options.clients, &topic).await?)
+    } else {
+        let program = match &options.worker_program {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| Error::Options(format!("finding this program: {e}")))?,
+        };
+        let max_hold = options.duration + WORKER_GRACE;
+        let mut parts = Vec::with_capacity(processes);
+        let each = options.clients.div_ceil(processes);
+        for first in (0..options.clients).step_by(each) {
+            let worker = Worker {
+                gateways: options.gateways.clone(),
+                first,
+                clients: each.min(options.clients - first),
+                topic: topic.clone(),
+                max_hold,
+            };
+            parts.push(Part::start(&program, &worker)?);
+        }
+        for part in &mut parts {
+            match part.report(WORKER_CONNECT_BUDGET).await? {
+                Report::Connected => {}
+                Report::Failed { error } => return Err(Error::Worker(error)),
+                other => {
+                    return Err(Error::Worker(format!("said {other:?} while connecting")));
+                }
+            }
+        }
+        Holders::Workers(parts)
+    };
+    let connect = connecting.elapsed();
+    let connected = rss(&options.gateway_pids);
+
+    // The gateways, the other processes named, and the workers (whose CPU
+    // is this tool's, spent in other processes).
+    let mut watch = options.gateway_pids.clone();
+    watch.extend(
+        options
+            .watch
+            .iter()
+            .filter(|p| !watch.contains(p))
+            .collect::<Vec<_>>(),
+    );
+    if let Holders::Workers(parts) = &holders {
+        watch.extend(parts.iter().filter_map(|p| p.child.id()));
+    }
+    let meter = Meter::start(&watch);
+    tokio::time::sleep(options.duration).await;
+    let end = rss(&options.gateway_pids);
+    let cpu = meter.stop();
+
+    let mut tally = Tally::default();
+    match holders {
+        Holders::Here(holding) => tally.add(holding.finish()),
+        Holders::Workers(parts) => {
+            // Stop them all at once; then gather.
+            let finishing: Vec<_> = parts
+                .into_iter()
+                .map(|p| tokio::spawn(p.finish()))
+                .collect();
+            for f in finishing {
+                match f.await {
+                    Ok(t) => tally.add(t?),
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                }
+            }
+        }
+    }
+
+    let per = |later: Option<u64>, earlier: Option<u64>, n: u64| match (later, earlier) {
+        (Some(l), Some(e)) if n > 0 => Some((l as f64 - e as f64) / n as f64),
+        _ => None,
+    };
+    let pods: Vec<Pod> = options
+        .gateways
+        .iter()
+        .enumerate()
+        .map(|(g, target)| {
+            let n = tally.connected.get(g).copied().unwrap_or(0);
+            let at = |v: &[Option<u64>]| v.get(g).copied().flatten();
+            Pod {
+                gateway: target.ws_url(),
+                pid: options.gateway_pids.get(g).copied(),
+                connections: n,
+                unexpected_closes: tally.closed.get(g).copied().unwrap_or(0),
+                rss_before_bytes: at(&before),
+                rss_connected_bytes: at(&connected),
+                rss_end_bytes: at(&end),
+                rss_per_connection_connected_bytes: per(at(&connected), at(&before), n),
+                rss_per_connection_end_bytes: per(at(&end), at(&before), n),
+            }
+        })
+        .collect();
+    let measured: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.rss_end_bytes.is_some() && p.rss_before_bytes.is_some())
+        .collect();
+    let rss_per_connection_bytes = per(
+        Some(measured.iter().filter_map(|p| p.rss_end_bytes).sum()),
+        Some(measured.iter().filter_map(|p| p.rss_before_bytes).sum()),
+        measured.iter().map(|p| p.connections).sum(),
+    )
+    .filter(|_| !measured.is_empty());
+
+    Ok(Idle {
+        topic,
+        clients: options.clients,
+        processes: processes.max(1),
+        duration_s: options.duration.as_secs_f64(),
+        connect_s: connect.as_secs_f64(),
+        pings_answered: tally.pings,
+        unexpected_closes: tally.closed.iter().sum(),
+        closes: tally.closes,
+        loadtest_rss_bytes: tally.holders_rss_bytes,
+        pods,
+        rss_per_connection_bytes,
+        cpu,
+    })
+}
+
+/// Bytes as KiB with one decimal.
+fn kib(bytes: f64) -> String {
+    format!("{:.1} KiB", bytes / 1024.0)
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or("?".to_owned(), |b| format!("{:.1}", b as f64 / 1_048_576.0))
+}
+
+impl Outcome for Idle {
+    const SCENARIO: &'static str = "idle";
+
+    fn rows(&self) -> Vec<Row> {
+        let mut rows = vec![
+            Row::new(
+                "clients",
+                format!(
+                    "{} in {} process(es) on topic {}, connected and subscribed in {:.2} s",
+                    self.clients, self.processes, self.topic, self.connect_s
+                ),
+            ),
+            Row::new("held", format!("{:.0} s", self.duration_s)),
+            Row::new("pings answered", self.pings_answered),
+            Row::new("unexpected closes", self.unexpected_closes),
+            Row::new(
+                "gateway RSS per connection",
+                self.rss_per_connection_bytes
+                    .map_or("no --gateway-pid given".to_owned(), kib),
+            ),
+        ];
+        for p in &self.pods {
+            let memory = match (p.pid, p.rss_per_connection_end_bytes) {
+                (Some(pid), Some(per)) => format!(
+                    "; pid {pid} RSS {} -> {} -> {} MiB (before, connected, end): {} per connection \
+                     ({} once connected)",
+                    mib(p.rss_before_bytes),
+                    mib(p.rss_connected_bytes),
+                    mib(p.rss_end_bytes),
+                    kib(per),
+                    p.rss_per_connection_connected_bytes
+                        .map_or("?".to_owned(), kib)
+                ),
+                (Some(pid), None) => format!("; pid {pid}: no RSS read"),
+                _ => String::new(),
+            };
+            rows.push(Row::new(
+                format!("  {}", p.gateway),
+                format!(
+                    "{} connections, {} closed{memory}",
+                    p.connections, p.unexpected_closes
+                ),
+            ));
+        }
+        rows.push(Row::new(
+            "loadtest RSS",
+            format!(
+                "{} MiB holding the clients ({:.1} KiB per client)",
+                mib(Some(self.loadtest_rss_bytes)),
+                self.loadtest_rss_bytes as f64 / 1024.0 / self.clients as f64
+            ),
+        ));
+        rows.push(Row::new("CPU during the hold", self.cpu.brief()));
+        rows
+    }
+
+    fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.unexpected_closes > 0 {
+            failures.push(format!(
+                "{} unexpected closes: {}",
+                self.unexpected_closes,
+                self.closes.join("; ")
+            ));
+        }
+        failures
+    }
+}

@@ -1,0 +1,594 @@
+//! `slow`: [`fanout`] in two phases on the same clients: R rounds as they
+//! are, then K more clients join that never read (a small `SO_RCVBUF`, set
+//! before connecting, and no read after the `ok` of their `sub`), and R
+//! rounds more. It reports the healthy clients' figures without and with
+//! them, when the gateway closed each slow client, and the watched
+//! processes' memory round by round.
+//!
+//! When was a slow client closed? It cannot see the close frame it does not
+//! read, and the TCP close waits behind the bytes it has not read either. So
+//! the gateways' `/metrics` are read every [`POLL`] while the slow clients
+//! are connected: each rise of `herald_connections_closed_total` with reason
+//! `write_timeout` or `slow_consumer` is a slow client closed between two
+//! reads ([`CloseEvent`], `seen_after_s` late by at most [`POLL`]). After
+//! the run each slow client reads what it was sent: if the stream ends
+//! (EOF, reset) the gateway closed it, and the last whole frame it got says
+//! which round's write was stuck: the next one. `blocked_for_s`, from that
+//! round's start to the close seen, is then an upper bound of how long the
+//! gateway let the write hang before closing. Closes are matched to slow
+//! clients per gateway in order (the one that got fewest rounds first).
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::fanout::{self, Engine, Fanout, Stats};
+use crate::clients::{End, MISSING, Received, Subscriber};
+use crate::latency::{ms, now_micros};
+use crate::metrics::Scraper;
+use crate::report::{Outcome, Row};
+use crate::{Error, Target};
+
+/// Clients that never read.
+pub const DEFAULT_SLOW: usize = 1;
+/// Their receive buffer (`SO_RCVBUF`; Linux doubles it).
+pub const DEFAULT_RECV_BUFFER: u32 = 4096;
+/// After the last round, how long to wait for slow clients' closes: the
+/// gateway's default `websocket.write_timeout` (5 s), 1 s, and a poll.
+pub const DEFAULT_CLOSE_WAIT: Duration = Duration::from_secs(7);
+/// Most slow clients.
+pub const MAX_SLOW: usize = 1000;
+/// Between two reads of the gateways' metrics.
+pub const POLL: Duration = Duration::from_millis(100);
+/// The close reasons of a client that does not keep up (docs/metrics.md).
+pub const SLOW_REASONS: [&str; 2] = ["write_timeout", "slow_consumer"];
+/// After the run, longest a slow client may take to read what it was sent.
+const SLOW_DRAIN: Duration = Duration::from_secs(10);
+/// Between two looks at the slow clients' reading after the run.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// The round of the slow phase from which memory should stay flat.
+pub const RSS_FROM_ROUND: usize = 5;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The healthy clients and the rounds of each phase.
+    pub fanout: fanout::Options,
+    /// Clients that never read.
+    pub slow: usize,
+    pub recv_buffer: u32,
+    pub close_wait: Duration,
+}
+
+impl Options {
+    /// The defaults, with the healthy clients and rounds of `fanout`.
+    pub fn new(fanout: fanout::Options) -> Self {
+        Self {
+            fanout,
+            slow: DEFAULT_SLOW,
+            recv_buffer: DEFAULT_RECV_BUFFER,
+            close_wait: DEFAULT_CLOSE_WAIT,
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        self.fanout.validate(self.fanout.rounds)?;
+        if self.slow == 0 || self.slow > MAX_SLOW {
+            return Err(Error::Options(format!("--slow must be 1 to {MAX_SLOW}")));
+        }
+        if self.recv_buffer == 0 {
+            return Err(Error::Options("--recv-buffer must be over 0".to_owned()));
+        }
+        if self.close_wait > super::MAX_DURATION {
+            return Err(Error::Options("--close-wait is too long".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// The result of a `slow` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Slow {
+    /// Both phases, healthy clients only (its `latency`, `last_client` and
+    /// `round_p99` span both).
+    pub run: Fanout,
+    /// Rounds of each phase.
+    pub without_rounds: Range<usize>,
+    pub with_rounds: Range<usize>,
+    /// The healthy clients before the slow ones joined.
+    pub without: Stats,
+    /// The healthy clients with the slow ones.
+    pub with: Stats,
+    /// p99 over all (round, healthy client) pairs, with over without.
+    pub p99_with_over_without: f64,
+    /// Last client p99 over rounds, with over without.
+    pub last_client_p99_with_over_without: f64,
+    pub slow_clients: Vec<SlowClient>,
+    /// Every close the gateways counted while the slow clients were there.
+    pub closes: Vec<CloseEvent>,
+    /// The first failure to read a gateway's metrics, if any.
+    pub scrape_error: Option<String>,
+    /// Each watched process's memory from the slow phase's round
+    /// [`RSS_FROM_ROUND`] on.
+    pub rss: Vec<RssGrowth>,
+}
+
+/// One client that never read.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlowClient {
+    pub client: usize,
+    pub gateway: String,
+    /// Rounds published while it was subscribed.
+    pub rounds_sent: u64,
+    /// Of those, the frames it could read after the run.
+    pub rounds_received: u64,
+    /// The last round it got whole.
+    pub last_round: Option<usize>,
+    /// The gateway ended its connection.
+    pub closed: bool,
+    /// How its reading ended after the run.
+    pub end: String,
+    /// The close's reason, as counted by the gateway.
+    pub reason: Option<String>,
+    /// From the slow phase's first round to the close seen in the metrics.
+    pub closed_after_s: Option<f64>,
+    /// From the start of the round whose write to it was stuck to the close
+    /// seen: an upper bound of how long the gateway let the write hang.
+    pub blocked_for_s: Option<f64>,
+}
+
+/// A rise of `herald_connections_closed_total` seen on a gateway.
+#[derive(Debug, Clone, Serialize)]
+pub struct CloseEvent {
+    pub gateway: String,
+    pub reason: String,
+    /// From the slow phase's first round to the read that showed it.
+    pub seen_after_s: f64,
+    /// ... and to the read before, which did not.
+    pub not_before_s: f64,
+    #[serde(skip)]
+    seen_us: u64,
+    #[serde(skip)]
+    gateway_index: usize,
+}
+
+/// A watched process's resident memory over the slow phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct RssGrowth {
+    pub pid: u32,
+    pub name: String,
+    /// At the start of the slow phase's round [`RSS_FROM_ROUND`].
+    pub from_bytes: Option<u64>,
+    /// The most after it, to the end of the run.
+    pub max_after_bytes: Option<u64>,
+    /// `max_after / from - 1`.
+    pub growth: Option<f64>,
+}
+
+/// Runs both phases, watches the gateways' closes while the slow clients
+/// are there, then lets each slow client read what it was sent.
+pub async fn run(options: Options) -> Result<Slow, Error> {
+    options.validate()?;
+    let f = &options.fanout;
+    let without = f.warmup..f.warmup + f.rounds;
+    let with = without.end..without.end + f.rounds;
+    let total = with.end;
+    let extra_fds = (options.slow + f.gateways.len()) as u64;
+    let mut engine = Engine::connect(f, total, "slow", extra_fds).await?;
+    engine.rounds(0..without.end).await;
+
+    let mut watcher = Watcher::start(&f.gateways).await;
+    let mut slow = Vec::with_capacity(options.slow);
+    for k in 0..options.slow {
+        let client = f.clients + k;
+        let gateway = client % f.gateways.len();
+        slow.push(
+            Subscriber::open_with(
+                client,
+                gateway,
+                &f.gateways[gateway],
+                engine.topic_of(client),
+                Some(options.recv_buffer),
+            )
+            .await?,
+        );
+    }
+
+    engine.rounds(with.clone()).await;
+    engine.drain().await;
+    watcher
+        .wait_for_slow_closes(options.slow as u64, options.close_wait)
+        .await;
+    let (events, scrape_error) = watcher.stop().await;
+    let round_starts = engine.round_starts.clone();
+    let finished = engine.finish().await;
+    let received = read_what_was_sent(slow, total, with.start).await;
+
+    let phase_start = round_starts.get(with.start).copied().flatten().unwrap_or(0);
+    let at = |us: u64| us.saturating_sub(phase_start) as f64 / 1e6;
+    let closes: Vec<CloseEvent> = events
+        .into_iter()
+        .map(|(gateway_index, reason, seen_us, before_us)| CloseEvent {
+            gateway: f.gateways[gateway_index].ws_url(),
+            reason,
+            seen_after_s: at(seen_us),
+            not_before_s: at(before_us),
+            seen_us,
+            gateway_index,
+        })
+        .collect();
+    let slow_clients = match_closes(
+        &received,
+        &closes,
+        &round_starts,
+        with.start,
+        f,
+        phase_start,
+    );
+
+    let without_stats = finished.stats(without.clone());
+    let with_stats = finished.stats(with.clone());
+    let x = |a: u32, b: u32| f64::from(a) / f64::from(b.max(1));
+    let run = finished.result;
+    let rss = run
+        .processes
+        .iter()
+        .map(|p| {
+            let from = p
+                .rss_bytes
+                .get(with.start + RSS_FROM_ROUND)
+                .copied()
+                .flatten();
+            let max_after = p
+                .rss_bytes
+                .iter()
+                .skip(with.start + RSS_FROM_ROUND)
+                .flatten()
+                .max()
+                .copied();
+            RssGrowth {
+                pid: p.pid,
+                name: p.name.clone(),
+                from_bytes: from,
+                max_after_bytes: max_after,
+                growth: match (from, max_after) {
+                    (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64 - 1.0),
+                    _ => None,
+                },
+            }
+        })
+        .collect();
+    Ok(Slow {
+        p99_with_over_without: x(with_stats.latency.p99_us, without_stats.latency.p99_us),
+        last_client_p99_with_over_without: x(
+            with_stats.last_client.p99_us,
+            without_stats.last_client.p99_us,
+        ),
+        run,
+        without_rounds: without,
+        with_rounds: with,
+        without: without_stats,
+        with: with_stats,
+        slow_clients,
+        closes,
+        scrape_error,
+        rss,
+    })
+}
+
+/// After the run: each slow client reads until its stream ends (the gateway
+/// closed it), or it has every round sent to it (still open), or
+/// [`SLOW_DRAIN`].
+async fn read_what_was_sent(slow: Vec<Subscriber>, total: usize, joined: usize) -> Vec<Received> {
+    let expected = (slow.len() * (total - joined)) as u64;
+    let progress = Arc::new(AtomicU64::new(0));
+    let (stop, stopped) = watch::channel(false);
+    let readers: Vec<_> = slow
+        .into_iter()
+        .map(|s| tokio::spawn(s.read(total, progress.clone(), stopped.clone())))
+        .collect();
+    let reading = Instant::now();
+    while progress.load(Ordering::Relaxed) < expected
+        && reading.elapsed() < SLOW_DRAIN
+        && !readers.iter().all(|r| r.is_finished())
+    {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let _ = stop.send(true);
+    let mut received = Vec::with_capacity(readers.len());
+    for reader in readers {
+        match reader.await {
+            Ok(r) => received.push(r),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    received
+}
+
+/// Pairs, per gateway, the slow clients the gateway closed (fewest rounds
+/// received first) with its slow-reason closes (earliest first).
+fn match_closes(
+    received: &[Received],
+    closes: &[CloseEvent],
+    round_starts: &[Option<u64>],
+    joined: usize,
+    options: &fanout::Options,
+    phase_start: u64,
+) -> Vec<SlowClient> {
+    let last_round = |r: &Received| r.latency_us.iter().rposition(|&l| l != MISSING);
+    let mut order: Vec<&Received> = received.iter().collect();
+    order.sort_by_key(|r| (r.gateway, last_round(r).map_or(0, |l| l + 1), r.client));
+    let mut used = vec![false; closes.len()];
+    let mut out: Vec<SlowClient> = order
+        .into_iter()
+        .map(|r| {
+            let closed = r.end != End::Stopped;
+            let last = last_round(r);
+            let event = closed
+                .then(|| {
+                    closes.iter().enumerate().position(|(i, c)| {
+                        !used[i]
+                            && c.gateway_index == r.gateway
+                            && SLOW_REASONS.contains(&c.reason.as_str())
+                    })
+                })
+                .flatten();
+            if let Some(i) = event {
+                used[i] = true;
+            }
+            let event = event.map(|i| &closes[i]);
+            let stuck = last.map_or(joined, |l| l + 1);
+            let blocked_for_s = event.and_then(|e| {
+                let start = round_starts.get(stuck).copied().flatten()?;
+                Some(e.seen_us.saturating_sub(start) as f64 / 1e6)
+            });
+            SlowClient {
+                client: r.client,
+                gateway: options.gateways[r.gateway].ws_url(),
+                rounds_sent: (round_starts.len() - joined) as u64,
+                rounds_received: r.latency_us[joined.min(r.latency_us.len())..]
+                    .iter()
+                    .filter(|&&l| l != MISSING)
+                    .count() as u64,
+                last_round: last,
+                closed,
+                end: match &r.end {
+                    End::Stopped => "still open".to_owned(),
+                    End::Closed(code) => format!("closed ({code:?})"),
+                    End::Failed(e) => format!("ended: {e}"),
+                },
+                reason: event.map(|e| e.reason.clone()),
+                closed_after_s: event.map(|e| e.seen_us.saturating_sub(phase_start) as f64 / 1e6),
+                blocked_for_s,
+            }
+        })
+        .collect();
+    out.sort_by_key(|c| c.client);
+    out
+}
+
+/// Reads every gateway's close counters every [`POLL`] in a task of its own.
+struct Watcher {
+    stop: watch::Sender<bool>,
+    slow_closes: watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<(Vec<Event>, Option<String>)>,
+}
+
+/// (gateway index, reason, µs seen, µs of the read before).
+type Event = (usize, String, u64, u64);
+
+impl Watcher {
+    /// Takes the counts now as the baseline and starts polling.
+    async fn start(gateways: &[Target]) -> Self {
+        let mut scrapers: Vec<Scraper> = gateways.iter().map(|g| Scraper::new(g.addr)).collect();
+        let mut first_error = None;
+        let mut last = Vec::with_capacity(scrapers.len());
+        for s in &mut scrapers {
+            match s.closes().await {
+                Ok(c) => last.push(Some(c)),
+                Err(e) => {
+                    first_error.get_or_insert(e.to_string());
+                    last.push(None);
+                }
+            }
+        }
+        let mut before_us = now_micros();
+        let (stop, mut stopped) = watch::channel(false);
+        let (count, slow_closes) = watch::channel(0u64);
+        let task = tokio::spawn(async move {
+            let mut events = Vec::new();
+            let mut ticks = tokio::time::interval(POLL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stopped.changed() => break,
+                    _ = ticks.tick() => {}
+                }
+                for (g, s) in scrapers.iter_mut().enumerate() {
+                    let now = match s.closes().await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            first_error.get_or_insert(e.to_string());
+                            continue;
+                        }
+                    };
+                    let seen_us = now_micros();
+                    if let Some(previous) = &last[g] {
+                        for (reason, &n) in &now {
+                            let before = previous.get(reason).copied().unwrap_or(0);
+                            for _ in before..n {
+                                events.push((g, reason.clone(), seen_us, before_us));
+                            }
+                        }
+                    }
+                    last[g] = Some(now);
+                }
+                before_us = now_micros();
+                let slow = events
+                    .iter()
+                    .filter(|e: &&Event| SLOW_REASONS.contains(&e.1.as_str()))
+                    .count() as u64;
+                count.send_replace(slow);
+            }
+            (events, first_error)
+        });
+        Self {
+            stop,
+            slow_closes,
+            task,
+        }
+    }
+
+    /// Until `n` slow-reason closes were seen, at most `wait`.
+    async fn wait_for_slow_closes(&mut self, n: u64, wait: Duration) {
+        let _ = tokio::time::timeout(wait, self.slow_closes.wait_for(|&seen| seen >= n)).await;
+    }
+
+    async fn stop(self) -> (Vec<Event>, Option<String>) {
+        let _ = self.stop.send(true);
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+impl Outcome for Slow {
+    const SCENARIO: &'static str = "slow";
+
+    fn rows(&self) -> Vec<Row> {
+        let mut rows = self.run.rows();
+        let p = |s: &Stats| {
+            format!(
+                "p99 {} ms; last client {}",
+                ms(s.latency.p99_us),
+                fanout::last_client_row(s)
+            )
+        };
+        rows.push(Row::new(
+            format!("healthy, without slow (rounds {:?})", self.without_rounds),
+            p(&self.without),
+        ));
+        rows.push(Row::new(
+            format!("healthy, with slow (rounds {:?})", self.with_rounds),
+            p(&self.with),
+        ));
+        rows.push(Row::new(
+            "with / without: p99, last client p99",
+            format!(
+                "{:.2}x, {:.2}x",
+                self.p99_with_over_without, self.last_client_p99_with_over_without
+            ),
+        ));
+        for c in &self.slow_clients {
+            let s = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{v:.2} s"));
+            rows.push(Row::new(
+                format!("slow client {} ({})", c.client, c.gateway),
+                if c.closed {
+                    format!(
+                        "closed ({}) {} into the slow phase, write stuck at most {}; read {} of {} rounds; {}",
+                        c.reason.as_deref().unwrap_or("reason not seen"),
+                        s(c.closed_after_s),
+                        s(c.blocked_for_s),
+                        c.rounds_received,
+                        c.rounds_sent,
+                        c.end
+                    )
+                } else {
+                    format!(
+                        "not closed: still open after the run, then read {} of {} rounds",
+                        c.rounds_received, c.rounds_sent
+                    )
+                },
+            ));
+        }
+        let others = self
+            .closes
+            .iter()
+            .filter(|c| !SLOW_REASONS.contains(&c.reason.as_str()))
+            .count();
+        rows.push(Row::new("other closes seen", others));
+        if let Some(e) = &self.scrape_error {
+            rows.push(Row::new("metrics", format!("not all read: {e}")));
+        }
+        for r in &self.rss {
+            let mib = |b: Option<u64>| {
+                b.map_or("?".to_owned(), |b| format!("{:.1}", b as f64 / 1048576.0))
+            };
+            rows.push(Row::new(
+                format!(
+                    "{} ({}) RSS from slow round {RSS_FROM_ROUND}",
+                    r.name, r.pid
+                ),
+                format!(
+                    "{} MiB, then at most {} MiB ({})",
+                    mib(r.from_bytes),
+                    mib(r.max_after_bytes),
+                    r.growth
+                        .map_or("?".to_owned(), |g| format!("{:+.1}%", g * 100.0))
+                ),
+            ));
+        }
+        rows
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.run.failures()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn received(client: usize, latency_us: Vec<u32>, end: End) -> Received {
+        Received {
+            client,
+            gateway: 0,
+            latency_us,
+            duplicates: 0,
+            unexpected: 0,
+            end,
+        }
+    }
+
+    fn close(reason: &str, seen_us: u64) -> CloseEvent {
+        CloseEvent {
+            gateway: "g".to_owned(),
+            reason: reason.to_owned(),
+            seen_after_s: 0.0,
+            not_before_s: 0.0,
+            seen_us,
+            gateway_index: 0,
+        }
+    }
+
+    #[test]
+    fn a_close_is_timed_from_the_round_whose_write_was_stuck() {
+        let options = fanout::Options::new(
+            Target::at("127.0.0.1:1".parse().expect("addr")).expect("loopback"),
+        );
+        // Rounds 0..4 start at 0, 1, 2, 3 s; the slow client joined at round 1
+        // and got rounds 1 and 2: round 3's write was stuck.
+        let starts: Vec<Option<u64>> = (0..4).map(|r| Some(r * 1_000_000)).collect();
+        let slow = received(7, vec![MISSING, 5, 5, MISSING], End::Closed(None));
+        let open = received(8, vec![MISSING, 5, 5, 5], End::Stopped);
+        let closes = [
+            close("client_closed", 1_000_000),
+            close("write_timeout", 4_500_000),
+        ];
+        let clients = match_closes(&[slow, open], &closes, &starts, 1, &options, 1_000_000);
+        assert_eq!(clients[0].last_round, Some(2));
+        assert_eq!(clients[0].reason.as_deref(), Some("write_timeout"));
+        assert_eq!(clients[0].blocked_for_s, Some(1.5));
+        assert_eq!(clients[0].closed_after_s, Some(3.5));
+        assert_eq!((clients[0].rounds_sent, clients[0].rounds_received), (3, 2));
+        assert!(!clients[1].closed);
+        assert_eq!(clients[1].reason, None);
+    }
+}

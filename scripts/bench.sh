@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Herald's benchmarks, all of them, and BENCHMARKS.md from their results.
+#
+# Builds once (release), runs the criterion micro-benchmarks, then every
+# herald-loadtest scenario at the sizes issue #4 names, each against fresh
+# `herald` processes on free loopback ports (and a redis-server where pods
+# share work), and renders BENCHMARKS.md with scripts/benchmarks.py. The
+# JSON results and logs stay in $OUT. Everything it starts is stopped when
+# it exits, however it exits. Takes about 15 minutes on 2 cores.
+#
+# Load generator and servers share this machine's cores: run it on a quiet
+# machine, and read each run's CPU line ("others": CPU of processes not in
+# the run; more than a few seconds means the figures are noisy).
+#
+# Usage: scripts/bench.sh            everything, then BENCHMARKS.md
+#        scripts/bench.sh fanout ... only these parts (micro fanout slow
+#                                    throughput wire storm idle pods idle-pods),
+#                                    then BENCHMARKS.md from what $OUT holds
+#   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-target/bench}
+CLIENTS=${CLIENTS:-10000}
+ROUNDS=${ROUNDS:-40}
+PARTS=("$@")
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm idle pods idle-pods)
+# A gateway may hold up to its hard fd limit; leave room for everything else.
+MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
+
+say() { printf '\n== %s\n' "$*"; }
+wants() { local p; for p in "${PARTS[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+
+# Only what this script sets: no HERALD_* from the caller's environment.
+while read -r var; do unset "$var"; done < <(compgen -e | grep '^HERALD_' || true)
+
+pids=()
+stop_all() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    pids=()
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+# free_port <var>: sets <var> to a loopback port nobody listens on (nor got
+# from here before), below the ephemeral range (32768+) that the clients' own
+# connections use. (Not `$(free_port)`: a subshell would forget what it gave.)
+used_ports=" "
+free_port() {
+    local candidate
+    while :; do
+        candidate=$(( 20000 + RANDOM % 12000 ))
+        case "$used_ports" in *" $candidate "*) continue ;; esac
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
+            used_ports+="$candidate "
+            printf -v "$1" '%s' "$candidate"
+            return
+        fi
+    done
+}
+
+# wait_until <seconds> <what> <pid> <command...>: polls the command until it
+# succeeds; fails if the process dies or the time runs out.
+wait_until() {
+    local seconds=$1 what=$2 pid=$3
+    shift 3
+    for _ in $(seq $(( seconds * 20 ))); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$what exited; its log:" >&2
+            cat "$OUT/$what.log" >&2 || true
+            exit 1
+        fi
+        sleep 0.05
+    done
+    echo "$what not ready within ${seconds}s" >&2
+    exit 1
+}
+
+# start_herald <name> [VAR=value...]: a herald on a free loopback port; sets
+# $port and $pid.
+start_herald() {
+    local name=$1 grpc
+    shift
+    free_port port
+    free_port grpc
+    env HERALD_LISTEN="127.0.0.1:$port" \
+        HERALD_GRPC__LISTEN="127.0.0.1:$grpc" \
+        HERALD_WEBSOCKET__MAX_CONNECTIONS="$MAX_CONNECTIONS" \
+        HERALD_LOG__LEVEL=warn \
+        "$@" target/release/herald >"$OUT/$name.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    wait_until 20 "$name" "$pid" curl -sf "http://127.0.0.1:$port/readyz"
+    echo "$name: 127.0.0.1:$port (pid $pid)"
+}
+
+# start_redis: a redis-server on a free loopback port, no persistence; sets
+# $redis_url and $redis_pid.
+start_redis() {
+    local redis_port
+    free_port redis_port
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+        --protected-mode no >"$OUT/redis.log" 2>&1 &
+    redis_pid=$!
+    pids+=("$redis_pid")
+    redis_up() { [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ]; }
+    wait_until 10 redis "$redis_pid" redis_up
+    redis_url="redis://127.0.0.1:$redis_port"
+    echo "redis: $redis_url (pid $redis_pid)"
+}
+
+failed=0
+# loadtest <name> <scenario> <flags...>: one run; a failed run is reported at the end.
+loadtest() {
+    local name=$1
+    shift
+    target/release/herald-loadtest "$@" --out "$OUT/$name.json" || failed=1
+}
+
+say "build (release)"
+cargo build --release -p gateway -p herald-loadtest
+mkdir -p "$OUT"
+for part in "${PARTS[@]}"; do rm -f "$OUT/$part".json "$OUT/$part"-*.json; done
+printf 'machine: %s cores, %s, kernel %s\n' "$(nproc)" \
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$(uname -r)"
+
+fanout=(--clients "$CLIENTS" --topics 1 --size 1024 --rounds "$ROUNDS" --interval 500ms)
+
+if wants micro; then
+    say "micro-benchmarks (criterion)"
+    cargo bench -p gateway --bench wire --bench fanout -- --noplot | tee "$OUT/micro.log"
+    # Criterion keeps its estimates under target/criterion; benchmarks.py reads them there.
+fi
+
+if wants fanout; then
+    say "fanout: $CLIENTS clients, 1 topic, 1 KiB, $ROUNDS rounds 500 ms apart, against the floor"
+    start_herald fanout
+    loadtest fanout fanout --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --floor "${fanout[@]}"
+    stop_all
+fi
+
+if wants slow; then
+    say "slow: the same, with one client that never reads"
+    start_herald slow
+    loadtest slow slow --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --slow 1 "${fanout[@]}"
+    stop_all
+    say "slow, large frames: 20 clients, 60 KB, 50 ms apart (fills the kernel's buffers, so the close shows)"
+    start_herald slow-close
+    loadtest slow-close slow --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --slow 1 \
+        --clients 20 --size 60000 --rounds 80 --interval 50ms
+    stop_all
+fi
+
+if wants throughput; then
+    say "throughput: 64-byte messages, 200 clients on 50 of 100 topics each"
+    start_herald throughput
+    loadtest throughput throughput --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" \
+        --clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 64
+    stop_all
+fi
+
+if wants wire; then
+    say "wire: bytes on the wire per payload size"
+    start_herald wire HERALD_HTTP__MAX_BODY_BYTES=2097152 HERALD_QUEUE__BYTES=4194304
+    loadtest wire wire --gateway "ws://127.0.0.1:$port/ws"
+    stop_all
+fi
+
+if wants storm; then
+    say "storm: $CLIENTS sessions cut at once, every one resumes"
+    start_herald storm
+    loadtest storm storm --gateway "ws://127.0.0.1:$port/ws" --watch-pid "$pid" \
+        --clients "$CLIENTS" --topics 10 --rate 50 --duration 10s --cut-at 3s --drain 20s --connections 16
+    stop_all
+fi
+
+if wants idle; then
+    say "idle: 19,000 connections held for 60 s, heartbeats every 5 s"
+    start_herald idle HERALD_WEBSOCKET__PING_INTERVAL=5s
+    loadtest idle idle --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --clients 19000 --duration 60s
+    stop_all
+fi
+
+if wants pods; then
+    say "pods: 1,000 clients, 100 msg/s, 256 B; one pod against two over Redis"
+    start_redis
+    start_herald pod-a HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url"
+    a=$port pid_a=$pid
+    start_herald pod-b HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url"
+    b=$port pid_b=$pid
+    watch=(--watch-pid "$pid_a" --watch-pid "$pid_b" --watch-pid "$redis_pid")
+    pods=(--clients 1000 --rate 100 --duration 10s --size 256)
+    loadtest pods-one-pod pods --gateway "ws://127.0.0.1:$a/ws" --publish-to "http://127.0.0.1:$a" "${pods[@]}" "${watch[@]}"
+    loadtest pods-cross-pod pods --gateway "ws://127.0.0.1:$b/ws" --publish-to "http://127.0.0.1:$a" "${pods[@]}" "${watch[@]}"
+    loadtest publish-redis publish --publish-to "http://127.0.0.1:$a" --concurrency 16 --topics 100 --duration 10s "${watch[@]}"
+    stop_all
+    start_herald memory
+    loadtest pods-memory pods --gateway "ws://127.0.0.1:$port/ws" "${pods[@]}" --watch-pid "$pid"
+    loadtest publish-memory publish --publish-to "http://127.0.0.1:$port" --concurrency 16 --topics 100 --duration 10s --watch-pid "$pid"
+    stop_all
+fi
+
+if wants idle-pods; then
+    say "idle over 4 pods: 60,000 connections, Redis, 60 s"
+    start_redis
+    gateways=()
+    for n in 1 2 3 4; do
+        start_herald "idle-pod-$n" HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url" HERALD_WEBSOCKET__PING_INTERVAL=5s
+        gateways+=(--gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid")
+    done
+    loadtest idle-pods idle "${gateways[@]}" --clients 60000 --duration 60s --watch-pid "$redis_pid"
+    stop_all
+fi
+
+say "BENCHMARKS.md"
+python3 scripts/benchmarks.py "$OUT" >BENCHMARKS.md
+echo "written: BENCHMARKS.md (results in $OUT/)"
+exit "$failed"

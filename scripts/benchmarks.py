@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Renders BENCHMARKS.md from the results scripts/bench.sh leaves in a
+directory (herald-loadtest's JSON files) and from criterion's estimates under
+target/criterion. Each table: the figure, the target issue #4 sets, and the
+reference figure where the issue gives one. A figure that was not measured
+says so; nothing here is typed in by hand but the targets and references.
+
+Usage: scripts/benchmarks.py <results dir>  (writes Markdown to stdout)
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "target/bench")
+CRITERION = Path("target/criterion")
+
+
+def load(name):
+    path = OUT / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def ms(us):
+    return "n/a" if us is None else f"{us / 1000:.1f} ms"
+
+
+def x(v):
+    return "n/a" if v is None else f"{v:.2f}×"
+
+
+def verdict(ok):
+    return "met" if ok else "**missed**"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cpu_line(result):
+    cpu = (result or {}).get("cpu") or {}
+    if not cpu:
+        return ""
+    return (f"Machine busy {cpu.get('machine_busy_cores', 0):.2f} of {cpu.get('cores')} cores; "
+            f"CPU of processes outside the run: {cpu.get('other_cpu_s', 0):.1f} s "
+            f"(more than a few seconds means the figures are noisy).")
+
+
+def criterion(group, bench):
+    est = CRITERION / group / bench / "new" / "estimates.json"
+    if not est.exists():
+        return None
+    return json.loads(est.read_text())["mean"]["point_estimate"]  # ns
+
+
+def header():
+    any_run = next((load(n) for n in ("fanout", "slow", "idle", "storm", "throughput") if load(n)), None)
+    machine = (any_run or {}).get("machine") or {}
+    when = time.strftime("%Y-%m-%d", time.gmtime((any_run or {}).get("finished_unix_s", time.time())))
+    return f"""# Herald benchmarks
+
+Produced by `scripts/bench.sh` (this file is its output: do not edit by hand).
+Load generator (`herald-loadtest`) and gateways run on the same machine, so
+every latency includes the clients' own share of the CPU.
+
+Machine: {machine.get('cores', '?')} cores, {machine.get('cpu', '?')}, Linux {machine.get('kernel', '?')}; run on {when}.
+"""
+
+
+def fanout_section():
+    r = load("fanout")
+    out = ["## fanout: 10,000 clients, 1 topic, 1 KiB, 40 rounds 500 ms apart",
+           "`herald-loadtest fanout --floor`: the floor (one thread writing the same frames to as many "
+           "plain loopback sockets, no WebSocket library) runs first in the same invocation."]
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    floor = res.get("floor") or {}
+    vs = res.get("vs_floor") or {}
+    proc = (res.get("processes") or [{}])[0]
+    rss = proc.get("rss_bytes") or []
+    rows = [
+        ["last client, median", ms(res["last_client"]["p50_us"]),
+         f"≤ 1.0× floor ({ms(floor.get('last_client', {}).get('p50_us'))}): {x(vs.get('last_client_p50_x'))}, "
+         f"{verdict((vs.get('last_client_p50_x') or 99) <= 1.0)}",
+         "Go: sequential 90.9 ms, 10 sharded workers 30.8 ms, goroutine per client 31.4 ms (10 vCPU)"],
+        ["last client, p99", ms(res["last_client"]["p99_us"]),
+         f"≤ 1.2× floor ({ms(floor.get('last_client', {}).get('p99_us'))}): {x(vs.get('last_client_p99_x'))}, "
+         f"{verdict((vs.get('last_client_p99_x') or 99) <= 1.2)}",
+         "Go: 98.9 / 42.7 / 69.7 ms"],
+        ["all deliveries p50 / p99", f"{ms(res['latency']['p50_us'])} / {ms(res['latency']['p99_us'])}", "", ""],
+        ["gateway CPU per round", f"{proc.get('cpu_per_round_s', 0) * 1000:.1f} ms",
+         f"floor writer: {floor.get('writer_cpu_per_round_s', 0) * 1000:.1f} ms ({x(vs.get('cpu_per_round_x'))})", ""],
+        ["gateway RSS", f"{(max(rss) if rss else 0) / 2**20:.1f} MiB (max over rounds)", "",
+         "Go: ~240 to 292 MB (goroutine per client)"],
+        ["delivered / lost / duplicated", f"{res['deliveries']} / {res['lost']} / {res['duplicated']}", "0 lost, 0 duplicated", ""],
+    ]
+    out.append(table(["figure", "Herald", "target", "reference"], rows))
+    out.append(cpu_line(res))
+    return "\n\n".join(out)
+
+
+def slow_section():
+    out = ["## slow: the same, with one client that never reads"]
+    r = load("slow")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    ratio = res.get("p99_with_over_without")
+    slow = (res.get("slow_clients") or [{}])[0]
+    growth = max((g.get("growth", 0) for g in res.get("rss") or []), default=None)
+    rows = [
+        ["healthy clients' p99 without / with it",
+         f"{ms(res['without']['latency']['p99_us'])} / {ms(res['with']['latency']['p99_us'])} ({x(ratio)})",
+         f"within 10%: {verdict(ratio is not None and ratio <= 1.10)}",
+         "Go, sequential loop: every client waited 1.1 s"],
+        ["last client, median without / with",
+         f"{ms(res['without']['last_client']['p50_us'])} / {ms(res['with']['last_client']['p50_us'])}", "", ""],
+        ["slow client closed", slow.get("end") if not slow.get("closed") else
+         f"after {slow.get('closed_after_s', 0):.2f} s ({slow.get('reason')})", "within write timeout + 1 s", ""],
+        ["gateway RSS growth from round 5", "n/a" if growth is None else f"{growth * 100:.1f}%",
+         f"within 10%: {verdict(growth is not None and growth <= 0.10)}", ""],
+    ]
+    out.append(table(["figure", "Herald", "target", "reference"], rows))
+    out.append(cpu_line(res["run"]))
+    big = load("slow-close")
+    if big:
+        b = big["result"]
+        s = (b.get("slow_clients") or [{}])[0]
+        out.append(
+            "At 1 KiB × 40 rounds the kernel buffers everything the slow client is sent (a loopback socket "
+            "takes a few MB), so the gateway's writes never block and there is nothing to close. With 60 KB "
+            f"frames (20 clients, 80 rounds 50 ms apart) the slow client was "
+            + (f"closed {s.get('closed_after_s', 0):.2f} s into the slow phase, reason `{s.get('reason')}`, "
+               f"its write stuck at most {s.get('blocked_for_s') or 0:.2f} s (write timeout 5 s)"
+               if s.get("closed") else f"not closed ({s.get('end')})")
+            + f"; healthy p99 {ms(b['without']['latency']['p99_us'])} without it, "
+              f"{ms(b['with']['latency']['p99_us'])} with it.")
+    return "\n\n".join(out)
+
+
+def idle_section():
+    out = ["## idle: connections held with heartbeats running"]
+    rows = []
+    for name, label in (("idle", "19,000 on one gateway, 60 s, ping every 5 s"),
+                        ("idle-pods", "60,000 over 4 gateways with Redis, 60 s")):
+        r = load(name)
+        if not r:
+            rows.append([label, "not run", "", ""])
+            continue
+        res = r["result"]
+        per = res.get("rss_per_connection_bytes") or 0
+        pods = ", ".join(f"{p['connections']:,}" for p in res.get("pods", []))
+        rows.append([label, f"{per / 1024:.2f} KiB per connection; {res['unexpected_closes']} unexpected closes; "
+                     f"pings answered {res.get('pings_answered', 0):,}; per pod: {pods}",
+                     f"≤ 8 KiB, 0 closes: {verdict(per <= 8192 and res['unexpected_closes'] == 0)}", ""])
+    out.append(table(["run", "Herald", "target", "reference"], rows))
+    return "\n\n".join(out)
+
+
+def storm_section():
+    out = ["## storm: 10,000 sessions cut at once, every one resumes"]
+    r = load("storm")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    ok = (res["all_resumed_s"] or 99) <= 5 and res["lost"] == 0 and res["app_duplicates"] == 0 \
+        and res["resumed"] == res["cut_clients"]
+    rows = [
+        ["all resumed after the cut", f"{res['all_resumed_s']:.2f} s ({res['resumed']:,} of {res['cut_clients']:,})",
+         f"≤ 5 s: {verdict(ok)}", ""],
+        ["per-client resume p50 / p99", f"{ms(res['resume_time']['p50_us'])} / {ms(res['resume_time']['p99_us'])}", "", ""],
+        ["lost / duplicated (application)", f"{res['lost']} / {res['app_duplicates']}", "0 / 0", ""],
+        ["redelivered on the wire (dropped by the client rule)", f"{res['wire_duplicates']:,}", "", ""],
+    ]
+    out.append(table(["figure", "Herald", "target", "reference"], rows))
+    out.append(f"Cut: {res.get('cut')}; {res['clients']:,} clients on {res['topics']} topics, "
+               f"{res['rate_per_s']:.0f} msg/s, acks every {res['ack_interval_ms']} ms. " + cpu_line(res))
+    return "\n\n".join(out)
+
+
+def pods_section():
+    out = ["## pods: the cross-pod cost (1,000 clients, 100 msg/s, 256 B)"]
+    rows = []
+    for name, label in (("pods-memory", "one pod, memory broker"), ("pods-one-pod", "Redis, subscribers on the publisher's pod"),
+                        ("pods-cross-pod", "Redis, subscribers on the other pod")):
+        r = load(name)
+        if not r:
+            rows.append([label, "not run", "", "", ""])
+            continue
+        res = r["result"]
+        rows.append([label, ms(res["latency"]["p50_us"]), ms(res["latency"]["p99_us"]), ms(res["latency"]["max_us"]),
+                     f"{res['lost']} / {res['duplicated']}"])
+    out.append(table(["run", "p50", "p99", "max", "lost / dup"], rows))
+    one, cross = load("pods-one-pod"), load("pods-cross-pod")
+    if one and cross:
+        delta = (cross["result"]["latency"]["p99_us"] - one["result"]["latency"]["p99_us"]) / 1000
+        out.append(f"Cross-pod p99 minus same-pod p99: {delta:+.1f} ms (target ≤ 2 ms: {verdict(delta <= 2)}). "
+                   + cpu_line(cross["result"]))
+    rows = []
+    for name, label in (("publish-memory", "memory broker"), ("publish-redis", "Redis")):
+        r = load(name)
+        if r:
+            res = r["result"]
+            rows.append([label, f"{res['per_second']:,.0f}", ms(res["latency"]["p50_us"]), ms(res["latency"]["p99_us"])])
+    if rows:
+        out.append("Publishes over keep-alive HTTP (16 connections, 100 topics, 256 B):")
+        out.append(table(["broker", "publishes/s", "p50", "p99"], rows))
+    return "\n\n".join(out)
+
+
+def throughput_section():
+    out = ["## throughput: many topics, 64-byte messages, as fast as the gateway takes them"]
+    r = load("throughput")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    per_cpu = res.get("deliveries_per_gateway_cpu_s") or 0
+    rows = [
+        ["deliveries per gateway CPU-second", f"{per_cpu:,.0f}", f"≥ 300,000: {verdict(per_cpu >= 300_000)}"],
+        ["deliveries per second", f"{res['deliveries_per_s']:,.0f}", ""],
+        ["publishes per second", f"{res['publishes_per_s']:,.0f}", ""],
+        ["lost / duplicated", f"{res['lost']} / {res['duplicated']}", "0 / 0"],
+    ]
+    out.append(table(["figure", "Herald", "target"], rows))
+    out.append(f"{res['clients']} clients, each on {res['subscriptions_per_client']} of {res['topics']} topics "
+               f"({res['fanout']:.0f} subscribers per topic), {res['concurrency']} publishing connections. " + cpu_line(res))
+    return "\n\n".join(out)
+
+
+def wire_section():
+    out = ["## Wire overhead: server to client, against an HTTP/1.1 POST of the same payload"]
+    r = load("wire")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    rows = []
+    for s in r["result"]["sizes"]:
+        if s.get("error"):
+            rows.append([s["payload_bytes"], "error: " + s["error"], "", "", ""])
+            continue
+        p = s["payload_bytes"]
+        rows.append([f"{p:,} B", f"{s['herald_bytes']:,}", f"{s['herald_bytes'] - p:,} ({s['header_bytes']} header + "
+                     f"{s['envelope_bytes']} envelope)", f"{s['http_post_bytes']:,}", f"{s['http_post_bytes'] - p:,}"])
+    out.append("Payload: a JSON string of that many bytes. Herald's bytes: the WebSocket frame a subscriber reads "
+               "(header, the `msg` envelope with topic and seq, the payload), measured off a raw socket. "
+               "HTTP: a minimal POST (Host, Content-Type, Content-Length) of the same body.")
+    out.append(table(["payload", "Herald frame", "Herald overhead", "HTTP POST", "HTTP overhead"], rows))
+    return "\n\n".join(out)
+
+
+def micro_section():
+    out = ["## Micro-benchmarks (criterion, `cargo bench -p gateway --bench wire --bench fanout`)"]
+    rows = []
+    mib = 1 << 20
+    for bench, label in (("reader_unmask", "unmask 1 MiB, Herald's reader (fastwebsockets::unmask)"),
+                         ("byte_loop", "unmask 1 MiB, plain byte loop"), ("copy_from_slice", "memcpy 1 MiB (ceiling)")):
+        ns = criterion("unmask_1MiB", bench)
+        rows.append([label, "n/a" if ns is None else f"{ns / 1000:.1f} µs",
+                     "n/a" if ns is None else f"{mib / ns:.1f} GB/s",
+                     f"≥ 10 GB/s: {verdict(ns is not None and mib / ns >= 10)}" if bench == "reader_unmask" else "",
+                     "naive XOR 0.29 ms (3.5 GB/s)" if bench == "byte_loop" else ""])
+    for group, bench, label in (("encode_frame", "msg_1KiB_publication", "encode the `msg` frame of a 1 KiB publication"),
+                                ("encode_frame", "ok_reply", "encode an `ok` reply"),
+                                ("decode_command", "sub", "JSON decode of a `sub` command"),
+                                ("publish", "1KiB_to_10k_local_queues", "publish 1 KiB to 10,000 local subscriber queues")):
+        ns = criterion(group, bench)
+        value = "n/a" if ns is None else (f"{ns / 1000:.0f} µs" if ns > 10_000 else f"{ns:.0f} ns")
+        rows.append([label, value, "", "", ""])
+    out.append(table(["benchmark", "time", "rate", "target", "reference"], rows))
+    return "\n\n".join(out)
+
+
+print("\n\n".join([header(), fanout_section(), slow_section(), idle_section(), storm_section(), pods_section(),
+                   throughput_section(), wire_section(), micro_section()]) + "\n")
