@@ -59,7 +59,7 @@ fn publish_to_local_queues(c: &mut Criterion) {
                     data: data.clone(),
                 };
                 let start = Instant::now();
-                hub.deliver(&publication);
+                hub.deliver(&publication, None);
                 spent += start.elapsed();
                 for out in &queues {
                     out.take(&mut batch);

@@ -160,7 +160,7 @@ pub async fn publish_data(
     let traceparent = telemetry::traceparent(&span);
     let published = node
         .broker
-        .publish_traced(&topic, data.0, idempotency_key, traceparent.as_deref())
+        .publish(&topic, data.0, idempotency_key, traceparent.as_deref())
         .instrument(span.clone())
         .await;
     match &published {

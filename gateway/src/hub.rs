@@ -199,23 +199,9 @@ impl Hub {
 }
 
 impl Deliver for Hub {
-    fn deliver(&self, publication: &Publication) {
-        // Traced only within a traced publish on this pod (embedded broker).
-        let span = telemetry::fan_out_span(publication.topic.as_str(), publication.seq, None);
-        self.fan_out(
-            &publication.topic,
-            (&publication.epoch, publication.seq),
-            || frame::publication(publication),
-            span.as_ref(),
-        );
-    }
-
-    fn deliver_traced(&self, publication: &Publication, traceparent: &str) {
-        let span = telemetry::fan_out_span(
-            publication.topic.as_str(),
-            publication.seq,
-            Some(traceparent),
-        );
+    fn deliver(&self, publication: &Publication, traceparent: Option<&str>) {
+        let span =
+            telemetry::fan_out_span(publication.topic.as_str(), publication.seq, traceparent);
         self.fan_out(
             &publication.topic,
             (&publication.epoch, publication.seq),

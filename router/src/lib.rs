@@ -87,15 +87,10 @@ pub struct Recovery {
 /// Called in seq order per topic, possibly while the engine holds a lock of
 /// its own: an implementation must not call back into the broker.
 pub trait Deliver: Send + Sync + 'static {
-    fn deliver(&self, publication: &Publication);
-
-    /// [`Deliver::deliver`] for a publication that carries the W3C
-    /// `traceparent` of the publish that made it (another pod's, with Redis):
-    /// the sink may trace its fan-out as part of that trace.
-    fn deliver_traced(&self, publication: &Publication, traceparent: &str) {
-        let _ = traceparent;
-        self.deliver(publication);
-    }
+    /// `traceparent`: the W3C trace context of the publish that made the
+    /// publication, when that publish was traced (another pod's, with
+    /// Redis): the sink may trace its fan-out as part of that trace.
+    fn deliver(&self, publication: &Publication, traceparent: Option<&str>);
 
     /// The topic lost continuity on this pod (its history could not bridge a
     /// gap, or its keys were lost and a new epoch began): subscribers must
@@ -117,29 +112,16 @@ pub trait Broker: Send + Sync + 'static {
     /// Gives `data` the topic's next seq, keeps it in history as the namespace
     /// says, and delivers it to every pod that watches the topic. A retry with
     /// the same `idempotency_key` within [`IDEMPOTENCY_WINDOW`] returns the
-    /// first publish's position and publishes nothing.
+    /// first publish's position and publishes nothing. A W3C `traceparent`
+    /// travels with the publication to every [`Deliver::deliver`]; given only
+    /// for a sampled trace, so an untraced publish pays nothing.
     async fn publish(
         &self,
         topic: &Topic,
         data: Bytes,
         idempotency_key: Option<&str>,
-    ) -> Result<Position, BrokerError>;
-
-    /// [`Broker::publish`], carrying a W3C `traceparent` with the publication
-    /// to the pods that deliver it ([`Deliver::deliver_traced`]). Given only
-    /// for a sampled trace, so an untraced publish pays nothing. An engine
-    /// that delivers within `publish` (the embedded one) needs no carrier:
-    /// the caller's span is still current, and the default ignores it.
-    async fn publish_traced(
-        &self,
-        topic: &Topic,
-        data: Bytes,
-        idempotency_key: Option<&str>,
         traceparent: Option<&str>,
-    ) -> Result<Position, BrokerError> {
-        let _ = traceparent;
-        self.publish(topic, data, idempotency_key).await
-    }
+    ) -> Result<Position, BrokerError>;
 
     /// Starts delivering the topic's publications to this pod's sink. The
     /// gateway calls this once per topic, when its first local subscriber comes.

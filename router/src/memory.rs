@@ -155,6 +155,9 @@ impl Broker for MemoryBroker {
         topic: &Topic,
         data: Bytes,
         idempotency_key: Option<&str>,
+        // Not carried: delivery happens within this call, inside the
+        // caller's span.
+        _traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let (history_size, ttl) = self.inner.settings(topic)?;
         let now = Instant::now();
@@ -184,7 +187,7 @@ impl Broker for MemoryBroker {
             state.expire(now, ttl);
         }
         if state.watchers > 0 {
-            self.inner.sink.deliver(&publication);
+            self.inner.sink.deliver(&publication, None);
         }
         let position = Position {
             epoch: state.epoch.clone(),
@@ -308,7 +311,7 @@ mod tests {
     #[derive(Default)]
     struct Collect(Mutex<Vec<u64>>);
     impl Deliver for Collect {
-        fn deliver(&self, p: &Publication) {
+        fn deliver(&self, p: &Publication, _: Option<&str>) {
             self.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.seq);
         }
         fn reset(&self, _: &Topic, _: &Position) {}
@@ -335,10 +338,10 @@ mod tests {
     async fn seqs_history_and_recovery() -> Result<(), BrokerError> {
         let (b, sink) = broker(3);
         let t = topic("news");
-        b.publish(&t, Bytes::from_static(b"1"), None).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
         b.watch(&t).await?;
         for _ in 0..4 {
-            b.publish(&t, Bytes::from_static(b"1"), None).await?;
+            b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
         }
         // Only what was published while watched reaches the sink.
         assert_eq!(
@@ -377,10 +380,10 @@ mod tests {
         b.watch(&t).await?;
         // A late unwatch of the first watch does not cancel the second.
         b.unwatch(&t).await;
-        b.publish(&t, Bytes::from_static(b"1"), None).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
         assert_eq!(delivered(), 1);
         b.unwatch(&t).await;
-        b.publish(&t, Bytes::from_static(b"1"), None).await?;
+        b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
         assert_eq!(delivered(), 1);
         Ok(())
     }
@@ -390,9 +393,15 @@ mod tests {
         let (b, sink) = broker(3);
         let t = topic("news");
         b.watch(&t).await?;
-        let first = b.publish(&t, Bytes::from_static(b"1"), Some("k")).await?;
-        let again = b.publish(&t, Bytes::from_static(b"1"), Some("k")).await?;
-        let other = b.publish(&t, Bytes::from_static(b"1"), Some("k2")).await?;
+        let first = b
+            .publish(&t, Bytes::from_static(b"1"), Some("k"), None)
+            .await?;
+        let again = b
+            .publish(&t, Bytes::from_static(b"1"), Some("k"), None)
+            .await?;
+        let other = b
+            .publish(&t, Bytes::from_static(b"1"), Some("k2"), None)
+            .await?;
         assert_eq!((first.seq, again.seq, other.seq), (1, 1, 2));
         assert_eq!(
             *sink.0.lock().unwrap_or_else(|e| e.into_inner()),
@@ -404,7 +413,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_namespace_is_refused() {
         let (b, _) = broker(3);
-        let err = b.publish(&topic("nope:x"), Bytes::new(), None).await;
+        let err = b.publish(&topic("nope:x"), Bytes::new(), None, None).await;
         assert!(matches!(err, Err(BrokerError::UnknownNamespace(_))));
     }
 

@@ -36,11 +36,8 @@ impl Collect {
 }
 
 impl Deliver for Collect {
-    fn deliver(&self, p: &Publication) {
-        self.record(p, None);
-    }
-    fn deliver_traced(&self, p: &Publication, traceparent: &str) {
-        self.record(p, Some(traceparent.to_owned()));
+    fn deliver(&self, p: &Publication, traceparent: Option<&str>) {
+        self.record(p, traceparent.map(str::to_owned));
     }
     fn reset(&self, _: &Topic, _: &Position) {}
 }
@@ -102,7 +99,7 @@ async fn history_is_trimmed_to_its_size_and_recovery_says_so() {
     let topic = Topic::parse("news").expect("topic");
     for i in 1..=8u64 {
         let position = broker
-            .publish(&topic, Bytes::from(i.to_string()), None)
+            .publish(&topic, Bytes::from(i.to_string()), None, None)
             .await
             .expect("publish");
         assert_eq!(position.seq, i);
@@ -156,14 +153,14 @@ async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
     let topic = Topic::parse("news").expect("topic");
     for _ in 0..3 {
         broker
-            .publish(&topic, Bytes::from_static(b"1"), None)
+            .publish(&topic, Bytes::from_static(b"1"), None, None)
             .await
             .expect("publish");
     }
     // The history's age is a matter of time passing.
     tokio::time::sleep(Duration::from_millis(400)).await;
     broker
-        .publish(&topic, Bytes::from_static(b"1"), None)
+        .publish(&topic, Bytes::from_static(b"1"), None, None)
         .await
         .expect("publish");
     assert!(
@@ -191,17 +188,17 @@ async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
     let redis = redis::Redis::start().await;
     let (broker, sink, other, topic) = watcher_and_publisher(&redis).await;
     let first = other
-        .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"))
+        .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"), None)
         .await
         .expect("publish");
     let again = broker
-        .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"))
+        .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"), None)
         .await
         .expect("publish");
     assert_eq!(first, again);
     for i in 0..50u64 {
         other
-            .publish(&topic, Bytes::from(i.to_string()), None)
+            .publish(&topic, Bytes::from(i.to_string()), None, None)
             .await
             .expect("publish");
     }
@@ -223,16 +220,16 @@ async fn a_traced_publish_carries_its_traceparent_to_the_watching_pod() {
     let (_watcher, sink, other, topic) = watcher_and_publisher(&redis).await;
     let data = Bytes::from_static(br#"{"a":"b:c;d"}"#);
     other
-        .publish_traced(&topic, data.clone(), None, Some(TRACEPARENT))
+        .publish(&topic, data.clone(), None, Some(TRACEPARENT))
         .await
         .expect("traced publish");
     other
-        .publish(&topic, data.clone(), None)
+        .publish(&topic, data.clone(), None, None)
         .await
         .expect("publish");
     // Not a traceparent (a `:` would break the announcement): not carried.
     other
-        .publish_traced(&topic, data.clone(), None, Some("00:x"))
+        .publish(&topic, data.clone(), None, Some("00:x"))
         .await
         .expect("publish with a bad traceparent");
     sink.wait_for(3).await;

@@ -275,7 +275,7 @@ impl Session {
                 let position = self
                     .node
                     .broker
-                    .publish(&topic, data, None)
+                    .publish(&topic, data, None, None)
                     .await
                     .map_err(|e| broker_error(Some(id), e))?;
                 self.node.metrics.published.inc();

@@ -275,16 +275,6 @@ impl Broker for RedisBroker {
         topic: &Topic,
         data: Bytes,
         idempotency_key: Option<&str>,
-    ) -> Result<Position, BrokerError> {
-        self.publish_traced(topic, data, idempotency_key, None)
-            .await
-    }
-
-    async fn publish_traced(
-        &self,
-        topic: &Topic,
-        data: Bytes,
-        idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let ns = self.inner.namespaces.require(topic)?;

@@ -343,10 +343,7 @@ impl Pubsub {
             ),
             None => {}
         }
-        match traceparent {
-            Some(traceparent) => self.sink.deliver_traced(&publication, traceparent),
-            None => self.sink.deliver(&publication),
-        }
+        self.sink.deliver(&publication, traceparent);
         if let Some(watched) = self.topics.get_mut(&topic) {
             watched.last = Some((epoch, seq));
         }
@@ -391,7 +388,7 @@ impl Pubsub {
         }
         self.observer.gap_filled(entries.len() as u64);
         for (publication, _) in &entries {
-            self.sink.deliver(publication);
+            self.sink.deliver(publication, None);
         }
         Ok(())
     }
@@ -420,7 +417,7 @@ impl Pubsub {
             {
                 self.observer.gap_filled(entries.len() as u64);
                 for (publication, _) in &entries {
-                    self.sink.deliver(publication);
+                    self.sink.deliver(publication, None);
                 }
             }
             (Some(_), _) => self.reset(topic, position.clone()),
