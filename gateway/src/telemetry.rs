@@ -16,6 +16,7 @@
 //!   router span (embedded broker) or of the `traceparent` that came with the
 //!   announcement (Redis, on every pod that has subscribers).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -218,15 +219,12 @@ pub fn traceparent(span: &Span) -> Option<String> {
         return None;
     }
     let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    (sc.is_valid() && sc.is_sampled()).then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
-        )
-    })
+    if !cx.span().span_context().is_sampled() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove("traceparent")
 }
 
 /// `n` as an attribute: OpenTelemetry has signed integers only (and
