@@ -387,3 +387,35 @@ async fn acks_sent_after_a_reconnect_advice_still_count() {
     assert_eq!(publish(b.addr, "news", json!(4), None).await.0, 200);
     assert_eq!(client.msg().await.1, 4, "nothing acked is replayed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_that_cannot_come_back_for_good_is_refused_and_the_rest_resumes() {
+    let redis = Redis::start().await;
+    let a = pod(
+        &redis,
+        &[("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true")],
+    )
+    .await;
+    // Pod b has no `chat` namespace: a resumed `chat:` subscription cannot
+    // come back there, whatever the client does.
+    let b = pod(&redis, &[]).await;
+    let (mut client, session) = subscribed_with(1, &a).await;
+    client.sub(2, "chat:room").await;
+    client
+        .send(json!({"op": "ack", "topic": "news", "seq": 1}))
+        .await;
+    let key = format!("herald:session:{session}");
+    let deadline = Instant::now() + WAIT;
+    while !redis.cli(&["GET", &key]).contains("chat:room") {
+        assert!(Instant::now() < deadline, "the session was never saved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+
+    let mut client = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(client.hello(Some(&session)).await["resumed"], true);
+    let err = client.expect("err").await;
+    assert_eq!(err["code"], "unknown_namespace", "{err}");
+    assert_eq!(publish(b.addr, "news", json!(2), None).await.0, 200);
+    assert_eq!(client.msg().await.1, 2, "news resumed after seq 1");
+}

@@ -358,19 +358,33 @@ impl Session {
             self.takeover.clone(),
             self.ended.clone(),
         );
-        for state in snapshot.map(|s| s.subscriptions).unwrap_or_default() {
+        let mut states = snapshot
+            .map(|s| s.subscriptions)
+            .unwrap_or_default()
+            .into_iter();
+        while let Some(state) = states.next() {
             let since = Since {
                 seq: state.position,
                 epoch: Some(state.epoch.to_string()),
             };
-            if let Err(e) = self.subscribe(None, state.topic.clone(), Some(since)).await {
-                tracing::warn!(code = %e.code, message = %e.message, "a resumed subscription could not be restored");
-                // Kept as stored, so that the session saved when this
-                // connection ends still has it; the client tries again.
-                self.subscriptions
-                    .insert(state.topic, state.epoch, state.position);
-                self.out.close(CloseReason::Unavailable, true);
-                return;
+            match self.subscribe(None, state.topic.clone(), Some(since)).await {
+                Ok(()) => {}
+                // Redis did not answer: this subscription and those not
+                // restored yet are kept as stored, so that the session saved
+                // when this connection ends still has them; the client
+                // comes back and resumes again.
+                Err(e) if e.code == ErrorCode::Unavailable => {
+                    tracing::warn!(message = %e.message, "a resumed subscription could not be restored");
+                    for state in std::iter::once(state).chain(states) {
+                        self.subscriptions
+                            .insert(state.topic, state.epoch, state.position);
+                    }
+                    self.out.close(CloseReason::Unavailable, true);
+                    return;
+                }
+                // For good (its namespace is no longer configured): the
+                // client is told, and the session goes on without it.
+                Err(e) => self.reject(e).await,
             }
         }
     }
