@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::handshake::client::generate_key;
 
 use crate::Target;
 
@@ -76,20 +77,17 @@ impl Client {
             end: 0,
             mask: (seed as u32 ^ (seed >> 32) as u32) | 1,
         };
-        client.handshake(target, seed).await?;
+        client.handshake(target).await?;
         Ok(client)
     }
 
-    async fn handshake(&mut self, target: &Target, seed: u64) -> io::Result<()> {
-        let mut key = [0u8; 16];
-        key[..8].copy_from_slice(&seed.to_le_bytes());
-        key[8..].copy_from_slice(&crate::latency::now_micros().to_le_bytes());
+    async fn handshake(&mut self, target: &Target) -> io::Result<()> {
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: {}\r\nSec-WebSocket-Version: 13\r\n\r\n",
             target.ws_path,
             target.addr,
-            base64(&key)
+            generate_key()
         );
         self.stream.write_all(request.as_bytes()).await?;
         loop {
@@ -119,18 +117,7 @@ impl Client {
     /// Sends one masked frame.
     pub async fn send(&mut self, opcode: u8, payload: &[u8]) -> io::Result<()> {
         let mut frame = Vec::with_capacity(payload.len() + 14);
-        frame.push(0x80 | opcode);
-        match payload.len() {
-            n if n < 126 => frame.push(0x80 | n as u8),
-            n if n <= usize::from(u16::MAX) => {
-                frame.push(0x80 | 126);
-                frame.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                frame.push(0x80 | 127);
-                frame.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
+        push_header(&mut frame, opcode, MASKED, payload.len());
         // xorshift32: masking keys need not be secret here, only present.
         self.mask ^= self.mask << 13;
         self.mask ^= self.mask >> 17;
@@ -317,36 +304,30 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Standard base64 with padding (the 16-byte handshake key).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
-            } else {
-                out.push('=');
-            }
+/// The mask bit of a frame's second byte: set on every client frame.
+pub(crate) const MASKED: u8 = 0x80;
+
+/// Appends a final frame's header (RFC 6455 5.2): `opcode`, the `mask` bit
+/// (0 or [`MASKED`]) and `len` in the shortest length form. A masked frame's
+/// key comes next.
+pub(crate) fn push_header(frame: &mut Vec<u8>, opcode: u8, mask: u8, len: usize) {
+    frame.push(0x80 | opcode);
+    match len {
+        n if n < 126 => frame.push(mask | n as u8),
+        n if n <= usize::from(u16::MAX) => {
+            frame.push(mask | 126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            frame.push(mask | 127);
+            frame.extend_from_slice(&(n as u64).to_be_bytes());
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_rfc_example() {
-        // RFC 6455 4.1's sample nonce.
-        assert_eq!(base64(b"the sample nonce"), "dGhlIHNhbXBsZSBub25jZQ==");
-        assert_eq!(base64(b"ab"), "YWI=");
-    }
 
     #[test]
     fn headers_in_all_three_length_forms() {

@@ -473,18 +473,7 @@ impl Plan {
 /// An unmasked, unfragmented WebSocket text frame (RFC 6455 §5.2).
 fn text_frame(payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::with_capacity(payload.len() + 10);
-    frame.push(0x81);
-    match payload.len() {
-        n if n < 126 => frame.push(n as u8),
-        n if n <= usize::from(u16::MAX) => {
-            frame.push(126);
-            frame.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            frame.push(127);
-            frame.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
+    crate::raw::push_header(&mut frame, 0x1, 0, payload.len());
     frame.extend_from_slice(payload);
     frame
 }
