@@ -24,7 +24,7 @@ use tracing::Span;
 
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::outbound::{Outbound, Pushed};
+use crate::outbound::{Flush, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -107,6 +107,7 @@ impl Hub {
     /// the session already sent from history; frames of another epoch, a
     /// reset among them, all go), then delivers directly.
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
+        let mut flush = Flush::default();
         let mut shard = self.shard(topic);
         let Some(subscriber) = shard
             .get_mut(topic)
@@ -116,9 +117,11 @@ impl Hub {
         };
         for held in subscriber.pending.take().unwrap_or_default() {
             if held.epoch != position.epoch || held.seq > position.seq {
-                self.count(subscriber.out.push(held.frame, held.at));
+                self.count(subscriber.out.push(held.frame, held.at, &mut flush));
             }
         }
+        drop(shard);
+        flush.spawn(&self.metrics);
     }
 
     /// Removes a subscriber. Returns true when it was the topic's last one on
@@ -156,7 +159,9 @@ impl Hub {
 
 impl Hub {
     /// Pushes `frame` (of `position`) to every subscriber of `topic`, and
-    /// records their number on `span` (a traced fan-out's).
+    /// records their number on `span` (a traced fan-out's). The queues are
+    /// filled under the shard lock, which keeps each topic's order; the
+    /// sockets are written after it is released.
     fn fan_out(
         &self,
         topic: &Topic,
@@ -179,9 +184,10 @@ impl Hub {
         }
         let frame = frame();
         let at = Instant::now();
+        let mut flush = Flush::with_capacity(local.subscribers.len());
         for subscriber in local.subscribers.values_mut() {
             match &mut subscriber.pending {
-                None => self.count(subscriber.out.push(frame.clone(), at)),
+                None => self.count(subscriber.out.push(frame.clone(), at, &mut flush)),
                 Some(pending) if pending.len() < self.max_pending => {
                     pending.push(Held {
                         epoch: position.0.clone(),
@@ -195,6 +201,8 @@ impl Hub {
                 Some(_) => self.count(subscriber.out.overflow()),
             }
         }
+        drop(shard);
+        flush.spawn(&self.metrics);
     }
 }
 

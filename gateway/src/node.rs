@@ -181,8 +181,7 @@ impl Node {
                 after_ms,
                 reason: "rebalance",
             });
-            live.out.push(advice, Instant::now());
-            live.out.close(CloseReason::Rebalance, true);
+            live.out.close_after(advice, CloseReason::Rebalance);
             asked += 1;
         }
         asked

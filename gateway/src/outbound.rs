@@ -1,22 +1,47 @@
-//! A connection's outgoing queue: bounded in frames and in bytes.
+//! A connection's outgoing side: a queue bounded in frames and in bytes, and
+//! who writes it to the socket.
 //!
 //! The fan-out [`push`](Outbound::push)es encoded frames and never waits;
 //! when the queue is full, the connection's [`Overflow`] rule decides. The
 //! session's own replies and replays [`send`](Outbound::send), which waits for
-//! room instead. The writer task takes everything queued at once and writes it
-//! with one vectored write. Pongs and the close frame travel beside the queue,
-//! so that a full queue never delays them.
+//! room instead. Pongs, pings and the close frame travel beside the queue, so
+//! that a full queue never delays them.
+//!
+//! Two parties write, never at once. A fan-out collects the connections it
+//! queued to while they were idle in a [`Flush`], and once its topic's lock
+//! is released writes straight to their sockets, a chunk of connections per
+//! task, as far as each socket takes it without waiting: a frame then costs
+//! one `writev` and no task wake-up. Everything else (what a socket did not
+//! take, control frames, the close, a connection without a shareable socket)
+//! is the writer task's: it [`take`](Outbound::take)s everything queued and
+//! writes it under the write timeout. The queue's lock is held across a
+//! direct write, and the writer marks the batch it writes, so the two never
+//! interleave bytes.
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use serde::Deserialize;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::metrics::Metrics;
+
+/// Slices handed to one `writev` (Linux allows 1024).
+pub const MAX_IOV: usize = 256;
+
+/// Connections one task writes to directly: small enough that a fan-out to
+/// many spreads over every core, large enough that spawning costs little
+/// next to the writes.
+const CHUNK: usize = 128;
+
+/// A connection's write half, shared by its writer task and direct writes.
+pub type Socket = Arc<OwnedWriteHalf>;
 
 /// What happens when a frame does not fit in a connection's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -59,10 +84,13 @@ pub struct Close {
     pub flush: bool,
 }
 
-/// What the writer takes in one go.
-#[derive(Debug, Default)]
+/// What the writer took in one go, in write order in its batch.
+#[derive(Debug)]
 pub struct Taken {
-    pub pong: Option<Bytes>,
+    /// Queued frames in the batch (control frames and the close not counted).
+    pub frames: u64,
+    /// Their bytes, to give back with [`Outbound::written`].
+    pub bytes: usize,
     pub close: Option<Close>,
     /// When the oldest fan-out frame of the batch reached the queue.
     pub oldest: Option<Instant>,
@@ -81,6 +109,8 @@ struct Shared {
     /// Wakes a `send` waiting for room.
     room: Notify,
     limits: Limits,
+    /// For direct writes; without it, the writer task writes everything.
+    socket: Option<Socket>,
 }
 
 #[derive(Default)]
@@ -88,7 +118,12 @@ struct State {
     frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
     bytes: usize,
+    /// The front frame is partly written: its rest goes before anything else.
+    partial: bool,
+    /// The writer task is writing a batch: direct writes wait their turn.
+    writing: bool,
     pong: Option<Bytes>,
+    ping: Option<Bytes>,
     close: Option<Close>,
     /// Set once the writer took the close request: nothing more goes out.
     closed: bool,
@@ -104,16 +139,63 @@ impl State {
     fn is_closing(&self) -> bool {
         self.close.is_some() || self.closed
     }
+
+    /// Drops the queued frames, but not the rest of one partly written.
+    fn drop_backlog(&mut self) {
+        let keep = usize::from(self.partial);
+        let dropped: usize = self.frames.drain(keep..).map(|f| f.len()).sum();
+        self.bytes -= dropped;
+    }
+
+    /// Removes `written` bytes from the front of the queue; returns the
+    /// frames completed.
+    fn consume(&mut self, written: usize) -> u64 {
+        self.bytes -= written;
+        let mut left = written;
+        let mut completed = 0;
+        while left > 0 {
+            let Some(front) = self.frames.front_mut() else {
+                break;
+            };
+            if left < front.len() {
+                front.advance(left);
+                self.partial = true;
+                break;
+            }
+            left -= front.len();
+            self.frames.pop_front();
+            self.partial = false;
+            completed += 1;
+        }
+        completed
+    }
+}
+
+/// What one direct write sent.
+struct Direct {
+    frames: u64,
+    oldest: Option<Instant>,
 }
 
 impl Outbound {
+    /// A queue written by its writer task alone.
     pub fn new(limits: Limits) -> Self {
+        Self::build(limits, None)
+    }
+
+    /// A queue that fan-outs may also write straight to `socket`.
+    pub fn with_socket(limits: Limits, socket: Socket) -> Self {
+        Self::build(limits, Some(socket))
+    }
+
+    fn build(limits: Limits, socket: Option<Socket>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 writer: Notify::new(),
                 room: Notify::new(),
                 limits,
+                socket,
             }),
         }
     }
@@ -123,8 +205,13 @@ impl Outbound {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn wake_writer(&self) {
+        self.shared.writer.notify_one();
+    }
+
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
-    pub fn push(&self, frame: Bytes, at: Instant) -> Pushed {
+    /// A connection nobody is writing to joins `flush`, which writes it.
+    pub fn push(&self, frame: Bytes, at: Instant, flush: &mut Flush) -> Pushed {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
@@ -135,7 +222,13 @@ impl Outbound {
             return self.overflow();
         }
         state.oldest.get_or_insert(at);
-        self.enqueue(state, frame);
+        let idle = state.frames.is_empty() && !state.writing;
+        state.bytes += frame.len();
+        state.frames.push_back(frame);
+        drop(state);
+        if idle {
+            flush.0.push(self.clone());
+        }
         Pushed::Queued
     }
 
@@ -147,7 +240,7 @@ impl Outbound {
         state.frames.push_back(frame);
         drop(state);
         if was_empty {
-            self.shared.writer.notify_one();
+            self.wake_writer();
         }
     }
 
@@ -158,11 +251,10 @@ impl Outbound {
             Overflow::Disconnect => {
                 let mut state = self.state();
                 // Free the backlog now: the writer may be stuck in a write.
-                let dropped: usize = state.frames.drain(..).map(|f| f.len()).sum();
-                state.bytes -= dropped;
+                state.drop_backlog();
                 Self::request_close(&mut state, CloseReason::SlowConsumer, false);
                 drop(state);
-                self.shared.writer.notify_one();
+                self.wake_writer();
                 self.shared.room.notify_waiters();
                 Pushed::Overflowed
             }
@@ -202,7 +294,18 @@ impl Outbound {
         }
         state.pong = Some(frame);
         drop(state);
-        self.shared.writer.notify_one();
+        self.wake_writer();
+    }
+
+    /// Sends a heartbeat ping, ahead of anything queued.
+    pub fn ping(&self, frame: Bytes) {
+        let mut state = self.state();
+        if state.closed {
+            return;
+        }
+        state.ping = Some(frame);
+        drop(state);
+        self.wake_writer();
     }
 
     /// Ends the connection for `reason`; the first request wins. The close
@@ -211,7 +314,22 @@ impl Outbound {
         let mut state = self.state();
         Self::request_close(&mut state, reason, flush);
         drop(state);
-        self.shared.writer.notify_one();
+        self.wake_writer();
+        self.shared.room.notify_waiters();
+    }
+
+    /// Queues `advice` (a `reconnect`) as the last message, beyond the
+    /// bounds (the connection ends right after it), and closes for `reason`
+    /// once everything queued is written.
+    pub fn close_after(&self, advice: Bytes, reason: CloseReason) {
+        let mut state = self.state();
+        if !state.is_closing() {
+            state.bytes += advice.len();
+            state.frames.push_back(advice);
+        }
+        Self::request_close(&mut state, reason, true);
+        drop(state);
+        self.wake_writer();
         self.shared.room.notify_waiters();
     }
 
@@ -228,7 +346,7 @@ impl Outbound {
             });
         }
         drop(state);
-        self.shared.writer.notify_one();
+        self.wake_writer();
         self.shared.room.notify_waiters();
     }
 
@@ -260,36 +378,62 @@ impl Outbound {
         self.state().is_closing()
     }
 
-    /// Waits until there is something for the writer.
+    /// Waits until there may be something for the writer.
     pub async fn ready(&self) {
         self.shared.writer.notified().await;
     }
 
-    /// Moves every queued frame into `batch` (unless a close says not to
-    /// flush), along with a pending pong and close. After a close is taken,
-    /// nothing more is queued.
-    pub fn take(&self, batch: &mut Vec<Bytes>) -> Taken {
+    /// Moves what is to be written into `batch`, in order: the rest of a
+    /// partly written frame, the pong, the ping, the queued frames (unless a
+    /// close says not to flush) and the close frame. `None` when there is
+    /// nothing, or after the close was taken. Until [`written`](Self::written),
+    /// the batch is the writer's: direct writes leave the socket alone.
+    pub fn take(&self, batch: &mut Vec<Bytes>) -> Option<Taken> {
         let mut state = self.state();
+        if state.closed || state.writing {
+            return None;
+        }
         let close = state.close.take();
+        if close.is_none()
+            && state.frames.is_empty()
+            && state.pong.is_none()
+            && state.ping.is_none()
+        {
+            return None;
+        }
         if let Some(close) = &close {
             state.closed = true;
             if !close.flush {
-                let dropped: usize = state.frames.drain(..).map(|f| f.len()).sum();
-                state.bytes -= dropped;
+                state.drop_backlog();
             }
         }
-        batch.extend(state.frames.drain(..));
-        Taken {
-            pong: state.pong.take(),
+        let state = &mut *state;
+        let frames = state.frames.len() as u64;
+        let bytes = state.frames.iter().map(Bytes::len).sum();
+        let mut queued = state.frames.drain(..);
+        // Nothing may come between the bytes of one frame.
+        if state.partial {
+            batch.extend(queued.next());
+        }
+        batch.extend(state.pong.take());
+        batch.extend(state.ping.take());
+        batch.extend(queued);
+        batch.extend(close.as_ref().and_then(|c| c.frame.clone()));
+        state.partial = false;
+        state.writing = true;
+        Some(Taken {
+            frames,
+            bytes,
             close,
             oldest: state.oldest.take(),
-        }
+        })
     }
 
-    /// Gives back the room of `bytes` written (or abandoned).
+    /// Ends the writer's batch: gives back the room of its `bytes`.
     pub fn written(&self, bytes: usize) {
         let mut state = self.state();
         state.bytes = state.bytes.saturating_sub(bytes);
+        state.writing = false;
         drop(state);
         self.shared.room.notify_waiters();
     }
@@ -303,72 +447,186 @@ impl Outbound {
         drop(state);
         self.shared.room.notify_waiters();
     }
+
+    /// Writes what is queued straight to the socket, as far as it takes it
+    /// without waiting; whatever is left (or a control frame, or a close) is
+    /// handed to the writer task. Nothing is done while the writer writes: it
+    /// looks at the queue again when its batch is done.
+    fn write_now(&self) -> Option<Direct> {
+        let Some(socket) = &self.shared.socket else {
+            self.wake_writer();
+            return None;
+        };
+        let mut state = self.state();
+        if state.writing || state.closed || state.frames.is_empty() {
+            return None;
+        }
+        if state.close.is_some() || state.pong.is_some() || state.ping.is_some() {
+            drop(state);
+            self.wake_writer();
+            return None;
+        }
+        let tcp: &tokio::net::TcpStream = (**socket).as_ref();
+        let mut frames = 0;
+        let done = loop {
+            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let count = fill(&mut slices, &state.frames);
+            match tcp.try_write_vectored(&slices[..count]) {
+                Ok(0) => break false,
+                Ok(n) => {
+                    frames += state.consume(n);
+                    if state.frames.is_empty() {
+                        break true;
+                    }
+                }
+                // WouldBlock: the writer waits for room. Any other error:
+                // the writer meets it too, and ends the connection.
+                Err(_) => break false,
+            }
+        };
+        let oldest = if done { state.oldest.take() } else { None };
+        drop(state);
+        if !done {
+            self.wake_writer();
+        }
+        if frames > 0 {
+            self.shared.room.notify_waiters();
+        }
+        Some(Direct { frames, oldest })
+    }
+}
+
+/// Points `slices` at the front of `frames`; returns how many it filled.
+fn fill<'a>(slices: &mut [IoSlice<'a>], frames: impl IntoIterator<Item = &'a Bytes>) -> usize {
+    let mut count = 0;
+    for (slot, frame) in slices.iter_mut().zip(frames) {
+        *slot = IoSlice::new(frame);
+        count += 1;
+    }
+    count
+}
+
+/// Connections a fan-out queued frames to while nobody was writing to them.
+/// [`spawn`](Self::spawn) writes to them directly once the fan-out released
+/// its lock; dropped unwritten, a `Flush` wakes their writer tasks instead.
+#[derive(Default)]
+pub struct Flush(Vec<Outbound>);
+
+impl Flush {
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self(Vec::with_capacity(capacity))
+    }
+
+    /// Writes to every connection, a chunk per task, so that a fan-out to
+    /// many keeps every core writing. Outside a runtime, wakes the writers.
+    pub fn spawn(mut self, metrics: &Arc<Metrics>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        while !self.0.is_empty() {
+            let chunk = Flush(self.0.split_off(self.0.len().saturating_sub(CHUNK)));
+            let metrics = metrics.clone();
+            runtime.spawn(async move { chunk.write(&metrics) });
+        }
+    }
+
+    fn write(mut self, metrics: &Metrics) {
+        let latency = metrics.fanout_latency.local();
+        let batches = metrics.write_batch_frames.local();
+        let mut delivered = 0;
+        for out in self.0.drain(..) {
+            let Some(direct) = out.write_now() else {
+                continue;
+            };
+            if direct.frames > 0 {
+                delivered += direct.frames;
+                batches.observe(direct.frames as f64);
+            }
+            if let Some(oldest) = direct.oldest {
+                latency.observe(oldest.elapsed().as_secs_f64());
+            }
+        }
+        metrics.delivered.inc_by(delivered);
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        for out in self.0.drain(..) {
+            out.wake_writer();
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
     use super::*;
 
-    fn queue(overflow: Overflow) -> Outbound {
-        Outbound::new(Limits {
+    /// Bounds every wait, so that a hang fails the test.
+    const STEP: Duration = Duration::from_secs(10);
+
+    fn limits(overflow: Overflow) -> Limits {
+        Limits {
             frames: 4,
             bytes: 100,
             overflow,
-        })
+        }
+    }
+
+    fn push(q: &Outbound, frame: Bytes) -> Pushed {
+        q.push(frame, Instant::now(), &mut Flush::default())
+    }
+
+    /// A queue on the server side of a loopback connection, and its client.
+    async fn connected(limits: Limits) -> io::Result<(Outbound, TcpStream)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let client = TcpStream::connect(listener.local_addr()?).await?;
+        let (server, _) = listener.accept().await?;
+        let (_, write) = server.into_split();
+        Ok((Outbound::with_socket(limits, Arc::new(write)), client))
     }
 
     #[test]
     fn bounded_in_frames_and_bytes() {
-        let q = queue(Overflow::DropNewest);
+        let q = Outbound::new(limits(Overflow::DropNewest));
         for _ in 0..4 {
-            assert_eq!(
-                q.push(Bytes::from_static(b"x"), Instant::now()),
-                Pushed::Queued
-            );
+            assert_eq!(push(&q, Bytes::from_static(b"x")), Pushed::Queued);
         }
-        assert_eq!(
-            q.push(Bytes::from_static(b"x"), Instant::now()),
-            Pushed::Dropped
-        );
+        assert_eq!(push(&q, Bytes::from_static(b"x")), Pushed::Dropped);
         let mut batch = Vec::new();
-        q.take(&mut batch);
+        let taken = q.take(&mut batch).map(|t| t.bytes);
+        assert_eq!(taken, Some(4));
         q.written(4);
-        assert_eq!(
-            q.push(Bytes::from(vec![0; 101]), Instant::now()),
-            Pushed::Dropped
-        );
-        assert_eq!(
-            q.push(Bytes::from(vec![0; 100]), Instant::now()),
-            Pushed::Queued
-        );
+        assert_eq!(push(&q, Bytes::from(vec![0; 101])), Pushed::Dropped);
+        assert_eq!(push(&q, Bytes::from(vec![0; 100])), Pushed::Queued);
     }
 
     #[test]
     fn overflow_disconnects_and_drops_the_backlog() {
-        let q = queue(Overflow::Disconnect);
-        assert_eq!(
-            q.push(Bytes::from(vec![0; 60]), Instant::now()),
-            Pushed::Queued
-        );
-        assert_eq!(
-            q.push(Bytes::from(vec![0; 60]), Instant::now()),
-            Pushed::Overflowed
-        );
-        assert_eq!(
-            q.push(Bytes::from_static(b"x"), Instant::now()),
-            Pushed::Closed
-        );
+        let q = Outbound::new(limits(Overflow::Disconnect));
+        assert_eq!(push(&q, Bytes::from(vec![0; 60])), Pushed::Queued);
+        assert_eq!(push(&q, Bytes::from(vec![0; 60])), Pushed::Overflowed);
+        assert_eq!(push(&q, Bytes::from_static(b"x")), Pushed::Closed);
         let mut batch = Vec::new();
-        let taken = q.take(&mut batch);
-        assert!(batch.is_empty());
+        let taken = q
+            .take(&mut batch)
+            .unwrap_or_else(|| panic!("a close to take"));
         let close = taken.close.unwrap_or_else(|| panic!("close requested"));
         assert_eq!(close.reason, CloseReason::SlowConsumer);
+        assert_eq!(batch, close.frame.into_iter().collect::<Vec<_>>());
         assert_eq!(q.reason(), Some(CloseReason::SlowConsumer));
+        assert!(q.take(&mut batch).is_none(), "nothing after the close");
     }
 
     #[tokio::test]
     async fn send_waits_for_room() {
-        let q = queue(Overflow::Disconnect);
+        let q = Outbound::new(limits(Overflow::Disconnect));
         assert!(q.send(Bytes::from(vec![0; 50])).await);
         let waiting = {
             let q = q.clone();
@@ -379,6 +637,89 @@ mod tests {
         let mut batch = Vec::new();
         q.take(&mut batch);
         q.written(50);
-        assert!(matches!(waiting.await, Ok(true)));
+        assert!(matches!(
+            tokio::time::timeout(STEP, waiting).await,
+            Ok(Ok(true))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_fan_out_writes_to_an_idle_connection_itself() -> io::Result<()> {
+        let (q, mut client) = connected(limits(Overflow::Disconnect)).await?;
+        let mut flush = Flush::default();
+        assert_eq!(
+            q.push(Bytes::from_static(b"one"), Instant::now(), &mut flush),
+            Pushed::Queued
+        );
+        assert_eq!(
+            q.push(Bytes::from_static(b"two"), Instant::now(), &mut flush),
+            Pushed::Queued
+        );
+        assert_eq!(flush.0.len(), 1, "listed once, when it became busy");
+        let metrics = Metrics::new();
+        flush.write(&metrics);
+        let mut got = [0; 6];
+        tokio::time::timeout(STEP, client.read_exact(&mut got)).await??;
+        assert_eq!(&got, b"onetwo");
+        assert_eq!(metrics.delivered.get(), 2);
+        assert!(
+            q.take(&mut Vec::new()).is_none(),
+            "nothing left for the writer"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_writer_finishes_what_the_socket_did_not_take_before_control_frames()
+    -> io::Result<()> {
+        let big = Limits {
+            frames: 4,
+            bytes: 64 << 20,
+            overflow: Overflow::Disconnect,
+        };
+        let (q, _client) = connected(big).await?;
+        // More than loopback buffers hold while the client does not read.
+        let frame = Bytes::from(vec![7; 32 << 20]);
+        let mut flush = Flush::default();
+        q.push(frame.clone(), Instant::now(), &mut flush);
+        flush.write(&Metrics::new());
+        tokio::time::timeout(STEP, q.ready())
+            .await
+            .map_err(|_| io::Error::other("the writer was not woken"))?;
+        q.pong(Bytes::from_static(b"pong"));
+        let mut batch = Vec::new();
+        let taken = q
+            .take(&mut batch)
+            .unwrap_or_else(|| panic!("the rest to take"));
+        assert_eq!(taken.frames, 1);
+        let rest = batch[0].len();
+        assert!(
+            0 < rest && rest < frame.len(),
+            "partly written: {rest} left"
+        );
+        assert_eq!(
+            &batch[1][..],
+            b"pong",
+            "after the partial frame, not inside it"
+        );
+        assert_eq!(taken.bytes, rest);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn direct_writes_wait_for_the_writers_batch() -> io::Result<()> {
+        let (q, _client) = connected(limits(Overflow::Disconnect)).await?;
+        assert!(q.send(Bytes::from_static(b"reply")).await);
+        let mut batch = Vec::new();
+        let taken = q.take(&mut batch).map(|t| t.bytes);
+        let mut flush = Flush::default();
+        q.push(Bytes::from_static(b"msg"), Instant::now(), &mut flush);
+        assert!(flush.0.is_empty(), "the writer holds the socket");
+        assert!(q.take(&mut Vec::new()).is_none(), "one batch at a time");
+        q.written(taken.unwrap_or_default());
+        batch.clear();
+        assert!(q.take(&mut batch).is_some());
+        assert_eq!(batch, vec![Bytes::from_static(b"msg")]);
+        Ok(())
     }
 }

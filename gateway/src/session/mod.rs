@@ -51,21 +51,24 @@ pub async fn serve_upgraded(
             // until the connection ends.
             drop(parts.read_buf);
             let read = Cursor::new(early).chain(read);
-            serve(read, write, node, admission).await;
+            // Shared with the fan-out, which writes to an idle socket itself.
+            let write = Arc::new(write);
+            let out = Outbound::with_socket(node.config.queue_limits(), write.clone());
+            serve(read, writer::Shared(write), out, node, admission).await;
         }
         Err(upgraded) => {
             let (read, write) = tokio::io::split(TokioIo::new(upgraded));
-            serve(read, write, node, admission).await;
+            let out = Outbound::new(node.config.queue_limits());
+            serve(read, write, out, node, admission).await;
         }
     }
 }
 
-async fn serve<R, W>(read: R, write: W, node: Arc<Node>, admission: Admission)
+async fn serve<R, W>(read: R, write: W, out: Outbound, node: Arc<Node>, admission: Admission)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let out = Outbound::new(node.config.queue_limits());
     let stop = CancellationToken::new();
     let writer = node
         .tasks

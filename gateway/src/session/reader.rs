@@ -227,8 +227,7 @@ mod tests {
         assert!(matches!(next(reader, &out).await, Ok(Incoming::Close)));
         // The echo carries the client's code and reason.
         let mut batch = Vec::new();
-        let taken = out.take(&mut batch);
-        let echo = taken.close.and_then(|c| c.frame);
+        let echo = out.take(&mut batch).and_then(|t| t.close?.frame);
         assert_eq!(
             echo.as_deref(),
             Some(&[0x88, 4, 0x03, 0xe8, b'o', b'k'][..])

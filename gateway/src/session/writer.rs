@@ -1,29 +1,30 @@
-//! The writer task: the only owner of a connection's write half.
+//! The writer task: writes what direct writes from the fan-out could not.
 //!
-//! It wakes when the outgoing queue has something, takes all of it, and
-//! writes it with vectored writes, each batch under the write timeout. It
+//! It wakes when its queue has something for it (a reply, a replay, the rest
+//! of what a socket did not take at once, a pong, a close), takes all of it,
+//! and writes it with vectored writes, each batch under the write timeout. It
 //! also sends the heartbeat pings and, when the pod drains, the `reconnect`
 //! advice and the 1012 close.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ServerMessage;
 use rand::Rng;
+use socket2::SockRef;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::node::Node;
-use crate::outbound::Outbound;
-
-/// Slices handed to one `writev` (Linux allows 1024).
-const MAX_IOV: usize = 256;
+use crate::outbound::{MAX_IOV, Outbound, Socket};
 
 /// Runs until the connection ends; cancels `stop` when it returns.
 pub async fn run<W: AsyncWrite + Unpin>(
@@ -44,7 +45,7 @@ pub async fn run<W: AsyncWrite + Unpin>(
     let stopped = stop.cancelled();
     let drained = drain.cancelled();
     tokio::pin!(stopped, drained);
-    loop {
+    'connection: loop {
         tokio::select! {
             biased;
             _ = &mut stopped => break,
@@ -52,47 +53,37 @@ pub async fn run<W: AsyncWrite + Unpin>(
             _ = &mut drained, if !draining => {
                 draining = true;
                 advise_reconnect(&out, node.config.shutdown.drain_timeout);
-                continue;
             }
             _ = ping.tick() => {
                 let stamp = node.clock.elapsed().as_micros() as u64;
-                let ping = frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]);
-                if let Err(reason) = write_timed(&mut io, &[ping], ws.write_timeout).await {
-                    out.note_reason(reason);
-                    break;
+                out.ping(frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]));
+            }
+        }
+        // Direct writes may add to the queue meanwhile without waking us.
+        while let Some(taken) = out.take(&mut batch) {
+            let result = write_timed(&mut io, &batch, ws.write_timeout).await;
+            batch.clear();
+            out.written(taken.bytes);
+            if let Err(reason) = result {
+                out.note_reason(reason);
+                break 'connection;
+            }
+            if taken.frames > 0 {
+                node.metrics.delivered.inc_by(taken.frames);
+                node.metrics.write_batch_frames.observe(taken.frames as f64);
+            }
+            if let Some(oldest) = taken.oldest {
+                node.metrics
+                    .fanout_latency
+                    .observe(oldest.elapsed().as_secs_f64());
+            }
+            if let Some(close) = taken.close {
+                if close.reason.lingers() {
+                    // The client answers our close with its own; the reader sees it.
+                    let _ = tokio::time::timeout(ws.close_timeout, stop.cancelled()).await;
                 }
-                continue;
+                break 'connection;
             }
-        }
-        let taken = out.take(&mut batch);
-        let frames = batch.len() as u64;
-        let bytes: usize = batch.iter().map(Bytes::len).sum();
-        if let Some(pong) = taken.pong {
-            batch.insert(0, pong);
-        }
-        if let Some(close) = taken.close.as_ref().and_then(|c| c.frame.clone()) {
-            batch.push(close);
-        }
-        let result = write_timed(&mut io, &batch, ws.write_timeout).await;
-        batch.clear();
-        out.written(bytes);
-        if let Err(reason) = result {
-            out.note_reason(reason);
-            break;
-        }
-        node.metrics.delivered.inc_by(frames);
-        node.metrics.write_batch_frames.observe(frames as f64);
-        if let Some(oldest) = taken.oldest {
-            node.metrics
-                .fanout_latency
-                .observe(oldest.elapsed().as_secs_f64());
-        }
-        if let Some(close) = taken.close {
-            if close.reason.lingers() {
-                // The client answers our close with its own; the reader sees it.
-                let _ = tokio::time::timeout(ws.close_timeout, stop.cancelled()).await;
-            }
-            break;
         }
     }
     out.finish();
@@ -106,14 +97,57 @@ pub async fn run<W: AsyncWrite + Unpin>(
 fn advise_reconnect(out: &Outbound, window: Duration) {
     let window_ms = window.as_millis().max(1) as u64;
     let after_ms = rand::thread_rng().gen_range(0..window_ms);
-    out.push(
-        frame::message(&ServerMessage::Reconnect {
-            after_ms,
-            reason: "draining",
-        }),
-        Instant::now(),
-    );
-    out.close(CloseReason::Shutdown, true);
+    let advice = frame::message(&ServerMessage::Reconnect {
+        after_ms,
+        reason: "draining",
+    });
+    out.close_after(advice, CloseReason::Shutdown);
+}
+
+/// The write half as the writer task uses it: through a shared reference,
+/// since direct writes hold the same socket.
+pub struct Shared(pub Socket);
+
+impl Shared {
+    fn tcp(&self) -> &TcpStream {
+        (*self.0).as_ref()
+    }
+}
+
+impl AsyncWrite for Shared {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.tcp().poll_write_ready(cx))?;
+            match self.tcp().try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(SockRef::from(self.tcp()).shutdown(std::net::Shutdown::Write))
+    }
 }
 
 async fn write_timed<W: AsyncWrite + Unpin>(
