@@ -5,8 +5,9 @@
 //!   checks and errors both publish APIs share.
 //! - [`grpc`]: the gRPC publish API (`herald.v1.Publisher`), on its own listener.
 //! - [`session`]: one WebSocket connection: a reader (commands) and a writer
-//!   task (the only owner of the socket's write half).
-//! - [`outbound`]: each connection's bounded outgoing queue and its overflow rule.
+//!   task (replies, pings, and what a socket did not take at once).
+//! - [`outbound`]: each connection's bounded outgoing queue, its overflow rule,
+//!   and who writes it: the fan-out directly, or the writer task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes.
@@ -18,8 +19,10 @@
 //! (a backend's publish comes by [`api`] or [`grpc`] instead) and is
 //! passed to the broker (`router`), which gives it a seq, keeps it in
 //! history and hands it to the hub; the hub encodes the `msg` frame once and
-//! pushes it to every subscriber's queue without waiting; each subscriber's
-//! writer takes its queue and writes it to the socket with one `writev`.
+//! pushes it to every subscriber's queue without waiting; once the topic's
+//! lock is released, the queues it found idle are written straight to their
+//! sockets, a chunk of connections per task, one `writev` each. What a socket
+//! does not take at once is left to that connection's writer task.
 
 // Nothing a peer, a config file or a broker sends may panic the server.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -147,7 +147,7 @@ impl Metrics {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         "herald_write_batch_frames",
-                        "Frames per write to a client: how much a queue held when its writer took it.",
+                        "Frames per write to a client: how much its queue held when it was written.",
                     )
                     .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
                 )

@@ -19,11 +19,16 @@
 //! interleave bytes.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use serde::Deserialize;
+use socket2::SockRef;
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -32,16 +37,17 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::metrics::Metrics;
 
-/// Slices handed to one `writev` (Linux allows 1024).
-pub const MAX_IOV: usize = 256;
+/// Slices handed to one `writev` by the writer task (Linux allows 1024).
+pub(crate) const MAX_IOV: usize = 256;
+
+/// Slices handed to one direct `writev`: an idle connection's queue seldom
+/// holds more, and the rest goes in the next call.
+const DIRECT_IOV: usize = 16;
 
 /// Connections one task writes to directly: small enough that a fan-out to
 /// many spreads over every core, large enough that spawning costs little
 /// next to the writes.
 const CHUNK: usize = 128;
-
-/// A connection's write half, shared by its writer task and direct writes.
-pub type Socket = Arc<OwnedWriteHalf>;
 
 /// What happens when a frame does not fit in a connection's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -110,7 +116,7 @@ struct Shared {
     room: Notify,
     limits: Limits,
     /// For direct writes; without it, the writer task writes everything.
-    socket: Option<Socket>,
+    socket: Option<OwnedWriteHalf>,
 }
 
 #[derive(Default)]
@@ -183,12 +189,14 @@ impl Outbound {
         Self::build(limits, None)
     }
 
-    /// A queue that fan-outs may also write straight to `socket`.
-    pub fn with_socket(limits: Limits, socket: Socket) -> Self {
-        Self::build(limits, Some(socket))
+    /// A queue that fan-outs may also write straight to `socket`, and the
+    /// writer task's handle on that socket.
+    pub fn with_socket(limits: Limits, socket: OwnedWriteHalf) -> (Self, SocketWriter) {
+        let out = Self::build(limits, Some(socket));
+        (out.clone(), SocketWriter(out))
     }
 
-    fn build(limits: Limits, socket: Option<Socket>) -> Self {
+    fn build(limits: Limits, socket: Option<OwnedWriteHalf>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
@@ -253,9 +261,7 @@ impl Outbound {
                 // Free the backlog now: the writer may be stuck in a write.
                 state.drop_backlog();
                 Self::request_close(&mut state, CloseReason::SlowConsumer, false);
-                drop(state);
-                self.wake_writer();
-                self.shared.room.notify_waiters();
+                self.closing(state);
                 Pushed::Overflowed
             }
         }
@@ -313,9 +319,7 @@ impl Outbound {
     pub fn close(&self, reason: CloseReason, flush: bool) {
         let mut state = self.state();
         Self::request_close(&mut state, reason, flush);
-        drop(state);
-        self.wake_writer();
-        self.shared.room.notify_waiters();
+        self.closing(state);
     }
 
     /// Queues `advice` (a `reconnect`) as the last message, beyond the
@@ -328,9 +332,7 @@ impl Outbound {
             state.frames.push_back(advice);
         }
         Self::request_close(&mut state, reason, true);
-        drop(state);
-        self.wake_writer();
-        self.shared.room.notify_waiters();
+        self.closing(state);
     }
 
     /// Echoes the client's close frame (`payload` as the client sent it, or
@@ -345,6 +347,12 @@ impl Outbound {
                 flush: true,
             });
         }
+        self.closing(state);
+    }
+
+    /// Releases the lock after a close request: the writer writes the close,
+    /// and a `send` waiting for room gives up.
+    fn closing(&self, state: MutexGuard<'_, State>) {
         drop(state);
         self.wake_writer();
         self.shared.room.notify_waiters();
@@ -466,10 +474,10 @@ impl Outbound {
             self.wake_writer();
             return None;
         }
-        let tcp: &tokio::net::TcpStream = (**socket).as_ref();
+        let tcp: &TcpStream = socket.as_ref();
         let mut frames = 0;
         let done = loop {
-            let mut slices = [IoSlice::new(&[]); MAX_IOV];
+            let mut slices = [IoSlice::new(&[]); DIRECT_IOV];
             let count = fill(&mut slices, &state.frames);
             match tcp.try_write_vectored(&slices[..count]) {
                 Ok(0) => break false,
@@ -504,6 +512,57 @@ fn fill<'a>(slices: &mut [IoSlice<'a>], frames: impl IntoIterator<Item = &'a Byt
         count += 1;
     }
     count
+}
+
+/// The writer task's handle on a socket that direct writes share: writes
+/// through a shared reference, waiting for room as any `AsyncWrite` does.
+pub struct SocketWriter(Outbound);
+
+impl SocketWriter {
+    fn tcp(&self) -> io::Result<&TcpStream> {
+        let socket = self.0.shared.socket.as_ref();
+        socket
+            .map(AsRef::as_ref)
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl AsyncWrite for SocketWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let tcp = self.tcp()?;
+        loop {
+            ready!(tcp.poll_write_ready(cx))?;
+            match tcp.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let tcp = self.tcp()?;
+        Poll::Ready(SockRef::from(tcp).shutdown(std::net::Shutdown::Write))
+    }
 }
 
 /// Connections a fan-out queued frames to while nobody was writing to them.
@@ -560,7 +619,6 @@ impl Drop for Flush {
 
 #[cfg(test)]
 mod tests {
-    use std::io;
     use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
@@ -589,7 +647,7 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr()?).await?;
         let (server, _) = listener.accept().await?;
         let (_, write) = server.into_split();
-        Ok((Outbound::with_socket(limits, Arc::new(write)), client))
+        Ok((Outbound::with_socket(limits, write).0, client))
     }
 
     #[test]

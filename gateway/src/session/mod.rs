@@ -52,9 +52,8 @@ pub async fn serve_upgraded(
             drop(parts.read_buf);
             let read = Cursor::new(early).chain(read);
             // Shared with the fan-out, which writes to an idle socket itself.
-            let write = Arc::new(write);
-            let out = Outbound::with_socket(node.config.queue_limits(), write.clone());
-            serve(read, writer::Shared(write), out, node, admission).await;
+            let (out, write) = Outbound::with_socket(node.config.queue_limits(), write);
+            serve(read, write, out, node, admission).await;
         }
         Err(upgraded) => {
             let (read, write) = tokio::io::split(TokioIo::new(upgraded));

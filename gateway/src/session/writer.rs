@@ -9,22 +9,19 @@
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ServerMessage;
 use rand::Rng;
-use socket2::SockRef;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::node::Node;
-use crate::outbound::{MAX_IOV, Outbound, Socket};
+use crate::outbound::{MAX_IOV, Outbound};
 
 /// Runs until the connection ends; cancels `stop` when it returns.
 pub async fn run<W: AsyncWrite + Unpin>(
@@ -102,52 +99,6 @@ fn advise_reconnect(out: &Outbound, window: Duration) {
         reason: "draining",
     });
     out.close_after(advice, CloseReason::Shutdown);
-}
-
-/// The write half as the writer task uses it: through a shared reference,
-/// since direct writes hold the same socket.
-pub struct Shared(pub Socket);
-
-impl Shared {
-    fn tcp(&self) -> &TcpStream {
-        (*self.0).as_ref()
-    }
-}
-
-impl AsyncWrite for Shared {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.tcp().poll_write_ready(cx))?;
-            match self.tcp().try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                result => return Poll::Ready(result),
-            }
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(SockRef::from(self.tcp()).shutdown(std::net::Shutdown::Write))
-    }
 }
 
 async fn write_timed<W: AsyncWrite + Unpin>(
