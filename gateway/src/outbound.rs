@@ -474,12 +474,19 @@ impl Outbound {
             self.wake_writer();
             return None;
         }
-        let tcp: &TcpStream = socket.as_ref();
+        // `send` on the socket itself: tokio's readiness needs no update, as
+        // a writer task that takes over finds out for itself whether there
+        // is room; and the kernel's socket call is cheaper than `writev`.
+        let socket = SockRef::from(AsRef::<TcpStream>::as_ref(socket));
         let mut frames = 0;
         let done = loop {
             let mut slices = [IoSlice::new(&[]); DIRECT_IOV];
             let count = fill(&mut slices, &state.frames);
-            match tcp.try_write_vectored(&slices[..count]) {
+            let sent = match &slices[..count] {
+                [one] => socket.send(one),
+                many => socket.send_vectored(many),
+            };
+            match sent {
                 Ok(0) => break false,
                 Ok(n) => {
                     frames += state.consume(n);
@@ -583,9 +590,18 @@ impl Flush {
             return;
         };
         while !self.0.is_empty() {
-            let chunk = Flush(self.0.split_off(self.0.len().saturating_sub(CHUNK)));
+            let chunk = if self.0.len() <= CHUNK {
+                Flush(std::mem::take(&mut self.0))
+            } else {
+                Flush(self.0.split_off(self.0.len() - CHUNK))
+            };
             let metrics = metrics.clone();
-            runtime.spawn(async move { chunk.write(&metrics) });
+            runtime.spawn(async move {
+                // Publications already arriving are queued first, so that
+                // under load one `writev` carries several frames.
+                tokio::task::yield_now().await;
+                chunk.write(&metrics);
+            });
         }
     }
 

@@ -42,6 +42,12 @@ use crate::report::{Outcome, Row};
 /// The hidden sub-command that runs the readers.
 pub const READERS_COMMAND: &str = "__floor-readers";
 
+/// The writer's first frame on each connection, which its reader waits for
+/// before it connects the next: readers that ran ahead of the accepts would
+/// overflow the listener's backlog, and the kernel would then drop
+/// connections their readers believe open.
+const GREETING: &str = r#"{"op":"welcome"}"#;
+
 /// Longest one blocking write to one socket may take: a reader that stopped
 /// reading fails the run instead of hanging it.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -243,7 +249,12 @@ pub async fn run(options: Options) -> Result<Floor, Error> {
                 let (stream, _) = accepted
                     .map_err(|_| fail("readers", &"not all connected in time"))?
                     .map_err(|e| fail("accept", &e))?;
-                sockets.push(blocking(stream).map_err(|e| fail("a reader's socket", &e))?);
+                let mut socket = blocking(stream).map_err(|e| fail("a reader's socket", &e))?;
+                // A few bytes into an empty socket: this never blocks.
+                socket
+                    .write_all(&text_frame(GREETING.as_bytes()))
+                    .map_err(|e| fail("greeting a reader", &e))?;
+                sockets.push(socket);
             }
             line = tokio::time::timeout_at(deadline, readers.line()), if !ready => {
                 match line {
@@ -498,7 +509,12 @@ pub async fn readers(options: Readers, ready: impl FnOnce()) -> Result<ReadersRe
             .await
             .map_err(|_| fail(format!("not connected within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| fail(clients::describe(&e)))?;
-        Ok(Subscriber::raw(client, stream).await)
+        let mut reader = Subscriber::raw(client, stream).await;
+        tokio::time::timeout(CONNECT_TIMEOUT, reader.greeted(GREETING))
+            .await
+            .map_err(|_| fail(format!("not greeted within {CONNECT_TIMEOUT:?}")))?
+            .map_err(fail)?;
+        Ok(reader)
     })
     .await?;
     let connect_s = connecting.elapsed().as_secs_f64();
