@@ -331,6 +331,17 @@ async fn subscribed_with(count: u64, pod: &Herald) -> (Client, String) {
     (client, session)
 }
 
+/// Waits until the store holds session `id` with `text` in it (the pod
+/// saves changed sessions every `session.flush_interval`).
+async fn saved(redis: &Redis, id: &str, text: &str) {
+    let key = format!("herald:session:{id}");
+    let deadline = Instant::now() + WAIT;
+    while !redis.cli(&["GET", &key]).contains(text) {
+        assert!(Instant::now() < deadline, "the session was never saved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survives() {
     let redis = Redis::start().await;
@@ -340,12 +351,7 @@ async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survi
         .send(json!({"op": "ack", "topic": "news", "seq": 1}))
         .await;
     // The ack is in the shared store once the pod has flushed it.
-    let key = format!("herald:session:{session}");
-    let deadline = Instant::now() + WAIT;
-    while !redis.cli(&["GET", &key]).contains("news") {
-        assert!(Instant::now() < deadline, "the session was never saved");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    saved(&redis, &session, "news").await;
     drop(client);
 
     redis.freeze();
@@ -365,6 +371,44 @@ async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survi
     let mut client = Client::connect_url(&a.ws_url()).await;
     assert_eq!(client.hello(Some(&session)).await["resumed"], true);
     assert_eq!(client.msg().await.1, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_loses_redis_while_restoring_topics_is_refused_and_keeps_them_all() {
+    let redis = Redis::start().await;
+    let a = pod(&redis, &[("HERALD_SESSION__FLUSH_INTERVAL", "50ms")]).await;
+    let (mut client, session) = subscribed_with(1, &a).await;
+    client.sub(2, "sport").await;
+    assert_eq!(publish(a.addr, "sport", json!(1), None).await.0, 200);
+    assert_eq!(client.msg().await.0, "sport");
+    saved(&redis, &session, "sport").await;
+    drop(client);
+
+    // Redis still hands out the session, but refuses the script that
+    // restores a topic: the resume fails between the two.
+    assert_eq!(
+        redis
+            .cli(&["ACL", "SETUSER", "default", "-evalsha", "-eval"])
+            .trim(),
+        "OK"
+    );
+    let mut early = Client::connect_url(&a.ws_url()).await;
+    early.send(json!({"op": "hello", "resume": session})).await;
+    assert_eq!(early.closed().await, Some(4003), "come back later");
+    drop(early);
+    assert_eq!(
+        redis.cli(&["ACL", "SETUSER", "default", "+@all"]).trim(),
+        "OK"
+    );
+
+    // Neither topic was dropped from the session: both come back, with
+    // what was never acked.
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    assert_eq!(client.hello(Some(&session)).await["resumed"], true);
+    let mut replayed = [client.msg().await, client.msg().await];
+    replayed.sort_by(|x, y| x.0.cmp(&y.0));
+    let replayed: Vec<(&str, u64)> = replayed.iter().map(|m| (m.0.as_str(), m.1)).collect();
+    assert_eq!(replayed, [("news", 1), ("sport", 1)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,12 +448,7 @@ async fn a_subscription_that_cannot_come_back_for_good_is_refused_and_the_rest_r
     client
         .send(json!({"op": "ack", "topic": "news", "seq": 1}))
         .await;
-    let key = format!("herald:session:{session}");
-    let deadline = Instant::now() + WAIT;
-    while !redis.cli(&["GET", &key]).contains("chat:room") {
-        assert!(Instant::now() < deadline, "the session was never saved");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    saved(&redis, &session, "chat:room").await;
     drop(client);
 
     let mut client = Client::connect_url(&b.ws_url()).await;
