@@ -9,7 +9,8 @@ use std::time::Duration;
 use proto::ServerMessage;
 use rand::Rng;
 use router::{
-    Broker, BrokerError, MemoryBroker, Namespaces, RedisBroker, SessionSnapshot, SessionStore,
+    Broker, BrokerError, MemoryBroker, Namespaces, RedisBroker, SessionSave, SessionSnapshot,
+    SessionStore,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -47,12 +48,17 @@ pub struct Node {
 
 /// A session with a connection on this pod.
 #[derive(Clone)]
-struct LiveSession {
-    conn: ConnId,
-    out: Outbound,
-    subscriptions: Subscriptions,
-    takeover: CancellationToken,
-    ended: CancellationToken,
+/// A session a connection on this pod serves.
+pub struct LiveSession {
+    pub conn: ConnId,
+    /// The connection's token as the session's owner in the store.
+    pub owner: Arc<str>,
+    pub out: Outbound,
+    pub subscriptions: Subscriptions,
+    /// Cancelled when a newer connection resumes the session.
+    pub takeover: CancellationToken,
+    /// Cancelled by the connection once it has saved the session.
+    pub ended: CancellationToken,
 }
 
 impl Node {
@@ -135,28 +141,9 @@ impl Node {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that `conn` now serves session `id`; `takeover` is cancelled
-    /// when a newer connection resumes it, and the connection cancels `ended`
-    /// once it has saved the session.
-    pub fn register(
-        &self,
-        id: Arc<str>,
-        conn: ConnId,
-        out: Outbound,
-        subscriptions: Subscriptions,
-        takeover: CancellationToken,
-        ended: CancellationToken,
-    ) {
-        self.live().insert(
-            id,
-            LiveSession {
-                conn,
-                out,
-                subscriptions,
-                takeover,
-                ended,
-            },
-        );
+    /// Records that a connection now serves session `id`.
+    pub fn register(&self, id: Arc<str>, session: LiveSession) {
+        self.live().insert(id, session);
     }
 
     /// Open WebSocket connections.
@@ -190,10 +177,16 @@ impl Node {
     /// Saves every live session that changed since its last save, in one
     /// batch.
     pub async fn flush_sessions(&self) {
-        let changed: Vec<(Arc<str>, SessionSnapshot)> = self
+        let changed: Vec<SessionSave> = self
             .live()
             .iter()
-            .filter_map(|(id, live)| Some((id.clone(), live.subscriptions.changed()?)))
+            .filter_map(|(id, live)| {
+                Some(SessionSave {
+                    id: id.clone(),
+                    owner: live.owner.clone(),
+                    snapshot: live.subscriptions.changed()?,
+                })
+            })
             .collect();
         if changed.is_empty() {
             return;
@@ -212,16 +205,16 @@ impl Node {
     }
 
     /// Ends the connection that serves session `id` on this pod, if any, and
-    /// returns the session as that connection left it: a resume must see its
-    /// latest acks, and must not depend on the store having them yet (with
-    /// the memory broker a session is stored only when its connection ends,
-    /// which a half-open connection may take long to do).
-    pub async fn take_over(&self, id: &str) -> Option<SessionSnapshot> {
+    /// returns its owner token and the session as that connection left it:
+    /// a resume must see its latest acks, and must not depend on the store
+    /// having them yet (with the memory broker a session is stored only when
+    /// its connection ends, which a half-open connection may take long to do).
+    pub async fn take_over(&self, id: &str) -> Option<(Arc<str>, SessionSnapshot)> {
         let current = self.live().get(id).cloned()?;
         current.takeover.cancel();
         // Its reader stops between commands: wait for that, briefly.
         let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
-        Some(current.subscriptions.snapshot())
+        Some((current.owner, current.subscriptions.snapshot()))
     }
 }
 

@@ -411,6 +411,75 @@ async fn a_resume_that_loses_redis_while_restoring_topics_is_refused_and_keeps_t
     assert_eq!(replayed, [("news", 1), ("sport", 1)]);
 }
 
+/// Waits until the pod at `addr` has no WebSocket connection left (each
+/// has saved its session by then).
+async fn no_connections(addr: SocketAddr) {
+    let deadline = Instant::now() + WAIT;
+    while common::metric(addr, "herald_connections").await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "connections of {addr} never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Two pods, a and b, and a session that a client resumed on pod b and
+/// acked there up to seq 2, while its first connection, to pod a, stays
+/// open: as far as pod a can tell (a half-open connection, say), the client
+/// is still there. Returns the pods, that connection and the session.
+async fn moved_while_open(redis: &Redis) -> (Herald, Herald, Client, String) {
+    let flush = [("HERALD_SESSION__FLUSH_INTERVAL", "50ms")];
+    let (a, b) = (pod(redis, &flush).await, pod(redis, &flush).await);
+    let (old, session) = subscribed_with(2, &a).await;
+    saved(redis, &session, "news").await;
+    let mut client = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(client.hello(Some(&session)).await["resumed"], true);
+    assert_eq!(client.msg().await.1, 1);
+    assert_eq!(client.msg().await.1, 2);
+    client
+        .send(json!({"op": "ack", "topic": "news", "seq": 2}))
+        .await;
+    saved(redis, &session, "\n2 ").await;
+    drop(client);
+    no_connections(b.addr).await;
+    (a, b, old, session)
+}
+
+/// Resumes `session` on `pod`: what was acked on pod b (up to seq 2) does
+/// not come again, the next message does.
+async fn resumes_after_seq_2(pod: &Herald, session: &str) {
+    let mut client = Client::connect_url(&pod.ws_url()).await;
+    assert_eq!(client.hello(Some(session)).await["resumed"], true);
+    assert_eq!(publish(pod.addr, "news", json!(3), None).await.0, 200);
+    assert_eq!(
+        client.msg().await.1,
+        3,
+        "nothing acked on pod b comes again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_resumed_on_another_pod_cannot_save_over_the_newer_session() {
+    let redis = Redis::start().await;
+    let (a, b, old, session) = moved_while_open(&redis).await;
+
+    // At last pod a sees its connection end, and would save what it holds.
+    drop(old);
+    no_connections(a.addr).await;
+
+    resumes_after_seq_2(&b, &session).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_on_the_pod_of_a_superseded_connection_takes_the_stored_session() {
+    let redis = Redis::start().await;
+    let (a, _b, _old, session) = moved_while_open(&redis).await;
+
+    // Back on pod a, whose open connection still holds the older acks.
+    resumes_after_seq_2(&a, &session).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_sent_after_a_reconnect_advice_still_count() {
     let redis = Redis::start().await;

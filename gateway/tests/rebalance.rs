@@ -36,18 +36,8 @@ async fn pod(redis: &Redis) -> Herald {
     .await
 }
 
-/// A gauge of the pod's `/metrics`.
-async fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let (_, metrics) = common::http(addr, "GET", "/metrics", &[], b"").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {metrics}"))
-}
-
 async fn connections(addr: SocketAddr) -> u64 {
-    metric(addr, "herald_connections").await
+    common::metric(addr, "herald_connections").await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

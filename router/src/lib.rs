@@ -33,7 +33,7 @@ pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces};
 pub use observe::Observer;
 pub use redis::{RedisBroker, RedisSettings};
-pub use session::{SessionSnapshot, SessionStore, SubscriptionState};
+pub use session::{Claimed, SessionSave, SessionSnapshot, SessionStore, SubscriptionState};
 pub use topic::{Topic, TopicError};
 
 /// How long a publish's idempotency key is remembered.

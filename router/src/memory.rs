@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::{
-    Broker, BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Recovery,
+    Broker, BrokerError, Claimed, Deliver, Epoch, Namespaces, Position, Publication, Recovery,
     SessionSnapshot, SessionStore, Since, Topic,
 };
 
@@ -35,7 +35,7 @@ struct Inner {
     shards: Box<[Mutex<HashMap<Topic, TopicState>>]>,
     namespaces: Arc<Namespaces>,
     sink: Arc<dyn Deliver>,
-    sessions: Mutex<HashMap<String, (Instant, SessionSnapshot)>>,
+    sessions: Mutex<HashMap<String, StoredSession>>,
 }
 
 struct TopicState {
@@ -132,7 +132,7 @@ impl Inner {
             });
         }
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.retain(|_, (deadline, _)| *deadline > now);
+        sessions.retain(|_, s| s.deadline > now);
     }
 }
 
@@ -274,31 +274,54 @@ impl SessionStore for MemoryBroker {
     async fn save(
         &self,
         id: &str,
+        owner: &str,
         snapshot: SessionSnapshot,
         ttl: Duration,
-    ) -> Result<(), BrokerError> {
-        let deadline = Instant::now() + ttl;
+    ) -> Result<bool, BrokerError> {
+        let now = Instant::now();
         let mut sessions = self
             .inner
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        sessions.insert(id.to_owned(), (deadline, snapshot));
-        Ok(())
+        let claimed_by_another = sessions
+            .get(id)
+            .is_some_and(|s| s.deadline > now && *s.owner != *owner);
+        if claimed_by_another {
+            return Ok(false);
+        }
+        let stored = StoredSession {
+            deadline: now + ttl,
+            owner: Arc::from(owner),
+            snapshot,
+        };
+        sessions.insert(id.to_owned(), stored);
+        Ok(true)
     }
 
-    async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
+    async fn claim(&self, id: &str, owner: &str) -> Result<Option<Claimed>, BrokerError> {
         let now = Instant::now();
-        let sessions = self
+        let mut sessions = self
             .inner
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        Ok(sessions
-            .get(id)
-            .filter(|(deadline, _)| *deadline > now)
-            .map(|(_, snapshot)| snapshot.clone()))
+        let Some(stored) = sessions.get_mut(id).filter(|s| s.deadline > now) else {
+            return Ok(None);
+        };
+        let from = std::mem::replace(&mut stored.owner, Arc::from(owner));
+        Ok(Some(Claimed {
+            snapshot: stored.snapshot.clone(),
+            from: Some(from.to_string()),
+        }))
     }
+}
+
+/// A session as the memory store keeps it.
+struct StoredSession {
+    deadline: Instant,
+    owner: Arc<str>,
+    snapshot: SessionSnapshot,
 }
 
 #[cfg(test)]
@@ -306,7 +329,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::NamespaceSettings;
+    use crate::{NamespaceSettings, SubscriptionState};
 
     #[derive(Default)]
     struct Collect(Mutex<Vec<u64>>);
@@ -420,11 +443,39 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sessions_expire() -> Result<(), BrokerError> {
         let (b, _) = broker(3);
-        b.save("s", SessionSnapshot::default(), Duration::from_secs(5))
-            .await?;
-        assert!(b.load("s").await?.is_some());
+        let ttl = Duration::from_secs(5);
+        assert!(b.save("s", "a", SessionSnapshot::default(), ttl).await?);
+        assert!(b.claim("s", "a").await?.is_some());
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(b.load("s").await?.is_none());
+        assert!(b.claim("s", "a").await?.is_none());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_claimed_session_refuses_its_former_owner() -> Result<(), BrokerError> {
+        let (b, _) = broker(3);
+        let ttl = Duration::from_secs(60);
+        let old = SessionSnapshot {
+            subscriptions: vec![SubscriptionState {
+                topic: topic("chat:x"),
+                epoch: Arc::from("e"),
+                position: 1,
+            }],
+        };
+        assert!(b.save("s", "a", old.clone(), ttl).await?);
+        let claimed = b.claim("s", "b").await?;
+        assert_eq!(
+            claimed,
+            Some(Claimed {
+                snapshot: old,
+                from: Some("a".to_owned())
+            })
+        );
+        let newer = SessionSnapshot::default();
+        assert!(b.save("s", "b", newer.clone(), ttl).await?);
+        assert!(!b.save("s", "a", SessionSnapshot::default(), ttl).await?);
+        let claimed = b.claim("s", "c").await?.map(|c| (c.snapshot, c.from));
+        assert_eq!(claimed, Some((newer, Some("b".to_owned()))));
         Ok(())
     }
 }

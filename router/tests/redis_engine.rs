@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
-    RedisSettings, Since, Topic,
+    Broker, Claimed, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
+    RedisSettings, SessionSnapshot, SessionStore, Since, SubscriptionState, Topic,
 };
 
 /// What was delivered, and with which `traceparent`.
@@ -240,5 +240,76 @@ async fn a_traced_publish_carries_its_traceparent_to_the_watching_pod() {
     assert!(
         sink.0.lock().expect("lock").iter().all(|(_, d)| *d == data),
         "the data arrives intact, traced or not"
+    );
+}
+
+fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
+    SessionSnapshot {
+        subscriptions: vec![SubscriptionState {
+            topic: Topic::parse(topic).expect("topic"),
+            epoch: Arc::from("e1"),
+            position,
+        }],
+    }
+}
+
+/// Whether `store` saves session `id` for `owner`, at `news` seq `position`.
+async fn saves(store: &RedisBroker, id: &str, owner: &str, position: u64) -> bool {
+    let ttl = Duration::from_secs(60);
+    store
+        .save(id, owner, snapshot("news", position), ttl)
+        .await
+        .expect("save")
+}
+
+#[tokio::test]
+async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
+    let redis = redis::Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let (pod_b, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    assert!(saves(&pod_a, "s1", "conn-a", 2).await);
+    // The client resumes on pod b while its connection to pod a lives on.
+    let claimed = pod_b.claim("s1", "conn-b").await.expect("claim");
+    assert_eq!(
+        claimed,
+        Some(Claimed {
+            snapshot: snapshot("news", 2),
+            from: Some("conn-a".to_owned()),
+        })
+    );
+    assert!(saves(&pod_b, "s1", "conn-b", 9).await);
+    // Pod a's connection ends at last: its older acks are not written.
+    assert!(!saves(&pod_a, "s1", "conn-a", 2).await);
+    let claimed = pod_a.claim("s1", "conn-c").await.expect("claim");
+    assert_eq!(claimed.map(|c| c.snapshot), Some(snapshot("news", 9)));
+    // The claim keeps the session's expiry.
+    let ttl_ms: i64 = redis
+        .cli(&["PTTL", "herald:session:s1"])
+        .trim()
+        .parse()
+        .expect("pttl");
+    assert!(ttl_ms > 0, "expiry kept: {ttl_ms}");
+}
+
+#[tokio::test]
+async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
+    let redis = redis::Redis::start().await;
+    let (broker, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    // As an earlier version stored it: no owner line.
+    redis.cli(&["SET", "herald:session:old", "3 e1 news\n", "PX", "60000"]);
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let claimed = broker.claim("old", "conn-x").await.expect("claim");
+    assert_eq!(
+        claimed,
+        Some(Claimed {
+            snapshot: snapshot("news", 3),
+            from: None,
+        })
+    );
+    assert!(saves(&broker, "old", "conn-x", 4).await);
+    assert!(!saves(&broker, "old", "conn-y", 1).await);
+    assert_eq!(
+        broker.claim("missing", "conn-x").await.expect("claim"),
+        None
     );
 }

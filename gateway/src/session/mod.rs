@@ -21,7 +21,7 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
-use router::{BrokerError, Since, Topic};
+use router::{BrokerError, SessionSnapshot, Since, Topic};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::ConnId;
-use crate::node::{Admission, Node};
+use crate::node::{Admission, LiveSession, Node};
 use crate::outbound::Outbound;
 use reader::{Incoming, Reader};
 
@@ -74,6 +74,7 @@ where
         .spawn(writer::run(write, out.clone(), stop.clone(), node.clone()));
     let mut session = Session {
         conn: admission.conn,
+        owner: random_id(),
         id: None,
         resumed: false,
         out: out.clone(),
@@ -93,6 +94,8 @@ where
 
 struct Session {
     conn: ConnId,
+    /// This connection's token as its session's owner in the store.
+    owner: Arc<str>,
     /// Set by the first command (an explicit or implied `hello`).
     id: Option<Arc<str>>,
     resumed: bool,
@@ -315,6 +318,27 @@ impl Session {
         Ok(topic)
     }
 
+    /// The session `id` to resume, claimed for this connection, so that a
+    /// connection that served it elsewhere can no longer save over it. It
+    /// comes from this pod's connection serving it if that one held it last
+    /// (its acks are the newest), or else as stored.
+    async fn claim(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
+        let live = self.node.take_over(id).await;
+        let claimed = self.node.sessions.claim(id, &self.owner).await;
+        match (live, claimed) {
+            (Some((owner, live)), Ok(Some(stored))) => {
+                let held_it_last = stored.from.as_deref() == Some(&*owner);
+                Ok(Some(if held_it_last { live } else { stored.snapshot }))
+            }
+            (Some((_, live)), Ok(None)) => Ok(Some(live)),
+            (Some((_, live)), Err(e)) => {
+                tracing::warn!(error = %e, "session not claimed in the store; resumed from this pod's copy");
+                Ok(Some(live))
+            }
+            (None, claimed) => claimed.map(|c| c.map(|c| c.snapshot)),
+        }
+    }
+
     /// Starts (or restores) the session and sends `welcome`. A resume that
     /// cannot be completed now (store or broker unavailable) closes with
     /// 4003, leaving the stored session as it was: the client comes back
@@ -322,11 +346,7 @@ impl Session {
     async fn hello(&mut self, resume: Option<&str>) {
         let mut restored = None;
         if let Some(id) = resume {
-            let snapshot = match self.node.take_over(id).await {
-                Some(live) => Ok(Some(live)),
-                None => self.node.sessions.load(id).await,
-            };
-            match snapshot {
+            match self.claim(id).await {
                 Ok(snapshot) => restored = snapshot.map(|s| (Arc::<str>::from(id), s)),
                 Err(e) => {
                     tracing::warn!(error = %e, "session store unavailable; the client is to come back");
@@ -339,7 +359,7 @@ impl Session {
         }
         let (id, snapshot) = match restored {
             Some((id, snapshot)) => (id, Some(snapshot)),
-            None => (new_session_id(), None),
+            None => (random_id(), None),
         };
         self.resumed = snapshot.is_some();
         self.id = Some(id.clone());
@@ -354,11 +374,14 @@ impl Session {
         // the rebalancer never comes before it.
         self.node.register(
             id.clone(),
-            self.conn,
-            self.out.clone(),
-            self.subscriptions.clone(),
-            self.takeover.clone(),
-            self.ended.clone(),
+            LiveSession {
+                conn: self.conn,
+                owner: self.owner.clone(),
+                out: self.out.clone(),
+                subscriptions: self.subscriptions.clone(),
+                takeover: self.takeover.clone(),
+                ended: self.ended.clone(),
+            },
         );
         let mut states = snapshot
             .map(|s| s.subscriptions)
@@ -494,8 +517,19 @@ impl Session {
         if let Some(id) = &self.id {
             let snapshot = self.subscriptions.snapshot();
             let window = self.node.config.session.resume_window;
-            if let Err(e) = self.node.sessions.save(id, snapshot, window).await {
-                tracing::warn!(error = %e, session = %id, "session not saved; it cannot be resumed");
+            match self
+                .node
+                .sessions
+                .save(id, &self.owner, snapshot, window)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(session = %id, "session resumed by another connection; not saved");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, session = %id, "session not saved; it cannot be resumed");
+                }
             }
             self.node.deregister(id, self.conn);
         }
@@ -539,7 +573,8 @@ fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {
 }
 
 /// 128 random bits from a CSPRNG, hex: unguessable, and safe in any header.
-fn new_session_id() -> Arc<str> {
+/// A session's id, and a connection's owner token.
+fn random_id() -> Arc<str> {
     let mut bytes = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut bytes);
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

@@ -107,13 +107,19 @@ impl Gateway {
 
     /// A metric's value from /metrics (first sample whose line starts with `name`).
     pub async fn metric(&self, name: &str) -> f64 {
-        let (_, body) = http(self.addr, "GET", "/metrics", &[], b"").await;
-        body.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("metric {name} in:\n{body}"))
+        metric(self.addr, name).await
     }
+}
+
+/// A metric's value from the `/metrics` of the gateway at `addr` (its first
+/// sample whose line starts with `name`).
+pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = http(addr, "GET", "/metrics", &[], b"").await;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} in:\n{body}"))
 }
 
 /// One HTTP/1.1 request over a fresh connection: (status, body).

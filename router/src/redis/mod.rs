@@ -24,8 +24,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::observe::Observer;
 use crate::{
-    Broker, BrokerError, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position, Publication,
-    Recovery, SessionSnapshot, SessionStore, Since, Topic,
+    Broker, BrokerError, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
+    Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Topic,
 };
 
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
@@ -410,53 +410,75 @@ impl SessionStore for RedisBroker {
     async fn save(
         &self,
         id: &str,
+        owner: &str,
         snapshot: SessionSnapshot,
         ttl: Duration,
-    ) -> Result<(), BrokerError> {
-        self.save_many(vec![(Arc::from(id), snapshot)], ttl).await
+    ) -> Result<bool, BrokerError> {
+        let saved = self.queue_save(id, owner, &snapshot, ttl).await?;
+        saved.await.unwrap_or_else(|_| writer_ended())
     }
 
-    async fn save_many(
-        &self,
-        batch: Vec<(Arc<str>, SessionSnapshot)>,
-        ttl: Duration,
-    ) -> Result<(), BrokerError> {
+    async fn save_many(&self, batch: Vec<SessionSave>, ttl: Duration) -> Result<(), BrokerError> {
         // Queued together, the writer sends them in one pipeline.
         let mut answers = Vec::with_capacity(batch.len());
-        for (id, snapshot) in batch {
-            let (done, saved) = oneshot::channel();
-            let save = sessions::Save {
-                key: scripts::session_key(&id),
-                value: sessions::encode(&snapshot),
-                ttl_ms: millis(ttl).max(1),
-                done,
-            };
-            self.inner
-                .saves
-                .send(save)
-                .await
-                .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
-            answers.push(saved);
+        for save in batch {
+            answers.push(
+                self.queue_save(&save.id, &save.owner, &save.snapshot, ttl)
+                    .await?,
+            );
         }
         for saved in answers {
-            saved.await.unwrap_or_else(|_| {
-                Err(BrokerError::Unavailable(
-                    "redis: session writer ended".into(),
-                ))
-            })?;
+            saved.await.unwrap_or_else(|_| writer_ended())?;
         }
         Ok(())
     }
 
-    async fn load(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
+    async fn claim(&self, id: &str, owner: &str) -> Result<Option<Claimed>, BrokerError> {
         let mut conn = self.inner.conn.clone();
-        let key = scripts::session_key(id);
-        let value: Option<Vec<u8>> = timed(
+        let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
+        invocation.key(scripts::session_key(id)).arg(owner);
+        let value: Option<(String, Vec<u8>)> = timed(
             &*self.inner.observer,
             "session_load",
-            redis::cmd("GET").arg(key).query_async(&mut conn),
+            invocation.invoke_async(&mut conn),
         )
         .await?;
-        Ok(value.map(|v| sessions::decode(&v)))
+        Ok(value.map(|(from, snapshot)| Claimed {
+            snapshot: sessions::decode(&snapshot),
+            from: Some(from).filter(|f| !f.is_empty()),
+        }))
     }
+}
+
+impl RedisBroker {
+    /// Hands a save to the session writer; the receiver says whether it was
+    /// kept.
+    async fn queue_save(
+        &self,
+        id: &str,
+        owner: &str,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<oneshot::Receiver<Result<bool, BrokerError>>, BrokerError> {
+        let (done, saved) = oneshot::channel();
+        let save = sessions::Save {
+            key: scripts::session_key(id),
+            owner: owner.to_owned(),
+            value: sessions::encode(owner, snapshot),
+            ttl_ms: millis(ttl).max(1),
+            done,
+        };
+        self.inner
+            .saves
+            .send(save)
+            .await
+            .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
+        Ok(saved)
+    }
+}
+
+fn writer_ended<T>() -> Result<T, BrokerError> {
+    Err(BrokerError::Unavailable(
+        "redis: session writer ended".into(),
+    ))
 }

@@ -44,10 +44,47 @@ pub fn idempotency_key(topic: &Topic, key: &str) -> String {
 /// `HASH pod -> "<connections>:<ms>"`: what each pod last reported.
 pub const PODS_KEY: &str = "herald:pods";
 
-/// A session's snapshot.
+/// A session's snapshot, its first line naming its owner (`owner <token>`).
 pub fn session_key(id: &str) -> String {
     format!("{PREFIX}:session:{id}")
 }
+
+/// Saves a session unless another owner claimed it; returns 1 when saved.
+/// Sent as `EVAL` (Redis caches it by its hash), because pipelined scripts
+/// are not reloaded on `NOSCRIPT` after a Redis restart.
+///
+/// KEYS: session. ARGV: owner, value (its owner line first), ttl ms.
+pub const SAVE_SESSION: &str = r#"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner = string.match(current, '^owner (%S+)\n')
+  if owner and owner ~= ARGV[1] then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
+/// Makes ARGV[1] the session's owner, keeping its expiry, and returns
+/// `{previous owner or "", snapshot without the owner line}`, or nil when
+/// there is none.
+///
+/// KEYS: session. ARGV: owner.
+pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return false
+end
+local from = string.match(current, '^owner (%S+)\n') or ''
+local body = string.gsub(current, '^owner %S+\n', '', 1)
+redis.call('SET', KEYS[1], 'owner ' .. ARGV[1] .. '\n' .. body, 'KEEPTTL')
+return {from, body}
+"#,
+    )
+});
 
 /// Assigns the next seq, appends to history (trimmed to the namespace's size
 /// and, a few entries per publish, to its age; reads check the age too),

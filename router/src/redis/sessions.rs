@@ -7,7 +7,7 @@ use std::sync::Arc;
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
-use super::timed;
+use super::{scripts, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, SessionSnapshot, SubscriptionState, Topic};
 
@@ -18,9 +18,11 @@ const BATCH: usize = 512;
 
 pub struct Save {
     pub key: String,
+    pub owner: String,
     pub value: Vec<u8>,
     pub ttl_ms: u64,
-    pub done: oneshot::Sender<Result<(), BrokerError>>,
+    /// Whether it was saved (not claimed by another owner).
+    pub done: oneshot::Sender<Result<bool, BrokerError>>,
 }
 
 pub async fn write(
@@ -32,37 +34,45 @@ pub async fn write(
     while saves.recv_many(&mut batch, BATCH).await > 0 {
         let mut pipe = redis::pipe();
         for save in &batch {
-            pipe.cmd("SET")
+            pipe.cmd("EVAL")
+                .arg(scripts::SAVE_SESSION)
+                .arg(1)
                 .arg(&save.key)
+                .arg(&save.owner)
                 .arg(&save.value)
-                .arg("PX")
-                .arg(save.ttl_ms)
-                .ignore();
+                .arg(save.ttl_ms);
         }
         let mut conn = conn.clone();
-        let result: Result<(), BrokerError> =
+        let result: Result<Vec<i64>, BrokerError> =
             timed(&*observer, "session_save", pipe.query_async(&mut conn)).await;
-        for save in batch.drain(..) {
-            let _ = save.done.send(result.clone());
+        for (i, save) in batch.drain(..).enumerate() {
+            let saved = match &result {
+                Ok(replies) => Ok(replies.get(i) == Some(&1)),
+                Err(e) => Err(e.clone()),
+            };
+            let _ = save.done.send(saved);
         }
     }
 }
 
-/// One line per subscription: `<position> <epoch> <topic>`.
-pub fn encode(snapshot: &SessionSnapshot) -> Vec<u8> {
-    let mut out = String::new();
+/// The owner's line, then one line per subscription:
+/// `<position> <epoch> <topic>`.
+pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
+    let mut out = format!("owner {owner}\n");
     for s in &snapshot.subscriptions {
         out.push_str(&format!("{} {} {}\n", s.position, s.epoch, s.topic));
     }
     out.into_bytes()
 }
 
-/// The inverse of [`encode`]; a line that does not parse is skipped (and
-/// logged): the rest of the session is still worth resuming.
+/// The subscriptions of [`encode`]'s value (the owner's line is no
+/// subscription); a line that does not parse is skipped (and logged): the
+/// rest of the session is still worth resuming.
 pub fn decode(value: &[u8]) -> SessionSnapshot {
     let text = String::from_utf8_lossy(value);
     let subscriptions = text
         .lines()
+        .filter(|line| !line.starts_with("owner "))
         .filter_map(|line| {
             let mut parts = line.splitn(3, ' ');
             let parsed = (|| {
@@ -94,6 +104,6 @@ mod tests {
                 position: 42,
             }],
         };
-        assert_eq!(decode(&encode(&snapshot)), snapshot);
+        assert_eq!(decode(&encode("a1", &snapshot)), snapshot);
     }
 }
