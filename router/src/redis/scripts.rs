@@ -50,11 +50,11 @@ pub fn session_key(id: &str) -> String {
 }
 
 /// Saves a session unless another owner claimed it; returns 1 when saved.
-/// Sent as `EVAL` (Redis caches it by its hash), because pipelined scripts
-/// are not reloaded on `NOSCRIPT` after a Redis restart.
 ///
 /// KEYS: session. ARGV: owner, value (its owner line first), ttl ms.
-pub const SAVE_SESSION: &str = r#"
+pub static SAVE_SESSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
 local current = redis.call('GET', KEYS[1])
 if current then
   local owner = string.match(current, '^owner (%S+)\n')
@@ -64,7 +64,9 @@ if current then
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
-"#;
+"#,
+    )
+});
 
 /// Makes ARGV[1] the session's owner, keeping its expiry, and returns
 /// `{previous owner or "", snapshot without the owner line}`, or nil when

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
+use redis::{ErrorKind, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{scripts, timed};
@@ -32,19 +33,35 @@ pub async fn write(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     while saves.recv_many(&mut batch, BATCH).await > 0 {
+        let invocations: Vec<_> = batch
+            .iter()
+            .map(|save| {
+                let mut invocation = scripts::SAVE_SESSION.prepare_invoke();
+                invocation
+                    .key(&save.key)
+                    .arg(&save.owner)
+                    .arg(&save.value)
+                    .arg(save.ttl_ms);
+                invocation
+            })
+            .collect();
         let mut pipe = redis::pipe();
-        for save in &batch {
-            pipe.cmd("EVAL")
-                .arg(scripts::SAVE_SESSION)
-                .arg(1)
-                .arg(&save.key)
-                .arg(&save.owner)
-                .arg(&save.value)
-                .arg(save.ttl_ms);
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
         }
         let mut conn = conn.clone();
-        let result: Result<Vec<i64>, BrokerError> =
-            timed(&*observer, "session_save", pipe.query_async(&mut conn)).await;
+        let saving = async {
+            match pipe.query_async(&mut conn).await {
+                // Redis forgot its scripts (it restarted): a pipeline does
+                // not load them, so load this one and send the batch again.
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    scripts::SAVE_SESSION.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        let result: Result<Vec<i64>, BrokerError> = timed(&*observer, "session_save", saving).await;
         for (i, save) in batch.drain(..).enumerate() {
             let saved = match &result {
                 Ok(replies) => Ok(replies.get(i) == Some(&1)),
