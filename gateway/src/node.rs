@@ -46,9 +46,8 @@ pub struct Node {
     next_conn: AtomicU64,
 }
 
-/// A session with a connection on this pod.
-#[derive(Clone)]
 /// A session a connection on this pod serves.
+#[derive(Clone)]
 pub struct LiveSession {
     pub conn: ConnId,
     /// The connection's token as the session's owner in the store.

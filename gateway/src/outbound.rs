@@ -146,6 +146,11 @@ impl State {
         self.close.is_some() || self.closed
     }
 
+    fn append(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+    }
+
     /// Drops the queued frames, but not the rest of one partly written.
     fn drop_backlog(&mut self) {
         let keep = usize::from(self.partial);
@@ -231,8 +236,7 @@ impl Outbound {
         }
         state.oldest.get_or_insert(at);
         let idle = state.frames.is_empty() && !state.writing;
-        state.bytes += frame.len();
-        state.frames.push_back(frame);
+        state.append(frame);
         drop(state);
         if idle {
             flush.0.push(self.clone());
@@ -244,8 +248,7 @@ impl Outbound {
     /// waiting (the queue was empty).
     fn enqueue(&self, mut state: MutexGuard<'_, State>, frame: Bytes) {
         let was_empty = state.frames.is_empty();
-        state.bytes += frame.len();
-        state.frames.push_back(frame);
+        state.append(frame);
         drop(state);
         if was_empty {
             self.wake_writer();
@@ -294,22 +297,22 @@ impl Outbound {
 
     /// Answers a ping; only the newest ping needs an answer (RFC 6455 5.5.3).
     pub fn pong(&self, frame: Bytes) {
-        let mut state = self.state();
-        if state.closed {
-            return;
-        }
-        state.pong = Some(frame);
-        drop(state);
-        self.wake_writer();
+        self.control(frame, |state| &mut state.pong);
     }
 
     /// Sends a heartbeat ping, ahead of anything queued.
     pub fn ping(&self, frame: Bytes) {
+        self.control(frame, |state| &mut state.ping);
+    }
+
+    /// Puts a control frame in its `slot` beside the queue, replacing one not
+    /// written yet, unless the connection is closed.
+    fn control(&self, frame: Bytes, slot: fn(&mut State) -> &mut Option<Bytes>) {
         let mut state = self.state();
         if state.closed {
             return;
         }
-        state.ping = Some(frame);
+        *slot(&mut state) = Some(frame);
         drop(state);
         self.wake_writer();
     }
@@ -328,8 +331,7 @@ impl Outbound {
     pub fn close_after(&self, advice: Bytes, reason: CloseReason) {
         let mut state = self.state();
         if !state.is_closing() {
-            state.bytes += advice.len();
-            state.frames.push_back(advice);
+            state.append(advice);
         }
         Self::request_close(&mut state, reason, true);
         self.closing(state);

@@ -415,7 +415,7 @@ impl SessionStore for RedisBroker {
         ttl: Duration,
     ) -> Result<bool, BrokerError> {
         let saved = self.queue_save(id, owner, &snapshot, ttl).await?;
-        saved.await.unwrap_or_else(|_| writer_ended())
+        saved.await.unwrap_or_else(|_| Err(writer_ended()))
     }
 
     async fn save_many(&self, batch: Vec<SessionSave>, ttl: Duration) -> Result<(), BrokerError> {
@@ -428,7 +428,7 @@ impl SessionStore for RedisBroker {
             );
         }
         for saved in answers {
-            saved.await.unwrap_or_else(|_| writer_ended())?;
+            saved.await.unwrap_or_else(|_| Err(writer_ended()))?;
         }
         Ok(())
     }
@@ -472,13 +472,11 @@ impl RedisBroker {
             .saves
             .send(save)
             .await
-            .map_err(|_| BrokerError::Unavailable("redis: session writer ended".into()))?;
+            .map_err(|_| writer_ended())?;
         Ok(saved)
     }
 }
 
-fn writer_ended<T>() -> Result<T, BrokerError> {
-    Err(BrokerError::Unavailable(
-        "redis: session writer ended".into(),
-    ))
+fn writer_ended() -> BrokerError {
+    BrokerError::Unavailable("redis: session writer ended".into())
 }
