@@ -6,10 +6,11 @@
 //! more than the rest of an idle connection together. This reader keeps no
 //! buffer while the client is quiet. It reads into a buffer on the stack that
 //! lives only inside one poll and hands the bytes to the parser, which
-//! allocates only for a payload under way. A frame's payload larger than
-//! that stack buffer is read from the socket straight into its final buffer.
-//! Bytes a read brings beyond the message it completes wait in `carry`,
-//! which is freed as soon as it is used up.
+//! allocates only for a payload under way, as its bytes arrive. The rest of
+//! a large payload, once a stack buffer's worth of it has come, is read from
+//! the socket straight into its final buffer, which grows by at most as much
+//! as it holds before each read. Bytes a read brings beyond the message it
+//! completes wait in `carry`, which is freed as soon as it is used up.
 
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -23,8 +24,9 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::outbound::Outbound;
 
-/// The stack buffer one read fills. Payloads of at least this size are read
-/// straight into their own buffer instead.
+/// The stack buffer one read fills. The rest of a payload, once at least
+/// this much of it has arrived and at least this much is still to come, is
+/// read straight into its own buffer instead.
 const STACK_READ: usize = 8 * 1024;
 
 /// One event from the client.
@@ -64,10 +66,8 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         loop {
             let parsed = if !self.carry.is_empty() {
                 self.parse_carry()?
-            } else if self.parser.payload_left() >= STACK_READ {
-                self.read_payload().await?
             } else {
-                self.read_some().await?
+                self.read_once().await?
             };
             let Some(parsed) = parsed else { continue };
             return Ok(match parsed {
@@ -83,6 +83,18 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         }
     }
 
+    /// Reads what the socket has and parses it: straight into the payload's
+    /// buffer, or through the stack.
+    async fn read_once(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let direct = self.parser.payload_left() >= STACK_READ
+            && self.parser.payload_received() >= STACK_READ;
+        if direct {
+            self.read_payload().await
+        } else {
+            self.read_some().await
+        }
+    }
+
     /// Parses bytes left over from an earlier read.
     fn parse_carry(&mut self) -> Result<Option<Parsed>, CloseReason> {
         let mut carry = std::mem::take(&mut self.carry);
@@ -94,10 +106,13 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         Ok(parsed)
     }
 
-    /// Reads the rest of a large payload straight into its buffer.
+    /// Reads more of a large payload straight into its buffer, which the
+    /// parser grows by at most as much as it holds: a client that declares a
+    /// large frame and sends part of it pins about twice what it sent, not
+    /// what it declared.
     async fn read_payload(&mut self) -> Result<Option<Parsed>, CloseReason> {
         let left = self.parser.payload_left();
-        let mut room = self.parser.payload().limit(left);
+        let mut room = self.parser.payload(STACK_READ).limit(left);
         let read = self
             .read
             .read_buf(&mut room)
@@ -140,6 +155,7 @@ fn closes(e: FrameError) -> CloseReason {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::io;
     use std::time::Duration;
 
@@ -182,6 +198,37 @@ mod tests {
             }
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// Yields its chunks, one per read (as much of one as the read takes),
+    /// and then waits for ever: a client that stopped sending.
+    struct Stalls(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Stalls {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let Some(mut chunk) = self.0.pop_front() else {
+                return Poll::Pending;
+            };
+            let rest = chunk.split_off(chunk.len().min(buf.remaining()));
+            buf.put_slice(&chunk);
+            if !rest.is_empty() {
+                self.0.push_front(rest);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Runs `reader.next()` until it has an event or waits for the socket.
+    fn poll_next<R: AsyncRead + Unpin>(
+        reader: &mut Reader<R>,
+        out: &Outbound,
+    ) -> Poll<Result<Incoming, CloseReason>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::pin!(reader.next(out)).poll(&mut cx)
     }
 
     async fn next<R: AsyncRead + Unpin>(
@@ -347,5 +394,42 @@ mod tests {
             "{}",
             std::mem::size_of_val(&reader)
         );
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_stops_short_costs_what_arrived_not_what_it_declared() {
+        let wire = masked(FIN | TEXT, &[b'd'; 65_000]);
+        let out = outbound();
+        // Its 8-byte header declares 65,000 bytes; 10 of them come.
+        let mut reader = Reader::new(Stalls([wire[..18].to_vec()].into()), 1 << 20);
+        assert!(poll_next(&mut reader, &out).is_pending());
+        let held = reader.parser.buffered_capacity() + reader.carry.capacity();
+        println!("a header declaring 65,000 bytes and 10 bytes: {held} bytes held");
+        assert!(held <= 64, "{held} bytes held for 10 received");
+
+        // 20,000 of them, in chunks the size of one read: they go straight
+        // into the message buffer once a stack buffer's worth is in, which
+        // grows by at most as much as it holds.
+        let chunks = wire[..8 + 20_000].chunks(STACK_READ).map(<[u8]>::to_vec);
+        let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20);
+        assert!(poll_next(&mut reader, &out).is_pending());
+        let held = reader.parser.buffered_capacity();
+        assert_eq!(reader.parser.payload_received(), 20_000);
+        assert!(held <= 2 * 20_000, "{held} bytes held for 20,000 received");
+    }
+
+    #[tokio::test]
+    async fn a_large_message_read_in_pieces_still_comes_out_whole() {
+        // Straight into its buffer, in every read size the growth meets.
+        let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let wire = masked(FIN | TEXT, &big);
+        for size in [1000, STACK_READ - 1, STACK_READ, STACK_READ + 1, 50_000] {
+            let chunks = wire.chunks(size).map(<[u8]>::to_vec);
+            let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20);
+            match poll_next(&mut reader, &outbound()) {
+                Poll::Ready(Ok(Incoming::Text(text))) => assert!(text == big, "{size}"),
+                other => panic!("expected the message, got {other:?}"),
+            }
+        }
     }
 }
