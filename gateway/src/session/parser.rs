@@ -185,6 +185,13 @@ impl Parser {
         }
     }
 
+    /// Whether a message is under way: from the first byte of the data frame
+    /// that starts it to the last byte of the frame that completes it.
+    /// Control frames between its fragments do not end it.
+    pub fn in_message(&self) -> bool {
+        self.message.is_some() || (self.head_len > 0 && !is_control(self.head[0] & 0x0F))
+    }
+
     /// Where the current frame's payload goes, with room for at least `n`
     /// more bytes (`n` at most [`payload_left`](Self::payload_left)). A
     /// reader may append that many straight from the socket, then call
@@ -821,6 +828,33 @@ pub(crate) mod tests {
             .unwrap_or_else(|e| panic!("{e:?}"));
         let whole = format!("a{}c", "b".repeat(20_000));
         assert_eq!(parsed, Some(text(&whole)));
+    }
+
+    #[test]
+    fn a_message_is_under_way_from_its_first_byte_to_its_last() {
+        let mut parser = Parser::new(64);
+        assert!(!parser.in_message());
+        // A control frame is no message, even half-read.
+        feed_part(&mut parser, &masked(FIN | OP_PING, b"p")[..1]);
+        assert!(!parser.in_message());
+        let mut input = masked(FIN | OP_PING, b"p")[1..].to_vec();
+        input.extend(masked(OP_TEXT, b"ab"));
+        assert!(matches!(
+            parser.feed(&input),
+            Ok((6, Some(Parsed::Ping(_))))
+        ));
+        // The first byte of a data frame starts one,
+        feed_part(&mut parser, &input[6..7]);
+        assert!(parser.in_message());
+        feed_part(&mut parser, &input[7..]);
+        // a control frame between fragments leaves it under way,
+        let ping = masked(FIN | OP_PING, b"");
+        assert!(matches!(parser.feed(&ping), Ok((6, Some(Parsed::Ping(_))))));
+        assert!(parser.in_message());
+        // and its last fragment ends it.
+        let last = masked(FIN | OP_CONTINUATION, b"c");
+        assert_eq!(parser.feed(&last), Ok((last.len(), Some(text("abc")))));
+        assert!(!parser.in_message());
     }
 
     #[test]

@@ -11,13 +11,19 @@
 //! the socket straight into its final buffer, which grows by at most as much
 //! as it holds before each read. Bytes a read brings beyond the message it
 //! completes wait in `carry`, which is freed as soon as it is used up.
+//!
+//! A message must arrive whole within `message_timeout` of its first byte.
+//! Control frames between its fragments do not extend that, so a client
+//! cannot hold a half-sent message (and its buffer) open by pinging.
 
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::time::{Instant, timeout_at};
 
 use super::parser::{FrameError, Parsed, Parser};
 use crate::disconnect::CloseReason;
@@ -46,16 +52,23 @@ pub struct Reader<R> {
     /// Bytes read past the last message, not yet parsed. Empty, and without
     /// an allocation, whenever the parser has caught up with the socket.
     carry: BytesMut,
+    /// How long a message may take, from its first byte to its last.
+    message_timeout: Duration,
+    /// When the message under way began to arrive; `None` between messages.
+    message_started: Option<Instant>,
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
     /// Reads from `read`, a stream past the handshake; messages over `max`
-    /// bytes close the connection.
-    pub fn new(read: R, max: usize) -> Self {
+    /// bytes, or that take longer than `message_timeout` to arrive, close
+    /// the connection.
+    pub fn new(read: R, max: usize, message_timeout: Duration) -> Self {
         Self {
             read,
             parser: Parser::new(max),
             carry: BytesMut::new(),
+            message_timeout,
+            message_started: None,
         }
     }
 
@@ -67,8 +80,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             let parsed = if !self.carry.is_empty() {
                 self.parse_carry()?
             } else {
-                self.read_once().await?
+                self.read().await?
             };
+            self.time_message();
             let Some(parsed) = parsed else { continue };
             return Ok(match parsed {
                 Parsed::Text(text) => Incoming::Text(text),
@@ -81,6 +95,36 @@ impl<R: AsyncRead + Unpin> Reader<R> {
                 }
             });
         }
+    }
+
+    /// Starts the message clock at a message's first byte; stops it at its
+    /// last.
+    fn time_message(&mut self) {
+        match (self.parser.in_message(), self.message_started) {
+            (true, None) => self.message_started = Some(Instant::now()),
+            (false, Some(_)) => self.message_started = None,
+            _ => {}
+        }
+    }
+
+    /// Reads from the socket and parses what came; with a message under way,
+    /// only until its deadline.
+    async fn read(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let deadline = self
+            .message_started
+            .and_then(|started| started.checked_add(self.message_timeout));
+        let Some(deadline) = deadline else {
+            return self.read_once().await;
+        };
+        // Checked before reading as well: a timer only fires while the read
+        // waits, and a client that keeps bytes coming (pings between
+        // fragments) would never let it.
+        if Instant::now() >= deadline {
+            return Err(CloseReason::MessageTimeout);
+        }
+        timeout_at(deadline, self.read_once())
+            .await
+            .unwrap_or(Err(CloseReason::MessageTimeout))
     }
 
     /// Reads what the socket has and parses it: straight into the payload's
@@ -174,6 +218,8 @@ mod tests {
 
     /// Bounds every wait, so that a reader that hangs fails the test.
     const STEP: Duration = Duration::from_secs(10);
+    /// A message timeout no test reaches.
+    const NO_HURRY: Duration = Duration::from_secs(3600);
 
     fn outbound() -> Outbound {
         Outbound::new(Limits {
@@ -285,7 +331,7 @@ mod tests {
     #[tokio::test]
     async fn reads_one_byte_at_a_time() {
         let (wire, big) = conversation();
-        let mut reader = Reader::new(OneByte(wire, 0), 1 << 20);
+        let mut reader = Reader::new(OneByte(wire, 0), 1 << 20, NO_HURRY);
         check_conversation(&mut reader, &big).await;
         assert_eq!(
             next(&mut reader, &outbound()).await.err(),
@@ -303,7 +349,7 @@ mod tests {
             }
             Ok::<_, io::Error>(client)
         });
-        let mut reader = Reader::new(server, 1 << 20);
+        let mut reader = Reader::new(server, 1 << 20, NO_HURRY);
         check_conversation(&mut reader, &big).await;
         let client = timeout(STEP, writer).await.map(|r| r.map(|r| r.is_ok()));
         assert!(matches!(client, Ok(Ok(true))));
@@ -322,7 +368,7 @@ mod tests {
             .and_then(Result::ok)
             .unwrap_or_else(|| panic!("write"));
         let out = outbound();
-        let mut reader = Reader::new(server, 1024);
+        let mut reader = Reader::new(server, 1024, NO_HURRY);
         for i in 0..100 {
             assert_eq!(
                 text(&mut reader, &out).await,
@@ -348,7 +394,7 @@ mod tests {
         ];
         for (wire, reason) in cases {
             let out = outbound();
-            let mut reader = Reader::new(OneByte(wire.to_vec(), 0), 1024);
+            let mut reader = Reader::new(OneByte(wire.to_vec(), 0), 1024, NO_HURRY);
             assert_eq!(next(&mut reader, &out).await.err(), Some(reason));
             // Only a valid close is echoed; the session sends the error's close.
             assert!(!out.is_closing());
@@ -359,7 +405,7 @@ mod tests {
     async fn eof_inside_a_frame_is_a_lost_connection() {
         let wire = masked(FIN | TEXT, &[b'x'; 20_000]);
         for cut in [1, 5, 100, 19_000] {
-            let mut reader = Reader::new(OneByte(wire[..cut].to_vec(), 0), 1 << 20);
+            let mut reader = Reader::new(OneByte(wire[..cut].to_vec(), 0), 1 << 20, NO_HURRY);
             assert_eq!(
                 next(&mut reader, &outbound()).await.err(),
                 Some(CloseReason::ConnectionLost)
@@ -372,7 +418,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let wire = masked(FIN | TEXT, &[b'y'; 20_000]);
         let out = outbound();
-        let mut reader = Reader::new(server, 1 << 20);
+        let mut reader = Reader::new(server, 1 << 20, NO_HURRY);
         // Half a frame, then the read is given up: the rest still parses.
         let _ = client.write_all(&wire[..10_003]).await;
         assert!(
@@ -387,10 +433,11 @@ mod tests {
     #[test]
     fn an_idle_reader_holds_no_buffer() {
         // Its size is all it costs: the parser and carry own no heap memory.
-        let reader = Reader::new(tokio::io::empty(), 1 << 16);
+        // (160 bytes, and 32 for the message clock.)
+        let reader = Reader::new(tokio::io::empty(), 1 << 16, NO_HURRY);
         assert!(reader.carry.capacity() == 0);
         assert!(
-            std::mem::size_of_val(&reader) <= 160,
+            std::mem::size_of_val(&reader) <= 192,
             "{}",
             std::mem::size_of_val(&reader)
         );
@@ -401,7 +448,7 @@ mod tests {
         let wire = masked(FIN | TEXT, &[b'd'; 65_000]);
         let out = outbound();
         // Its 8-byte header declares 65,000 bytes; 10 of them come.
-        let mut reader = Reader::new(Stalls([wire[..18].to_vec()].into()), 1 << 20);
+        let mut reader = Reader::new(Stalls([wire[..18].to_vec()].into()), 1 << 20, NO_HURRY);
         assert!(poll_next(&mut reader, &out).is_pending());
         let held = reader.parser.buffered_capacity() + reader.carry.capacity();
         println!("a header declaring 65,000 bytes and 10 bytes: {held} bytes held");
@@ -411,7 +458,7 @@ mod tests {
         // into the message buffer once a stack buffer's worth is in, which
         // grows by at most as much as it holds.
         let chunks = wire[..8 + 20_000].chunks(STACK_READ).map(<[u8]>::to_vec);
-        let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20);
+        let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20, NO_HURRY);
         assert!(poll_next(&mut reader, &out).is_pending());
         let held = reader.parser.buffered_capacity();
         assert_eq!(reader.parser.payload_received(), 20_000);
@@ -425,11 +472,107 @@ mod tests {
         let wire = masked(FIN | TEXT, &big);
         for size in [1000, STACK_READ - 1, STACK_READ, STACK_READ + 1, 50_000] {
             let chunks = wire.chunks(size).map(<[u8]>::to_vec);
-            let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20);
+            let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20, NO_HURRY);
             match poll_next(&mut reader, &outbound()) {
                 Poll::Ready(Ok(Incoming::Text(text))) => assert!(text == big, "{size}"),
                 other => panic!("expected the message, got {other:?}"),
             }
         }
+    }
+
+    async fn send(client: &mut tokio::io::DuplexStream, wire: &[u8]) {
+        let written = timeout(STEP, client.write_all(wire)).await;
+        assert!(matches!(written, Ok(Ok(()))), "write");
+    }
+
+    #[tokio::test]
+    async fn a_message_must_arrive_within_its_timeout_whatever_pings_come_between() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(200);
+        let (mut client, server) = tokio::io::duplex(128 * 1024);
+        let out = outbound();
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        // A whole first fragment, then only pings, and never the rest.
+        let pinger = tokio::spawn(async move {
+            client.write_all(&masked(TEXT, &[b'f'; 60_000])).await?;
+            // Past STEP, so that only the reader ends this.
+            for _ in 0..1000 {
+                client.write_all(&masked(FIN | PING, b"still here")).await?;
+                // The pace of a client keeping a connection busy.
+                tokio::time::sleep(MESSAGE_TIMEOUT / 10).await;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let started = Instant::now();
+        let mut pings = 0;
+        let reason = loop {
+            match next(&mut reader, &out).await {
+                Ok(Incoming::Ping(_)) => pings += 1,
+                Ok(other) => panic!("only pings, got {other:?}"),
+                Err(reason) => break reason,
+            }
+        };
+        assert_eq!(reason, CloseReason::MessageTimeout);
+        assert!(
+            pings > 0,
+            "pings are answered while the message is under way"
+        );
+        assert!(started.elapsed() >= MESSAGE_TIMEOUT);
+        pinger.abort();
+    }
+
+    #[tokio::test]
+    async fn a_message_that_trickles_in_is_timed_from_its_first_byte() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(200);
+        let (mut client, server) = tokio::io::duplex(1024);
+        let wire = masked(FIN | TEXT, &[b't'; 1000]);
+        let trickler = tokio::spawn(async move {
+            for byte in wire.chunks(1) {
+                client.write_all(byte).await?;
+                tokio::time::sleep(MESSAGE_TIMEOUT / 10).await;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        assert_eq!(
+            next(&mut reader, &outbound()).await.err(),
+            Some(CloseReason::MessageTimeout)
+        );
+        trickler.abort();
+    }
+
+    #[tokio::test]
+    async fn the_message_clock_runs_only_while_a_message_is_under_way() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(100);
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let out = outbound();
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        // A ping alone starts no clock.
+        send(&mut client, &masked(FIN | PING, b"p")).await;
+        assert!(matches!(
+            next(&mut reader, &out).await,
+            Ok(Incoming::Ping(_))
+        ));
+        assert!(reader.message_started.is_none());
+        // A fragment starts it, a ping between fragments leaves it running,
+        // the last fragment stops it.
+        send(&mut client, &masked(TEXT, b"{\"op\"")).await;
+        send(&mut client, &masked(FIN | PING, b"p")).await;
+        assert!(matches!(
+            next(&mut reader, &out).await,
+            Ok(Incoming::Ping(_))
+        ));
+        let started = reader.message_started;
+        assert!(started.is_some());
+        send(&mut client, &masked(FIN | CONTINUATION, b":1}")).await;
+        assert_eq!(&text(&mut reader, &out).await[..], b"{\"op\":1}");
+        assert!(reader.message_started.is_none());
+        // Quiet for longer than the message timeout, between messages: no
+        // close (the session's dead-peer timer is what bounds that).
+        let quiet = timeout(3 * MESSAGE_TIMEOUT, reader.next(&out)).await;
+        assert!(quiet.is_err(), "between messages, only silence: {quiet:?}");
+        // The next message has a clock of its own.
+        send(&mut client, &masked(FIN | TEXT, b"next")).await;
+        assert_eq!(&text(&mut reader, &out).await[..], b"next");
+        drop(client);
     }
 }
