@@ -32,6 +32,9 @@ pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for the client's close frame after its own.
 pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a client message may take to arrive, from its first byte to its
+/// last (all its fragments); pings and pongs between them do not extend it.
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// WebSocket connections per pod; more get HTTP 503 before the upgrade.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Bad commands in a row after which a client is closed with 4500.
@@ -164,6 +167,10 @@ pub struct WebSocketConfig {
     pub handshake_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub close_timeout: Duration,
+    /// Longest a message may take to arrive, first byte to last; over it the
+    /// connection is closed with 1008.
+    #[serde(with = "humantime_serde")]
+    pub message_timeout: Duration,
     pub max_connections: usize,
     pub max_bad_commands: u32,
     /// Origins allowed to open a WebSocket; empty allows any (and requests
@@ -331,6 +338,7 @@ impl Default for WebSocketConfig {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
+            message_timeout: DEFAULT_MESSAGE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_bad_commands: DEFAULT_MAX_BAD_COMMANDS,
             allowed_origins: Vec::new(),
@@ -535,6 +543,7 @@ impl Config {
             ("websocket.write_timeout", ws.write_timeout),
             ("websocket.handshake_timeout", ws.handshake_timeout),
             ("websocket.hello_timeout", ws.hello_timeout),
+            ("websocket.message_timeout", ws.message_timeout),
             ("http.request_timeout", self.http.request_timeout),
         ] {
             if d.is_zero() {

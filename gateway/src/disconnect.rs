@@ -19,8 +19,9 @@
 //!
 //! 4000-4499 mean "come back (with `resume`) after a backoff"; 4500-4999 mean
 //! "do not retry without changing something". Standard codes are used where
-//! RFC 6455 has one: 1002, 1003, 1007, 1009, and 1012 for a pod that is
-//! draining.
+//! RFC 6455 has one: 1002, 1003, 1007, 1009, 1008 (policy violation) for a
+//! message that took longer than `websocket.message_timeout` to arrive, and
+//! 1012 for a pod that is draining.
 
 use crate::session::parser::FrameError;
 
@@ -29,6 +30,7 @@ pub mod code {
     pub const PROTOCOL_ERROR: u16 = 1002;
     pub const UNSUPPORTED_DATA: u16 = 1003;
     pub const INVALID_PAYLOAD: u16 = 1007;
+    pub const POLICY_VIOLATION: u16 = 1008;
     pub const MESSAGE_TOO_BIG: u16 = 1009;
     pub const SERVICE_RESTART: u16 = 1012;
     pub const SLOW_CONSUMER: u16 = 4000;
@@ -59,6 +61,9 @@ pub enum CloseReason {
     InvalidUtf8,
     /// A message over `websocket.max_message_bytes`.
     MessageTooBig,
+    /// A message that did not arrive whole within `websocket.message_timeout`
+    /// of its first byte.
+    MessageTimeout,
     /// The outgoing queue overflowed.
     SlowConsumer,
     /// A write did not finish within `websocket.write_timeout`.
@@ -89,13 +94,14 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 19] = [
+    pub const ALL: [CloseReason; 20] = [
         CloseReason::ClientClosed,
         CloseReason::ConnectionLost,
         CloseReason::ProtocolError,
         CloseReason::UnsupportedData,
         CloseReason::InvalidUtf8,
         CloseReason::MessageTooBig,
+        CloseReason::MessageTimeout,
         CloseReason::SlowConsumer,
         CloseReason::WriteTimeout,
         CloseReason::DeadPeer,
@@ -119,6 +125,7 @@ impl CloseReason {
             CloseReason::UnsupportedData => code::UNSUPPORTED_DATA,
             CloseReason::InvalidUtf8 => code::INVALID_PAYLOAD,
             CloseReason::MessageTooBig => code::MESSAGE_TOO_BIG,
+            CloseReason::MessageTimeout => code::POLICY_VIOLATION,
             CloseReason::SlowConsumer | CloseReason::WriteTimeout => code::SLOW_CONSUMER,
             CloseReason::DeadPeer => code::DEAD_PEER,
             CloseReason::BadCommands => code::BAD_COMMANDS,
@@ -143,6 +150,7 @@ impl CloseReason {
             CloseReason::UnsupportedData => "unsupported_data",
             CloseReason::InvalidUtf8 => "invalid_utf8",
             CloseReason::MessageTooBig => "message_too_big",
+            CloseReason::MessageTimeout => "message_timeout",
             CloseReason::SlowConsumer => "slow_consumer",
             CloseReason::WriteTimeout => "write_timeout",
             CloseReason::DeadPeer => "dead_peer",
@@ -176,6 +184,7 @@ impl CloseReason {
             CloseReason::Disconnected => "disconnected by the server",
             CloseReason::RateLimited => "rate limited",
             CloseReason::MessageTooBig => "message too big",
+            CloseReason::MessageTimeout => "message too slow",
             CloseReason::InvalidUtf8 => "invalid utf-8",
             CloseReason::UnsupportedData => "text frames only",
             _ => "",
@@ -219,5 +228,33 @@ impl CloseReason {
             | FrameError::ShortClose
             | FrameError::CloseCode(_) => CloseReason::ProtocolError,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reason_has_a_label_of_its_own_which_the_metrics_catalogue_explains() {
+        let catalogue = include_str!("../../docs/metrics.md");
+        let mut labels = std::collections::BTreeSet::new();
+        for reason in CloseReason::ALL {
+            let label = reason.as_str();
+            assert!(labels.insert(label), "`{label}` labels two reasons");
+            let row = match reason.code() {
+                Some(code) => format!("| `{label}` | {code} |"),
+                None => format!("| `{label}` |"),
+            };
+            assert!(catalogue.contains(&row), "docs/metrics.md has no `{row}`");
+        }
+    }
+
+    #[test]
+    fn a_message_too_slow_is_a_policy_violation() {
+        let reason = CloseReason::MessageTimeout;
+        assert_eq!(reason.code(), Some(1008));
+        // The reader stopped mid-message: nothing will read the client's close.
+        assert!(!reason.lingers());
     }
 }

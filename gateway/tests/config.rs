@@ -73,6 +73,7 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(ws.write_timeout, Duration::from_secs(5));
     assert_eq!(ws.handshake_timeout, Duration::from_secs(10));
     assert_eq!(ws.close_timeout, Duration::from_secs(2));
+    assert_eq!(ws.message_timeout, Duration::from_secs(10));
     assert_eq!(ws.max_connections, 10000);
     assert_eq!(ws.max_bad_commands, 10);
     assert!(ws.allowed_origins.is_empty());
@@ -213,6 +214,10 @@ fn bad_values_from_the_environment_name_their_key() {
     assert_names(
         load_env(&[("HERALD_WEBSOCKET__PING_INTERVAL", "0s")]),
         "websocket.ping_interval",
+    );
+    assert_names(
+        load_env(&[("HERALD_WEBSOCKET__MESSAGE_TIMEOUT", "0s")]),
+        "websocket.message_timeout",
     );
     assert_names(
         load_env(&[("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "soon")]),

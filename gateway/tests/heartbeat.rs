@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{Client, Gateway};
 use futures_util::StreamExt;
-use raw::{CLOSE, Frame, PING, PONG, RawClient, STEP, TEXT};
+use raw::{CLOSE, Frame, PING, PONG, RawClient, TEXT};
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -47,23 +47,6 @@ async fn read_short_frame(client: &mut RawClient) -> Frame {
     next_short_frame(client)
         .await
         .expect("a frame, not the end of the connection")
-}
-
-/// Polls a metric until it reads `want`; the count is updated once the
-/// connection's task has finished, just after the TCP connection ends.
-async fn await_metric(gw: &Gateway, name: &str, want: f64) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let value = gw.metric(name).await;
-        if value == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} is {value}, expected {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -122,8 +105,7 @@ async fn a_silent_client_is_pinged_then_closed_as_a_dead_peer() {
         "closed too late: {elapsed:?}"
     );
 
-    await_metric(
-        &gw,
+    gw.await_metric(
         r#"herald_connections_closed_total{reason="dead_peer"}"#,
         1.0,
     )

@@ -1,17 +1,25 @@
-//! Limits at the door: what the server refuses before a WebSocket exists.
+//! Limits at the door: what the server refuses before a WebSocket exists,
+//! and how long a client may take over a message once it does.
 //!
 //! A full pod answers 503 with `Retry-After` and takes clients again as soon
 //! as a slot frees; a client too slow to finish its handshake is dropped; a
 //! request that is not a proper RFC 6455 upgrade gets 400 at once; and only
-//! the configured origins may open a WebSocket.
+//! the configured origins may open a WebSocket. Once connected, a message
+//! must arrive whole within `websocket.message_timeout`, pings or not (else
+//! close 1008), and bytes of a frame that never ends are no sign of life
+//! (close 4001), while the other clients carry on.
 // A test that cannot go on should stop and say why.
 
 mod common;
+#[path = "common/raw.rs"]
+mod raw;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{Client, Gateway};
+use raw::{CLOSE, FIN, PING, PONG, RawClient, TEXT, encode};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
@@ -243,5 +251,168 @@ async fn only_allowed_origins_may_connect() {
             .await,
         1.0
     );
+    gw.shutdown().await;
+}
+
+/// The message timeout the slow-message tests configure.
+const MESSAGE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// A client on `gw` with a session, subscribed to `chat:room`.
+async fn good_client(gw: &Gateway) -> Client {
+    let mut client = Client::connect(gw).await;
+    client.hello(None).await;
+    client.sub(1, "chat:room").await;
+    client
+}
+
+/// The well-behaved client still publishes a large message and gets it back.
+async fn still_works(client: &mut Client, id: u64) {
+    let data = "x".repeat(50_000);
+    client
+        .send(json!({"op": "pub", "id": id, "topic": "chat:room", "data": data}))
+        .await;
+    // Its `ok` and the `msg` it published, in either order.
+    let mut answers = [client.recv().await, client.recv().await];
+    answers.sort_by_key(|m| m["op"].as_str().map(str::to_owned));
+    assert_eq!(answers[0]["op"], "msg", "{}", answers[0]);
+    assert_eq!(answers[0]["data"], json!(data));
+    assert_eq!(
+        (&answers[1]["op"], &answers[1]["id"]),
+        (&json!("ok"), &json!(id))
+    );
+}
+
+#[tokio::test]
+async fn a_message_never_finished_is_closed_with_1008_however_often_the_client_pings() {
+    let mut config = Gateway::config();
+    config.websocket.message_timeout = MESSAGE_TIMEOUT;
+    let gw = Gateway::with(config).await;
+    let mut good = good_client(&gw).await;
+
+    // A whole first fragment, 60,000 bytes of a message that never ends,
+    // then only pings, each answered: the connection is alive, but the
+    // message gets no more time.
+    let mut slow = RawClient::connect(gw.addr).await;
+    // Before the first byte goes: the server's clock starts later.
+    let started = Instant::now();
+    slow.send_frame(false, TEXT, &[b' '; 60_000], true).await;
+    let mut pongs = 0;
+    let pinging = timeout(common::WAIT, async {
+        loop {
+            // A write may meet a server that closed already; the close
+            // frame is in the socket all the same.
+            let _ = slow
+                .try_send_bytes(&encode(FIN | PING, b"still here", true))
+                .await;
+            let frame = slow.read_frame().await;
+            match frame.opcode {
+                PONG => pongs += 1,
+                CLOSE => return frame,
+                other => panic!("only pongs and the close, got opcode {other:#x}"),
+            }
+            // The pace of a client that keeps the connection busy.
+            tokio::time::sleep(MESSAGE_TIMEOUT / 10).await;
+        }
+    });
+    // Meanwhile the well-behaved client works as ever.
+    let (close, ()) = tokio::join!(pinging, still_works(&mut good, 2));
+    let close = close.expect("the close, not pongs for ever");
+    close.assert_plain();
+    assert_eq!(
+        close.close_code(),
+        1008,
+        "{:?}",
+        String::from_utf8_lossy(&close.payload[2..])
+    );
+    slow.expect_tcp_end().await;
+    assert!(
+        pongs > 0,
+        "pings are answered while the message is under way"
+    );
+    assert!(
+        started.elapsed() >= MESSAGE_TIMEOUT,
+        "closed before the timeout: {:?}",
+        started.elapsed()
+    );
+    gw.await_metric(
+        r#"herald_connections_closed_total{reason="message_timeout"}"#,
+        1.0,
+    )
+    .await;
+
+    // The well-behaved client was never at risk.
+    still_works(&mut good, 3).await;
+    assert_eq!(
+        gw.metric(r#"herald_connections_closed_total{reason="dead_peer"}"#)
+            .await,
+        0.0
+    );
+    gw.shutdown().await;
+}
+
+/// Trickles a text frame into `gw`, one byte per `pace`, and never ends it;
+/// returns the close code the server ends the connection with. Server pings
+/// go unanswered: a trickling client is not expected to be polite.
+async fn trickle_until_closed(gw: &Gateway, pace: Duration) -> u16 {
+    let mut client = RawClient::connect(gw.addr).await;
+    let frame = encode(FIN | TEXT, &[b' '; 1000], true);
+    let close = timeout(common::WAIT, async {
+        for byte in frame.chunks(1) {
+            let _ = client.try_send_bytes(byte).await;
+            // The pace, unless the server says something first.
+            if let Ok(frame) = timeout(pace, client.next_frame()).await {
+                match frame {
+                    Some(frame) if frame.opcode == PING => {}
+                    Some(frame) if frame.opcode == CLOSE => return frame,
+                    other => panic!("only pings and the close, got {other:?}"),
+                }
+            }
+        }
+        panic!("the whole frame went in a byte at a time: pace too fast")
+    })
+    .await
+    .expect("the close, while the frame trickles in");
+    close.assert_plain();
+    client.expect_tcp_end().await;
+    close.close_code()
+}
+
+#[tokio::test]
+async fn a_frame_that_trickles_in_is_no_sign_of_life() {
+    // The dead-peer timer is the shorter: bytes that complete no frame do
+    // not reset it.
+    let mut config = Gateway::config();
+    config.websocket.ping_interval = Duration::from_millis(200);
+    config.websocket.pong_timeout = Duration::from_millis(200);
+    let gw = Gateway::with(config).await;
+    assert_eq!(
+        trickle_until_closed(&gw, Duration::from_millis(50)).await,
+        4001
+    );
+    gw.await_metric(
+        r#"herald_connections_closed_total{reason="dead_peer"}"#,
+        1.0,
+    )
+    .await;
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_frame_that_trickles_in_is_a_message_too_slow() {
+    // The message timeout is the shorter: it runs from the frame's first
+    // byte, and the server is polite to everyone else meanwhile.
+    let mut config = Gateway::config();
+    config.websocket.message_timeout = MESSAGE_TIMEOUT;
+    let gw = Gateway::with(config).await;
+    let mut good = good_client(&gw).await;
+    let trickler = trickle_until_closed(&gw, Duration::from_millis(50));
+    let (code, ()) = tokio::join!(trickler, still_works(&mut good, 2));
+    assert_eq!(code, 1008);
+    gw.await_metric(
+        r#"herald_connections_closed_total{reason="message_timeout"}"#,
+        1.0,
+    )
+    .await;
+    still_works(&mut good, 3).await;
     gw.shutdown().await;
 }

@@ -102,7 +102,8 @@ where
         ended: CancellationToken::new(),
         node: node.clone(),
     };
-    let mut reader = Reader::new(read, node.config.websocket.max_message_bytes);
+    let ws = &node.config.websocket;
+    let mut reader = Reader::new(read, ws.max_message_bytes, ws.message_timeout);
     session.read(&mut reader, &stop).await;
     drop(reader);
     let _ = writer.await;

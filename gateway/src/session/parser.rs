@@ -3,9 +3,12 @@
 //! The parser does no I/O: [`Parser::feed`] takes the bytes one read
 //! returned, keeps what it needs and says how much it used. It holds a
 //! 14-byte header in place and allocates only for a payload: a control
-//! frame's (at most 125 bytes) or the text message being assembled, sized
-//! from the frame header and handed over whole. Between messages it owns no
-//! heap memory, so an idle connection costs only this struct.
+//! frame's (at most 125 bytes) or the text message being assembled, handed
+//! over whole. A payload's buffer grows with the bytes that have arrived,
+//! never from the length a header declares: a header is a promise the client
+//! need not keep, and 10 bytes sent under a header that declares 65,000 cost
+//! about 10 bytes, not 65,000. Between messages it owns no heap memory, so an
+//! idle connection costs only this struct.
 //!
 //! Every rule a server must enforce on client frames is checked here, as early
 //! as the bytes allow: a frame is refused from its header, before its payload
@@ -29,6 +32,11 @@ const OP_PONG: u8 = 0xA;
 const MAX_HEADER: usize = 14;
 /// Largest control frame payload (RFC 6455 5.5).
 const MAX_CONTROL: usize = 125;
+/// The most a payload buffer grows ahead of the bytes that have arrived, in
+/// bytes. Below it a buffer doubles (amortised growth); above it, it grows
+/// in steps of this size, so that a client that stops half-way through a
+/// large message pins at most this much beyond what it sent.
+const MAX_AHEAD: usize = 64 * 1024;
 
 /// A client frame that breaks RFC 6455 or our limits. Each ends the
 /// connection; `CloseReason::from_read_error` picks the close code.
@@ -134,7 +142,8 @@ impl Parser {
                 if frame.left > 0 && take == 0 {
                     return Ok((used, None));
                 }
-                self.payload().extend_from_slice(&input[used..used + take]);
+                self.payload(take)
+                    .extend_from_slice(&input[used..used + take]);
                 used += take;
                 let parsed = self.appended(take)?;
                 if parsed.is_some() || self.frame.is_some() {
@@ -167,10 +176,55 @@ impl Parser {
         self.frame.as_ref().map_or(0, |f| f.left)
     }
 
-    /// Where the current frame's payload goes. It has room for the whole
-    /// frame, so a reader may append up to [`payload_left`](Self::payload_left)
-    /// bytes straight from the socket, then call [`appended`](Self::appended).
-    pub fn payload(&mut self) -> &mut Vec<u8> {
+    /// Bytes of the message (or control frame) under way that have arrived:
+    /// what its buffer holds. 0 between messages.
+    pub fn payload_received(&self) -> usize {
+        match (&self.frame, &self.message) {
+            (Some(frame), Some(message)) if !is_control(frame.opcode) => message.buf.len(),
+            _ => self.control.len(),
+        }
+    }
+
+    /// Whether a message is under way: from the first byte of the data frame
+    /// that starts it to the last byte of the frame that completes it.
+    /// Control frames between its fragments do not end it.
+    pub fn in_message(&self) -> bool {
+        self.message.is_some() || (self.head_len > 0 && !is_control(self.head[0] & 0x0F))
+    }
+
+    /// Where the current frame's payload goes, with room for at least `n`
+    /// more bytes (`n` at most [`payload_left`](Self::payload_left)). A
+    /// reader may append that many straight from the socket, then call
+    /// [`appended`](Self::appended).
+    ///
+    /// The buffer grows only when it is out of room, by as much as it holds
+    /// (at least `n`, at most `MAX_AHEAD`): with what has arrived, never
+    /// with what a header declares. It never grows past the end of the
+    /// message as far as the headers tell it: the end of this frame if it is
+    /// the last, else the size limit.
+    pub fn payload(&mut self, n: usize) -> &mut Vec<u8> {
+        let end = self.frame.as_ref().map(|frame| {
+            let last = frame.fin || is_control(frame.opcode);
+            (last, frame.left)
+        });
+        let max = self.max;
+        let buf = self.buffer();
+        if let Some((last, left)) = end
+            && buf.capacity() - buf.len() < n
+        {
+            let held = buf.len();
+            let end = if last {
+                held + left
+            } else {
+                max.max(held + left)
+            };
+            buf.reserve_exact(n.max(held.min(MAX_AHEAD)).min(end - held));
+        }
+        buf
+    }
+
+    /// The buffer the current frame's payload goes to.
+    fn buffer(&mut self) -> &mut Vec<u8> {
         match (&self.frame, &mut self.message) {
             (Some(frame), Some(message)) if !is_control(frame.opcode) => &mut message.buf,
             _ => &mut self.control,
@@ -189,7 +243,7 @@ impl Parser {
         frame.got += n;
         frame.left -= n;
         let done = frame.left == 0;
-        let payload = self.payload();
+        let payload = self.buffer();
         let start = payload.len() - n;
         fastwebsockets::unmask(&mut payload[start..], mask);
         if !done {
@@ -239,7 +293,7 @@ impl Parser {
     }
 
     /// Checks a complete header against the limits and the message in
-    /// progress, and makes room for the payload.
+    /// progress. Room for the payload is made as it arrives.
     fn start_frame(&mut self) -> Result<(), FrameError> {
         let head = &self.head[..self.head_len];
         self.head_len = 0;
@@ -269,7 +323,8 @@ impl Parser {
             return Err(FrameError::TooBig);
         }
         match opcode {
-            OP_CLOSE | OP_PING | OP_PONG => self.control = Vec::with_capacity(len),
+            // Into `control`, empty since the previous control frame was taken.
+            OP_CLOSE | OP_PING | OP_PONG => {}
             OP_CONTINUATION => {
                 let Some(message) = self.message.as_mut() else {
                     return Err(FrameError::StrayContinuation);
@@ -277,13 +332,12 @@ impl Parser {
                 if message.buf.len() + len > self.max {
                     return Err(FrameError::TooBig);
                 }
-                message.buf.reserve_exact(len);
             }
             _ if self.message.is_some() => return Err(FrameError::Interleaved),
             OP_BINARY => return Err(FrameError::Binary),
             _ => {
                 self.message = Some(Message {
-                    buf: Vec::with_capacity(len),
+                    buf: Vec::new(),
                     valid: 0,
                 })
             }
@@ -323,6 +377,12 @@ impl Parser {
                 Ok(Some(Parsed::Text(Bytes::from(buf))))
             }
         }
+    }
+
+    /// Heap bytes held for payloads under way.
+    #[cfg(test)]
+    pub fn buffered_capacity(&self) -> usize {
+        self.control.capacity() + self.message.as_ref().map_or(0, |m| m.buf.capacity())
     }
 
     fn take_control(&mut self) -> Bytes {
@@ -696,6 +756,105 @@ pub(crate) mod tests {
             close(&[0x03, 0xe8, 0xff]).1,
             Some(FrameError::CloseReasonUtf8)
         );
+    }
+
+    /// Feeds `input` whole; it must complete nothing.
+    fn feed_part(parser: &mut Parser, input: &[u8]) {
+        let fed = parser.feed(input).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(fed, (input.len(), None));
+    }
+
+    #[test]
+    fn a_header_is_not_a_promise() {
+        // A header declaring 60,000 bytes, then 10 of them: the parser holds
+        // the 10, not room for the 60,000.
+        let declared = masked(FIN | OP_TEXT, &[b'x'; 60_000]);
+        let mut parser = Parser::new(1 << 20);
+        feed_part(&mut parser, &declared[..8 + 10]);
+        assert_eq!(parser.payload_received(), 10);
+        let held = parser.buffered_capacity();
+        println!("a header declaring 60,000 bytes and 10 bytes: {held} bytes held");
+        assert!(held < 100, "{held} bytes held for 10 received");
+
+        // The same for a fragment that continues a message,
+        let mut parser = Parser::new(1 << 20);
+        feed_part(&mut parser, &masked(OP_TEXT, b"0123456789"));
+        let declared = masked(FIN | OP_CONTINUATION, &[b'x'; 60_000]);
+        feed_part(&mut parser, &declared[..8 + 10]);
+        assert!(parser.buffered_capacity() < 100);
+        // and for a control frame.
+        let mut parser = Parser::new(1 << 20);
+        feed_part(&mut parser, &masked(FIN | OP_PING, &[b'p'; 125])[..6 + 1]);
+        assert!(parser.buffered_capacity() < 10);
+    }
+
+    #[test]
+    fn a_payload_buffer_grows_with_what_arrives() {
+        for len in [70_000, 300_000] {
+            let payload: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let wire = masked(FIN | OP_TEXT, &payload);
+            let mut parser = Parser::new(1 << 20);
+            let mut capacities = std::collections::BTreeSet::new();
+            let (last, head) = wire.split_last().unwrap_or_else(|| unreachable!());
+            for byte in head {
+                feed_part(&mut parser, std::slice::from_ref(byte));
+                let (received, held) = (parser.payload_received(), parser.buffered_capacity());
+                // Amortised: at most as much again as has arrived, at most
+                // MAX_AHEAD beyond it, never past the frame.
+                assert!(held >= received && held - received <= received.min(MAX_AHEAD));
+                assert!(held <= len, "{held} for a {len}-byte frame");
+                capacities.insert(held);
+            }
+            assert!(capacities.len() < 40, "{} reallocations", capacities.len());
+            let (_, parsed) = parser
+                .feed(std::slice::from_ref(last))
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(parsed, Some(Parsed::Text(Bytes::from(payload))));
+        }
+    }
+
+    #[test]
+    fn many_small_fragments_grow_the_message_amortised() {
+        let mut parser = Parser::new(1 << 20);
+        let mut capacities = std::collections::BTreeSet::new();
+        feed_part(&mut parser, &masked(OP_TEXT, b"a"));
+        for _ in 0..20_000 {
+            feed_part(&mut parser, &masked(OP_CONTINUATION, b"b"));
+            capacities.insert(parser.buffered_capacity());
+        }
+        assert!(capacities.len() < 40, "{} reallocations", capacities.len());
+        let (_, parsed) = parser
+            .feed(&masked(FIN | OP_CONTINUATION, b"c"))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let whole = format!("a{}c", "b".repeat(20_000));
+        assert_eq!(parsed, Some(text(&whole)));
+    }
+
+    #[test]
+    fn a_message_is_under_way_from_its_first_byte_to_its_last() {
+        let mut parser = Parser::new(64);
+        assert!(!parser.in_message());
+        // A control frame is no message, even half-read.
+        feed_part(&mut parser, &masked(FIN | OP_PING, b"p")[..1]);
+        assert!(!parser.in_message());
+        let mut input = masked(FIN | OP_PING, b"p")[1..].to_vec();
+        input.extend(masked(OP_TEXT, b"ab"));
+        assert!(matches!(
+            parser.feed(&input),
+            Ok((6, Some(Parsed::Ping(_))))
+        ));
+        // The first byte of a data frame starts one,
+        feed_part(&mut parser, &input[6..7]);
+        assert!(parser.in_message());
+        feed_part(&mut parser, &input[7..]);
+        // a control frame between fragments leaves it under way,
+        let ping = masked(FIN | OP_PING, b"");
+        assert!(matches!(parser.feed(&ping), Ok((6, Some(Parsed::Ping(_))))));
+        assert!(parser.in_message());
+        // and its last fragment ends it.
+        let last = masked(FIN | OP_CONTINUATION, b"c");
+        assert_eq!(parser.feed(&last), Ok((last.len(), Some(text("abc")))));
+        assert!(!parser.in_message());
     }
 
     #[test]

@@ -6,25 +6,33 @@
 //! more than the rest of an idle connection together. This reader keeps no
 //! buffer while the client is quiet. It reads into a buffer on the stack that
 //! lives only inside one poll and hands the bytes to the parser, which
-//! allocates only for a payload under way. A frame's payload larger than
-//! that stack buffer is read from the socket straight into its final buffer.
-//! Bytes a read brings beyond the message it completes wait in `carry`,
-//! which is freed as soon as it is used up.
+//! allocates only for a payload under way, as its bytes arrive. The rest of
+//! a large payload, once a stack buffer's worth of it has come, is read from
+//! the socket straight into its final buffer, which grows by at most as much
+//! as it holds before each read. Bytes a read brings beyond the message it
+//! completes wait in `carry`, which is freed as soon as it is used up.
+//!
+//! A message must arrive whole within `message_timeout` of its first byte.
+//! Control frames between its fragments do not extend that, so a client
+//! cannot hold a half-sent message (and its buffer) open by pinging.
 
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::time::{Instant, timeout_at};
 
 use super::parser::{FrameError, Parsed, Parser};
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::outbound::Outbound;
 
-/// The stack buffer one read fills. Payloads of at least this size are read
-/// straight into their own buffer instead.
+/// The stack buffer one read fills. The rest of a payload, once at least
+/// this much of it has arrived and at least this much is still to come, is
+/// read straight into its own buffer instead.
 const STACK_READ: usize = 8 * 1024;
 
 /// One event from the client.
@@ -44,16 +52,23 @@ pub struct Reader<R> {
     /// Bytes read past the last message, not yet parsed. Empty, and without
     /// an allocation, whenever the parser has caught up with the socket.
     carry: BytesMut,
+    /// How long a message may take, from its first byte to its last.
+    message_timeout: Duration,
+    /// When the message under way began to arrive; `None` between messages.
+    message_started: Option<Instant>,
 }
 
 impl<R: AsyncRead + Unpin> Reader<R> {
     /// Reads from `read`, a stream past the handshake; messages over `max`
-    /// bytes close the connection.
-    pub fn new(read: R, max: usize) -> Self {
+    /// bytes, or that take longer than `message_timeout` to arrive, close
+    /// the connection.
+    pub fn new(read: R, max: usize, message_timeout: Duration) -> Self {
         Self {
             read,
             parser: Parser::new(max),
             carry: BytesMut::new(),
+            message_timeout,
+            message_started: None,
         }
     }
 
@@ -64,11 +79,10 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         loop {
             let parsed = if !self.carry.is_empty() {
                 self.parse_carry()?
-            } else if self.parser.payload_left() >= STACK_READ {
-                self.read_payload().await?
             } else {
-                self.read_some().await?
+                self.read().await?
             };
+            self.time_message();
             let Some(parsed) = parsed else { continue };
             return Ok(match parsed {
                 Parsed::Text(text) => Incoming::Text(text),
@@ -83,6 +97,48 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         }
     }
 
+    /// Starts the message clock at a message's first byte; stops it at its
+    /// last.
+    fn time_message(&mut self) {
+        match (self.parser.in_message(), self.message_started) {
+            (true, None) => self.message_started = Some(Instant::now()),
+            (false, Some(_)) => self.message_started = None,
+            _ => {}
+        }
+    }
+
+    /// Reads from the socket and parses what came; with a message under way,
+    /// only until its deadline.
+    async fn read(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let deadline = self
+            .message_started
+            .and_then(|started| started.checked_add(self.message_timeout));
+        let Some(deadline) = deadline else {
+            return self.read_once().await;
+        };
+        // Checked before reading as well: a timer only fires while the read
+        // waits, and a client that keeps bytes coming (pings between
+        // fragments) would never let it.
+        if Instant::now() >= deadline {
+            return Err(CloseReason::MessageTimeout);
+        }
+        timeout_at(deadline, self.read_once())
+            .await
+            .unwrap_or(Err(CloseReason::MessageTimeout))
+    }
+
+    /// Reads what the socket has and parses it: straight into the payload's
+    /// buffer, or through the stack.
+    async fn read_once(&mut self) -> Result<Option<Parsed>, CloseReason> {
+        let direct = self.parser.payload_left() >= STACK_READ
+            && self.parser.payload_received() >= STACK_READ;
+        if direct {
+            self.read_payload().await
+        } else {
+            self.read_some().await
+        }
+    }
+
     /// Parses bytes left over from an earlier read.
     fn parse_carry(&mut self) -> Result<Option<Parsed>, CloseReason> {
         let mut carry = std::mem::take(&mut self.carry);
@@ -94,10 +150,13 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         Ok(parsed)
     }
 
-    /// Reads the rest of a large payload straight into its buffer.
+    /// Reads more of a large payload straight into its buffer, which the
+    /// parser grows by at most as much as it holds: a client that declares a
+    /// large frame and sends part of it pins about twice what it sent, not
+    /// what it declared.
     async fn read_payload(&mut self) -> Result<Option<Parsed>, CloseReason> {
         let left = self.parser.payload_left();
-        let mut room = self.parser.payload().limit(left);
+        let mut room = self.parser.payload(STACK_READ).limit(left);
         let read = self
             .read
             .read_buf(&mut room)
@@ -140,6 +199,7 @@ fn closes(e: FrameError) -> CloseReason {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::io;
     use std::time::Duration;
 
@@ -158,6 +218,8 @@ mod tests {
 
     /// Bounds every wait, so that a reader that hangs fails the test.
     const STEP: Duration = Duration::from_secs(10);
+    /// A message timeout no test reaches.
+    const NO_HURRY: Duration = Duration::from_secs(3600);
 
     fn outbound() -> Outbound {
         Outbound::new(Limits {
@@ -182,6 +244,37 @@ mod tests {
             }
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// Yields its chunks, one per read (as much of one as the read takes),
+    /// and then waits for ever: a client that stopped sending.
+    struct Stalls(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Stalls {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let Some(mut chunk) = self.0.pop_front() else {
+                return Poll::Pending;
+            };
+            let rest = chunk.split_off(chunk.len().min(buf.remaining()));
+            buf.put_slice(&chunk);
+            if !rest.is_empty() {
+                self.0.push_front(rest);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Runs `reader.next()` until it has an event or waits for the socket.
+    fn poll_next<R: AsyncRead + Unpin>(
+        reader: &mut Reader<R>,
+        out: &Outbound,
+    ) -> Poll<Result<Incoming, CloseReason>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::pin!(reader.next(out)).poll(&mut cx)
     }
 
     async fn next<R: AsyncRead + Unpin>(
@@ -238,7 +331,7 @@ mod tests {
     #[tokio::test]
     async fn reads_one_byte_at_a_time() {
         let (wire, big) = conversation();
-        let mut reader = Reader::new(OneByte(wire, 0), 1 << 20);
+        let mut reader = Reader::new(OneByte(wire, 0), 1 << 20, NO_HURRY);
         check_conversation(&mut reader, &big).await;
         assert_eq!(
             next(&mut reader, &outbound()).await.err(),
@@ -256,7 +349,7 @@ mod tests {
             }
             Ok::<_, io::Error>(client)
         });
-        let mut reader = Reader::new(server, 1 << 20);
+        let mut reader = Reader::new(server, 1 << 20, NO_HURRY);
         check_conversation(&mut reader, &big).await;
         let client = timeout(STEP, writer).await.map(|r| r.map(|r| r.is_ok()));
         assert!(matches!(client, Ok(Ok(true))));
@@ -275,7 +368,7 @@ mod tests {
             .and_then(Result::ok)
             .unwrap_or_else(|| panic!("write"));
         let out = outbound();
-        let mut reader = Reader::new(server, 1024);
+        let mut reader = Reader::new(server, 1024, NO_HURRY);
         for i in 0..100 {
             assert_eq!(
                 text(&mut reader, &out).await,
@@ -301,7 +394,7 @@ mod tests {
         ];
         for (wire, reason) in cases {
             let out = outbound();
-            let mut reader = Reader::new(OneByte(wire.to_vec(), 0), 1024);
+            let mut reader = Reader::new(OneByte(wire.to_vec(), 0), 1024, NO_HURRY);
             assert_eq!(next(&mut reader, &out).await.err(), Some(reason));
             // Only a valid close is echoed; the session sends the error's close.
             assert!(!out.is_closing());
@@ -312,7 +405,7 @@ mod tests {
     async fn eof_inside_a_frame_is_a_lost_connection() {
         let wire = masked(FIN | TEXT, &[b'x'; 20_000]);
         for cut in [1, 5, 100, 19_000] {
-            let mut reader = Reader::new(OneByte(wire[..cut].to_vec(), 0), 1 << 20);
+            let mut reader = Reader::new(OneByte(wire[..cut].to_vec(), 0), 1 << 20, NO_HURRY);
             assert_eq!(
                 next(&mut reader, &outbound()).await.err(),
                 Some(CloseReason::ConnectionLost)
@@ -325,7 +418,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let wire = masked(FIN | TEXT, &[b'y'; 20_000]);
         let out = outbound();
-        let mut reader = Reader::new(server, 1 << 20);
+        let mut reader = Reader::new(server, 1 << 20, NO_HURRY);
         // Half a frame, then the read is given up: the rest still parses.
         let _ = client.write_all(&wire[..10_003]).await;
         assert!(
@@ -340,12 +433,146 @@ mod tests {
     #[test]
     fn an_idle_reader_holds_no_buffer() {
         // Its size is all it costs: the parser and carry own no heap memory.
-        let reader = Reader::new(tokio::io::empty(), 1 << 16);
+        // (160 bytes, and 32 for the message clock.)
+        let reader = Reader::new(tokio::io::empty(), 1 << 16, NO_HURRY);
         assert!(reader.carry.capacity() == 0);
         assert!(
-            std::mem::size_of_val(&reader) <= 160,
+            std::mem::size_of_val(&reader) <= 192,
             "{}",
             std::mem::size_of_val(&reader)
         );
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_stops_short_costs_what_arrived_not_what_it_declared() {
+        let wire = masked(FIN | TEXT, &[b'd'; 65_000]);
+        let out = outbound();
+        // Its 8-byte header declares 65,000 bytes; 10 of them come.
+        let mut reader = Reader::new(Stalls([wire[..18].to_vec()].into()), 1 << 20, NO_HURRY);
+        assert!(poll_next(&mut reader, &out).is_pending());
+        let held = reader.parser.buffered_capacity() + reader.carry.capacity();
+        println!("a header declaring 65,000 bytes and 10 bytes: {held} bytes held");
+        assert!(held <= 64, "{held} bytes held for 10 received");
+
+        // 20,000 of them, in chunks the size of one read: they go straight
+        // into the message buffer once a stack buffer's worth is in, which
+        // grows by at most as much as it holds.
+        let chunks = wire[..8 + 20_000].chunks(STACK_READ).map(<[u8]>::to_vec);
+        let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20, NO_HURRY);
+        assert!(poll_next(&mut reader, &out).is_pending());
+        let held = reader.parser.buffered_capacity();
+        assert_eq!(reader.parser.payload_received(), 20_000);
+        assert!(held <= 2 * 20_000, "{held} bytes held for 20,000 received");
+    }
+
+    #[tokio::test]
+    async fn a_large_message_read_in_pieces_still_comes_out_whole() {
+        // Straight into its buffer, in every read size the growth meets.
+        let big: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let wire = masked(FIN | TEXT, &big);
+        for size in [1000, STACK_READ - 1, STACK_READ, STACK_READ + 1, 50_000] {
+            let chunks = wire.chunks(size).map(<[u8]>::to_vec);
+            let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20, NO_HURRY);
+            match poll_next(&mut reader, &outbound()) {
+                Poll::Ready(Ok(Incoming::Text(text))) => assert!(text == big, "{size}"),
+                other => panic!("expected the message, got {other:?}"),
+            }
+        }
+    }
+
+    async fn send(client: &mut tokio::io::DuplexStream, wire: &[u8]) {
+        let written = timeout(STEP, client.write_all(wire)).await;
+        assert!(matches!(written, Ok(Ok(()))), "write");
+    }
+
+    #[tokio::test]
+    async fn a_message_must_arrive_within_its_timeout_whatever_pings_come_between() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(200);
+        let (mut client, server) = tokio::io::duplex(128 * 1024);
+        let out = outbound();
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        // A whole first fragment, then only pings, and never the rest.
+        let pinger = tokio::spawn(async move {
+            client.write_all(&masked(TEXT, &[b'f'; 60_000])).await?;
+            // Past STEP, so that only the reader ends this.
+            for _ in 0..1000 {
+                client.write_all(&masked(FIN | PING, b"still here")).await?;
+                // The pace of a client keeping a connection busy.
+                tokio::time::sleep(MESSAGE_TIMEOUT / 10).await;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let started = Instant::now();
+        let mut pings = 0;
+        let reason = loop {
+            match next(&mut reader, &out).await {
+                Ok(Incoming::Ping(_)) => pings += 1,
+                Ok(other) => panic!("only pings, got {other:?}"),
+                Err(reason) => break reason,
+            }
+        };
+        assert_eq!(reason, CloseReason::MessageTimeout);
+        assert!(
+            pings > 0,
+            "pings are answered while the message is under way"
+        );
+        assert!(started.elapsed() >= MESSAGE_TIMEOUT);
+        pinger.abort();
+    }
+
+    #[tokio::test]
+    async fn a_message_that_trickles_in_is_timed_from_its_first_byte() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(200);
+        let (mut client, server) = tokio::io::duplex(1024);
+        let wire = masked(FIN | TEXT, &[b't'; 1000]);
+        let trickler = tokio::spawn(async move {
+            for byte in wire.chunks(1) {
+                client.write_all(byte).await?;
+                tokio::time::sleep(MESSAGE_TIMEOUT / 10).await;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        assert_eq!(
+            next(&mut reader, &outbound()).await.err(),
+            Some(CloseReason::MessageTimeout)
+        );
+        trickler.abort();
+    }
+
+    #[tokio::test]
+    async fn the_message_clock_runs_only_while_a_message_is_under_way() {
+        const MESSAGE_TIMEOUT: Duration = Duration::from_millis(100);
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let out = outbound();
+        let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
+        // A ping alone starts no clock.
+        send(&mut client, &masked(FIN | PING, b"p")).await;
+        assert!(matches!(
+            next(&mut reader, &out).await,
+            Ok(Incoming::Ping(_))
+        ));
+        assert!(reader.message_started.is_none());
+        // A fragment starts it, a ping between fragments leaves it running,
+        // the last fragment stops it.
+        send(&mut client, &masked(TEXT, b"{\"op\"")).await;
+        send(&mut client, &masked(FIN | PING, b"p")).await;
+        assert!(matches!(
+            next(&mut reader, &out).await,
+            Ok(Incoming::Ping(_))
+        ));
+        let started = reader.message_started;
+        assert!(started.is_some());
+        send(&mut client, &masked(FIN | CONTINUATION, b":1}")).await;
+        assert_eq!(&text(&mut reader, &out).await[..], b"{\"op\":1}");
+        assert!(reader.message_started.is_none());
+        // Quiet for longer than the message timeout, between messages: no
+        // close (the session's dead-peer timer is what bounds that).
+        let quiet = timeout(3 * MESSAGE_TIMEOUT, reader.next(&out)).await;
+        assert!(quiet.is_err(), "between messages, only silence: {quiet:?}");
+        // The next message has a clock of its own.
+        send(&mut client, &masked(FIN | TEXT, b"next")).await;
+        assert_eq!(&text(&mut reader, &out).await[..], b"next");
+        drop(client);
     }
 }

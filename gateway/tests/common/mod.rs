@@ -110,6 +110,24 @@ impl Gateway {
     pub async fn metric(&self, name: &str) -> f64 {
         metric(self.addr, name).await
     }
+
+    /// Polls a metric until it reads `want`, for at most [`WAIT`]. A closed
+    /// connection is counted once its task has finished, just after its TCP
+    /// connection ends: there is no event to await.
+    pub async fn await_metric(&self, name: &str, want: f64) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let value = self.metric(name).await;
+            if value == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} is {value}, expected {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// A metric's value from the `/metrics` of the gateway at `addr` (its first

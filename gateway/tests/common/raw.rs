@@ -171,6 +171,14 @@ impl RawClient {
             .expect("write");
     }
 
+    /// Writes `bytes`, or says why not: for a client that may write after
+    /// the server has closed (a peer that closed answers with a reset).
+    pub async fn try_send_bytes(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        timeout(STEP, self.stream.write_all(bytes))
+            .await
+            .expect("write in time")
+    }
+
     pub async fn send_frame(&mut self, fin: bool, opcode: u8, payload: &[u8], masked: bool) {
         let first = if fin { FIN | opcode } else { opcode };
         self.send_bytes(&encode(first, payload, masked)).await;
