@@ -14,6 +14,7 @@
 //! - [`node`]: the pod's shared state; [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
+//! - [`auth`]: verifying the JWT a client presents, into its user and grants.
 //!
 //! One message's way: a client's `pub` frame is read by the session reader
 //! (a backend's publish comes by [`api`] or [`grpc`] instead) and is

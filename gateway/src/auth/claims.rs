@@ -1,0 +1,183 @@
+//! What a verified token says: who the client is, until when, and which
+//! topics it may subscribe to and publish on.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::Refused;
+
+/// Longest `sub`, in bytes.
+const MAX_USER_BYTES: usize = 256;
+/// Most patterns in one grant claim (`subscribe`, `publish`).
+const MAX_GRANTS: usize = 256;
+/// Longest pattern in a grant claim, in bytes.
+const MAX_GRANT_BYTES: usize = 256;
+
+/// What a verified token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    /// `sub`: required, 1 to 256 bytes.
+    pub user: Arc<str>,
+    /// `exp` (required, so always `Some` for now).
+    pub expires: Option<SystemTime>,
+    /// Claim `subscribe`: the topics the client may subscribe to.
+    pub subscribe: Grants,
+    /// Claim `publish`: the topics the client may publish on.
+    pub publish: Grants,
+}
+
+/// Topic patterns: an exact topic name, or a prefix ending in `*`
+/// (`"prices:*"`; `"*"` is every topic). A `*` anywhere else is refused, as
+/// topic names cannot contain one. At most 256 patterns of at most 256 bytes
+/// each; a token with more is refused as unauthorized.
+///
+/// The default grants nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// `*`: every topic.
+    all: bool,
+    exact: Box<[Box<str>]>,
+    /// The patterns ending in `*`, without it.
+    prefixes: Box<[Box<str>]>,
+}
+
+impl Grants {
+    /// Whether some pattern covers `topic`.
+    pub fn allows(&self, topic: &str) -> bool {
+        self.all
+            || self.exact.iter().any(|exact| **exact == *topic)
+            || self
+                .prefixes
+                .iter()
+                .any(|prefix| topic.starts_with(&**prefix))
+    }
+
+    /// Whether nothing is granted.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.exact.is_empty() && self.prefixes.is_empty()
+    }
+
+    /// Grants from a claim's patterns; the error names what is wrong.
+    pub(super) fn parse(patterns: Vec<String>) -> Result<Self, &'static str> {
+        if patterns.len() > MAX_GRANTS {
+            return Err("more than 256 topic patterns in a grant");
+        }
+        let (mut all, mut exact, mut prefixes) = (false, Vec::new(), Vec::new());
+        for pattern in patterns {
+            if pattern.is_empty() || pattern.len() > MAX_GRANT_BYTES {
+                return Err("a topic pattern must be 1 to 256 bytes");
+            }
+            match pattern.find('*') {
+                None => exact.push(pattern.into_boxed_str()),
+                Some(0) if pattern.len() == 1 => all = true,
+                Some(star) if star == pattern.len() - 1 => {
+                    let mut prefix = pattern;
+                    prefix.truncate(star);
+                    prefixes.push(prefix.into_boxed_str());
+                }
+                Some(_) => return Err("`*` may only end a topic pattern"),
+            }
+        }
+        Ok(Grants {
+            all,
+            exact: exact.into(),
+            prefixes: prefixes.into(),
+        })
+    }
+}
+
+/// The claims Herald reads, as raw JSON: jsonwebtoken has checked `exp`,
+/// `nbf`, `iss`, `aud` and that `sub` is a string; the rest is checked here,
+/// so that a claim of the wrong type is refused as such rather than as a
+/// token that is not JSON.
+#[derive(Debug, Deserialize)]
+pub(super) struct Payload {
+    #[serde(default)]
+    sub: Option<Box<RawValue>>,
+    #[serde(default)]
+    exp: Option<Box<RawValue>>,
+    #[serde(default)]
+    iat: Option<Box<RawValue>>,
+    #[serde(default)]
+    subscribe: Option<Box<RawValue>>,
+    #[serde(default)]
+    publish: Option<Box<RawValue>>,
+}
+
+impl Payload {
+    /// The claims, checked. `now` and `leeway` in seconds since the epoch.
+    pub fn into_claims(self, now: u64, leeway: u64) -> Result<Claims, Refused> {
+        let user: String = parse(self.sub.as_deref(), "`sub` must be a string")?
+            .ok_or(Refused::Claims("`sub` is required"))?;
+        if user.is_empty() || user.len() > MAX_USER_BYTES {
+            return Err(Refused::Claims("`sub` must be 1 to 256 bytes"));
+        }
+        let expires = match numeric_date(self.exp.as_deref(), "`exp` must be a number")? {
+            Some(exp) => Some(
+                UNIX_EPOCH
+                    .checked_add(Duration::from_secs(exp))
+                    .ok_or(Refused::Claims("`exp` is out of range"))?,
+            ),
+            None => return Err(Refused::Claims("`exp` is required")),
+        };
+        // jsonwebtoken never looks at `iat`; a token issued in the future was
+        // minted by a clock (or an issuer) not to be trusted yet.
+        if let Some(iat) = numeric_date(self.iat.as_deref(), "`iat` must be a number")?
+            && iat > now.saturating_add(leeway)
+        {
+            return Err(Refused::NotYetValid);
+        }
+        let subscribe = grants(
+            self.subscribe.as_deref(),
+            "`subscribe` must be an array of strings",
+        )?;
+        let publish = grants(
+            self.publish.as_deref(),
+            "`publish` must be an array of strings",
+        )?;
+        Ok(Claims {
+            user: Arc::from(user),
+            expires,
+            subscribe,
+            publish,
+        })
+    }
+}
+
+/// A claim as `T`; `None` when it is missing or `null`.
+fn parse<T: for<'a> Deserialize<'a>>(
+    raw: Option<&RawValue>,
+    wrong_type: &'static str,
+) -> Result<Option<T>, Refused> {
+    match raw {
+        None => Ok(None),
+        Some(raw) => {
+            serde_json::from_str::<Option<T>>(raw.get()).map_err(|_| Refused::Claims(wrong_type))
+        }
+    }
+}
+
+/// A NumericDate (RFC 7519 2): whole or fractional seconds since the epoch,
+/// rounded as jsonwebtoken rounds them.
+fn numeric_date(raw: Option<&RawValue>, wrong_type: &'static str) -> Result<Option<u64>, Refused> {
+    let Some(number) = parse::<serde_json::Number>(raw, wrong_type)? else {
+        return Ok(None);
+    };
+    if let Some(seconds) = number.as_u64() {
+        return Ok(Some(seconds));
+    }
+    match number.as_f64() {
+        Some(seconds) if seconds.is_finite() && seconds >= 0.0 && seconds < u64::MAX as f64 => {
+            Ok(Some(seconds.round() as u64))
+        }
+        _ => Err(Refused::Claims(wrong_type)),
+    }
+}
+
+fn grants(raw: Option<&RawValue>, wrong_type: &'static str) -> Result<Grants, Refused> {
+    let patterns = parse::<Vec<String>>(raw, wrong_type)?.unwrap_or_default();
+    Grants::parse(patterns).map_err(Refused::Claims)
+}
