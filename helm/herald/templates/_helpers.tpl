@@ -104,38 +104,48 @@ has a key per value given; the user's, those existingSecretKeys names. */}}
 {{- toJson $keys }}
 {{- end }}
 
-{{/* The refusal to render an open herald. Open means two things, and each
-needs its own key: without API keys anyone who reaches the API port
-publishes, disconnects clients and reads the admin API; without a key to
-check tokens with, clients are all anonymous and read every topic. Only
-auth.open=true says that is meant. */}}
+{{/* Which credentials are missing, as a JSON list: "apiKeys" (anyone who
+reaches the API port publishes, disconnects clients and reads the admin API)
+and "tokenKey" (every client is anonymous and reads every topic). */}}
+{{- define "herald.authMissing" -}}
+{{- $keys := include "herald.authSecretKeys" . | fromJson }}
+{{- $missing := list }}
+{{- if not (hasKey $keys "HERALD_HTTP__API_KEYS") }}{{ $missing = append $missing "apiKeys" }}{{ end }}
+{{- if not (or (hasKey $keys "HERALD_AUTH__HMAC_SECRET") (hasKey $keys "HERALD_AUTH__PUBLIC_KEY") .Values.auth.jwksUrl) }}
+{{- $missing = append $missing "tokenKey" }}
+{{- end }}
+{{- toJson $missing }}
+{{- end }}
+
+{{/* The refusal to render an open herald: each missing credential opens
+something (above), and only auth.open=true says that is meant. */}}
 {{- define "herald.checkAuth" -}}
 {{- $a := .Values.auth }}
 {{- if and $a.existingSecret (or $a.apiKeys $a.hmacSecret $a.publicKey) }}
 {{- fail "auth.existingSecret replaces auth.apiKeys, auth.hmacSecret and auth.publicKey: set the Secret or those values, not both" }}
 {{- end }}
-{{- $keys := include "herald.authSecretKeys" . | fromJson }}
-{{- $missing := list }}
-{{- if not (hasKey $keys "HERALD_HTTP__API_KEYS") }}
-{{- $missing = append $missing "no API keys for the backend API (set auth.apiKeys, or auth.existingSecret holding them under auth.existingSecretKeys.apiKeys)" }}
+{{- $missing := include "herald.authMissing" . | fromJsonArray }}
+{{- $why := list }}
+{{- if has "apiKeys" $missing }}
+{{- $why = append $why "no API keys for the backend API (set auth.apiKeys, or auth.existingSecret holding them under auth.existingSecretKeys.apiKeys)" }}
 {{- end }}
-{{- if not (or (hasKey $keys "HERALD_AUTH__HMAC_SECRET") (hasKey $keys "HERALD_AUTH__PUBLIC_KEY") $a.jwksUrl) }}
-{{- $missing = append $missing "no key to check clients' tokens with (set auth.hmacSecret, auth.publicKey or auth.jwksUrl, or auth.existingSecret holding one under auth.existingSecretKeys.hmacSecret or .publicKey)" }}
+{{- if has "tokenKey" $missing }}
+{{- $why = append $why "no key to check clients' tokens with (set auth.hmacSecret, auth.publicKey or auth.jwksUrl, or auth.existingSecret holding one under auth.existingSecretKeys.hmacSecret or .publicKey)" }}
 {{- end }}
-{{- if and $missing (not $a.open) }}
-{{- fail (printf "refusing to render an open herald: %s. To run it open anyway, set auth.open=true: any client may then read any topic, and anyone who can reach the API port may publish" (join "; " $missing)) }}
+{{- if and $why (not $a.open) }}
+{{- fail (printf "refusing to render an open herald: %s. To run it open anyway, set auth.open=true: any client may then read any topic, and anyone who can reach the API port may publish" (join "; " $why)) }}
 {{- end }}
 {{- end }}
 
 {{/* What auth.open leaves open, one line each (NOTES.txt warns); empty
 when nothing is. */}}
 {{- define "herald.openParts" -}}
-{{- $keys := include "herald.authSecretKeys" . | fromJson }}
-{{- if not (hasKey $keys "HERALD_HTTP__API_KEYS") }}
+{{- $missing := include "herald.authMissing" . | fromJsonArray }}
+{{- if has "apiKeys" $missing }}
   - no API keys: anything that reaches {{ include "herald.apiFullname" . }} can publish,
     disconnect clients and use the admin API.
 {{- end }}
-{{- if not (or (hasKey $keys "HERALD_AUTH__HMAC_SECRET") (hasKey $keys "HERALD_AUTH__PUBLIC_KEY") .Values.auth.jwksUrl) }}
+{{- if has "tokenKey" $missing }}
   - no key to check tokens with: any client can read any topic.
 {{- end }}
 {{- end }}
