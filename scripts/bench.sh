@@ -88,6 +88,7 @@ start_herald() {
     env HERALD_LISTEN="127.0.0.1:$port" \
         HERALD_GRPC__LISTEN="127.0.0.1:$grpc" \
         HERALD_WEBSOCKET__MAX_CONNECTIONS="$MAX_CONNECTIONS" \
+        HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP=0 \
         HERALD_LOG__LEVEL=warn \
         "$@" target/release/herald >"$OUT/$name.log" 2>&1 &
     pid=$!

@@ -57,10 +57,11 @@ fn encode(c: &mut Criterion) {
     let msg_len = frame::publication(&publication).len() as u64;
     let ok = ServerMessage::Ok {
         id: 1,
-        topic: "news",
+        topic: Some("news"),
         seq: Some(41),
         epoch: Some("a81f0c3e5d2b9a77"),
         recovered: None,
+        expires: None,
     };
     let ok_len = frame::message(&ok).len() as u64;
     let stamp = 1_234_567_890u64.to_be_bytes();

@@ -1,6 +1,6 @@
-//! The HTTP API: publish, health, metrics; and what the publish APIs, HTTP
-//! and gRPC ([`crate::grpc`]), share: authorization, the checks of a publish,
-//! and their errors.
+//! The HTTP API: publish, disconnect, health, metrics; and what the backend
+//! APIs, HTTP and gRPC ([`crate::grpc`]), share: authorization, the checks of
+//! a publish, and their errors.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -10,7 +10,7 @@ use hyper::header::{
 };
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
-use proto::json::{PublishRequest, PublishResponse};
+use proto::json::{DisconnectRequest, PublishRequest, PublishResponse};
 use router::{BrokerError, Position, Topic};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -175,6 +175,26 @@ pub async fn publish_data(
     Ok(position)
 }
 
+/// Longest user id a disconnect names, in bytes (a token's `sub` is no longer).
+pub const MAX_USER_BYTES: usize = 256;
+
+/// Ends `user`'s access on every pod, as both APIs do it once the caller is
+/// authorized: their connections close with 4503 and their sessions can no
+/// longer be resumed.
+pub async fn disconnect_user(node: &Node, user: &str) -> Result<(), ApiError> {
+    if user.is_empty() || user.len() > MAX_USER_BYTES {
+        return Err(ApiError::invalid(
+            ErrorCode::Malformed,
+            format!("`user` is 1 to {MAX_USER_BYTES} bytes"),
+        ));
+    }
+    node.sessions
+        .revoke(user, node.config.session.resume_window)
+        .await?;
+    tracing::info!("a backend ended a user's access");
+    Ok(())
+}
+
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     code: ErrorCode,
@@ -193,19 +213,7 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
         Ok(answer) => json(StatusCode::OK, &answer),
         Err(e) => {
             telemetry::failed(&span, &e);
-            let mut response = json(
-                e.http_status(),
-                &ErrorBody {
-                    code: e.code,
-                    message: &e.message,
-                },
-            );
-            if e.refusal == Refusal::Unauthenticated {
-                response
-                    .headers_mut()
-                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            response
+            refused(&e)
         }
     };
     node.metrics
@@ -213,6 +221,68 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
         .with_label_values(&[response.status().as_str()])
         .inc();
     response
+}
+
+/// `POST /v1/disconnect` with `{"user":"alice"}`: `{}`, or 400, 401, 503
+/// with an error body.
+pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let answer = async {
+        authorize(
+            node,
+            req.headers()
+                .get(AUTHORIZATION)
+                .and_then(|h| h.to_str().ok()),
+        )?;
+        let body = body(req, node.config.http.max_body_bytes).await?;
+        let request =
+            DisconnectRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
+        disconnect_user(node, &request.user).await
+    };
+    match answer.await {
+        Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
+        Err(e) => refused(&e),
+    }
+}
+
+/// The answer to a refused request.
+fn refused(e: &ApiError) -> Response<Body> {
+    let mut response = json(
+        e.http_status(),
+        &ErrorBody {
+            code: e.code,
+            message: &e.message,
+        },
+    );
+    if e.refusal == Refusal::Unauthenticated {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// A request's body, at most `limit` bytes.
+async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            Refusal::TooLarge,
+            ErrorCode::Malformed,
+            format!("the body is limited to {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::invalid(ErrorCode::Malformed, e.to_string())),
+    }
 }
 
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
@@ -223,25 +293,7 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
     )?;
     let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
     let limit = node.config.http.max_body_bytes;
-    let too_large = || {
-        ApiError::new(
-            Refusal::TooLarge,
-            ErrorCode::Malformed,
-            format!("the body is limited to {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(too_large());
-    }
-    let body: Bytes = match Limited::new(req.into_body(), limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(e) => return Err(ApiError::invalid(ErrorCode::Malformed, e.to_string())),
-    };
+    let body = body(req, limit).await?;
     let request =
         PublishRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
     let header_key = header_key

@@ -10,9 +10,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use router::{NamespaceSettings, Namespaces, RedisSettings};
+use ipnet::IpNet;
+use router::{NamespaceSettings, Namespaces, Publish, RedisSettings, Subscribe};
 use serde::Deserialize;
 
+use crate::auth::AuthConfig;
 use crate::outbound::{Limits, Overflow};
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
@@ -34,6 +36,22 @@ pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Bad commands in a row after which a client is closed with 4500.
 pub const DEFAULT_MAX_BAD_COMMANDS: u32 = 10;
+/// Longest the first command (`hello`, or one that implies it) may take to
+/// arrive after the upgrade.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Commands per second one connection may send, on average.
+pub const DEFAULT_COMMANDS_PER_SECOND: u32 = 50;
+/// Commands one connection may send in a burst above the average.
+pub const DEFAULT_COMMANDS_BURST: u32 = 100;
+/// WebSocket connections one client address may hold on one pod; 0: no cap.
+/// Behind a proxy, the address is the proxy's unless it is listed in
+/// `http.trusted_proxies`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
+/// Longest a whole HTTP API request (head and body) may take.
+pub const DEFAULT_HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP API requests a pod serves at once; more get 503 (health probes are
+/// not counted, so that they are never starved).
+pub const DEFAULT_HTTP_MAX_CONCURRENT_REQUESTS: usize = 1024;
 /// Frames a client's outgoing queue holds.
 pub const DEFAULT_QUEUE_FRAMES: usize = 1024;
 /// Bytes a client's outgoing queue holds, frames being written included.
@@ -84,6 +102,8 @@ pub struct Config {
     pub rebalance: RebalanceConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
+    /// Client tokens; without a key every client is anonymous (open mode).
+    pub auth: AuthConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
     pub namespaces: BTreeMap<String, NamespaceSettings>,
 }
@@ -149,6 +169,13 @@ pub struct WebSocketConfig {
     /// Origins allowed to open a WebSocket; empty allows any (and requests
     /// without `Origin`, as non-browser clients send).
     pub allowed_origins: Vec<String>,
+    #[serde(with = "humantime_serde")]
+    pub hello_timeout: Duration,
+    /// A token bucket per connection: refills at this rate...
+    pub commands_per_second: u32,
+    /// ...and holds this many.
+    pub commands_burst: u32,
+    pub max_connections_per_ip: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -178,6 +205,17 @@ pub struct HttpConfig {
     pub api_keys: Vec<String>,
     /// Largest HTTP publish body; over gRPC, the largest `data`.
     pub max_body_bytes: usize,
+    /// A listener of its own for the backend API (`/v1/*`) and `/metrics`;
+    /// then `listen` serves only `/ws`, `/healthz` and `/readyz`.
+    pub api_listen: Option<SocketAddr>,
+    /// Peers (addresses or CIDR blocks) whose `X-Forwarded-For` names the
+    /// client; from any other peer the header is ignored.
+    #[serde(deserialize_with = "networks")]
+    pub trusted_proxies: Vec<IpNet>,
+    /// Longest an API request may take, head and body.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    pub max_concurrent_requests: usize,
 }
 
 /// The gRPC publish API: the same API keys and size limit as `http`.
@@ -278,6 +316,7 @@ impl Default for Config {
             rebalance: RebalanceConfig::default(),
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
+            auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
         }
     }
@@ -295,6 +334,10 @@ impl Default for WebSocketConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_bad_commands: DEFAULT_MAX_BAD_COMMANDS,
             allowed_origins: Vec::new(),
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            commands_per_second: DEFAULT_COMMANDS_PER_SECOND,
+            commands_burst: DEFAULT_COMMANDS_BURST,
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
         }
     }
 }
@@ -324,6 +367,10 @@ impl Default for HttpConfig {
         Self {
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            api_listen: None,
+            trusted_proxies: Vec::new(),
+            request_timeout: DEFAULT_HTTP_REQUEST_TIMEOUT,
+            max_concurrent_requests: DEFAULT_HTTP_MAX_CONCURRENT_REQUESTS,
         }
     }
 }
@@ -355,6 +402,21 @@ impl Default for LogConfig {
     }
 }
 
+/// Addresses (`10.0.0.7`) or blocks (`10.0.0.0/8`).
+fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|item| {
+            let item = item.trim();
+            item.parse::<IpNet>()
+                .or_else(|_| item.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!("`{item}` is not an IP address or CIDR block"))
+                })
+        })
+        .collect()
+}
+
 /// A configuration that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -369,7 +431,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 13] = [
+const TOP_LEVEL_KEYS: [&str; 14] = [
     "listen",
     "broker",
     "redis",
@@ -382,6 +444,7 @@ const TOP_LEVEL_KEYS: [&str; 13] = [
     "rebalance",
     "log",
     "telemetry",
+    "auth",
     "namespaces",
 ];
 
@@ -389,8 +452,9 @@ const TOP_LEVEL_KEYS: [&str; 13] = [
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 2] = [
+const LIST_VARS: [(&str, &str); 3] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
+    ("HERALD_HTTP__TRUSTED_PROXIES", "http.trusted_proxies"),
     (
         "HERALD_WEBSOCKET__ALLOWED_ORIGINS",
         "websocket.allowed_origins",
@@ -470,6 +534,8 @@ impl Config {
             ("websocket.pong_timeout", ws.pong_timeout),
             ("websocket.write_timeout", ws.write_timeout),
             ("websocket.handshake_timeout", ws.handshake_timeout),
+            ("websocket.hello_timeout", ws.hello_timeout),
+            ("http.request_timeout", self.http.request_timeout),
         ] {
             if d.is_zero() {
                 return invalid(key, "must be longer than 0s");
@@ -477,6 +543,27 @@ impl Config {
         }
         if ws.max_connections == 0 {
             return invalid("websocket.max_connections", "must be at least 1");
+        }
+        if ws.commands_per_second == 0 {
+            return invalid("websocket.commands_per_second", "must be at least 1");
+        }
+        if ws.commands_burst == 0 {
+            return invalid("websocket.commands_burst", "must be at least 1");
+        }
+        if self.http.max_concurrent_requests == 0 {
+            return invalid("http.max_concurrent_requests", "must be at least 1");
+        }
+        if let Some(api) = self.http.api_listen
+            && api.port() != 0
+            && (api == self.listen || api == self.grpc.listen)
+        {
+            return invalid(
+                "http.api_listen",
+                "must differ from `listen` and `grpc.listen`",
+            );
+        }
+        if let Err((key, reason)) = self.auth.validate() {
+            return invalid(key, &reason);
         }
         if self.queue.frames < 2 {
             return invalid("queue.frames", "must be at least 2");
@@ -556,6 +643,24 @@ impl Config {
                 key: "namespaces",
                 reason: e.to_string(),
             });
+        }
+        // Without a key nobody holds a token: nobody could ever be granted a
+        // topic or own a personal one.
+        if !self.auth.enabled() {
+            for (name, ns) in &self.namespaces {
+                let needs_tokens = ns.personal
+                    || ns.subscribe == Subscribe::Granted
+                    || ns.publish == Publish::Granted;
+                if needs_tokens {
+                    return Err(ConfigError::Invalid {
+                        key: "namespaces",
+                        reason: format!(
+                            "namespace `{name}` grants by token (`granted` or `personal`), but no \
+                             [auth] key is configured"
+                        ),
+                    });
+                }
+            }
         }
         Ok(())
     }

@@ -9,8 +9,13 @@
 //! | 4001 | reconnect | no frame from the client for `ping_interval + pong_timeout` |
 //! | 4002 | reconnect | rebalancing: this pod holds more than its share; come back (to any pod) after `reconnect.after_ms` |
 //! | 4003 | reconnect | the session could not be restored now (the store or broker is unavailable); resume again after a backoff |
+//! | 4004 | reconnect | the token expired (no `refresh` in time, or it had expired at `hello`): get a new token, then resume |
+//! | 4005 | reconnect | no command within `websocket.hello_timeout` of the upgrade |
 //! | 4500 | do not reconnect | too many bad commands in a row |
 //! | 4501 | do not reconnect | session taken over by a newer connection that resumed it |
+//! | 4502 | do not reconnect | no valid token where one is required |
+//! | 4503 | do not reconnect | a backend ended the user's access (`/v1/disconnect`) |
+//! | 4504 | do not reconnect | commands kept coming over the rate limit |
 //!
 //! 4000-4499 mean "come back (with `resume`) after a backoff"; 4500-4999 mean
 //! "do not retry without changing something". Standard codes are used where
@@ -30,8 +35,13 @@ pub mod code {
     pub const DEAD_PEER: u16 = 4001;
     pub const REBALANCE: u16 = 4002;
     pub const UNAVAILABLE: u16 = 4003;
+    pub const TOKEN_EXPIRED: u16 = 4004;
+    pub const HELLO_TIMEOUT: u16 = 4005;
     pub const BAD_COMMANDS: u16 = 4500;
     pub const TAKEN_OVER: u16 = 4501;
+    pub const UNAUTHORIZED: u16 = 4502;
+    pub const DISCONNECTED: u16 = 4503;
+    pub const RATE_LIMITED: u16 = 4504;
 }
 
 /// Why a connection ended. Each reason is one metric label value.
@@ -66,10 +76,20 @@ pub enum CloseReason {
     /// A resume could not be completed now: the session store or the
     /// broker did not answer. The stored session is left as it was.
     Unavailable,
+    /// The connection's token expired without a `refresh`.
+    TokenExpired,
+    /// No command within `websocket.hello_timeout` of the upgrade.
+    HelloTimeout,
+    /// No valid token where one is required.
+    Unauthorized,
+    /// A backend ended the user's access; the session is gone with it.
+    Disconnected,
+    /// Commands kept coming over `websocket.commands_per_second`.
+    RateLimited,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 14] = [
+    pub const ALL: [CloseReason; 19] = [
         CloseReason::ClientClosed,
         CloseReason::ConnectionLost,
         CloseReason::ProtocolError,
@@ -84,6 +104,11 @@ impl CloseReason {
         CloseReason::Rebalance,
         CloseReason::Shutdown,
         CloseReason::Unavailable,
+        CloseReason::TokenExpired,
+        CloseReason::HelloTimeout,
+        CloseReason::Unauthorized,
+        CloseReason::Disconnected,
+        CloseReason::RateLimited,
     ];
 
     /// The close code the server sends, if it sends one.
@@ -101,6 +126,11 @@ impl CloseReason {
             CloseReason::Rebalance => code::REBALANCE,
             CloseReason::Shutdown => code::SERVICE_RESTART,
             CloseReason::Unavailable => code::UNAVAILABLE,
+            CloseReason::TokenExpired => code::TOKEN_EXPIRED,
+            CloseReason::HelloTimeout => code::HELLO_TIMEOUT,
+            CloseReason::Unauthorized => code::UNAUTHORIZED,
+            CloseReason::Disconnected => code::DISCONNECTED,
+            CloseReason::RateLimited => code::RATE_LIMITED,
         })
     }
 
@@ -121,6 +151,11 @@ impl CloseReason {
             CloseReason::Rebalance => "rebalance",
             CloseReason::Shutdown => "shutdown",
             CloseReason::Unavailable => "unavailable",
+            CloseReason::TokenExpired => "token_expired",
+            CloseReason::HelloTimeout => "hello_timeout",
+            CloseReason::Unauthorized => "unauthorized",
+            CloseReason::Disconnected => "disconnected",
+            CloseReason::RateLimited => "rate_limited",
         }
     }
 
@@ -135,6 +170,11 @@ impl CloseReason {
             CloseReason::Rebalance => "rebalancing",
             CloseReason::Shutdown => "pod draining",
             CloseReason::Unavailable => "try again",
+            CloseReason::TokenExpired => "token expired",
+            CloseReason::HelloTimeout => "no hello",
+            CloseReason::Unauthorized => "unauthorized",
+            CloseReason::Disconnected => "disconnected by the server",
+            CloseReason::RateLimited => "rate limited",
             CloseReason::MessageTooBig => "message too big",
             CloseReason::InvalidUtf8 => "invalid utf-8",
             CloseReason::UnsupportedData => "text frames only",
@@ -153,6 +193,11 @@ impl CloseReason {
                 | CloseReason::Rebalance
                 | CloseReason::Shutdown
                 | CloseReason::Unavailable
+                | CloseReason::TokenExpired
+                | CloseReason::HelloTimeout
+                | CloseReason::Unauthorized
+                | CloseReason::Disconnected
+                | CloseReason::RateLimited
         )
     }
 

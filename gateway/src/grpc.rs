@@ -16,8 +16,9 @@ use bytes::Bytes;
 use futures_core::Stream;
 use proto::v1::publisher_server::{self, PublisherServer};
 use proto::v1::{
-    PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest, PublishResponse,
-    PublishResult, TopicInfoRequest, TopicInfoResponse, publish_result,
+    DisconnectRequest, DisconnectResponse, PublishBatchRequest, PublishBatchResponse, PublishError,
+    PublishRequest, PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse,
+    publish_result,
 };
 use router::Position;
 use tokio::net::{TcpListener, TcpStream};
@@ -28,8 +29,8 @@ use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
 use crate::api::{self, ApiError, JsonData, Refusal};
+use crate::listener;
 use crate::node::Node;
-use crate::server;
 use crate::telemetry::{self, Api, Headers};
 
 /// Items one `PublishBatch` may carry; more is `RESOURCE_EXHAUSTED`.
@@ -195,6 +196,18 @@ impl publisher_server::Publisher for Publisher {
     ) -> Result<Response<TopicInfoResponse>, Status> {
         self.answer("TopicInfo", self.info(request).await)
     }
+
+    async fn disconnect(
+        &self,
+        request: Request<DisconnectRequest>,
+    ) -> Result<Response<DisconnectResponse>, Status> {
+        let result = async {
+            self.authorize(request.metadata())?;
+            api::disconnect_user(&self.node, &request.get_ref().user).await?;
+            Ok(DisconnectResponse {})
+        };
+        self.answer("Disconnect", result.await)
+    }
 }
 
 fn published(position: Position) -> PublishResponse {
@@ -247,7 +260,7 @@ fn code_name(code: Code) -> &'static str {
 
 /// The listener's connections, tuned as the HTTP listener's are. A failed
 /// accept (out of file descriptors, say) pauses the stream for
-/// [`server::ACCEPT_BACKOFF`]: tonic would otherwise ask again at once, and
+/// [`listener::ACCEPT_BACKOFF`]: tonic would otherwise ask again at once, and
 /// spin while the condition lasts.
 struct Incoming {
     listener: TcpListener,
@@ -275,14 +288,14 @@ impl Stream for Incoming {
             }
             match ready!(this.listener.poll_accept(cx)) {
                 Ok((stream, peer)) => {
-                    if let Err(e) = server::tune(&stream) {
+                    if let Err(e) = listener::tune(&stream) {
                         tracing::debug!(%peer, error = %e, "socket options not set");
                     }
                     return Poll::Ready(Some(Ok(stream)));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "gRPC accept failed");
-                    this.backoff = Some(Box::pin(tokio::time::sleep(server::ACCEPT_BACKOFF)));
+                    this.backoff = Some(Box::pin(tokio::time::sleep(listener::ACCEPT_BACKOFF)));
                 }
             }
         }

@@ -218,6 +218,10 @@ impl Deliver for Hub {
         );
     }
 
+    /// The hub knows topics, not users: the pod's sink hands disconnects to
+    /// the live sessions instead.
+    fn disconnect(&self, _user: &str) {}
+
     fn reset(&self, topic: &Topic, position: &Position) {
         self.fan_out(
             topic,

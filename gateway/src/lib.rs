@@ -28,11 +28,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod disconnect;
 pub mod frame;
 pub mod grpc;
 pub mod hub;
+pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod outbound;

@@ -157,14 +157,25 @@ fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
     runtime.block_on(async {
         let http = bind(config.listen).await?;
         let grpc = bind(config.grpc.listen).await?;
+        let api = match config.http.api_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let api_addr = match &api {
+            Some(api) => api.local_addr()?,
+            None => http.local_addr()?,
+        };
         tracing::info!(
             listen = %http.local_addr()?,
+            api = %api_addr,
             grpc = %grpc.local_addr()?,
             broker = ?config.broker,
             "herald listening"
         );
+        warn_if_exposed(&config, api_addr, grpc.local_addr()?);
         let listeners = Listeners {
             http,
+            api,
             grpc: Some(grpc),
         };
         gateway::run(config, listeners, shutdown_signal())
@@ -173,6 +184,27 @@ fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Says so at start when what is open could be reached by anyone.
+fn warn_if_exposed(config: &Config, api: std::net::SocketAddr, grpc: std::net::SocketAddr) {
+    if !config.auth.enabled() {
+        tracing::warn!(
+            "no [auth] key is configured: any client may subscribe to any topic its namespace \
+             allows (open mode; see docs/security.md)"
+        );
+    }
+    if config.http.api_keys.is_empty() {
+        for (what, addr) in [("HTTP API and metrics", api), ("gRPC API", grpc)] {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(
+                    %addr,
+                    "the {what} has no http.api_keys and listens beyond loopback: anyone who \
+                     reaches it may publish and disconnect users"
+                );
+            }
+        }
+    }
 }
 
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {

@@ -12,6 +12,27 @@ use router::Observer;
 
 use crate::disconnect::CloseReason;
 
+/// Every `reason` of `herald_auth_failures_total`: the token refusals of
+/// [`crate::auth::Refused::reason`], then `missing` (no token where one is
+/// required), `other_user` (a refresh for another `sub`) and `forbidden` (a
+/// topic the token does not grant).
+pub const AUTH_FAILURE_REASONS: [&str; 14] = [
+    "malformed",
+    "oversize",
+    "signature",
+    "algorithm",
+    "expired",
+    "not_yet_valid",
+    "issuer",
+    "audience",
+    "claims",
+    "unknown_key",
+    "no_keys",
+    "missing",
+    "other_user",
+    "forbidden",
+];
+
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
 pub struct Metrics {
@@ -26,6 +47,9 @@ pub struct Metrics {
     pub delivered: IntCounter,
     pub dropped_queue_full: IntCounter,
     pub bad_commands: IntCounter,
+    pub auth_failures: IntCounterVec,
+    pub rate_limited: IntCounter,
+    pub http_rejected: IntCounterVec,
     pub replays: IntCounterVec,
     pub resumes: IntCounterVec,
     pub publish_requests: IntCounterVec,
@@ -76,6 +100,24 @@ impl Metrics {
         )
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
+        let auth_failures = counter_vec(
+            r,
+            "herald_auth_failures_total",
+            "Tokens refused (at hello or refresh), and commands refused by a topic's permissions, by reason.",
+            &["reason"],
+        );
+        for reason in AUTH_FAILURE_REASONS {
+            auth_failures.with_label_values(&[reason]);
+        }
+        let http_rejected = counter_vec(
+            r,
+            "herald_http_requests_rejected_total",
+            "HTTP requests refused or cut off by the pod's limits, by reason.",
+            &["reason"],
+        );
+        for reason in ["busy", "timeout"] {
+            http_rejected.with_label_values(&[reason]);
+        }
         let metrics = Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
             connections_opened: counter(
@@ -108,6 +150,13 @@ impl Metrics {
                 "herald_bad_commands_total",
                 "Client commands answered with `err`.",
             ),
+            auth_failures,
+            rate_limited: counter(
+                r,
+                "herald_commands_rate_limited_total",
+                "Client commands refused with `rate_limited` (over websocket.commands_per_second).",
+            ),
+            http_rejected,
             replays: counter_vec(
                 r,
                 "herald_replays_total",
@@ -225,7 +274,13 @@ impl Metrics {
     /// Creates every known label value at 0, so that the first increment is a
     /// visible change (`rate` ignores a series' first sample).
     fn start_at_zero(&self) {
-        for reason in ["bad_handshake", "draining", "origin", "at_capacity"] {
+        for reason in [
+            "bad_handshake",
+            "draining",
+            "origin",
+            "at_capacity",
+            "per_ip",
+        ] {
             self.upgrades_rejected.with_label_values(&[reason]);
         }
         for outcome in ["true", "false"] {

@@ -2,37 +2,35 @@
 //! and the drain signal. One per running gateway; every connection holds it.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
 
-use proto::ServerMessage;
-use rand::Rng;
 use router::{
-    Broker, BrokerError, MemoryBroker, Namespaces, RedisBroker, SessionSave, SessionSnapshot,
-    SessionStore,
+    Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
+    SessionStore, Topic,
 };
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::{AuthError, Verifier};
 use crate::config::{BrokerKind, Config};
-use crate::disconnect::CloseReason;
-use crate::frame;
 use crate::hub::{ConnId, Hub};
 use crate::metrics::Metrics;
-use crate::outbound::Outbound;
 use crate::rebalance;
-use crate::session::Subscriptions;
-
-/// How long a resume waits for the connection it takes over to let go.
-const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
+use crate::session::Registry;
 
 pub struct Node {
     pub config: Config,
     pub hub: Arc<Hub>,
     pub broker: Arc<dyn Broker>,
     pub sessions: Arc<dyn SessionStore>,
+    /// The sessions this pod's connections serve.
+    pub live: Arc<Registry>,
+    /// Checks client tokens; `None` when no key is configured (open mode).
+    pub verifier: Option<Verifier>,
     pub namespaces: Arc<Namespaces>,
     pub metrics: Arc<Metrics>,
     /// Cancelled when the pod starts draining.
@@ -41,45 +39,80 @@ pub struct Node {
     pub tasks: TaskTracker,
     /// The zero of ping timestamps.
     pub clock: Instant,
-    live: Mutex<HashMap<Arc<str>, LiveSession>>,
+    /// Slots for API requests served at once (`http.max_concurrent_requests`).
+    pub api_requests: Semaphore,
     connections: AtomicUsize,
+    /// Open connections per client address, when they are capped.
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
     next_conn: AtomicU64,
 }
 
-/// A session a connection on this pod serves.
-#[derive(Clone)]
-pub struct LiveSession {
-    pub conn: ConnId,
-    /// The connection's token as the session's owner in the store.
-    pub owner: Arc<str>,
-    pub out: Outbound,
-    pub subscriptions: Subscriptions,
-    /// Cancelled when a newer connection resumes the session.
-    pub takeover: CancellationToken,
-    /// Cancelled by the connection once it has saved the session.
-    pub ended: CancellationToken,
+/// Why the pod could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+/// Where the broker hands what it has for this pod: publications and resets
+/// to the hub, a backend's disconnects to the live sessions.
+struct Sink {
+    hub: Arc<Hub>,
+    live: Arc<Registry>,
+}
+
+impl Deliver for Sink {
+    fn deliver(&self, publication: &Publication, traceparent: Option<&str>) {
+        self.hub.deliver(publication, traceparent);
+    }
+
+    fn reset(&self, topic: &Topic, position: &Position) {
+        self.hub.reset(topic, position);
+    }
+
+    fn disconnect(&self, user: &str) {
+        let closed = self.live.disconnect(user);
+        tracing::info!(closed, "a backend disconnected a user");
+    }
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The pod holds `websocket.max_connections`.
+    AtCapacity,
+    /// The client's address holds `websocket.max_connections_per_ip`.
+    PerIp,
 }
 
 impl Node {
     /// Builds the pod's state and connects its broker (for Redis: failing
     /// when Redis cannot be reached now).
-    pub async fn start(config: Config) -> Result<Arc<Self>, BrokerError> {
+    pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
         metrics
             .connections_max
             .set(i64::try_from(config.websocket.max_connections).unwrap_or(i64::MAX));
         let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
+        let live = Arc::new(Registry::default());
+        let sink = Arc::new(Sink {
+            hub: hub.clone(),
+            live: live.clone(),
+        });
         let namespaces = Arc::new(config.namespaces());
+        let verifier = Verifier::new(&config.auth).await?;
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
-                let memory = MemoryBroker::new(namespaces.clone(), hub.clone());
+                let memory = MemoryBroker::new(namespaces.clone(), sink);
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
             BrokerKind::Redis => {
                 let redis = RedisBroker::connect(
                     config.redis.settings(),
                     namespaces.clone(),
-                    hub.clone(),
+                    sink,
                     metrics.clone(),
                 )
                 .await?;
@@ -87,18 +120,22 @@ impl Node {
             }
         };
         let shared_sessions = config.broker != BrokerKind::Memory;
+        let api_requests = Semaphore::new(config.http.max_concurrent_requests);
         let node = Arc::new(Self {
             config,
             hub,
             broker,
             sessions,
+            live,
+            verifier,
             namespaces,
             metrics,
             drain: CancellationToken::new(),
             tasks: TaskTracker::new(),
             clock: Instant::now(),
-            live: Mutex::new(HashMap::new()),
+            api_requests,
             connections: AtomicUsize::new(0),
+            per_ip: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
         });
         // A pod-local store loses sessions with the pod anyway; a shared one
@@ -120,29 +157,33 @@ impl Node {
         self.drain.is_cancelled()
     }
 
-    /// Takes one of the pod's connection slots, unless all are taken.
-    pub fn admit(self: &Arc<Self>) -> Option<Admission> {
+    /// Takes one of the pod's connection slots for a client at `ip`, unless
+    /// all are taken or the address holds its share.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Admission, Refusal> {
         let max = self.config.websocket.max_connections;
         self.connections
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
-            .ok()?;
+            .map_err(|_| Refusal::AtCapacity)?;
+        let per_ip = self.config.websocket.max_connections_per_ip;
+        if per_ip > 0 {
+            let mut counts = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
+            let count = counts.entry(ip).or_insert(0);
+            if *count >= per_ip {
+                drop(counts);
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+                return Err(Refusal::PerIp);
+            }
+            *count += 1;
+        }
         self.metrics.connections.inc();
         self.metrics.connections_opened.inc();
-        Some(Admission {
+        Ok(Admission {
             node: self.clone(),
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
+            ip: (per_ip > 0).then_some(ip),
         })
-    }
-
-    fn live(&self) -> MutexGuard<'_, HashMap<Arc<str>, LiveSession>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records that a connection now serves session `id`.
-    pub fn register(&self, id: Arc<str>, session: LiveSession) {
-        self.live().insert(id, session);
     }
 
     /// Open WebSocket connections.
@@ -150,43 +191,10 @@ impl Node {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// Asks up to `count` sessions to reconnect elsewhere, each after a random
-    /// delay within `spread`; returns how many were asked.
-    pub fn ask_to_move(&self, count: usize, spread: Duration) -> usize {
-        let spread_ms = spread.as_millis().max(1) as u64;
-        let mut asked = 0;
-        for live in self.live().values() {
-            if asked == count {
-                break;
-            }
-            if live.out.is_closing() {
-                continue;
-            }
-            let after_ms = rand::thread_rng().gen_range(0..spread_ms);
-            let advice = frame::message(&ServerMessage::Reconnect {
-                after_ms,
-                reason: "rebalance",
-            });
-            live.out.close_after(advice, CloseReason::Rebalance);
-            asked += 1;
-        }
-        asked
-    }
-
     /// Saves every live session that changed since its last save, in one
     /// batch.
     pub async fn flush_sessions(&self) {
-        let changed: Vec<SessionSave> = self
-            .live()
-            .iter()
-            .filter_map(|(id, live)| {
-                Some(SessionSave {
-                    id: id.clone(),
-                    owner: live.owner.clone(),
-                    snapshot: live.subscriptions.changed()?,
-                })
-            })
-            .collect();
+        let changed = self.live.changed();
         if changed.is_empty() {
             return;
         }
@@ -194,26 +202,6 @@ impl Node {
         if let Err(e) = self.sessions.save_many(changed, window).await {
             tracing::warn!(error = %e, "sessions not saved");
         }
-    }
-
-    pub fn deregister(&self, id: &str, conn: ConnId) {
-        let mut live = self.live();
-        if live.get(id).is_some_and(|l| l.conn == conn) {
-            live.remove(id);
-        }
-    }
-
-    /// Ends the connection that serves session `id` on this pod, if any, and
-    /// returns its owner token and the session as that connection left it:
-    /// a resume must see its latest acks, and must not depend on the store
-    /// having them yet (with the memory broker a session is stored only when
-    /// its connection ends, which a half-open connection may take long to do).
-    pub async fn take_over(&self, id: &str) -> Option<(Arc<str>, SessionSnapshot)> {
-        let current = self.live().get(id).cloned()?;
-        current.takeover.cancel();
-        // Its reader stops between commands: wait for that, briefly.
-        let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
-        Some((current.owner, current.subscriptions.snapshot()))
     }
 }
 
@@ -236,11 +224,22 @@ async fn flush_forever(node: Weak<Node>) {
 pub struct Admission {
     node: Arc<Node>,
     pub conn: ConnId,
+    /// The client's address, when connections per address are counted.
+    ip: Option<IpAddr>,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
         self.node.connections.fetch_sub(1, Ordering::AcqRel);
         self.node.metrics.connections.dec();
+        if let Some(ip) = self.ip {
+            let mut counts = self.node.per_ip.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(count) = counts.get_mut(&ip) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(&ip);
+                }
+            }
+        }
     }
 }

@@ -61,7 +61,7 @@ async fn round(node: &Node, pod: &str) {
     if moves == 0 {
         return;
     }
-    let asked = node.ask_to_move(moves, config.interval);
+    let asked = node.live.ask_to_move(moves, config.interval);
     node.metrics.rebalance_moves.inc_by(asked as u64);
     tracing::info!(
         pods,

@@ -1,6 +1,13 @@
 //! The listeners: accepts TCP connections, serves HTTP/1.1 on each, routes
 //! requests, upgrades `/ws`, runs the gRPC server ([`grpc`]) beside, and
 //! drains on shutdown.
+//!
+//! With `http.api_listen` the backend API (`/v1/*`) and `/metrics` are served
+//! on a listener of their own and the client-facing one serves only `/ws`,
+//! `/healthz` and `/readyz`. Each API request runs under
+//! `http.request_timeout` (head and body) and takes one of
+//! `http.max_concurrent_requests` slots; health probes take none, so that a
+//! flood of slow requests never starves them.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,31 +18,27 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ORIGIN, RETRY_AFTER, SEC_WEBSOCKET_VERSION};
+use hyper::header::{CONNECTION, HeaderValue, ORIGIN, RETRY_AFTER, SEC_WEBSOCKET_VERSION};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Config;
-use crate::node::Node;
+use crate::listener::{self, ACCEPT_BACKOFF};
+use crate::node::{Node, Refusal, StartError};
 use crate::{api, grpc, session};
-
-/// Keepalive probes start after this much TCP silence.
-const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
-const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// Pause after a failed `accept` (out of file descriptors, say), so that the
-/// loop does not spin while the condition lasts.
-pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 pub type Body = Full<Bytes>;
 
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
-    /// HTTP: the WebSocket endpoint and the HTTP API (`listen`).
+    /// HTTP: the WebSocket endpoint, health, and the HTTP API unless it has
+    /// its own listener (`listen`).
     pub http: TcpListener,
+    /// The HTTP API and metrics alone (`http.api_listen`); `None`: on `http`.
+    pub api: Option<TcpListener>,
     /// The gRPC publish API (`grpc.listen`); `None` serves none.
     pub grpc: Option<TcpListener>,
 }
@@ -43,8 +46,21 @@ pub struct Listeners {
 /// HTTP alone.
 impl From<TcpListener> for Listeners {
     fn from(http: TcpListener) -> Self {
-        Self { http, grpc: None }
+        Self {
+            http,
+            api: None,
+            grpc: None,
+        }
     }
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    /// `/ws` and health, and the API when it has no listener of its own.
+    Clients { with_api: bool },
+    /// The API and metrics, and health.
+    Api,
 }
 
 /// Serves `listeners` with `config` until `shutdown` resolves, then drains:
@@ -56,7 +72,7 @@ pub async fn run(
     config: Config,
     listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), router::BrokerError> {
+) -> Result<(), StartError> {
     let node = Node::start(config).await?;
     serve(node, listeners, shutdown).await;
     Ok(())
@@ -70,8 +86,12 @@ pub async fn serve(
 ) {
     let Listeners {
         http: listener,
+        api,
         grpc,
     } = listeners.into();
+    let clients = Port::Clients {
+        with_api: api.is_none(),
+    };
     // Tracked like a connection: the drain waits for it.
     let grpc = grpc.map(|grpc| node.tasks.spawn(grpc::serve(node.clone(), grpc)));
     tokio::pin!(shutdown);
@@ -96,10 +116,19 @@ pub async fn serve(
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    node.tasks.spawn(connection(stream, peer, node.clone()));
+                    node.tasks.spawn(connection(stream, peer, node.clone(), clients));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            accepted = accept(api.as_ref()) => match accepted {
+                Ok((stream, peer)) => {
+                    node.tasks.spawn(connection(stream, peer, node.clone(), Port::Api));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed on the API listener");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
@@ -112,13 +141,21 @@ pub async fn serve(
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
-    if let Err(e) = tune(&stream) {
+/// The next connection on `listener`; never, without one.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: Port) {
+    if let Err(e) = listener::tune(&stream) {
         tracing::debug!(%peer, error = %e, "socket options not set");
     }
     let service = {
         let node = node.clone();
-        service_fn(move |req| route(req, node.clone()))
+        service_fn(move |req| route(req, node.clone(), peer, port))
     };
     // A connection that arrives while the pod drains gets one answer (a
     // probe's 503, say) and is closed.
@@ -146,38 +183,77 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>) {
     }
 }
 
-/// TCP_NODELAY (frames go out as soon as they are written) and keepalive
-/// (half-open connections are found even where no ping gets through).
-pub(crate) fn tune(stream: &TcpStream) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
-    let keepalive = TcpKeepalive::new()
-        .with_time(TCP_KEEPALIVE_TIME)
-        .with_interval(TCP_KEEPALIVE_INTERVAL);
-    SockRef::from(stream).set_tcp_keepalive(&keepalive)
-}
-
-async fn route(req: Request<Incoming>, node: Arc<Node>) -> Result<Response<Body>, Infallible> {
-    let response = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/ws") => upgrade(req, node),
-        (&Method::POST, "/v1/publish") => api::publish(req, &node).await,
+async fn route(
+    req: Request<Incoming>,
+    node: Arc<Node>,
+    peer: SocketAddr,
+    port: Port,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path();
+    let api_here = matches!(port, Port::Api | Port::Clients { with_api: true });
+    let ws_here = matches!(port, Port::Clients { .. });
+    let response = match (req.method(), path) {
         (&Method::GET, "/healthz") => api::text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if node.is_draining() => {
             api::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
         }
         (&Method::GET, "/readyz") => api::text(StatusCode::OK, "ready\n"),
-        (&Method::GET, "/metrics") => api::metrics(&node),
-        (_, "/ws" | "/v1/publish" | "/healthz" | "/readyz" | "/metrics") => {
+        (_, "/healthz" | "/readyz") => {
             api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
+        (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
+        (_, "/ws") if ws_here => api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        (_, "/v1/publish" | "/v1/disconnect" | "/metrics") if api_here => limited(req, &node).await,
         _ => api::text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(response)
 }
 
+/// An API request, within the pod's request slots and deadline.
+async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let Ok(_slot) = node.api_requests.try_acquire() else {
+        node.metrics
+            .http_rejected
+            .with_label_values(&["busy"])
+            .inc();
+        let mut response = api::text(StatusCode::SERVICE_UNAVAILABLE, "busy\n");
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    };
+    let timeout = node.config.http.request_timeout;
+    let handled = async {
+        match (req.method(), req.uri().path()) {
+            (&Method::POST, "/v1/publish") => api::publish(req, node).await,
+            (&Method::POST, "/v1/disconnect") => api::disconnect(req, node).await,
+            (&Method::GET, "/metrics") => api::metrics(node),
+            _ => api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        }
+    };
+    match tokio::time::timeout(timeout, handled).await {
+        Ok(response) => response,
+        Err(_) => {
+            node.metrics
+                .http_rejected
+                .with_label_values(&["timeout"])
+                .inc();
+            let mut response = api::text(StatusCode::REQUEST_TIMEOUT, "request timeout\n");
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
+}
+
 /// Checks the handshake, takes a connection slot and hands the upgraded
 /// connection to a session task. The 101 must go out before the upgrade
 /// completes, so the session runs in its own task.
-fn upgrade(mut req: Request<Incoming>, node: Arc<Node>) -> Response<Body> {
+fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Response<Body> {
     let reject = |reason: &str, status, message| {
         node.metrics
             .upgrades_rejected
@@ -218,16 +294,20 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>) -> Response<Body> {
             .insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
         return response;
     }
-    let Some(admission) = node.admit() else {
-        let mut response = reject(
-            "at_capacity",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "at capacity\n",
-        );
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+    let ip = listener::client_ip(peer, req.headers(), &node.config.http.trusted_proxies);
+    let admission = match node.admit(ip) {
+        Ok(admission) => admission,
+        Err(refusal) => {
+            let (reason, message) = match refusal {
+                Refusal::AtCapacity => ("at_capacity", "at capacity\n"),
+                Refusal::PerIp => ("per_ip", "too many connections from your address\n"),
+            };
+            let mut response = reject(reason, StatusCode::SERVICE_UNAVAILABLE, message);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
+        }
     };
     let (response, upgrading) = match fastwebsockets::upgrade::upgrade(&mut req) {
         Ok(upgrade) => upgrade,

@@ -239,7 +239,7 @@ async fn while_redis_is_unreachable_clients_stay_and_publishes_fail_fast() {
     let a = pod(
         &redis,
         &[
-            ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+            ("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated"),
             ("HERALD_WEBSOCKET__PING_INTERVAL", "300ms"),
             ("HERALD_WEBSOCKET__PONG_TIMEOUT", "300ms"),
         ],
@@ -506,7 +506,7 @@ async fn a_subscription_that_cannot_come_back_for_good_is_refused_and_the_rest_r
     let redis = Redis::start().await;
     let a = pod(
         &redis,
-        &[("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true")],
+        &[("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated")],
     )
     .await;
     // Pod b has no `chat` namespace: a resumed `chat:` subscription cannot

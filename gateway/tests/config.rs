@@ -86,11 +86,13 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(config.log.format, LogFormat::Text);
 
     let chat = &config.namespaces["chat"];
-    assert!(chat.client_publish);
+    assert_eq!(chat.publish, router::Publish::Authenticated);
     assert_eq!(chat.history_size, 500);
     assert_eq!(chat.history_ttl, Duration::from_secs(600));
     let default = &config.namespaces["default"];
-    assert!(!default.client_publish);
+    assert_eq!(default.publish, router::Publish::Nobody);
+    assert_eq!(default.subscribe, router::Subscribe::Authenticated);
+    assert!(!default.personal);
     assert_eq!(
         (default.history_size, default.history_ttl),
         (100, Duration::from_secs(300))
@@ -119,7 +121,7 @@ fn environment_variables_set_keys() {
         ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "1500ms"),
         ("HERALD_QUEUE__OVERFLOW", "drop_newest"),
         ("HERALD_LOG__FORMAT", "json"),
-        ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+        ("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated"),
     ])
     .expect("loads");
     assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
@@ -130,7 +132,7 @@ fn environment_variables_set_keys() {
     assert_eq!(config.log.format, LogFormat::Json);
     // A namespace made from the environment alone: its other settings are defaulted.
     let chat = &config.namespaces["chat"];
-    assert!(chat.client_publish);
+    assert_eq!(chat.publish, router::Publish::Authenticated);
     assert_eq!(
         chat.history_size,
         router::NamespaceSettings::default().history_size
@@ -161,14 +163,14 @@ fn the_environment_wins_over_the_file() {
     let file = TempToml::new(
         "listen = \"127.0.0.1:7000\"\n\
          [websocket]\nping_interval = \"7s\"\nmax_connections = 7\n\
-         [namespaces.chat]\nclient_publish = false\nhistory_size = 7\n",
+         [namespaces.chat]\npublish = \"nobody\"\nhistory_size = 7\n",
     );
     let config = Config::load(
         Some(&file.0),
         env(&[
             ("HERALD_LISTEN", "127.0.0.1:9000"),
             ("HERALD_WEBSOCKET__PING_INTERVAL", "3s"),
-            ("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true"),
+            ("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated"),
         ]),
     )
     .expect("loads");
@@ -176,7 +178,10 @@ fn the_environment_wins_over_the_file() {
     assert_eq!(config.websocket.ping_interval, Duration::from_secs(3));
     // What the environment does not set stays as the file says.
     assert_eq!(config.websocket.max_connections, 7);
-    assert!(config.namespaces["chat"].client_publish);
+    assert_eq!(
+        config.namespaces["chat"].publish,
+        router::Publish::Authenticated
+    );
     assert_eq!(config.namespaces["chat"].history_size, 7);
 }
 
@@ -245,7 +250,7 @@ fn bad_values_in_a_file_name_their_key() {
     );
     assert_names(load_file("[queue]\nbytes = 10\n"), "queue.bytes");
     assert_names(
-        load_file("[namespaces.\"Bad Name\"]\nclient_publish = true\n"),
+        load_file("[namespaces.\"Bad Name\"]\nhistory_size = 1\n"),
         "namespaces",
     );
 }

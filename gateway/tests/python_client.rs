@@ -70,7 +70,11 @@ async fn a_python_websockets_client_publishes_and_receives() {
         show(&probe)
     );
 
-    let herald = Herald::start(&[("HERALD_NAMESPACES__CHAT__CLIENT_PUBLISH", "true")], &[]).await;
+    let herald = Herald::start(
+        &[("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated")],
+        &[],
+    )
+    .await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/smoke.py");
     let script = script.to_str().expect("a UTF-8 path").to_owned();
     let (ws_url, http_url) = (herald.ws_url(), herald.http_url());

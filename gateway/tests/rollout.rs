@@ -63,6 +63,8 @@ async fn pod(redis: &Redis) -> Herald {
             ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", DRAIN),
             ("HERALD_REBALANCE__ENABLED", "true"),
             ("HERALD_REBALANCE__INTERVAL", "500ms"),
+            // Every client comes from 127.0.0.1, thousands of them to a pod.
+            ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "0"),
             // Deep enough to bridge any client's time away.
             ("HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE", "10000"),
             // Not a line per connection: thousands of them come and go.

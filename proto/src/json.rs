@@ -37,6 +37,10 @@ pub enum Command<'a> {
         topic: Cow<'a, str>,
         seq: u64,
     },
+    Refresh {
+        id: u64,
+        token: Cow<'a, str>,
+    },
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -97,6 +101,10 @@ impl<'a> Command<'a> {
                 topic: raw.topic.ok_or_else(|| missing("topic"))?,
                 seq: raw.seq.ok_or_else(|| missing("seq"))?,
             },
+            "refresh" => Command::Refresh {
+                id: id.ok_or_else(|| missing("id"))?,
+                token: raw.token.ok_or_else(|| missing("token"))?,
+            },
             other => {
                 return Err(CommandError::new(
                     id,
@@ -139,6 +147,10 @@ impl<'a> Command<'a> {
                 topic: topic.to_string(),
                 seq: *seq,
             }),
+            Command::Refresh { id, token } => Op::Refresh(v1::Refresh {
+                id: *id,
+                token: token.to_string(),
+            }),
         };
         v1::ClientCommand { op: Some(op) }
     }
@@ -180,6 +192,13 @@ pub enum ErrorCode {
     TooManySubscriptions,
     /// The broker cannot take the request now; retry later.
     Unavailable,
+    /// No valid token: missing, malformed, badly signed, or not for this
+    /// pod (issuer, audience); a `refresh` of another user.
+    Unauthorized,
+    /// The token expired: get a new one.
+    TokenExpired,
+    /// Commands come faster than `websocket.commands_per_second` allows.
+    RateLimited,
     Internal,
 }
 
@@ -196,6 +215,9 @@ impl ErrorCode {
             ErrorCode::AlreadySubscribed => "already_subscribed",
             ErrorCode::TooManySubscriptions => "too_many_subscriptions",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::TokenExpired => "token_expired",
+            ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Internal => "internal",
         }
     }
@@ -222,16 +244,26 @@ pub enum ServerMessage<'a> {
         session: &'a str,
         ping_ms: u64,
         resumed: bool,
+        /// When the token expires, in Unix seconds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expires: Option<u64>,
+        /// Why a `resume` was not honoured.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'a str>,
     },
     Ok {
         id: u64,
-        topic: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        topic: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         seq: Option<u64>,
         #[serde(skip_serializing_if = "Option::is_none")]
         epoch: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         recovered: Option<bool>,
+        /// The reply to `refresh`: when the new token expires.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expires: Option<u64>,
     },
     Msg {
         topic: &'a str,
@@ -271,10 +303,14 @@ impl ServerMessage<'_> {
                 session,
                 ping_ms,
                 resumed,
+                expires,
+                reason,
             } => Op::Welcome(v1::Welcome {
                 session: session.to_owned(),
                 ping_ms,
                 resumed,
+                expires,
+                reason: reason.map(str::to_owned),
             }),
             ServerMessage::Ok {
                 id,
@@ -282,12 +318,14 @@ impl ServerMessage<'_> {
                 seq,
                 epoch,
                 recovered,
+                expires,
             } => Op::Ok(v1::Ok {
                 id,
-                topic: topic.to_owned(),
+                topic: topic.map(str::to_owned),
                 seq,
                 epoch: epoch.map(str::to_owned),
                 recovered,
+                expires,
             }),
             ServerMessage::Msg { topic, seq, data } => Op::Msg(v1::Msg {
                 topic: topic.to_owned(),
@@ -387,6 +425,20 @@ fn from_object<'a, T: Deserialize<'a>>(json: &'a [u8]) -> Result<T, CommandError
         return Err(malformed("expected a JSON object".to_owned()));
     }
     serde_json::from_slice(json).map_err(|e| malformed(e.to_string()))
+}
+
+/// The HTTP disconnect body: `{"user":"alice"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisconnectRequest {
+    pub user: String,
+}
+
+impl DisconnectRequest {
+    /// Decodes a request body, with the same error codes as a command.
+    pub fn decode(body: &[u8]) -> Result<Self, CommandError> {
+        from_object(body)
+    }
 }
 
 /// The HTTP publish answer.

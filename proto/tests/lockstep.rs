@@ -56,6 +56,7 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"unsub","id":2,"topic":"news"}"#,
         r#"{"op":"pub","id":3,"topic":"news","data":{"any":"json"}}"#,
         r#"{"op":"ack","topic":"news","seq":42}"#,
+        r#"{"op":"refresh","id":4,"token":"t"}"#,
     ];
     for text in commands {
         let (op, keys) = json_keys(text.as_bytes());
@@ -75,13 +76,16 @@ fn every_server_message_matches_its_proto_message() {
             session: "s",
             ping_ms: 25_000,
             resumed: false,
+            expires: Some(1_700_000_000),
+            reason: Some("other_user"),
         },
         ServerMessage::Ok {
             id: 1,
-            topic: "news",
+            topic: Some("news"),
             seq: Some(41),
             epoch: Some("9f3c"),
             recovered: Some(true),
+            expires: Some(1_700_000_000),
         },
         ServerMessage::Msg {
             topic: "news",
@@ -148,4 +152,19 @@ fn publish_api_matches_its_proto_messages() {
         map.keys().cloned().collect::<BTreeSet<_>>(),
         proto_fields("PublishResponse")
     );
+}
+
+#[test]
+fn disconnect_api_matches_its_proto_message() {
+    let body = br#"{"user":"alice"}"#;
+    let Value::Object(map) = serde_json::from_slice::<Value>(body).expect("json") else {
+        panic!()
+    };
+    assert_eq!(
+        map.keys().cloned().collect::<BTreeSet<_>>(),
+        proto_fields("DisconnectRequest")
+    );
+    let request = proto::json::DisconnectRequest::decode(body).expect("decodes");
+    assert_eq!(request.user, "alice");
+    assert!(proto::json::DisconnectRequest::decode(br#"{"user":"a","x":1}"#).is_err());
 }

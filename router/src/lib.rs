@@ -30,10 +30,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use memory::MemoryBroker;
-pub use namespace::{NamespaceSettings, Namespaces};
+pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
 pub use redis::{RedisBroker, RedisSettings};
-pub use session::{Claimed, SessionSave, SessionSnapshot, SessionStore, SubscriptionState};
+pub use session::{
+    Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, SubscriptionState,
+};
 pub use topic::{Topic, TopicError};
 
 /// How long a publish's idempotency key is remembered.
@@ -96,6 +98,10 @@ pub trait Deliver: Send + Sync + 'static {
     /// gap, or its keys were lost and a new epoch began): subscribers must
     /// resync; live delivery goes on after `position`.
     fn reset(&self, topic: &Topic, position: &Position);
+
+    /// A backend ended `user`'s access ([`SessionStore::revoke`], on any
+    /// pod): close every connection of theirs on this pod.
+    fn disconnect(&self, user: &str);
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::{
-    Broker, BrokerError, Claimed, Deliver, Epoch, Namespaces, Position, Publication, Recovery,
-    SessionSnapshot, SessionStore, Since, Topic,
+    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, Namespaces, Position, Publication,
+    Recovery, SessionSnapshot, SessionStore, Since, Topic,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -299,7 +299,7 @@ impl SessionStore for MemoryBroker {
         Ok(true)
     }
 
-    async fn claim(&self, id: &str, owner: &str) -> Result<Option<Claimed>, BrokerError> {
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
         let now = Instant::now();
         let mut sessions = self
             .inner
@@ -307,13 +307,27 @@ impl SessionStore for MemoryBroker {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let Some(stored) = sessions.get_mut(id).filter(|s| s.deadline > now) else {
-            return Ok(None);
+            return Ok(Claim::NotFound);
         };
+        if !Claim::belongs(stored.snapshot.user.as_ref(), user) {
+            return Ok(Claim::OtherUser);
+        }
         let from = std::mem::replace(&mut stored.owner, Arc::from(owner));
-        Ok(Some(Claimed {
+        Ok(Claim::Taken(Claimed {
             snapshot: stored.snapshot.clone(),
             from: Some(from.to_string()),
         }))
+    }
+
+    async fn revoke(&self, user: &str, _ttl: Duration) -> Result<(), BrokerError> {
+        // One pod: its connections close now, and none of them saves again.
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, s| s.snapshot.user.as_ref().is_none_or(|u| &*u.id != user));
+        self.inner.sink.disconnect(user);
+        Ok(())
     }
 }
 
@@ -332,12 +346,18 @@ mod tests {
     use crate::{NamespaceSettings, SubscriptionState};
 
     #[derive(Default)]
-    struct Collect(Mutex<Vec<u64>>);
+    struct Collect(Mutex<Vec<u64>>, Mutex<Vec<String>>);
     impl Deliver for Collect {
         fn deliver(&self, p: &Publication, _: Option<&str>) {
             self.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.seq);
         }
         fn reset(&self, _: &Topic, _: &Position) {}
+        fn disconnect(&self, user: &str) {
+            self.1
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(user.to_owned());
+        }
     }
 
     fn broker(history_size: usize) -> (MemoryBroker, Arc<Collect>) {
@@ -445,9 +465,9 @@ mod tests {
         let (b, _) = broker(3);
         let ttl = Duration::from_secs(5);
         assert!(b.save("s", "a", SessionSnapshot::default(), ttl).await?);
-        assert!(b.claim("s", "a").await?.is_some());
+        assert!(matches!(b.claim("s", "a", None).await?, Claim::Taken(_)));
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(b.claim("s", "a").await?.is_none());
+        assert_eq!(b.claim("s", "a", None).await?, Claim::NotFound);
         Ok(())
     }
 
@@ -456,6 +476,7 @@ mod tests {
         let (b, _) = broker(3);
         let ttl = Duration::from_secs(60);
         let old = SessionSnapshot {
+            user: None,
             subscriptions: vec![SubscriptionState {
                 topic: topic("chat:x"),
                 epoch: Arc::from("e"),
@@ -463,10 +484,10 @@ mod tests {
             }],
         };
         assert!(b.save("s", "a", old.clone(), ttl).await?);
-        let claimed = b.claim("s", "b").await?;
+        let claimed = b.claim("s", "b", None).await?;
         assert_eq!(
             claimed,
-            Some(Claimed {
+            Claim::Taken(Claimed {
                 snapshot: old,
                 from: Some("a".to_owned())
             })
@@ -474,8 +495,42 @@ mod tests {
         let newer = SessionSnapshot::default();
         assert!(b.save("s", "b", newer.clone(), ttl).await?);
         assert!(!b.save("s", "a", SessionSnapshot::default(), ttl).await?);
-        let claimed = b.claim("s", "c").await?.map(|c| (c.snapshot, c.from));
-        assert_eq!(claimed, Some((newer, Some("b".to_owned()))));
+        let claimed = b.claim("s", "c", None).await?;
+        assert_eq!(
+            claimed,
+            Claim::Taken(Claimed {
+                snapshot: newer,
+                from: Some("b".to_owned())
+            })
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_session_is_claimed_only_by_its_user_and_not_after_a_revoke()
+    -> Result<(), BrokerError> {
+        let (b, sink) = broker(3);
+        let ttl = Duration::from_secs(60);
+        let alices = SessionSnapshot {
+            user: Some(crate::SessionUser {
+                id: Arc::from("alice"),
+                since_ms: 1,
+            }),
+            subscriptions: Vec::new(),
+        };
+        assert!(b.save("s", "a", alices, ttl).await?);
+        assert!(b.save("t", "a", SessionSnapshot::default(), ttl).await?);
+        assert_eq!(b.claim("s", "m", Some("mallory")).await?, Claim::OtherUser);
+        assert_eq!(b.claim("s", "m", None).await?, Claim::OtherUser);
+        // The refused claims took nothing: alice's connection still owns it.
+        assert!(
+            matches!(b.claim("s", "a2", Some("alice")).await?, Claim::Taken(c) if c.from.as_deref() == Some("a"))
+        );
+        b.revoke("alice", ttl).await?;
+        assert_eq!(b.claim("s", "a3", Some("alice")).await?, Claim::NotFound);
+        assert_eq!(*sink.1.lock().unwrap_or_else(|e| e.into_inner()), ["alice"]);
+        // Anonymous sessions are anyone's who knows the id.
+        assert!(matches!(b.claim("t", "b", None).await?, Claim::Taken(_)));
         Ok(())
     }
 }

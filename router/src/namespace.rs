@@ -24,8 +24,37 @@ pub struct NamespaceSettings {
     /// Age after which a message is no longer replayed.
     #[serde(with = "humantime_serde")]
     pub history_ttl: Duration,
-    /// Whether WebSocket clients may `pub` (backends always may, over HTTP).
-    pub client_publish: bool,
+    /// Which WebSocket clients may subscribe.
+    pub subscribe: Subscribe,
+    /// Which WebSocket clients may `pub` (backends always may, over the API).
+    pub publish: Publish,
+    /// Topic `<namespace>:<id>` belongs to the user whose token says
+    /// `sub: <id>`: nobody else may subscribe to it, whatever their grants.
+    pub personal: bool,
+}
+
+/// Who may subscribe to a namespace's topics from a WebSocket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Subscribe {
+    /// Any client, anonymous ones included.
+    Anyone,
+    /// Any client with a valid token (with no keys configured: any client).
+    Authenticated,
+    /// A client whose token's `subscribe` list matches the topic.
+    Granted,
+}
+
+/// Who may publish to a namespace's topics from a WebSocket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Publish {
+    /// Only backends, over the publish API.
+    Nobody,
+    /// Any client with a valid token (with no keys configured: any client).
+    Authenticated,
+    /// A client whose token's `publish` list matches the topic.
+    Granted,
 }
 
 impl Default for NamespaceSettings {
@@ -33,7 +62,9 @@ impl Default for NamespaceSettings {
         Self {
             history_size: DEFAULT_HISTORY_SIZE,
             history_ttl: DEFAULT_HISTORY_TTL,
-            client_publish: false,
+            subscribe: Subscribe::Authenticated,
+            publish: Publish::Nobody,
+            personal: false,
         }
     }
 }
@@ -72,6 +103,11 @@ impl Namespaces {
     /// The settings for `topic`, or `None` when its namespace is not configured.
     pub fn get(&self, topic: &Topic) -> Option<&NamespaceSettings> {
         self.by_name.get(topic.namespace())
+    }
+
+    /// Every configured namespace by name (`""` for the default one).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &NamespaceSettings)> {
+        self.by_name.iter().map(|(name, ns)| (name.as_str(), ns))
     }
 
     /// The settings for `topic`, or the engines' error for a topic outside

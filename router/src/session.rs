@@ -11,7 +11,20 @@ use crate::{BrokerError, Epoch, Topic};
 /// A session's subscriptions and how far the client got in each.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionSnapshot {
+    /// Whose session it is; `None` for an anonymous one, which anyone who
+    /// knows its id may resume.
+    pub user: Option<SessionUser>,
     pub subscriptions: Vec<SubscriptionState>,
+}
+
+/// The user a session belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionUser {
+    /// The `sub` of the token that started the session.
+    pub id: Arc<str>,
+    /// When the session was started (Unix ms): a [`SessionStore::revoke`]
+    /// after it ends the session for good.
+    pub since_ms: u64,
 }
 
 /// One subscription of a session.
@@ -53,9 +66,41 @@ pub trait SessionStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Makes `owner` the session's owner, and returns its snapshot unless it
-    /// expired.
-    async fn claim(&self, id: &str, owner: &str) -> Result<Option<Claimed>, BrokerError>;
+    /// Makes `owner` the session's owner and returns its snapshot, if it is
+    /// there (not expired, not revoked) and belongs to `user` (`None`: an
+    /// anonymous session). Another user's session is left as it was.
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError>;
+
+    /// Ends `user`'s access: no session of theirs started before now can be
+    /// claimed any more (for at least `ttl`, the resume window), and every
+    /// pod's sink is told to close their connections ([`crate::Deliver::disconnect`]).
+    async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError>;
+}
+
+/// The answer to [`SessionStore::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    Taken(Claimed),
+    /// Unknown, expired or revoked.
+    NotFound,
+    /// The session belongs to another user (or to a user, and the claim
+    /// came without one): not taken.
+    OtherUser,
+}
+
+impl Claim {
+    /// Whether a session of `stored` may be claimed by `user`.
+    pub fn belongs(stored: Option<&SessionUser>, user: Option<&str>) -> bool {
+        stored.map(|u| &*u.id) == user
+    }
+}
+
+/// The current time in Unix milliseconds, as sessions and revocations
+/// record it.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A session taken over by [`SessionStore::claim`].

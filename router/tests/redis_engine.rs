@@ -11,13 +11,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Claimed, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
-    RedisSettings, SessionSnapshot, SessionStore, Since, SubscriptionState, Topic,
+    Broker, Claim, Claimed, Deliver, NamespaceSettings, Namespaces, Position, Publication,
+    RedisBroker, RedisSettings, SessionSnapshot, SessionStore, SessionUser, Since,
+    SubscriptionState, Topic,
 };
 
-/// What was delivered, and with which `traceparent`.
+/// What was delivered, with which `traceparent`, and whom to disconnect.
 #[derive(Default)]
-struct Collect(Mutex<Vec<(u64, Bytes)>>, Mutex<Vec<(u64, Option<String>)>>);
+struct Collect(
+    Mutex<Vec<(u64, Bytes)>>,
+    Mutex<Vec<(u64, Option<String>)>>,
+    Mutex<Vec<String>>,
+);
 
 impl Collect {
     fn record(&self, p: &Publication, traceparent: Option<String>) {
@@ -40,6 +45,9 @@ impl Deliver for Collect {
         self.record(p, traceparent.map(str::to_owned));
     }
     fn reset(&self, _: &Topic, _: &Position) {}
+    fn disconnect(&self, user: &str) {
+        self.2.lock().expect("lock").push(user.to_owned());
+    }
 }
 
 async fn engine(
@@ -52,7 +60,7 @@ async fn engine(
         NamespaceSettings {
             history_size,
             history_ttl,
-            client_publish: false,
+            ..NamespaceSettings::default()
         },
     )]))
     .expect("namespaces");
@@ -245,6 +253,7 @@ async fn a_traced_publish_carries_its_traceparent_to_the_watching_pod() {
 
 fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
     SessionSnapshot {
+        user: None,
         subscriptions: vec![SubscriptionState {
             topic: Topic::parse(topic).expect("topic"),
             epoch: Arc::from("e1"),
@@ -269,10 +278,10 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
     let (pod_b, _) = engine(&redis, 10, Duration::from_secs(60)).await;
     assert!(saves(&pod_a, "s1", "conn-a", 2).await);
     // The client resumes on pod b while its connection to pod a lives on.
-    let claimed = pod_b.claim("s1", "conn-b").await.expect("claim");
+    let claimed = pod_b.claim("s1", "conn-b", None).await.expect("claim");
     assert_eq!(
         claimed,
-        Some(Claimed {
+        Claim::Taken(Claimed {
             snapshot: snapshot("news", 2),
             from: Some("conn-a".to_owned()),
         })
@@ -280,8 +289,8 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
     assert!(saves(&pod_b, "s1", "conn-b", 9).await);
     // Pod a's connection ends at last: its older acks are not written.
     assert!(!saves(&pod_a, "s1", "conn-a", 2).await);
-    let claimed = pod_a.claim("s1", "conn-c").await.expect("claim");
-    assert_eq!(claimed.map(|c| c.snapshot), Some(snapshot("news", 9)));
+    let claimed = pod_a.claim("s1", "conn-c", None).await.expect("claim");
+    assert!(matches!(claimed, Claim::Taken(c) if c.snapshot == snapshot("news", 9)));
     // The claim keeps the session's expiry.
     let ttl_ms: i64 = redis
         .cli(&["PTTL", "herald:session:s1"])
@@ -298,10 +307,10 @@ async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
     // As an earlier version stored it: no owner line.
     redis.cli(&["SET", "herald:session:old", "3 e1 news\n", "PX", "60000"]);
     redis.cli(&["SCRIPT", "FLUSH"]);
-    let claimed = broker.claim("old", "conn-x").await.expect("claim");
+    let claimed = broker.claim("old", "conn-x", None).await.expect("claim");
     assert_eq!(
         claimed,
-        Some(Claimed {
+        Claim::Taken(Claimed {
             snapshot: snapshot("news", 3),
             from: None,
         })
@@ -309,7 +318,97 @@ async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
     assert!(saves(&broker, "old", "conn-x", 4).await);
     assert!(!saves(&broker, "old", "conn-y", 1).await);
     assert_eq!(
-        broker.claim("missing", "conn-x").await.expect("claim"),
-        None
+        broker
+            .claim("missing", "conn-x", None)
+            .await
+            .expect("claim"),
+        Claim::NotFound
+    );
+}
+
+#[tokio::test]
+async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
+    let redis = redis::Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let (pod_b, sink_b) = engine(&redis, 10, Duration::from_secs(60)).await;
+    // Pod b listens on the control channel once its pub/sub is up: a watch
+    // answers after its subscriptions are in place.
+    pod_b
+        .watch(&Topic::parse("news").expect("topic"))
+        .await
+        .expect("watch");
+    let ttl = Duration::from_secs(60);
+    let mut alices = snapshot("news", 4);
+    alices.user = Some(SessionUser {
+        id: Arc::from("alice w."),
+        since_ms: router::session::unix_ms(),
+    });
+    assert!(
+        pod_a
+            .save("s1", "conn-a", alices.clone(), ttl)
+            .await
+            .expect("save")
+    );
+    assert!(
+        pod_a
+            .save("s2", "conn-a", snapshot("news", 1), ttl)
+            .await
+            .expect("save")
+    );
+    // Someone else's claim takes nothing: alice's connection still owns it.
+    for thief in [Some("mallory"), None] {
+        let claimed = pod_b.claim("s1", "conn-m", thief).await.expect("claim");
+        assert_eq!(claimed, Claim::OtherUser);
+    }
+    assert!(
+        pod_a
+            .save("s1", "conn-a", alices.clone(), ttl)
+            .await
+            .expect("save")
+    );
+    let claimed = pod_b
+        .claim("s1", "conn-b", Some("alice w."))
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed,
+        Claim::Taken(Claimed {
+            snapshot: alices,
+            from: Some("conn-a".to_owned()),
+        })
+    );
+    // A backend ends alice's access through pod a: pod b is told, and her
+    // session is gone for good; anonymous sessions are not touched.
+    pod_a.revoke("alice w.", ttl).await.expect("revoke");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sink_b.2.lock().expect("lock").is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "pod b was not told");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(*sink_b.2.lock().expect("lock"), ["alice w."]);
+    let claimed = pod_b
+        .claim("s1", "conn-c", Some("alice w."))
+        .await
+        .expect("claim");
+    assert_eq!(claimed, Claim::NotFound);
+    let claimed = pod_b.claim("s2", "conn-c", None).await.expect("claim");
+    assert!(matches!(claimed, Claim::Taken(_)));
+}
+
+#[tokio::test]
+async fn subscribing_to_a_topic_nobody_published_to_leaves_nothing_long_lived() {
+    let redis = redis::Redis::start().await;
+    let (broker, _) = engine(&redis, 10, Duration::from_secs(30)).await;
+    let topic = Topic::parse("quiet").expect("topic");
+    broker.watch(&topic).await.expect("watch");
+    broker.recover(&topic, None).await.expect("recover");
+    let ttl_ms: i64 = redis
+        .cli(&["PTTL", "herald:{quiet}:meta"])
+        .trim()
+        .parse()
+        .expect("pttl");
+    assert!(
+        (1..=30_000).contains(&ttl_ms),
+        "a topic's bookkeeping lives no longer than its history would: {ttl_ms} ms"
     );
 }

@@ -3,17 +3,25 @@
 //! The reader decodes commands and acts on them: subscriptions go through the
 //! hub and the broker, replies and replays go to the connection's outgoing
 //! queue, which the writer drains. The session keeps what a resume needs: the
-//! subscriptions and, for each, how far the client acked.
+//! subscriptions and, for each, how far the client acked. It also holds who
+//! the client is (its token's claims), and every topic it touches is checked
+//! against that ([`access`]).
 
+mod access;
 pub(crate) mod parser;
+mod rate;
 mod reader;
+mod registry;
 mod subscriptions;
 mod writer;
 
+pub use registry::{LiveSession, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
 
+use std::hash::{Hash, Hasher};
 use std::io::Cursor;
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fastwebsockets::WebSocket;
@@ -21,16 +29,20 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
-use router::{BrokerError, SessionSnapshot, Since, Topic};
+use router::{BrokerError, Claim, SessionUser, Since, Topic};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Claims, Refused};
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::ConnId;
-use crate::node::{Admission, LiveSession, Node};
+use crate::node::{Admission, Node};
 use crate::outbound::Outbound;
+use access::Access;
+use rate::Bucket;
 use reader::{Incoming, Reader};
 
 /// Serves an upgraded connection until it ends.
@@ -72,6 +84,7 @@ where
     let writer = node
         .tasks
         .spawn(writer::run(write, out.clone(), stop.clone(), node.clone()));
+    let ws = &node.config.websocket;
     let mut session = Session {
         conn: admission.conn,
         owner: random_id(),
@@ -79,6 +92,11 @@ where
         resumed: false,
         out: out.clone(),
         subscriptions: Subscriptions::default(),
+        claims: None,
+        token_expires: None,
+        hello_by: Instant::now() + ws.hello_timeout,
+        commands: Bucket::new(ws.commands_per_second, ws.commands_burst),
+        limited_in_a_row: 0,
         bad_in_a_row: 0,
         takeover: CancellationToken::new(),
         ended: CancellationToken::new(),
@@ -101,6 +119,15 @@ struct Session {
     resumed: bool,
     out: Outbound,
     subscriptions: Subscriptions,
+    /// What the client's token says; `None` for an anonymous client.
+    claims: Option<Claims>,
+    /// When the token expires: the connection closes then, unless a
+    /// `refresh` moves it.
+    token_expires: Option<Instant>,
+    /// The first command must come by then.
+    hello_by: Instant,
+    commands: Bucket,
+    limited_in_a_row: u32,
     bad_in_a_row: u32,
     /// Cancelled when another connection resumes this session.
     takeover: CancellationToken,
@@ -118,6 +145,7 @@ impl Session {
         let ws = &self.node.config.websocket;
         let idle = ws.ping_interval + ws.pong_timeout;
         loop {
+            let (deadline, expired) = self.deadline();
             // Every branch but the read ends the connection, so dropping an
             // unfinished read (which is not cancel-safe) is harmless.
             let next = tokio::select! {
@@ -125,6 +153,13 @@ impl Session {
                 _ = stop.cancelled() => return,
                 _ = self.takeover.cancelled() => {
                     self.out.close(CloseReason::TakenOver, false);
+                    return;
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    if expired == CloseReason::TokenExpired {
+                        self.node.metrics.auth_failures.with_label_values(&["expired"]).inc();
+                    }
+                    self.out.close(expired, true);
                     return;
                 }
                 next = tokio::time::timeout(idle, reader.next(&self.out)) => next,
@@ -160,6 +195,22 @@ impl Session {
         }
     }
 
+    /// The next deadline other than the dead-peer timer's: the first
+    /// command's, then the token's expiry.
+    fn deadline(&self) -> (Instant, CloseReason) {
+        if self.id.is_none() {
+            return (self.hello_by, CloseReason::HelloTimeout);
+        }
+        match self.token_expires {
+            Some(at) => (at, CloseReason::TokenExpired),
+            // Far enough to never come, near enough to add to an Instant.
+            None => (
+                Instant::now() + Duration::from_secs(86_400 * 365),
+                CloseReason::TokenExpired,
+            ),
+        }
+    }
+
     /// While the connection closes (a drain, a move) commands are ignored,
     /// but acks still count: the resume elsewhere then replays nothing the
     /// client already has.
@@ -188,10 +239,18 @@ impl Session {
             self.out.close(CloseReason::InvalidUtf8, false);
             return;
         };
-        let result = match Command::decode(json) {
+        let command = Command::decode(json);
+        // Acks are cumulative and cost no broker work: they are not counted.
+        let counted = !matches!(command, Ok(Command::Ack { .. }));
+        if counted && !self.commands.take() {
+            self.rate_limited(command.as_ref().ok()).await;
+            return;
+        }
+        self.limited_in_a_row = 0;
+        let result = match command {
             Err(e) => Err(e),
-            Ok(Command::Hello { resume, .. }) if self.id.is_none() => {
-                self.hello(resume.as_deref()).await;
+            Ok(Command::Hello { token, resume }) if self.id.is_none() => {
+                self.hello(token.as_deref(), resume.as_deref()).await;
                 Ok(())
             }
             Ok(Command::Hello { .. }) => Err(CommandError::new(
@@ -201,7 +260,11 @@ impl Session {
             )),
             Ok(command) => {
                 if self.id.is_none() {
-                    self.hello(None).await;
+                    // Implied: an anonymous `hello`.
+                    self.hello(None, None).await;
+                    if self.id.is_none() {
+                        return;
+                    }
                 }
                 self.act(command, &text).await
             }
@@ -212,9 +275,39 @@ impl Session {
         }
     }
 
+    /// Over the command rate: an `err`, and the close when it goes on.
+    async fn rate_limited(&mut self, command: Option<&Command<'_>>) {
+        self.node.metrics.rate_limited.inc();
+        let id = match command {
+            Some(
+                Command::Sub { id, .. }
+                | Command::Unsub { id, .. }
+                | Command::Pub { id, .. }
+                | Command::Refresh { id, .. },
+            ) => Some(*id),
+            _ => None,
+        };
+        let ws = &self.node.config.websocket;
+        self.reply(ServerMessage::Err {
+            id,
+            code: ErrorCode::RateLimited,
+            message: &format!(
+                "at most {} commands per second (bursts of {})",
+                ws.commands_per_second, ws.commands_burst
+            ),
+        })
+        .await;
+        self.limited_in_a_row += 1;
+        if self.limited_in_a_row >= ws.max_bad_commands {
+            tracing::info!(conn = self.conn, "closed for commands over the rate limit");
+            self.out.close(CloseReason::RateLimited, true);
+        }
+    }
+
     async fn act(&mut self, command: Command<'_>, text: &Bytes) -> Result<(), CommandError> {
         match command {
             Command::Hello { .. } => Ok(()),
+            Command::Refresh { id, token } => self.refresh(id, &token).await,
             Command::Sub {
                 id,
                 topic,
@@ -222,6 +315,7 @@ impl Session {
                 epoch,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
+                self.may(Some(id), &topic, Access::Subscribe)?;
                 if self.subscriptions.contains(&topic) {
                     return Err(CommandError::new(
                         Some(id),
@@ -253,28 +347,18 @@ impl Session {
                 self.leave(&topic).await;
                 self.reply(ServerMessage::Ok {
                     id,
-                    topic: topic.as_str(),
+                    topic: Some(topic.as_str()),
                     seq: None,
                     epoch: None,
                     recovered: None,
+                    expires: None,
                 })
                 .await;
                 Ok(())
             }
             Command::Pub { id, topic, data } => {
                 let topic = self.topic(Some(id), &topic)?;
-                let allowed = self
-                    .node
-                    .namespaces
-                    .get(&topic)
-                    .is_some_and(|ns| ns.client_publish);
-                if !allowed {
-                    return Err(CommandError::new(
-                        Some(id),
-                        ErrorCode::Forbidden,
-                        format!("clients may not publish to `{topic}`"),
-                    ));
-                }
+                self.may(Some(id), &topic, Access::Publish)?;
                 // `data` points into the frame: publish it without a copy.
                 let data = text.slice_ref(data.get().as_bytes());
                 let position = self
@@ -286,10 +370,11 @@ impl Session {
                 self.node.metrics.published.inc();
                 self.reply(ServerMessage::Ok {
                     id,
-                    topic: topic.as_str(),
+                    topic: Some(topic.as_str()),
                     seq: Some(position.seq),
                     epoch: Some(&position.epoch),
                     recovered: None,
+                    expires: None,
                 })
                 .await;
                 Ok(())
@@ -321,33 +406,110 @@ impl Session {
     /// The session `id` to resume, claimed for this connection, so that a
     /// connection that served it elsewhere can no longer save over it. It
     /// comes from this pod's connection serving it if that one held it last
-    /// (its acks are the newest), or else as stored.
-    async fn claim(&self, id: &str) -> Result<Option<SessionSnapshot>, BrokerError> {
-        let live = self.node.take_over(id).await;
-        let claimed = self.node.sessions.claim(id, &self.owner).await;
+    /// (its acks are the newest), or else as stored. Only `user`'s session
+    /// is taken (an anonymous one when `None`); another user's is left alone.
+    async fn claim(&self, id: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
+        let live = match self.node.live.take_over(id, user).await {
+            TakeOver::OtherUser => return Ok(Claim::OtherUser),
+            TakeOver::None => None,
+            TakeOver::Taken(owner, snapshot) => Some((owner, snapshot)),
+        };
+        let claimed = self.node.sessions.claim(id, &self.owner, user).await;
+        let taken = |snapshot| {
+            Claim::Taken(router::Claimed {
+                snapshot,
+                from: None,
+            })
+        };
         match (live, claimed) {
-            (Some((owner, live)), Ok(Some(stored))) => {
+            (Some((owner, live)), Ok(Claim::Taken(stored))) => {
                 let held_it_last = stored.from.as_deref() == Some(&*owner);
-                Ok(Some(if held_it_last { live } else { stored.snapshot }))
+                Ok(taken(if held_it_last { live } else { stored.snapshot }))
             }
-            (Some((_, live)), Ok(None)) => Ok(Some(live)),
+            (Some((_, live)), Ok(_)) => Ok(taken(live)),
             (Some((_, live)), Err(e)) => {
                 tracing::warn!(error = %e, "session not claimed in the store; resumed from this pod's copy");
-                Ok(Some(live))
+                Ok(taken(live))
             }
-            (None, claimed) => claimed.map(|c| c.map(|c| c.snapshot)),
+            (None, claimed) => claimed,
         }
+    }
+
+    /// Who the client is: the claims of a valid token, or anonymous where
+    /// that is allowed. `Err` has closed the connection already.
+    async fn authenticate(&mut self, token: Option<&str>) -> Result<Option<Claims>, ()> {
+        let Some(verifier) = &self.node.verifier else {
+            // Open mode: nothing to check a token against.
+            return Ok(None);
+        };
+        let refused = match token {
+            Some(token) => match verifier.verify(token).await {
+                Ok(claims) => return Ok(Some(claims)),
+                Err(refused) => refused,
+            },
+            None if self.node.config.auth.allow_anonymous => return Ok(None),
+            None => {
+                self.auth_failed("missing", ErrorCode::Unauthorized, "a token is required")
+                    .await;
+                self.out.close(CloseReason::Unauthorized, true);
+                return Err(());
+            }
+        };
+        let (code, reason) = refusal(&refused);
+        self.auth_failed(refused.reason(), code, &refused.to_string())
+            .await;
+        self.out.close(reason, true);
+        Err(())
+    }
+
+    async fn auth_failed(&self, reason: &str, code: ErrorCode, message: &str) {
+        self.node
+            .metrics
+            .auth_failures
+            .with_label_values(&[reason])
+            .inc();
+        tracing::debug!(conn = self.conn, reason, "token refused");
+        self.reply(ServerMessage::Err {
+            id: None,
+            code,
+            message,
+        })
+        .await;
+    }
+
+    /// Takes the token's claims for this connection.
+    fn adopt(&mut self, claims: Option<Claims>) {
+        self.token_expires = claims.as_ref().and_then(|c| c.expires).map(|at| {
+            match at.duration_since(std::time::SystemTime::now()) {
+                Ok(left) => Instant::now() + left,
+                Err(_) => Instant::now(),
+            }
+        });
+        self.claims = claims;
     }
 
     /// Starts (or restores) the session and sends `welcome`. A resume that
     /// cannot be completed now (store or broker unavailable) closes with
     /// 4003, leaving the stored session as it was: the client comes back
     /// and resumes, rather than losing what it missed to a fresh session.
-    async fn hello(&mut self, resume: Option<&str>) {
+    async fn hello(&mut self, token: Option<&str>, resume: Option<&str>) {
+        let Ok(claims) = self.authenticate(token).await else {
+            return;
+        };
+        let user = claims.as_ref().map(|c| c.user.clone());
+        self.adopt(claims);
         let mut restored = None;
+        let mut not_resumed = None;
         if let Some(id) = resume {
-            match self.claim(id).await {
-                Ok(snapshot) => restored = snapshot.map(|s| (Arc::<str>::from(id), s)),
+            match self.claim(id, user.as_deref()).await {
+                Ok(Claim::Taken(claimed)) => {
+                    restored = Some((Arc::<str>::from(id), claimed.snapshot))
+                }
+                Ok(Claim::NotFound) => not_resumed = Some("not_found"),
+                Ok(Claim::OtherUser) => {
+                    tracing::info!(conn = self.conn, session = %tag(id), "resume of another user's session refused");
+                    not_resumed = Some("other_user");
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "session store unavailable; the client is to come back");
                     self.out.close(CloseReason::Unavailable, true);
@@ -363,16 +525,26 @@ impl Session {
         };
         self.resumed = snapshot.is_some();
         self.id = Some(id.clone());
+        let session_user = match &snapshot {
+            Some(snapshot) => snapshot.user.clone(),
+            None => user.map(|id| SessionUser {
+                id,
+                since_ms: router::session::unix_ms(),
+            }),
+        };
+        self.subscriptions.set_user(session_user);
         let ping_ms = self.node.config.websocket.ping_interval.as_millis() as u64;
         self.reply(ServerMessage::Welcome {
             session: &id,
             ping_ms,
             resumed: self.resumed,
+            expires: self.expires_unix(),
+            reason: not_resumed,
         })
         .await;
         // Registered after `welcome` is queued, so that a `reconnect` from
         // the rebalancer never comes before it.
-        self.node.register(
+        self.node.live.register(
             id.clone(),
             LiveSession {
                 conn: self.conn,
@@ -388,6 +560,11 @@ impl Session {
             .unwrap_or_default()
             .into_iter();
         while let Some(state) = states.next() {
+            // The token may grant less than the one the session began with.
+            if let Err(e) = self.may(None, &state.topic, Access::Subscribe) {
+                self.reject(e).await;
+                continue;
+            }
             let since = Since {
                 seq: state.position,
                 epoch: Some(state.epoch.to_string()),
@@ -412,6 +589,94 @@ impl Session {
                 Err(e) => self.reject(e).await,
             }
         }
+    }
+
+    /// The token's expiry in Unix seconds, for `welcome` and `refresh`.
+    fn expires_unix(&self) -> Option<u64> {
+        let expires = self.claims.as_ref()?.expires?;
+        expires.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs())
+    }
+
+    /// A new token for the same user: the connection lives on to its
+    /// expiry, with its grants. Topics it no longer grants are left.
+    async fn refresh(&mut self, id: u64, token: &str) -> Result<(), CommandError> {
+        let Some(verifier) = self.node.verifier.clone() else {
+            return Err(CommandError::new(
+                Some(id),
+                ErrorCode::Malformed,
+                "this server does not check tokens",
+            ));
+        };
+        let claims = match verifier.verify(token).await {
+            Ok(claims) => claims,
+            Err(refused) => {
+                self.node
+                    .metrics
+                    .auth_failures
+                    .with_label_values(&[refused.reason()])
+                    .inc();
+                let (code, _) = refusal(&refused);
+                return Err(CommandError::new(Some(id), code, refused.to_string()));
+            }
+        };
+        let same_user = self.claims.as_ref().map(|c| &c.user) == Some(&claims.user);
+        if !same_user {
+            self.node
+                .metrics
+                .auth_failures
+                .with_label_values(&["other_user"])
+                .inc();
+            return Err(CommandError::new(
+                Some(id),
+                ErrorCode::Unauthorized,
+                "a refresh must be for the connection's own user",
+            ));
+        }
+        self.adopt(Some(claims));
+        for topic in self.subscriptions.topics() {
+            if let Err(mut e) = self.may(None, &topic, Access::Subscribe) {
+                self.subscriptions.remove(&topic);
+                self.leave(&topic).await;
+                e.message = format!("`{topic}` is no longer granted; unsubscribed");
+                self.reject(e).await;
+            }
+        }
+        self.reply(ServerMessage::Ok {
+            id,
+            topic: None,
+            seq: None,
+            epoch: None,
+            recovered: None,
+            expires: self.expires_unix(),
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Whether this client may subscribe or publish to `topic`, as its
+    /// namespace says.
+    fn may(&self, id: Option<u64>, topic: &Topic, access: Access) -> Result<(), CommandError> {
+        let Some(ns) = self.node.namespaces.get(topic) else {
+            return Err(CommandError::new(
+                id,
+                ErrorCode::UnknownNamespace,
+                format!("namespace `{}` is not configured", topic.namespace()),
+            ));
+        };
+        let open = self.node.verifier.is_none();
+        if access.allows(ns, topic, self.claims.as_ref(), open) {
+            return Ok(());
+        }
+        self.node
+            .metrics
+            .auth_failures
+            .with_label_values(&["forbidden"])
+            .inc();
+        Err(CommandError::new(
+            id,
+            ErrorCode::Forbidden,
+            format!("you may not {} `{topic}`", access.verb()),
+        ))
     }
 
     /// Subscribes: live delivery first (buffered), then the topic's position
@@ -450,10 +715,11 @@ impl Session {
             Some(id) => {
                 self.reply(ServerMessage::Ok {
                     id,
-                    topic: topic.as_str(),
+                    topic: Some(topic.as_str()),
                     seq: Some(position.seq),
                     epoch: Some(&position.epoch),
                     recovered: since.as_ref().map(|_| recovery.recovered),
+                    expires: None,
                 })
                 .await;
             }
@@ -508,13 +774,18 @@ impl Session {
         }
     }
 
-    /// Leaves every topic, saves the session for the resume window, logs and
-    /// counts the close.
+    /// Leaves every topic, saves the session for the resume window (unless
+    /// a backend ended the user's access), logs and counts the close.
     async fn end(self) {
         for topic in self.subscriptions.topics() {
             self.leave(&topic).await;
         }
-        if let Some(id) = &self.id {
+        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
+        if let Some(id) = &self.id
+            && reason == CloseReason::Disconnected
+        {
+            self.node.live.deregister(id, self.conn);
+        } else if let Some(id) = &self.id {
             let snapshot = self.subscriptions.snapshot();
             let window = self.node.config.session.resume_window;
             match self
@@ -525,30 +796,29 @@ impl Session {
             {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::debug!(session = %id, "session resumed by another connection; not saved");
+                    tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, session = %id, "session not saved; it cannot be resumed");
+                    tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
                 }
             }
-            self.node.deregister(id, self.conn);
+            self.node.live.deregister(id, self.conn);
         }
         self.ended.cancel();
-        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
         self.node.metrics.closed(reason);
-        let session = self.id.as_deref().unwrap_or("-");
+        let session = self.id.as_deref().map_or_else(|| "-".to_owned(), tag);
         match reason {
             CloseReason::SlowConsumer | CloseReason::WriteTimeout | CloseReason::DeadPeer => {
                 tracing::warn!(
                     conn = self.conn,
-                    session,
+                    %session,
                     reason = reason.as_str(),
                     "connection closed"
                 );
             }
             _ => tracing::info!(
                 conn = self.conn,
-                session,
+                %session,
                 reason = reason.as_str(),
                 "connection closed"
             ),
@@ -570,6 +840,23 @@ fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {
         BrokerError::Unavailable(_) => ErrorCode::Unavailable,
     };
     CommandError::new(id, code, e.to_string())
+}
+
+/// How a token refusal is answered: the `err` code, and the close.
+fn refusal(refused: &Refused) -> (ErrorCode, CloseReason) {
+    if refused.is_expired() {
+        (ErrorCode::TokenExpired, CloseReason::TokenExpired)
+    } else {
+        (ErrorCode::Unauthorized, CloseReason::Unauthorized)
+    }
+}
+
+/// A session id as logs show it: a short hash, enough to follow one
+/// session's lines, useless to resume it with.
+fn tag(id: &str) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    format!("{:08x}", hasher.finish() as u32)
 }
 
 /// 128 random bits from a CSPRNG, hex: unguessable, and safe in any header.

@@ -5,13 +5,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use router::{Epoch, SessionSnapshot, SubscriptionState, Topic};
+use router::{Epoch, SessionSnapshot, SessionUser, SubscriptionState, Topic};
 
 #[derive(Clone, Default)]
 pub struct Subscriptions(Arc<Mutex<Inner>>);
 
 #[derive(Default)]
 struct Inner {
+    /// Whose session this is; set once, by `hello`.
+    user: Option<SessionUser>,
     by_topic: HashMap<Topic, Subscription>,
     /// Changed since the last snapshot.
     dirty: bool,
@@ -26,6 +28,18 @@ struct Subscription {
 impl Subscriptions {
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records whose session this is (from the token at `hello`, or as the
+    /// resumed session was stored).
+    pub fn set_user(&self, user: Option<SessionUser>) {
+        let mut inner = self.inner();
+        inner.user = user;
+        inner.dirty = true;
+    }
+
+    pub fn user(&self) -> Option<SessionUser> {
+        self.inner().user.clone()
     }
 
     pub fn contains(&self, topic: &Topic) -> bool {
@@ -75,6 +89,7 @@ impl Subscriptions {
         let mut inner = self.inner();
         inner.dirty = false;
         SessionSnapshot {
+            user: inner.user.clone(),
             subscriptions: inner
                 .by_topic
                 .iter()

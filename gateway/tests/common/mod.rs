@@ -41,7 +41,7 @@ impl Gateway {
         config.namespaces.insert(
             "chat".to_owned(),
             router::NamespaceSettings {
-                client_publish: true,
+                publish: router::Publish::Authenticated,
                 ..Default::default()
             },
         );
@@ -59,6 +59,7 @@ impl Gateway {
         let grpc_addr = grpc.local_addr().expect("gRPC addr");
         let listeners = gateway::Listeners {
             http: listener,
+            api: None,
             grpc: Some(grpc),
         };
         let node = Node::start(config).await.expect("node");

@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -21,11 +21,14 @@ pub mod client_command {
         Pub(super::Pub),
         #[prost(message, tag = "5")]
         Ack(super::Ack),
+        #[prost(message, tag = "6")]
+        Refresh(super::Refresh),
     }
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Hello {
+    /// A JWT (docs/security.md); required when the pod verifies tokens.
     #[prost(string, optional, tag = "1")]
     pub token: ::core::option::Option<::prost::alloc::string::String>,
     /// A session token from an earlier `welcome`, to resume that session.
@@ -74,6 +77,16 @@ pub struct Ack {
     #[prost(uint64, tag = "2")]
     pub seq: u64,
 }
+/// A new token for the same user before the current one expires; answered
+/// with `ok` (its `expires`) or `err`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Refresh {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub token: ::prost::alloc::string::String,
+}
 /// What the server sends.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -109,15 +122,23 @@ pub struct Welcome {
     pub ping_ms: u64,
     #[prost(bool, tag = "3")]
     pub resumed: bool,
+    /// When the connection's token expires (Unix seconds): `refresh` before.
+    #[prost(uint64, optional, tag = "4")]
+    pub expires: ::core::option::Option<u64>,
+    /// Why a `resume` was not honoured: `not_found` (unknown or expired) or
+    /// `other_user` (the session belongs to another user).
+    #[prost(string, optional, tag = "5")]
+    pub reason: ::core::option::Option<::prost::alloc::string::String>,
 }
-/// The reply to `sub`, `unsub` and `pub`.
+/// The reply to `sub`, `unsub`, `pub` and `refresh`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Ok {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    #[prost(string, tag = "2")]
-    pub topic: ::prost::alloc::string::String,
+    /// Absent in the reply to `refresh`.
+    #[prost(string, optional, tag = "2")]
+    pub topic: ::core::option::Option<::prost::alloc::string::String>,
     #[prost(uint64, optional, tag = "3")]
     pub seq: ::core::option::Option<u64>,
     #[prost(string, optional, tag = "4")]
@@ -125,6 +146,9 @@ pub struct Ok {
     /// Only in the reply to a `sub` that asked for replay.
     #[prost(bool, optional, tag = "5")]
     pub recovered: ::core::option::Option<bool>,
+    /// Only in the reply to `refresh`: when the new token expires (Unix seconds).
+    #[prost(uint64, optional, tag = "6")]
+    pub expires: ::core::option::Option<u64>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -249,6 +273,17 @@ pub struct TopicInfoResponse {
     #[prost(uint64, tag = "3")]
     pub subscribers: u64,
 }
+/// HTTP `POST /v1/disconnect` body; `Disconnect` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DisconnectRequest {
+    /// The `sub` of the user's tokens.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DisconnectResponse {}
 /// Generated client implementations.
 pub mod publisher_client {
     #![allow(
@@ -408,6 +443,32 @@ pub mod publisher_client {
                 .insert(GrpcMethod::new("herald.v1.Publisher", "TopicInfo"));
             self.inner.unary(req, path, codec).await
         }
+        /// Closes every connection of a user, on every pod, with a terminal code;
+        /// their sessions can no longer be resumed. Also HTTP `POST /v1/disconnect`.
+        pub async fn disconnect(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DisconnectRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DisconnectResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/Disconnect",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "Disconnect"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -443,6 +504,15 @@ pub mod publisher_server {
             request: tonic::Request<super::TopicInfoRequest>,
         ) -> std::result::Result<
             tonic::Response<super::TopicInfoResponse>,
+            tonic::Status,
+        >;
+        /// Closes every connection of a user, on every pod, with a terminal code;
+        /// their sessions can no longer be resumed. Also HTTP `POST /v1/disconnect`.
+        async fn disconnect(
+            &self,
+            request: tonic::Request<super::DisconnectRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DisconnectResponse>,
             tonic::Status,
         >;
     }
@@ -643,6 +713,51 @@ pub mod publisher_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = TopicInfoSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/Disconnect" => {
+                    #[allow(non_camel_case_types)]
+                    struct DisconnectSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::DisconnectRequest>
+                    for DisconnectSvc<T> {
+                        type Response = super::DisconnectResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::DisconnectRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::disconnect(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DisconnectSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

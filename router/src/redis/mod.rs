@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::observe::Observer;
 use crate::{
-    Broker, BrokerError, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
+    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
     Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Topic,
 };
 
@@ -158,6 +158,7 @@ async fn recover_raw(
     observer: &dyn Observer,
     topic: &Topic,
     since: Option<&Since>,
+    history_ttl: Duration,
 ) -> Result<Recovered, BrokerError> {
     let mut invocation = scripts::RECOVER.prepare_invoke();
     invocation
@@ -166,7 +167,7 @@ async fn recover_raw(
         .arg(new_epoch())
         .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
         .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
-        .arg(millis(META_TTL));
+        .arg(millis(history_ttl.min(META_TTL)).max(1));
     let mut conn = conn.clone();
     let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
     parse_recovered(topic, value)
@@ -364,6 +365,7 @@ impl Broker for RedisBroker {
             &*self.inner.observer,
             topic,
             since.as_ref(),
+            ttl,
         )
         .await?;
         let position = recovered.position;
@@ -433,20 +435,58 @@ impl SessionStore for RedisBroker {
         Ok(())
     }
 
-    async fn claim(&self, id: &str, owner: &str) -> Result<Option<Claimed>, BrokerError> {
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
         let mut conn = self.inner.conn.clone();
         let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
-        invocation.key(scripts::session_key(id)).arg(owner);
-        let value: Option<(String, Vec<u8>)> = timed(
+        let user_hex = user.map(sessions::hex).unwrap_or_default();
+        invocation.key(scripts::session_key(id));
+        if user.is_some() {
+            invocation.key(scripts::revoked_key(&user_hex));
+        }
+        invocation.arg(owner).arg(&user_hex);
+        let value: Value = timed(
             &*self.inner.observer,
             "session_load",
             invocation.invoke_async(&mut conn),
         )
         .await?;
-        Ok(value.map(|(from, snapshot)| Claimed {
-            snapshot: sessions::decode(&snapshot),
-            from: Some(from).filter(|f| !f.is_empty()),
-        }))
+        match value {
+            Value::Nil => Ok(Claim::NotFound),
+            Value::Int(0) => Ok(Claim::OtherUser),
+            value => {
+                let (from, snapshot): (String, Vec<u8>) = redis::from_redis_value(value)
+                    .map_err(|e| BrokerError::Unavailable(format!("redis: claim reply: {e}")))?;
+                Ok(Claim::Taken(Claimed {
+                    snapshot: sessions::decode(&snapshot),
+                    from: Some(from).filter(|f| !f.is_empty()),
+                }))
+            }
+        }
+    }
+
+    async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
+        let user_hex = sessions::hex(user);
+        // Twice the window: a pod that missed the announcement may still
+        // save a session of the user's for a while.
+        let keep = millis(ttl).max(1).saturating_mul(2);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(scripts::revoked_key(&user_hex))
+            .arg(crate::session::unix_ms())
+            .arg("PX")
+            .arg(keep)
+            .ignore()
+            .cmd("PUBLISH")
+            .arg(scripts::CONTROL_CHANNEL)
+            .arg(format!("disconnect {user_hex}"))
+            .ignore();
+        let mut conn = self.inner.conn.clone();
+        timed(
+            &*self.inner.observer,
+            "revoke",
+            pipe.query_async::<()>(&mut conn),
+        )
+        .await
     }
 }
 

@@ -166,7 +166,9 @@ impl Pubsub {
     ) -> Ended {
         // Everything watched before the connection dropped: subscribe again,
         // then fill what was published meanwhile.
-        let channels: Vec<String> = self.topics.keys().map(scripts::channel).collect();
+        let channels: Vec<String> = std::iter::once(scripts::CONTROL_CHANNEL.to_owned())
+            .chain(self.topics.keys().map(scripts::channel))
+            .collect();
         if self.subscribe(subscriber, &channels).await.is_err() {
             return Ended::Lost;
         }
@@ -268,7 +270,8 @@ impl Pubsub {
             // Subscribed first, position second: whatever is published from
             // here on arrives on the channel with a seq above this one.
             for topic in &new {
-                match recover_raw(&self.conn, &*self.observer, topic, None).await {
+                let ttl = self.history_ttl(topic);
+                match recover_raw(&self.conn, &*self.observer, topic, None, ttl).await {
                     Ok(recovered) => {
                         if let Some(watched) = self.topics.get_mut(topic) {
                             watched.last = Some((recovered.position.epoch, recovered.position.seq));
@@ -292,8 +295,30 @@ impl Pubsub {
         result
     }
 
+    fn history_ttl(&self, topic: &Topic) -> Duration {
+        self.namespaces
+            .get(topic)
+            .map_or(Duration::ZERO, |ns| ns.history_ttl)
+    }
+
+    /// A message on the control channel: `disconnect <user hex>`.
+    fn control(&self, payload: &[u8]) {
+        let user = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|text| text.strip_prefix("disconnect "))
+            .and_then(super::sessions::unhex);
+        match user {
+            Some(user) => self.sink.disconnect(&user),
+            None => tracing::warn!("unreadable message on the control channel"),
+        }
+    }
+
     /// A publication from the channel: `<seq>:<epoch>:<ms>[;<traceparent>]:<data>`.
     async fn message(&mut self, channel: &str, payload: &[u8]) -> Result<(), BrokerError> {
+        if channel == scripts::CONTROL_CHANNEL {
+            self.control(payload);
+            return Ok(());
+        }
         let Some(topic) = scripts::topic_of_channel(channel) else {
             return Ok(());
         };
@@ -403,12 +428,10 @@ impl Pubsub {
             seq: *seq,
             epoch: Some(epoch.to_string()),
         });
-        let recovered = recover_raw(&self.conn, &*self.observer, topic, since.as_ref()).await?;
+        let ttl = self.history_ttl(topic);
+        let recovered =
+            recover_raw(&self.conn, &*self.observer, topic, since.as_ref(), ttl).await?;
         let position = recovered.position.clone();
-        let ttl = self
-            .namespaces
-            .get(topic)
-            .map_or(Duration::ZERO, |ns| ns.history_ttl);
         match (&watched.last, recovered.entries) {
             (Some((epoch, last)), _) if *epoch == position.epoch && *last == position.seq => {}
             (Some((epoch, last)), Some(entries))

@@ -49,6 +49,16 @@ pub fn session_key(id: &str) -> String {
     format!("{PREFIX}:session:{id}")
 }
 
+/// When a user's access was last revoked (Unix ms): their sessions started
+/// before it cannot be claimed. `user` is hex, as sessions store it.
+pub fn revoked_key(user_hex: &str) -> String {
+    format!("{PREFIX}:revoked:{user_hex}")
+}
+
+/// The channel every pod listens on for what is not a topic's: `disconnect
+/// <user hex>`.
+pub const CONTROL_CHANNEL: &str = "herald:control";
+
 /// Saves a session unless another owner claimed it; returns 1 when saved.
 ///
 /// KEYS: session. ARGV: owner, value (its owner line first), ttl ms.
@@ -69,10 +79,13 @@ return 1
 });
 
 /// Makes ARGV[1] the session's owner, keeping its expiry, and returns
-/// `{previous owner or "", snapshot without the owner line}`, or nil when
-/// there is none.
+/// `{previous owner or "", snapshot without the owner line}`; nil when there
+/// is none (or it was started before its user's access was revoked: then it
+/// is deleted); 0, taking nothing, when it belongs to another user than
+/// ARGV[2] (`user <hex> <since ms>` is the line after the owner's).
 ///
-/// KEYS: session. ARGV: owner.
+/// KEYS: session, [the user's revocation]. ARGV: owner, user hex ('' for
+/// anonymous).
 pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -82,6 +95,17 @@ if not current then
 end
 local from = string.match(current, '^owner (%S+)\n') or ''
 local body = string.gsub(current, '^owner %S+\n', '', 1)
+local user, since = string.match(body, '^user (%x+) (%d+)\n')
+if (user or '') ~= ARGV[2] then
+  return 0
+end
+if KEYS[2] then
+  local revoked = redis.call('GET', KEYS[2])
+  if revoked and tonumber(since) <= tonumber(revoked) then
+    redis.call('DEL', KEYS[1])
+    return false
+  end
+end
 redis.call('SET', KEYS[1], 'owner ' .. ARGV[1] .. '\n' .. body, 'KEEPTTL')
 return {from, body}
 "#,
@@ -153,8 +177,11 @@ pub fn is_traceparent(value: &str) -> bool {
 /// `since`, the history after it. Returns `{seq, epoch, now_ms, entries}`;
 /// `entries` only when `since` is in the same epoch and before `seq`.
 ///
+/// A topic nobody published to yet keeps its meta only for ARGV[4] (the
+/// namespace's history age): subscribing leaves nothing long-lived behind.
+///
 /// KEYS: meta, history. ARGV: a fresh epoch, since (-1 for none), the
-/// client's epoch ('' for any), meta ttl ms.
+/// client's epoch ('' for any), ttl ms of a new meta.
 pub static RECOVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"

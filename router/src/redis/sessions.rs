@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{scripts, timed};
 use crate::observe::Observer;
-use crate::{BrokerError, SessionSnapshot, SubscriptionState, Topic};
+use crate::{BrokerError, SessionSnapshot, SessionUser, SubscriptionState, Topic};
 
 /// Saves waiting for the writer, at most.
 pub const QUEUE: usize = 4096;
@@ -72,10 +72,13 @@ pub async fn write(
     }
 }
 
-/// The owner's line, then one line per subscription:
-/// `<position> <epoch> <topic>`.
+/// The owner's line, the user's (`user <hex id> <since ms>`) if the session
+/// has one, then one line per subscription: `<position> <epoch> <topic>`.
 pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
     let mut out = format!("owner {owner}\n");
+    if let Some(user) = &snapshot.user {
+        out.push_str(&format!("user {} {}\n", hex(&user.id), user.since_ms));
+    }
     for s in &snapshot.subscriptions {
         out.push_str(&format!("{} {} {}\n", s.position, s.epoch, s.topic));
     }
@@ -87,9 +90,16 @@ pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
 /// rest of the session is still worth resuming.
 pub fn decode(value: &[u8]) -> SessionSnapshot {
     let text = String::from_utf8_lossy(value);
+    let user = text.lines().find_map(|line| {
+        let mut parts = line.strip_prefix("user ")?.split(' ');
+        Some(SessionUser {
+            id: Arc::from(unhex(parts.next()?)?),
+            since_ms: parts.next()?.parse().ok()?,
+        })
+    });
     let subscriptions = text
         .lines()
-        .filter(|line| !line.starts_with("owner "))
+        .filter(|line| !line.starts_with("owner ") && !line.starts_with("user "))
         .filter_map(|line| {
             let mut parts = line.splitn(3, ' ');
             let parsed = (|| {
@@ -105,7 +115,28 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
             parsed
         })
         .collect();
-    SessionSnapshot { subscriptions }
+    SessionSnapshot {
+        user,
+        subscriptions,
+    }
+}
+
+/// A user id as hex: any text (a `sub` may hold spaces or newlines) as one
+/// word of a session's lines, a key or a control message.
+pub fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The text of [`hex`], if it is that.
+pub fn unhex(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]
@@ -115,6 +146,10 @@ mod tests {
     #[test]
     fn snapshots_round_trip() {
         let snapshot = SessionSnapshot {
+            user: Some(SessionUser {
+                id: Arc::from("alice smith\n"),
+                since_ms: 1_700_000_000_000,
+            }),
             subscriptions: vec![SubscriptionState {
                 topic: Topic::parse("chat:a/b").unwrap_or_else(|e| panic!("{e}")),
                 epoch: Arc::from("9f3c"),

@@ -1,0 +1,99 @@
+//! What every listener does with an accepted connection, HTTP or gRPC: socket
+//! options, a pause after a failed accept, and who the client is behind a
+//! proxy.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use hyper::HeaderMap;
+use ipnet::IpNet;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::TcpStream;
+
+/// Keepalive probes start after this much TCP silence.
+const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Pause after a failed `accept` (out of file descriptors, say), so that the
+/// loop does not spin while the condition lasts.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// TCP_NODELAY (frames go out as soon as they are written) and keepalive
+/// (half-open connections are found even where no ping gets through).
+pub fn tune(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
+/// The client's address: the peer's, unless the peer is a trusted proxy;
+/// then the nearest address in `X-Forwarded-For` that is not one (each
+/// proxy appends the address it got the request from, so only the entries
+/// our own proxies added can be believed).
+pub fn client_ip(peer: SocketAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    let peer = peer.ip().to_canonical();
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    for hop in forwarded.iter().rev() {
+        let Ok(ip) = hop.parse::<IpAddr>() else {
+            // Garbage from the client's side: stop at the last good hop.
+            break;
+        };
+        client = ip.to_canonical();
+        if !is_trusted(&client) {
+            break;
+        }
+    }
+    client
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper::header::HeaderValue;
+
+    use super::*;
+
+    fn headers(xff: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", HeaderValue::from_str(xff).unwrap());
+        h
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let proxies: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let from_proxy: SocketAddr = "10.1.2.3:5000".parse().unwrap();
+        let from_client: SocketAddr = "203.0.113.9:5000".parse().unwrap();
+        let forged = headers("1.2.3.4, 198.51.100.7, 10.9.9.9");
+        // The proxies' own hops are skipped; what the client wrote is not read.
+        assert_eq!(
+            client_ip(from_proxy, &forged, &proxies),
+            "198.51.100.7".parse::<IpAddr>().unwrap()
+        );
+        // From anyone else the header is ignored.
+        assert_eq!(
+            client_ip(from_client, &forged, &proxies),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        // No header: the proxy itself.
+        assert_eq!(
+            client_ip(from_proxy, &HeaderMap::new(), &proxies),
+            "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_ip(from_proxy, &headers("nonsense"), &proxies),
+            "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+    }
+}

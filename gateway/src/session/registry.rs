@@ -1,0 +1,138 @@
+//! The sessions this pod serves, by id: what a resume takes over, what the
+//! flusher saves, whom a rebalance moves and whom a backend disconnects.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use proto::ServerMessage;
+use rand::Rng;
+use router::{SessionSave, SessionSnapshot};
+use tokio_util::sync::CancellationToken;
+
+use super::Subscriptions;
+use crate::disconnect::CloseReason;
+use crate::frame;
+use crate::hub::ConnId;
+use crate::outbound::Outbound;
+
+/// How long a resume waits for the connection it takes over to let go.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
+
+/// A session a connection on this pod serves.
+#[derive(Clone)]
+pub struct LiveSession {
+    pub conn: ConnId,
+    /// The connection's token as the session's owner in the store.
+    pub owner: Arc<str>,
+    pub out: Outbound,
+    /// Its subscriptions and acks, and whose session it is.
+    pub subscriptions: Subscriptions,
+    /// Cancelled when a newer connection resumes the session.
+    pub takeover: CancellationToken,
+    /// Cancelled by the connection once it has saved the session.
+    pub ended: CancellationToken,
+}
+
+/// What [`Registry::take_over`] found.
+pub enum TakeOver {
+    /// No connection on this pod serves the session.
+    None,
+    /// One does, for another user: left alone.
+    OtherUser,
+    /// Its connection was ended: its owner token and the session as it
+    /// left it.
+    Taken(Arc<str>, SessionSnapshot),
+}
+
+#[derive(Default)]
+pub struct Registry {
+    live: Mutex<HashMap<Arc<str>, LiveSession>>,
+}
+
+impl Registry {
+    fn live(&self) -> MutexGuard<'_, HashMap<Arc<str>, LiveSession>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that a connection now serves session `id`.
+    pub fn register(&self, id: Arc<str>, session: LiveSession) {
+        self.live().insert(id, session);
+    }
+
+    pub fn deregister(&self, id: &str, conn: ConnId) {
+        let mut live = self.live();
+        if live.get(id).is_some_and(|l| l.conn == conn) {
+            live.remove(id);
+        }
+    }
+
+    /// Ends the connection that serves session `id` on this pod, if any and
+    /// if the session is `user`'s, and returns what it left: a resume must
+    /// see its latest acks, and must not depend on the store having them
+    /// yet (with the memory broker a session is stored only when its
+    /// connection ends, which a half-open connection may take long to do).
+    pub async fn take_over(&self, id: &str, user: Option<&str>) -> TakeOver {
+        let Some(current) = self.live().get(id).cloned() else {
+            return TakeOver::None;
+        };
+        let owner = current.subscriptions.user();
+        if owner.as_ref().map(|u| &*u.id) != user {
+            return TakeOver::OtherUser;
+        }
+        current.takeover.cancel();
+        // Its reader stops between commands: wait for that, briefly.
+        let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
+        TakeOver::Taken(current.owner, current.subscriptions.snapshot())
+    }
+
+    /// Asks up to `count` sessions to reconnect elsewhere, each after a random
+    /// delay within `spread`; returns how many were asked.
+    pub fn ask_to_move(&self, count: usize, spread: Duration) -> usize {
+        let spread_ms = spread.as_millis().max(1) as u64;
+        let mut asked = 0;
+        for live in self.live().values() {
+            if asked == count {
+                break;
+            }
+            if live.out.is_closing() {
+                continue;
+            }
+            let after_ms = rand::thread_rng().gen_range(0..spread_ms);
+            let advice = frame::message(&ServerMessage::Reconnect {
+                after_ms,
+                reason: "rebalance",
+            });
+            live.out.close_after(advice, CloseReason::Rebalance);
+            asked += 1;
+        }
+        asked
+    }
+
+    /// Every live session that changed since its last save.
+    pub fn changed(&self) -> Vec<SessionSave> {
+        self.live()
+            .iter()
+            .filter_map(|(id, live)| {
+                Some(SessionSave {
+                    id: id.clone(),
+                    owner: live.owner.clone(),
+                    snapshot: live.subscriptions.changed()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Closes every connection of `user` on this pod; returns how many.
+    pub fn disconnect(&self, user: &str) -> usize {
+        let mut closed = 0;
+        for live in self.live().values() {
+            let theirs = live.subscriptions.user().is_some_and(|u| &*u.id == user);
+            if theirs {
+                live.out.close(CloseReason::Disconnected, true);
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
