@@ -269,6 +269,8 @@ refuses "a token key without API keys" "refusing to render an open herald: no AP
 refuses "an existing Secret said to hold no API keys" "refusing to render an open herald: no API keys" \
     "${DEFAULTS[@]}" --set auth.existingSecretKeys.apiKeys=
 refuses "an existing Secret and keys in values" "not both" "${DEFAULTS[@]}" --set 'auth.apiKeys={k1}'
+refuses "open with a namespace granted by token" "namespace chat grants by token" \
+    --set auth.open=true --set config.namespaces.chat.subscribe=granted
 refuses "two replicas with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set replicaCount=2
 refuses "autoscaling with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set autoscaling.enabled=true
 refuses "a replica count beside the HPA" "the HPA owns the count" "${DEFAULTS[@]}" \

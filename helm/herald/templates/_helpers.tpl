@@ -135,6 +135,14 @@ something (above), and only auth.open=true says that is meant. */}}
 {{- if and $why (not $a.open) }}
 {{- fail (printf "refusing to render an open herald: %s. To run it open anyway, set auth.open=true: any client may then read any topic, and anyone who can reach the API port may publish" (join "; " $why)) }}
 {{- end }}
+{{- /* herald refuses these at start; better said here than in a crash loop. */}}
+{{- if has "tokenKey" $missing }}
+{{- range $name, $ns := .Values.config.namespaces }}
+{{- if and $ns (or (eq (toString $ns.subscribe) "granted") (eq (toString $ns.publish) "granted") $ns.personal) }}
+{{- fail (printf "namespace %s grants by token (granted or personal), but there is no key to check tokens with: set auth.hmacSecret, auth.publicKey or auth.jwksUrl (or an auth.existingSecret holding one)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* What auth.open leaves open, one line each (NOTES.txt warns); empty
@@ -246,7 +254,11 @@ serves only /ws and the probes. */}}
 Secret. */}}
 {{- $a := .Values.auth }}
 {{- $auth := dict "leeway" $a.leeway "allow_anonymous" $a.allowAnonymous }}
-{{- with $a.jwksUrl }}{{ $_ = set $auth "jwks_url" . }}{{ end }}
+{{- with $a.jwksUrl }}
+{{- $_ = set $auth "jwks_url" . }}
+{{- $_ = set $auth "jwks_refresh_interval" $a.jwksRefreshInterval }}
+{{- $_ = set $auth "jwks_min_refetch" $a.jwksMinRefetch }}
+{{- end }}
 {{- with $a.issuer }}{{ $_ = set $auth "issuer" . }}{{ end }}
 {{- with $a.audience }}{{ $_ = set $auth "audience" . }}{{ end }}
 {{- $_ = set $cfg "auth" $auth }}
