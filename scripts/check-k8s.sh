@@ -258,6 +258,13 @@ validate full-values "$WORK/full-values.yaml" \
 grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
 grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
 
+# helm lint takes a template's fail as meant: the bare chart lints clean,
+# although it refuses to render (below).
+step "chart, bare: helm lint --strict"
+"$HELM" lint --strict --quiet "$CHART" --kube-version "$RENDER_KUBE_VERSION" > "$WORK/bare.lint.txt" 2>&1 \
+    || { cat "$WORK/bare.lint.txt" >&2; die "bare chart: helm lint"; }
+checked+=("bare chart lints")
+
 # Open by omission: without API keys or without a token key, the chart
 # refuses and says what to set (and that auth.open=true is the way to mean it).
 refuses "no keys at all (the bare defaults)" \
