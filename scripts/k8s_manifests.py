@@ -7,12 +7,13 @@ render ships is accepted by the real `herald --check`, and that k8s/ renders
 the same objects as the chart. Needs PyYAML (kubernetes-validate brings it).
 
     split RENDER OUT [--expect KIND[/NAME] ...] [--absent KIND ...]
-    invariants RENDER HERALD_BINARY
+    invariants RENDER HERALD_BINARY [--open]
     same CHART_RENDER KUSTOMIZE_RENDER [--only KIND/NAME ...]
     write-base CHART_RENDER DIR [--only KIND/NAME ...] [--file NAME] [--kustomization]
 """
 
 import argparse
+import base64
 import copy
 import difflib
 import os
@@ -29,6 +30,28 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 # Labels Helm's own bookkeeping adds; the kustomize base has neither.
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 GATEWAY_CONTAINER = "herald"
+# The pod's ports: http for clients (/ws, probes), api for the backend API and
+# /metrics, grpc for the gRPC API. The last two never reach clients.
+CLIENT_PORTS = {"http"}
+BACKEND_PORTS = {"api", "grpc"}
+# Credentials: environment variables from a Secret, never values in the
+# Deployment or keys in herald.toml (a ConfigMap).
+API_KEYS_ENV = "HERALD_HTTP__API_KEYS"
+TOKEN_KEY_ENVS = ("HERALD_AUTH__HMAC_SECRET", "HERALD_AUTH__PUBLIC_KEY")
+SECRET_TOML_KEYS = (("http", "api_keys"), ("auth", "hmac_secret"), ("auth", "public_key"))
+# Stand-ins of the right form for what a Secret the user manages holds, so
+# that herald --check sees the pod's configuration whole.
+STAND_INS = {
+    "HERALD_REDIS__URL": "redis://redis.example:6379",
+    API_KEYS_ENV: "stand-in-key-one,stand-in-key-two",
+    "HERALD_AUTH__HMAC_SECRET": "stand-in-hmac-secret-0123456789abcdef0123456789abcdef",
+    # An EC P-256 public key made for this check; nobody holds its private key.
+    "HERALD_AUTH__PUBLIC_KEY": (
+        "-----BEGIN PUBLIC KEY-----\n"
+        "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE0F7Jrp0/sUPDUo6gzhO+IxZdy32L\n"
+        "2eLgRq17kct02qqsQv9+nXCWJaCSHc+uz0y8om8bC+uev8FjPOOXVzKhJQ==\n"
+        "-----END PUBLIC KEY-----\n"),
+}
 
 
 class CheckFailed(Exception):
@@ -113,7 +136,118 @@ def gateway_deployments(objects):
             yield d
 
 
-def check_gateway(deploy, objects, herald):
+def secret_value(objects, secret_ref):
+    """A Secret's value as the pod would read it (stringData from the chart,
+    data from a kustomize secretGenerator); None for a Secret not rendered."""
+    secret = objects.get(f"Secret/{secret_ref.get('name')}")
+    if secret is None:
+        return None
+    key = secret_ref.get("key")
+    if key in secret.get("stringData", {}):
+        return secret["stringData"][key]
+    if key in secret.get("data", {}):
+        return base64.b64decode(secret["data"][key]).decode()
+    raise CheckFailed(f"{ref(secret)} has no key {key}, which the pod reads")
+
+
+def port_target(service, port):
+    """The container port a Service port (by name or number) leads to."""
+    for p in service["spec"]["ports"]:
+        if port in (p.get("name"), p.get("port")):
+            return p.get("targetPort")
+    return None
+
+
+def check_exposure(name, labels, ports, objects):
+    """Clients reach only the http port; the api and grpc ports only the
+    backends: by Service, Ingress, ServiceMonitor and NetworkPolicy."""
+    services = [s for s in objects.values() if s["kind"] == "Service"
+                and selects(s["spec"].get("selector", {}), labels)]
+    if not services:
+        raise CheckFailed(f"{name}: no Service selects its pods")
+    for s in services:
+        targets = {p.get("targetPort") for p in s["spec"]["ports"]}
+        unknown = targets - set(ports)
+        if unknown:
+            raise CheckFailed(f"{ref(s)}: targetPort {sorted(unknown)} is not a container port")
+        if targets & CLIENT_PORTS and targets & BACKEND_PORTS:
+            raise CheckFailed(f"{ref(s)} carries the clients' port and the API's ({sorted(targets)}): "
+                              "the API would be as exposed as the WebSocket")
+        if targets & BACKEND_PORTS and s["spec"].get("type", "ClusterIP") != "ClusterIP":
+            raise CheckFailed(f"{ref(s)} carries {sorted(targets)} as a {s['spec']['type']}: the API "
+                              "Service must stay inside the cluster (ClusterIP)")
+    carried = {p.get("targetPort") for s in services for p in s["spec"]["ports"]}
+    if not {"http", "api", "grpc"} <= carried:
+        raise CheckFailed(f"{name}: the Services carry {sorted(carried)}, not http, api and grpc")
+
+    for o in objects.values():
+        if o["kind"] == "Ingress":
+            for rule in o["spec"].get("rules", []):
+                for path in rule.get("http", {}).get("paths", []):
+                    backend = path["backend"]["service"]
+                    svc = objects.get(f"Service/{backend['name']}")
+                    port = backend["port"].get("name", backend["port"].get("number"))
+                    if svc is None or port_target(svc, port) not in CLIENT_PORTS:
+                        raise CheckFailed(f"{ref(o)}: {path['path']} leads to {backend['name']}:{port}, "
+                                          "not to the pods' http port")
+        if o["kind"] == "ServiceMonitor":
+            picked = [s for s in services
+                      if selects(o["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
+            for e in o["spec"]["endpoints"]:
+                reached = {port_target(s, e["port"]) for s in picked} - {None}
+                if reached != {"api"} or e.get("path") != "/metrics":
+                    raise CheckFailed(f"{ref(o)}: endpoint {e['port']} {e.get('path')} reaches {sorted(reached)} "
+                                      f"of {[ref(s) for s in picked]}, not GET /metrics on the api port")
+        if o["kind"] == "NetworkPolicy" and selects(o["spec"]["podSelector"].get("matchLabels", {}), labels) \
+                and "Ingress" in o["spec"].get("policyTypes", ["Ingress"]):
+            opened = set()
+            for rule in o["spec"].get("ingress", []):
+                named = {p.get("port") for p in rule.get("ports", [])}
+                for port in named:
+                    if port not in ports and port not in ports.values():
+                        raise CheckFailed(f"{ref(o)}: port {port} is not a container port")
+                named = {n for n, number in ports.items() if n in named or number in named} \
+                    if rule.get("ports") else set(ports)
+                if named & BACKEND_PORTS and not rule.get("from"):
+                    raise CheckFailed(f"{ref(o)}: a rule without `from` opens {sorted(named & BACKEND_PORTS)} "
+                                      "to everyone")
+                opened |= named
+            if "http" not in opened:
+                raise CheckFailed(f"{ref(o)} shuts the clients' http port")
+    print(f"   {name}: clients reach only http "
+          f"({', '.join(ref(s) for s in services if {p.get('targetPort') for p in s['spec']['ports']} <= CLIENT_PORTS)}); "
+          f"api and grpc only inside "
+          f"({', '.join(ref(s) for s in services if {p.get('targetPort') for p in s['spec']['ports']} <= BACKEND_PORTS)})")
+    return services
+
+
+def check_credentials(name, c, config, open_ok):
+    """Keys come from a Secret, and unless the render is meant to be open,
+    there are API keys and a way to check clients' tokens."""
+    env = {e["name"]: e for e in c.get("env", [])}
+    for var in (API_KEYS_ENV,) + TOKEN_KEY_ENVS:
+        if var in env and "secretKeyRef" not in env[var].get("valueFrom", {}):
+            raise CheckFailed(f"{name}: {var} is not read from a Secret")
+    for table, key in SECRET_TOML_KEYS:
+        if key in config.get(table, {}):
+            raise CheckFailed(f"{name}: herald.toml (a ConfigMap) holds {table}.{key}: it belongs in a Secret")
+    missing = []
+    if API_KEYS_ENV not in env:
+        missing.append("API keys")
+    if not any(v in env for v in TOKEN_KEY_ENVS) and not config.get("auth", {}).get("jwks_url"):
+        missing.append("token key")
+    if missing and not open_ok:
+        raise CheckFailed(f"{name}: open: no {' and no '.join(missing)}")
+    if not missing and open_ok:
+        raise CheckFailed(f"{name}: expected an open render, but it has its keys")
+    print(f"   {name}: " + (f"open as meant (no {' and no '.join(missing)})" if missing else
+                            "API keys and token key from Secrets: "
+                            + ", ".join(f"{v} <- {env[v]['valueFrom']['secretKeyRef']['name']}"
+                                        for v in (API_KEYS_ENV,) + TOKEN_KEY_ENVS if v in env)
+                            + (f", jwks_url {config['auth']['jwks_url']}" if config.get("auth", {}).get("jwks_url") else "")))
+
+
+def check_gateway(deploy, objects, herald, open_ok=False):
     name = ref(deploy)
     pod = deploy["spec"]["template"]
     spec = pod["spec"]
@@ -137,7 +271,7 @@ def check_gateway(deploy, objects, herald):
          "resources with requests and limits")
     need(bool(spec.get("topologySpreadConstraints")), "topology spread")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-    need(set(ports) >= {"http", "grpc"}, "container ports http and grpc")
+    need(set(ports) >= CLIENT_PORTS | BACKEND_PORTS, "container ports http, api and grpc")
     live = c.get("livenessProbe", {}).get("httpGet", {})
     ready = c.get("readinessProbe", {}).get("httpGet", {})
     need(live.get("path") == "/healthz" and live.get("port") == "http", "liveness GET /healthz on http")
@@ -162,9 +296,9 @@ def check_gateway(deploy, objects, herald):
         raise CheckFailed(f"{name}: missing {'; '.join(problems)}")
 
     config = tomllib.loads(toml_text)
-    for key, port_name in (("listen", "http"), ("grpc.listen", "grpc")):
-        table = config.get("grpc", {}) if key == "grpc.listen" else config
-        listen = table.get("listen", "")
+    for key, port_name in (("listen", "http"), ("http.api_listen", "api"), ("grpc.listen", "grpc")):
+        table, _, field = key.rpartition(".")
+        listen = (config.get(table, {}) if table else config).get(field, "")
         if not listen.endswith(f":{ports[port_name]}"):
             raise CheckFailed(f"{name}: {key} = {listen!r} but the {port_name} port is {ports[port_name]}")
 
@@ -176,15 +310,10 @@ def check_gateway(deploy, objects, herald):
         raise CheckFailed(f"{name}: terminationGracePeriodSeconds {grace} < preStop {sleep} + drain {drain:g}")
     print(f"   {name}: drain fits: preStop {sleep}s + drain_timeout {drain:g}s <= grace {grace}s")
 
-    # Services, the PDB, the HPA and ServiceMonitors point at these pods.
-    services = [s for s in objects.values() if s["kind"] == "Service"
-                and selects(s["spec"].get("selector", {}), labels)]
-    if not services:
-        raise CheckFailed(f"{name}: no Service selects its pods")
-    for s in services:
-        for p in s["spec"]["ports"]:
-            if p.get("targetPort") not in ports:
-                raise CheckFailed(f"{ref(s)}: targetPort {p.get('targetPort')} is not a container port")
+    # Services, the Ingress, the ServiceMonitor and NetworkPolicies: each
+    # port reaches whom it should; the PDB and the HPA point at these pods.
+    check_exposure(name, labels, ports, objects)
+    check_credentials(name, c, config, open_ok)
     for o in objects.values():
         if o["kind"] == "PodDisruptionBudget" and not selects(o["spec"]["selector"]["matchLabels"], labels):
             raise CheckFailed(f"{ref(o)} does not select {name}'s pods")
@@ -194,12 +323,6 @@ def check_gateway(deploy, objects, herald):
                 raise CheckFailed(f"{ref(o)} scales {target['name']}, which is not rendered")
             if "replicas" in deploy["spec"]:
                 raise CheckFailed(f"{name} sets replicas although {ref(o)} owns the count")
-        if o["kind"] == "ServiceMonitor":
-            picked = [s for s in services
-                      if selects(o["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
-            names = {p["name"] for s in picked for p in s["spec"]["ports"]}
-            if not picked or any(e["port"] not in names for e in o["spec"]["endpoints"]):
-                raise CheckFailed(f"{ref(o)} does not reach a port of {name}'s Service")
 
     # The real parser: herald --check with the pod's file and variables.
     run_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -207,12 +330,12 @@ def check_gateway(deploy, objects, herald):
         if "value" in e:
             run_env[e["name"]] = e["value"]
         else:
-            secret_ref = e.get("valueFrom", {}).get("secretKeyRef", {})
-            secret = objects.get(f"Secret/{secret_ref.get('name')}")
-            value = (secret or {}).get("stringData", {}).get(secret_ref.get("key"))
+            value = secret_value(objects, e.get("valueFrom", {}).get("secretKeyRef", {}))
             # A Secret the user manages: a stand-in of the right form.
             if value is None:
-                value = "redis://redis.example:6379" if e["name"] == "HERALD_REDIS__URL" else "placeholder-key"
+                if e["name"] not in STAND_INS:
+                    raise CheckFailed(f"{name}: no stand-in for {e['name']} from a Secret not rendered")
+                value = STAND_INS[e["name"]]
             run_env[e["name"]] = value
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "herald.toml")
@@ -235,7 +358,7 @@ def cmd_invariants(args):
     if not deployments:
         raise CheckFailed("no herald Deployment in the render")
     for d in deployments:
-        check_gateway(d, objects, args.herald)
+        check_gateway(d, objects, args.herald, args.open)
 
 
 def normalized(doc):
@@ -301,7 +424,14 @@ def cmd_write_base(args):
             f.write(header + "---\n" + "\n---\n".join(by_name[name]) + "\n")
     if args.kustomization:
         with open(os.path.join(args.dir, "kustomization.yaml"), "w") as f:
-            f.write(header + "# The chart's defaults: herald with its embedded broker, one pod.\n"
+            f.write(header + "# The chart's defaults: herald with its embedded broker, one pod. Its keys\n"
+                    "# come from a Secret herald-secrets you create first (the overlay\n"
+                    "# k8s/overlays/dev makes one with dev keys):\n"
+                    "#   kubectl create secret generic herald-secrets \\\n"
+                    "#     --from-literal=api-keys=\"$(openssl rand -hex 24)\" \\\n"
+                    "#     --from-literal=hmac-secret=\"$(openssl rand -hex 32)\"\n"
+                    "# api-keys: the backends' bearer keys, comma-separated; hmac-secret: the\n"
+                    "# HS256 secret of clients' tokens.\n"
                     "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n"
                     + "".join(f"  - {n}\n" for n in sorted(names)))
     print(f"   wrote {', '.join(os.path.join(args.dir, n) for n in names)}")
@@ -319,6 +449,8 @@ def main():
     p = sub.add_parser("invariants")
     p.add_argument("render")
     p.add_argument("herald")
+    p.add_argument("--open", action="store_true",
+                   help="the render is meant to run open (auth.open): no API keys or no token key")
     p.set_defaults(func=cmd_invariants)
     p = sub.add_parser("same")
     p.add_argument("chart")

@@ -58,15 +58,103 @@ app.kubernetes.io/component: redis
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{- define "herald.apiFullname" -}}
+{{- printf "%s-api" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "herald.redisFullname" -}}
 {{- printf "%s-redis" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{- define "herald.apiKeysSecretName" -}}
-{{- if .Values.auth.existingSecret }}
-{{- .Values.auth.existingSecret }}
-{{- else if .Values.auth.apiKeys }}
-{{- printf "%s-api-keys" (include "herald.fullname" .) }}
+{{/* The API Service's own labels: the ServiceMonitor picks it (and not the
+clients' Service) by app.kubernetes.io/component: api. Its selector is the
+gateway pods', as the clients' Service's. */}}
+{{- define "herald.apiServiceLabels" -}}
+app.kubernetes.io/name: {{ include "herald.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: api
+{{- end }}
+
+{{/* The Secret the credentials come from: the user's (auth.existingSecret)
+or the chart's <fullname>-auth, made when values give any. Empty: none. */}}
+{{- define "herald.authSecretName" -}}
+{{- $a := .Values.auth }}
+{{- if $a.existingSecret }}
+{{- $a.existingSecret }}
+{{- else if or $a.apiKeys $a.hmacSecret $a.publicKey }}
+{{- printf "%s-auth" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The credentials the pod reads from that Secret, as JSON: environment
+variable -> key in the Secret. Only the keys the Secret holds: the chart's
+has a key per value given; the user's, those existingSecretKeys names. */}}
+{{- define "herald.authSecretKeys" -}}
+{{- $a := .Values.auth }}
+{{- $keys := dict }}
+{{- if $a.existingSecret }}
+{{- with $a.existingSecretKeys.apiKeys }}{{ $_ := set $keys "HERALD_HTTP__API_KEYS" . }}{{ end }}
+{{- with $a.existingSecretKeys.hmacSecret }}{{ $_ := set $keys "HERALD_AUTH__HMAC_SECRET" . }}{{ end }}
+{{- with $a.existingSecretKeys.publicKey }}{{ $_ := set $keys "HERALD_AUTH__PUBLIC_KEY" . }}{{ end }}
+{{- else }}
+{{- if $a.apiKeys }}{{ $_ := set $keys "HERALD_HTTP__API_KEYS" "api-keys" }}{{ end }}
+{{- if $a.hmacSecret }}{{ $_ := set $keys "HERALD_AUTH__HMAC_SECRET" "hmac-secret" }}{{ end }}
+{{- if $a.publicKey }}{{ $_ := set $keys "HERALD_AUTH__PUBLIC_KEY" "public-key" }}{{ end }}
+{{- end }}
+{{- toJson $keys }}
+{{- end }}
+
+{{/* Which credentials are missing, as a JSON list: "apiKeys" (anyone who
+reaches the API port publishes, disconnects clients and reads the admin API)
+and "tokenKey" (every client is anonymous and reads every topic). */}}
+{{- define "herald.authMissing" -}}
+{{- $keys := include "herald.authSecretKeys" . | fromJson }}
+{{- $missing := list }}
+{{- if not (hasKey $keys "HERALD_HTTP__API_KEYS") }}{{ $missing = append $missing "apiKeys" }}{{ end }}
+{{- if not (or (hasKey $keys "HERALD_AUTH__HMAC_SECRET") (hasKey $keys "HERALD_AUTH__PUBLIC_KEY") .Values.auth.jwksUrl) }}
+{{- $missing = append $missing "tokenKey" }}
+{{- end }}
+{{- toJson $missing }}
+{{- end }}
+
+{{/* The refusal to render an open herald: each missing credential opens
+something (above), and only auth.open=true says that is meant. */}}
+{{- define "herald.checkAuth" -}}
+{{- $a := .Values.auth }}
+{{- if and $a.existingSecret (or $a.apiKeys $a.hmacSecret $a.publicKey) }}
+{{- fail "auth.existingSecret replaces auth.apiKeys, auth.hmacSecret and auth.publicKey: set the Secret or those values, not both" }}
+{{- end }}
+{{- $missing := include "herald.authMissing" . | fromJsonArray }}
+{{- $why := list }}
+{{- if has "apiKeys" $missing }}
+{{- $why = append $why "no API keys for the backend API (set auth.apiKeys, or auth.existingSecret holding them under auth.existingSecretKeys.apiKeys)" }}
+{{- end }}
+{{- if has "tokenKey" $missing }}
+{{- $why = append $why "no key to check clients' tokens with (set auth.hmacSecret, auth.publicKey or auth.jwksUrl, or auth.existingSecret holding one under auth.existingSecretKeys.hmacSecret or .publicKey)" }}
+{{- end }}
+{{- if and $why (not $a.open) }}
+{{- fail (printf "refusing to render an open herald: %s. To run it open anyway, set auth.open=true: any client may then read any topic, and anyone who can reach the API port may publish" (join "; " $why)) }}
+{{- end }}
+{{- /* herald refuses these at start; better said here than in a crash loop. */}}
+{{- if has "tokenKey" $missing }}
+{{- range $name, $ns := .Values.config.namespaces }}
+{{- if and $ns (or (eq (toString $ns.subscribe) "granted") (eq (toString $ns.publish) "granted") $ns.personal) }}
+{{- fail (printf "namespace %s grants by token (granted or personal), but there is no key to check tokens with: set auth.hmacSecret, auth.publicKey or auth.jwksUrl (or an auth.existingSecret holding one)" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* What auth.open leaves open, one line each (NOTES.txt warns); empty
+when nothing is. */}}
+{{- define "herald.openParts" -}}
+{{- $missing := include "herald.authMissing" . | fromJsonArray }}
+{{- if has "apiKeys" $missing }}
+  - no API keys: anything that reaches {{ include "herald.apiFullname" . }} can publish,
+    disconnect clients and use the admin API.
+{{- end }}
+{{- if has "tokenKey" $missing }}
+  - no key to check tokens with: any client can read any topic.
 {{- end }}
 {{- end }}
 
@@ -93,6 +181,22 @@ HERALD_REDIS__URL). */}}
 {{- .Values.redis.url }}
 {{- else }}
 {{- "redis://127.0.0.1:6379" }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when an HPA owns the replica count: autoscaling.enabled true, or
+auto with the Redis broker. The memory broker serves one pod, so auto leaves
+it alone and true is refused. */}}
+{{- define "herald.autoscaling" -}}
+{{- $enabled := toString .Values.autoscaling.enabled }}
+{{- $shared := eq (include "herald.broker" .) "redis" }}
+{{- if eq $enabled "true" }}
+{{- if not $shared }}
+{{- fail "autoscaling.enabled=true needs a shared broker: set redis.url, redis.urlSecret or redis.inChart.enabled (the memory broker reaches only its own pod's clients, so it runs one pod)" }}
+{{- end }}
+{{- true }}
+{{- else if and (eq $enabled "auto") $shared }}
+{{- true }}
 {{- end }}
 {{- end }}
 
@@ -136,7 +240,28 @@ cluster's API versions; true or false decide. */}}
 {{/* herald.toml: the values' `config` with the chart's own keys set, as TOML. */}}
 {{- define "herald.config" -}}
 {{- $cfg := deepCopy .Values.config }}
+{{- $ports := .Values.containerPorts }}
+{{- if or (eq (int $ports.http) (int $ports.api)) (eq (int $ports.http) (int $ports.grpc)) (eq (int $ports.api) (int $ports.grpc)) }}
+{{- fail (printf "containerPorts.http (%d), .api (%d) and .grpc (%d) must differ: each is its own listener" (int $ports.http) (int $ports.api) (int $ports.grpc)) }}
+{{- end }}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.http)) }}
+{{- /* The backend API and /metrics on their own port: the clients' port
+serves only /ws and the probes. */}}
+{{- $http := default dict $cfg.http }}
+{{- $_ = set $http "api_listen" (printf "0.0.0.0:%d" (int $ports.api)) }}
+{{- $_ = set $cfg "http" $http }}
+{{- /* [auth]: what is not secret. The keys come as HERALD_AUTH__* from the
+Secret. */}}
+{{- $a := .Values.auth }}
+{{- $auth := dict "leeway" $a.leeway "allow_anonymous" $a.allowAnonymous }}
+{{- with $a.jwksUrl }}
+{{- $_ = set $auth "jwks_url" . }}
+{{- $_ = set $auth "jwks_refresh_interval" $a.jwksRefreshInterval }}
+{{- $_ = set $auth "jwks_min_refetch" $a.jwksMinRefetch }}
+{{- end }}
+{{- with $a.issuer }}{{ $_ = set $auth "issuer" . }}{{ end }}
+{{- with $a.audience }}{{ $_ = set $auth "audience" . }}{{ end }}
+{{- $_ = set $cfg "auth" $auth }}
 {{- $_ = set $cfg "broker" (include "herald.broker" .) }}
 {{- $_ = set $cfg "grpc" (dict "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc))) }}
 {{- $_ = set $cfg "shutdown" (dict "drain_timeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds))) }}
