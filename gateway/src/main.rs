@@ -137,7 +137,10 @@ fn init_logging(config: &Config, traces: Option<&Tracing>) {
     if let Ok(off) = format!("{}=off", telemetry::TARGET).parse() {
         filter = filter.add_directive(off);
     }
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal, never into a log file.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt = match config.log.format {
         LogFormat::Text => fmt.boxed(),
         LogFormat::Json => fmt.json().boxed(),

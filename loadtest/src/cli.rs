@@ -104,6 +104,8 @@ Scenarios:
                                   on a --gateway port; needs broker = redis)
                                   instead of cutting the connections
               --connections <n>   publisher keep-alive connections; default 4
+              --token <jwt>       every client's hello.token (a gateway that
+                                  checks tokens verifies one per hello)
   idle      --clients connections spread over the --gateway URLs, each
             subscribed to one topic, held for --duration while the gateways
             ping them (every ping is answered). Gateway RSS per connection
@@ -337,6 +339,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, UsageErr
             })?;
             flags.set(&mut options.connections, "connections", parse_number)?;
             options.kill_pid = flags.parsed("kill-pid", |p| p.parse().ok())?;
+            options.token = flags.parsed("token", |t| Some(t.to_owned()))?;
             options.watch = flags.pids()?;
             Command::Storm { options, out }
         }

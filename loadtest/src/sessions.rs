@@ -77,6 +77,8 @@ pub struct Plan {
     pub cut: Cut,
     /// Acks are cumulative: sent at most this often (zero: after every message).
     pub ack_interval: Duration,
+    /// Sent as `hello.token` on every connect and resume.
+    pub token: Option<String>,
     /// Per gateway, until when it is left out of the pick (µs since `epoch`).
     down_until: Vec<AtomicU64>,
     epoch: Instant,
@@ -90,6 +92,7 @@ impl Plan {
             backoff,
             cut,
             ack_interval,
+            token: None,
             down_until,
             epoch: Instant::now(),
         }
@@ -272,7 +275,7 @@ impl Keeper {
         let target = &plan.gateways[gateway];
         let fail = client_failure(client, source_addr(target.addr.ip(), client), target.addr);
         let opening = async {
-            let (mut ws, welcome) = handshake(client, target, None)
+            let (mut ws, welcome) = handshake(client, target, None, plan.token.as_deref())
                 .await
                 .map_err(|e| e.reason)?;
             let sub = serde_json::json!({"op": "sub", "id": 1, "topic": &*topic_name}).to_string();
@@ -489,7 +492,12 @@ impl Keeper {
                 tokio::time::sleep(wait).await;
                 tokio::time::timeout(
                     ATTEMPT_TIMEOUT,
-                    handshake(self.client, target, Some(&self.session)),
+                    handshake(
+                        self.client,
+                        target,
+                        Some(&self.session),
+                        plan.token.as_deref(),
+                    ),
                 )
                 .await
                 .map_err(|_| Failed::other(format!("no welcome within {ATTEMPT_TIMEOUT:?}")))?
@@ -566,6 +574,7 @@ async fn handshake(
     client: usize,
     target: &Target,
     resume: Option<&str>,
+    token: Option<&str>,
 ) -> Result<(Socket, Welcome), Failed> {
     let stream = connect(source_addr(target.addr.ip(), client), target.addr)
         .await
@@ -580,10 +589,13 @@ async fn handshake(
         tokio_tungstenite::client_async_with_config(target.ws_url(), stream, Some(config))
             .await
             .map_err(|e| format!("WebSocket handshake: {e}"))?;
-    let hello = match resume {
-        Some(session) => serde_json::json!({"op": "hello", "resume": session}),
-        None => serde_json::json!({"op": "hello"}),
-    };
+    let mut hello = serde_json::json!({"op": "hello"});
+    if let Some(session) = resume {
+        hello["resume"] = session.into();
+    }
+    if let Some(token) = token {
+        hello["token"] = token.into();
+    }
     ws.send(Message::text(hello.to_string()))
         .await
         .map_err(|e| format!("sending hello: {e}"))?;

@@ -110,6 +110,8 @@ pub struct Options {
     pub ack_interval: Duration,
     /// Instead of cutting the connections, SIGKILL this gateway process.
     pub kill_pid: Option<u32>,
+    /// Every client's `hello.token`.
+    pub token: Option<String>,
     /// Payload bytes.
     pub size: usize,
     pub connections: usize,
@@ -136,6 +138,7 @@ impl Options {
             cut: Cut::Reset,
             ack_interval: DEFAULT_ACK_INTERVAL,
             kill_pid: None,
+            token: None,
             size: DEFAULT_SIZE,
             connections: DEFAULT_CONNECTIONS,
             watch: Vec::new(),
@@ -299,12 +302,14 @@ pub async fn run(options: Options) -> Result<Storm, Error> {
         .collect();
 
     let pool = Arc::new(Pool::open(publish_to.addr, options.connections).await?);
-    let plan = Arc::new(Plan::new(
+    let mut plan = Plan::new(
         options.gateways.clone(),
         options.backoff,
         options.cut,
         options.ack_interval,
-    ));
+    );
+    plan.token = options.token.clone();
+    let plan = Arc::new(plan);
     let connecting = Instant::now();
     let keepers = sessions::open_all(&plan, options.clients, &topics).await?;
     let connect_time = connecting.elapsed();

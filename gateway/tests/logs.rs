@@ -1,0 +1,64 @@
+//! What the logs of a real `herald` say about sessions: enough to follow
+//! one (a short tag), never the id that would resume it. Whoever reads the
+//! logs must not be able to take a client's stream.
+
+#[path = "common/binary.rs"]
+mod binary;
+mod common;
+
+use binary::Herald;
+use common::Client;
+use tokio::time::{Duration, Instant};
+
+#[tokio::test]
+async fn session_ids_never_reach_the_logs_even_at_debug() {
+    let mut herald = Herald::start(&[("HERALD_LOG__LEVEL", "debug")], &[]).await;
+    let mut ids = Vec::new();
+    // A session that ends, is resumed, is taken over, and ends again; and a
+    // resume of a session that does not exist.
+    let mut first = Client::connect_url(&herald.ws_url()).await;
+    let id = first.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    first.sub(1, "news").await;
+    drop(first);
+    let mut second = Client::connect_url(&herald.ws_url()).await;
+    let welcome = second.hello(Some(&id)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    let mut third = Client::connect_url(&herald.ws_url()).await;
+    assert_eq!(third.hello(Some(&id)).await["resumed"], true);
+    assert_eq!(second.closed().await, Some(4501), "taken over");
+    ids.push(id);
+    let unknown = "0123456789abcdef0123456789abcdef".to_owned();
+    let mut fourth = Client::connect_url(&herald.ws_url()).await;
+    let fresh = fourth.hello(Some(&unknown)).await;
+    assert_eq!(fresh["resumed"], false);
+    ids.push(unknown);
+    ids.push(fresh["session"].as_str().expect("session").to_owned());
+    drop((third, fourth));
+
+    // The closes are logged as the connections end: wait for all four.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while herald.log().matches("connection closed").count() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "closes not logged:\n{}",
+            herald.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    herald.sigterm();
+    herald.wait_exit(Duration::from_secs(10)).await;
+    let log = herald.log();
+    assert!(
+        log.contains("session="),
+        "closes name their session's tag:\n{log}"
+    );
+    for id in &ids {
+        assert!(
+            !log.contains(id.as_str()),
+            "session id {id} in the log:\n{log}"
+        );
+    }
+}
