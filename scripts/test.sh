@@ -25,6 +25,12 @@ if ! python3 -c 'import websockets' 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12,<16'
 fi
 python3 -c 'import websockets; print("python websockets", websockets.__version__)'
+# The auth tests mint their tokens with PyJWT (an implementation other than
+# ours), its RS/ES algorithms and test keys coming from `cryptography`.
+if ! python3 -c 'import jwt, cryptography' 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check 'pyjwt[crypto]>=2.8,<3'
+fi
+python3 -c 'import jwt, cryptography; print("python pyjwt", jwt.__version__, "cryptography", cryptography.__version__)'
 
 scripts/check-k8s.sh    # section "kubernetes manifests": helm, kustomize, schemas
 

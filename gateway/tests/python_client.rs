@@ -1,7 +1,9 @@
 //! A client in another language against the real binary: Python's
 //! `websockets` (tests/python/smoke.py) subscribes, publishes with `pub`, and
 //! sees a backend's HTTP publish arrive, all through a `chat` namespace that
-//! only the environment configures.
+//! only the environment configures. And (tests/python/auth.py) a token
+//! minted by PyJWT admits such a client, one signed with another secret does
+//! not.
 
 #[path = "common/binary.rs"]
 mod binary;
@@ -89,6 +91,54 @@ async fn a_python_websockets_client_publishes_and_receives() {
     );
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("smoke: ok"),
+        "{}",
+        show(&output)
+    );
+    drop(herald);
+}
+
+/// Fails, rather than skips, when `import` does not work in python3.
+async fn require_python(import: &'static str, package: &str) {
+    let probe = tokio::task::spawn_blocking(move || {
+        python(
+            &["-c", &format!("import {import}")],
+            Duration::from_secs(30),
+        )
+    })
+    .await
+    .expect("probe");
+    assert!(
+        probe.status.success(),
+        "the Python package {package} is missing: run the project's test script \
+         (scripts/test.sh), which installs it\n{}",
+        show(&probe)
+    );
+}
+
+#[tokio::test]
+async fn a_python_client_with_a_pyjwt_token_is_welcomed_and_a_forged_one_closed_with_4502() {
+    require_python("websockets", "`websockets`").await;
+    require_python("jwt, cryptography", "`pyjwt[crypto]`").await;
+    const SECRET: &str = "python-client-test-secret-0123456789abcdef";
+    let herald = Herald::start(
+        &[
+            ("HERALD_AUTH__HMAC_SECRET", SECRET),
+            ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
+        ],
+        &[],
+    )
+    .await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/auth.py");
+    let script = script.to_str().expect("a UTF-8 path").to_owned();
+    let (ws_url, http_url) = (herald.ws_url(), herald.http_url());
+    let output = tokio::task::spawn_blocking(move || {
+        python(&[&script, &ws_url, &http_url, SECRET], SCRIPT_WAIT)
+    })
+    .await
+    .expect("script");
+    assert!(output.status.success(), "auth.py failed\n{}", show(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("auth: ok"),
         "{}",
         show(&output)
     );

@@ -123,16 +123,23 @@ impl Registry {
             .collect()
     }
 
-    /// Closes every connection of `user` on this pod; returns how many.
+    /// Closes every connection of `user` on this pod and forgets their
+    /// sessions at once; returns how many.
+    ///
+    /// Forgotten now, not when each connection has finished closing (which
+    /// waits up to `websocket.close_timeout` for the client's close): until
+    /// then a resume would take the session over from the closing connection
+    /// without asking the store, which knows it is revoked.
     pub fn disconnect(&self, user: &str) -> usize {
         let mut closed = 0;
-        for live in self.live().values() {
+        self.live().retain(|_, live| {
             let theirs = live.subscriptions.user().is_some_and(|u| &*u.id == user);
             if theirs {
                 live.out.close(CloseReason::Disconnected, true);
                 closed += 1;
             }
-        }
+            !theirs
+        });
         closed
     }
 }
