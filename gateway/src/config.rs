@@ -219,7 +219,8 @@ pub struct HttpConfig {
     /// client; from any other peer the header is ignored.
     #[serde(deserialize_with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
-    /// Longest an API request may take, head and body.
+    /// Longest an API request (HTTP or gRPC) may take once its head has
+    /// arrived; the head itself has `websocket.handshake_timeout`.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub max_concurrent_requests: usize,

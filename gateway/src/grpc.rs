@@ -54,7 +54,9 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener) {
         MAX_REQUEST_BYTES.max(node.config.http.max_body_bytes + REQUEST_OVERHEAD_BYTES);
     let service =
         PublisherServer::new(Publisher::new(node.clone())).max_decoding_message_size(max_request);
+    // The HTTP API's deadline: a call that takes longer is cancelled.
     let result = Server::builder()
+        .timeout(node.config.http.request_timeout)
         .serve_with_incoming_shutdown(
             service,
             Incoming::new(listener),
@@ -147,6 +149,19 @@ impl Publisher {
         })
     }
 
+    /// One of the pod's API request slots (shared with HTTP), held for the
+    /// call; none left is `RESOURCE_EXHAUSTED`.
+    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Status> {
+        self.node.api_requests.try_acquire().map_err(|_| {
+            self.node
+                .metrics
+                .http_rejected
+                .with_label_values(&["busy"])
+                .inc();
+            Status::resource_exhausted("busy: too many API requests in flight")
+        })
+    }
+
     /// Counts the call and turns its error into a status.
     fn answer<T>(&self, method: &str, result: Result<T, ApiError>) -> Result<Response<T>, Status> {
         let result = result.map(Response::new).map_err(status);
@@ -169,6 +184,7 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
+        let _slot = self.slot()?;
         let span = telemetry::publish_span(Api::GrpcPublish, Headers(request.metadata().as_ref()));
         let result = self.single(request).instrument(span.clone()).await;
         if let Err(e) = &result {
@@ -181,6 +197,7 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<PublishBatchRequest>,
     ) -> Result<Response<PublishBatchResponse>, Status> {
+        let _slot = self.slot()?;
         let span =
             telemetry::publish_span(Api::GrpcPublishBatch, Headers(request.metadata().as_ref()));
         let result = self.batch(request).instrument(span.clone()).await;
@@ -194,6 +211,7 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<TopicInfoRequest>,
     ) -> Result<Response<TopicInfoResponse>, Status> {
+        let _slot = self.slot()?;
         self.answer("TopicInfo", self.info(request).await)
     }
 
@@ -201,6 +219,7 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<DisconnectRequest>,
     ) -> Result<Response<DisconnectResponse>, Status> {
+        let _slot = self.slot()?;
         let result = async {
             self.authorize(request.metadata())?;
             api::disconnect_user(&self.node, &request.get_ref().user).await?;

@@ -172,6 +172,10 @@ fn keyed(keys: impl FnOnce(&mut gateway::auth::AuthConfig)) -> Config {
         ("prices", ns(Subscribe::Granted, Publish::Granted, false)),
         ("orders", ns(Subscribe::Granted, Publish::Nobody, false)),
         ("user", ns(Subscribe::Authenticated, Publish::Nobody, true)),
+        (
+            "inbox",
+            ns(Subscribe::Authenticated, Publish::Authenticated, true),
+        ),
     ] {
         config.namespaces.insert(name.to_owned(), settings);
     }
@@ -538,6 +542,48 @@ async fn a_personal_topic_is_only_for_its_user() {
     let (mut alice, _) = welcomed(&gateway.ws_url(), &token).await;
     assert_eq!(sub(&mut alice, 1, "user:alice").await["op"], "ok");
     assert_err(&sub(&mut alice, 2, "user:bob").await, "forbidden");
+    // Where clients may publish, a personal topic is still its user's alone.
+    assert_eq!(publish(&mut alice, 3, "inbox:alice").await.0["op"], "ok");
+    assert_err(&publish(&mut alice, 4, "inbox:bob").await.0, "forbidden");
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refresh_that_grants_less_leaves_those_topics_and_keeps_the_connection() {
+    let gateway = hmac_gateway().await;
+    let topics: Vec<String> = (0..15).map(|i| format!("prices:t{i}")).collect();
+    let tokens = mint_lines(json!([
+        hs256(claims("alice", 600, json!({"subscribe": ["prices:*"]}))),
+        hs256(claims("alice", 900, json!({"subscribe": ["prices:t0"]}))),
+    ]))
+    .await;
+    let (mut alice, _) = welcomed(&gateway.ws_url(), &tokens[0]).await;
+    for (id, topic) in topics.iter().enumerate() {
+        assert_eq!(sub(&mut alice, id as u64 + 1, topic).await["op"], "ok");
+    }
+    alice
+        .send(json!({"op": "refresh", "id": 100, "token": tokens[1]}))
+        .await;
+    // Fourteen topics lost, each said once; more than max_bad_commands, and
+    // still no close: the client did nothing wrong.
+    let mut lost = 0;
+    loop {
+        let answer = alice.recv().await;
+        if answer["op"] == "ok" {
+            assert_eq!(answer["id"], 100, "{answer}");
+            break;
+        }
+        assert_err(&answer, "forbidden");
+        lost += 1;
+    }
+    assert_eq!(lost, topics.len() - 1);
+    gateway.publish("prices:t0", json!(1)).await;
+    gateway.publish("prices:t1", json!(2)).await;
+    let (topic, _, _) = alice.msg().await;
+    assert_eq!(
+        topic, "prices:t0",
+        "only the topic still granted is delivered"
+    );
     gateway.shutdown().await;
 }
 

@@ -428,16 +428,25 @@ fn from_object<'a, T: Deserialize<'a>>(json: &'a [u8]) -> Result<T, CommandError
 }
 
 /// The HTTP disconnect body: `{"user":"alice"}`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug)]
 pub struct DisconnectRequest {
     pub user: String,
 }
 
+#[derive(Deserialize)]
+struct RawDisconnectRequest {
+    user: Option<String>,
+}
+
 impl DisconnectRequest {
-    /// Decodes a request body, with the same error codes as a command.
+    /// Decodes a request body, with the same error codes as a command (and,
+    /// as they do, ignoring keys it does not know).
     pub fn decode(body: &[u8]) -> Result<Self, CommandError> {
-        from_object(body)
+        let raw: RawDisconnectRequest = from_object(body)?;
+        let user = raw.user.ok_or_else(|| {
+            CommandError::new(None, ErrorCode::MissingField, "`user` is required")
+        })?;
+        Ok(Self { user })
     }
 }
 

@@ -166,5 +166,6 @@ fn disconnect_api_matches_its_proto_message() {
     );
     let request = proto::json::DisconnectRequest::decode(body).expect("decodes");
     assert_eq!(request.user, "alice");
-    assert!(proto::json::DisconnectRequest::decode(br#"{"user":"a","x":1}"#).is_err());
+    let missing = proto::json::DisconnectRequest::decode(br#"{"who":"a"}"#).unwrap_err();
+    assert_eq!(missing.code, ErrorCode::MissingField);
 }

@@ -39,6 +39,11 @@ impl Access {
                 Subscribe::Authenticated => authenticated,
                 Subscribe::Granted => claims.is_some_and(|c| c.subscribe.allows(topic.as_str())),
             },
+            // And only its user may publish to it, where the namespace lets
+            // clients publish at all.
+            Access::Publish if ns.personal && !claims.is_some_and(|c| *c.user == *name(topic)) => {
+                false
+            }
             Access::Publish => match ns.publish {
                 Publish::Nobody => false,
                 Publish::Authenticated => authenticated,

@@ -478,10 +478,12 @@ impl Session {
         .await;
     }
 
-    /// Takes the token's claims for this connection.
+    /// Takes the token's claims for this connection. It lives until the
+    /// token expires, with the same leeway the verifier allowed.
     fn adopt(&mut self, claims: Option<Claims>) {
+        let leeway = self.node.config.auth.leeway;
         self.token_expires = claims.as_ref().and_then(|c| c.expires).map(|at| {
-            match at.duration_since(std::time::SystemTime::now()) {
+            match (at + leeway).duration_since(std::time::SystemTime::now()) {
                 Ok(left) => Instant::now() + left,
                 Err(_) => Instant::now(),
             }
@@ -563,7 +565,7 @@ impl Session {
         while let Some(state) = states.next() {
             // The token may grant less than the one the session began with.
             if let Err(e) = self.may(None, &state.topic, Access::Subscribe) {
-                self.reject(e).await;
+                self.tell(e).await;
                 continue;
             }
             let since = Since {
@@ -587,7 +589,7 @@ impl Session {
                 }
                 // For good (its namespace is no longer configured): the
                 // client is told, and the session goes on without it.
-                Err(e) => self.reject(e).await,
+                Err(e) => self.tell(e).await,
             }
         }
     }
@@ -639,7 +641,7 @@ impl Session {
                 self.subscriptions.remove(&topic);
                 self.leave(&topic).await;
                 e.message = format!("`{topic}` is no longer granted; unsubscribed");
-                self.reject(e).await;
+                self.tell(e).await;
             }
         }
         self.reply(ServerMessage::Ok {
@@ -758,6 +760,17 @@ impl Session {
 
     async fn reply(&self, message: ServerMessage<'_>) {
         self.out.send(frame::message(&message)).await;
+    }
+
+    /// An `err` the client's own command did not cause (a subscription it
+    /// lost): not counted against it.
+    async fn tell(&self, e: CommandError) {
+        self.reply(ServerMessage::Err {
+            id: e.id,
+            code: e.code,
+            message: &e.message,
+        })
+        .await;
     }
 
     async fn reject(&mut self, e: CommandError) {
