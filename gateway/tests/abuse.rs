@@ -10,9 +10,12 @@
 //! counted per forwarded address; a forged `X-Forwarded-For` counts for
 //! nothing); API requests that trickle in get 408 and a full house gets 503
 //! `busy`, while health probes always answer; and with `http.api_listen` the
-//! API is not reachable from the client port at all.
+//! API is not reachable from the client port at all. The last test sets the
+//! same limits on the real `herald` binary through `HERALD_*` variables.
 // A test that cannot go on should stop and say why.
 
+#[path = "common/binary.rs"]
+mod binary;
 mod common;
 #[path = "common/raw.rs"]
 mod raw;
@@ -26,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use binary::Herald;
 use common::{Client, Gateway, WAIT};
 use futures_util::{SinkExt, StreamExt};
 use gateway::config::BrokerKind;
@@ -45,12 +49,26 @@ async fn bystander(gw: &Gateway) -> Client {
     Client::subscriber(&gw.ws_url(), ROOM).await
 }
 
-/// A backend publishes to [`ROOM`]; `client` gets it (each wait bounded by
-/// [`WAIT`]).
-async fn still_served(gw: &Gateway, client: &mut Client, n: u64) {
-    let seq = gw.publish(ROOM, json!({ "n": n })).await;
+/// A backend publishes to [`ROOM`] at the gateway `gw`; `client` gets it
+/// (each wait bounded by [`WAIT`]).
+async fn still_served(gw: impl Into<Addr>, client: &mut Client, n: u64) {
+    let Addr(addr) = gw.into();
+    let body = json!({"topic": ROOM, "data": {"n": n}}).to_string();
+    let (status, answer) = common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+    assert_eq!(status, 200, "publish: {answer}");
+    let answer: Value = serde_json::from_str(&answer).expect("JSON");
+    let seq = answer["seq"].as_u64().expect("seq");
     let (topic, got, data) = client.msg().await;
     assert_eq!((topic.as_str(), got, data), (ROOM, seq, json!({ "n": n })));
+}
+
+/// Where a gateway serves HTTP: in this process or a `herald` process.
+struct Addr(SocketAddr);
+
+impl From<&Gateway> for Addr {
+    fn from(gw: &Gateway) -> Self {
+        Self(gw.addr)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -389,8 +407,8 @@ async fn thousands_of_throwaway_subscriptions_leave_nothing_beyond_the_history_a
 
 /// A WebSocket connection to `gw` with the extra headers; on refusal, the
 /// status and `Retry-After`.
-async fn connect_with(gw: &Gateway, headers: &[(&str, &str)]) -> Result<Client, (u16, String)> {
-    let mut request = gw.ws_url().into_client_request().expect("a request");
+async fn connect_with(url: &str, headers: &[(&str, &str)]) -> Result<Client, (u16, String)> {
+    let mut request = url.into_client_request().expect("a request");
     for (name, value) in headers {
         request.headers_mut().insert(
             tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
@@ -416,10 +434,10 @@ async fn connect_with(gw: &Gateway, headers: &[(&str, &str)]) -> Result<Client, 
 }
 
 /// `n` connections with a session, each with the extra headers.
-async fn admitted(gw: &Gateway, headers: &[(&str, &str)], n: usize) -> Vec<Client> {
+async fn admitted(url: &str, headers: &[(&str, &str)], n: usize) -> Vec<Client> {
     let mut clients = Vec::new();
     for _ in 0..n {
-        let mut client = connect_with(gw, headers)
+        let mut client = connect_with(url, headers)
             .await
             .unwrap_or_else(|(status, _)| panic!("admitted, not {status}"));
         client.hello(None).await;
@@ -429,8 +447,8 @@ async fn admitted(gw: &Gateway, headers: &[(&str, &str)], n: usize) -> Vec<Clien
 }
 
 /// The refusal of a connection over the per-address cap.
-async fn refused(gw: &Gateway, headers: &[(&str, &str)]) {
-    match connect_with(gw, headers).await {
+async fn refused(url: &str, headers: &[(&str, &str)]) {
+    match connect_with(url, headers).await {
         Ok(_) => panic!("a connection over the per-address cap was admitted"),
         Err((status, retry_after)) => {
             assert_eq!(status, 503);
@@ -458,9 +476,9 @@ const PER_IP_REJECTED: &str = r#"herald_upgrades_rejected_total{reason="per_ip"}
 async fn one_address_holds_at_most_max_connections_per_ip() {
     let gw = Gateway::with(per_ip_config(&[])).await;
     let mut good = bystander(&gw).await;
-    let mut others = admitted(&gw, &[], 2).await;
+    let mut others = admitted(&gw.ws_url(), &[], 2).await;
 
-    refused(&gw, &[]).await;
+    refused(&gw.ws_url(), &[]).await;
     assert_eq!(gw.metric(PER_IP_REJECTED).await, 1.0);
     still_served(&gw, &mut good, 1).await;
 
@@ -471,7 +489,7 @@ async fn one_address_holds_at_most_max_connections_per_ip() {
     leaving.closed().await;
     let deadline = Instant::now() + WAIT;
     let mut newcomer = loop {
-        match connect_with(&gw, &[]).await {
+        match connect_with(&gw.ws_url(), &[]).await {
             Ok(client) => break client,
             Err((503, _)) if Instant::now() < deadline => sleep(Duration::from_millis(20)).await,
             Err((status, _)) => panic!("a freed slot is reused; got {status}"),
@@ -491,12 +509,12 @@ async fn behind_a_trusted_proxy_each_forwarded_address_has_its_own_cap() {
     let mut clients = Vec::new();
     for n in 1..=4 {
         let ip = format!("198.51.100.{n}");
-        clients.extend(admitted(&gw, &[("x-forwarded-for", &ip)], 1).await);
+        clients.extend(admitted(&gw.ws_url(), &[("x-forwarded-for", &ip)], 1).await);
     }
     // The cap still holds per forwarded address, proxy hops skipped.
     let one = [("x-forwarded-for", "203.0.113.7, 127.0.0.1")];
-    clients.extend(admitted(&gw, &one, 3).await);
-    refused(&gw, &one).await;
+    clients.extend(admitted(&gw.ws_url(), &one, 3).await);
+    refused(&gw.ws_url(), &one).await;
     assert_eq!(gw.metric(PER_IP_REJECTED).await, 1.0);
     still_served(&gw, &mut good, 1).await;
     gw.shutdown().await;
@@ -510,9 +528,9 @@ async fn a_forged_forwarded_for_from_an_untrusted_peer_is_ignored() {
     let mut clients = Vec::new();
     for n in 1..=2 {
         let ip = format!("198.51.100.{n}");
-        clients.extend(admitted(&gw, &[("x-forwarded-for", &ip)], 1).await);
+        clients.extend(admitted(&gw.ws_url(), &[("x-forwarded-for", &ip)], 1).await);
     }
-    refused(&gw, &[("x-forwarded-for", "198.51.100.3")]).await;
+    refused(&gw.ws_url(), &[("x-forwarded-for", "198.51.100.3")]).await;
     assert_eq!(gw.metric(PER_IP_REJECTED).await, 1.0);
     still_served(&gw, &mut good, 1).await;
     gw.shutdown().await;
@@ -821,4 +839,110 @@ async fn with_api_listen_the_api_is_served_only_on_its_own_port() {
     }
     drop(good);
     gw.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// The real binary, configured through its environment
+
+/// Polls a metric of the gateway at `addr` until it reads `want` (a closed
+/// connection is counted just after its TCP connection ends: no event to
+/// await from outside).
+async fn await_metric(addr: SocketAddr, name: &str, want: f64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let value = common::metric(addr, name).await;
+        if value == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} is {value}, expected {want}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
+    let redis = redis::Redis::start().await;
+    let api = SocketAddr::from(([127, 0, 0, 1], binary::free_port()));
+    let api_listen = api.to_string();
+    let herald = Herald::pod(
+        &redis.url(),
+        &[
+            ("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated"),
+            ("HERALD_NAMESPACES__FLOOD__SUBSCRIBE", "anyone"),
+            ("HERALD_NAMESPACES__FLOOD__HISTORY_TTL", "60s"),
+            ("HERALD_WEBSOCKET__HELLO_TIMEOUT", "300ms"),
+            ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "2"),
+            ("HERALD_WEBSOCKET__COMMANDS_PER_SECOND", "100000"),
+            ("HERALD_WEBSOCKET__COMMANDS_BURST", "100000"),
+            ("HERALD_HTTP__TRUSTED_PROXIES", "127.0.0.1"),
+            ("HERALD_HTTP__REQUEST_TIMEOUT", "1s"),
+            ("HERALD_HTTP__API_LISTEN", &api_listen),
+        ],
+    )
+    .await;
+    let url = herald.ws_url();
+    let mut good = Client::subscriber(&url, ROOM).await;
+
+    // The API only on its own port; health on both.
+    let publish = json!({"topic": ROOM, "data": 0}).to_string();
+    let on_clients = common::http(herald.addr, "POST", "/v1/publish", &[], publish.as_bytes());
+    assert_eq!(on_clients.await.0, 404);
+    assert_eq!(
+        common::http(herald.addr, "GET", "/metrics", &[], b"")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(upgrade_status(api).await, 404);
+    for addr in [herald.addr, api] {
+        assert_eq!(common::http(addr, "GET", "/healthz", &[], b"").await.0, 200);
+    }
+
+    // Never says hello: 4005. Forwarded from an address of its own, so that
+    // it does not count against the loopback's cap below.
+    let mut silent = connect_with(&url, &[("x-forwarded-for", "192.0.2.1")])
+        .await
+        .unwrap_or_else(|(status, _)| panic!("admitted, not {status}"));
+    assert_eq!(silent.closed().await, Some(4005));
+
+    // Two from the proxy's own address, then 503; forwarded ones apart.
+    let _second = admitted(&url, &[], 1).await;
+    refused(&url, &[]).await;
+    let _forwarded = admitted(&url, &[("x-forwarded-for", "198.51.100.1")], 2).await;
+
+    // A publish that trickles in: 408 after a second, not minutes.
+    let (answer, took) = trickle(api, Duration::from_millis(200), WAIT).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    let (status, _) = common::http(herald.addr, "GET", "/healthz", &[], b"").await;
+    assert_eq!(status, 200);
+
+    // Throwaway subscriptions leave meta keys that expire with the history age.
+    let mut churner = admitted(&url, &[("x-forwarded-for", "198.51.100.2")], 1)
+        .await
+        .remove(0);
+    churn(&mut churner, "flood", 300).await;
+    let left = pttls(&redis, "herald:{flood:*");
+    assert_eq!(left.len(), 300, "meta keys of 300 topics");
+    for (key, pttl) in &left {
+        assert!((0..=60_000).contains(pttl), "{key} has PTTL {pttl} ms");
+    }
+
+    still_served(Addr(api), &mut good, 1).await;
+    await_metric(
+        api,
+        r#"herald_connections_closed_total{reason="hello_timeout"}"#,
+        1.0,
+    )
+    .await;
+    await_metric(api, PER_IP_REJECTED, 1.0).await;
+    await_metric(
+        api,
+        r#"herald_http_requests_rejected_total{reason="timeout"}"#,
+        1.0,
+    )
+    .await;
 }
