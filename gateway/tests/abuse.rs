@@ -748,6 +748,10 @@ struct Split {
 
 impl Split {
     async fn start() -> Self {
+        Self::with(Gateway::config()).await
+    }
+
+    async fn with(mut config: gateway::Config) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let api = TcpListener::bind("127.0.0.1:0")
             .await
@@ -756,7 +760,6 @@ impl Split {
             http.local_addr().expect("addr"),
             api.local_addr().expect("API addr"),
         );
-        let mut config = Gateway::config();
         config.http.api_listen = Some(api_addr);
         let node = gateway::Node::start(config).await.expect("node");
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -838,6 +841,52 @@ async fn with_api_listen_the_api_is_served_only_on_its_own_port() {
         }
     }
     drop(good);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn on_the_api_listener_a_head_that_trickles_in_gets_the_request_timeout() {
+    // Far apart, so that which one ended the request is plain.
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+    let mut config = Gateway::config();
+    config.http.request_timeout = REQUEST_TIMEOUT;
+    config.websocket.handshake_timeout = Duration::from_secs(60);
+    let gw = Split::with(config).await;
+
+    let started = Instant::now();
+    let mut stream = timeout(WAIT, TcpStream::connect(gw.api))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let head = trickle_head(gw.api);
+    let mut chunk = [0u8; 1024];
+    let ended = timeout(WAIT, async {
+        for byte in head.as_bytes() {
+            tokio::select! {
+                read = stream.read(&mut chunk) => return read.map(|n| chunk[..n].to_vec()),
+                () = sleep(Duration::from_millis(100)) => {
+                    if stream.write_all(&[*byte]).await.is_err() {
+                        return Ok(Vec::new());
+                    }
+                }
+            }
+        }
+        panic!("the whole head went in a byte at a time: pace too fast")
+    })
+    .await
+    .expect("the connection ends within the request timeout, not the handshake's");
+    let took = started.elapsed();
+    // Dropped (or told 408), at the request timeout and not before.
+    if let Ok(answer) = ended {
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+            "{answer}"
+        );
+    }
+    assert!(took >= REQUEST_TIMEOUT, "{took:?}");
+    let (status, _) = common::http(gw.api, "GET", "/healthz", &[], b"").await;
+    assert_eq!(status, 200);
     gw.shutdown().await;
 }
 
