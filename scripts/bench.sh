@@ -14,7 +14,7 @@
 #
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout slow
-#                                    throughput wire storm idle pods idle-pods),
+#                                    throughput wire storm storm-auth idle pods idle-pods),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 set -euo pipefail
@@ -24,7 +24,7 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm idle pods idle-pods)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle pods idle-pods)
 # A gateway may hold up to its hard fd limit; leave room for everything else.
 MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
 
@@ -131,7 +131,7 @@ fanout=(--clients "$CLIENTS" --topics 1 --size 1024 --rounds "$ROUNDS" --interva
 
 if wants micro; then
     say "micro-benchmarks (criterion)"
-    cargo bench -p gateway --bench wire --bench fanout -- --noplot | tee "$OUT/micro.log"
+    cargo bench -p gateway --bench wire --bench fanout --bench auth -- --noplot | tee "$OUT/micro.log"
     # Criterion keeps its estimates under target/criterion; benchmarks.py reads them there.
 fi
 
@@ -173,6 +173,19 @@ if wants storm; then
     say "storm: $CLIENTS sessions cut at once, every one resumes"
     start_herald storm
     loadtest storm storm --gateway "ws://127.0.0.1:$port/ws" --watch-pid "$pid" \
+        --clients "$CLIENTS" --topics 10 --rate 50 --duration 10s --cut-at 3s --drain 20s --connections 16
+    stop_all
+fi
+
+if wants storm-auth; then
+    say "storm-auth: the same, every hello with an RS256 token that herald verifies"
+    # The test key pair; the token is minted by PyJWT (scripts/test.sh installs it).
+    keys=gateway/src/auth/testdata
+    token=$(python3 -c 'import jwt, sys, time
+print(jwt.encode({"sub": "storm", "exp": int(time.time()) + 3600, "subscribe": ["*"]},
+                 open(sys.argv[1]).read(), algorithm="RS256"))' "$keys/rsa.key.pem")
+    start_herald storm-auth HERALD_AUTH__PUBLIC_KEY="$(cat "$keys/rsa.pub.pem")"
+    loadtest storm-auth storm --gateway "ws://127.0.0.1:$port/ws" --watch-pid "$pid" --token "$token" \
         --clients "$CLIENTS" --topics 10 --rate 50 --duration 10s --cut-at 3s --drain 20s --connections 16
     stop_all
 fi

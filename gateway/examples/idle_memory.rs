@@ -99,12 +99,9 @@ fn token(i: usize) -> String {
         .map_or(0, |d| d.as_secs())
         + 3600;
     let claims = serde_json::json!({"sub": format!("user-{i}"), "exp": exp, "subscribe": ["idle"]});
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap_or_default()
+    jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes())
+        .and_then(|key| jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key))
+        .unwrap_or_default()
 }
 
 /// The gateway, killed however this program ends.

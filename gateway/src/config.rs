@@ -50,7 +50,9 @@ pub const DEFAULT_COMMANDS_BURST: u32 = 100;
 /// Behind a proxy, the address is the proxy's unless it is listed in
 /// `http.trusted_proxies`.
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
-/// Longest a whole HTTP API request (head and body) may take.
+/// Longest an HTTP API request's body may take (else 408), and on the API
+/// listener (`http.api_listen`) its head too (else the connection is closed);
+/// on the shared listener a head is bounded by `websocket.handshake_timeout`.
 pub const DEFAULT_HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP API requests a pod serves at once; more get 503 (health probes are
 /// not counted, so that they are never starved).
@@ -220,7 +222,8 @@ pub struct HttpConfig {
     #[serde(deserialize_with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
     /// Longest an API request (HTTP or gRPC) may take once its head has
-    /// arrived; the head itself has `websocket.handshake_timeout`.
+    /// arrived, and on the API listener its head too (see
+    /// [`DEFAULT_HTTP_REQUEST_TIMEOUT`]).
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub max_concurrent_requests: usize,

@@ -5,7 +5,9 @@
 //! With `http.api_listen` the backend API (`/v1/*`) and `/metrics` are served
 //! on a listener of their own and the client-facing one serves only `/ws`,
 //! `/healthz` and `/readyz`. Each API request runs under
-//! `http.request_timeout` (head and body) and takes one of
+//! `http.request_timeout` (its body; on the API listener its head too, while
+//! on the shared listener a head is bounded by `websocket.handshake_timeout`)
+//! and takes one of
 //! `http.max_concurrent_requests` slots; health probes take none, so that a
 //! flood of slow requests never starves them.
 
@@ -160,9 +162,17 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
     // A connection that arrives while the pod drains gets one answer (a
     // probe's 503, say) and is closed.
     let draining = node.is_draining();
+    // A request's head must arrive before its route is known: on the API
+    // listener every head is an API request's, so `http.request_timeout`
+    // bounds it as it bounds the body; on the client listener it is the
+    // WebSocket handshake's.
+    let head_timeout = match port {
+        Port::Api => node.config.http.request_timeout,
+        Port::Clients { .. } => node.config.websocket.handshake_timeout,
+    };
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(node.config.websocket.handshake_timeout)
+        .header_read_timeout(head_timeout)
         .keep_alive(!draining)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();

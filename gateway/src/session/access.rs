@@ -41,7 +41,7 @@ impl Access {
             },
             // And only its user may publish to it, where the namespace lets
             // clients publish at all.
-            Access::Publish if ns.personal && !claims.is_some_and(|c| *c.user == *name(topic)) => {
+            Access::Publish if ns.personal && claims.is_none_or(|c| *c.user != *name(topic)) => {
                 false
             }
             Access::Publish => match ns.publish {
