@@ -14,7 +14,8 @@
 #
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout slow
-#                                    throughput wire storm storm-auth idle pods idle-pods),
+#                                    throughput wire storm storm-auth idle-auth idle pods
+#                                    idle-pods),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 set -euo pipefail
@@ -24,7 +25,7 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle pods idle-pods)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods)
 # A gateway may hold up to its hard fd limit; leave room for everything else.
 MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
 
@@ -121,7 +122,7 @@ loadtest() {
 }
 
 say "build (release)"
-cargo build --release -p gateway -p herald-loadtest
+cargo build --release -p gateway -p herald-loadtest --bins --example idle_memory
 mkdir -p "$OUT"
 for part in "${PARTS[@]}"; do rm -f "$OUT/$part".json "$OUT/$part"-*.json; done
 printf 'machine: %s cores, %s, kernel %s\n' "$(nproc)" \
@@ -188,6 +189,12 @@ print(jwt.encode({"sub": "storm", "exp": int(time.time()) + 3600, "subscribe": [
     loadtest storm-auth storm --gateway "ws://127.0.0.1:$port/ws" --watch-pid "$pid" --token "$token" \
         --clients "$CLIENTS" --topics 10 --rate 50 --duration 10s --cut-at 3s --drain 20s --connections 16
     stop_all
+fi
+
+if wants idle-auth; then
+    say "idle-auth: what an idle subscribed connection costs, without and with a token"
+    target/release/examples/idle_memory target/release/herald 5000 | tee "$OUT/idle-auth-off.txt" || failed=1
+    target/release/examples/idle_memory target/release/herald 5000 auth | tee "$OUT/idle-auth-on.txt" || failed=1
 fi
 
 if wants idle; then

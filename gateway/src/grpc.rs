@@ -2,7 +2,7 @@
 //! on a listener of its own (`grpc.listen`).
 //!
 //! It is the HTTP publish API by another protocol: the same API keys, the same
-//! checks ([`api::publish_data`]) and the same errors, answered with the gRPC
+//! checks ([`publish::publish_data`]) and the same errors, answered with the gRPC
 //! code of the HTTP status (see [`status`]). It stops with the drain: the
 //! listener closes, calls in flight finish, and the server ends with them.
 
@@ -28,7 +28,7 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
-use crate::api::{self, ApiError, JsonData, Refusal};
+use crate::publish::{self, ApiError, JsonData, Refusal};
 use crate::listener;
 use crate::node::Node;
 use crate::telemetry::{self, Api, Headers};
@@ -80,7 +80,7 @@ impl Publisher {
 
     fn authorize(&self, metadata: &MetadataMap) -> Result<(), ApiError> {
         let authorization = metadata.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-        api::authorize(&self.node, authorization)
+        publish::authorize(&self.node, authorization)
     }
 
     async fn single(&self, request: Request<PublishRequest>) -> Result<PublishResponse, ApiError> {
@@ -94,7 +94,7 @@ impl Publisher {
             Bytes::from(request.data),
             self.node.config.http.max_body_bytes,
         )?;
-        let position = api::publish_data(
+        let position = publish::publish_data(
             &self.node,
             &request.topic,
             data,
@@ -140,7 +140,7 @@ impl Publisher {
         request: Request<TopicInfoRequest>,
     ) -> Result<TopicInfoResponse, ApiError> {
         self.authorize(request.metadata())?;
-        let topic = api::topic(&request.get_ref().topic)?;
+        let topic = publish::topic(&request.get_ref().topic)?;
         let position = self.node.broker.recover(&topic, None).await?.position;
         Ok(TopicInfoResponse {
             seq: position.seq,
@@ -222,7 +222,7 @@ impl publisher_server::Publisher for Publisher {
         let _slot = self.slot()?;
         let result = async {
             self.authorize(request.metadata())?;
-            api::disconnect_user(&self.node, &request.get_ref().user).await?;
+            publish::disconnect_user(&self.node, &request.get_ref().user).await?;
             Ok(DisconnectResponse {})
         };
         self.answer("Disconnect", result.await)

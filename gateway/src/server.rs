@@ -17,8 +17,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderValue, ORIGIN, RETRY_AFTER, SEC_WEBSOCKET_VERSION};
 use hyper::server::conn::http1;
@@ -28,11 +26,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Config;
+use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, Refusal, StartError};
-use crate::{api, grpc, session};
+use crate::{grpc, session};
 
-pub type Body = Full<Bytes>;
 
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
@@ -203,18 +201,18 @@ async fn route(
     let api_here = matches!(port, Port::Api | Port::Clients { with_api: true });
     let ws_here = matches!(port, Port::Clients { .. });
     let response = match (req.method(), path) {
-        (&Method::GET, "/healthz") => api::text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/healthz") => http::text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if node.is_draining() => {
-            api::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+            http::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
         }
-        (&Method::GET, "/readyz") => api::text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/readyz") => http::text(StatusCode::OK, "ready\n"),
         (_, "/healthz" | "/readyz") => {
-            api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
-        (_, "/ws") if ws_here => api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         (_, "/v1/publish" | "/v1/disconnect" | "/metrics") if api_here => limited(req, &node).await,
-        _ => api::text(StatusCode::NOT_FOUND, "not found\n"),
+        _ => http::text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(response)
 }
@@ -226,7 +224,7 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
             .http_rejected
             .with_label_values(&["busy"])
             .inc();
-        let mut response = api::text(StatusCode::SERVICE_UNAVAILABLE, "busy\n");
+        let mut response = http::text(StatusCode::SERVICE_UNAVAILABLE, "busy\n");
         response
             .headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -238,10 +236,10 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let timeout = node.config.http.request_timeout;
     let handled = async {
         match (req.method(), req.uri().path()) {
-            (&Method::POST, "/v1/publish") => api::publish(req, node).await,
-            (&Method::POST, "/v1/disconnect") => api::disconnect(req, node).await,
-            (&Method::GET, "/metrics") => api::metrics(node),
-            _ => api::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+            (&Method::POST, "/v1/publish") => http::publish(req, node).await,
+            (&Method::POST, "/v1/disconnect") => http::disconnect(req, node).await,
+            (&Method::GET, "/metrics") => http::metrics(node),
+            _ => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         }
     };
     match tokio::time::timeout(timeout, handled).await {
@@ -251,7 +249,7 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
                 .http_rejected
                 .with_label_values(&["timeout"])
                 .inc();
-            let mut response = api::text(StatusCode::REQUEST_TIMEOUT, "request timeout\n");
+            let mut response = http::text(StatusCode::REQUEST_TIMEOUT, "request timeout\n");
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -269,7 +267,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
             .upgrades_rejected
             .with_label_values(&[reason])
             .inc();
-        api::text(status, message)
+        http::text(status, message)
     };
     if !fastwebsockets::upgrade::is_upgrade_request(&req) {
         return reject(

@@ -851,3 +851,45 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
         assert_eq!(welcome["reason"], "not_found", "{welcome}");
     }
 }
+
+#[tokio::test]
+async fn a_grpc_disconnect_closes_the_users_connections_with_4503_and_needs_the_api_key() {
+    let mut config = hmac_config();
+    config.http.api_keys = vec!["backend-key".to_owned()];
+    let gateway = Gateway::with(config).await;
+    let tokens = mint_lines(json!([
+        hs256(claims("alice", 600, json!({}))),
+        hs256(claims("bob", 600, json!({}))),
+    ]))
+    .await;
+    let (mut alice, welcome) = welcomed(&gateway.ws_url(), &tokens[0]).await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    let (mut bob, _) = welcomed(&gateway.ws_url(), &tokens[1]).await;
+    assert_eq!(sub(&mut bob, 1, "news:x").await["op"], "ok");
+    let mut grpc = common::grpc_client(gateway.grpc_addr).await;
+
+    let refused = grpc
+        .disconnect(proto::v1::DisconnectRequest {
+            user: "alice".to_owned(),
+        })
+        .await
+        .expect_err("no API key");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+
+    let mut request = tonic::Request::new(proto::v1::DisconnectRequest {
+        user: "alice".to_owned(),
+    });
+    request.metadata_mut().insert(
+        "authorization",
+        "Bearer backend-key".parse().expect("metadata"),
+    );
+    grpc.disconnect(request).await.expect("disconnect");
+    assert_eq!(alice.closed().await, Some(4503));
+    // Bob is untouched, and alice's session is gone with her access.
+    gateway.publish("news:x", json!("still here")).await;
+    assert_eq!(bob.msg().await.0, "news:x");
+    let mut again = Client::connect(&gateway).await;
+    let welcome = hello(&mut again, Some(&tokens[0]), Some(&session)).await;
+    assert_eq!(welcome["resumed"], false, "{welcome}");
+    gateway.shutdown().await;
+}

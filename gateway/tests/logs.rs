@@ -62,3 +62,28 @@ async fn session_ids_never_reach_the_logs_even_at_debug() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_pod_says_at_start_what_it_leaves_open() {
+    // Open mode, and an API without keys on every interface (port 0: no
+    // traffic comes to it; it only has to be bound there).
+    let mut open = Herald::start(&[("HERALD_HTTP__API_LISTEN", "0.0.0.0:0")], &[]).await;
+    open.sigterm();
+    open.wait_exit(Duration::from_secs(10)).await;
+    let log = open.log();
+    assert!(log.contains("no [auth] key is configured"), "{log}");
+    assert!(log.contains("the HTTP API and metrics has no http.api_keys"), "{log}");
+    // Keys for both, the API on loopback: nothing to warn about.
+    let mut closed = Herald::start(
+        &[
+            ("HERALD_AUTH__HMAC_SECRET", "a-secret-of-at-least-thirty-two-bytes!"),
+            ("HERALD_HTTP__API_KEYS", "backend-key"),
+        ],
+        &[],
+    )
+    .await;
+    closed.sigterm();
+    closed.wait_exit(Duration::from_secs(10)).await;
+    let log = closed.log();
+    assert!(!log.contains("WARN"), "{log}");
+}

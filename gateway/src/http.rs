@@ -1,0 +1,193 @@
+//! The HTTP edge of the backend API: `POST /v1/publish`, `POST
+//! /v1/disconnect`, `GET /metrics`, and the plain answers every route shares.
+//! The checks and errors are [`crate::publish`]'s.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE,
+};
+use hyper::{Request, Response, StatusCode};
+use proto::ErrorCode;
+use proto::json::{DisconnectRequest, PublishRequest, PublishResponse};
+use serde::Serialize;
+use tracing::Instrument;
+
+use crate::node::Node;
+use crate::publish::{self, ApiError, JsonData, Refusal};
+use crate::telemetry::{self, Api, Headers};
+
+pub type Body = Full<Bytes>;
+
+/// The request header that carries an idempotency key (the body's
+/// `idempotency_key` may carry it instead).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The HTTP status a refusal is answered with.
+pub fn status(e: &ApiError) -> StatusCode {
+    match e.refusal {
+        Refusal::Invalid => StatusCode::BAD_REQUEST,
+        Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: ErrorCode,
+    message: &'a str,
+}
+
+/// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}` (and an
+/// optional `Idempotency-Key` header or `idempotency_key` field):
+/// `{"seq":42,"epoch":"9f3c"}`, or 400, 401, 413, 503 with an error body.
+/// Traced as a `herald.publish` span, the child of the request's
+/// `traceparent` when it has one.
+pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let span = telemetry::publish_span(Api::Http, Headers(req.headers()));
+    let answer = publish_inner(req, node).instrument(span.clone()).await;
+    let response = match answer {
+        Ok(answer) => json(StatusCode::OK, &answer),
+        Err(e) => {
+            telemetry::failed(&span, &e);
+            refused(&e)
+        }
+    };
+    node.metrics
+        .publish_requests
+        .with_label_values(&[response.status().as_str()])
+        .inc();
+    response
+}
+
+/// `POST /v1/disconnect` with `{"user":"alice"}`: `{}`, or 400, 401, 503
+/// with an error body.
+pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let answer = async {
+        publish::authorize(
+            node,
+            req.headers()
+                .get(AUTHORIZATION)
+                .and_then(|h| h.to_str().ok()),
+        )?;
+        let body = body(req, node.config.http.max_body_bytes).await?;
+        let request =
+            DisconnectRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
+        publish::disconnect_user(node, &request.user).await
+    };
+    match answer.await {
+        Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
+        Err(e) => refused(&e),
+    }
+}
+
+/// The answer to a refused request.
+fn refused(e: &ApiError) -> Response<Body> {
+    let mut response = json(
+        status(e),
+        &ErrorBody {
+            code: e.code,
+            message: &e.message,
+        },
+    );
+    if e.refusal == Refusal::Unauthenticated {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// A request's body, at most `limit` bytes.
+async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            Refusal::TooLarge,
+            ErrorCode::Malformed,
+            format!("the body is limited to {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::invalid(ErrorCode::Malformed, e.to_string())),
+    }
+}
+
+async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
+    let headers = req.headers();
+    publish::authorize(
+        node,
+        headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
+    )?;
+    let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
+    let limit = node.config.http.max_body_bytes;
+    let body = body(req, limit).await?;
+    let request =
+        PublishRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
+    let header_key = header_key
+        .as_ref()
+        .map(|v| v.to_str())
+        .transpose()
+        .map_err(|_| {
+            ApiError::invalid(
+                ErrorCode::Malformed,
+                "`Idempotency-Key` is not visible ASCII",
+            )
+        })?;
+    let idempotency_key = match (header_key, request.idempotency_key.as_deref()) {
+        (Some(header), Some(field)) if header != field => {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                "the `Idempotency-Key` header and `idempotency_key` differ",
+            ));
+        }
+        (header, field) => header.or(field),
+    };
+    let data = JsonData::within(&body, request.data);
+    let position = publish::publish_data(node, &request.topic, data, idempotency_key).await?;
+    Ok(PublishResponse {
+        seq: position.seq,
+        epoch: position.epoch.to_string(),
+    })
+}
+
+/// `GET /metrics`.
+pub fn metrics(node: &Node) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(node.metrics.render())));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+pub fn text(status: StatusCode, body: &str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::copy_from_slice(body.as_bytes())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

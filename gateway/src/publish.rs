@@ -1,0 +1,195 @@
+//! The backend API's core, whatever protocol a request came by (HTTP in
+//! [`crate::http`], gRPC in [`crate::grpc`]): who may call it, the checks of
+//! a publish, disconnecting a user, and the one mapping of their refusals.
+
+use bytes::Bytes;
+use proto::ErrorCode;
+use router::{BrokerError, Position, Topic};
+use serde_json::value::RawValue;
+use tracing::Instrument;
+
+use crate::node::Node;
+use crate::telemetry;
+
+/// How a refused API request is answered, whichever protocol it came by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// HTTP 400, gRPC `INVALID_ARGUMENT`.
+    Invalid,
+    /// HTTP 401, gRPC `UNAUTHENTICATED`.
+    Unauthenticated,
+    /// HTTP 413, gRPC `RESOURCE_EXHAUSTED`.
+    TooLarge,
+    /// HTTP 503, gRPC `UNAVAILABLE`: retry later.
+    Unavailable,
+}
+
+/// A refused API request: how to answer it, and a code from the protocol's
+/// error table with a message, for the HTTP error body or the gRPC status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub refusal: Refusal,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(refusal: Refusal, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            refusal,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(Refusal::Invalid, code, message)
+    }
+
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::UnknownNamespace(_) => {
+                Self::invalid(ErrorCode::UnknownNamespace, e.to_string())
+            }
+            BrokerError::Unavailable(_) => {
+                Self::new(Refusal::Unavailable, ErrorCode::Unavailable, e.to_string())
+            }
+        }
+    }
+}
+
+/// The longest idempotency key, in bytes: a key names one publish, it is not
+/// a payload, and the broker keeps it for [`router::IDEMPOTENCY_WINDOW`].
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
+
+/// A publication's data: JSON text, checked, so that it can be spliced into
+/// `msg` frames verbatim.
+#[derive(Debug, Clone)]
+pub struct JsonData(Bytes);
+
+impl JsonData {
+    /// `data`, if it is JSON text of at most `limit` bytes.
+    pub fn parse(data: Bytes, limit: usize) -> Result<Self, ApiError> {
+        if data.len() > limit {
+            return Err(ApiError::new(
+                Refusal::TooLarge,
+                ErrorCode::Malformed,
+                format!("`data` is limited to {limit} bytes"),
+            ));
+        }
+        if let Err(e) = serde_json::from_slice::<&RawValue>(&data) {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                format!("`data` is not JSON text: {e}"),
+            ));
+        }
+        Ok(Self(data))
+    }
+
+    /// The text of `value`, which serde_json has read from `body`.
+    pub(crate) fn within(body: &Bytes, value: &RawValue) -> Self {
+        Self(body.slice_ref(value.get().as_bytes()))
+    }
+}
+
+/// Checks an `Authorization` header (or `authorization` gRPC metadata)
+/// against `http.api_keys`: with keys configured, it must be `Bearer <key>`.
+pub fn authorize(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
+    let keys = &node.config.http.api_keys;
+    if keys.is_empty() || authorized(keys, authorization) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        Refusal::Unauthenticated,
+        ErrorCode::Forbidden,
+        "a valid `Authorization: Bearer <api key>` is required",
+    ))
+}
+
+/// A topic named by an API request.
+pub fn topic(name: &str) -> Result<Topic, ApiError> {
+    Topic::parse(name).map_err(|e| ApiError::invalid(ErrorCode::BadTopic, e.to_string()))
+}
+
+/// One publish, as both APIs do it once the caller is authorized: checks the
+/// topic and the idempotency key, and hands `data` to the broker, within a
+/// `herald.router.publish` span (a child of the caller's publish span).
+pub async fn publish_data(
+    node: &Node,
+    topic_name: &str,
+    data: JsonData,
+    idempotency_key: Option<&str>,
+) -> Result<Position, ApiError> {
+    let topic = topic(topic_name)?;
+    if let Some(key) = idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
+    {
+        return Err(ApiError::invalid(
+            ErrorCode::Malformed,
+            format!("an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
+        ));
+    }
+    let span = telemetry::router_span(topic.as_str());
+    // Only a sampled trace travels with the publication (through Redis).
+    let traceparent = telemetry::traceparent(&span);
+    let published = node
+        .broker
+        .publish(&topic, data.0, idempotency_key, traceparent.as_deref())
+        .instrument(span.clone())
+        .await;
+    match &published {
+        Ok(position) => {
+            span.record("herald.seq", telemetry::int(position.seq));
+            span.record("herald.epoch", &*position.epoch);
+        }
+        Err(e) => telemetry::failed(&span, e),
+    }
+    let position = published?;
+    node.metrics.published.inc();
+    Ok(position)
+}
+
+/// Longest user id a disconnect names, in bytes (a token's `sub` is no longer).
+pub const MAX_USER_BYTES: usize = 256;
+
+/// Ends `user`'s access on every pod, as both APIs do it once the caller is
+/// authorized: their connections close with 4503 and their sessions can no
+/// longer be resumed.
+pub async fn disconnect_user(node: &Node, user: &str) -> Result<(), ApiError> {
+    if user.is_empty() || user.len() > MAX_USER_BYTES {
+        return Err(ApiError::invalid(
+            ErrorCode::Malformed,
+            format!("`user` is 1 to {MAX_USER_BYTES} bytes"),
+        ));
+    }
+    node.sessions
+        .revoke(user, node.config.session.resume_window)
+        .await?;
+    tracing::info!("a backend ended a user's access");
+    Ok(())
+}
+
+/// Whether `header` is `Bearer <one of keys>` (the scheme in any case, RFC
+/// 9110 11.1), the key compared in constant time.
+fn authorized(keys: &[String], header: Option<&str>) -> bool {
+    let Some((scheme, given)) = header.and_then(|h| h.split_once(' ')) else {
+        return false;
+    };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
+    keys.iter().fold(false, |found, key| {
+        found | constant_time_eq(key.as_bytes(), given.trim().as_bytes())
+    })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
