@@ -256,7 +256,7 @@ def wire_section():
 def identity_section():
     out = ["## Identity: the cost of checking tokens"]
     rows = []
-    for bench, label in (("HS256", "HS256"), ("RS256", "RS256 (2048-bit key)"), ("ES256", "ES256 (P-256)"),
+    for bench, label in (("HS256", "HS256"), ("RS256_2048", "RS256 (2048-bit key)"), ("ES256", "ES256 (P-256)"),
                          ("EdDSA", "EdDSA (Ed25519)")):
         ns = criterion("verify", bench)
         rows.append([f"verify one token per `hello`, {label}",

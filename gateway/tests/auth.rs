@@ -886,7 +886,17 @@ async fn a_grpc_disconnect_closes_the_users_connections_with_4503_and_needs_the_
     grpc.disconnect(request).await.expect("disconnect");
     assert_eq!(alice.closed().await, Some(4503));
     // Bob is untouched, and alice's session is gone with her access.
-    gateway.publish("news:x", json!("still here")).await;
+    let (status, body) = common::http(
+        gateway.addr,
+        "POST",
+        "/v1/publish",
+        &[("authorization", "Bearer backend-key")],
+        json!({"topic": "news:x", "data": "still here"})
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     assert_eq!(bob.msg().await.0, "news:x");
     let mut again = Client::connect(&gateway).await;
     let welcome = hello(&mut again, Some(&tokens[0]), Some(&session)).await;

@@ -72,11 +72,17 @@ async fn a_pod_says_at_start_what_it_leaves_open() {
     open.wait_exit(Duration::from_secs(10)).await;
     let log = open.log();
     assert!(log.contains("no [auth] key is configured"), "{log}");
-    assert!(log.contains("the HTTP API and metrics has no http.api_keys"), "{log}");
+    assert!(
+        log.contains("the HTTP API and metrics has no http.api_keys"),
+        "{log}"
+    );
     // Keys for both, the API on loopback: nothing to warn about.
     let mut closed = Herald::start(
         &[
-            ("HERALD_AUTH__HMAC_SECRET", "a-secret-of-at-least-thirty-two-bytes!"),
+            (
+                "HERALD_AUTH__HMAC_SECRET",
+                "a-secret-of-at-least-thirty-two-bytes!",
+            ),
             ("HERALD_HTTP__API_KEYS", "backend-key"),
         ],
         &[],
