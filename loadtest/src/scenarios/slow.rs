@@ -27,7 +27,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::fanout::{self, Engine, Fanout, Stats};
+use super::fanout::engine::Engine;
+use super::fanout::{self, Fanout, Stats};
 use crate::clients::{End, MISSING, Received, Subscriber};
 use crate::latency::{ms, now_micros};
 use crate::metrics::Scraper;
