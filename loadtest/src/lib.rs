@@ -19,7 +19,7 @@
 //!   the gateway closed a client that does not read).
 //! - [`sessions`]: clients that keep a session: they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
-//! - [`cli`]: the command line of `herald-loadtest`.
+//! - [`cli`]: the command line of `herald-loadtest` (clap).
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
