@@ -1,6 +1,7 @@
 //! The command line: `herald-loadtest <scenario> [--flag value]...`, one
 //! subcommand per scenario (clap), each flag defaulting to the scenario's
 //! `DEFAULT_*` constant; times are humantime's (`500ms`, `10s`, `2m`).
+//! `report <dir>` reads the result files back (see [`crate::figures`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,7 +38,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// What the command line asks for: a scenario, or a hidden helper process.
+/// What the command line asks for: a scenario, a hidden helper process, or
+/// a report.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Clients spread over the --gateway URLs, all on one topic; a paced
@@ -120,6 +122,14 @@ pub enum Command {
     /// HERALD_QUEUE__BYTES=4194304 (the publish body, and each client's
     /// queue, must hold one).
     Wire(WireArgs),
+    /// Reads the JSON results (`--out`) in a directory, through the types
+    /// the scenarios write them with, and prints the figures BENCHMARKS.md
+    /// shows as one JSON object keyed by file name (scripts/benchmarks.py
+    /// reads it).
+    Report {
+        /// The directory (scripts/bench.sh's $OUT, target/bench).
+        dir: PathBuf,
+    },
 }
 
 /// Where the JSON result goes.
@@ -677,7 +687,7 @@ fn bytes(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
-/// [`bytes`], for a socket option.
+/// [`bytes()`], for a socket option.
 fn bytes_u32(s: &str) -> Result<u32, String> {
     u32::try_from(bytes(s)?).map_err(|_| format!("`{s}` is too large"))
 }
@@ -973,6 +983,15 @@ mod tests {
             ("wire --gateway ws://127.0.0.1:1 --sizes 10,2GB", "--sizes"),
             ("wire --gateway ws://127.0.0.1:1 --size 10", "--sizes"),
         ]);
+    }
+
+    #[test]
+    fn report_takes_a_directory() {
+        let Ok(Command::Report { dir }) = parse("report target/bench") else {
+            panic!("parsed");
+        };
+        assert_eq!(dir, PathBuf::from("target/bench"));
+        assert_named(&[("report", "<DIR>")]);
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //! - [`sessions`]: clients that keep a session: they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
+//! - [`figures`]: `herald-loadtest report`: the result files read back
+//!   through their types, as the figures `scripts/benchmarks.py` renders.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
@@ -54,6 +56,7 @@
 pub mod cli;
 pub mod clients;
 pub mod cpu;
+pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;

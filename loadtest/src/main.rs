@@ -1,5 +1,6 @@
 //! `herald-loadtest`: reads the command line, runs one scenario, prints its
-//! table and writes its JSON result. See `herald-loadtest --help`.
+//! table and writes its JSON result; or reads results back (`report`). See
+//! `herald-loadtest --help`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use clap::error::ErrorKind;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
+use loadtest::figures;
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, floor, idle, pods, publish, slow, storm, throughput, wire};
 
@@ -41,12 +43,18 @@ fn main() -> ExitCode {
 
 /// Runs the scenario; whether it passed.
 fn run(command: Command) -> anyhow::Result<bool> {
+    if let Command::Report { dir } = &command {
+        // No runtime: it reads files.
+        println!("{}", figures::read_dir(dir)?);
+        return Ok(true);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
         match command {
+            Command::Report { .. } => Ok(true),
             Command::Pods(args) => {
                 let outcome = pods::run(args.options()).await.context("pods")?;
                 emit(&outcome, args.spread.out.out.as_deref())

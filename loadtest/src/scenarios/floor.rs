@@ -136,7 +136,7 @@ impl Options {
 }
 
 /// The result of a `floor` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Floor {
     pub clients: usize,
     pub rounds: usize,
@@ -167,7 +167,7 @@ pub struct Floor {
 }
 
 /// One round: the readers' figures and the writer's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FloorRound {
     #[serde(flatten)]
     pub readers: Round,

@@ -153,7 +153,7 @@ impl Options {
 }
 
 /// The result of a `fanout` run (and of `pods`, and `slow`'s healthy clients).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fanout {
     pub gateways: Vec<String>,
     pub publish_to: String,
@@ -237,7 +237,7 @@ pub struct Round {
 }
 
 /// The latency of the clients of one gateway.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GatewayLatency {
     pub gateway: String,
     pub clients: usize,
@@ -245,7 +245,7 @@ pub struct GatewayLatency {
 }
 
 /// A watched process over the rounds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcessRounds {
     pub pid: u32,
     pub name: String,
@@ -260,7 +260,7 @@ pub struct ProcessRounds {
 }
 
 /// This run against the floor of the same run.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct VsFloor {
     /// Last client, median over rounds: this run's over the floor's.
     pub last_client_p50_x: f64,
