@@ -41,6 +41,13 @@ cargo fmt --all --check
 say "lints"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+say "docs"
+# Intra-doc links are checked, so that the maps in the crate roots (the path
+# of a publish, of a replay) cannot drift from the code. Private items are
+# documented too: the maps name modules a reader of the code needs.
+RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+    cargo doc --workspace --no-deps --document-private-items --locked --quiet
+
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
     # nextest runs no doctests; run them first so that its summary closes the run.

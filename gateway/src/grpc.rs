@@ -6,14 +6,9 @@
 //! code of the HTTP status (see [`status`]). It stops with the drain: the
 //! listener closes, calls in flight finish, and the server ends with them.
 
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use futures_core::Stream;
 use proto::v1::publisher_server::{self, PublisherServer};
 use proto::v1::{
     DisconnectRequest, DisconnectResponse, PublishBatchRequest, PublishBatchResponse, PublishError,
@@ -21,8 +16,7 @@ use proto::v1::{
     publish_result,
 };
 use router::Position;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::time::Sleep;
+use tokio::net::TcpListener;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
@@ -59,7 +53,7 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener) {
         .timeout(node.config.http.request_timeout)
         .serve_with_incoming_shutdown(
             service,
-            Incoming::new(listener),
+            listener::Accepted::new(listener),
             node.drain.clone().cancelled_owned(),
         )
         .await;
@@ -274,49 +268,5 @@ fn code_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DataLoss => "DATA_LOSS",
         Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-/// The listener's connections, tuned as the HTTP listener's are. A failed
-/// accept (out of file descriptors, say) pauses the stream for
-/// [`listener::ACCEPT_BACKOFF`]: tonic would otherwise ask again at once, and
-/// spin while the condition lasts.
-struct Incoming {
-    listener: TcpListener,
-    backoff: Option<Pin<Box<Sleep>>>,
-}
-
-impl Incoming {
-    fn new(listener: TcpListener) -> Self {
-        Self {
-            listener,
-            backoff: None,
-        }
-    }
-}
-
-impl Stream for Incoming {
-    type Item = io::Result<TcpStream>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(backoff) = &mut this.backoff {
-                ready!(backoff.as_mut().poll(cx));
-                this.backoff = None;
-            }
-            match ready!(this.listener.poll_accept(cx)) {
-                Ok((stream, peer)) => {
-                    if let Err(e) = listener::tune(&stream) {
-                        tracing::debug!(%peer, error = %e, "socket options not set");
-                    }
-                    return Poll::Ready(Some(Ok(stream)));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    this.backoff = Some(Box::pin(tokio::time::sleep(listener::ACCEPT_BACKOFF)));
-                }
-            }
-        }
     }
 }

@@ -24,7 +24,7 @@ use tracing::Span;
 
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::outbound::{Flush, Outbound, Pushed};
+use crate::outbound::{IdleSockets, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -111,7 +111,7 @@ impl Hub {
     /// the session already sent from history; frames of another epoch, a
     /// reset among them, all go), then delivers directly.
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
-        let mut flush = Flush::default();
+        let mut idle = IdleSockets::default();
         let mut shard = self.shard(topic);
         let Some(local) = shard.get_mut(topic) else {
             return;
@@ -122,11 +122,11 @@ impl Hub {
         };
         for held in subscriber.pending.take().unwrap_or_default() {
             if held.epoch != position.epoch || held.seq > position.seq {
-                self.count(subscriber.out.push(held.frame, held.at, &mut flush));
+                self.count(subscriber.out.push(held.frame, held.at, &mut idle));
             }
         }
         drop(shard);
-        flush.spawn(&self.metrics);
+        idle.spawn(&self.metrics);
     }
 
     /// Removes a subscriber. Returns true when it was the topic's last one on
@@ -196,10 +196,10 @@ impl Hub {
         local.head = local.head.max(position.1);
         let frame = frame();
         let at = Instant::now();
-        let mut flush = Flush::with_capacity(local.subscribers.len());
+        let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         for subscriber in local.subscribers.values_mut() {
             match &mut subscriber.pending {
-                None => self.count(subscriber.out.push(frame.clone(), at, &mut flush)),
+                None => self.count(subscriber.out.push(frame.clone(), at, &mut idle)),
                 Some(pending) if pending.len() < self.max_pending => {
                     pending.push(Held {
                         epoch: position.0.clone(),
@@ -214,7 +214,7 @@ impl Hub {
             }
         }
         drop(shard);
-        flush.spawn(&self.metrics);
+        idle.spawn(&self.metrics);
     }
 }
 

@@ -20,14 +20,34 @@
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //! - [`auth`]: verifying the JWT a client presents, into its user and grants.
 //!
-//! One message's way: a client's `pub` frame is read by the session reader
-//! (a backend's publish comes by [`http`] or [`grpc`] instead) and is
-//! passed to the broker (`router`), which gives it a seq, keeps it in
-//! history and hands it to the hub; the hub encodes the `msg` frame once and
-//! pushes it to every subscriber's queue without waiting; once the topic's
-//! lock is released, the queues it found idle are written straight to their
-//! sockets, a chunk of connections per task, one `writev` each. What a socket
-//! does not take at once is left to that connection's writer task.
+//! ## A publish, to a subscriber's socket
+//!
+//! 1. [`http::publish`] (or the gRPC `Publish` in [`grpc`], or a client's
+//!    `pub` read by its [`session`]) checks the request and calls
+//!    [`publish::publish_data`].
+//! 2. [`router::Broker::publish`] gives it the topic's next seq and keeps it
+//!    in history; with Redis, every pod that watches the topic gets it
+//!    through pub/sub.
+//! 3. The engine hands it to the pod's sink, [`router::Deliver::deliver`] of
+//!    the [`hub::Hub`], which encodes the `msg` frame once
+//!    ([`frame::publication`]) and
+//! 4. [`outbound::Outbound::push`]es it to every subscriber's bounded queue,
+//!    under the topic's lock and without waiting, listing the queues nobody
+//!    was writing in an [`outbound::IdleSockets`];
+//! 5. once the lock is released, [`outbound::IdleSockets::spawn`] writes
+//!    those straight to their sockets, a chunk of connections per task. What
+//!    a socket does not take at once is left to the connection's writer task.
+//!
+//! ## A `sub` with `since`, through replay
+//!
+//! 1. The connection's session ([`session::serve_upgraded`]) reads the
+//!    command, checks it against the client's grants, and joins the topic:
+//!    [`hub::Hub::join`] holds aside what arrives from now on.
+//! 2. [`router::Broker::watch`] (once per topic and pod), then
+//!    [`router::Broker::recover`]: the topic's position, and its history
+//!    after `since`.
+//! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
+//!    releases what was held aside beyond it, and delivery goes on as above.
 
 // Nothing a peer, a config file or a broker sends may panic the server.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -2,13 +2,19 @@
 //! options, a pause after a failed accept, and who the client is behind a
 //! proxy.
 
+use std::future::Future;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use futures_core::Stream;
 use hyper::HeaderMap;
 use ipnet::IpNet;
 use socket2::{SockRef, TcpKeepalive};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
 
 /// Keepalive probes start after this much TCP silence.
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
@@ -56,6 +62,51 @@ pub fn client_ip(peer: SocketAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Ip
         }
     }
     client
+}
+
+/// A listener's connections as a stream (what tonic serves), tuned as the
+/// HTTP listener's are. A failed
+/// accept (out of file descriptors, say) pauses the stream for
+/// [`ACCEPT_BACKOFF`]: tonic would otherwise ask again at once, and
+/// spin while the condition lasts.
+pub struct Accepted {
+    listener: TcpListener,
+    backoff: Option<Pin<Box<Sleep>>>,
+}
+
+impl Accepted {
+    pub fn new(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            backoff: None,
+        }
+    }
+}
+
+impl Stream for Accepted {
+    type Item = io::Result<TcpStream>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(backoff) = &mut this.backoff {
+                ready!(backoff.as_mut().poll(cx));
+                this.backoff = None;
+            }
+            match ready!(this.listener.poll_accept(cx)) {
+                Ok((stream, peer)) => {
+                    if let Err(e) = tune(&stream) {
+                        tracing::debug!(%peer, error = %e, "socket options not set");
+                    }
+                    return Poll::Ready(Some(Ok(stream)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    this.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

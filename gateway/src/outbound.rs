@@ -8,7 +8,7 @@
 //! that a full queue never delays them.
 //!
 //! Two parties write, never at once. A fan-out collects the connections it
-//! queued to while they were idle in a [`Flush`], and once its topic's lock
+//! queued to while they were idle in an [`IdleSockets`], and once its topic's lock
 //! is released writes straight to their sockets, a chunk of connections per
 //! task, as far as each socket takes it without waiting: a frame then costs
 //! one `writev` and no task wake-up. Everything else (what a socket did not
@@ -223,8 +223,8 @@ impl Outbound {
     }
 
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
-    /// A connection nobody is writing to joins `flush`, which writes it.
-    pub fn push(&self, frame: Bytes, at: Instant, flush: &mut Flush) -> Pushed {
+    /// A connection nobody is writing to joins `idle`, which writes it.
+    pub fn push(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Pushed {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
@@ -235,11 +235,11 @@ impl Outbound {
             return self.overflow();
         }
         state.oldest.get_or_insert(at);
-        let idle = state.frames.is_empty() && !state.writing;
+        let nobody_writing = state.frames.is_empty() && !state.writing;
         state.append(frame);
         drop(state);
-        if idle {
-            flush.0.push(self.clone());
+        if nobody_writing {
+            idle.0.push(self.clone());
         }
         Pushed::Queued
     }
@@ -576,11 +576,11 @@ impl AsyncWrite for SocketWriter {
 
 /// Connections a fan-out queued frames to while nobody was writing to them.
 /// [`spawn`](Self::spawn) writes to them directly once the fan-out released
-/// its lock; dropped unwritten, a `Flush` wakes their writer tasks instead.
+/// its lock; dropped unwritten, an `IdleSockets` wakes their writer tasks instead.
 #[derive(Default)]
-pub struct Flush(Vec<Outbound>);
+pub struct IdleSockets(Vec<Outbound>);
 
-impl Flush {
+impl IdleSockets {
     pub fn with_capacity(capacity: usize) -> Self {
         Self(Vec::with_capacity(capacity))
     }
@@ -593,9 +593,9 @@ impl Flush {
         };
         while !self.0.is_empty() {
             let chunk = if self.0.len() <= CHUNK {
-                Flush(std::mem::take(&mut self.0))
+                IdleSockets(std::mem::take(&mut self.0))
             } else {
-                Flush(self.0.split_off(self.0.len() - CHUNK))
+                IdleSockets(self.0.split_off(self.0.len() - CHUNK))
             };
             let metrics = metrics.clone();
             runtime.spawn(async move {
@@ -627,7 +627,7 @@ impl Flush {
     }
 }
 
-impl Drop for Flush {
+impl Drop for IdleSockets {
     fn drop(&mut self) {
         for out in self.0.drain(..) {
             out.wake_writer();
@@ -656,7 +656,7 @@ mod tests {
     }
 
     fn push(q: &Outbound, frame: Bytes) -> Pushed {
-        q.push(frame, Instant::now(), &mut Flush::default())
+        q.push(frame, Instant::now(), &mut IdleSockets::default())
     }
 
     /// A queue on the server side of a loopback connection, and its client.
@@ -722,18 +722,18 @@ mod tests {
     #[tokio::test]
     async fn a_fan_out_writes_to_an_idle_connection_itself() -> io::Result<()> {
         let (q, mut client) = connected(limits(Overflow::Disconnect)).await?;
-        let mut flush = Flush::default();
+        let mut idle = IdleSockets::default();
         assert_eq!(
-            q.push(Bytes::from_static(b"one"), Instant::now(), &mut flush),
+            q.push(Bytes::from_static(b"one"), Instant::now(), &mut idle),
             Pushed::Queued
         );
         assert_eq!(
-            q.push(Bytes::from_static(b"two"), Instant::now(), &mut flush),
+            q.push(Bytes::from_static(b"two"), Instant::now(), &mut idle),
             Pushed::Queued
         );
-        assert_eq!(flush.0.len(), 1, "listed once, when it became busy");
+        assert_eq!(idle.0.len(), 1, "listed once, when it became busy");
         let metrics = Metrics::new();
-        flush.write(&metrics);
+        idle.write(&metrics);
         let mut got = [0; 6];
         tokio::time::timeout(STEP, client.read_exact(&mut got)).await??;
         assert_eq!(&got, b"onetwo");
@@ -756,9 +756,9 @@ mod tests {
         let (q, _client) = connected(big).await?;
         // More than loopback buffers hold while the client does not read.
         let frame = Bytes::from(vec![7; 32 << 20]);
-        let mut flush = Flush::default();
-        q.push(frame.clone(), Instant::now(), &mut flush);
-        flush.write(&Metrics::new());
+        let mut idle = IdleSockets::default();
+        q.push(frame.clone(), Instant::now(), &mut idle);
+        idle.write(&Metrics::new());
         tokio::time::timeout(STEP, q.ready())
             .await
             .map_err(|_| io::Error::other("the writer was not woken"))?;
@@ -788,9 +788,9 @@ mod tests {
         assert!(q.send(Bytes::from_static(b"reply")).await);
         let mut batch = Vec::new();
         let taken = q.take(&mut batch).map(|t| t.bytes);
-        let mut flush = Flush::default();
-        q.push(Bytes::from_static(b"msg"), Instant::now(), &mut flush);
-        assert!(flush.0.is_empty(), "the writer holds the socket");
+        let mut idle = IdleSockets::default();
+        q.push(Bytes::from_static(b"msg"), Instant::now(), &mut idle);
+        assert!(idle.0.is_empty(), "the writer holds the socket");
         assert!(q.take(&mut Vec::new()).is_none(), "one batch at a time");
         q.written(taken.unwrap_or_default());
         batch.clear();

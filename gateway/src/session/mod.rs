@@ -5,7 +5,7 @@
 //! queue, which the writer drains. The session keeps what a resume needs: the
 //! subscriptions and, for each, how far the client acked. It also holds who
 //! the client is (its token's claims), and every topic it touches is checked
-//! against that ([`access`]).
+//! against that (`access`).
 
 mod access;
 pub(crate) mod parser;
@@ -42,8 +42,9 @@ use crate::hub::ConnId;
 use crate::node::{Admission, Node};
 use crate::outbound::Outbound;
 use access::Access;
+use parser::Parsed;
 use rate::Bucket;
-use reader::{Incoming, Reader};
+use reader::Reader;
 
 /// Serves an upgraded connection until it ends.
 pub async fn serve_upgraded(
@@ -191,19 +192,19 @@ impl Session {
                     }
                     return;
                 }
-                Ok(Ok(Incoming::Close)) => {
+                Ok(Ok(Parsed::Close(_))) => {
                     // Our close went out first: this completes the handshake.
                     if self.out.reason() != Some(CloseReason::ClientClosed) {
                         stop.cancel();
                     }
                     return;
                 }
-                Ok(Ok(Incoming::Ping(payload))) => {
+                Ok(Ok(Parsed::Ping(payload))) => {
                     self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
                 }
-                Ok(Ok(Incoming::Pong(payload))) => self.observe_pong(&payload),
-                Ok(Ok(Incoming::Text(text))) if self.out.is_closing() => self.late_ack(&text),
-                Ok(Ok(Incoming::Text(text))) => self.command(text).await,
+                Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
+                Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => self.late_ack(&text),
+                Ok(Ok(Parsed::Text(text))) => self.command(text).await,
             }
         }
     }

@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::time::{Instant, timeout_at};
 
@@ -34,17 +34,6 @@ use crate::outbound::Outbound;
 /// this much of it has arrived and at least this much is still to come, is
 /// read straight into its own buffer instead.
 const STACK_READ: usize = 8 * 1024;
-
-/// One event from the client.
-#[derive(Debug)]
-pub enum Incoming {
-    /// A whole text message, valid UTF-8.
-    Text(Bytes),
-    Ping(Bytes),
-    Pong(Bytes),
-    /// The client's close frame; the echo is already on its way out.
-    Close,
-}
 
 pub struct Reader<R> {
     read: R,
@@ -75,7 +64,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// The next event. Every partial frame lives in `self`, so dropping the
     /// future between polls loses no bytes; a session drops it only to end
     /// the connection anyway.
-    pub async fn next(&mut self, out: &Outbound) -> Result<Incoming, CloseReason> {
+    pub async fn next(&mut self, out: &Outbound) -> Result<Parsed, CloseReason> {
         loop {
             let parsed = if !self.carry.is_empty() {
                 self.parse_carry()?
@@ -84,16 +73,11 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             };
             self.time_message();
             let Some(parsed) = parsed else { continue };
-            return Ok(match parsed {
-                Parsed::Text(text) => Incoming::Text(text),
-                Parsed::Ping(payload) => Incoming::Ping(payload),
-                Parsed::Pong(payload) => Incoming::Pong(payload),
-                Parsed::Close(payload) => {
-                    // Echo the client's code (and reason), as RFC 6455 5.5.1 asks.
-                    out.echo_close(frame::encode(frame::OP_CLOSE, &[&payload]));
-                    Incoming::Close
-                }
-            });
+            if let Parsed::Close(payload) = &parsed {
+                // Echo the client's code (and reason), as RFC 6455 5.5.1 asks.
+                out.echo_close(frame::encode(frame::OP_CLOSE, &[payload]));
+            }
+            return Ok(parsed);
         }
     }
 
@@ -201,6 +185,7 @@ fn closes(e: FrameError) -> CloseReason {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use std::future::Future;
     use std::io;
     use std::time::Duration;
@@ -274,7 +259,7 @@ mod tests {
     fn poll_next<R: AsyncRead + Unpin>(
         reader: &mut Reader<R>,
         out: &Outbound,
-    ) -> Poll<Result<Incoming, CloseReason>> {
+    ) -> Poll<Result<Parsed, CloseReason>> {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         std::pin::pin!(reader.next(out)).poll(&mut cx)
     }
@@ -282,7 +267,7 @@ mod tests {
     async fn next<R: AsyncRead + Unpin>(
         reader: &mut Reader<R>,
         out: &Outbound,
-    ) -> Result<Incoming, CloseReason> {
+    ) -> Result<Parsed, CloseReason> {
         timeout(STEP, reader.next(out))
             .await
             .unwrap_or_else(|_| panic!("the reader hangs"))
@@ -290,7 +275,7 @@ mod tests {
 
     async fn text<R: AsyncRead + Unpin>(reader: &mut Reader<R>, out: &Outbound) -> Bytes {
         match next(reader, out).await {
-            Ok(Incoming::Text(text)) => text,
+            Ok(Parsed::Text(text)) => text,
             other => panic!("expected text, got {other:?}"),
         }
     }
@@ -315,11 +300,11 @@ mod tests {
         assert_eq!(&text(reader, &out).await[..], &[b'm'; 300][..]);
         assert_eq!(&text(reader, &out).await[..], big);
         match next(reader, &out).await {
-            Ok(Incoming::Ping(p)) => assert_eq!(&p[..], b"mid"),
+            Ok(Parsed::Ping(p)) => assert_eq!(&p[..], b"mid"),
             other => panic!("expected the ping, got {other:?}"),
         }
         assert_eq!(&text(reader, &out).await[..], b"fragment");
-        assert!(matches!(next(reader, &out).await, Ok(Incoming::Close)));
+        assert!(matches!(next(reader, &out).await, Ok(Parsed::Close(_))));
         // The echo carries the client's code and reason.
         let mut batch = Vec::new();
         let echo = out.take(&mut batch).and_then(|t| t.close?.frame);
@@ -476,7 +461,7 @@ mod tests {
             let chunks = wire.chunks(size).map(<[u8]>::to_vec);
             let mut reader = Reader::new(Stalls(chunks.collect()), 1 << 20, NO_HURRY);
             match poll_next(&mut reader, &outbound()) {
-                Poll::Ready(Ok(Incoming::Text(text))) => assert!(text == big, "{size}"),
+                Poll::Ready(Ok(Parsed::Text(text))) => assert!(text == big, "{size}"),
                 other => panic!("expected the message, got {other:?}"),
             }
         }
@@ -508,7 +493,7 @@ mod tests {
         let mut pings = 0;
         let reason = loop {
             match next(&mut reader, &out).await {
-                Ok(Incoming::Ping(_)) => pings += 1,
+                Ok(Parsed::Ping(_)) => pings += 1,
                 Ok(other) => panic!("only pings, got {other:?}"),
                 Err(reason) => break reason,
             }
@@ -550,19 +535,13 @@ mod tests {
         let mut reader = Reader::new(server, 1 << 20, MESSAGE_TIMEOUT);
         // A ping alone starts no clock.
         send(&mut client, &masked(FIN | PING, b"p")).await;
-        assert!(matches!(
-            next(&mut reader, &out).await,
-            Ok(Incoming::Ping(_))
-        ));
+        assert!(matches!(next(&mut reader, &out).await, Ok(Parsed::Ping(_))));
         assert!(reader.message_started.is_none());
         // A fragment starts it, a ping between fragments leaves it running,
         // the last fragment stops it.
         send(&mut client, &masked(TEXT, b"{\"op\"")).await;
         send(&mut client, &masked(FIN | PING, b"p")).await;
-        assert!(matches!(
-            next(&mut reader, &out).await,
-            Ok(Incoming::Ping(_))
-        ));
+        assert!(matches!(next(&mut reader, &out).await, Ok(Parsed::Ping(_))));
         let started = reader.message_started;
         assert!(started.is_some());
         send(&mut client, &masked(FIN | CONTINUATION, b":1}")).await;

@@ -78,13 +78,13 @@ return 1
     )
 });
 
-/// Makes ARGV[1] the session's owner, keeping its expiry, and returns
+/// Makes `ARGV[1]` the session's owner, keeping its expiry, and returns
 /// `{previous owner or "", snapshot without the owner line}`; nil when there
 /// is none (or it was started before its user's access was revoked: then it
 /// is deleted); 0, taking nothing, when it belongs to another user than
-/// ARGV[2] (`user <hex> <since ms>` is the line after the owner's).
+/// `ARGV[2]` (`user <hex> <since ms>` is the line after the owner's).
 ///
-/// KEYS: session, [the user's revocation]. ARGV: owner, user hex ('' for
+/// KEYS: session, \[the user's revocation\]. ARGV: owner, user hex ('' for
 /// anonymous).
 pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -120,9 +120,9 @@ return {from, body}
 /// The announcement is `<seq>:<epoch>:<ms>:<data>`, or, for a traced publish,
 /// `<seq>:<epoch>:<ms>;<traceparent>:<data>`.
 ///
-/// KEYS: meta, history, [idempotency]. ARGV: data, history size, history ttl
+/// KEYS: meta, history, \[idempotency\]. ARGV: data, history size, history ttl
 /// ms, a fresh epoch (used if the topic has none), channel, meta ttl ms,
-/// idempotency ttl ms, [traceparent].
+/// idempotency ttl ms, \[traceparent\].
 pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -177,7 +177,7 @@ pub fn is_traceparent(value: &str) -> bool {
 /// `since`, the history after it. Returns `{seq, epoch, now_ms, entries}`;
 /// `entries` only when `since` is in the same epoch and before `seq`.
 ///
-/// A topic nobody published to yet keeps its meta only for ARGV[4] (the
+/// A topic nobody published to yet keeps its meta only for `ARGV[4]` (the
 /// namespace's history age): subscribing leaves nothing long-lived behind.
 ///
 /// KEYS: meta, history. ARGV: a fresh epoch, since (-1 for none), the
