@@ -6,16 +6,12 @@
 //! a raw TCP client (a library client would answer the pings by itself).
 // A test that cannot go on should stop and say why.
 
-mod common;
-#[path = "common/raw.rs"]
-mod raw;
-
 use std::time::Duration;
 
-use common::{Client, Gateway};
 use futures_util::StreamExt;
-use raw::{CLOSE, Frame, PING, PONG, RawClient, TEXT};
 use serde_json::json;
+use testkit::raw::{CLOSE, Frame, PING, PONG, RawClient, TEXT};
+use testkit::{Client, Gateway};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 

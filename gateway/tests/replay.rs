@@ -2,12 +2,10 @@
 //! duplicate even while publishers keep publishing; `recovered: false` when
 //! history cannot bridge the gap.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 
 #[tokio::test]
 async fn since_replays_then_goes_live_under_concurrent_publishing() {
@@ -32,7 +30,7 @@ async fn since_replays_then_goes_live_under_concurrent_publishing() {
             for i in 501..=TOTAL {
                 let body = json!({"topic": "ticks", "data": i}).to_string();
                 let (status, _) =
-                    common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+                    testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
                 assert_eq!(status, 200);
             }
         })

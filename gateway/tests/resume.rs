@@ -2,13 +2,11 @@
 //! subscription back and everything it did not ack; after the window it starts
 //! afresh.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 
 #[tokio::test]
 async fn resume_within_the_window_replays_what_was_not_acked() {

@@ -2,12 +2,10 @@
 //! the overflow rule closes it, and the others keep getting every message
 //! promptly. Its memory is bounded by its queue (`queue.bytes`).
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 use tokio::net::TcpSocket;
 use tokio_tungstenite::MaybeTlsStream;
 

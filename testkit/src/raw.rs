@@ -3,8 +3,6 @@
 //! what a library client never would (unmasked frames, bad UTF-8, reserved
 //! bits, stray continuations, a client that never answers a ping) and check
 //! the server's answer to the byte. Every wait is bounded by [`STEP`].
-//! Include with `#[path = "common/raw.rs"] mod raw;`.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
