@@ -121,6 +121,12 @@ loadtest() {
     target/release/herald-loadtest "$@" --out "$OUT/$name.json" || failed=1
 }
 
+# Python (scripts/benchmarks.py, PyJWT for storm-auth's token) is the
+# scripts' venv, as in scripts/test.sh: made and filled here when missing.
+. scripts/python-venv.sh
+venv_install 'pyjwt[crypto]>=2.8,<3'
+export PATH="$VENV/bin:$PATH"
+
 say "build (release)"
 cargo build --release -p gateway -p herald-loadtest --bins --example idle_memory
 mkdir -p "$OUT"
@@ -180,7 +186,7 @@ fi
 
 if wants storm-auth; then
     say "storm-auth: the same, every hello with an RS256 token that herald verifies"
-    # The test key pair; the token is minted by PyJWT (scripts/test.sh installs it).
+    # The test key pair; the token is minted by PyJWT, from the venv.
     keys=gateway/src/auth/testdata
     token=$(python3 -c 'import jwt, sys, time
 print(jwt.encode({"sub": "storm", "exp": int(time.time()) + 3600, "subscribe": ["*"]},

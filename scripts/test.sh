@@ -20,17 +20,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 redis-server --version
 prometheus --version 2>&1 | sed -n 1p
-# The Python client test talks to herald through the `websockets` package.
-if ! python3 -c 'import websockets' 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12,<16'
-fi
-python3 -c 'import websockets; print("python websockets", websockets.__version__)'
-# The auth tests mint their tokens with PyJWT (an implementation other than
-# ours), its RS/ES algorithms and test keys coming from `cryptography`.
-if ! python3 -c 'import jwt, cryptography' 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check 'pyjwt[crypto]>=2.8,<3'
-fi
-python3 -c 'import jwt, cryptography; print("python pyjwt", jwt.__version__, "cryptography", cryptography.__version__)'
+# Python packages go in the scripts' venv (scripts/python-venv.sh: Debian's
+# own Python refuses pip installs), whose bin/ comes first on PATH from here
+# on, so that the tests' `python3` is the venv's. The Python client test talks
+# to herald through `websockets`; the auth tests mint their tokens with PyJWT
+# (an implementation other than ours), its RS/ES algorithms and test keys
+# coming from `cryptography`.
+. scripts/python-venv.sh
+venv_install 'websockets>=12,<16' 'pyjwt[crypto]>=2.8,<3'
+export PATH="$VENV/bin:$PATH"
+python3 -c 'import websockets, jwt, cryptography, sys
+print("python", sys.prefix, "websockets", websockets.__version__, "pyjwt", jwt.__version__,
+      "cryptography", cryptography.__version__)'
 
 scripts/check-k8s.sh    # section "kubernetes manifests": helm, kustomize, schemas
 

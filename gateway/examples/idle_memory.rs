@@ -78,11 +78,10 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_bytes(herald.0.id());
     let per = (after.saturating_sub(before)) as f64 / count as f64;
+    let (before_mib, after_mib) = (before as f64 / 1048576.0, after as f64 / 1048576.0);
+    let with = if auth { ", each with a token" } else { "" };
     println!(
-        "{count} idle connections (subscribed to one topic{}): herald RSS {:.1} MiB -> {:.1} MiB, {per:.0} bytes per connection",
-        before as f64 / 1048576.0,
-        after as f64 / 1048576.0,
-        if auth { ", each with a token" } else { "" },
+        "{count} idle connections (subscribed to one topic{with}): herald RSS {before_mib:.1} MiB -> {after_mib:.1} MiB, {per:.0} bytes per connection"
     );
     drop(clients);
     Ok(())

@@ -28,9 +28,9 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
-use crate::publish::{self, ApiError, JsonData, Refusal};
 use crate::listener;
 use crate::node::Node;
+use crate::publish::{self, ApiError, JsonData, Refusal};
 use crate::telemetry::{self, Api, Headers};
 
 /// Items one `PublishBatch` may carry; more is `RESOURCE_EXHAUSTED`.

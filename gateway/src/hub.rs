@@ -43,6 +43,9 @@ struct LocalTopic {
     subscribers: HashMap<ConnId, Subscriber>,
     /// Set once the broker watches the topic for this pod.
     watched: Arc<OnceCell<()>>,
+    /// The newest seq any subscriber here was sent or told of: no client
+    /// can have seen, and so ack, anything above it.
+    head: u64,
 }
 
 struct Subscriber {
@@ -89,6 +92,7 @@ impl Hub {
             LocalTopic {
                 subscribers: HashMap::new(),
                 watched: Arc::new(OnceCell::new()),
+                head: 0,
             }
         });
         let subscriber = Subscriber {
@@ -109,10 +113,11 @@ impl Hub {
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
         let mut flush = Flush::default();
         let mut shard = self.shard(topic);
-        let Some(subscriber) = shard
-            .get_mut(topic)
-            .and_then(|local| local.subscribers.get_mut(&conn))
-        else {
+        let Some(local) = shard.get_mut(topic) else {
+            return;
+        };
+        local.head = local.head.max(position.seq);
+        let Some(subscriber) = local.subscribers.get_mut(&conn) else {
             return;
         };
         for held in subscriber.pending.take().unwrap_or_default() {
@@ -141,6 +146,12 @@ impl Hub {
         shard.remove(topic);
         self.metrics.topics.dec();
         watched
+    }
+
+    /// The newest seq this pod's subscribers of `topic` were sent or told of
+    /// (any epoch); `None` when it has none.
+    pub fn head(&self, topic: &Topic) -> Option<u64> {
+        self.shard(topic).get(topic).map(|local| local.head)
     }
 
     /// Local subscribers of `topic`.
@@ -182,6 +193,7 @@ impl Hub {
                 telemetry::int(local.subscribers.len()),
             );
         }
+        local.head = local.head.max(position.1);
         let frame = frame();
         let at = Instant::now();
         let mut flush = Flush::with_capacity(local.subscribers.len());

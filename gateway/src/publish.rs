@@ -46,7 +46,6 @@ impl ApiError {
     pub(crate) fn invalid(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(Refusal::Invalid, code, message)
     }
-
 }
 
 impl From<BrokerError> for ApiError {

@@ -31,7 +31,6 @@ use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, Refusal, StartError};
 use crate::{grpc, session};
 
-
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
     /// HTTP: the WebSocket endpoint, health, and the HTTP API unless it has

@@ -70,8 +70,8 @@ async fn mint_lines(spec: Value) -> Vec<String> {
         .expect("mint.py in time")
         .expect("mint.py task")
         .expect(
-            "python3 with PyJWT and cryptography (scripts/test.sh installs them: \
-             pip install 'pyjwt[crypto]')",
+            "python3 with PyJWT and cryptography (scripts/test.sh installs them in \
+             target/venv and puts its bin/ first on PATH)",
         );
     assert!(
         output.status.success(),

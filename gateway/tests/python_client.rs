@@ -68,7 +68,7 @@ async fn a_python_websockets_client_publishes_and_receives() {
     assert!(
         probe.status.success(),
         "the Python package `websockets` is missing: run the project's test script (.ci/run), \
-         which installs it (pip install websockets)\n{}",
+         which installs it in target/venv and puts its bin/ first on PATH\n{}",
         show(&probe)
     );
 
@@ -111,7 +111,7 @@ async fn require_python(import: &'static str, package: &str) {
     assert!(
         probe.status.success(),
         "the Python package {package} is missing: run the project's test script \
-         (scripts/test.sh), which installs it\n{}",
+         (scripts/test.sh), which installs it in target/venv and puts its bin/ first on PATH\n{}",
         show(&probe)
     );
 }

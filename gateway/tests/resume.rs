@@ -137,3 +137,37 @@ async fn resuming_a_session_that_is_still_connected_takes_it_over() {
     assert_eq!(second.msg().await.1, 2);
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_ack_beyond_anything_sent_is_refused_and_the_resume_still_replays() {
+    let gw = Gateway::start().await;
+    let mut client = Client::connect(&gw).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    client.sub(1, "a").await;
+    gw.publish("a", json!(1)).await;
+    assert_eq!(client.msg().await.1, 1);
+    for seq in [2, u64::MAX] {
+        client
+            .send(json!({"op": "ack", "topic": "a", "seq": seq}))
+            .await;
+        let err = client.expect("err").await;
+        assert_eq!(err["code"], "malformed", "{err}");
+    }
+    // The connection is fine, and what it really got can be acked.
+    client
+        .send(json!({"op": "ack", "topic": "a", "seq": 1}))
+        .await;
+    gw.publish("a", json!(2)).await;
+    assert_eq!(client.msg().await.1, 2);
+    drop(client);
+
+    gw.publish("a", json!(3)).await;
+    let mut back = Client::connect(&gw).await;
+    let welcome = back.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    assert_eq!(back.msg().await.1, 2, "replayed from the last real ack");
+    assert_eq!(back.msg().await.1, 3);
+}

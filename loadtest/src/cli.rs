@@ -1,169 +1,23 @@
-//! The command line: `herald-loadtest <scenario> [--flag value]...`, read
-//! into the scenario's `Options`. Hand-written, like `herald`'s own.
+//! The command line: `herald-loadtest <scenario> [--flag value]...`, one
+//! subcommand per scenario (clap), each flag defaulting to the scenario's
+//! `DEFAULT_*` constant; times are humantime's (`500ms`, `10s`, `2m`).
+//! `report <dir>` reads the result files back (see [`crate::figures`]).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
+use clap::{Args, Parser, Subcommand};
+
+use crate::Target;
 use crate::scenarios::{
     DEFAULT_SIZE, fanout, floor, idle, pods, publish, slow, storm, throughput, wire,
 };
-use crate::sessions::Cut;
-use crate::{Error, Target};
+use crate::sessions::{Backoff, Cut};
 
 /// Exit code for a bad command line (EX_USAGE).
 pub const EXIT_USAGE: u8 = 64;
 
-pub const USAGE: &str = "\
-herald-loadtest: load and latency measurements against Herald gateways on this machine
-
-Usage: herald-loadtest <scenario> [options]
-
-Scenarios:
-  pods      clients spread over the --gateway URLs, all on one topic; a paced
-            publisher posts to --publish-to. Delivery latency per (message,
-            client), messages lost and duplicated (both must be 0).
-              --gateway <ws://127.0.0.1:PORT[/ws]>  repeat for several pods (required)
-              --publish-to <http://127.0.0.1:PORT>  default: the first gateway
-              --clients <n>       default 1000
-              --rate <msgs/s>     default 100
-              --duration <time>   default 10s
-              --warmup <n>        messages sent first, not timed; default 10
-              --connections <n>   publisher keep-alive connections; default 4
-              --drain <time>      wait for late deliveries; default 5s
-              --topic <name>      default: a fresh topic per run
-  fanout    --clients on --topics topics (client i on topic i % n), spread over
-            the --gateway URLs; --rounds rounds --interval apart, each one
-            message per topic, stamped with the round's start. Per round
-            p50/p99/max (its max: the last client); over the run the last
-            client's median/p99/worst; each --gateway-pid/--watch-pid
-            process's CPU and RSS per round. Lost/duplicated must be 0.
-              --gateway <ws://127.0.0.1:PORT[/ws]>  repeat for several (required)
-              --publish-to <http://127.0.0.1:PORT>  default: the first gateway
-              --clients <n>       default 1000
-              --topics <n>        default 1
-              --rounds <n>        measured rounds; default 40
-              --interval <time>   default 500ms
-              --warmup <n>        rounds first, not timed; default 2
-              --connections <n>   publisher keep-alive connections; default 4
-              --drain <time>      wait for late deliveries; default 5s
-              --topic <name>      the topic (or prefix); default: fresh
-              --gateway-pid <pid> the gateway (its CPU and RSS per round;
-                                  same as --watch-pid, listed first)
-              --floor             run `floor` first with the same clients,
-                                  rounds, interval and size, and report the
-                                  last client as multiples of the floor's
-  slow      `fanout` in two phases on the same clients: --rounds rounds, then
-            --slow clients that never read join (SO_RCVBUF --recv-buffer),
-            and --rounds more. The healthy clients' p99 and last client
-            without and with them; when the gateway closed each slow client
-            (read from its /metrics every 100ms); RSS from the slow phase's
-            round 5 on. Takes fanout's options (not --floor), and:
-              --slow <n>          default 1
-              --recv-buffer <bytes> default 4096
-              --close-wait <time> after the rounds, wait this long at most
-                                  for the slow clients' closes; default 7s
-  floor     the kernel's cost: one thread writes the same frames (a
-            gateway's msg, --size payload) to --clients plain loopback
-            sockets, blocking writes, no WebSocket library; the readers (a
-            second herald-loadtest process) read them as fanout's clients
-            do. Per round the last client, the time to write a round and the
-            writer thread's CPU.
-              --clients <n>  --rounds <n>  --interval <time>  --warmup <n>
-              --drain <time>      as for fanout
-  publish   publish throughput: --concurrency keep-alive connections publish
-            back to back to --topics topics for --duration.
-              --publish-to <http://127.0.0.1:PORT>  (required)
-              --concurrency <n>   default 16
-              --topics <n>        default 100
-              --duration <time>   default 10s
-  storm     clients with sessions, subscribed and acking while a paced
-            publisher runs; at --cut-at every connection is cut at once
-            (abortive close), or --kill-pid kills a gateway with SIGKILL;
-            every client resumes (jittered backoff, or the server's
-            reconnect advice) at a gateway picked at random. Time until all
-            are resumed; lost and (application) duplicated messages must be 0,
-            every session must resume.
-              --gateway <ws://127.0.0.1:PORT[/ws]>  repeat for several pods (required)
-              --publish-to <http://127.0.0.1:PORT>  default: the first gateway
-                                  (with --kill-pid: the first not killed)
-              --clients <n>       default 1000
-              --topics <n>        client i on topic i % n; default 10
-              --rate <msgs/s>     over all topics; default 50
-              --duration <time>   how long the publisher runs; default 10s
-              --cut-at <time>     from the first publish; default 3s
-              --drain <time>      after the last publish, wait for resumes
-                                  and deliveries; default 10s
-              --backoff <time>    first reconnect waits up to this; default 100ms
-              --backoff-cap <time> no reconnect waits longer; default 2s
-              --ack-interval <time> cumulative acks at most this often
-                                  (0ms: every message); default 20ms
-              --cut <how>         reset: abortive close, the gateway sees a
-                                  reset (default); half-open: old connections
-                                  left open and silent, the resume takes over
-              --kill-pid <pid>    SIGKILL this gateway process (it must listen
-                                  on a --gateway port; needs broker = redis)
-                                  instead of cutting the connections
-              --connections <n>   publisher keep-alive connections; default 4
-              --token <jwt>       every client's hello.token (a gateway that
-                                  checks tokens verifies one per hello)
-  idle      --clients connections spread over the --gateway URLs, each
-            subscribed to one topic, held for --duration while the gateways
-            ping them (every ping is answered). Gateway RSS per connection
-            (with --gateway-pid), unexpected closes (must be 0). Clients past
-            what one process may open are held by worker processes (this
-            program again), each with its own file-descriptor limit.
-              --gateway <ws://127.0.0.1:PORT[/ws]>  repeat for several pods (required)
-              --gateway-pid <pid> each gateway's process, in --gateway order
-              --clients <n>       default 1000
-              --duration <time>   the hold, once all are connected; default 60s
-              --processes <n>     processes holding the clients; default: as few
-                                  as the hard file-descriptor limit allows
-              --topic <name>      default: a fresh topic per run
-            The gateway needs HERALD_WEBSOCKET__MAX_CONNECTIONS above its
-            share (default 10000; 19500 for 19,000), and for heartbeats within
-            a short hold a short HERALD_WEBSOCKET__PING_INTERVAL (e.g. 5s).
-            Measure memory on freshly started gateways: RSS rarely shrinks,
-            so a second run on the same process shows little growth.
-            Several pods: HERALD_BROKER=redis HERALD_REDIS__URL=redis://127.0.0.1:PORT,
-            and on a busy machine HERALD_REDIS__COMMAND_TIMEOUT=5s (tens of
-            thousands of subs at once; a sub answered `unavailable` fails the run).
-  throughput
-            --clients clients each subscribe to --subscriptions of --topics
-            topics; --concurrency keep-alive connections publish back to back
-            round-robin over the topics for --duration. Deliveries per second
-            and per gateway CPU-second (with --gateway-pid); lost, duplicated
-            (both must be 0).
-              --gateway <ws://127.0.0.1:PORT[/ws]>  (required)
-              --publish-to <http://127.0.0.1:PORT>  default: the gateway
-              --gateway-pid <pid> the gateway's process, for its CPU time
-              --clients <n>       default 200
-              --topics <n>        default 100
-              --subscriptions <n> topics per client; default 50
-              --concurrency <n>   default 8
-              --duration <time>   default 10s
-              --drain <time>      wait for late deliveries; default 5s
-              --size <bytes>      here: default 64
-  wire      bytes on the wire per message: each payload (a JSON string of
-            that size) is published and its frame read off a raw socket
-            (header + msg envelope + payload), against a minimal HTTP/1.1
-            POST (Host, Content-Type, Content-Length) of the same payload.
-              --gateway <ws://127.0.0.1:PORT[/ws]>  (required)
-              --publish-to <http://127.0.0.1:PORT>  default: the gateway
-              --sizes <list>      bytes, comma-separated (KiB, MiB taken);
-                                  default 10,125,126,1KiB,64KiB,1MiB
-              --topic <name>      default: a fresh 8-character one
-            Payloads over 64 KiB need the gateway started with
-            HERALD_HTTP__MAX_BODY_BYTES=2097152 HERALD_QUEUE__BYTES=4194304
-            (the publish body, and each client's queue, must hold one).
-
-Common options:
-  --size <bytes>       payload size (the send-time stamp needs ~40); default 256
-  --watch-pid <pid>    a local process (gateway, redis) whose CPU time to
-                       report; repeat for several. The machine's busy cores
-                       and this tool's CPU are always reported.
-  --out <file>         write the JSON result there
-  -h, --help           print this help
-
+const AFTER_HELP: &str = "\
 Times take a unit: 500ms, 10s, 2m. Every target must be on this machine
 (127.0.0.0/8, ::1 or localhost). Clients bind source addresses 127.0.0.2,
 127.0.0.3, ... so that many connections do not run out of ports.
@@ -171,478 +25,720 @@ Times take a unit: 500ms, 10s, 2m. Every target must be on this machine
 Exit status: 0 passed; 1 ran, but a figure that must be 0 was not (lost,
 duplicated, errors); 2 could not run; 64 bad command line.";
 
-/// What the command line asks for.
-#[derive(Debug)]
+/// Load and latency measurements against Herald gateways on this machine.
+#[derive(Debug, Parser)]
+#[command(
+    name = "herald-loadtest",
+    version,
+    after_help = AFTER_HELP,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What the command line asks for: a scenario, a hidden helper process, or
+/// a report.
+#[derive(Debug, Subcommand)]
 pub enum Command {
-    Help,
-    Pods {
-        options: pods::Options,
-        out: Option<PathBuf>,
-    },
-    Publish {
-        options: publish::Options,
-        out: Option<PathBuf>,
-    },
-    Fanout {
-        options: fanout::Options,
-        out: Option<PathBuf>,
-    },
-    Slow {
-        options: slow::Options,
-        out: Option<PathBuf>,
-    },
-    Floor {
-        options: floor::Options,
-        out: Option<PathBuf>,
-    },
-    /// `floor`'s hidden readers' process.
-    FloorReaders(floor::Readers),
-    Storm {
-        options: storm::Options,
-        out: Option<PathBuf>,
-    },
-    Idle {
-        options: idle::Options,
-        out: Option<PathBuf>,
-    },
-    /// `idle`'s hidden worker process.
-    IdleWorker(idle::Worker),
-    Throughput {
-        options: throughput::Options,
-        out: Option<PathBuf>,
-    },
-    Wire {
-        options: wire::Options,
-        out: Option<PathBuf>,
+    /// Clients spread over the --gateway URLs, all on one topic; a paced
+    /// publisher posts to --publish-to. Delivery latency per (message,
+    /// client), messages lost and duplicated (both must be 0).
+    Pods(PodsArgs),
+    /// --clients on --topics topics (client i on topic i % n), spread over
+    /// the --gateway URLs; --rounds rounds --interval apart, each one
+    /// message per topic, stamped with the round's start.
+    ///
+    /// Per round p50/p99/max (its max: the last client); over the run the
+    /// last client's median/p99/worst; each --gateway-pid/--watch-pid
+    /// process's CPU and RSS per round. Lost/duplicated must be 0.
+    Fanout(FanoutArgs),
+    /// `fanout` in two phases on the same clients: --rounds rounds, then
+    /// --slow clients that never read join (SO_RCVBUF --recv-buffer), and
+    /// --rounds more.
+    ///
+    /// The healthy clients' p99 and last client without and with them; when
+    /// the gateway closed each slow client (read from its /metrics every
+    /// 100ms); RSS from the slow phase's round 5 on.
+    Slow(SlowArgs),
+    /// The kernel's cost: one thread writes the same frames (a gateway's
+    /// msg, --size payload) to --clients plain loopback sockets.
+    ///
+    /// Blocking writes, no WebSocket library; the readers (a second
+    /// herald-loadtest process) read them as fanout's clients do. Per round
+    /// the last client, the time to write a round and the writer thread's
+    /// CPU.
+    Floor(FloorArgs),
+    /// `floor`'s readers' process.
+    #[command(name = floor::READERS_COMMAND, hide = true)]
+    FloorReaders(ReadersArgs),
+    /// Publish throughput: --concurrency keep-alive connections publish back
+    /// to back to --topics topics for --duration.
+    Publish(PublishArgs),
+    /// Clients with sessions, subscribed and acking while a paced publisher
+    /// runs; at --cut-at every connection is cut at once, or --kill-pid
+    /// kills a gateway.
+    ///
+    /// Every client resumes (jittered backoff, or the server's reconnect
+    /// advice) at a gateway picked at random. Time until all are resumed;
+    /// lost and (application) duplicated messages must be 0, every session
+    /// must resume.
+    Storm(StormArgs),
+    /// --clients connections spread over the --gateway URLs, each subscribed
+    /// to one topic, held for --duration while the gateways ping them.
+    ///
+    /// Every ping is answered. Gateway RSS per connection (with
+    /// --gateway-pid), unexpected closes (must be 0). Clients past what one
+    /// process may open are held by worker processes (this program again),
+    /// each with its own file-descriptor limit.
+    ///
+    /// The gateway needs HERALD_WEBSOCKET__MAX_CONNECTIONS above its share
+    /// (default 10000; 19500 for 19,000), and for heartbeats within a short
+    /// hold a short HERALD_WEBSOCKET__PING_INTERVAL (e.g. 5s). Measure memory
+    /// on freshly started gateways: RSS rarely shrinks, so a second run on
+    /// the same process shows little growth. Several pods:
+    /// HERALD_BROKER=redis HERALD_REDIS__URL=redis://127.0.0.1:PORT, and on
+    /// a busy machine HERALD_REDIS__COMMAND_TIMEOUT=5s (tens of thousands of
+    /// subs at once; a sub answered `unavailable` fails the run).
+    Idle(IdleArgs),
+    /// `idle`'s worker process.
+    #[command(name = idle::WORKER_COMMAND, hide = true)]
+    IdleWorker(WorkerArgs),
+    /// --clients clients each subscribe to --subscriptions of --topics
+    /// topics; --concurrency keep-alive connections publish back to back
+    /// round-robin over the topics for --duration.
+    ///
+    /// Deliveries per second and per gateway CPU-second (with
+    /// --gateway-pid); lost, duplicated (both must be 0).
+    Throughput(ThroughputArgs),
+    /// Bytes on the wire per message: each payload (a JSON string of that
+    /// size) is published and its frame read off a raw socket, against a
+    /// minimal HTTP/1.1 POST of the same payload.
+    ///
+    /// Herald's bytes: header + msg envelope + payload; the POST's: Host,
+    /// Content-Type, Content-Length and the payload. Payloads over 64 KiB
+    /// need the gateway started with HERALD_HTTP__MAX_BODY_BYTES=2097152
+    /// HERALD_QUEUE__BYTES=4194304 (the publish body, and each client's
+    /// queue, must hold one).
+    Wire(WireArgs),
+    /// Reads the JSON results (`--out`) in a directory, through the types
+    /// the scenarios write them with, and prints the figures BENCHMARKS.md
+    /// shows as one JSON object keyed by file name (scripts/benchmarks.py
+    /// reads it).
+    Report {
+        /// The directory (scripts/bench.sh's $OUT, target/bench).
+        dir: PathBuf,
     },
 }
 
-/// A command line that cannot be run; the message names the flag.
-#[derive(Debug, thiserror::Error)]
-pub enum UsageError {
-    #[error("{0}")]
-    Bad(String),
-    #[error(transparent)]
-    Target(#[from] Error),
+/// Where the JSON result goes.
+#[derive(Debug, Args)]
+pub struct Out {
+    /// Write the JSON result there.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
-fn bad<T>(message: impl Into<String>) -> Result<T, UsageError> {
-    Err(UsageError::Bad(message.into()))
+/// Local processes to watch.
+#[derive(Debug, Args)]
+pub struct Watch {
+    /// A local process (gateway, redis) whose CPU time to report; repeat for
+    /// several. The machine's busy cores and this tool's CPU are always
+    /// reported.
+    #[arg(long = "watch-pid", value_name = "PID")]
+    pub watch_pid: Vec<u32>,
 }
 
-/// Reads the arguments (without the program name).
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, UsageError> {
-    let args: Vec<String> = args.into_iter().collect();
-    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
-        return Ok(Command::Help);
-    }
-    let mut flags = Flags::read(&args[1..])?;
-    let out = flags.one("out")?.map(PathBuf::from);
-    let size_given = flags.parsed("size", parse_number)?;
-    let size = size_given.unwrap_or(DEFAULT_SIZE);
-    let command = match args[0].as_str() {
-        "pods" => {
-            let (first, gateways) = flags.gateways_for("pods")?;
-            let mut options = pods::Options::new(first);
-            flags.fanout(&mut options.fanout, gateways, size)?;
-            flags.set(&mut options.rate, "rate", parse_rate)?;
-            flags.set(&mut options.duration, "duration", parse_duration)?;
-            Command::Pods { options, out }
-        }
-        "fanout" | "slow" => {
-            let (first, gateways) = flags.gateways_for(&args[0])?;
-            let mut options = fanout::Options::new(first);
-            flags.fanout(&mut options, gateways, size)?;
-            flags.set(&mut options.topics, "topics", parse_number)?;
-            flags.set(&mut options.rounds, "rounds", parse_number)?;
-            flags.set(&mut options.interval, "interval", parse_duration)?;
-            // The gateway first: its figures lead the table.
-            let mut watch = flags.pid_list("gateway-pid")?;
-            watch.append(&mut options.watch);
-            options.watch = watch;
-            if args[0] == "fanout" {
-                if flags.one(FLOOR_SWITCH)?.is_some() {
-                    options.floor = Some(this_executable()?);
-                }
-                Command::Fanout { options, out }
-            } else {
-                let mut options = slow::Options::new(options);
-                flags.set(&mut options.slow, "slow", parse_number)?;
-                flags.set(&mut options.recv_buffer, "recv-buffer", |s| {
-                    parse_number(s).and_then(|n| u32::try_from(n).ok())
-                })?;
-                flags.set(&mut options.close_wait, "close-wait", parse_duration)?;
-                Command::Slow { options, out }
-            }
-        }
-        "floor" => {
-            let mut options = floor::Options::new(this_executable()?);
-            options.size = size;
-            flags.set(&mut options.clients, "clients", parse_number)?;
-            flags.set(&mut options.rounds, "rounds", parse_number)?;
-            flags.set(&mut options.interval, "interval", parse_duration)?;
-            flags.set(&mut options.warmup, "warmup", parse_number)?;
-            flags.set(&mut options.drain, "drain", parse_duration)?;
-            Command::Floor { options, out }
-        }
-        floor::READERS_COMMAND => {
-            let (Some(connect), Some(clients), Some(rounds), Some(warmup), Some(deadline)) = (
-                flags.parsed("connect", |s| s.parse().ok())?,
-                flags.parsed("clients", parse_number)?,
-                flags.parsed("rounds", parse_number)?,
-                flags.parsed("warmup", parse_number)?,
-                flags.parsed("deadline", parse_duration)?,
-            ) else {
-                return bad(
-                    "the floor's readers need --connect, --clients, --rounds, --warmup and --deadline",
-                );
-            };
-            Command::FloorReaders(floor::Readers {
-                connect,
-                clients,
-                rounds,
-                warmup,
-                deadline,
-            })
-        }
-        "publish" => {
-            let Some(url) = flags.one("publish-to")? else {
-                return bad("publish needs --publish-to http://127.0.0.1:PORT");
-            };
-            let mut options = publish::Options::new(Target::http(&url)?);
-            options.size = size;
-            flags.set(&mut options.concurrency, "concurrency", parse_number)?;
-            flags.set(&mut options.topics, "topics", parse_number)?;
-            options.watch = flags.pids()?;
-            flags.set(&mut options.duration, "duration", parse_duration)?;
-            Command::Publish { options, out }
-        }
-        "storm" => {
-            let (first, gateways) = flags.gateways_for("storm")?;
-            let mut options = storm::Options::new(first);
-            options.gateways = gateways;
-            options.publish_to = flags.publish_to()?;
-            options.size = size;
-            flags.set(&mut options.clients, "clients", parse_number)?;
-            flags.set(&mut options.topics, "topics", parse_number)?;
-            flags.set(&mut options.rate, "rate", parse_rate)?;
-            flags.set(&mut options.duration, "duration", parse_duration)?;
-            flags.set(&mut options.cut_at, "cut-at", parse_duration)?;
-            flags.set(&mut options.drain, "drain", parse_duration)?;
-            flags.set(&mut options.backoff.first, "backoff", parse_duration)?;
-            flags.set(&mut options.backoff.cap, "backoff-cap", parse_duration)?;
-            flags.set(&mut options.ack_interval, "ack-interval", parse_duration)?;
-            flags.set(&mut options.cut, "cut", |c| match c {
-                "reset" => Some(Cut::Reset),
-                "half-open" => Some(Cut::HalfOpen),
-                _ => None,
-            })?;
-            flags.set(&mut options.connections, "connections", parse_number)?;
-            options.kill_pid = flags.parsed("kill-pid", |p| p.parse().ok())?;
-            options.token = flags.parsed("token", |t| Some(t.to_owned()))?;
-            options.watch = flags.pids()?;
-            Command::Storm { options, out }
-        }
-        "idle" => {
-            let (first, gateways) = flags.gateways_for("idle")?;
-            if size_given.is_some() {
-                return bad("idle publishes nothing: no --size");
-            }
-            let mut options = idle::Options::new(first);
-            options.gateways = gateways;
-            options.gateway_pids = flags.pid_list("gateway-pid")?;
-            flags.set(&mut options.clients, "clients", parse_number)?;
-            flags.set(&mut options.duration, "duration", parse_duration)?;
-            flags.set(&mut options.processes, "processes", parse_number)?;
-            options.topic = flags.one("topic")?;
-            options.watch = flags.pids()?;
-            Command::Idle { options, out }
-        }
-        idle::WORKER_COMMAND => {
-            let gateways = flags.gateways()?;
-            let (Some(first), Some(clients), Some(topic), Some(max_hold)) = (
-                flags.parsed("first", parse_number)?,
-                flags.parsed("clients", parse_number)?,
-                flags.one("topic")?,
-                flags.parsed("max-hold", parse_duration)?,
-            ) else {
-                return bad("the worker needs --first, --clients, --topic and --max-hold");
-            };
-            Command::IdleWorker(idle::Worker {
-                gateways,
-                first,
-                clients,
-                topic,
-                max_hold,
-            })
-        }
-        "throughput" => {
-            let mut options = throughput::Options::new(flags.gateway_for("throughput")?);
-            if let Some(target) = flags.publish_to()? {
-                options.publish_to = target;
-            }
-            options.gateway_pid = flags.pid_list("gateway-pid")?.pop();
-            options.size = size_given.unwrap_or(throughput::DEFAULT_SIZE);
-            flags.set(&mut options.clients, "clients", parse_number)?;
-            flags.set(&mut options.topics, "topics", parse_number)?;
-            flags.set(&mut options.subscriptions, "subscriptions", parse_number)?;
-            flags.set(&mut options.concurrency, "concurrency", parse_number)?;
-            flags.set(&mut options.duration, "duration", parse_duration)?;
-            flags.set(&mut options.drain, "drain", parse_duration)?;
-            options.watch = flags.pids()?;
-            Command::Throughput { options, out }
-        }
-        "wire" => {
-            let gateway = flags.gateway_for("wire")?;
-            if size_given.is_some() {
-                return bad("wire takes --sizes, not --size");
-            }
-            let mut options = wire::Options::new(gateway);
-            if let Some(target) = flags.publish_to()? {
-                options.publish_to = target;
-            }
-            flags.set(&mut options.sizes, "sizes", parse_sizes)?;
-            options.topic = flags.one("topic")?;
-            Command::Wire { options, out }
-        }
-        other => {
-            return bad(format!(
-                "unknown scenario `{other}` (fanout, slow, floor, pods, publish, storm, idle, throughput, wire)"
-            ));
-        }
-    };
-    flags.finish()?;
-    Ok(command)
+/// What `pods`, `fanout` and `slow` share: the gateways, the publisher,
+/// drain, topic, payload and watched processes.
+#[derive(Debug, Args)]
+pub struct Spread {
+    /// A gateway, ws://127.0.0.1:PORT[/ws]; repeat for several (client i on
+    /// the i % n-th).
+    #[arg(long, value_name = "URL", required = true, value_parser = Target::websocket)]
+    pub gateway: Vec<Target>,
+    /// Where the publisher posts, http://127.0.0.1:PORT [default: the first
+    /// gateway].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// Publisher keep-alive connections.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_CONNECTIONS)]
+    pub connections: usize,
+    /// After the last publish, how long to wait for late deliveries.
+    #[arg(long, value_name = "TIME", default_value_t = fanout::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// The topic (or the topics' prefix) [default: a fresh topic per run].
+    #[arg(long, value_name = "NAME")]
+    pub topic: Option<String>,
+    /// Payload bytes (the send-time stamp needs ~40).
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
 }
 
-/// `fanout --floor`: the one flag without a value.
-const FLOOR_SWITCH: &str = "floor";
-
-/// This program, to start `floor`'s readers with.
-fn this_executable() -> Result<PathBuf, UsageError> {
-    std::env::current_exe()
-        .or_else(|_| bad("cannot find this program's path to start the floor's readers"))
+impl Spread {
+    /// `fanout`'s options with these, the rest at their defaults.
+    fn fanout(&self) -> fanout::Options {
+        let mut options = fanout::Options::new(self.gateway[0].clone());
+        options.gateways = self.gateway.clone();
+        if let Some(target) = &self.publish_to {
+            options.publish_to = target.clone();
+        }
+        options.connections = self.connections;
+        options.drain = self.drain.into();
+        options.topic = self.topic.clone();
+        options.size = self.size;
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
 }
 
-/// `--name value` and `--name=value` pairs, in order; each taken at most once.
-struct Flags(Vec<(String, String)>);
+#[derive(Debug, Args)]
+pub struct PodsArgs {
+    #[command(flatten)]
+    pub spread: Spread,
+    /// Clients, over all gateways.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = pods::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Messages per second.
+    #[arg(long, value_name = "MSGS_PER_S", value_parser = rate, default_value_t = pods::DEFAULT_RATE)]
+    pub rate: f64,
+    /// How long the publisher publishes (after the warm-up).
+    #[arg(long, value_name = "TIME", default_value_t = pods::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// Messages sent first, not timed.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = pods::DEFAULT_WARMUP)]
+    pub warmup: usize,
+}
 
-impl Flags {
-    fn read(args: &[String]) -> Result<Self, UsageError> {
-        let mut pairs = Vec::new();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let Some(flag) = arg.strip_prefix("--") else {
-                return bad(format!("unexpected argument `{arg}`"));
-            };
-            let (name, value) = match flag.split_once('=') {
-                Some((name, value)) => (name.to_owned(), value.to_owned()),
-                None if flag == FLOOR_SWITCH => (flag.to_owned(), "yes".to_owned()),
-                None => match it.next() {
-                    Some(value) => (flag.to_owned(), value.clone()),
-                    None => return bad(format!("--{flag} needs a value")),
-                },
-            };
-            pairs.push((name, value));
+impl PodsArgs {
+    pub fn options(&self) -> pods::Options {
+        let mut options = pods::Options::new(self.spread.gateway[0].clone());
+        options.fanout = fanout::Options {
+            clients: self.clients,
+            warmup: self.warmup,
+            ..self.spread.fanout()
+        };
+        options.rate = self.rate;
+        options.duration = self.duration.into();
+        options
+    }
+}
+
+/// The rounds of `fanout` and `slow`.
+#[derive(Debug, Args)]
+pub struct Rounds {
+    #[command(flatten)]
+    pub spread: Spread,
+    /// The gateway's process: its CPU and RSS per round (as --watch-pid,
+    /// listed first).
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: Vec<u32>,
+    /// Clients, over all gateways.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Topics the clients are spread over.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// Measured rounds.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_ROUNDS)]
+    pub rounds: usize,
+    /// From one round's start to the next.
+    #[arg(long, value_name = "TIME", default_value_t = fanout::DEFAULT_INTERVAL.into())]
+    pub interval: humantime::Duration,
+    /// Rounds first, not timed.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_WARMUP)]
+    pub warmup: usize,
+}
+
+impl Rounds {
+    fn options(&self) -> fanout::Options {
+        let mut options = self.spread.fanout();
+        options.clients = self.clients;
+        options.topics = self.topics;
+        options.rounds = self.rounds;
+        options.interval = self.interval.into();
+        options.warmup = self.warmup;
+        // The gateway first: its figures lead the table.
+        options.watch = [self.gateway_pid.as_slice(), &options.watch].concat();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    #[command(flatten)]
+    pub rounds: Rounds,
+    /// Run `floor` first with the same clients, rounds, interval and size,
+    /// and report the last client as multiples of the floor's.
+    #[arg(long)]
+    pub floor: bool,
+}
+
+impl FanoutArgs {
+    /// `floor`: this program, which runs the floor's readers.
+    pub fn options(&self) -> std::io::Result<fanout::Options> {
+        let mut options = self.rounds.options();
+        if self.floor {
+            options.floor = Some(std::env::current_exe()?);
         }
-        Ok(Self(pairs))
+        Ok(options)
     }
+}
 
-    /// Every value of a repeatable flag.
-    fn all(&mut self, name: &str) -> Vec<String> {
-        let (taken, rest) = std::mem::take(&mut self.0)
-            .into_iter()
-            .partition(|(n, _)| n == name);
-        self.0 = rest;
-        taken.into_iter().map(|(_, v)| v).collect()
+#[derive(Debug, Args)]
+pub struct SlowArgs {
+    #[command(flatten)]
+    pub rounds: Rounds,
+    /// Clients that never read.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = slow::DEFAULT_SLOW)]
+    pub slow: usize,
+    /// The slow clients' SO_RCVBUF.
+    #[arg(long, value_name = "BYTES", value_parser = bytes_u32, default_value_t = slow::DEFAULT_RECV_BUFFER)]
+    pub recv_buffer: u32,
+    /// After the rounds, wait this long at most for the slow clients' closes.
+    #[arg(long, value_name = "TIME", default_value_t = slow::DEFAULT_CLOSE_WAIT.into())]
+    pub close_wait: humantime::Duration,
+}
+
+impl SlowArgs {
+    pub fn options(&self) -> slow::Options {
+        let mut options = slow::Options::new(self.rounds.options());
+        options.slow = self.slow;
+        options.recv_buffer = self.recv_buffer;
+        options.close_wait = self.close_wait.into();
+        options
     }
+}
 
-    /// Every `--gateway`, as WebSocket targets.
-    fn gateways(&mut self) -> Result<Vec<Target>, UsageError> {
-        Ok(self
-            .all("gateway")
-            .iter()
-            .map(|g| Target::websocket(g))
-            .collect::<Result<Vec<_>, _>>()?)
+#[derive(Debug, Args)]
+pub struct FloorArgs {
+    /// Sockets written to.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Measured rounds.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_ROUNDS)]
+    pub rounds: usize,
+    /// From one round's start to the next.
+    #[arg(long, value_name = "TIME", default_value_t = fanout::DEFAULT_INTERVAL.into())]
+    pub interval: humantime::Duration,
+    /// Rounds first, not timed.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_WARMUP)]
+    pub warmup: usize,
+    /// After the last round, how long to wait for late deliveries.
+    #[arg(long, value_name = "TIME", default_value_t = fanout::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// Payload bytes.
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl FloorArgs {
+    /// The readers run from this program.
+    pub fn options(&self) -> std::io::Result<floor::Options> {
+        let mut options = floor::Options::new(std::env::current_exe()?);
+        options.clients = self.clients;
+        options.rounds = self.rounds;
+        options.interval = self.interval.into();
+        options.warmup = self.warmup;
+        options.drain = self.drain.into();
+        options.size = self.size;
+        Ok(options)
     }
+}
 
-    /// Every `--gateway` of a scenario that needs at least one: the first,
-    /// which the scenario's options start from, and all of them.
-    fn gateways_for(&mut self, scenario: &str) -> Result<(Target, Vec<Target>), UsageError> {
-        let gateways = self.gateways()?;
-        match gateways.first().cloned() {
-            Some(first) => Ok((first, gateways)),
-            None => bad(format!(
-                "{scenario} needs at least one --gateway ws://127.0.0.1:PORT"
-            )),
-        }
-    }
+/// [`floor::Readers::args`], read back.
+#[derive(Debug, Args)]
+pub struct ReadersArgs {
+    #[arg(long)]
+    pub connect: SocketAddr,
+    #[arg(long, value_parser = number)]
+    pub clients: usize,
+    #[arg(long, value_parser = number)]
+    pub rounds: usize,
+    #[arg(long, value_parser = number)]
+    pub warmup: usize,
+    #[arg(long)]
+    pub deadline: humantime::Duration,
+}
 
-    /// The one `--gateway` of a scenario that needs exactly one.
-    fn gateway_for(&mut self, scenario: &str) -> Result<Target, UsageError> {
-        match self.one("gateway")? {
-            Some(url) => Ok(Target::websocket(&url)?),
-            None => bad(format!("{scenario} needs --gateway ws://127.0.0.1:PORT")),
-        }
-    }
-
-    /// What `pods`, `fanout` and `slow` share: the gateways, the publisher,
-    /// clients, payload, warm-up, drain, topic and watched processes.
-    fn fanout(
-        &mut self,
-        options: &mut fanout::Options,
-        gateways: Vec<Target>,
-        size: usize,
-    ) -> Result<(), UsageError> {
-        options.gateways = gateways;
-        if let Some(target) = self.publish_to()? {
-            options.publish_to = target;
-        }
-        options.size = size;
-        self.set(&mut options.clients, "clients", parse_number)?;
-        self.set(&mut options.warmup, "warmup", parse_number)?;
-        self.set(&mut options.connections, "connections", parse_number)?;
-        self.set(&mut options.drain, "drain", parse_duration)?;
-        options.topic = self.one("topic")?;
-        options.watch = self.pids()?;
-        Ok(())
-    }
-
-    /// `--publish-to`, when given.
-    fn publish_to(&mut self) -> Result<Option<Target>, UsageError> {
-        Ok(self
-            .one("publish-to")?
-            .map(|url| Target::http(&url))
-            .transpose()?)
-    }
-
-    /// Every value of a repeatable process-id flag.
-    fn pid_list(&mut self, name: &str) -> Result<Vec<u32>, UsageError> {
-        self.all(name)
-            .iter()
-            .map(|p| match p.parse() {
-                Ok(pid) => Ok(pid),
-                Err(_) => bad(format!("--{name}: `{p}` is not a process id")),
-            })
-            .collect()
-    }
-
-    /// Every `--watch-pid`.
-    fn pids(&mut self) -> Result<Vec<u32>, UsageError> {
-        self.pid_list("watch-pid")
-    }
-
-    /// The value of a flag given at most once.
-    fn one(&mut self, name: &str) -> Result<Option<String>, UsageError> {
-        let mut values = self.all(name);
-        match values.len() {
-            0 | 1 => Ok(values.pop()),
-            _ => bad(format!("--{name} given more than once")),
-        }
-    }
-
-    fn parsed<T>(
-        &mut self,
-        name: &str,
-        parse: fn(&str) -> Option<T>,
-    ) -> Result<Option<T>, UsageError> {
-        match self.one(name)? {
-            None => Ok(None),
-            Some(v) => match parse(&v) {
-                Some(value) => Ok(Some(value)),
-                None => bad(format!("--{name}: cannot read `{v}`")),
-            },
-        }
-    }
-
-    /// Sets `field` from the flag, when given.
-    fn set<T>(
-        &mut self,
-        field: &mut T,
-        name: &str,
-        parse: fn(&str) -> Option<T>,
-    ) -> Result<(), UsageError> {
-        if let Some(value) = self.parsed(name, parse)? {
-            *field = value;
-        }
-        Ok(())
-    }
-
-    /// Fails on any flag nobody took.
-    fn finish(self) -> Result<(), UsageError> {
-        match self.0.first() {
-            None => Ok(()),
-            Some((name, _)) => bad(format!("unknown option --{name} for this scenario")),
+impl ReadersArgs {
+    pub fn readers(&self) -> floor::Readers {
+        floor::Readers {
+            connect: self.connect,
+            clients: self.clients,
+            rounds: self.rounds,
+            warmup: self.warmup,
+            deadline: self.deadline.into(),
         }
     }
 }
 
-fn parse_number(s: &str) -> Option<usize> {
-    s.replace('_', "").parse().ok()
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// The gateway's HTTP API, http://127.0.0.1:PORT.
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Target,
+    /// Keep-alive connections publishing at once.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = publish::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// Topics published to, round-robin.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = publish::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// How long to publish.
+    #[arg(long, value_name = "TIME", default_value_t = publish::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// Payload bytes.
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl PublishArgs {
+    pub fn options(&self) -> publish::Options {
+        let mut options = publish::Options::new(self.publish_to.clone());
+        options.concurrency = self.concurrency;
+        options.topics = self.topics;
+        options.duration = self.duration.into();
+        options.size = self.size;
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StormArgs {
+    /// A gateway, ws://127.0.0.1:PORT[/ws]; repeat for several pods.
+    #[arg(long, value_name = "URL", required = true, value_parser = Target::websocket)]
+    pub gateway: Vec<Target>,
+    /// Where the publisher posts, http://127.0.0.1:PORT [default: the first
+    /// gateway; with --kill-pid, the first not killed].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// Clients, over all gateways.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = storm::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Topics; client i on topic i % n.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = storm::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// Messages per second, over all topics.
+    #[arg(long, value_name = "MSGS_PER_S", value_parser = rate, default_value_t = storm::DEFAULT_RATE)]
+    pub rate: f64,
+    /// How long the publisher runs.
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// When to cut, from the first publish.
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_CUT_AT.into())]
+    pub cut_at: humantime::Duration,
+    /// After the last publish, wait for resumes and deliveries.
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// The first reconnect waits up to this.
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_BACKOFF.into())]
+    pub backoff: humantime::Duration,
+    /// No reconnect waits longer.
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_BACKOFF_CAP.into())]
+    pub backoff_cap: humantime::Duration,
+    /// Cumulative acks at most this often (0ms: every message).
+    #[arg(long, value_name = "TIME", default_value_t = storm::DEFAULT_ACK_INTERVAL.into())]
+    pub ack_interval: humantime::Duration,
+    /// How the connections are cut.
+    #[arg(long, value_enum, default_value_t = Cut::Reset)]
+    pub cut: Cut,
+    /// SIGKILL this gateway process instead of cutting the connections (it
+    /// must listen on a --gateway port; needs broker = redis).
+    #[arg(long, value_name = "PID")]
+    pub kill_pid: Option<u32>,
+    /// Publisher keep-alive connections.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = storm::DEFAULT_CONNECTIONS)]
+    pub connections: usize,
+    /// Every client's hello.token (a gateway that checks tokens verifies one
+    /// per hello).
+    #[arg(long, value_name = "JWT")]
+    pub token: Option<String>,
+    /// Payload bytes (the send-time stamp needs ~40).
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl StormArgs {
+    pub fn options(&self) -> storm::Options {
+        let mut options = storm::Options::new(self.gateway[0].clone());
+        options.gateways = self.gateway.clone();
+        options.publish_to = self.publish_to.clone();
+        options.clients = self.clients;
+        options.topics = self.topics;
+        options.rate = self.rate;
+        options.duration = self.duration.into();
+        options.cut_at = self.cut_at.into();
+        options.drain = self.drain.into();
+        options.backoff = Backoff {
+            first: self.backoff.into(),
+            cap: self.backoff_cap.into(),
+        };
+        options.ack_interval = self.ack_interval.into();
+        options.cut = self.cut;
+        options.kill_pid = self.kill_pid;
+        options.connections = self.connections;
+        options.token = self.token.clone();
+        options.size = self.size;
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct IdleArgs {
+    /// A gateway, ws://127.0.0.1:PORT[/ws]; repeat for several pods.
+    #[arg(long, value_name = "URL", required = true, value_parser = Target::websocket)]
+    pub gateway: Vec<Target>,
+    /// Each gateway's process, in --gateway order.
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: Vec<u32>,
+    /// Connections, over all gateways.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = idle::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// The hold, once all are connected.
+    #[arg(long, value_name = "TIME", default_value_t = idle::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// Processes holding the clients [default: as few as the hard
+    /// file-descriptor limit allows].
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub processes: Option<usize>,
+    /// The topic [default: a fresh topic per run].
+    #[arg(long, value_name = "NAME")]
+    pub topic: Option<String>,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl IdleArgs {
+    pub fn options(&self) -> idle::Options {
+        let mut options = idle::Options::new(self.gateway[0].clone());
+        options.gateways = self.gateway.clone();
+        options.gateway_pids = self.gateway_pid.clone();
+        options.clients = self.clients;
+        options.duration = self.duration.into();
+        // 0: as few as the file-descriptor limit allows.
+        options.processes = self.processes.unwrap_or(0);
+        options.topic = self.topic.clone();
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+/// [`idle::Worker::args`], read back.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[arg(long, value_parser = Target::websocket)]
+    pub gateway: Vec<Target>,
+    #[arg(long, value_parser = number)]
+    pub first: usize,
+    #[arg(long, value_parser = number)]
+    pub clients: usize,
+    #[arg(long)]
+    pub topic: String,
+    #[arg(long)]
+    pub max_hold: humantime::Duration,
+}
+
+impl WorkerArgs {
+    pub fn worker(&self) -> idle::Worker {
+        idle::Worker {
+            gateways: self.gateway.clone(),
+            first: self.first,
+            clients: self.clients,
+            topic: self.topic.clone(),
+            max_hold: self.max_hold.into(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ThroughputArgs {
+    /// The gateway, ws://127.0.0.1:PORT[/ws].
+    #[arg(long, value_name = "URL", value_parser = Target::websocket)]
+    pub gateway: Target,
+    /// Where the publishers post, http://127.0.0.1:PORT [default: the gateway].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// The gateway's process, for its CPU time.
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: Option<u32>,
+    /// Clients.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = throughput::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Topics.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = throughput::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// Topics per client.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = throughput::DEFAULT_SUBSCRIPTIONS)]
+    pub subscriptions: usize,
+    /// Keep-alive connections publishing at once.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = throughput::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// How long to publish.
+    #[arg(long, value_name = "TIME", default_value_t = throughput::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// After the last publish, how long to wait for late deliveries.
+    #[arg(long, value_name = "TIME", default_value_t = throughput::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// Payload bytes.
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = throughput::DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl ThroughputArgs {
+    pub fn options(&self) -> throughput::Options {
+        let mut options = throughput::Options::new(self.gateway.clone());
+        if let Some(target) = &self.publish_to {
+            options.publish_to = target.clone();
+        }
+        options.gateway_pid = self.gateway_pid;
+        options.clients = self.clients;
+        options.topics = self.topics;
+        options.subscriptions = self.subscriptions;
+        options.concurrency = self.concurrency;
+        options.duration = self.duration.into();
+        options.drain = self.drain.into();
+        options.size = self.size;
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WireArgs {
+    /// The gateway, ws://127.0.0.1:PORT[/ws].
+    #[arg(long, value_name = "URL", value_parser = Target::websocket)]
+    pub gateway: Target,
+    /// Where to publish, http://127.0.0.1:PORT [default: the gateway].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// Payload sizes in bytes, comma-separated (KiB, MiB taken).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = bytes,
+        default_values_t = wire::DEFAULT_SIZES
+    )]
+    pub sizes: Vec<usize>,
+    /// The topic [default: a fresh 8-character one].
+    #[arg(long, value_name = "NAME")]
+    pub topic: Option<String>,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl WireArgs {
+    pub fn options(&self) -> wire::Options {
+        let mut options = wire::Options::new(self.gateway.clone());
+        if let Some(target) = &self.publish_to {
+            options.publish_to = target.clone();
+        }
+        options.sizes = self.sizes.clone();
+        options.topic = self.topic.clone();
+        options
+    }
+}
+
+/// A count; `_` may group digits (`10_000`).
+fn number(s: &str) -> Result<usize, String> {
+    s.replace('_', "")
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))
 }
 
 /// Bytes: `1024`, `1KiB`, `64KiB`, `1MiB`.
-fn parse_bytes(s: &str) -> Option<usize> {
-    let (number, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '_')) {
-        Some(at) => s.split_at(at),
-        None => (s, ""),
-    };
+fn bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(
+        s.find(|c: char| !(c.is_ascii_digit() || c == '_'))
+            .unwrap_or(s.len()),
+    );
     let scale = match unit {
         "" | "B" => 1,
         "KiB" => 1024,
         "MiB" => 1024 * 1024,
-        _ => return None,
+        _ => return Err(format!("`{s}`: bytes take B, KiB or MiB")),
     };
-    parse_number(number)?.checked_mul(scale)
+    number(digits)?
+        .checked_mul(scale)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
-/// A comma-separated list of [`parse_bytes`].
-fn parse_sizes(s: &str) -> Option<Vec<usize>> {
-    s.split(',').map(|p| parse_bytes(p.trim())).collect()
+/// [`bytes()`], for a socket option.
+fn bytes_u32(s: &str) -> Result<u32, String> {
+    u32::try_from(bytes(s)?).map_err(|_| format!("`{s}` is too large"))
 }
 
-fn parse_rate(s: &str) -> Option<f64> {
-    s.parse().ok().filter(|r: &f64| r.is_finite())
-}
-
-/// `500ms`, `10s`, `1.5s`, `2m`.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (number, unit) = s.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(seconds).ok()
+/// A finite rate.
+fn rate(s: &str) -> Result<f64, String> {
+    s.parse()
+        .ok()
+        .filter(|r: &f64| r.is_finite())
+        .ok_or_else(|| format!("`{s}` is not a rate"))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use clap::CommandFactory;
+
     use super::*;
 
-    fn args(line: &str) -> Vec<String> {
-        line.split_whitespace().map(str::to_owned).collect()
+    fn parse(line: &str) -> Result<Command, clap::Error> {
+        parse_args(line.split_whitespace().map(str::to_owned))
+    }
+
+    fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, clap::Error> {
+        let program = std::iter::once("herald-loadtest".to_owned());
+        Cli::try_parse_from(program.chain(args)).map(|cli| cli.command)
     }
 
     /// Each line fails, and its message names what is wrong.
     fn assert_named(cases: &[(&str, &str)]) {
         for (line, says) in cases {
-            let e = parse(args(line)).expect_err(line).to_string();
+            let e = parse(line).expect_err(line).to_string();
             assert!(e.contains(says), "{line}: {e}");
         }
     }
 
     #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
     fn pods_takes_several_gateways_and_publishes_to_the_first_by_default() {
-        let Ok(Command::Pods { options, out }) = parse(args(
+        let Ok(Command::Pods(args)) = parse(
             "pods --gateway ws://127.0.0.1:8080 --gateway=ws://127.0.0.1:8081/ws \
              --clients 50 --rate 20.5 --duration 1500ms --size 1024 --out r.json",
-        )) else {
+        ) else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!(options.fanout.gateways.len(), 2);
         assert_eq!(
             options.fanout.publish_to.http_url(),
@@ -652,7 +748,8 @@ mod tests {
         assert_eq!(options.rate, 20.5);
         assert_eq!(options.duration, Duration::from_millis(1500));
         assert_eq!(options.fanout.size, 1024);
-        assert_eq!(out, Some(PathBuf::from("r.json")));
+        assert_eq!(options.fanout.warmup, pods::DEFAULT_WARMUP);
+        assert_eq!(args.spread.out.out, Some(PathBuf::from("r.json")));
     }
 
     #[test]
@@ -671,7 +768,7 @@ mod tests {
             ),
             (
                 "publish --publish-to http://127.0.0.1:1 --topics 1 --topics 2",
-                "more than once",
+                "cannot be used multiple times",
             ),
             ("fanout", "--gateway"),
             ("slow --gateway ws://127.0.0.1:1 --floor", "--floor"),
@@ -680,18 +777,19 @@ mod tests {
                 "fanout --gateway ws://127.0.0.1:1 --interval 5",
                 "--interval",
             ),
-            ("storms", "unknown scenario"),
+            ("storms", "storms"),
         ]);
     }
 
     #[test]
     fn fanout_reads_rounds_topics_and_the_floor_switch() {
-        let Ok(Command::Fanout { options, out }) = parse(args(
+        let Ok(Command::Fanout(args)) = parse(
             "fanout --gateway ws://127.0.0.1:8080 --clients 10000 --topics 2 --rounds 40 \
              --interval 500ms --floor --size 1024 --gateway-pid 7 --watch-pid 8 --out f.json",
-        )) else {
+        ) else {
             panic!("parsed");
         };
+        let options = args.options().expect("this program");
         assert_eq!(
             (options.clients, options.topics, options.rounds),
             (10_000, 2, 40)
@@ -700,31 +798,35 @@ mod tests {
         assert_eq!(options.size, 1024);
         assert_eq!(options.watch, vec![7, 8], "the gateway first");
         assert!(options.floor.is_some());
-        assert_eq!(out, Some(PathBuf::from("f.json")));
-        let Ok(Command::Fanout { options, .. }) = parse(args("fanout --gateway ws://127.0.0.1:1"))
-        else {
+        assert_eq!(args.rounds.spread.out.out, Some(PathBuf::from("f.json")));
+        let Ok(Command::Fanout(args)) = parse("fanout --gateway ws://127.0.0.1:1") else {
             panic!("parsed");
         };
+        let options = args.options().expect("this program");
         assert_eq!(options.floor, None);
         assert_eq!(options.rounds, fanout::DEFAULT_ROUNDS);
+        assert_eq!(options.interval, fanout::DEFAULT_INTERVAL);
+        assert_eq!(options.size, DEFAULT_SIZE);
     }
 
     #[test]
     fn slow_and_floor_read_their_own() {
-        let Ok(Command::Slow { options, .. }) = parse(args(
+        let Ok(Command::Slow(args)) = parse(
             "slow --gateway ws://127.0.0.1:8080 --clients 500 --slow 3 --recv-buffer 2048 \
              --close-wait 10s",
-        )) else {
+        ) else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!((options.fanout.clients, options.slow), (500, 3));
         assert_eq!(options.recv_buffer, 2048);
         assert_eq!(options.close_wait, Duration::from_secs(10));
-        let Ok(Command::Floor { options, .. }) = parse(args(
-            "floor --clients 10000 --rounds 40 --interval 500ms --size 1024",
-        )) else {
+        let Ok(Command::Floor(args)) =
+            parse("floor --clients 10000 --rounds 40 --interval 500ms --size 1024")
+        else {
             panic!("parsed");
         };
+        let options = args.options().expect("this program");
         assert_eq!(
             (options.clients, options.rounds, options.size),
             (10_000, 40, 1024)
@@ -737,22 +839,24 @@ mod tests {
             warmup: 2,
             deadline: Duration::from_millis(1500),
         };
-        let Ok(Command::FloorReaders(back)) = parse(readers.args()) else {
+        let Ok(Command::FloorReaders(back)) = parse_args(readers.args()) else {
             panic!("parsed");
         };
-        assert_eq!(back, readers);
+        assert_eq!(back.readers(), readers);
     }
 
     #[test]
-    fn storm_reads_its_cut_backoff_and_kill() {
-        let Ok(Command::Storm { options, out }) = parse(args(
+    fn storm_reads_its_cut_backoff_kill_and_token() {
+        let Ok(Command::Storm(args)) = parse(
             "storm --gateway ws://127.0.0.1:8080 --gateway ws://127.0.0.1:8081 \
              --clients 10_000 --topics 20 --rate 100 --duration 20s --cut-at 5s \
              --drain 15s --backoff 50ms --backoff-cap 1s --ack-interval 0ms \
-             --cut half-open --kill-pid 4242 --publish-to http://127.0.0.1:8081 --watch-pid 4243",
-        )) else {
+             --cut half-open --kill-pid 4242 --publish-to http://127.0.0.1:8081 --watch-pid 4243 \
+             --token a.b.c",
+        ) else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!(options.gateways.len(), 2);
         assert_eq!(
             options.publish_to.map(|t| t.http_url()).as_deref(),
@@ -769,16 +873,20 @@ mod tests {
         assert_eq!(options.cut, Cut::HalfOpen);
         assert_eq!(options.kill_pid, Some(4242));
         assert_eq!(options.watch, vec![4243]);
-        assert_eq!(out, None);
+        assert_eq!(options.token.as_deref(), Some("a.b.c"));
+        assert_eq!(args.out.out, None);
 
-        let Ok(Command::Storm { options, .. }) = parse(args("storm --gateway ws://127.0.0.1:1"))
-        else {
+        let Ok(Command::Storm(args)) = parse("storm --gateway ws://127.0.0.1:1") else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!(options.clients, storm::DEFAULT_CLIENTS);
         assert_eq!(options.cut_at, storm::DEFAULT_CUT_AT);
+        assert_eq!(options.ack_interval, storm::DEFAULT_ACK_INTERVAL);
+        assert_eq!(options.cut, Cut::Reset);
         assert_eq!(options.kill_pid, None);
         assert_eq!(options.publish_to, None);
+        assert_eq!(options.token, None);
 
         assert_named(&[
             ("storm", "--gateway"),
@@ -797,19 +905,20 @@ mod tests {
 
     #[test]
     fn idle_takes_gateways_with_their_pids() {
-        let Ok(Command::Idle { options, out }) = parse(args(
+        let Ok(Command::Idle(args)) = parse(
             "idle --gateway ws://127.0.0.1:8080 --gateway ws://127.0.0.1:8081 \
              --gateway-pid 11 --gateway-pid 12 --clients 60_000 --duration 60s \
              --processes 4 --watch-pid 13",
-        )) else {
+        ) else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!(options.gateways.len(), 2);
         assert_eq!(options.gateway_pids, vec![11, 12]);
         assert_eq!((options.clients, options.processes), (60_000, 4));
         assert_eq!(options.duration, Duration::from_secs(60));
         assert_eq!(options.watch, vec![13]);
-        assert_eq!(out, None);
+        assert_eq!(args.out.out, None);
         assert_named(&[
             ("idle", "--gateway"),
             (
@@ -832,20 +941,21 @@ mod tests {
             topic: "loadtest.idle.1.2".to_owned(),
             max_hold: Duration::from_millis(120_500),
         };
-        let Ok(Command::IdleWorker(back)) = parse(worker.args()) else {
+        let Ok(Command::IdleWorker(back)) = parse_args(worker.args()) else {
             panic!("parsed");
         };
-        assert_eq!(back, worker);
+        assert_eq!(back.worker(), worker);
     }
 
     #[test]
     fn throughput_and_wire_take_their_options() {
-        let Ok(Command::Throughput { options, .. }) = parse(args(
+        let Ok(Command::Throughput(args)) = parse(
             "throughput --gateway ws://127.0.0.1:8080 --gateway-pid 7 --clients 200 \
              --topics 500 --subscriptions 50 --concurrency 12 --duration 5s",
-        )) else {
+        ) else {
             panic!("parsed");
         };
+        let options = args.options();
         assert_eq!(options.publish_to.http_url(), "http://127.0.0.1:8080");
         assert_eq!(options.gateway_pid, Some(7));
         assert_eq!(options.size, throughput::DEFAULT_SIZE);
@@ -858,17 +968,16 @@ mod tests {
             ),
             (200, 500, 50, 12)
         );
-        let Ok(Command::Wire { options, .. }) = parse(args(
-            "wire --gateway ws://127.0.0.1:8080 --sizes 10,125,1KiB,64KiB,1MiB",
-        )) else {
-            panic!("parsed");
-        };
-        assert_eq!(options.sizes, vec![10, 125, 1024, 65_536, 1_048_576]);
-        let Ok(Command::Wire { options, .. }) = parse(args("wire --gateway ws://127.0.0.1:8080"))
+        let Ok(Command::Wire(args)) =
+            parse("wire --gateway ws://127.0.0.1:8080 --sizes 10,125,1KiB,64KiB,1MiB")
         else {
             panic!("parsed");
         };
-        assert_eq!(options.sizes, wire::DEFAULT_SIZES.to_vec());
+        assert_eq!(args.options().sizes, vec![10, 125, 1024, 65_536, 1_048_576]);
+        let Ok(Command::Wire(args)) = parse("wire --gateway ws://127.0.0.1:8080") else {
+            panic!("parsed");
+        };
+        assert_eq!(args.options().sizes, wire::DEFAULT_SIZES.to_vec());
         assert_named(&[
             ("throughput", "--gateway"),
             ("wire --gateway ws://127.0.0.1:1 --sizes 10,2GB", "--sizes"),
@@ -877,11 +986,30 @@ mod tests {
     }
 
     #[test]
-    fn durations_take_units() {
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("10"), None);
-        assert_eq!(parse_duration("10h"), None);
+    fn report_takes_a_directory() {
+        let Ok(Command::Report { dir }) = parse("report target/bench") else {
+            panic!("parsed");
+        };
+        assert_eq!(dir, PathBuf::from("target/bench"));
+        assert_named(&[("report", "<DIR>")]);
+    }
+
+    #[test]
+    fn times_take_units() {
+        let duration = |s: &str| {
+            parse(&format!(
+                "publish --publish-to http://127.0.0.1:1 --duration {s}"
+            ))
+            .map(|c| match c {
+                Command::Publish(args) => args.options().duration,
+                _ => panic!("publish"),
+            })
+            .ok()
+        };
+        assert_eq!(duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(duration("1s500ms"), Some(Duration::from_millis(1500)));
+        assert_eq!(duration("10"), None);
+        assert_eq!(duration("10parsecs"), None);
     }
 }

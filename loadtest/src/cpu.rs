@@ -4,7 +4,7 @@
 //! named with `--watch-pid` (the gateways, redis). Latency measured on a
 //! saturated machine is queueing, not Herald; these figures tell which.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 /// Clock ticks per second in `/proc/*/stat` (`USER_HZ`): 100 on every
@@ -65,7 +65,7 @@ pub struct Meter {
 }
 
 /// The CPU spent between [`Meter::start`] and [`Meter::stop`].
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Usage {
     pub wall_s: f64,
     /// Cores the machine kept busy on average, all processes (0 to `cores`).
@@ -81,7 +81,7 @@ pub struct Usage {
 }
 
 /// One `--watch-pid` process.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Watched {
     pub pid: u32,
     pub name: String,

@@ -19,13 +19,16 @@
 //!   the gateway closed a client that does not read).
 //! - [`sessions`]: clients that keep a session: they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
-//! - [`cli`]: the command line of `herald-loadtest`.
+//! - [`cli`]: the command line of `herald-loadtest` (clap).
+//! - [`figures`]: `herald-loadtest report`: the result files read back
+//!   through their types, as the figures `scripts/benchmarks.py` renders.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
 //! - [`scenarios::fanout`]: N clients on T topics, R paced rounds: per round
 //!   p50/p99/last client, gateway CPU and memory per round; with `--floor`,
-//!   as multiples of the floor. The engine of `pods` and `slow`.
+//!   as multiples of the floor. Its [`scenarios::fanout::engine`] (connect,
+//!   publish rounds, drain, merge) runs `pods` and `slow` too.
 //! - [`scenarios::pods`]: clients spread over one or more gateways, a paced
 //!   publisher on one: delivery latency, lost and duplicated messages.
 //! - [`scenarios::slow`]: `fanout` without and then with clients that never
@@ -41,7 +44,8 @@
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
 //!
-//! One message's way in `fanout` (and `pods`, `slow`): the publisher takes a connection from the
+//! One message's way in `fanout` (and `pods`, `slow`), driven by
+//! [`scenarios::fanout::engine`]: the publisher takes a connection from the
 //! [`publish::Pool`], stamps the payload with the time
 //! ([`latency::Stamp`]) and posts it; the gateway fans it out; each client's
 //! reader ([`clients::Subscriber::read`]) notes the receive time minus the
@@ -52,6 +56,7 @@
 pub mod cli;
 pub mod clients;
 pub mod cpu;
+pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;

@@ -1,11 +1,15 @@
 //! `herald-loadtest`: reads the command line, runs one scenario, prints its
-//! table and writes its JSON result. See `herald-loadtest --help`.
+//! table and writes its JSON result; or reads results back (`report`). See
+//! `herald-loadtest --help`.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use loadtest::cli::{self, Command, EXIT_USAGE, USAGE};
+use clap::Parser;
+use clap::error::ErrorKind;
+use loadtest::cli::{Cli, Command, EXIT_USAGE};
+use loadtest::figures;
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, floor, idle, pods, publish, slow, storm, throughput, wire};
 
@@ -15,26 +19,16 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = match std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string())
-        .collect()
-    {
-        Ok(args) => args,
-        Err(a) => {
-            eprintln!("herald-loadtest: argument {a:?} is not UTF-8");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let command = match cli::parse(args) {
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(command) => command,
+    let command = match Cli::try_parse() {
+        Ok(cli) => cli.command,
         Err(e) => {
-            eprintln!("herald-loadtest: {e}; see --help");
-            return ExitCode::from(EXIT_USAGE);
+            let _ = e.print();
+            return match e.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(EXIT_USAGE),
+            };
         }
     };
     match run(command) {
@@ -49,60 +43,71 @@ fn main() -> ExitCode {
 
 /// Runs the scenario; whether it passed.
 fn run(command: Command) -> anyhow::Result<bool> {
+    if let Command::Report { dir } = &command {
+        // No runtime: it reads files.
+        println!("{}", figures::read_dir(dir)?);
+        return Ok(true);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
         match command {
-            Command::Help => Ok(true),
-            Command::Pods { options, out } => {
-                let outcome = pods::run(options).await.context("pods")?;
-                emit(&outcome, out.as_deref())
+            Command::Report { .. } => Ok(true),
+            Command::Pods(args) => {
+                let outcome = pods::run(args.options()).await.context("pods")?;
+                emit(&outcome, args.spread.out.out.as_deref())
             }
-            Command::Publish { options, out } => {
-                let outcome = publish::run(options).await.context("publish")?;
-                emit(&outcome, out.as_deref())
+            Command::Publish(args) => {
+                let outcome = publish::run(args.options()).await.context("publish")?;
+                emit(&outcome, args.out.out.as_deref())
             }
-            Command::Fanout { options, out } => {
+            Command::Fanout(args) => {
+                let options = args.options().context("finding this program for --floor")?;
                 let outcome = fanout::run(options).await.context("fanout")?;
-                emit(&outcome, out.as_deref())
+                emit(&outcome, args.rounds.spread.out.out.as_deref())
             }
-            Command::Slow { options, out } => {
-                let outcome = slow::run(options).await.context("slow")?;
-                emit(&outcome, out.as_deref())
+            Command::Slow(args) => {
+                let outcome = slow::run(args.options()).await.context("slow")?;
+                emit(&outcome, args.rounds.spread.out.out.as_deref())
             }
-            Command::Floor { options, out } => {
+            Command::Floor(args) => {
+                let options = args
+                    .options()
+                    .context("finding this program for the readers")?;
                 let outcome = floor::run(options).await.context("floor")?;
-                emit(&outcome, out.as_deref())
+                emit(&outcome, args.out.out.as_deref())
             }
-            Command::FloorReaders(readers) => {
+            Command::FloorReaders(args) => {
                 // The writer reads these two lines from our stdout.
-                let report = floor::readers(readers, || println!("ready"))
+                let report = floor::readers(args.readers(), || println!("ready"))
                     .await
                     .context("floor readers")?;
                 println!("{}", serde_json::to_string(&report).context("the report")?);
                 Ok(true)
             }
-            Command::Idle { options, out } => {
-                let outcome = idle::run(options).await.context("idle")?;
-                emit(&outcome, out.as_deref())
+            Command::Idle(args) => {
+                let outcome = idle::run(args.options()).await.context("idle")?;
+                emit(&outcome, args.out.out.as_deref())
             }
-            Command::IdleWorker(worker) => {
-                idle::work(worker).await.context("idle worker")?;
+            Command::IdleWorker(args) => {
+                idle::work(args.worker()).await.context("idle worker")?;
                 Ok(true)
             }
-            Command::Throughput { options, out } => {
-                let outcome = throughput::run(options).await.context("throughput")?;
-                emit(&outcome, out.as_deref())
+            Command::Throughput(args) => {
+                let outcome = throughput::run(args.options())
+                    .await
+                    .context("throughput")?;
+                emit(&outcome, args.out.out.as_deref())
             }
-            Command::Wire { options, out } => {
-                let outcome = wire::run(options).await.context("wire")?;
-                emit(&outcome, out.as_deref())
+            Command::Wire(args) => {
+                let outcome = wire::run(args.options()).await.context("wire")?;
+                emit(&outcome, args.out.out.as_deref())
             }
-            Command::Storm { options, out } => {
-                let outcome = storm::run(options).await.context("storm")?;
-                emit(&outcome, out.as_deref())
+            Command::Storm(args) => {
+                let outcome = storm::run(args.options()).await.context("storm")?;
+                emit(&outcome, args.out.out.as_deref())
             }
         }
     })

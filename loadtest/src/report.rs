@@ -1,11 +1,12 @@
 //! What a run leaves behind: a table for people on stdout, and one JSON file
 //! for tools (`--out`): the scenario's name, the machine it ran on, whether
-//! it passed and why not, and every figure.
+//! it passed and why not, and every figure ([`Envelope`]), which
+//! [`figures`](crate::figures) reads back.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
@@ -75,7 +76,7 @@ impl Row {
 }
 
 /// The machine a run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine {
     pub cores: usize,
     pub cpu: String,
@@ -100,17 +101,20 @@ impl Machine {
     }
 }
 
-/// The JSON result file.
-#[derive(Serialize)]
-struct Envelope<'a, T> {
-    scenario: &'static str,
-    version: &'static str,
+/// The JSON result file: what `--out` writes (`R` = `&T`) and `report`
+/// reads (`R` = `T`, see [`crate::figures`]).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Envelope<R> {
+    /// [`Outcome::SCENARIO`].
+    pub scenario: String,
+    /// This tool's version.
+    pub version: String,
     /// When the run ended, seconds since the UNIX epoch.
-    finished_unix_s: u64,
-    machine: Machine,
-    passed: bool,
-    failures: Vec<String>,
-    result: &'a T,
+    pub finished_unix_s: u64,
+    pub machine: Machine,
+    pub passed: bool,
+    pub failures: Vec<String>,
+    pub result: R,
 }
 
 /// The human table, with a verdict line at the end.
@@ -136,8 +140,8 @@ pub fn table<T: Outcome>(outcome: &T) -> String {
 pub fn write_json<T: Outcome>(path: &Path, outcome: &T) -> Result<(), Error> {
     let failures = outcome.failures();
     let envelope = Envelope {
-        scenario: T::SCENARIO,
-        version: env!("CARGO_PKG_VERSION"),
+        scenario: T::SCENARIO.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         finished_unix_s: crate::latency::now_micros() / 1_000_000,
         machine: Machine::this(),
         passed: failures.is_empty(),

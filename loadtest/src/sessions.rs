@@ -58,8 +58,9 @@ impl Backoff {
     }
 }
 
-/// How a client cuts its connection when told to ([`Phase::Cut`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a client cuts its connection when told to ([`Phase::Cut`]); on the
+/// command line `storm --cut reset|half-open`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Cut {
     /// SO_LINGER 0, then close: the gateway gets a reset at once, as when
     /// a network path dies and a middlebox answers for it.

@@ -77,13 +77,20 @@ async fn pods_on_one_gateway_delivers_every_message_once() {
     // The JSON result says the same.
     let path = std::env::temp_dir().join(format!("herald-loadtest-{}.json", std::process::id()));
     report::write_json(&path, &outcome).expect("written");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+    let text = std::fs::read_to_string(&path).expect("read");
     let _ = std::fs::remove_file(&path);
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(json["scenario"], "pods");
     assert_eq!(json["passed"], true);
     assert_eq!(json["result"]["lost"], 0);
     assert_eq!(json["result"]["latency"]["count"], 5000);
+    // `herald-loadtest report` reads it back through the same types.
+    let figures = loadtest::figures::of_file(&text).expect("figures");
+    assert_eq!(figures["result"]["lost"], 0);
+    assert_eq!(
+        figures["result"]["latency"]["p99_us"],
+        outcome.stats.latency.p99_us
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

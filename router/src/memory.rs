@@ -246,7 +246,7 @@ impl Broker for MemoryBroker {
             || state
                 .history
                 .front()
-                .is_some_and(|(_, p)| p.seq <= since.seq + 1);
+                .is_some_and(|(_, p)| p.seq <= since.seq.saturating_add(1));
         if !same_epoch || since.seq > state.seq || !reaches_back {
             return Ok(Recovery {
                 position,
@@ -450,6 +450,21 @@ mod tests {
             *sink.0.lock().unwrap_or_else(|e| e.into_inner()),
             vec![1, 2]
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_since_at_the_end_of_all_seqs_is_not_recovered() -> Result<(), BrokerError> {
+        let (b, _) = broker(3);
+        let t = topic("a");
+        b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
+        let since = Since {
+            seq: u64::MAX,
+            epoch: None,
+        };
+        let recovery = b.recover(&t, Some(since)).await?;
+        assert!(!recovery.recovered);
+        assert!(recovery.publications.is_empty());
         Ok(())
     }
 

@@ -307,7 +307,9 @@ impl Verifier {
         } else if let Some(jwks) = &inner.jwks
             && (header.kid.is_some() || inner.public.is_none())
         {
-            from_jwks = jwks.key(header.kid.as_deref()).await?;
+            // Boxed: a refetch (an HTTP request) is rare, and would
+            // otherwise make every caller's future that much larger.
+            from_jwks = Box::pin(jwks.key(header.kid.as_deref())).await?;
             &*from_jwks
         } else {
             inner.public.as_ref().ok_or(Refused::Algorithm)?

@@ -21,7 +21,7 @@ pub use subscriptions::Subscriptions;
 use std::hash::{Hash, Hasher};
 use std::io::Cursor;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 use fastwebsockets::WebSocket;
@@ -121,7 +121,8 @@ struct Session {
     out: Outbound,
     subscriptions: Subscriptions,
     /// What the client's token says; `None` for an anonymous client.
-    claims: Option<Claims>,
+    /// Boxed: most of a pod's connections may be anonymous.
+    claims: Option<Box<Claims>>,
     /// When the token expires: the connection closes then, unless a
     /// `refresh` moves it.
     token_expires: Option<Instant>,
@@ -146,7 +147,14 @@ impl Session {
         let ws = &self.node.config.websocket;
         let idle = ws.ping_interval + ws.pong_timeout;
         loop {
-            let (deadline, expired) = self.deadline();
+            // One timer per connection: whichever comes first of the
+            // dead-peer deadline and the session's own (its first command,
+            // its token's expiry).
+            let silent = Instant::now() + idle;
+            let (due, expired) = match self.deadline() {
+                Some((at, reason)) if at < silent => (at, reason),
+                _ => (silent, CloseReason::DeadPeer),
+            };
             // Every branch but the read ends the connection, so dropping an
             // unfinished read (which is not cancel-safe) is harmless.
             let next = tokio::select! {
@@ -156,18 +164,22 @@ impl Session {
                     self.out.close(CloseReason::TakenOver, false);
                     return;
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    if expired == CloseReason::TokenExpired {
-                        self.node.metrics.auth_failures.with_label_values(&["expired"]).inc();
-                    }
-                    self.out.close(expired, true);
-                    return;
-                }
-                next = tokio::time::timeout(idle, reader.next(&self.out)) => next,
+                next = tokio::time::timeout_at(due, reader.next(&self.out)) => next,
             };
             match next {
-                Err(_) => {
+                Err(_) if expired == CloseReason::DeadPeer => {
                     self.out.close(CloseReason::DeadPeer, false);
+                    return;
+                }
+                Err(_) => {
+                    if expired == CloseReason::TokenExpired {
+                        self.node
+                            .metrics
+                            .auth_failures
+                            .with_label_values(&["expired"])
+                            .inc();
+                    }
+                    self.out.close(expired, true);
                     return;
                 }
                 Ok(Err(reason)) => {
@@ -196,20 +208,13 @@ impl Session {
         }
     }
 
-    /// The next deadline other than the dead-peer timer's: the first
+    /// The session's next deadline besides the dead-peer timer's: the first
     /// command's, then the token's expiry.
-    fn deadline(&self) -> (Instant, CloseReason) {
+    fn deadline(&self) -> Option<(Instant, CloseReason)> {
         if self.id.is_none() {
-            return (self.hello_by, CloseReason::HelloTimeout);
+            return Some((self.hello_by, CloseReason::HelloTimeout));
         }
-        match self.token_expires {
-            Some(at) => (at, CloseReason::TokenExpired),
-            // Far enough to never come, near enough to add to an Instant.
-            None => (
-                Instant::now() + Duration::from_secs(86_400 * 365),
-                CloseReason::TokenExpired,
-            ),
-        }
+        self.token_expires.map(|at| (at, CloseReason::TokenExpired))
     }
 
     /// While the connection closes (a drain, a move) commands are ignored,
@@ -219,6 +224,7 @@ impl Session {
         let command = std::str::from_utf8(text).ok().map(Command::decode);
         if let Some(Ok(Command::Ack { topic, seq })) = command
             && let Ok(topic) = Topic::parse(&topic)
+            && self.node.hub.head(&topic).is_some_and(|head| seq <= head)
         {
             self.subscriptions.ack(&topic, seq);
         }
@@ -251,7 +257,11 @@ impl Session {
         let result = match command {
             Err(e) => Err(e),
             Ok(Command::Hello { token, resume }) if self.id.is_none() => {
-                self.hello(token.as_deref(), resume.as_deref()).await;
+                // Boxed, here and below: a connection's read loop is as
+                // large as the largest future it awaits, for as long as it
+                // lives; `hello` and `refresh` (a token check, a resume)
+                // come once or rarely, so they are not carried inline.
+                Box::pin(self.hello(token.as_deref(), resume.as_deref())).await;
                 Ok(())
             }
             Ok(Command::Hello { .. }) => Err(CommandError::new(
@@ -262,7 +272,7 @@ impl Session {
             Ok(command) => {
                 if self.id.is_none() {
                     // Implied: an anonymous `hello`.
-                    self.hello(None, None).await;
+                    Box::pin(self.hello(None, None)).await;
                     if self.id.is_none() {
                         return;
                     }
@@ -308,7 +318,7 @@ impl Session {
     async fn act(&mut self, command: Command<'_>, text: &Bytes) -> Result<(), CommandError> {
         match command {
             Command::Hello { .. } => Ok(()),
-            Command::Refresh { id, token } => self.refresh(id, &token).await,
+            Command::Refresh { id, token } => Box::pin(self.refresh(id, &token)).await,
             Command::Sub {
                 id,
                 topic,
@@ -382,6 +392,19 @@ impl Session {
             }
             Command::Ack { topic, seq } => {
                 let topic = self.topic(None, &topic)?;
+                // A seq nobody here was sent: acked, it would make a resume
+                // skip messages the client never got.
+                if let Some(head) = self.node.hub.head(&topic)
+                    && seq > head
+                {
+                    return Err(CommandError::new(
+                        None,
+                        ErrorCode::Malformed,
+                        format!(
+                            "ack of seq {seq} of `{topic}`, which is newer than any sent ({head})"
+                        ),
+                    ));
+                }
                 if !self.subscriptions.ack(&topic, seq) {
                     return Err(not_subscribed(None, &topic));
                 }
@@ -488,7 +511,7 @@ impl Session {
                 Err(_) => Instant::now(),
             }
         });
-        self.claims = claims;
+        self.claims = claims.map(Box::new);
     }
 
     /// Starts (or restores) the session and sends `welcome`. A resume that
@@ -667,7 +690,7 @@ impl Session {
             ));
         };
         let open = self.node.verifier.is_none();
-        if access.allows(ns, topic, self.claims.as_ref(), open) {
+        if access.allows(ns, topic, self.claims.as_deref(), open) {
             return Ok(());
         }
         self.node

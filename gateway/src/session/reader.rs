@@ -122,7 +122,9 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         if Instant::now() >= deadline {
             return Err(CloseReason::MessageTimeout);
         }
-        timeout_at(deadline, self.read_once())
+        // Boxed: only a connection with a message under way carries the
+        // timer; an idle one's read holds none.
+        Box::pin(timeout_at(deadline, self.read_once()))
             .await
             .unwrap_or(Err(CloseReason::MessageTimeout))
     }

@@ -31,7 +31,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::fanout::{self, Round, Stats, Tally};
+use super::fanout::engine::{self, Tally};
+use super::fanout::{self, Round, Stats};
 use super::{MAX_DURATION, check_bounds, unique_topic};
 use crate::Error;
 use crate::clients::{self, CONNECT_TIMEOUT, End, FD_MARGIN, Subscriber, client_failure};
@@ -135,7 +136,7 @@ impl Options {
 }
 
 /// The result of a `floor` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Floor {
     pub clients: usize,
     pub rounds: usize,
@@ -166,7 +167,7 @@ pub struct Floor {
 }
 
 /// One round: the readers' figures and the writer's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FloorRound {
     #[serde(flatten)]
     pub readers: Round,
@@ -545,11 +546,11 @@ pub async fn readers(options: Readers, ready: impl FnOnce()) -> Result<ReadersRe
     let all = |_, _| true;
     Ok(ReadersReport {
         connect_s,
-        tally: fanout::tally(&received, all),
+        tally: engine::tally(&received, all),
         failed: failures.len() as u64,
         first_failure: failures.first().map(|f| (*f).to_owned()),
-        stats: fanout::stats(&received, options.warmup..options.rounds, all),
-        per_round: fanout::per_round(&received, options.rounds, options.warmup, all),
+        stats: engine::stats(&received, options.warmup..options.rounds, all),
+        per_round: engine::per_round(&received, options.rounds, options.warmup, all),
     })
 }
 

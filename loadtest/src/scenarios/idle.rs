@@ -471,7 +471,7 @@ enum Holders {
 }
 
 /// The result of an `idle` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Idle {
     pub topic: String,
     pub clients: usize,
@@ -496,7 +496,7 @@ pub struct Idle {
 }
 
 /// One gateway's share.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Pod {
     pub gateway: String,
     pub pid: Option<u32>,

@@ -3,8 +3,8 @@
 //! result that implements [`report::Outcome`](crate::report::Outcome).
 //!
 //! - [`fanout`]: N clients on T topics, R rounds `interval` apart: per round
-//!   p50, p99 and last client; gateway CPU per round and memory. The engine
-//!   of `pods` and `slow`.
+//!   p50, p99 and last client; gateway CPU per round and memory. Its
+//!   [`fanout::engine`] runs the rounds of `pods` and `slow` too.
 //! - [`pods`]: delivery latency, loss and duplication with clients spread
 //!   over one or more gateways and a paced publisher on one of them.
 //! - [`slow`]: `fanout` before and after K clients that never read join:

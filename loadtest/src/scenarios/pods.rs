@@ -12,7 +12,7 @@
 use std::ops::Deref;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::MAX_DURATION;
 use super::fanout::{self, Fanout};
@@ -85,7 +85,7 @@ impl Options {
 }
 
 /// The result of a `pods` run: a fan-out's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Pods(pub Fanout);
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{DEFAULT_SIZE, check_bounds, unique_topic};
@@ -71,7 +71,7 @@ impl Options {
 }
 
 /// The result of a `publish` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Publish {
     pub publish_to: String,
     pub concurrency: usize,

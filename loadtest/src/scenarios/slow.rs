@@ -23,11 +23,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::fanout::{self, Engine, Fanout, Stats};
+use super::fanout::engine::Engine;
+use super::fanout::{self, Fanout, Stats};
 use crate::clients::{End, MISSING, Received, Subscriber};
 use crate::latency::{ms, now_micros};
 use crate::metrics::Scraper;
@@ -91,7 +92,7 @@ impl Options {
 }
 
 /// The result of a `slow` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Slow {
     /// Both phases, healthy clients only (its `latency`, `last_client` and
     /// `round_p99` span both).
@@ -118,7 +119,7 @@ pub struct Slow {
 }
 
 /// One client that never read.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SlowClient {
     pub client: usize,
     pub gateway: String,
@@ -142,7 +143,7 @@ pub struct SlowClient {
 }
 
 /// A rise of `herald_connections_closed_total` seen on a gateway.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CloseEvent {
     pub gateway: String,
     pub reason: String,
@@ -157,7 +158,7 @@ pub struct CloseEvent {
 }
 
 /// A watched process's resident memory over the slow phase.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RssGrowth {
     pub pid: u32,
     pub name: String,

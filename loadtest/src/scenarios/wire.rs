@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -68,7 +68,7 @@ impl Options {
 }
 
 /// One payload size's bytes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Measured {
     pub payload_bytes: usize,
     /// The whole WebSocket frame as read off the socket.
@@ -84,7 +84,7 @@ pub struct Measured {
 }
 
 /// The result of a `wire` run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Wire {
     pub gateway: String,
     pub topic: String,
