@@ -14,14 +14,6 @@
 //! same limits on the real `herald` binary through `HERALD_*` variables.
 // A test that cannot go on should stop and say why.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/raw.rs"]
-mod raw;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -29,17 +21,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use binary::Herald;
-use common::{Client, Gateway, WAIT};
 use futures_util::{SinkExt, StreamExt};
 use gateway::config::BrokerKind;
-use raw::{CLOSE, FIN, PING, PONG, RawClient, encode};
 use serde_json::{Value, json};
+use testkit::raw::{CLOSE, FIN, PING, PONG, RawClient, encode};
+use testkit::{Client, Gateway, WAIT, eventually};
+use testkit::{Herald, Redis};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 /// The topic the well-behaved client follows.
 const ROOM: &str = "chat:room";
@@ -54,7 +49,7 @@ async fn bystander(gw: &Gateway) -> Client {
 async fn still_served(gw: impl Into<Addr>, client: &mut Client, n: u64) {
     let Addr(addr) = gw.into();
     let body = json!({"topic": ROOM, "data": {"n": n}}).to_string();
-    let (status, answer) = common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+    let (status, answer) = testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
     assert_eq!(status, 200, "publish: {answer}");
     let answer: Value = serde_json::from_str(&answer).expect("JSON");
     let seq = answer["seq"].as_u64().expect("seq");
@@ -279,7 +274,7 @@ async fn acks_are_not_rate_limited() {
 
 /// Runs `redis-cli --scan --pattern pattern`, then `PTTL` of every key found
 /// (one pipelined `redis-cli`); (key, pttl in ms) pairs.
-fn pttls(redis: &redis::Redis, pattern: &str) -> Vec<(String, i64)> {
+fn pttls(redis: &Redis, pattern: &str) -> Vec<(String, i64)> {
     let keys: Vec<String> = redis
         .cli(&["--scan", "--pattern", pattern])
         .lines()
@@ -340,7 +335,7 @@ async fn churn(client: &mut Client, ns: &str, pairs: usize) {
 async fn thousands_of_throwaway_subscriptions_leave_nothing_beyond_the_history_age() {
     const HISTORY_TTL: Duration = Duration::from_secs(60);
     const SHORT_TTL: Duration = Duration::from_secs(1);
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let mut config = Gateway::config();
     config.broker = BrokerKind::Redis;
     config.redis.url = redis.url();
@@ -382,20 +377,19 @@ async fn thousands_of_throwaway_subscriptions_leave_nothing_beyond_the_history_a
     // And the count is bounded by what expires: with a short history age
     // the keys are gone soon after.
     churn(&mut churner, "brief", 200).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, || async {
         let left = pttls(&redis, "herald:{brief:*");
         if left.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!(
+                "{} keys of a 1 s namespace still there: {:?}",
+                left.len(),
+                &left[..left.len().min(3)]
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} keys of a 1 s namespace still there: {:?}",
-            left.len(),
-            &left[..left.len().min(3)]
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     still_served(&gw, &mut good, 2).await;
     // The churner itself was never limited.
     churner.sub(1, ROOM).await;
@@ -487,14 +481,14 @@ async fn one_address_holds_at_most_max_connections_per_ip() {
     let mut leaving = others.pop().expect("a client");
     leaving.ws.close(None).await.expect("send close");
     leaving.closed().await;
-    let deadline = Instant::now() + WAIT;
-    let mut newcomer = loop {
+    let mut newcomer = eventually(WAIT, || async {
         match connect_with(&gw.ws_url(), &[]).await {
-            Ok(client) => break client,
-            Err((503, _)) if Instant::now() < deadline => sleep(Duration::from_millis(20)).await,
+            Ok(client) => Ok(client),
+            Err((503, _)) => Err("the freed slot is still taken (503)"),
             Err((status, _)) => panic!("a freed slot is reused; got {status}"),
         }
-    };
+    })
+    .await;
     newcomer.hello(None).await;
     still_served(&gw, &mut good, 2).await;
     gw.shutdown().await;
@@ -622,7 +616,7 @@ async fn publishes_that_trickle_in_get_408_while_health_and_publishing_go_on() {
         still_served(&gw, &mut good, 1).await;
         let mut probes = 0;
         while !stop.load(Ordering::Relaxed) {
-            let (status, body) = common::http(gw.addr, "GET", "/healthz", &[], b"").await;
+            let (status, body) = testkit::http(gw.addr, "GET", "/healthz", &[], b"").await;
             assert_eq!(status, 200, "{body}");
             probes += 1;
             sleep(Duration::from_millis(50)).await;
@@ -682,24 +676,20 @@ async fn a_full_house_of_api_requests_answers_503_busy_but_health_still_answers(
     // The slots are taken when the holders' heads have been read: no event
     // to await from outside, so ask until the house is full (this asker is
     // the only other requester, so a 503 means the holders hold them all).
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, body) = common::http(gw.addr, "GET", "/metrics", &[], b"").await;
+    eventually(WAIT, || async {
+        let (status, body) = testkit::http(gw.addr, "GET", "/metrics", &[], b"").await;
         if status == 503 {
             assert_eq!(body, "busy\n");
-            break;
+            return Ok(());
         }
         assert_eq!(status, 200, "{body}");
-        assert!(
-            Instant::now() < deadline,
-            "the holders never took every slot"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
+        Err("the holders never took every slot")
+    })
+    .await;
 
     // A sixth API request, a proper publish, is refused at once.
     let before = http_rejected(&gw, "busy");
-    let (status, headers, body) = common::http_with_headers(
+    let (status, headers, body) = testkit::http_with_headers(
         gw.addr,
         "POST",
         "/v1/publish",
@@ -712,7 +702,7 @@ async fn a_full_house_of_api_requests_answers_503_busy_but_health_still_answers(
     assert_eq!(http_rejected(&gw, "busy"), before + 1);
     // Health probes take no slot.
     for path in ["/healthz", "/readyz"] {
-        let (status, body) = common::http(gw.addr, "GET", path, &[], b"").await;
+        let (status, body) = testkit::http(gw.addr, "GET", path, &[], b"").await;
         assert_eq!(status, 200, "{path}: {body}");
     }
 
@@ -721,15 +711,13 @@ async fn a_full_house_of_api_requests_answers_503_busy_but_health_still_answers(
         holder.abort();
         let _ = holder.await;
     }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, _) = common::http(gw.addr, "GET", "/metrics", &[], b"").await;
-        if status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the slots never came back");
-        sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, || async {
+        let (status, _) = testkit::http(gw.addr, "GET", "/metrics", &[], b"").await;
+        (status == 200)
+            .then_some(())
+            .ok_or("the slots never came back")
+    })
+    .await;
     still_served(&gw, &mut good, 1).await;
     gw.shutdown().await;
 }
@@ -805,7 +793,7 @@ async fn upgrade_status(addr: SocketAddr) -> u16 {
 async fn with_api_listen_the_api_is_served_only_on_its_own_port() {
     let gw = Split::start().await;
     let publish = |addr| async move {
-        common::http(
+        testkit::http(
             addr,
             "POST",
             "/v1/publish",
@@ -819,7 +807,7 @@ async fn with_api_listen_the_api_is_served_only_on_its_own_port() {
     // The client port: WebSockets and health only.
     assert_eq!(publish(gw.addr).await.0, 404);
     assert_eq!(
-        common::http(gw.addr, "GET", "/metrics", &[], b"").await.0,
+        testkit::http(gw.addr, "GET", "/metrics", &[], b"").await.0,
         404
     );
     assert_eq!(upgrade_status(gw.addr).await, 101);
@@ -829,14 +817,14 @@ async fn with_api_listen_the_api_is_served_only_on_its_own_port() {
     assert_eq!(status, 200, "{body}");
     let (_, _, data) = good.msg().await;
     assert_eq!(data, json!("hi"));
-    let (status, body) = common::http(gw.api, "GET", "/metrics", &[], b"").await;
+    let (status, body) = testkit::http(gw.api, "GET", "/metrics", &[], b"").await;
     assert_eq!(status, 200);
     assert!(body.contains("herald_connections"), "{body}");
     assert_eq!(upgrade_status(gw.api).await, 404);
 
     for addr in [gw.addr, gw.api] {
         for path in ["/healthz", "/readyz"] {
-            let (status, body) = common::http(addr, "GET", path, &[], b"").await;
+            let (status, body) = testkit::http(addr, "GET", path, &[], b"").await;
             assert_eq!(status, 200, "{addr}{path}: {body}");
         }
     }
@@ -885,7 +873,7 @@ async fn on_the_api_listener_a_head_that_trickles_in_gets_the_request_timeout() 
         );
     }
     assert!(took >= REQUEST_TIMEOUT, "{took:?}");
-    let (status, _) = common::http(gw.api, "GET", "/healthz", &[], b"").await;
+    let (status, _) = testkit::http(gw.api, "GET", "/healthz", &[], b"").await;
     assert_eq!(status, 200);
     gw.shutdown().await;
 }
@@ -897,26 +885,24 @@ async fn on_the_api_listener_a_head_that_trickles_in_gets_the_request_timeout() 
 /// connection is counted just after its TCP connection ends: no event to
 /// await from outside).
 async fn await_metric(addr: SocketAddr, name: &str, want: f64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let value = common::metric(addr, name).await;
+    eventually(WAIT, || async {
+        let value = testkit::metric(addr, name).await;
         if value == want {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{name} is {value}, expected {want}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{name} is {value}, expected {want}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
-    let redis = redis::Redis::start().await;
-    let api = SocketAddr::from(([127, 0, 0, 1], binary::free_port()));
+    let redis = Redis::start().await;
+    let api = SocketAddr::from(([127, 0, 0, 1], testkit::herald::free_port()));
     let api_listen = api.to_string();
     let herald = Herald::pod(
+        HERALD,
         &redis.url(),
         &[
             ("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated"),
@@ -937,17 +923,20 @@ async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
 
     // The API only on its own port; health on both.
     let publish = json!({"topic": ROOM, "data": 0}).to_string();
-    let on_clients = common::http(herald.addr, "POST", "/v1/publish", &[], publish.as_bytes());
+    let on_clients = testkit::http(herald.addr, "POST", "/v1/publish", &[], publish.as_bytes());
     assert_eq!(on_clients.await.0, 404);
     assert_eq!(
-        common::http(herald.addr, "GET", "/metrics", &[], b"")
+        testkit::http(herald.addr, "GET", "/metrics", &[], b"")
             .await
             .0,
         404
     );
     assert_eq!(upgrade_status(api).await, 404);
     for addr in [herald.addr, api] {
-        assert_eq!(common::http(addr, "GET", "/healthz", &[], b"").await.0, 200);
+        assert_eq!(
+            testkit::http(addr, "GET", "/healthz", &[], b"").await.0,
+            200
+        );
     }
 
     // Never says hello: 4005. Forwarded from an address of its own, so that
@@ -966,7 +955,7 @@ async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
     let (answer, took) = trickle(api, Duration::from_millis(200), WAIT).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(took >= Duration::from_secs(1), "{took:?}");
-    let (status, _) = common::http(herald.addr, "GET", "/healthz", &[], b"").await;
+    let (status, _) = testkit::http(herald.addr, "GET", "/healthz", &[], b"").await;
     assert_eq!(status, 200);
 
     // Throwaway subscriptions leave meta keys that expire with the history age.

@@ -7,12 +7,6 @@
 //! connection unless refreshed; namespaces admit by token; a session stays
 //! its user's; a JWKS rotates; a backend's disconnect reaches every pod.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,12 +15,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use binary::Herald;
-use common::{Client, Gateway};
 use gateway::Config;
-use redis::Redis;
 use router::{NamespaceSettings, Publish, Subscribe};
 use serde_json::{Value, json};
+use testkit::Herald;
+use testkit::Redis;
+use testkit::{Client, Gateway};
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 /// The HMAC secret of the pods under test (at least 32 bytes).
 const SECRET: &str = "herald-auth-tests-hmac-secret-0123456789";
@@ -812,8 +809,8 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
         ("HERALD_AUTH__AUDIENCE", AUDIENCE),
         ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
     ];
-    let a = Herald::pod(&redis.url(), &env).await;
-    let b = Herald::pod(&redis.url(), &env).await;
+    let a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let b = Herald::pod(HERALD, &redis.url(), &env).await;
     let tokens = mint_lines(json!([
         hs256(claims("alice", 600, json!({}))),
         hs256(claims("bob", 600, json!({}))),
@@ -829,7 +826,7 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
     let (mut bob_b, _) = welcome_on(&b.ws_url(), bob, None).await;
     assert_eq!(sub(&mut bob_b, 1, "chat:room").await["op"], "ok");
 
-    let (status, body) = common::http(
+    let (status, body) = testkit::http(
         a.addr,
         "POST",
         "/v1/disconnect",
@@ -866,7 +863,7 @@ async fn a_grpc_disconnect_closes_the_users_connections_with_4503_and_needs_the_
     let session = welcome["session"].as_str().expect("session").to_owned();
     let (mut bob, _) = welcomed(&gateway.ws_url(), &tokens[1]).await;
     assert_eq!(sub(&mut bob, 1, "news:x").await["op"], "ok");
-    let mut grpc = common::grpc_client(gateway.grpc_addr).await;
+    let mut grpc = testkit::grpc_client(gateway.grpc_addr).await;
 
     let refused = grpc
         .disconnect(proto::v1::DisconnectRequest {
@@ -886,7 +883,7 @@ async fn a_grpc_disconnect_closes_the_users_connections_with_4503_and_needs_the_
     grpc.disconnect(request).await.expect("disconnect");
     assert_eq!(alice.closed().await, Some(4503));
     // Bob is untouched, and alice's session is gone with her access.
-    let (status, body) = common::http(
+    let (status, body) = testkit::http(
         gateway.addr,
         "POST",
         "/v1/publish",

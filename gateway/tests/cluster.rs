@@ -3,27 +3,22 @@
 //! may lose its pod and carry on at another; Redis may blink, restart empty
 //! or cut a pod's pub/sub connection, and nothing is lost silently.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/follower.rs"]
-mod follower;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use binary::Herald;
-use common::{Client, WAIT};
-use follower::{Crowd, Follow, Service};
 use futures_util::StreamExt;
-use redis::Redis;
 use serde_json::{Value, json};
+use testkit::Herald;
+use testkit::Redis;
+use testkit::follower::{Crowd, Follow, Service};
+use testkit::{Client, WAIT, eventually};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
     let mut env = vec![
@@ -31,14 +26,15 @@ async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
         ("HERALD_LOG__LEVEL", "info"),
     ];
     env.extend_from_slice(extra);
-    Herald::pod(&redis.url(), &env).await
+    Herald::pod(HERALD, &redis.url(), &env).await
 }
 
 /// Publishes over HTTP; the status and the answer.
 async fn publish(addr: SocketAddr, topic: &str, data: Value, key: Option<&str>) -> (u16, Value) {
     let body = json!({"topic": topic, "data": data}).to_string();
     let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
-    let (status, body) = common::http(addr, "POST", "/v1/publish", &headers, body.as_bytes()).await;
+    let (status, body) =
+        testkit::http(addr, "POST", "/v1/publish", &headers, body.as_bytes()).await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -65,7 +61,7 @@ async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
         }));
         let grpc = pod.grpc_addr;
         publishers.push(tokio::spawn(async move {
-            let mut client = common::grpc_client(grpc).await;
+            let mut client = testkit::grpc_client(grpc).await;
             for i in 0..PER_PUBLISHER {
                 let request = proto::v1::PublishRequest {
                     topic: "news".into(),
@@ -183,7 +179,7 @@ async fn a_cut_pubsub_connection_is_refilled_from_history() {
         assert_eq!((got, data), (seq, json!(seq)));
     }
     publisher.await.expect("publisher");
-    let (_, metrics) = common::http(a.addr, "GET", "/metrics", &[], b"").await;
+    let (_, metrics) = testkit::http(a.addr, "GET", "/metrics", &[], b"").await;
     assert!(
         metrics
             .lines()
@@ -210,16 +206,14 @@ async fn redis_restarted_empty_is_a_reset_not_a_silent_new_series() {
 
     redis.restart_empty().await;
     // Publishing works again once the pod has reconnected.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(WAIT, || async {
         let (status, _) = publish(a.addr, "news", json!("after"), None).await;
-        if status == 200 {
-            break;
-        }
-        assert_eq!(status, 503);
-        assert!(Instant::now() < deadline, "publishing never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        assert!(status == 200 || status == 503, "publish: {status}");
+        (status == 200)
+            .then_some(())
+            .ok_or("publishing never recovered")
+    })
+    .await;
     // The subscriber is told before anything of the new series arrives.
     let reset = client.recv().await;
     assert_eq!(reset["op"], "reset", "{reset}");
@@ -282,17 +276,16 @@ async fn while_redis_is_unreachable_clients_stay_and_publishes_fail_fast() {
     }
     redis.thaw();
 
-    let deadline = Instant::now() + WAIT;
-    while publish(a.addr, "chat:room", json!(2), None).await.0 != 200 {
-        assert!(Instant::now() < deadline, "publishing never recovered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(WAIT, || async {
+        publish(a.addr, "chat:room", json!(2), None).await.0 == 200
+    })
+    .await;
     assert_eq!(
         client.msg().await.1,
         2,
         "the same connection, the same series"
     );
-    let (_, metrics) = common::http(a.addr, "GET", "/metrics", &[], b"").await;
+    let (_, metrics) = testkit::http(a.addr, "GET", "/metrics", &[], b"").await;
     assert!(metrics.contains("herald_redis_errors_total"), "{metrics}");
 }
 
@@ -332,14 +325,18 @@ async fn subscribed_with(count: u64, pod: &Herald) -> (Client, String) {
 }
 
 /// Waits until the store holds session `id` with `text` in it (the pod
-/// saves changed sessions every `session.flush_interval`).
+/// saves an open connection's changed session every
+/// `session.flush_interval`).
 async fn saved(redis: &Redis, id: &str, text: &str) {
     let key = format!("herald:session:{id}");
-    let deadline = Instant::now() + WAIT;
-    while !redis.cli(&["GET", &key]).contains(text) {
-        assert!(Instant::now() < deadline, "the session was never saved");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, || async { redis.cli(&["GET", &key]).contains(text) }).await;
+}
+
+/// Drops `client`, and waits until its pod at `addr` has no connection
+/// left: a connection that ends saves its session first.
+async fn leave(client: Client, addr: SocketAddr) {
+    drop(client);
+    no_connections(addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,9 +347,8 @@ async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survi
     client
         .send(json!({"op": "ack", "topic": "news", "seq": 1}))
         .await;
-    // The ack is in the shared store once the pod has flushed it.
-    saved(&redis, &session, "news").await;
-    drop(client);
+    // The ack is in the shared store once the connection has ended.
+    leave(client, a.addr).await;
 
     redis.freeze();
     let mut early = Client::connect_url(&a.ws_url()).await;
@@ -363,11 +359,10 @@ async fn a_resume_while_redis_is_away_is_refused_with_4003_and_the_session_survi
     // Once the pod reaches Redis again (a publish goes through), the resume
     // works: the refused attempt did not start a fresh session, and the
     // unacked message comes again.
-    let deadline = Instant::now() + WAIT;
-    while publish(a.addr, "other", json!(0), None).await.0 != 200 {
-        assert!(Instant::now() < deadline, "Redis never came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(WAIT, || async {
+        publish(a.addr, "other", json!(0), None).await.0 == 200
+    })
+    .await;
     let mut client = Client::connect_url(&a.ws_url()).await;
     assert_eq!(client.hello(Some(&session)).await["resumed"], true);
     assert_eq!(client.msg().await.1, 2);
@@ -381,8 +376,7 @@ async fn a_resume_that_loses_redis_while_restoring_topics_is_refused_and_keeps_t
     client.sub(2, "sport").await;
     assert_eq!(publish(a.addr, "sport", json!(1), None).await.0, 200);
     assert_eq!(client.msg().await.0, "sport");
-    saved(&redis, &session, "sport").await;
-    drop(client);
+    leave(client, a.addr).await;
 
     // Redis still hands out the session, but refuses the script that
     // restores a topic: the resume fails between the two.
@@ -414,14 +408,15 @@ async fn a_resume_that_loses_redis_while_restoring_topics_is_refused_and_keeps_t
 /// Waits until the pod at `addr` has no WebSocket connection left (each
 /// has saved its session by then).
 async fn no_connections(addr: SocketAddr) {
-    let deadline = Instant::now() + WAIT;
-    while common::metric(addr, "herald_connections").await > 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "connections of {addr} never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, || async {
+        let open = testkit::metric(addr, "herald_connections").await;
+        if open == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{open} connections of {addr} never ended"))
+        }
+    })
+    .await;
 }
 
 /// Two pods, a and b, and a session that a client resumed on pod b and
@@ -432,6 +427,10 @@ async fn moved_while_open(redis: &Redis) -> (Herald, Herald, Client, String) {
     let flush = [("HERALD_SESSION__FLUSH_INTERVAL", "50ms")];
     let (a, b) = (pod(redis, &flush).await, pod(redis, &flush).await);
     let (old, session) = subscribed_with(2, &a).await;
+    // Pod a saves the open connection's session at a flush, with nothing to
+    // show for it outside; and a resume at pod b that came too early would
+    // claim a snapshot without the subscription, and keep it. So this one
+    // wait reads the store.
     saved(redis, &session, "news").await;
     let mut client = Client::connect_url(&b.ws_url()).await;
     assert_eq!(client.hello(Some(&session)).await["resumed"], true);
@@ -440,9 +439,7 @@ async fn moved_while_open(redis: &Redis) -> (Herald, Herald, Client, String) {
     client
         .send(json!({"op": "ack", "topic": "news", "seq": 2}))
         .await;
-    saved(redis, &session, "\n2 ").await;
-    drop(client);
-    no_connections(b.addr).await;
+    leave(client, b.addr).await;
     (a, b, old, session)
 }
 
@@ -517,8 +514,7 @@ async fn a_subscription_that_cannot_come_back_for_good_is_refused_and_the_rest_r
     client
         .send(json!({"op": "ack", "topic": "news", "seq": 1}))
         .await;
-    saved(&redis, &session, "chat:room").await;
-    drop(client);
+    leave(client, a.addr).await;
 
     let mut client = Client::connect_url(&b.ws_url()).await;
     assert_eq!(client.hello(Some(&session)).await["resumed"], true);

@@ -1,10 +1,8 @@
 //! Bad commands get an `err` with a documented code and leave the connection
 //! usable; a client that sends nothing but garbage is closed with 4500.
 
-mod common;
-
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 
 async fn ready_client(gw: &Gateway) -> Client {
     let mut client = Client::connect(gw).await;

@@ -1,9 +1,7 @@
 //! Fan-out: every message reaches every subscriber, in order.
 
-mod common;
-
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_message_reaches_a_thousand_clients_in_order() {

@@ -7,11 +7,8 @@
 //! `http.max_body_bytes` `RESOURCE_EXHAUSTED`. A retry with the same
 //! idempotency key publishes nothing. The server stops with the drain.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Client, Gateway, WAIT, grpc_client};
 use futures_util::StreamExt;
 use proto::v1::publisher_client::PublisherClient;
 use proto::v1::{
@@ -19,6 +16,7 @@ use proto::v1::{
     TopicInfoResponse, publish_result,
 };
 use serde_json::{Value, json};
+use testkit::{Client, Gateway, WAIT, grpc_client};
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};

@@ -1,10 +1,8 @@
 //! The basic story: a subscriber and a publisher, both ordinary WebSocket
 //! clients, and a backend publishing over HTTP.
 
-mod common;
-
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway};
 
 #[tokio::test]
 async fn a_message_goes_from_publisher_to_subscriber() {
@@ -46,7 +44,7 @@ async fn data_arrives_byte_for_byte() {
     sub.hello(None).await;
     sub.sub(1, "news").await;
     // HTTP publish keeps the publisher's JSON text as it was written.
-    let (status, _) = common::http(
+    let (status, _) = testkit::http(
         gw.addr,
         "POST",
         "/v1/publish",

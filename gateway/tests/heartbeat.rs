@@ -6,16 +6,12 @@
 //! a raw TCP client (a library client would answer the pings by itself).
 // A test that cannot go on should stop and say why.
 
-mod common;
-#[path = "common/raw.rs"]
-mod raw;
-
 use std::time::Duration;
 
-use common::{Client, Gateway};
 use futures_util::StreamExt;
-use raw::{CLOSE, Frame, PING, PONG, RawClient, TEXT};
 use serde_json::json;
+use testkit::raw::{CLOSE, Frame, PING, PONG, RawClient, TEXT};
+use testkit::{Client, Gateway, WAIT};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -95,16 +91,13 @@ async fn a_silent_client_is_pinged_then_closed_as_a_dead_peer() {
         );
     }
     assert!(pings >= 1, "the server pinged before giving up");
+    // Not before the deadline; how long after it depends on the machine's
+    // load, so the close and its count are what is checked, not a clock.
     let deadline = PING_INTERVAL + PONG_TIMEOUT;
     assert!(
         elapsed >= deadline - Duration::from_millis(50),
         "closed too early: {elapsed:?}"
     );
-    assert!(
-        elapsed <= deadline + Duration::from_millis(1500),
-        "closed too late: {elapsed:?}"
-    );
-
     gw.await_metric(
         r#"herald_connections_closed_total{reason="dead_peer"}"#,
         1.0,
@@ -116,24 +109,24 @@ async fn a_silent_client_is_pinged_then_closed_as_a_dead_peer() {
 #[tokio::test]
 async fn a_client_that_answers_pings_stays_and_gets_messages() {
     let gw = heartbeat_gateway().await;
+    let connected = Instant::now();
     let mut client = Client::connect(&gw).await;
     client.hello(None).await;
     client.sub(1, "news").await;
 
-    // Read for four intervals: tungstenite answers each ping as it reads.
-    let until = Instant::now() + 4 * PING_INTERVAL + PONG_TIMEOUT;
-    let mut pings = 0;
-    while let Ok(next) = tokio::time::timeout_at(until, client.ws.next()).await {
+    // Three pings, each answered by tungstenite as it reads them: the first
+    // comes an interval after the connection opened, so the client has
+    // outlived the dead-peer deadline (`ping_interval + pong_timeout`) by then.
+    for _ in 0..3 {
+        let next = tokio::time::timeout(WAIT, client.ws.next())
+            .await
+            .expect("a ping in time");
         match next {
-            Some(Ok(Message::Ping(_))) => pings += 1,
+            Some(Ok(Message::Ping(_))) => {}
             other => panic!("only pings while idle, got {other:?}"),
         }
     }
-    assert!(
-        pings >= 3,
-        "pings every interval: {pings} in {:?}",
-        4 * PING_INTERVAL
-    );
+    assert!(connected.elapsed() >= 3 * PING_INTERVAL);
 
     // Still connected, still subscribed.
     gw.publish("news", json!("still here")).await;

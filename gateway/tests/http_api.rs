@@ -4,14 +4,12 @@
 //! a body over `http.max_body_bytes`, however it is sent); `/healthz`,
 //! `/readyz` and `/metrics` answer; anything else is 404 or 405.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::{Gateway, WAIT};
 use gateway::Config;
 use hyper::HeaderMap;
 use serde_json::{Value, json};
+use testkit::{Gateway, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -22,7 +20,7 @@ async fn publish(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, HeaderMap, String) {
-    common::http_with_headers(addr, "POST", "/v1/publish", headers, body).await
+    testkit::http_with_headers(addr, "POST", "/v1/publish", headers, body).await
 }
 
 /// Writes `raw` and reads the whole response (the request says
@@ -267,13 +265,13 @@ async fn a_body_over_the_limit_gets_413_with_or_without_a_length() {
 #[tokio::test]
 async fn health_readiness_and_metrics_answer() {
     let gw = Gateway::with(Gateway::config()).await;
-    let (status, _, body) = common::http_with_headers(gw.addr, "GET", "/healthz", &[], b"").await;
+    let (status, _, body) = testkit::http_with_headers(gw.addr, "GET", "/healthz", &[], b"").await;
     assert_eq!((status, body.as_str()), (200, "ok\n"));
-    let (status, _, body) = common::http_with_headers(gw.addr, "GET", "/readyz", &[], b"").await;
+    let (status, _, body) = testkit::http_with_headers(gw.addr, "GET", "/readyz", &[], b"").await;
     assert_eq!((status, body.as_str()), (200, "ready\n"));
 
     let (status, headers, metrics) =
-        common::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
+        testkit::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
     assert_eq!(status, 200);
     assert!(
         headers["content-type"]
@@ -309,7 +307,7 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         "/v2/publish",
         "/metricsx",
     ] {
-        let (status, _, _) = common::http_with_headers(gw.addr, "GET", path, &[], b"").await;
+        let (status, _, _) = testkit::http_with_headers(gw.addr, "GET", path, &[], b"").await;
         assert_eq!(status, 404, "GET {path}");
     }
     for (method, path) in [
@@ -320,11 +318,11 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         ("DELETE", "/metrics"),
         ("POST", "/ws"),
     ] {
-        let (status, _, _) = common::http_with_headers(gw.addr, method, path, &[], b"").await;
+        let (status, _, _) = testkit::http_with_headers(gw.addr, method, path, &[], b"").await;
         assert_eq!(status, 405, "{method} {path}");
     }
     // Not a publish request: nothing counted (every status still reads 0).
-    let (_, _, metrics) = common::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
+    let (_, _, metrics) = testkit::http_with_headers(gw.addr, "GET", "/metrics", &[], b"").await;
     let counted: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("herald_publish_requests_total{") && !l.ends_with(" 0"))
@@ -336,7 +334,7 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
 #[tokio::test]
 async fn the_same_idempotency_key_publishes_once() {
     let gw = Gateway::with(Gateway::config()).await;
-    let mut sub = common::Client::connect(&gw).await;
+    let mut sub = testkit::Client::connect(&gw).await;
     sub.hello(None).await;
     sub.sub(1, "news").await;
 

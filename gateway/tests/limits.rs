@@ -10,16 +10,12 @@
 //! (close 4001), while the other clients carry on.
 // A test that cannot go on should stop and say why.
 
-mod common;
-#[path = "common/raw.rs"]
-mod raw;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{Client, Gateway};
-use raw::{CLOSE, FIN, PING, PONG, RawClient, TEXT, encode};
 use serde_json::json;
+use testkit::raw::{CLOSE, FIN, PING, PONG, RawClient, TEXT, encode};
+use testkit::{Client, Gateway, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
@@ -134,16 +130,14 @@ async fn a_full_pod_answers_503_until_a_slot_frees() {
     // One leaves; the slot frees once its session has ended, so poll briefly.
     first.ws.close(None).await.expect("send close");
     first.closed().await;
-    let deadline = Instant::now() + STEP;
-    let mut third = loop {
+    let mut third = eventually(STEP, || async {
         match try_connect(&gw).await {
-            Ok(client) => break client,
-            Err(503) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
+            Ok(client) => Ok(client),
+            Err(503) => Err("the freed slot is still taken (503)"),
             Err(status) => panic!("a freed slot is reused; got {status}"),
         }
-    };
+    })
+    .await;
     third.hello(None).await;
     gw.shutdown().await;
 }
@@ -208,7 +202,7 @@ async fn a_handshake_that_never_finishes_is_dropped() {
 #[tokio::test]
 async fn a_get_without_upgrade_is_400() {
     let gw = Gateway::start().await;
-    let (status, body) = common::http(gw.addr, "GET", "/ws", &[], b"").await;
+    let (status, body) = testkit::http(gw.addr, "GET", "/ws", &[], b"").await;
     assert_eq!(status, 400, "{body}");
     gw.shutdown().await;
 }
@@ -297,7 +291,7 @@ async fn a_message_never_finished_is_closed_with_1008_however_often_the_client_p
     let started = Instant::now();
     slow.send_frame(false, TEXT, &[b' '; 60_000], true).await;
     let mut pongs = 0;
-    let pinging = timeout(common::WAIT, async {
+    let pinging = timeout(testkit::WAIT, async {
         loop {
             // A write may meet a server that closed already; the close
             // frame is in the socket all the same.
@@ -356,7 +350,7 @@ async fn a_message_never_finished_is_closed_with_1008_however_often_the_client_p
 async fn trickle_until_closed(gw: &Gateway, pace: Duration) -> u16 {
     let mut client = RawClient::connect(gw.addr).await;
     let frame = encode(FIN | TEXT, &[b' '; 1000], true);
-    let close = timeout(common::WAIT, async {
+    let close = timeout(testkit::WAIT, async {
         for byte in frame.chunks(1) {
             let _ = client.try_send_bytes(byte).await;
             // The pace, unless the server says something first.

@@ -2,17 +2,16 @@
 //! one (a short tag), never the id that would resume it. Whoever reads the
 //! logs must not be able to take a client's stream.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
+use testkit::Herald;
+use testkit::{Client, WAIT, eventually};
+use tokio::time::Duration;
 
-use binary::Herald;
-use common::Client;
-use tokio::time::{Duration, Instant};
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 #[tokio::test]
 async fn session_ids_never_reach_the_logs_even_at_debug() {
-    let mut herald = Herald::start(&[("HERALD_LOG__LEVEL", "debug")], &[]).await;
+    let mut herald = Herald::start(HERALD, &[("HERALD_LOG__LEVEL", "debug")], &[]).await;
     let mut ids = Vec::new();
     // A session that ends, is resumed, is taken over, and ends again; and a
     // resume of a session that does not exist.
@@ -39,15 +38,15 @@ async fn session_ids_never_reach_the_logs_even_at_debug() {
     drop((third, fourth));
 
     // The closes are logged as the connections end: wait for all four.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while herald.log().matches("connection closed").count() < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "closes not logged:\n{}",
-            herald.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, || async {
+        let log = herald.log();
+        if log.matches("connection closed").count() >= 4 {
+            Ok(())
+        } else {
+            Err(format!("closes not logged:\n{log}"))
+        }
+    })
+    .await;
     herald.sigterm();
     herald.wait_exit(Duration::from_secs(10)).await;
     let log = herald.log();
@@ -67,7 +66,7 @@ async fn session_ids_never_reach_the_logs_even_at_debug() {
 async fn a_pod_says_at_start_what_it_leaves_open() {
     // Open mode, and an API without keys on every interface (port 0: no
     // traffic comes to it; it only has to be bound there).
-    let mut open = Herald::start(&[("HERALD_HTTP__API_LISTEN", "0.0.0.0:0")], &[]).await;
+    let mut open = Herald::start(HERALD, &[("HERALD_HTTP__API_LISTEN", "0.0.0.0:0")], &[]).await;
     open.sigterm();
     open.wait_exit(Duration::from_secs(10)).await;
     let log = open.log();
@@ -78,6 +77,7 @@ async fn a_pod_says_at_start_what_it_leaves_open() {
     );
     // Keys for both, the API on loopback: nothing to warn about.
     let mut closed = Herald::start(
+        HERALD,
         &[
             (
                 "HERALD_AUTH__HMAC_SECRET",

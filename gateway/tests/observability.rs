@@ -12,27 +12,25 @@
 //! `promtool check rules` must accept the rule file, and `docs/metrics.md`
 //! must name every metric the gateway exports.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use binary::Herald;
 use futures_util::{SinkExt, StreamExt};
 use proto::v1::publisher_client::PublisherClient;
-use redis::Redis;
 use serde_json::{Value, json};
+use testkit::Herald;
+use testkit::Redis;
+use testkit::eventually::eventually_every;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::Endpoint;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 /// Prometheus scrapes and evaluates rules this often.
 const SCRAPE_INTERVAL: &str = "1s";
@@ -169,6 +167,7 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     require("prometheus");
     let redis = Redis::start().await;
     let herald = Herald::pod(
+        HERALD,
         &redis.url(),
         &[
             ("HERALD_REDIS__COMMAND_TIMEOUT", REDIS_COMMAND_TIMEOUT),
@@ -307,7 +306,7 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     // The catalogue names every metric the gateway exports.
     let catalogue =
         std::fs::read_to_string(repo().join("docs/metrics.md")).expect("docs/metrics.md");
-    let (_, exposition) = common::http(herald.addr, "GET", "/metrics", &[], b"").await;
+    let (_, exposition) = testkit::http(herald.addr, "GET", "/metrics", &[], b"").await;
     let mut exported = 0;
     for name in exposition
         .lines()
@@ -620,7 +619,7 @@ impl Prometheus {
     async fn start(target: SocketAddr, rules: &Path) -> Self {
         let mut last_log = String::new();
         for attempt in 0..ATTEMPTS {
-            let addr = SocketAddr::from(([127, 0, 0, 1], binary::free_port()));
+            let addr = SocketAddr::from(([127, 0, 0, 1], testkit::herald::free_port()));
             let dir = std::env::temp_dir().join(format!(
                 "herald-prometheus-{}-{attempt}",
                 std::process::id()
@@ -676,7 +675,7 @@ impl Prometheus {
             {
                 return false;
             }
-            if let Ok((200, _)) = binary::get(self.addr, "/-/ready").await {
+            if let Ok((200, _)) = testkit::http::get(self.addr, "/-/ready").await {
                 return true;
             }
             assert!(
@@ -694,7 +693,7 @@ impl Prometheus {
 
     /// `data` of a successful API answer, or the error Prometheus gave.
     async fn api(&self, path: &str) -> Result<Value, String> {
-        let (status, body) = common::http(self.addr, "GET", path, &[], b"").await;
+        let (status, body) = testkit::http(self.addr, "GET", path, &[], b"").await;
         let answer: Value = serde_json::from_str(&body)
             .map_err(|e| format!("HTTP {status}, not JSON ({e}): {body}"))?;
         if answer["status"] != "success" {
@@ -740,29 +739,24 @@ impl Prometheus {
     /// Waits until the gateway has been scraped `scrapes` times, the last
     /// one successfully.
     async fn wait_for_scrapes(&self, wanted: f64) {
-        let deadline = Instant::now() + PROMETHEUS_WAIT;
-        loop {
+        eventually_every(POLL, PROMETHEUS_WAIT, || async {
             let up = self.value(r#"up{job="herald"}"#).await;
             let scrapes = self
                 .value(r#"count_over_time(up{job="herald"}[1m])"#)
                 .await
                 .unwrap_or(0.0);
             if up == Some(1.0) && scrapes >= wanted {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{scrapes} scrapes (up = {up:?}):\n{}", self.log()))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{scrapes} scrapes (up = {up:?}) within {PROMETHEUS_WAIT:?}:\n{}",
-                self.log()
-            );
-            sleep(POLL).await;
-        }
+        })
+        .await;
     }
 
     /// Every rule, once each has been evaluated without error.
     async fn wait_for_rules(&self) -> Vec<Value> {
-        let deadline = Instant::now() + PROMETHEUS_WAIT;
-        loop {
+        eventually_every(POLL, PROMETHEUS_WAIT, || async {
             let data = self.api("/api/v1/rules").await.expect("the rules");
             let rules: Vec<Value> = data["groups"]
                 .as_array()
@@ -786,14 +780,12 @@ impl Prometheus {
                 broken.join("\n")
             );
             if rules.iter().all(|r| r["health"] == "ok") {
-                return rules;
+                Ok(rules)
+            } else {
+                Err("rules not all evaluated")
             }
-            assert!(
-                Instant::now() < deadline,
-                "rules not all evaluated within {PROMETHEUS_WAIT:?}"
-            );
-            sleep(POLL).await;
-        }
+        })
+        .await
     }
 
     /// Every metric name Prometheus has a series of.
@@ -829,7 +821,7 @@ struct Load(Vec<JoinHandle<()>>);
 impl Load {
     async fn start(herald: &Herald) -> Self {
         // A request on /ws that is no upgrade: refused before the handshake.
-        let (status, _) = common::http(herald.addr, "GET", "/ws", &[], b"").await;
+        let (status, _) = testkit::http(herald.addr, "GET", "/ws", &[], b"").await;
         assert_eq!(status, 400, "a plain GET on /ws");
         let url = herald.ws_url();
         let mut tasks = Vec::new();
@@ -856,7 +848,7 @@ type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(url: &str) -> Option<Socket> {
-    match timeout(common::WAIT, tokio_tungstenite::connect_async(url)).await {
+    match timeout(testkit::WAIT, tokio_tungstenite::connect_async(url)).await {
         Ok(Ok((ws, _))) => Some(ws),
         _ => None,
     }
@@ -913,7 +905,7 @@ async fn http_publisher(addr: SocketAddr) {
     for i in 0u64.. {
         let topic = if i % 20 == 19 { "not a topic!" } else { "news" };
         let body = json!({"topic": topic, "data": {"i": i}}).to_string();
-        let _ = common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+        let _ = testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
         sleep(Duration::from_millis(50)).await;
     }
 }
@@ -922,8 +914,8 @@ async fn http_publisher(addr: SocketAddr) {
 async fn grpc_publisher(addr: SocketAddr) {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .expect("an endpoint")
-        .connect_timeout(common::WAIT)
-        .timeout(common::WAIT);
+        .connect_timeout(testkit::WAIT)
+        .timeout(testkit::WAIT);
     let Ok(channel) = endpoint.connect().await else {
         return;
     };
@@ -963,7 +955,7 @@ async fn churn(url: String) {
             _ => json!({"op": "hello"}),
         };
         let _ = send(&mut ws, hello).await;
-        let welcome = next_json(&mut ws, common::WAIT).await.unwrap_or_default();
+        let welcome = next_json(&mut ws, testkit::WAIT).await.unwrap_or_default();
         session = welcome["session"].as_str().map(str::to_owned);
         if welcome["resumed"] != true {
             let mut sub = json!({"op": "sub", "id": 1, "topic": "news"});

@@ -5,14 +5,14 @@
 //! minted by PyJWT admits such a client, one signed with another secret does
 //! not.
 
-#[path = "common/binary.rs"]
-mod binary;
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use binary::Herald;
+use testkit::Herald;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 /// Longest the script may run (its own waits are 10 s each).
 const SCRIPT_WAIT: Duration = Duration::from_secs(60);
@@ -73,6 +73,7 @@ async fn a_python_websockets_client_publishes_and_receives() {
     );
 
     let herald = Herald::start(
+        HERALD,
         &[("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated")],
         &[],
     )
@@ -121,6 +122,7 @@ async fn a_python_client_with_a_pyjwt_token_is_welcomed_and_a_forged_one_closed_
     require_python("jwt, cryptography", "`pyjwt[crypto]`").await;
     const SECRET: &str = "python-client-test-secret-0123456789abcdef";
     let herald = Herald::start(
+        HERALD,
         &[
             ("HERALD_AUTH__HMAC_SECRET", SECRET),
             ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),

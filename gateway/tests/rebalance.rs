@@ -2,29 +2,24 @@
 //! added next to it, by themselves, and none of them loses a message on the
 //! way (they resume their sessions wherever they land).
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/follower.rs"]
-mod follower;
-#[path = "common/redis.rs"]
-mod redis;
-
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use binary::Herald;
-use common::WAIT;
-use follower::{Crowd, Follow, Service};
-use redis::Redis;
 use serde_json::json;
+use testkit::Herald;
+use testkit::Redis;
+use testkit::WAIT;
+use testkit::cluster::{Even, even_out};
+use testkit::follower::{Crowd, Follow, Service};
 use tokio::sync::watch;
-use tokio::time::Instant;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 const CLIENTS: usize = 120;
 
 async fn pod(redis: &Redis) -> Herald {
     Herald::pod(
+        HERALD,
         &redis.url(),
         &[
             ("HERALD_REBALANCE__ENABLED", "true"),
@@ -34,10 +29,6 @@ async fn pod(redis: &Redis) -> Herald {
         ],
     )
     .await
-}
-
-async fn connections(addr: SocketAddr) -> u64 {
-    common::metric(addr, "herald_connections").await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,38 +54,22 @@ async fn clients_spread_over_pods_added_later_and_lose_nothing() {
             for i in 1..=TOTAL {
                 let body = json!({"topic": "feed", "data": i}).to_string();
                 let (status, _) =
-                    common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+                    testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
                 assert_eq!(status, 200);
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
         })
     };
 
-    // The pods even out: each within 20% of the average.
-    let started = Instant::now();
-    let average = CLIENTS as f64 / 3.0;
-    loop {
-        let counts = [
-            connections(a.addr).await,
-            connections(b.addr).await,
-            connections(c.addr).await,
-        ];
-        let total: u64 = counts.iter().sum();
-        let even = total == CLIENTS as u64
-            && counts
-                .iter()
-                .all(|&n| (n as f64 - average).abs() <= 0.2 * average);
-        if even {
-            eprintln!("even after {:?}: {counts:?}", started.elapsed());
-            break;
-        }
-        // Generous: on a loaded CI machine rounds and reconnects slow down.
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "pods never evened out: {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The pods even out: each within 20% of the average. Generous: on a
+    // loaded CI machine rounds and reconnects slow down.
+    let even = Even {
+        clients: CLIENTS,
+        connected: 1.0,
+        spread: 0.2,
+    };
+    let (took, counts) = even_out(&[a.addr, b.addr, c.addr], even, Duration::from_secs(60)).await;
+    eprintln!("even after {took:?}: {counts:?}");
     publisher.await.expect("publisher");
     let mut moved = 0;
     for seen in clients.finish(Duration::from_secs(60)).await {

@@ -2,12 +2,9 @@
 //! duplicate even while publishers keep publishing; `recovered: false` when
 //! history cannot bridge the gap.
 
-mod common;
-
-use std::time::Duration;
-
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway, WAIT};
+use tokio::sync::{mpsc, watch};
 
 #[tokio::test]
 async fn since_replays_then_goes_live_under_concurrent_publishing() {
@@ -21,29 +18,48 @@ async fn since_replays_then_goes_live_under_concurrent_publishing() {
     );
     let gw = Gateway::with(config).await;
     const TOTAL: u64 = 3000;
+    // The publisher goes past this seq only once every subscriber has
+    // joined: each joins while messages are still being published.
+    const JOINED_BY: u64 = 1500;
+    const SINCES: [u64; 5] = [0, 17, 250, 499, 500];
 
     // Publish the first part, then keep publishing while clients subscribe with since.
     for i in 1..=500 {
         gw.publish("ticks", json!(i)).await;
     }
+    let (published_tx, published) = watch::channel(500u64);
+    let (joined_tx, mut joined) = mpsc::channel::<()>(SINCES.len());
     let publisher = {
         let addr = gw.addr;
         tokio::spawn(async move {
             for i in 501..=TOTAL {
+                if i == JOINED_BY + 1 {
+                    for _ in SINCES {
+                        joined.recv().await.expect("every subscriber joins");
+                    }
+                }
                 let body = json!({"topic": "ticks", "data": i}).to_string();
                 let (status, _) =
-                    common::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+                    testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
                 assert_eq!(status, 200);
+                published_tx.send_replace(i);
             }
         })
     };
 
-    // Several subscribers join at different moments with different `since`.
+    // The subscribers join one after another, each once the publisher has
+    // gone 200 further, with different `since`.
     let mut joins = Vec::new();
-    for (k, since) in [0u64, 17, 250, 499, 500].into_iter().enumerate() {
+    for (k, since) in SINCES.into_iter().enumerate() {
         let url = gw.ws_url();
+        let mut published = published.clone();
+        let joined = joined_tx.clone();
+        let from = 500 + 200 * k as u64;
         joins.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(k as u64 * 15)).await;
+            tokio::time::timeout(WAIT, published.wait_for(|&n| n >= from))
+                .await
+                .expect("the publisher goes on")
+                .expect("the publisher");
             let mut client = Client::connect_url(&url).await;
             client.hello(None).await;
             client
@@ -51,6 +67,14 @@ async fn since_replays_then_goes_live_under_concurrent_publishing() {
                 .await;
             let ok = client.expect("ok").await;
             assert_eq!(ok["recovered"], true, "{ok}");
+            // Mid-stream: after `from` was published, before the publisher
+            // went on past JOINED_BY (so the rest of the stream came live).
+            let at = ok["seq"].as_u64().expect("seq");
+            assert!(
+                (from..=JOINED_BY).contains(&at),
+                "since {since}: joined at seq {at}, not mid-stream"
+            );
+            joined.send(()).await.expect("the publisher waits for us");
             let mut expected = since + 1;
             while expected <= TOTAL {
                 let (_, seq, data) = client.msg().await;
@@ -60,6 +84,7 @@ async fn since_replays_then_goes_live_under_concurrent_publishing() {
             }
         }));
     }
+    drop(joined_tx);
     for join in joins {
         join.await
             .expect("subscriber saw every message once, in order");

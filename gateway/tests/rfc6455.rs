@@ -8,13 +8,9 @@
 //! connection. Every wait is bounded, so a server that hangs fails fast.
 // A test that cannot go on should stop and say why.
 
-mod common;
-#[path = "common/raw.rs"]
-mod raw;
-
-use common::Gateway;
-use raw::{BINARY, CLOSE, CONTINUATION, FIN, PING, PONG, RSV1, RawClient, TEXT, encode};
 use serde_json::json;
+use testkit::Gateway;
+use testkit::raw::{BINARY, CLOSE, CONTINUATION, FIN, PING, PONG, RSV1, RawClient, TEXT, encode};
 
 /// The message size limit the size tests configure.
 const LIMIT: usize = 1024;
@@ -299,7 +295,8 @@ async fn server_frames_are_final_and_unmasked() {
     // Over 65535 bytes: the 64-bit length form, still one frame.
     let data = "y".repeat(BIG);
     let body = json!({"topic": "news", "data": data}).to_string();
-    let (status, answer) = common::http(gw.addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+    let (status, answer) =
+        testkit::http(gw.addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
     assert_eq!(status, 200, "publish: {answer}");
     let msg = client.read_frame().await;
     msg.assert_plain();

@@ -8,25 +8,22 @@
 //! missing and nothing twice (after the protocol's client rule), and no
 //! resume fails. Run with `--no-capture` to see the durations.
 
-#[path = "common/binary.rs"]
-mod binary;
-#[path = "common/follower.rs"]
-mod follower;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use binary::Herald;
-use follower::{Crowd, Follow, Followed, Service};
-use redis::Redis;
 use serde_json::{Value, json};
+use testkit::Herald;
+use testkit::Redis;
+use testkit::cluster::{Even, connections, even_out};
+use testkit::follower::{Crowd, Follow, Followed, Service};
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 const CLIENTS: usize = 3_000;
 /// Each client follows one of these topics (client `i` takes `i % TOPICS`).
@@ -58,6 +55,7 @@ const CONNECTING: usize = 64;
 
 async fn pod(redis: &Redis) -> Herald {
     Herald::pod(
+        HERALD,
         &redis.url(),
         &[
             ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", DRAIN),
@@ -77,44 +75,13 @@ async fn pod(redis: &Redis) -> Herald {
     .await
 }
 
-/// The pod's `herald_connections` gauge.
-async fn connections(addr: SocketAddr) -> u64 {
-    let (status, metrics) = binary::get(addr, "/metrics")
-        .await
-        .unwrap_or_else(|e| panic!("/metrics of {addr}: {e}"));
-    assert_eq!(status, 200, "/metrics of {addr}");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("herald_connections ")?.parse().ok())
-        .unwrap_or_else(|| panic!("herald_connections of {addr}"))
-}
-
-/// Waits until each of `pods` holds within [`EVEN`] of their average, with
-/// nearly every client connected; how long that took and the counts.
-async fn even_out(pods: &[SocketAddr]) -> (Duration, Vec<u64>) {
-    let started = Instant::now();
-    loop {
-        let mut counts = Vec::new();
-        for pod in pods {
-            counts.push(connections(*pod).await);
-        }
-        let total = counts.iter().sum::<u64>();
-        let average = total as f64 / pods.len() as f64;
-        let even = total as f64 >= CONNECTED * CLIENTS as f64
-            && counts
-                .iter()
-                .all(|&n| (n as f64 - average).abs() <= EVEN * average);
-        if even {
-            return (started.elapsed(), counts);
-        }
-        assert!(
-            started.elapsed() < BALANCE_WAIT,
-            "the pods did not even out within {BALANCE_WAIT:?} (each within {}% of their average): {counts:?}",
-            EVEN * 100.0
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// When the pods count as even: each within [`EVEN`] of their average, with
+/// nearly every client connected ([`CONNECTED`]).
+const BALANCED: Even = Even {
+    clients: CLIENTS,
+    connected: CONNECTED,
+    spread: EVEN,
+};
 
 /// The seqs the publish API answered for one topic, in order.
 struct Published {
@@ -168,7 +135,7 @@ async fn publish_until(
 
 /// One `POST /v1/publish`: the seq, or why not.
 async fn publish(pod: SocketAddr, key: &str, body: &str) -> Result<u64, String> {
-    let mut stream = tokio::time::timeout(binary::HTTP_WAIT, TcpStream::connect(pod))
+    let mut stream = tokio::time::timeout(testkit::http::HTTP_WAIT, TcpStream::connect(pod))
         .await
         .map_err(|_| format!("connect to {pod} timed out"))?
         .map_err(|e| format!("connect to {pod}: {e}"))?;
@@ -177,7 +144,7 @@ async fn publish(pod: SocketAddr, key: &str, body: &str) -> Result<u64, String> 
          Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let (status, answer) = binary::request(&mut stream, &request)
+    let (status, answer) = testkit::http::request(&mut stream, &request)
         .await
         .map_err(|e| format!("{pod}: {e}"))?;
     if status != 200 {
@@ -281,7 +248,7 @@ async fn a_rolling_restart_and_a_fourth_pod_lose_nothing() {
     }
     let restarted = rolling.elapsed();
     let three: Vec<_> = pods.iter().map(|p| p.addr).collect();
-    let (settled, counts) = even_out(&three).await;
+    let (settled, counts) = even_out(&three, BALANCED, BALANCE_WAIT).await;
     eprintln!("rolling restart of 3 pods: {restarted:?}; then even in {settled:?}: {counts:?}");
 
     // (2) A fourth pod joins.
@@ -289,7 +256,7 @@ async fn a_rolling_restart_and_a_fourth_pod_lose_nothing() {
     service.add(fourth.addr);
     pods.push(fourth);
     let four: Vec<_> = pods.iter().map(|p| p.addr).collect();
-    let (balanced, counts) = even_out(&four).await;
+    let (balanced, counts) = even_out(&four, BALANCED, BALANCE_WAIT).await;
     eprintln!("fourth pod: 4 pods even in {balanced:?}: {counts:?}");
 
     // The end: the publisher stops, every client gets to its topic's last seq.

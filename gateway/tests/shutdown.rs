@@ -5,21 +5,20 @@
 //! soon as they are gone, and never much later than `shutdown.drain_timeout`,
 //! whatever its clients do.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use binary::Herald;
-use common::{Client, WAIT};
 use futures_util::StreamExt;
 use futures_util::future::join_all;
+use testkit::Herald;
+use testkit::{Client, WAIT, eventually};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 const DRAIN: Duration = Duration::from_secs(3);
 const DRAIN_ENV: (&str, &str) = ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "3s");
@@ -66,22 +65,18 @@ async fn drained(mut client: Client) -> (u64, Option<u16>) {
 /// 503 (the first probe may still beat the signal and see 200), and a new
 /// WebSocket upgrade is refused with 503.
 async fn refuses_while_draining(addr: SocketAddr) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, body) = binary::get(addr, "/readyz")
+    eventually(WAIT, || async {
+        let (status, body) = testkit::http::get(addr, "/readyz")
             .await
             .expect("readyz during the drain");
         if status == 503 {
             assert_eq!(body, "draining\n");
-            break;
+            return Ok(());
         }
         assert_eq!(status, 200, "readyz answers 200 or 503");
-        assert!(
-            Instant::now() < deadline,
-            "/readyz never turned 503 during the drain"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        Err("/readyz never turned 503 during the drain")
+    })
+    .await;
     let refused = tokio_tungstenite::connect_async(format!("ws://{addr}/ws")).await;
     match refused {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
@@ -93,7 +88,7 @@ async fn refuses_while_draining(addr: SocketAddr) {
 
 #[tokio::test]
 async fn sigterm_drains_every_client_and_exits_zero() {
-    let mut herald = Herald::start(&[DRAIN_ENV], &[]).await;
+    let mut herald = Herald::start(HERALD, &[DRAIN_ENV], &[]).await;
     let clients = join_all((0..CLIENTS).map(|_| subscriber(&herald))).await;
 
     herald.sigterm();
@@ -131,6 +126,7 @@ async fn a_client_that_never_answers_the_close_does_not_hold_the_process() {
     // Only the drain timeout can end this client's connection: the server
     // would wait a minute for its close answer, or for a write to it.
     let mut herald = Herald::start(
+        HERALD,
         &[
             DRAIN_ENV,
             ("HERALD_WEBSOCKET__CLOSE_TIMEOUT", "60s"),
@@ -170,6 +166,7 @@ async fn a_client_that_never_answers_the_close_does_not_hold_the_process() {
 #[tokio::test]
 async fn a_half_sent_handshake_does_not_hold_the_process() {
     let mut herald = Herald::start(
+        HERALD,
         &[DRAIN_ENV, ("HERALD_WEBSOCKET__HANDSHAKE_TIMEOUT", "60s")],
         &[],
     )
@@ -181,7 +178,10 @@ async fn a_half_sent_handshake_does_not_hold_the_process() {
         .expect("half a request head");
     // Make sure the server has taken it (see `probes_in_flight`).
     assert_eq!(
-        binary::get(herald.addr, "/readyz").await.expect("readyz").0,
+        testkit::http::get(herald.addr, "/readyz")
+            .await
+            .expect("readyz")
+            .0,
         200
     );
 

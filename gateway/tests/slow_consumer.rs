@@ -1,13 +1,11 @@
 //! A client that stops reading must not delay anyone else: its queue fills,
-//! the overflow rule closes it, and the others keep getting every message
-//! promptly. Its memory is bounded by its queue (`queue.bytes`).
+//! the overflow rule closes it, and the others keep getting every message.
+//! Its memory is bounded by its queue (`queue.bytes`).
 
-mod common;
+use std::time::Duration;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use common::{Client, Gateway};
 use serde_json::json;
+use testkit::{Client, Gateway, WAIT, eventually};
 use tokio::net::TcpSocket;
 use tokio_tungstenite::MaybeTlsStream;
 
@@ -26,12 +24,6 @@ async fn slow_subscriber(gw: &Gateway, topic: &str) -> Client {
     client
 }
 
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
     const HEALTHY: usize = 100;
@@ -40,7 +32,11 @@ async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
     const MESSAGES: u64 = 120;
     let mut config = Gateway::config();
     config.queue.bytes = 256 * 1024;
-    config.websocket.write_timeout = Duration::from_secs(2);
+    // Far longer than any wait of this test: a fan-out that waited on the
+    // slow client's socket would hold every healthy client past its [`WAIT`]
+    // for a message, and fail the test, whatever the machine's speed. No
+    // clock is read: the healthy clients getting everything is the proof.
+    config.websocket.write_timeout = Duration::from_secs(300);
     let gw = Gateway::with(config).await;
 
     // The slow client never reads after subscribing.
@@ -57,50 +53,42 @@ async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
         .into_iter()
         .map(|mut client| {
             tokio::spawn(async move {
-                let mut worst = 0u64;
                 for seq in 1..=MESSAGES {
-                    let (_, got, data) = client.msg().await;
-                    assert_eq!(got, seq, "a healthy client missed a message");
-                    let sent = data["sent"].as_u64().expect("sent");
-                    worst = worst.max(now_micros().saturating_sub(sent));
+                    assert_eq!(
+                        client.msg().await.1,
+                        seq,
+                        "a healthy client missed a message"
+                    );
                 }
-                (worst, client)
+                client
             })
         })
         .collect();
 
     let pad = "x".repeat(48 * 1024);
-    for _ in 1..=MESSAGES {
-        gw.publish("firehose", json!({"sent": now_micros(), "pad": pad}))
-            .await;
+    for n in 1..=MESSAGES {
+        gw.publish("firehose", json!({"n": n, "pad": pad})).await;
     }
-    let mut worst = 0;
     let mut healthy = Vec::new();
     for reader in readers {
-        let (latency, client) = reader.await.expect("healthy client got everything");
-        worst = worst.max(latency);
-        healthy.push(client);
+        healthy.push(reader.await.expect("healthy client got everything"));
     }
-    // Generous: a blocked fan-out would stall everyone for the write timeout (2 s).
-    assert!(
-        worst < 1_000_000,
-        "a healthy client waited {worst} us for a message"
-    );
 
-    // The slow one was closed by the overflow rule, and the pod forgot it.
-    let closed = "herald_connections_closed_total{reason=\"slow_consumer\"}";
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while gw.metric(closed).await < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slow client not closed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The overflow rule condemned the slow connection when its queue
+    // overflowed; its writer still waits on a socket nobody reads (for the
+    // write timeout, set out of reach above). Once the client goes, the
+    // close is counted with the reason that came first, and the pod forgets
+    // the client.
+    drop(slow);
+    gw.await_metric(
+        r#"herald_connections_closed_total{reason="slow_consumer"}"#,
+        1.0,
+    )
+    .await;
     let topic = router::Topic::parse("firehose").expect("topic");
     assert_eq!(gw.node.hub.subscribers(&topic), HEALTHY);
     assert_eq!(gw.metric("herald_messages_dropped_total").await, 0.0);
-    drop((slow, healthy));
+    drop(healthy);
     gw.shutdown().await;
 }
 
@@ -127,15 +115,14 @@ async fn with_drop_newest_a_slow_client_sees_a_gap_instead() {
         }
         gaps
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !reader.is_finished() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no message after the flood arrived"
-        );
+    eventually(WAIT, || async {
+        if reader.is_finished() {
+            return Ok(());
+        }
         gw.publish("firehose", json!("after the flood")).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err("no message after the flood arrived")
+    })
+    .await;
     assert!(reader.await.expect("reader") > 0, "drops must show as gaps");
     gw.shutdown().await;
 }

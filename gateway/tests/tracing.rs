@@ -10,16 +10,8 @@
 //! unsampled publisher is not traced, and without an endpoint nothing is
 //! exported at all.
 
-#[path = "common/binary.rs"]
-mod binary;
-mod common;
-#[path = "common/redis.rs"]
-mod redis;
-
 use std::time::Duration;
 
-use binary::Herald;
-use common::{Client, WAIT, grpc_client};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -29,14 +21,19 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use proto::v1::{PublishBatchRequest, PublishRequest};
-use redis::Redis;
 use serde_json::json;
+use testkit::Herald;
+use testkit::Redis;
+use testkit::{Client, WAIT, grpc_client};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
 /// Longest spans may take to arrive: the batch delay is short, the machine
 /// may be busy.
@@ -241,7 +238,7 @@ async fn exporting_herald(endpoint: &str, batch_delay_ms: &str, extra: &[(&str, 
         ("OTEL_BSP_SCHEDULE_DELAY", batch_delay_ms),
     ];
     env.extend_from_slice(extra);
-    Herald::start(&env, &[]).await
+    Herald::start(HERALD, &env, &[]).await
 }
 
 /// SIGTERM, and `herald` exits with success.
@@ -256,7 +253,7 @@ async fn exit_cleanly(herald: &mut Herald) {
 
 async fn http_publish(herald: &Herald, topic: &str, traceparent: &str) {
     let body = json!({"topic": topic, "data": {"n": 1}}).to_string();
-    let (status, body) = common::http(
+    let (status, body) = testkit::http(
         herald.addr,
         "POST",
         "/v1/publish",
@@ -522,7 +519,7 @@ async fn what_is_batched_is_exported_on_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_down_costs_no_publish() {
     // A loopback port nobody listens on.
-    let endpoint = format!("http://127.0.0.1:{}", binary::free_port());
+    let endpoint = format!("http://127.0.0.1:{}", testkit::herald::free_port());
     let mut herald = exporting_herald(&endpoint, "50", &[]).await;
     let mut client = Client::subscriber(&herald.ws_url(), "news").await;
     for seq in 1..=3 {
@@ -538,6 +535,7 @@ async fn without_an_endpoint_nothing_is_exported() {
     let mut receiver = Receiver::start().await;
     // The SDK's own variable names the receiver: herald must not follow it.
     let mut herald = Herald::start(
+        HERALD,
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),

@@ -116,15 +116,11 @@ impl Client {
 
     /// Sends one masked frame.
     pub async fn send(&mut self, opcode: u8, payload: &[u8]) -> io::Result<()> {
-        let mut frame = Vec::with_capacity(payload.len() + 14);
-        push_header(&mut frame, opcode, MASKED, payload.len());
         // xorshift32: masking keys need not be secret here, only present.
         self.mask ^= self.mask << 13;
         self.mask ^= self.mask >> 17;
         self.mask ^= self.mask << 5;
-        let key = self.mask.to_be_bytes();
-        frame.extend_from_slice(&key);
-        frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+        let frame = encode(FIN | opcode, payload, Some(self.mask.to_be_bytes()));
         self.stream.write_all(&frame).await
     }
 
@@ -304,25 +300,39 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The FIN bit of a frame's first byte: the frame ends its message.
+pub const FIN: u8 = 0x80;
 /// The mask bit of a frame's second byte: set on every client frame.
-pub(crate) const MASKED: u8 = 0x80;
+const MASKED: u8 = 0x80;
 
-/// Appends a final frame's header (RFC 6455 5.2): `opcode`, the `mask` bit
-/// (0 or [`MASKED`]) and `len` in the shortest length form. A masked frame's
-/// key comes next.
-pub(crate) fn push_header(frame: &mut Vec<u8>, opcode: u8, mask: u8, len: usize) {
-    frame.push(0x80 | opcode);
-    match len {
-        n if n < 126 => frame.push(mask | n as u8),
+/// One frame's bytes (RFC 6455 5.2): `first` is the FIN, RSV and opcode
+/// byte; the length takes its shortest form; with a `mask` key, the payload
+/// is masked with it (5.3), as every client frame must be. The one frame
+/// encoder of the load generator and of the tests (`testkit::raw`), which
+/// also write frames a client must never send.
+pub fn encode(first: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(payload.len() + 14);
+    frame.push(first);
+    let mask_bit = if mask.is_some() { MASKED } else { 0 };
+    match payload.len() {
+        n if n < 126 => frame.push(mask_bit | n as u8),
         n if n <= usize::from(u16::MAX) => {
-            frame.push(mask | 126);
+            frame.push(mask_bit | 126);
             frame.extend_from_slice(&(n as u16).to_be_bytes());
         }
         n => {
-            frame.push(mask | 127);
+            frame.push(mask_bit | 127);
             frame.extend_from_slice(&(n as u64).to_be_bytes());
         }
     }
+    match mask {
+        Some(key) => {
+            frame.extend_from_slice(&key);
+            frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+        }
+        None => frame.extend_from_slice(payload),
+    }
+    frame
 }
 
 #[cfg(test)]
@@ -343,6 +353,22 @@ mod tests {
         );
         assert!(parse_header(&[0x01, 5]).is_err(), "fragment");
         assert!(parse_header(&[0x81, 0x85]).is_err(), "masked");
+    }
+
+    #[test]
+    fn a_masked_frame_carries_its_key_then_the_masked_payload() {
+        let frame = encode(FIN | OP_TEXT, b"abcde", Some([1, 2, 3, 4]));
+        assert_eq!(&frame[..6], &[0x81, MASKED | 5, 1, 2, 3, 4]);
+        assert_eq!(
+            &frame[6..],
+            &[b'a' ^ 1, b'b' ^ 2, b'c' ^ 3, b'd' ^ 4, b'e' ^ 1]
+        );
+        let long = encode(OP_TEXT, &[0; 70_000], Some([0; 4]));
+        assert_eq!(
+            &long[..2],
+            &[OP_TEXT, MASKED | 127],
+            "not final, 64-bit length"
+        );
     }
 
     #[test]

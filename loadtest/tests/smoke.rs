@@ -2,41 +2,32 @@
 //! tool cannot rot: every delivery once, every publish accepted. The
 //! full-size runs are `scripts/bench.sh`'s.
 
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
+use gateway::Config;
 use gateway::config::BrokerKind;
-use gateway::{Config, Node};
 use loadtest::Target;
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, slow};
 use loadtest::scenarios::{idle, throughput, wire};
 use loadtest::scenarios::{pods, publish, storm};
+use testkit::Redis;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
-/// A gateway serving on a loopback port of this process until dropped.
+/// A gateway of this process (the testkit's, on port 0) as a scenario's
+/// target; it stops when dropped.
 struct Gateway {
     target: Target,
-    _stop: oneshot::Sender<()>,
-    _node: Arc<Node>,
+    _gateway: testkit::Gateway,
 }
 
 impl Gateway {
     async fn start(config: Config) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let node = Node::start(config).await.expect("node");
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(gateway::serve(node.clone(), listener, async {
-            let _ = stopped.await;
-        }));
+        let gateway = testkit::Gateway::with(config).await;
         Self {
-            target: Target::at(addr).expect("loopback"),
-            _stop: stop,
-            _node: node,
+            target: Target::at(gateway.addr).expect("loopback"),
+            _gateway: gateway,
         }
     }
 
@@ -53,48 +44,6 @@ fn redis_config(url: &str) -> Config {
     };
     config.redis.url = url.to_owned();
     config
-}
-
-/// A `redis-server` on a free loopback port, without persistence.
-struct Redis {
-    url: String,
-    child: Child,
-}
-
-impl Redis {
-    async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test.sh installs it)");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        // Owned from here on: a failure below kills it (Drop).
-        let redis = Self {
-            url: format!("redis://{addr}"),
-            child,
-        };
-        for _ in 0..500 {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                return redis;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("redis-server did not listen on {addr}");
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn small(options: &mut pods::Options) {
@@ -147,7 +96,7 @@ async fn pods_on_one_gateway_delivers_every_message_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_across_two_redis_pods_delivers_every_message_once() {
     let redis = Redis::start().await;
-    let pod = || Gateway::start(redis_config(&redis.url));
+    let pod = || Gateway::start(redis_config(&redis.url()));
     let (a, b) = (pod().await, pod().await);
     // Half the clients on the publisher's pod, half on the other.
     let mut options = pods::Options::new(a.target.clone());
@@ -247,7 +196,7 @@ impl ChildGateway {
     async fn start(redis: &Redis) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("this test binary"))
             .args(["child_gateway_process", "--exact", "--nocapture"])
-            .env(CHILD_GATEWAY_REDIS, &redis.url)
+            .env(CHILD_GATEWAY_REDIS, redis.url())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -295,7 +244,7 @@ impl Drop for ChildGateway {
 async fn storm_after_a_kill_9_every_session_resumes_at_the_other_pod() {
     let redis = Redis::start().await;
     let doomed = ChildGateway::start(&redis).await;
-    let survivor = Gateway::start(redis_config(&redis.url)).await;
+    let survivor = Gateway::start(redis_config(&redis.url())).await;
     let mut options = storm::Options::new(doomed.target.clone());
     options.gateways.push(survivor.target.clone());
     options.kill_pid = Some(doomed.pid());

@@ -1,9 +1,6 @@
 //! The Redis engine against a real `redis-server`: seqs, history trimmed by
 //! size and by age, recovery, idempotency, and ordered delivery to a pod.
 
-#[path = "../../gateway/tests/common/redis.rs"]
-mod redis;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +12,7 @@ use router::{
     RedisBroker, RedisSettings, SessionSnapshot, SessionStore, SessionUser, Since,
     SubscriptionState, Topic,
 };
+use testkit::{Redis, WAIT, eventually};
 
 /// What was delivered, with which `traceparent`, and whom to disconnect.
 #[derive(Default)]
@@ -30,13 +28,17 @@ impl Collect {
         self.1.lock().expect("lock").push((p.seq, traceparent));
     }
 
-    /// Waits, at most 10 s, until `n` publications have been delivered.
+    /// Waits, at most [`WAIT`], until `n` publications have been delivered.
     async fn wait_for(&self, n: usize) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while self.0.lock().expect("lock").len() < n {
-            assert!(tokio::time::Instant::now() < deadline, "deliveries missing");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(WAIT, || async {
+            let got = self.0.lock().expect("lock").len();
+            if got >= n {
+                Ok(())
+            } else {
+                Err(format!("{got} of {n} deliveries"))
+            }
+        })
+        .await;
     }
 }
 
@@ -51,7 +53,7 @@ impl Deliver for Collect {
 }
 
 async fn engine(
-    redis: &redis::Redis,
+    redis: &Redis,
     history_size: usize,
     history_ttl: Duration,
 ) -> (RedisBroker, Arc<Collect>) {
@@ -83,9 +85,7 @@ async fn engine(
 
 /// A pod watching `news` (kept alive by the caller), what it is delivered,
 /// and another pod to publish from.
-async fn watcher_and_publisher(
-    redis: &redis::Redis,
-) -> (RedisBroker, Arc<Collect>, RedisBroker, Topic) {
+async fn watcher_and_publisher(redis: &Redis) -> (RedisBroker, Arc<Collect>, RedisBroker, Topic) {
     let (broker, sink) = engine(redis, 100, Duration::from_secs(60)).await;
     let (other, _) = engine(redis, 100, Duration::from_secs(60)).await;
     let topic = Topic::parse("news").expect("topic");
@@ -102,7 +102,7 @@ fn since(seq: u64, epoch: Option<&str>) -> Option<Since> {
 
 #[tokio::test]
 async fn history_is_trimmed_to_its_size_and_recovery_says_so() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (broker, _) = engine(&redis, 5, Duration::from_secs(60)).await;
     let topic = Topic::parse("news").expect("topic");
     for i in 1..=8u64 {
@@ -156,7 +156,7 @@ async fn history_is_trimmed_to_its_size_and_recovery_says_so() {
 
 #[tokio::test]
 async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (broker, _) = engine(&redis, 100, Duration::from_millis(300)).await;
     let topic = Topic::parse("news").expect("topic");
     for _ in 0..3 {
@@ -193,7 +193,7 @@ async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
 
 #[tokio::test]
 async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (broker, sink, other, topic) = watcher_and_publisher(&redis).await;
     let first = other
         .publish(&topic, Bytes::from_static(b"\"a\""), Some("k"), None)
@@ -224,7 +224,7 @@ async fn a_watching_pod_gets_every_publication_in_order_and_a_retry_once() {
 #[tokio::test]
 async fn a_traced_publish_carries_its_traceparent_to_the_watching_pod() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (_watcher, sink, other, topic) = watcher_and_publisher(&redis).await;
     let data = Bytes::from_static(br#"{"a":"b:c;d"}"#);
     other
@@ -273,7 +273,7 @@ async fn saves(store: &RedisBroker, id: &str, owner: &str, position: u64) -> boo
 
 #[tokio::test]
 async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
     let (pod_b, _) = engine(&redis, 10, Duration::from_secs(60)).await;
     assert!(saves(&pod_a, "s1", "conn-a", 2).await);
@@ -302,7 +302,7 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
 
 #[tokio::test]
 async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (broker, _) = engine(&redis, 10, Duration::from_secs(60)).await;
     // As an earlier version stored it: no owner line.
     redis.cli(&["SET", "herald:session:old", "3 e1 news\n", "PX", "60000"]);
@@ -328,7 +328,7 @@ async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
 
 #[tokio::test]
 async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
     let (pod_b, sink_b) = engine(&redis, 10, Duration::from_secs(60)).await;
     // Pod b listens on the control channel once its pub/sub is up: a watch
@@ -380,11 +380,10 @@ async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
     // A backend ends alice's access through pod a: pod b is told, and her
     // session is gone for good; anonymous sessions are not touched.
     pod_a.revoke("alice w.", ttl).await.expect("revoke");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while sink_b.2.lock().expect("lock").is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "pod b was not told");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(WAIT, || async {
+        !sink_b.2.lock().expect("lock").is_empty()
+    })
+    .await;
     assert_eq!(*sink_b.2.lock().expect("lock"), ["alice w."]);
     let claimed = pod_b
         .claim("s1", "conn-c", Some("alice w."))
@@ -397,7 +396,7 @@ async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
 
 #[tokio::test]
 async fn subscribing_to_a_topic_nobody_published_to_leaves_nothing_long_lived() {
-    let redis = redis::Redis::start().await;
+    let redis = Redis::start().await;
     let (broker, _) = engine(&redis, 10, Duration::from_secs(30)).await;
     let topic = Topic::parse("quiet").expect("topic");
     broker.watch(&topic).await.expect("watch");

@@ -484,10 +484,7 @@ impl Plan {
 
 /// An unmasked, unfragmented WebSocket text frame (RFC 6455 §5.2).
 fn text_frame(payload: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(payload.len() + 10);
-    crate::raw::push_header(&mut frame, 0x1, 0, payload.len());
-    frame.extend_from_slice(payload);
-    frame
+    crate::raw::encode(crate::raw::FIN | crate::raw::OP_TEXT, payload, None)
 }
 
 /// The readers' process: connects `clients` readers to the writer, calls

@@ -3,8 +3,6 @@
 //! what a library client never would (unmasked frames, bad UTF-8, reserved
 //! bits, stray continuations, a client that never answers a ping) and check
 //! the server's answer to the byte. Every wait is bounded by [`STEP`].
-//! Include with `#[path = "common/raw.rs"] mod raw;`.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -82,29 +80,11 @@ impl Frame {
 }
 
 /// One frame's bytes: `first` is the FIN/RSV/opcode byte; with `masked`, the
-/// payload is masked with a fixed key, as RFC 6455 5.3 describes.
+/// payload is masked with a fixed key, as RFC 6455 5.3 describes. The load
+/// generator's encoder ([`loadtest::raw::encode`]): one encoder for all.
 pub fn encode(first: u8, payload: &[u8], masked: bool) -> Vec<u8> {
     const KEY: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
-    let mask_bit = if masked { 0x80 } else { 0 };
-    let mut out = vec![first];
-    match payload.len() {
-        len @ 0..=125 => out.push(mask_bit | len as u8),
-        len @ 126..=0xffff => {
-            out.push(mask_bit | 126);
-            out.extend_from_slice(&(len as u16).to_be_bytes());
-        }
-        len => {
-            out.push(mask_bit | 127);
-            out.extend_from_slice(&(len as u64).to_be_bytes());
-        }
-    }
-    if masked {
-        out.extend_from_slice(&KEY);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ KEY[i % 4]));
-    } else {
-        out.extend_from_slice(payload);
-    }
-    out
+    loadtest::raw::encode(first, payload, masked.then_some(KEY))
 }
 
 /// A WebSocket client that writes and parses frames by hand.

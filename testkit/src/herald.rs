@@ -1,23 +1,29 @@
 //! The real `herald` binary as a child process: configured through
 //! `HERALD_*` variables only, on a free loopback port, ready once `/readyz`
 //! says so, and killed when dropped so that a failing test leaves no process
-//! behind. Include with `#[path = "common/binary.rs"] mod binary;`.
-#![allow(dead_code)]
+//! behind.
+//!
+//! The binary binds its ports itself, so they cannot be bound to port 0 and
+//! read back as [`crate::Gateway`]'s are: it is given ports that were free a
+//! moment ago ([`free_port`]), and started again on others if one was taken
+//! in between (its log then says `binding`).
+//!
+//! The path of the binary comes from the caller: Cargo sets
+//! `CARGO_BIN_EXE_herald` for the gateway package's own tests only, so they
+//! pass `env!("CARGO_BIN_EXE_herald")`.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use crate::http::get;
 
 /// Longest the binary may take to become ready.
 pub const READY_WAIT: Duration = Duration::from_secs(20);
-/// Longest one HTTP exchange with the binary may take.
-pub const HTTP_WAIT: Duration = Duration::from_secs(5);
 /// Between two looks at something that has no event to wait on (an exit
 /// status, a port that is not listening yet).
 const POLL: Duration = Duration::from_millis(20);
@@ -35,15 +41,16 @@ pub struct Herald {
 }
 
 impl Herald {
-    /// Starts `herald` with `env` (plus `HERALD_LISTEN` and
-    /// `HERALD_GRPC__LISTEN` on free loopback ports) and `args`, and waits until `GET /readyz`
-    /// answers 200.
-    pub async fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
+    /// Starts the `herald` at `bin` with `env` (plus `HERALD_LISTEN` and
+    /// `HERALD_GRPC__LISTEN` on free loopback ports) and `args`, and waits
+    /// until `GET /readyz` answers 200.
+    pub async fn start(bin: impl AsRef<Path>, env: &[(&str, &str)], args: &[&str]) -> Self {
+        let bin = bin.as_ref();
         let mut last_log = String::new();
         for _ in 0..ATTEMPTS {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let mut herald = Self::spawn(addr, grpc_addr, env, args);
+            let mut herald = Self::spawn(bin, addr, grpc_addr, env, args);
             match herald.wait_ready().await {
                 Ready::Yes => return herald,
                 Ready::Exited(status) => {
@@ -64,21 +71,27 @@ impl Herald {
     /// A pod of a cluster sharing the `redis-server` at `redis_url`, with
     /// sessions flushed every 50 ms so that a client that moves finds its
     /// acks at the next pod; plus `env`.
-    pub async fn pod(redis_url: &str, env: &[(&str, &str)]) -> Self {
+    pub async fn pod(bin: impl AsRef<Path>, redis_url: &str, env: &[(&str, &str)]) -> Self {
         let mut all = vec![
             ("HERALD_BROKER", "redis"),
             ("HERALD_REDIS__URL", redis_url),
             ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
         ];
         all.extend_from_slice(env);
-        Self::start(&all, &[]).await
+        Self::start(bin, &all, &[]).await
     }
 
-    fn spawn(addr: SocketAddr, grpc_addr: SocketAddr, env: &[(&str, &str)], args: &[&str]) -> Self {
+    fn spawn(
+        bin: &Path,
+        addr: SocketAddr,
+        grpc_addr: SocketAddr,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
         let log = log_path();
         let out = std::fs::File::create(&log).expect("create the log file");
         let err = out.try_clone().expect("clone the log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+        let mut command = Command::new(bin);
         // Only what the test says: no HERALD_* of the environment the tests run in.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("HERALD_") {
@@ -200,7 +213,11 @@ enum Ready {
     Exited(ExitStatus),
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, for a process that binds
+/// its ports itself (the binary, Prometheus): another process may take it
+/// before that one binds, so the caller retries on a bind failure, or
+/// accepts the small risk and says so. In this process, bind port 0 and read
+/// the address instead.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
     listener.local_addr().expect("local addr").port()
@@ -213,48 +230,4 @@ fn log_path() -> PathBuf {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))
-}
-
-/// One `GET` over a fresh connection (`Connection: close`): (status, body).
-pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::time::timeout(HTTP_WAIT, TcpStream::connect(addr)).await??;
-    request(
-        &mut stream,
-        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
-    )
-    .await
-}
-
-/// Writes `raw` on `stream` and reads the response until the server closes
-/// the connection: (status, body).
-pub async fn request(stream: &mut TcpStream, raw: &str) -> std::io::Result<(u16, String)> {
-    let exchange = async {
-        stream.write_all(raw.as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        Ok::<_, std::io::Error>(response)
-    };
-    let response = tokio::time::timeout(HTTP_WAIT, exchange).await??;
-    parse_response(&response)
-}
-
-/// (status, body) of an HTTP/1.1 response read in full.
-pub fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
-    let text = String::from_utf8_lossy(response);
-    let bad = || {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("not an HTTP response: {text:?}"),
-        )
-    };
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(bad)?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .ok_or_else(bad)?;
-    Ok((status, body))
 }

@@ -1,13 +1,12 @@
 //! A real `redis-server` on a free loopback port, started and stopped by the
-//! test (no persistence: a restart comes back empty). Include with
-//! `#[path = "common/redis.rs"] mod redis;`.
-#![allow(dead_code)]
+//! test (no persistence: a restart comes back empty). Like the binary, it
+//! binds its port itself: the port was free a moment before
+//! ([`crate::herald::free_port`]).
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::herald::free_port;
+use crate::{WAIT, eventually};
 
 pub struct Redis {
     pub port: u16,
@@ -16,10 +15,7 @@ pub struct Redis {
 
 impl Redis {
     pub async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let mut redis = Self { port, child: None };
         redis.spawn().await;
         redis
@@ -38,11 +34,11 @@ impl Redis {
             .spawn()
             .expect("redis-server (scripts/test.sh installs it)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.cli(&["PING"]).trim() != "PONG" {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let answer = |s: String| match s.trim() {
+            "PONG" => Ok(()),
+            other => Err(format!("redis-server did not start: PING says {other:?}")),
+        };
+        eventually(WAIT, || async { answer(self.cli(&["PING"])) }).await;
     }
 
     /// Runs `redis-cli` against this server; its output.

@@ -9,8 +9,6 @@
 //! seq is not above the last one processed) and records, rather than panics
 //! on, everything a test may want to judge: a test runs thousands of them, and
 //! one precise summary beats a thousand panicking tasks.
-//! Include with `#[path = "common/follower.rs"] mod follower;`.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

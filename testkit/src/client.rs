@@ -1,0 +1,116 @@
+//! A WebSocket client the project did not write (tokio-tungstenite), with
+//! Herald's JSON protocol on top; every wait bounded by [`WAIT`].
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::{Gateway, WAIT};
+
+/// A WebSocket client the project did not write.
+pub struct Client {
+    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl Client {
+    pub async fn connect(gateway: &Gateway) -> Self {
+        Self::connect_url(&gateway.ws_url()).await
+    }
+
+    pub async fn connect_url(url: &str) -> Self {
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        Self { ws }
+    }
+
+    /// A client at `url` with a session, subscribed to `topic`.
+    pub async fn subscriber(url: &str, topic: &str) -> Self {
+        let mut client = Self::connect_url(url).await;
+        client.hello(None).await;
+        client.sub(1, topic).await;
+        client
+    }
+
+    pub async fn send(&mut self, value: Value) {
+        self.ws
+            .send(Message::text(value.to_string()))
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::text(text)).await.expect("send");
+    }
+
+    /// The next JSON message (pings are answered by the library).
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let message = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("a message in time")
+                .expect("connection open")
+                .expect("a frame");
+            match message {
+                Message::Text(text) => return serde_json::from_str(&text).expect("JSON"),
+                Message::Ping(_) | Message::Pong(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// The next message, which must have `op`.
+    pub async fn expect(&mut self, op: &str) -> Value {
+        let message = self.recv().await;
+        assert_eq!(message["op"], op, "expected `{op}`, got {message}");
+        message
+    }
+
+    /// `hello` and its `welcome`.
+    pub async fn hello(&mut self, resume: Option<&str>) -> Value {
+        match resume {
+            Some(session) => self.send(json!({"op": "hello", "resume": session})).await,
+            None => self.send(json!({"op": "hello"})).await,
+        }
+        self.expect("welcome").await
+    }
+
+    /// `sub` and its `ok`.
+    pub async fn sub(&mut self, id: u64, topic: &str) -> Value {
+        self.send(json!({"op": "sub", "id": id, "topic": topic}))
+            .await;
+        let ok = self.expect("ok").await;
+        assert_eq!(ok["id"], id);
+        ok
+    }
+
+    /// The next `msg`: (topic, seq, data).
+    pub async fn msg(&mut self) -> (String, u64, Value) {
+        let m = self.expect("msg").await;
+        (
+            m["topic"].as_str().expect("topic").to_owned(),
+            m["seq"].as_u64().expect("seq"),
+            m["data"].clone(),
+        )
+    }
+
+    /// Reads until the server closes; returns its close code.
+    pub async fn closed(&mut self) -> Option<u16> {
+        loop {
+            let next = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("close in time");
+            match next {
+                Some(Ok(Message::Close(frame))) => {
+                    return frame.map(|f: CloseFrame| u16::from(f.code));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! One HTTP/1.1 request at a time: through hyper for an in-process gateway
+//! ([`http`]), or written by hand for a process that may not answer at all
+//! yet ([`get`], [`request`]); metrics; the gRPC client.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use proto::v1::publisher_client::PublisherClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::WAIT;
+
+/// Longest one hand-written HTTP exchange ([`get`], [`request`]) may take.
+pub const HTTP_WAIT: Duration = Duration::from_secs(5);
+
+/// A metric's value from the `/metrics` of the gateway at `addr` (its first
+/// sample whose line starts with `name`).
+pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = http(addr, "GET", "/metrics", &[], b"").await;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} in:\n{body}"))
+}
+
+/// The sum of every sample of metric `name` at `addr` (all its label
+/// values; 0 when it has none yet), e.g. every close whatever its reason.
+pub async fn metric_sum(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = http(addr, "GET", "/metrics", &[], b"").await;
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One HTTP/1.1 request over a fresh connection: (status, body).
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let (status, _, body) = http_with_headers(addr, method, path, headers, body).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 request over a fresh connection: (status, headers, body).
+pub async fn http_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, hyper::HeaderMap, String) {
+    use http_body_util::{BodyExt, Full};
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(bytes::Bytes::copy_from_slice(body)))
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answer in time")
+        .expect("answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = tokio::time::timeout(WAIT, response.into_body().collect())
+        .await
+        .expect("body in time")
+        .expect("body")
+        .to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A client of the gRPC publish API at `addr`; every call is bounded by
+/// [`WAIT`].
+pub async fn grpc_client(addr: SocketAddr) -> PublisherClient<Channel> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect_timeout(WAIT)
+        .timeout(WAIT)
+        .connect()
+        .await
+        .expect("connect over gRPC");
+    PublisherClient::new(channel)
+}
+
+/// One `GET` over a fresh connection (`Connection: close`): (status, body).
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::time::timeout(HTTP_WAIT, TcpStream::connect(addr)).await??;
+    request(
+        &mut stream,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// Writes `raw` on `stream` and reads the response until the server closes
+/// the connection: (status, body).
+pub async fn request(stream: &mut TcpStream, raw: &str) -> std::io::Result<(u16, String)> {
+    let exchange = async {
+        stream.write_all(raw.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(HTTP_WAIT, exchange).await??;
+    parse_response(&response)
+}
+
+/// (status, body) of an HTTP/1.1 response read in full.
+pub fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
+    let text = String::from_utf8_lossy(response);
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not an HTTP response: {text:?}"),
+        )
+    };
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(bad)?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .ok_or_else(bad)?;
+    Ok((status, body))
+}

@@ -1,0 +1,44 @@
+//! What the tests of every Herald crate share, in one place instead of
+//! copies (a `dev-dependency` of each crate; never published).
+//!
+//! - [`self::gateway`]: a gateway in the test's own process, on port 0
+//!   ([`Gateway`]).
+//! - [`herald`]: the real `herald` binary as a child process ([`Herald`]);
+//!   the caller names the binary (`env!("CARGO_BIN_EXE_herald")` exists only
+//!   in the gateway package's own tests).
+//! - [`redis`]: a `redis-server` of the test's own ([`Redis`]).
+//! - [`client`]: a WebSocket client the project did not write
+//!   (tokio-tungstenite) that speaks Herald's JSON protocol ([`Client`]).
+//! - [`raw`]: a hand-written WebSocket client that can break the rules on
+//!   purpose, and the one client frame encoder the tests use
+//!   ([`raw::encode`]).
+//! - [`follower`]: a client that follows a topic across pods, resuming its
+//!   session wherever it lands; [`cluster`]: what the scale-out tests share
+//!   about a group of pods (connection counts, evening out).
+//! - [`http`]: one HTTP request, metrics, the gRPC client.
+//! - [`eventually`]: the bounded poll that replaces hand-written "until the
+//!   deadline" loops, for state that has no event to await.
+//!
+//! Every wait is bounded ([`WAIT`], or a bound the caller gives).
+
+pub mod client;
+pub mod cluster;
+pub mod eventually;
+pub mod follower;
+pub mod gateway;
+pub mod herald;
+pub mod http;
+pub mod raw;
+pub mod redis;
+
+use std::time::Duration;
+
+pub use self::gateway::Gateway;
+pub use client::Client;
+pub use eventually::eventually;
+pub use herald::Herald;
+pub use http::{grpc_client, http, http_with_headers, metric, metric_sum};
+pub use redis::Redis;
+
+/// Longest any single expected event may take before a test fails.
+pub const WAIT: Duration = Duration::from_secs(10);
