@@ -11,48 +11,13 @@ bounded.
 """
 
 import asyncio
-import inspect
-import json
 import sys
-import urllib.request
 
 import websockets
 
-TIMEOUT = 10.0
+from wire import TIMEOUT, Failure, check, connect, http_publish, recv, send
+
 TOPIC = "chat:py"
-
-
-class Failure(Exception):
-    pass
-
-
-def check(condition, what):
-    if not condition:
-        raise Failure(what)
-
-
-async def connect(url):
-    kwargs = {"open_timeout": TIMEOUT, "close_timeout": TIMEOUT}
-    # Recent versions honour proxy variables; the server is on loopback.
-    if "proxy" in inspect.signature(websockets.connect).parameters:
-        kwargs["proxy"] = None
-    return await asyncio.wait_for(websockets.connect(url, **kwargs), TIMEOUT)
-
-
-async def send(ws, message):
-    await asyncio.wait_for(ws.send(json.dumps(message)), TIMEOUT)
-
-
-async def recv(ws, op, who):
-    """The next message, which must be a text frame with `op`."""
-    try:
-        raw = await asyncio.wait_for(ws.recv(), TIMEOUT)
-    except asyncio.TimeoutError:
-        raise Failure(f"{who}: no `{op}` within {TIMEOUT}s") from None
-    check(isinstance(raw, str), f"{who}: expected a text frame, got {raw!r}")
-    message = json.loads(raw)
-    check(message.get("op") == op, f"{who}: expected `{op}`, got {message}")
-    return message
 
 
 async def hello(ws, who):
@@ -60,20 +25,6 @@ async def hello(ws, who):
     welcome = await recv(ws, "welcome", who)
     check(isinstance(welcome.get("session"), str) and welcome["session"], f"{who}: welcome has a session: {welcome}")
     return welcome
-
-
-def http_publish(http_base, topic, data):
-    body = json.dumps({"topic": topic, "data": data}).encode()
-    request = urllib.request.Request(
-        http_base.rstrip("/") + "/v1/publish",
-        data=body,
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=TIMEOUT) as response:
-        check(response.status == 200, f"HTTP publish: status {response.status}")
-        return json.loads(response.read())
 
 
 async def expect_msg(ws, seq, data):
