@@ -15,8 +15,8 @@
 //! - [`follower`]: a client that follows a topic across pods, resuming its
 //!   session wherever it lands; [`cluster`]: what the scale-out tests share
 //!   about a group of pods (connection counts, evening out).
-//! - [`http`]: one HTTP request, metrics, the gRPC client.
-//! - [`eventually`]: the bounded poll that replaces hand-written "until the
+//! - [`mod@http`]: one HTTP request, metrics, the gRPC client.
+//! - [`mod@eventually`]: the bounded poll that replaces hand-written "until the
 //!   deadline" loops, for state that has no event to await.
 //!
 //! Every wait is bounded ([`WAIT`], or a bound the caller gives).
