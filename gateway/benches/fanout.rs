@@ -9,7 +9,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway::hub::Hub;
 use gateway::metrics::Metrics;
-use gateway::outbound::{Limits, Outbound, Overflow};
+use gateway::session::{Limits, Outbound, Overflow};
 use router::{Deliver, Publication, Topic};
 
 const SUBSCRIBERS: usize = 10_000;

@@ -15,7 +15,7 @@ use router::{NamespaceSettings, Namespaces, Publish, RedisSettings, Subscribe};
 use serde::Deserialize;
 
 use crate::auth::AuthConfig;
-use crate::outbound::{Limits, Overflow};
+use crate::session::{Limits, Overflow};
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 /// Address the gRPC publish API listens on.

@@ -24,7 +24,7 @@ use tracing::Span;
 
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::outbound::{IdleSockets, Outbound, Pushed};
+use crate::session::{IdleSockets, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;

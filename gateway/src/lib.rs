@@ -8,10 +8,9 @@
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`).
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener.
 //! - [`session`]: one WebSocket connection: a reader (commands) and a writer
-//!   task (replies, pings, and what a socket did not take at once); who the
+//!   task (replies, pings, and what a socket did not take at once); its
+//!   bounded outgoing queue and the fan-out's direct writes to it; who the
 //!   client is and what it may do; the registry of the pod's live sessions.
-//! - [`outbound`]: each connection's bounded outgoing queue, its overflow rule,
-//!   and who writes it: the fan-out directly, or the writer task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes.
@@ -31,10 +30,10 @@
 //! 3. The engine hands it to the pod's sink, [`router::Deliver::deliver`] of
 //!    the [`hub::Hub`], which encodes the `msg` frame once
 //!    ([`frame::publication`]) and
-//! 4. [`outbound::Outbound::push`]es it to every subscriber's bounded queue,
+//! 4. [`session::Outbound::push`]es it to every subscriber's bounded queue,
 //!    under the topic's lock and without waiting, listing the queues nobody
-//!    was writing in an [`outbound::IdleSockets`];
-//! 5. once the lock is released, [`outbound::IdleSockets::spawn`] writes
+//!    was writing in an [`session::IdleSockets`];
+//! 5. once the lock is released, [`session::IdleSockets::spawn`] writes
 //!    those straight to their sockets, a chunk of connections per task. What
 //!    a socket does not take at once is left to the connection's writer task.
 //!
@@ -62,7 +61,6 @@ pub mod hub;
 pub mod listener;
 pub mod metrics;
 pub mod node;
-pub mod outbound;
 pub mod publish;
 pub mod rebalance;
 pub mod server;

@@ -20,7 +20,7 @@ use crate::config::{BrokerKind, Config};
 use crate::hub::{ConnId, Hub};
 use crate::metrics::Metrics;
 use crate::rebalance;
-use crate::session::Registry;
+use crate::session::{Registry, Writing};
 
 pub struct Node {
     pub config: Config,
@@ -39,6 +39,8 @@ pub struct Node {
     pub tasks: TaskTracker,
     /// The zero of ping timestamps.
     pub clock: Instant,
+    /// What every connection's writer task needs of the pod.
+    pub writing: Arc<Writing>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
     pub api_requests: Semaphore,
     connections: AtomicUsize,
@@ -121,6 +123,9 @@ impl Node {
         };
         let shared_sessions = config.broker != BrokerKind::Memory;
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
+        let drain = CancellationToken::new();
+        let clock = Instant::now();
+        let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
         let node = Arc::new(Self {
             config,
             hub,
@@ -130,9 +135,10 @@ impl Node {
             verifier,
             namespaces,
             metrics,
-            drain: CancellationToken::new(),
+            drain,
             tasks: TaskTracker::new(),
-            clock: Instant::now(),
+            clock,
+            writing,
             api_requests,
             connections: AtomicUsize::new(0),
             per_ip: Mutex::new(HashMap::new()),

@@ -96,7 +96,7 @@ async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
 async fn with_drop_newest_a_slow_client_sees_a_gap_instead() {
     let mut config = Gateway::config();
     config.queue.frames = 4;
-    config.queue.overflow = gateway::outbound::Overflow::DropNewest;
+    config.queue.overflow = gateway::session::Overflow::DropNewest;
     let gw = Gateway::with(config).await;
     let mut slow = slow_subscriber(&gw, "firehose").await;
     let pad = "x".repeat(16 * 1024);

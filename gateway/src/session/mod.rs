@@ -8,15 +8,20 @@
 //! against that (`access`).
 
 mod access;
+mod direct;
 pub(crate) mod parser;
+mod queue;
 mod rate;
 mod reader;
 mod registry;
 mod subscriptions;
 mod writer;
 
+pub use direct::{IdleSockets, SocketWriter};
+pub use queue::{Close, Limits, Outbound, Overflow, Pushed, Taken};
 pub use registry::{LiveSession, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
+pub use writer::Writing;
 
 use std::hash::{Hash, Hasher};
 use std::io::Cursor;
@@ -40,7 +45,6 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::ConnId;
 use crate::node::{Admission, Node};
-use crate::outbound::Outbound;
 use access::Access;
 use parser::Parsed;
 use rate::Bucket;
@@ -82,9 +86,12 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let stop = CancellationToken::new();
-    let writer = node
-        .tasks
-        .spawn(writer::run(write, out.clone(), stop.clone(), node.clone()));
+    let writer = node.tasks.spawn(writer::run(
+        write,
+        out.clone(),
+        stop.clone(),
+        node.writing.clone(),
+    ));
     let ws = &node.config.websocket;
     let mut session = Session {
         conn: admission.conn,

@@ -11,10 +11,10 @@ use router::{SessionSave, SessionSnapshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Subscriptions;
+use super::queue::Outbound;
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::ConnId;
-use crate::outbound::Outbound;
 
 /// How long a resume waits for the connection it takes over to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);

@@ -18,27 +18,61 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::direct::{Deliveries, fill};
+use super::queue::{MAX_IOV, Outbound};
+use crate::config::Config;
 use crate::disconnect::CloseReason;
 use crate::frame;
-use crate::node::Node;
-use crate::outbound::{MAX_IOV, Outbound};
+use crate::metrics::Metrics;
+
+/// What a writer task needs of its pod, and no more: made once per pod.
+pub struct Writing {
+    pub ping_interval: Duration,
+    pub write_timeout: Duration,
+    pub close_timeout: Duration,
+    /// The window `reconnect` advice spreads clients over when the pod drains.
+    pub drain_timeout: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when the pod starts draining.
+    pub drain: CancellationToken,
+    /// The zero of ping timestamps.
+    pub clock: Instant,
+}
+
+impl Writing {
+    pub fn new(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        drain: CancellationToken,
+        clock: Instant,
+    ) -> Self {
+        Self {
+            ping_interval: config.websocket.ping_interval,
+            write_timeout: config.websocket.write_timeout,
+            close_timeout: config.websocket.close_timeout,
+            drain_timeout: config.shutdown.drain_timeout,
+            metrics,
+            drain,
+            clock,
+        }
+    }
+}
 
 /// Runs until the connection ends; cancels `stop` when it returns.
 pub async fn run<W: AsyncWrite + Unpin>(
     mut io: W,
     out: Outbound,
     stop: CancellationToken,
-    node: Arc<Node>,
+    pod: Arc<Writing>,
 ) {
-    let ws = &node.config.websocket;
-    let mut ping = tokio::time::interval_at(Instant::now() + ws.ping_interval, ws.ping_interval);
+    let mut ping = tokio::time::interval_at(Instant::now() + pod.ping_interval, pod.ping_interval);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch: Vec<Bytes> = Vec::new();
     let mut draining = false;
     // Watched through a child token of this connection's own, and both
     // futures made once: polled on every wake-up, the pod-wide token's lock
     // and waiter list would be shared by every writer on every core.
-    let drain = node.drain.child_token();
+    let drain = pod.drain.child_token();
     let stopped = stop.cancelled();
     let drained = drain.cancelled();
     tokio::pin!(stopped, drained);
@@ -49,35 +83,27 @@ pub async fn run<W: AsyncWrite + Unpin>(
             _ = out.ready() => {}
             _ = &mut drained, if !draining => {
                 draining = true;
-                advise_reconnect(&out, node.config.shutdown.drain_timeout);
+                advise_reconnect(&out, pod.drain_timeout);
             }
             _ = ping.tick() => {
-                let stamp = node.clock.elapsed().as_micros() as u64;
+                let stamp = pod.clock.elapsed().as_micros() as u64;
                 out.ping(frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]));
             }
         }
         // Direct writes may add to the queue meanwhile without waking us.
         while let Some(taken) = out.take(&mut batch) {
-            let result = write_timed(&mut io, &batch, ws.write_timeout).await;
+            let result = write_timed(&mut io, &batch, pod.write_timeout).await;
             batch.clear();
             out.written(taken.bytes);
             if let Err(reason) = result {
                 out.note_reason(reason);
                 break 'connection;
             }
-            if taken.frames > 0 {
-                node.metrics.delivered.inc_by(taken.frames);
-                node.metrics.write_batch_frames.observe(taken.frames as f64);
-            }
-            if let Some(oldest) = taken.oldest {
-                node.metrics
-                    .fanout_latency
-                    .observe(oldest.elapsed().as_secs_f64());
-            }
+            Deliveries::new(&pod.metrics).wrote(taken.frames, taken.oldest);
             if let Some(close) = taken.close {
                 if close.reason.lingers() {
                     // The client answers our close with its own; the reader sees it.
-                    let _ = tokio::time::timeout(ws.close_timeout, stop.cancelled()).await;
+                    let _ = tokio::time::timeout(pod.close_timeout, stop.cancelled()).await;
                 }
                 break 'connection;
             }
@@ -122,10 +148,10 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
         // state: an idle connection should not carry 4 KiB of it.
         let mut written = std::future::poll_fn(|cx| {
             let mut slices = [IoSlice::new(&[]); MAX_IOV];
-            let mut count = 0;
-            for (slot, frame) in slices.iter_mut().zip(&frames[index..]) {
-                *slot = IoSlice::new(if count == 0 { &frame[offset..] } else { frame });
-                count += 1;
+            let count = fill(&mut slices, &frames[index..]);
+            // The front frame may be partly written already.
+            if count > 0 {
+                slices[0] = IoSlice::new(&frames[index][offset..]);
             }
             Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count])
         })
@@ -152,6 +178,65 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    use crate::session::{Limits, Overflow};
+
+    fn pod() -> Arc<Writing> {
+        Arc::new(Writing {
+            ping_interval: Duration::from_secs(25),
+            write_timeout: Duration::from_secs(5),
+            close_timeout: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+            metrics: Arc::new(Metrics::new()),
+            drain: CancellationToken::new(),
+            clock: Instant::now(),
+        })
+    }
+
+    fn queue() -> Outbound {
+        Outbound::new(Limits {
+            frames: 16,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        })
+    }
+
+    /// Paused time: the runtime jumps to the writer's next timer whenever
+    /// everything waits, so the assertions are about the timers, exactly.
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_pings_every_interval_and_gives_up_on_a_client_that_stops_reading() {
+        let (server, mut client) = tokio::io::duplex(64);
+        let (out, stop) = (queue(), CancellationToken::new());
+        let start = Instant::now();
+        let writer = tokio::spawn(run(server, out.clone(), stop.clone(), pod()));
+        let mut head = [0u8; 2];
+        // Virtual time: a hang fails at once, when this much of it has passed.
+        let bound = Duration::from_secs(600);
+        for n in 1..=2u32 {
+            tokio::time::timeout(bound, client.read_exact(&mut head))
+                .await
+                .expect("a ping in time")
+                .expect("a frame");
+            assert_eq!(head[0], 0x80 | frame::OP_PING, "a ping");
+            let mut stamp = vec![0; usize::from(head[1])];
+            client.read_exact(&mut stamp).await.expect("its payload");
+            assert_eq!(start.elapsed(), Duration::from_secs(25) * n);
+        }
+        // The client stops reading: a frame larger than the pipe sticks.
+        assert!(out.send(Bytes::from(vec![b'x'; 4096])).await);
+        let stuck = Instant::now();
+        tokio::time::timeout(bound, writer)
+            .await
+            .expect("the writer gives up in time")
+            .expect("the writer ends");
+        assert_eq!(
+            stuck.elapsed(),
+            Duration::from_secs(5),
+            "after write_timeout"
+        );
+        assert_eq!(out.reason(), Some(CloseReason::WriteTimeout));
+        assert!(stop.is_cancelled(), "the reader is told");
+    }
 
     #[tokio::test]
     async fn write_all_survives_short_writes() -> io::Result<()> {

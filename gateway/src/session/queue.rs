@@ -1,5 +1,4 @@
-//! A connection's outgoing side: a queue bounded in frames and in bytes, and
-//! who writes it to the socket.
+//! A connection's outgoing queue, bounded in frames and in bytes.
 //!
 //! The fan-out [`push`](Outbound::push)es encoded frames and never waits;
 //! when the queue is full, the connection's [`Overflow`] rule decides. The
@@ -7,47 +6,28 @@
 //! room instead. Pongs, pings and the close frame travel beside the queue, so
 //! that a full queue never delays them.
 //!
-//! Two parties write, never at once. A fan-out collects the connections it
-//! queued to while they were idle in an [`IdleSockets`], and once its topic's lock
-//! is released writes straight to their sockets, a chunk of connections per
-//! task, as far as each socket takes it without waiting: a frame then costs
-//! one `writev` and no task wake-up. Everything else (what a socket did not
-//! take, control frames, the close, a connection without a shareable socket)
-//! is the writer task's: it [`take`](Outbound::take)s everything queued and
-//! writes it under the write timeout. The queue's lock is held across a
-//! direct write, and the writer marks the batch it writes, so the two never
-//! interleave bytes.
+//! Two parties write it to the socket, never at once: the fan-out, straight
+//! to a socket it found idle ([`super::direct`]), and the connection's writer
+//! task ([`super::writer`]), which [`take`](Outbound::take)s everything
+//! queued and writes it under the write timeout. The queue's lock is held
+//! across a direct write, and the writer marks the batch it writes, so the
+//! two never interleave bytes.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use serde::Deserialize;
-use socket2::SockRef;
-use tokio::io::AsyncWrite;
-use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::direct::{IdleSockets, SocketWriter};
 use crate::disconnect::CloseReason;
 use crate::frame;
-use crate::metrics::Metrics;
 
 /// Slices handed to one `writev` by the writer task (Linux allows 1024).
 pub(crate) const MAX_IOV: usize = 256;
-
-/// Slices handed to one direct `writev`: an idle connection's queue seldom
-/// holds more, and the rest goes in the next call.
-const DIRECT_IOV: usize = 16;
-
-/// Connections one task writes to directly: small enough that a fan-out to
-/// many spreads over every core, large enough that spawning costs little
-/// next to the writes.
-const CHUNK: usize = 128;
 
 /// What happens when a frame does not fit in a connection's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -105,39 +85,39 @@ pub struct Taken {
 /// The handle shared by the fan-out, the session and the writer.
 #[derive(Clone)]
 pub struct Outbound {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
     /// Wakes the writer.
     writer: Notify,
     /// Wakes a `send` waiting for room.
-    room: Notify,
+    pub(super) room: Notify,
     limits: Limits,
     /// For direct writes; without it, the writer task writes everything.
-    socket: Option<OwnedWriteHalf>,
+    pub(super) socket: Option<OwnedWriteHalf>,
 }
 
 #[derive(Default)]
-struct State {
-    frames: VecDeque<Bytes>,
+pub(super) struct State {
+    pub(super) frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
     bytes: usize,
     /// The front frame is partly written: its rest goes before anything else.
     partial: bool,
     /// The writer task is writing a batch: direct writes wait their turn.
-    writing: bool,
-    pong: Option<Bytes>,
-    ping: Option<Bytes>,
-    close: Option<Close>,
+    pub(super) writing: bool,
+    pub(super) pong: Option<Bytes>,
+    pub(super) ping: Option<Bytes>,
+    pub(super) close: Option<Close>,
     /// Set once the writer took the close request: nothing more goes out.
-    closed: bool,
+    pub(super) closed: bool,
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
     /// When the oldest queued fan-out frame was handed over, for the fan-out
     /// latency (one timestamp per queue, not per frame).
-    oldest: Option<Instant>,
+    pub(super) oldest: Option<Instant>,
 }
 
 impl State {
@@ -160,7 +140,7 @@ impl State {
 
     /// Removes `written` bytes from the front of the queue; returns the
     /// frames completed.
-    fn consume(&mut self, written: usize) -> u64 {
+    pub(super) fn consume(&mut self, written: usize) -> u64 {
         self.bytes -= written;
         let mut left = written;
         let mut completed = 0;
@@ -180,12 +160,6 @@ impl State {
         }
         completed
     }
-}
-
-/// What one direct write sent.
-struct Direct {
-    frames: u64,
-    oldest: Option<Instant>,
 }
 
 impl Outbound {
@@ -213,12 +187,12 @@ impl Outbound {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding this lock; recover rather than cascade.
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wake_writer(&self) {
+    pub(super) fn wake_writer(&self) {
         self.shared.writer.notify_one();
     }
 
@@ -457,192 +431,18 @@ impl Outbound {
         drop(state);
         self.shared.room.notify_waiters();
     }
-
-    /// Writes what is queued straight to the socket, as far as it takes it
-    /// without waiting; whatever is left (or a control frame, or a close) is
-    /// handed to the writer task. Nothing is done while the writer writes: it
-    /// looks at the queue again when its batch is done.
-    fn write_now(&self) -> Option<Direct> {
-        let Some(socket) = &self.shared.socket else {
-            self.wake_writer();
-            return None;
-        };
-        let mut state = self.state();
-        if state.writing || state.closed || state.frames.is_empty() {
-            return None;
-        }
-        if state.close.is_some() || state.pong.is_some() || state.ping.is_some() {
-            drop(state);
-            self.wake_writer();
-            return None;
-        }
-        // `send` on the socket itself: tokio's readiness needs no update, as
-        // a writer task that takes over finds out for itself whether there
-        // is room; and the kernel's socket call is cheaper than `writev`.
-        let socket = SockRef::from(AsRef::<TcpStream>::as_ref(socket));
-        let mut frames = 0;
-        let done = loop {
-            let mut slices = [IoSlice::new(&[]); DIRECT_IOV];
-            let count = fill(&mut slices, &state.frames);
-            let sent = match &slices[..count] {
-                [one] => socket.send(one),
-                many => socket.send_vectored(many),
-            };
-            match sent {
-                Ok(0) => break false,
-                Ok(n) => {
-                    frames += state.consume(n);
-                    if state.frames.is_empty() {
-                        break true;
-                    }
-                }
-                // WouldBlock: the writer waits for room. Any other error:
-                // the writer meets it too, and ends the connection.
-                Err(_) => break false,
-            }
-        };
-        let oldest = if done { state.oldest.take() } else { None };
-        drop(state);
-        if !done {
-            self.wake_writer();
-        }
-        if frames > 0 {
-            self.shared.room.notify_waiters();
-        }
-        Some(Direct { frames, oldest })
-    }
-}
-
-/// Points `slices` at the front of `frames`; returns how many it filled.
-fn fill<'a>(slices: &mut [IoSlice<'a>], frames: impl IntoIterator<Item = &'a Bytes>) -> usize {
-    let mut count = 0;
-    for (slot, frame) in slices.iter_mut().zip(frames) {
-        *slot = IoSlice::new(frame);
-        count += 1;
-    }
-    count
-}
-
-/// The writer task's handle on a socket that direct writes share: writes
-/// through a shared reference, waiting for room as any `AsyncWrite` does.
-pub struct SocketWriter(Outbound);
-
-impl SocketWriter {
-    fn tcp(&self) -> io::Result<&TcpStream> {
-        let socket = self.0.shared.socket.as_ref();
-        socket
-            .map(AsRef::as_ref)
-            .ok_or_else(|| io::ErrorKind::NotConnected.into())
-    }
-}
-
-impl AsyncWrite for SocketWriter {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let tcp = self.tcp()?;
-        loop {
-            ready!(tcp.poll_write_ready(cx))?;
-            match tcp.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                result => return Poll::Ready(result),
-            }
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let tcp = self.tcp()?;
-        Poll::Ready(SockRef::from(tcp).shutdown(std::net::Shutdown::Write))
-    }
-}
-
-/// Connections a fan-out queued frames to while nobody was writing to them.
-/// [`spawn`](Self::spawn) writes to them directly once the fan-out released
-/// its lock; dropped unwritten, an `IdleSockets` wakes their writer tasks instead.
-#[derive(Default)]
-pub struct IdleSockets(Vec<Outbound>);
-
-impl IdleSockets {
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self(Vec::with_capacity(capacity))
-    }
-
-    /// Writes to every connection, a chunk per task, so that a fan-out to
-    /// many keeps every core writing. Outside a runtime, wakes the writers.
-    pub fn spawn(mut self, metrics: &Arc<Metrics>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        while !self.0.is_empty() {
-            let chunk = if self.0.len() <= CHUNK {
-                IdleSockets(std::mem::take(&mut self.0))
-            } else {
-                IdleSockets(self.0.split_off(self.0.len() - CHUNK))
-            };
-            let metrics = metrics.clone();
-            runtime.spawn(async move {
-                // Publications already arriving are queued first, so that
-                // under load one `writev` carries several frames.
-                tokio::task::yield_now().await;
-                chunk.write(&metrics);
-            });
-        }
-    }
-
-    fn write(mut self, metrics: &Metrics) {
-        let latency = metrics.fanout_latency.local();
-        let batches = metrics.write_batch_frames.local();
-        let mut delivered = 0;
-        for out in self.0.drain(..) {
-            let Some(direct) = out.write_now() else {
-                continue;
-            };
-            if direct.frames > 0 {
-                delivered += direct.frames;
-                batches.observe(direct.frames as f64);
-            }
-            if let Some(oldest) = direct.oldest {
-                latency.observe(oldest.elapsed().as_secs_f64());
-            }
-        }
-        metrics.delivered.inc_by(delivered);
-    }
-}
-
-impl Drop for IdleSockets {
-    fn drop(&mut self) {
-        for out in self.0.drain(..) {
-            out.wake_writer();
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io;
     use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
+    use crate::metrics::Metrics;
 
     /// Bounds every wait, so that a hang fails the test.
     const STEP: Duration = Duration::from_secs(10);
