@@ -495,7 +495,7 @@ mod tests {
             subscriptions: vec![SubscriptionState {
                 topic: topic("chat:x"),
                 epoch: Arc::from("e"),
-                position: 1,
+                acked: 1,
             }],
         };
         assert!(b.save("s", "a", old.clone(), ttl).await?);

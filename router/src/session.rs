@@ -33,8 +33,9 @@ pub struct SubscriptionState {
     pub topic: Topic,
     pub epoch: Epoch,
     /// The newest seq the client acked, or the topic's seq when it subscribed
-    /// if it acked nothing since: a resume replays everything after it.
-    pub position: u64,
+    /// if it acked nothing since: a resume replays everything after it. (Not
+    /// a [`crate::Position`], which is where the topic stands.)
+    pub acked: u64,
 }
 
 /// Keeps session snapshots for the resume window.

@@ -257,7 +257,7 @@ fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
         subscriptions: vec![SubscriptionState {
             topic: Topic::parse(topic).expect("topic"),
             epoch: Arc::from("e1"),
-            position,
+            acked: position,
         }],
     }
 }

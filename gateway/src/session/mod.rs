@@ -600,7 +600,7 @@ impl Session {
                 continue;
             }
             let since = Since {
-                seq: state.position,
+                seq: state.acked,
                 epoch: Some(state.epoch.to_string()),
             };
             match self.subscribe(None, state.topic.clone(), Some(since)).await {
@@ -613,7 +613,7 @@ impl Session {
                     tracing::warn!(message = %e.message, "a resumed subscription could not be restored");
                     for state in std::iter::once(state).chain(states) {
                         self.subscriptions
-                            .insert(state.topic, state.epoch, state.position);
+                            .insert(state.topic, state.epoch, state.acked);
                     }
                     self.out.close(CloseReason::Unavailable, true);
                     return;

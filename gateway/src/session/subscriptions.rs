@@ -22,7 +22,7 @@ struct Inner {
 struct Subscription {
     epoch: Epoch,
     /// The newest seq acked, or the seq the subscription started after.
-    position: u64,
+    acked: u64,
 }
 
 impl Subscriptions {
@@ -51,11 +51,9 @@ impl Subscriptions {
         self.inner().by_topic.len()
     }
 
-    pub fn insert(&self, topic: Topic, epoch: Epoch, position: u64) {
+    pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64) {
         let mut inner = self.inner();
-        inner
-            .by_topic
-            .insert(topic, Subscription { epoch, position });
+        inner.by_topic.insert(topic, Subscription { epoch, acked });
         inner.dirty = true;
     }
 
@@ -73,8 +71,8 @@ impl Subscriptions {
         let Some(subscription) = inner.by_topic.get_mut(topic) else {
             return false;
         };
-        if seq > subscription.position {
-            subscription.position = seq;
+        if seq > subscription.acked {
+            subscription.acked = seq;
             inner.dirty = true;
         }
         true
@@ -96,7 +94,7 @@ impl Subscriptions {
                 .map(|(topic, s)| SubscriptionState {
                     topic: topic.clone(),
                     epoch: s.epoch.clone(),
-                    position: s.position,
+                    acked: s.acked,
                 })
                 .collect(),
         }

@@ -80,7 +80,7 @@ pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
         out.push_str(&format!("user {} {}\n", hex(&user.id), user.since_ms));
     }
     for s in &snapshot.subscriptions {
-        out.push_str(&format!("{} {} {}\n", s.position, s.epoch, s.topic));
+        out.push_str(&format!("{} {} {}\n", s.acked, s.epoch, s.topic));
     }
     out.into_bytes()
 }
@@ -104,7 +104,7 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
             let mut parts = line.splitn(3, ' ');
             let parsed = (|| {
                 Some(SubscriptionState {
-                    position: parts.next()?.parse().ok()?,
+                    acked: parts.next()?.parse().ok()?,
                     epoch: Arc::from(parts.next()?),
                     topic: Topic::parse(parts.next()?).ok()?,
                 })
@@ -153,7 +153,7 @@ mod tests {
             subscriptions: vec![SubscriptionState {
                 topic: Topic::parse("chat:a/b").unwrap_or_else(|e| panic!("{e}")),
                 epoch: Arc::from("9f3c"),
-                position: 42,
+                acked: 42,
             }],
         };
         assert_eq!(decode(&encode("a1", &snapshot)), snapshot);
