@@ -146,14 +146,9 @@ impl Publisher {
     /// One of the pod's API request slots (shared with HTTP), held for the
     /// call; none left is `RESOURCE_EXHAUSTED`.
     fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Status> {
-        self.node.api_requests.try_acquire().map_err(|_| {
-            self.node
-                .metrics
-                .http_rejected
-                .with_label_values(&["busy"])
-                .inc();
-            Status::resource_exhausted("busy: too many API requests in flight")
-        })
+        self.node
+            .api_slot()
+            .ok_or_else(|| Status::resource_exhausted("busy: too many API requests in flight"))
     }
 
     /// Counts the call and turns its error into a status.

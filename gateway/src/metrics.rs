@@ -47,7 +47,7 @@ pub struct Metrics {
     pub delivered: IntCounter,
     pub dropped_queue_full: IntCounter,
     pub bad_commands: IntCounter,
-    pub auth_failures: IntCounterVec,
+    auth_failures: IntCounterVec,
     pub rate_limited: IntCounter,
     pub http_rejected: IntCounterVec,
     pub replays: IntCounterVec,
@@ -301,6 +301,12 @@ impl Metrics {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);
         }
+    }
+
+    /// A token refused, or a topic's rule refusing a command
+    /// ([`AUTH_FAILURE_REASONS`]).
+    pub fn auth_failed(&self, reason: &str) {
+        self.auth_failures.with_label_values(&[reason]).inc();
     }
 
     pub fn closed(&self, reason: CloseReason) {

@@ -10,7 +10,7 @@ use router::{
     Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
     SessionStore, Topic,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,7 +42,7 @@ pub struct Node {
     /// What every connection's writer task needs of the pod.
     pub writing: Arc<Writing>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
-    pub api_requests: Semaphore,
+    api_requests: Semaphore,
     connections: AtomicUsize,
     /// Open connections per client address, when they are capped.
     per_ip: Mutex<HashMap<IpAddr, usize>>,
@@ -190,6 +190,19 @@ impl Node {
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
             ip: (per_ip > 0).then_some(ip),
         })
+    }
+
+    /// One of the pod's API request slots (HTTP and gRPC share them), held
+    /// for the request; `None`, counted as `busy`, when all are taken.
+    pub fn api_slot(&self) -> Option<SemaphorePermit<'_>> {
+        let slot = self.api_requests.try_acquire().ok();
+        if slot.is_none() {
+            self.metrics
+                .http_rejected
+                .with_label_values(&["busy"])
+                .inc();
+        }
+        slot
     }
 
     /// Open WebSocket connections.

@@ -218,18 +218,20 @@ async fn route(
 
 /// An API request, within the pod's request slots and deadline.
 async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
-    let Ok(_slot) = node.api_requests.try_acquire() else {
-        node.metrics
-            .http_rejected
-            .with_label_values(&["busy"])
-            .inc();
-        let mut response = http::text(StatusCode::SERVICE_UNAVAILABLE, "busy\n");
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    // Refused at a limit: the connection closes, so that its slot (and file
+    // descriptor) goes with the answer.
+    let refused = |status, body| {
+        let mut response = http::text(status, body);
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
+    };
+    let Some(_slot) = node.api_slot() else {
+        let mut response = refused(StatusCode::SERVICE_UNAVAILABLE, "busy\n");
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     };
     let timeout = node.config.http.request_timeout;
@@ -248,11 +250,7 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
                 .http_rejected
                 .with_label_values(&["timeout"])
                 .inc();
-            let mut response = http::text(StatusCode::REQUEST_TIMEOUT, "request timeout\n");
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-            response
+            refused(StatusCode::REQUEST_TIMEOUT, "request timeout\n")
         }
     }
 }

@@ -325,7 +325,7 @@ impl SessionStore for MemoryBroker {
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, s| s.snapshot.user.as_ref().is_none_or(|u| &*u.id != user));
+            .retain(|_, s| !Claim::belongs(s.snapshot.user.as_ref(), Some(user)));
         self.inner.sink.disconnect(user);
         Ok(())
     }

@@ -110,7 +110,6 @@ where
         ended: CancellationToken::new(),
         node: node.clone(),
     };
-    let ws = &node.config.websocket;
     let mut reader = Reader::new(read, ws.max_message_bytes, ws.message_timeout);
     session.read(&mut reader, &stop).await;
     drop(reader);
@@ -181,11 +180,7 @@ impl Session {
                 }
                 Err(_) => {
                     if expired == CloseReason::TokenExpired {
-                        self.node
-                            .metrics
-                            .auth_failures
-                            .with_label_values(&["expired"])
-                            .inc();
+                        self.node.metrics.auth_failed("expired");
                     }
                     self.out.close(expired, true);
                     return;
@@ -232,10 +227,17 @@ impl Session {
         let command = std::str::from_utf8(text).ok().map(Command::decode);
         if let Some(Ok(Command::Ack { topic, seq })) = command
             && let Ok(topic) = Topic::parse(&topic)
-            && self.node.hub.head(&topic).is_some_and(|head| seq <= head)
+            && self.never_sent(&topic, seq).is_none()
         {
             self.subscriptions.ack(&topic, seq);
         }
+    }
+
+    /// The newest seq this pod sent for `topic`, when `seq` is above it: an
+    /// ack of a seq nobody here was sent would make a resume skip messages
+    /// the client never got.
+    fn never_sent(&self, topic: &Topic, seq: u64) -> Option<u64> {
+        self.node.hub.head(topic).filter(|&head| seq > head)
     }
 
     fn observe_pong(&self, payload: &[u8]) {
@@ -400,11 +402,7 @@ impl Session {
             }
             Command::Ack { topic, seq } => {
                 let topic = self.topic(None, &topic)?;
-                // A seq nobody here was sent: acked, it would make a resume
-                // skip messages the client never got.
-                if let Some(head) = self.node.hub.head(&topic)
-                    && seq > head
-                {
+                if let Some(head) = self.never_sent(&topic, seq) {
                     return Err(CommandError::new(
                         None,
                         ErrorCode::Malformed,
@@ -495,11 +493,7 @@ impl Session {
     }
 
     async fn auth_failed(&self, reason: &str, code: ErrorCode, message: &str) {
-        self.node
-            .metrics
-            .auth_failures
-            .with_label_values(&[reason])
-            .inc();
+        self.node.metrics.auth_failed(reason);
         tracing::debug!(conn = self.conn, reason, "token refused");
         self.reply(ServerMessage::Err {
             id: None,
@@ -644,22 +638,14 @@ impl Session {
         let claims = match verifier.verify(token).await {
             Ok(claims) => claims,
             Err(refused) => {
-                self.node
-                    .metrics
-                    .auth_failures
-                    .with_label_values(&[refused.reason()])
-                    .inc();
+                self.node.metrics.auth_failed(refused.reason());
                 let (code, _) = refusal(&refused);
                 return Err(CommandError::new(Some(id), code, refused.to_string()));
             }
         };
         let same_user = self.claims.as_ref().map(|c| &c.user) == Some(&claims.user);
         if !same_user {
-            self.node
-                .metrics
-                .auth_failures
-                .with_label_values(&["other_user"])
-                .inc();
+            self.node.metrics.auth_failed("other_user");
             return Err(CommandError::new(
                 Some(id),
                 ErrorCode::Unauthorized,
@@ -701,11 +687,7 @@ impl Session {
         if access.allows(ns, topic, self.claims.as_deref(), open) {
             return Ok(());
         }
-        self.node
-            .metrics
-            .auth_failures
-            .with_label_values(&["forbidden"])
-            .inc();
+        self.node.metrics.auth_failed("forbidden");
         Err(CommandError::new(
             id,
             ErrorCode::Forbidden,
@@ -807,45 +789,23 @@ impl Session {
     async fn reject(&mut self, e: CommandError) {
         self.node.metrics.bad_commands.inc();
         tracing::debug!(conn = self.conn, code = %e.code, message = %e.message, "command rejected");
-        self.reply(ServerMessage::Err {
-            id: e.id,
-            code: e.code,
-            message: &e.message,
-        })
-        .await;
+        self.tell(e).await;
         self.bad_in_a_row += 1;
         if self.bad_in_a_row >= self.node.config.websocket.max_bad_commands {
             self.out.close(CloseReason::BadCommands, true);
         }
     }
 
-    /// Leaves every topic, saves the session for the resume window (unless
-    /// a backend ended the user's access), logs and counts the close.
+    /// Leaves every topic, saves the session (unless a backend ended the
+    /// user's access), logs and counts the close.
     async fn end(self) {
         for topic in self.subscriptions.topics() {
             self.leave(&topic).await;
         }
         let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
-        if let Some(id) = &self.id
-            && reason == CloseReason::Disconnected
-        {
-            self.node.live.deregister(id, self.conn);
-        } else if let Some(id) = &self.id {
-            let snapshot = self.subscriptions.snapshot();
-            let window = self.node.config.session.resume_window;
-            match self
-                .node
-                .sessions
-                .save(id, &self.owner, snapshot, window)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
-                }
+        if let Some(id) = &self.id {
+            if reason != CloseReason::Disconnected {
+                self.save(id).await;
             }
             self.node.live.deregister(id, self.conn);
         }
@@ -867,6 +827,27 @@ impl Session {
                 reason = reason.as_str(),
                 "connection closed"
             ),
+        }
+    }
+
+    /// Saves the session for the resume window, unless a newer connection
+    /// owns it now.
+    async fn save(&self, id: &str) {
+        let snapshot = self.subscriptions.snapshot();
+        let window = self.node.config.session.resume_window;
+        match self
+            .node
+            .sessions
+            .save(id, &self.owner, snapshot, window)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proto::ServerMessage;
 use rand::Rng;
-use router::{SessionSave, SessionSnapshot};
+use router::{Claim, SessionSave, SessionSnapshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Subscriptions;
@@ -76,8 +76,7 @@ impl Registry {
         let Some(current) = self.live().get(id).cloned() else {
             return TakeOver::None;
         };
-        let owner = current.subscriptions.user();
-        if owner.as_ref().map(|u| &*u.id) != user {
+        if !Claim::belongs(current.subscriptions.user().as_ref(), user) {
             return TakeOver::OtherUser;
         }
         current.takeover.cancel();
@@ -133,7 +132,7 @@ impl Registry {
     pub fn disconnect(&self, user: &str) -> usize {
         let mut closed = 0;
         self.live().retain(|_, live| {
-            let theirs = live.subscriptions.user().is_some_and(|u| &*u.id == user);
+            let theirs = Claim::belongs(live.subscriptions.user().as_ref(), Some(user));
             if theirs {
                 live.out.close(CloseReason::Disconnected, true);
                 closed += 1;

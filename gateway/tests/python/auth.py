@@ -19,6 +19,7 @@ import time
 import jwt
 import websockets
 
+import wire
 from wire import TIMEOUT, Failure, check, connect, http_publish, recv, send
 
 TOPIC = "chat:py"
@@ -74,22 +75,9 @@ async def run(ws_url, http_base, secret):
 
 
 def main():
-    if len(sys.argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(asyncio.wait_for(run(*sys.argv[1:4]), 6 * TIMEOUT))
-    except Failure as e:
-        print(f"auth: FAIL: {e}", file=sys.stderr)
-        return 1
-    except asyncio.TimeoutError:
-        print(f"auth: FAIL: the whole exchange took over {6 * TIMEOUT}s", file=sys.stderr)
-        return 1
-    except Exception as e:  # noqa: BLE001 - any error is a failure, said plainly
-        print(f"auth: FAIL: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print(f"auth: ok (pyjwt {jwt.__version__}, websockets {websockets.__version__})")
-    return 0
+    args = sys.argv[1:4] if len(sys.argv) == 4 else None
+    versions = f"pyjwt {jwt.__version__}, websockets {websockets.__version__}"
+    return wire.run("auth", run, args, __doc__, versions)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 
 import websockets
 
+import wire
 from wire import TIMEOUT, Failure, check, connect, http_publish, recv, send
 
 TOPIC = "chat:py"
@@ -65,22 +66,8 @@ async def smoke(ws_url, http_base):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(asyncio.wait_for(smoke(sys.argv[1], sys.argv[2]), 6 * TIMEOUT))
-    except Failure as e:
-        print(f"smoke: FAIL: {e}", file=sys.stderr)
-        return 1
-    except asyncio.TimeoutError:
-        print(f"smoke: FAIL: the whole exchange took over {6 * TIMEOUT}s", file=sys.stderr)
-        return 1
-    except Exception as e:  # noqa: BLE001 - any error is a failure, said plainly
-        print(f"smoke: FAIL: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print(f"smoke: ok (websockets {websockets.__version__})")
-    return 0
+    args = sys.argv[1:3] if len(sys.argv) == 3 else None
+    return wire.run("smoke", smoke, args, __doc__, f"websockets {websockets.__version__}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ TIMEOUT; a broken expectation raises Failure with what was wrong."""
 import asyncio
 import inspect
 import json
+import sys
 import urllib.request
 
 import websockets
@@ -57,3 +58,25 @@ def http_publish(http_base, topic, data):
     with opener.open(request, timeout=TIMEOUT) as response:
         check(response.status == 200, f"HTTP publish: status {response.status}")
         return json.loads(response.read())
+
+
+def run(name, scenario, args, doc, done):
+    """Runs `scenario(*args)` within six TIMEOUTs, and says how it went: exit
+    0 with `<name>: ok (<done>)`, 1 with `<name>: FAIL: <what>` on stderr, or
+    2 with `doc` when `args` is None (the wrong number of arguments)."""
+    if args is None:
+        print(doc, file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(asyncio.wait_for(scenario(*args), 6 * TIMEOUT))
+    except Failure as e:
+        print(f"{name}: FAIL: {e}", file=sys.stderr)
+        return 1
+    except asyncio.TimeoutError:
+        print(f"{name}: FAIL: the whole exchange took over {6 * TIMEOUT}s", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - any error is a failure, said plainly
+        print(f"{name}: FAIL: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"{name}: ok ({done})")
+    return 0
