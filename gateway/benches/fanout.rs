@@ -9,7 +9,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway::hub::Hub;
 use gateway::metrics::Metrics;
-use gateway::session::{Limits, Outbound, Overflow};
+use gateway::session::{Limits, Outbound, Overflow, Subscriptions};
 use router::{Deliver, Publication, Topic};
 
 const SUBSCRIBERS: usize = 10_000;
@@ -27,7 +27,7 @@ fn publish_to_local_queues(c: &mut Criterion) {
     let queues: Vec<Outbound> = (0..SUBSCRIBERS as u64)
         .map(|conn| {
             let out = Outbound::new(limits);
-            hub.join(&topic, conn, out.clone());
+            hub.join(&topic, conn, out.clone(), Subscriptions::default());
             hub.go_live(
                 &topic,
                 conn,

@@ -7,8 +7,11 @@
 //!
 //! A new subscriber starts out *buffering*: publications that arrive while
 //! its session reads history are kept aside, and [`Hub::go_live`] releases
-//! those the history did not already cover. That is what makes `since`
-//! gapless and duplicate-free under concurrent publishing.
+//! those the history did not already cover. From then on each subscriber has
+//! a cursor, where it stands ([`admit`]): a publication at or below it, or of
+//! an epoch it has left, is not sent again, however late the broker delivers
+//! it. That is what makes `since` gapless and duplicate-free under
+//! concurrent publishing.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -24,7 +27,7 @@ use tracing::Span;
 
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::session::{IdleSockets, Outbound, Pushed};
+use crate::session::{IdleSockets, Outbound, Pushed, Subscriptions};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -50,16 +53,55 @@ struct LocalTopic {
 
 struct Subscriber {
     out: Outbound,
+    /// The session's subscriptions: a `reset` it is sent moves its epoch,
+    /// so that a resume continues in the new one.
+    session: Subscriptions,
+    /// What it was sent up to (set by `go_live`).
+    cursor: Position,
     /// `Some` while the session reads history: frames held aside.
     pending: Option<Vec<Held>>,
 }
 
 /// A frame held aside for a subscriber that reads history.
 struct Held {
+    kind: Kind,
     epoch: Epoch,
     seq: u64,
     frame: Bytes,
     at: Instant,
+}
+
+/// What a fanned-out frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Publication,
+    /// `reset`: continuity was lost; live delivery goes on after its seq.
+    Reset,
+}
+
+/// Whether a subscriber at `cursor` is sent a frame of `kind` at `epoch`
+/// and `seq`, moving the cursor when it is. A publication must be the
+/// cursor's epoch and past it; a reset must move the cursor (to another
+/// epoch, or forward): one at or behind it was covered already, by history
+/// or by an earlier reset. A new epoch comes only after its reset, so a
+/// publication of another epoch is a straggler of an epoch left behind.
+pub fn admit(cursor: &mut Position, kind: Kind, epoch: &Epoch, seq: u64) -> bool {
+    let same_epoch = Arc::ptr_eq(&cursor.epoch, epoch) || cursor.epoch == *epoch;
+    match kind {
+        Kind::Publication if same_epoch && seq > cursor.seq => {
+            cursor.seq = seq;
+            true
+        }
+        Kind::Publication => false,
+        Kind::Reset if same_epoch && seq <= cursor.seq => false,
+        Kind::Reset => {
+            *cursor = Position {
+                epoch: epoch.clone(),
+                seq,
+            };
+            true
+        }
+    }
 }
 
 /// The result of [`Hub::join`].
@@ -85,7 +127,13 @@ impl Hub {
     }
 
     /// Adds a buffering subscriber.
-    pub fn join(&self, topic: &Topic, conn: ConnId, out: Outbound) -> Joined {
+    pub fn join(
+        &self,
+        topic: &Topic,
+        conn: ConnId,
+        out: Outbound,
+        session: Subscriptions,
+    ) -> Joined {
         let mut shard = self.shard(topic);
         let local = shard.entry(topic.clone()).or_insert_with(|| {
             self.metrics.topics.inc();
@@ -97,6 +145,11 @@ impl Hub {
         });
         let subscriber = Subscriber {
             out,
+            session,
+            cursor: Position {
+                epoch: Epoch::from(""),
+                seq: 0,
+            },
             pending: Some(Vec::new()),
         };
         if local.subscribers.insert(conn, subscriber).is_none() {
@@ -107,9 +160,9 @@ impl Hub {
         }
     }
 
-    /// Ends buffering: queues the held-aside frames after `position` (what
-    /// the session already sent from history; frames of another epoch, a
-    /// reset among them, all go), then delivers directly.
+    /// Ends buffering: queues the held-aside frames that [`admit`] lets
+    /// past `position` (what the session already sent from history), then
+    /// delivers directly.
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
         let mut idle = IdleSockets::default();
         let mut shard = self.shard(topic);
@@ -120,8 +173,12 @@ impl Hub {
         let Some(subscriber) = local.subscribers.get_mut(&conn) else {
             return;
         };
+        subscriber.cursor = position.clone();
         for held in subscriber.pending.take().unwrap_or_default() {
-            if held.epoch != position.epoch || held.seq > position.seq {
+            if admit(&mut subscriber.cursor, held.kind, &held.epoch, held.seq) {
+                if held.kind == Kind::Reset {
+                    subscriber.session.reset(topic, &held.epoch, held.seq);
+                }
                 self.count(subscriber.out.push(held.frame, held.at, &mut idle));
             }
         }
@@ -176,6 +233,7 @@ impl Hub {
     fn fan_out(
         &self,
         topic: &Topic,
+        kind: Kind,
         position: (&Epoch, u64),
         frame: impl Fn() -> Bytes,
         span: Option<&Span>,
@@ -199,9 +257,17 @@ impl Hub {
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         for subscriber in local.subscribers.values_mut() {
             match &mut subscriber.pending {
-                None => self.count(subscriber.out.push(frame.clone(), at, &mut idle)),
+                None => {
+                    if admit(&mut subscriber.cursor, kind, position.0, position.1) {
+                        if kind == Kind::Reset {
+                            subscriber.session.reset(topic, position.0, position.1);
+                        }
+                        self.count(subscriber.out.push(frame.clone(), at, &mut idle));
+                    }
+                }
                 Some(pending) if pending.len() < self.max_pending => {
                     pending.push(Held {
+                        kind,
                         epoch: position.0.clone(),
                         seq: position.1,
                         frame: frame.clone(),
@@ -224,6 +290,7 @@ impl Deliver for Hub {
             telemetry::fan_out_span(publication.topic.as_str(), publication.seq, traceparent);
         self.fan_out(
             &publication.topic,
+            Kind::Publication,
             (&publication.epoch, publication.seq),
             || frame::publication(publication),
             span.as_ref(),
@@ -237,6 +304,7 @@ impl Deliver for Hub {
     fn reset(&self, topic: &Topic, position: &Position) {
         self.fan_out(
             topic,
+            Kind::Reset,
             (&position.epoch, position.seq),
             || {
                 frame::message(&ServerMessage::Reset {
@@ -247,5 +315,79 @@ impl Deliver for Hub {
             },
             None,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A frame as the broker may hand it to the hub: late, twice, or of an
+    /// epoch a reset has left behind.
+    #[derive(Debug, Clone)]
+    enum Frame {
+        Publication(usize, u64),
+        Reset(usize, u64),
+    }
+
+    fn frames() -> impl Strategy<Value = Vec<Frame>> {
+        proptest::collection::vec(
+            prop_oneof![
+                8 => (0usize..3, 0u64..30).prop_map(|(e, s)| Frame::Publication(e, s)),
+                1 => (0usize..3, 0u64..30).prop_map(|(e, s)| Frame::Reset(e, s)),
+            ],
+            0..80,
+        )
+    }
+
+    proptest! {
+        /// What the hub lets through is what a client following the rule
+        /// ("a reset moves you to its epoch and seq; take a message only
+        /// above the last one of your epoch") takes in full: the server
+        /// itself never sends a duplicate or a straggler.
+        #[test]
+        fn a_subscriber_is_sent_each_seq_of_its_epoch_once_in_order(
+            start in 0u64..10,
+            frames in frames(),
+        ) {
+            let epochs: [Epoch; 3] = [Arc::from("a"), Arc::from("b"), Arc::from("c")];
+            let mut cursor = Position { epoch: epochs[0].clone(), seq: start };
+            let mut client = (epochs[0].clone(), start);
+            for frame in frames {
+                let (kind, e, seq) = match frame {
+                    Frame::Publication(e, s) => (Kind::Publication, e, s),
+                    Frame::Reset(e, s) => (Kind::Reset, e, s),
+                };
+                let epoch = &epochs[e];
+                if !admit(&mut cursor, kind, epoch, seq) {
+                    continue;
+                }
+                match kind {
+                    Kind::Reset => client = (epoch.clone(), seq),
+                    Kind::Publication => {
+                        prop_assert_eq!(&client.0, epoch, "a message of another epoch");
+                        prop_assert!(seq > client.1, "seq {} after {}", seq, client.1);
+                        client.1 = seq;
+                    }
+                }
+                prop_assert_eq!((&cursor.epoch, cursor.seq), (&client.0, client.1));
+            }
+        }
+    }
+
+    #[test]
+    fn the_next_seq_passes_and_a_reset_behind_the_cursor_does_not() {
+        let (a, b): (Epoch, Epoch) = (Arc::from("a"), Arc::from("b"));
+        let mut cursor = Position {
+            epoch: a.clone(),
+            seq: 5,
+        };
+        assert!(admit(&mut cursor, Kind::Publication, &a, 6));
+        assert!(!admit(&mut cursor, Kind::Publication, &a, 6));
+        assert!(!admit(&mut cursor, Kind::Reset, &a, 4));
+        assert!(!admit(&mut cursor, Kind::Publication, &b, 7));
+        assert!(admit(&mut cursor, Kind::Reset, &b, 0));
+        assert!(admit(&mut cursor, Kind::Publication, &b, 1));
     }
 }

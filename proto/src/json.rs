@@ -36,6 +36,7 @@ pub enum Command<'a> {
     Ack {
         topic: Cow<'a, str>,
         seq: u64,
+        epoch: Option<Cow<'a, str>>,
     },
     Refresh {
         id: u64,
@@ -100,6 +101,7 @@ impl<'a> Command<'a> {
             "ack" => Command::Ack {
                 topic: raw.topic.ok_or_else(|| missing("topic"))?,
                 seq: raw.seq.ok_or_else(|| missing("seq"))?,
+                epoch: raw.epoch,
             },
             "refresh" => Command::Refresh {
                 id: id.ok_or_else(|| missing("id"))?,
@@ -143,9 +145,10 @@ impl<'a> Command<'a> {
                 topic: topic.to_string(),
                 data: data.get().as_bytes().to_vec(),
             }),
-            Command::Ack { topic, seq } => Op::Ack(v1::Ack {
+            Command::Ack { topic, seq, epoch } => Op::Ack(v1::Ack {
                 topic: topic.to_string(),
                 seq: *seq,
+                epoch: epoch.as_deref().map(str::to_owned),
             }),
             Command::Refresh { id, token } => Op::Refresh(v1::Refresh {
                 id: *id,

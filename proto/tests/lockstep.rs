@@ -55,7 +55,7 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"sub","id":1,"topic":"news","since":41,"epoch":"9f3c"}"#,
         r#"{"op":"unsub","id":2,"topic":"news"}"#,
         r#"{"op":"pub","id":3,"topic":"news","data":{"any":"json"}}"#,
-        r#"{"op":"ack","topic":"news","seq":42}"#,
+        r#"{"op":"ack","topic":"news","seq":42,"epoch":"9f3c"}"#,
         r#"{"op":"refresh","id":4,"token":"t"}"#,
     ];
     for text in commands {

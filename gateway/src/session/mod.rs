@@ -225,11 +225,11 @@ impl Session {
     /// client already has.
     fn late_ack(&self, text: &[u8]) {
         let command = std::str::from_utf8(text).ok().map(Command::decode);
-        if let Some(Ok(Command::Ack { topic, seq })) = command
+        if let Some(Ok(Command::Ack { topic, seq, epoch })) = command
             && let Ok(topic) = Topic::parse(&topic)
             && self.never_sent(&topic, seq).is_none()
         {
-            self.subscriptions.ack(&topic, seq);
+            self.subscriptions.ack(&topic, seq, epoch.as_deref());
         }
     }
 
@@ -354,10 +354,7 @@ impl Session {
                         ),
                     ));
                 }
-                let since = since.map(|seq| Since {
-                    seq,
-                    epoch: epoch.map(|e| e.into_owned()),
-                });
+                let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
                 self.subscribe(Some(id), topic, since).await
             }
             Command::Unsub { id, topic } => {
@@ -400,7 +397,7 @@ impl Session {
                 .await;
                 Ok(())
             }
-            Command::Ack { topic, seq } => {
+            Command::Ack { topic, seq, epoch } => {
                 let topic = self.topic(None, &topic)?;
                 if let Some(head) = self.never_sent(&topic, seq) {
                     return Err(CommandError::new(
@@ -411,7 +408,7 @@ impl Session {
                         ),
                     ));
                 }
-                if !self.subscriptions.ack(&topic, seq) {
+                if !self.subscriptions.ack(&topic, seq, epoch.as_deref()) {
                     return Err(not_subscribed(None, &topic));
                 }
                 Ok(())
@@ -593,9 +590,11 @@ impl Session {
                 self.tell(e).await;
                 continue;
             }
+            // Acks were checked against what was sent: the pod vouches.
             let since = Since {
                 seq: state.acked,
                 epoch: Some(state.epoch.to_string()),
+                vouched: true,
             };
             match self.subscribe(None, state.topic.clone(), Some(since)).await {
                 Ok(()) => {}
@@ -706,7 +705,12 @@ impl Session {
         since: Option<Since>,
     ) -> Result<(), CommandError> {
         let node = self.node.clone();
-        let joined = node.hub.join(&topic, self.conn, self.out.clone());
+        let joined = node.hub.join(
+            &topic,
+            self.conn,
+            self.out.clone(),
+            self.subscriptions.clone(),
+        );
         let watched = joined
             .watched
             .get_or_try_init(|| node.broker.watch(&topic))
@@ -754,12 +758,14 @@ impl Session {
                 break;
             }
         }
-        node.hub.go_live(&topic, self.conn, &position);
         let start = match since {
             Some(since) if recovery.recovered => since.seq,
             _ => position.seq,
         };
-        self.subscriptions.insert(topic, position.epoch, start);
+        // Before going live: a reset among the held frames moves it on.
+        self.subscriptions
+            .insert(topic.clone(), position.epoch.clone(), start);
+        node.hub.go_live(&topic, self.conn, &position);
         Ok(())
     }
 

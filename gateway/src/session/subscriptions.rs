@@ -23,6 +23,10 @@ struct Subscription {
     epoch: Epoch,
     /// The newest seq acked, or the seq the subscription started after.
     acked: u64,
+    /// A `reset` moved it to `epoch` while the connection lived: an ack
+    /// without an epoch may be of the old one (sent before the client read
+    /// the reset), so only acks that name the epoch count.
+    reset: bool,
 }
 
 impl Subscriptions {
@@ -53,7 +57,14 @@ impl Subscriptions {
 
     pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64) {
         let mut inner = self.inner();
-        inner.by_topic.insert(topic, Subscription { epoch, acked });
+        inner.by_topic.insert(
+            topic,
+            Subscription {
+                epoch,
+                acked,
+                reset: false,
+            },
+        );
         inner.dirty = true;
     }
 
@@ -65,17 +76,37 @@ impl Subscriptions {
         removed
     }
 
-    /// Records a cumulative ack; false when the topic is not subscribed.
-    pub fn ack(&self, topic: &Topic, seq: u64) -> bool {
+    /// Records a cumulative ack of `seq` in `epoch` (the subscription's own
+    /// when `None`); false when the topic is not subscribed. An ack of
+    /// another epoch than the subscription's is not counted.
+    pub fn ack(&self, topic: &Topic, seq: u64, epoch: Option<&str>) -> bool {
         let mut inner = self.inner();
         let Some(subscription) = inner.by_topic.get_mut(topic) else {
             return false;
         };
-        if seq > subscription.acked {
+        let counts = match epoch {
+            Some(epoch) => *subscription.epoch == *epoch,
+            None => !subscription.reset,
+        };
+        if counts && seq > subscription.acked {
             subscription.acked = seq;
             inner.dirty = true;
         }
         true
+    }
+
+    /// The client was sent `reset` for `topic`: its stream goes on in
+    /// `epoch` after `seq`, where a resume must continue too.
+    pub fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
+        let mut inner = self.inner();
+        if let Some(subscription) = inner.by_topic.get_mut(topic) {
+            *subscription = Subscription {
+                epoch: epoch.clone(),
+                acked: seq,
+                reset: true,
+            };
+            inner.dirty = true;
+        }
     }
 
     pub fn topics(&self) -> Vec<Topic> {

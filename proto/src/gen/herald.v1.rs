@@ -76,6 +76,10 @@ pub struct Ack {
     pub topic: ::prost::alloc::string::String,
     #[prost(uint64, tag = "2")]
     pub seq: u64,
+    /// The epoch of `seq`. After a `reset`, acks without it are not counted:
+    /// one sent before the client read the reset would be of the old epoch.
+    #[prost(string, optional, tag = "3")]
+    pub epoch: ::core::option::Option<::prost::alloc::string::String>,
 }
 /// A new token for the same user before the current one expires; answered
 /// with `ok` (its `expires`) or `err`.
