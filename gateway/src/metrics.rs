@@ -68,6 +68,8 @@ pub struct Metrics {
     redis_pubsub_lag: Histogram,
     gap_filled: IntCounter,
     resets: IntCounter,
+    redis_rewinds: IntCounter,
+    redis_pubsub_backlog: IntGauge,
 }
 
 impl Metrics {
@@ -265,6 +267,16 @@ impl Metrics {
                 "herald_topic_resets_total",
                 "Times a topic lost continuity on this pod and its subscribers got `reset`.",
             ),
+            redis_rewinds: counter(
+                r,
+                "herald_redis_rewinds_total",
+                "Times this pod found Redis gone back in time (lost writes: a restart from an older snapshot, a failover to a lagging replica) and a new lineage begun.",
+            ),
+            redis_pubsub_backlog: gauge(
+                r,
+                "herald_redis_pubsub_backlog",
+                "Announcements held aside while topics' history is read from Redis (a gap, a reconnect): what waits for Redis on this pod.",
+            ),
             registry,
         };
         metrics.start_at_zero();
@@ -351,6 +363,15 @@ impl Observer for Metrics {
 
     fn topic_reset(&self) {
         self.resets.inc();
+    }
+
+    fn redis_rewound(&self) {
+        self.redis_rewinds.inc();
+    }
+
+    fn pubsub_backlog(&self, held: usize) {
+        self.redis_pubsub_backlog
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 }
 

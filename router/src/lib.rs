@@ -69,6 +69,22 @@ pub struct Position {
 pub struct Since {
     pub seq: u64,
     pub epoch: Option<String>,
+    /// Whether the pod itself vouches for it (a stored session's ack, which
+    /// was checked against what was sent), not only the client: then a
+    /// `seq` above the topic's proves that the broker went back in time, and
+    /// the topic moves to a new epoch.
+    pub vouched: bool,
+}
+
+impl Since {
+    /// A client's own claim.
+    pub fn claimed(seq: u64, epoch: Option<String>) -> Self {
+        Self {
+            seq,
+            epoch,
+            vouched: false,
+        }
+    }
 }
 
 /// The answer to [`Broker::recover`].

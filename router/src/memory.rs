@@ -392,12 +392,7 @@ mod tests {
             vec![2, 3, 4, 5]
         );
 
-        let since = |seq, epoch: Option<&str>| {
-            Some(Since {
-                seq,
-                epoch: epoch.map(str::to_owned),
-            })
-        };
+        let since = |seq, epoch: Option<&str>| Some(Since::claimed(seq, epoch.map(str::to_owned)));
         let r = b.recover(&t, since(2, None)).await?;
         assert!(r.recovered);
         assert_eq!(r.position.seq, 5);
@@ -458,10 +453,7 @@ mod tests {
         let (b, _) = broker(3);
         let t = topic("a");
         b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
-        let since = Since {
-            seq: u64::MAX,
-            epoch: None,
-        };
+        let since = Since::claimed(u64::MAX, None);
         let recovery = b.recover(&t, Some(since)).await?;
         assert!(!recovery.recovered);
         assert!(recovery.publications.is_empty());

@@ -13,6 +13,12 @@ pub trait Observer: Send + Sync + 'static {
     fn gap_filled(&self, _count: u64) {}
     /// A topic lost continuity on this pod; its subscribers were told.
     fn topic_reset(&self) {}
+    /// Redis went back in time: a new lineage began (every topic written
+    /// before it moves to a new epoch when next touched).
+    fn redis_rewound(&self) {}
+    /// Announcements held aside while a topic's history is read, on this
+    /// pod: what waits for Redis.
+    fn pubsub_backlog(&self, _held: usize) {}
 }
 
 /// An observer that ignores everything.

@@ -14,18 +14,28 @@ use router::{
 };
 use testkit::{Redis, WAIT, eventually};
 
-/// What was delivered, with which `traceparent`, and whom to disconnect.
+/// What was delivered, with which `traceparent`, and whom to disconnect;
+/// and in order, every delivery and reset as `(epoch, seq, is a reset)`.
 #[derive(Default)]
 struct Collect(
     Mutex<Vec<(u64, Bytes)>>,
     Mutex<Vec<(u64, Option<String>)>>,
     Mutex<Vec<String>>,
+    Mutex<Vec<(String, u64, bool)>>,
 );
 
 impl Collect {
     fn record(&self, p: &Publication, traceparent: Option<String>) {
         self.0.lock().expect("lock").push((p.seq, p.data.clone()));
         self.1.lock().expect("lock").push((p.seq, traceparent));
+        self.3
+            .lock()
+            .expect("lock")
+            .push((p.epoch.to_string(), p.seq, false));
+    }
+
+    fn stream(&self) -> Vec<(String, u64, bool)> {
+        self.3.lock().expect("lock").clone()
     }
 
     /// Waits, at most [`WAIT`], until `n` publications have been delivered.
@@ -46,7 +56,12 @@ impl Deliver for Collect {
     fn deliver(&self, p: &Publication, traceparent: Option<&str>) {
         self.record(p, traceparent.map(str::to_owned));
     }
-    fn reset(&self, _: &Topic, _: &Position) {}
+    fn reset(&self, _: &Topic, position: &Position) {
+        self.3
+            .lock()
+            .expect("lock")
+            .push((position.epoch.to_string(), position.seq, true));
+    }
     fn disconnect(&self, user: &str) {
         self.2.lock().expect("lock").push(user.to_owned());
     }
@@ -94,10 +109,7 @@ async fn watcher_and_publisher(redis: &Redis) -> (RedisBroker, Arc<Collect>, Red
 }
 
 fn since(seq: u64, epoch: Option<&str>) -> Option<Since> {
-    Some(Since {
-        seq,
-        epoch: epoch.map(str::to_owned),
-    })
+    Some(Since::claimed(seq, epoch.map(str::to_owned)))
 }
 
 #[tokio::test]
@@ -410,4 +422,125 @@ async fn subscribing_to_a_topic_nobody_published_to_leaves_nothing_long_lived() 
         (1..=30_000).contains(&ttl_ms),
         "a topic's bookkeeping lives no longer than its history would: {ttl_ms} ms"
     );
+}
+
+/// Publishes `data` (retrying while the engine reconnects after a Redis
+/// restart) and returns its position.
+async fn publish_retrying(broker: &RedisBroker, topic: &Topic, data: &str) -> Position {
+    eventually(WAIT, || async {
+        broker
+            .publish(topic, Bytes::from(data.to_owned()), None, None)
+            .await
+    })
+    .await
+}
+
+#[tokio::test]
+async fn redis_restarted_from_an_older_dump_moves_topics_to_a_new_epoch_and_resets_watchers() {
+    let mut redis = Redis::persistent().await;
+    let (watcher, sink, publisher, topic) = watcher_and_publisher(&redis).await;
+    for i in 1..=3 {
+        publisher
+            .publish(&topic, Bytes::from(i.to_string()), None, None)
+            .await
+            .expect("publish");
+    }
+    redis.save();
+    let mut before = None;
+    for i in 4..=6 {
+        before = Some(
+            publisher
+                .publish(&topic, Bytes::from(i.to_string()), None, None)
+                .await
+                .expect("publish"),
+        );
+    }
+    let before = before.expect("published");
+    sink.wait_for(6).await;
+    // Back to seq 3: seqs 4 to 6 would be issued again in the same epoch.
+    redis.restart_from_save().await;
+    let after = publish_retrying(&publisher, &topic, "new 4").await;
+    assert_ne!(
+        after.epoch, before.epoch,
+        "a new epoch after going back in time"
+    );
+    assert_eq!(after.seq, 4, "seqs go on from what Redis kept");
+    // The watcher is told (a reset into the new epoch, at 3, or at 4 if
+    // its reconnect came after the publish), then goes on from there.
+    eventually(WAIT, || async {
+        let stream = sink.stream();
+        let tail = &stream[6..];
+        let told = match tail.first() {
+            Some((epoch, at, true)) if *epoch == *after.epoch => *at,
+            _ => return Err(format!("no reset first after the first six: {tail:?}")),
+        };
+        let rest: Vec<_> = (told + 1..=4)
+            .map(|seq| (after.epoch.to_string(), seq, false))
+            .collect();
+        if tail[1..] == rest[..] {
+            Ok(())
+        } else {
+            Err(format!("the watcher saw {tail:?} after the first six"))
+        }
+    })
+    .await;
+    // A client that saw seq 6 of the old epoch is told it cannot recover.
+    let r = watcher
+        .recover(&topic, since(6, Some(&before.epoch)))
+        .await
+        .expect("recover");
+    assert!(!r.recovered);
+    assert_eq!(r.position, after);
+}
+
+#[tokio::test]
+async fn a_since_the_pod_vouches_for_above_the_topic_starts_a_new_epoch_and_a_clients_does_not() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 100, Duration::from_secs(60)).await;
+    let topic = Topic::parse("news").expect("topic");
+    let mut position = None;
+    for i in 1..=3 {
+        position = Some(
+            broker
+                .publish(&topic, Bytes::from(i.to_string()), None, None)
+                .await
+                .expect("publish"),
+        );
+    }
+    let position = position.expect("published");
+    // A client may claim anything: not recovered, and nothing changes.
+    let r = broker
+        .recover(&topic, since(9, Some(&position.epoch)))
+        .await
+        .expect("recover");
+    assert!(!r.recovered);
+    assert_eq!(r.position, position);
+    // A stored session's ack (checked against what was sent when it was
+    // made) above the topic's seq: the topic went back in time.
+    let vouched = Since {
+        seq: 9,
+        epoch: Some(position.epoch.to_string()),
+        vouched: true,
+    };
+    let r = broker
+        .recover(&topic, Some(vouched.clone()))
+        .await
+        .expect("recover");
+    assert!(!r.recovered);
+    assert_ne!(r.position.epoch, position.epoch);
+    assert_eq!(r.position.seq, 3);
+    let next = broker
+        .publish(&topic, Bytes::from_static(b"4"), None, None)
+        .await
+        .expect("publish");
+    assert_eq!(
+        (next.epoch.clone(), next.seq),
+        (r.position.epoch.clone(), 4)
+    );
+    // Once: the same claim again changes nothing more.
+    let again = broker
+        .recover(&topic, Some(vouched))
+        .await
+        .expect("recover");
+    assert_eq!(again.position, next);
 }

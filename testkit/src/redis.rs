@@ -1,7 +1,8 @@
 //! A real `redis-server` on a free loopback port, started and stopped by the
-//! test (no persistence: a restart comes back empty). Like the binary, it
-//! binds its port itself: the port was free a moment before
-//! ([`crate::herald::free_port`]).
+//! test. Without persistence a restart comes back empty; a
+//! [`Redis::persistent`] one keeps what it last `SAVE`d, so that a restart
+//! can take it back in time. Like the binary, it binds its port itself: the
+//! port was free a moment before ([`crate::herald::free_port`]).
 
 use std::process::{Child, Command, Stdio};
 
@@ -11,14 +12,48 @@ use crate::{WAIT, eventually};
 pub struct Redis {
     pub port: u16,
     child: Option<Child>,
+    /// Where a persistent server keeps its dump (removed on drop).
+    dir: Option<std::path::PathBuf>,
 }
 
 impl Redis {
     pub async fn start() -> Self {
         let port = free_port();
-        let mut redis = Self { port, child: None };
+        let mut redis = Self {
+            port,
+            child: None,
+            dir: None,
+        };
         redis.spawn().await;
         redis
+    }
+
+    /// A server that loads its last `SAVE` when it starts again
+    /// ([`Redis::save`], [`Redis::restart_from_save`]).
+    pub async fn persistent() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("herald-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for the dump");
+        let mut redis = Self {
+            port,
+            child: None,
+            dir: Some(dir),
+        };
+        redis.spawn().await;
+        redis
+    }
+
+    /// Writes the dump a restart comes back to.
+    pub fn save(&self) {
+        assert_eq!(self.cli(&["SAVE"]).trim(), "OK", "SAVE");
+    }
+
+    /// Kills the server (SIGKILL: nothing written since the last `SAVE`
+    /// survives) and starts it again from its dump: Redis gone back in time.
+    pub async fn restart_from_save(&mut self) {
+        assert!(self.dir.is_some(), "only a persistent server has a dump");
+        self.stop();
+        self.spawn().await;
     }
 
     pub fn url(&self) -> String {
@@ -26,9 +61,14 @@ impl Redis {
     }
 
     async fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
+        if let Some(dir) = &self.dir {
+            command.arg("--dir").arg(dir);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -88,5 +128,8 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.thaw();
         self.stop();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

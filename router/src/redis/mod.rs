@@ -9,6 +9,7 @@
 //! - Commands go over one multiplexed connection (pipelined, with timeouts,
 //!   reconnecting by itself); session saves are batched ([`sessions`]).
 
+mod lineage;
 mod pubsub;
 mod scripts;
 mod sessions;
@@ -18,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::observe::Observer;
@@ -27,6 +28,7 @@ use crate::{
     Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
     Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Topic,
 };
+use lineage::Lineage;
 
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
 /// sensible history age: losing them starts a new epoch, which subscribers
@@ -57,6 +59,8 @@ struct Inner {
     watches: mpsc::UnboundedSender<pubsub::Command>,
     saves: mpsc::Sender<sessions::Save>,
     observer: Arc<dyn Observer>,
+    lineage: Arc<Lineage>,
+    command_timeout: Duration,
 }
 
 impl RedisSettings {
@@ -87,14 +91,17 @@ impl RedisBroker {
             .get_connection_manager_with_config(config)
             .await
             .map_err(unavailable)?;
+        let command_timeout = settings.command_timeout;
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
+        let lineage = Arc::new(Lineage::new(observer.clone()));
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(
                 client,
                 conn.clone(),
                 sink,
                 observer.clone(),
+                lineage.clone(),
                 namespaces.clone(),
                 settings,
             ),
@@ -112,6 +119,8 @@ impl RedisBroker {
                 watches,
                 saves,
                 observer,
+                lineage,
+                command_timeout,
             }),
         })
     }
@@ -143,12 +152,52 @@ async fn timed<T>(
 }
 
 /// What [`scripts::RECOVER`] answered.
-struct Recovered {
+pub(crate) struct Recovered {
     position: Position,
     now_ms: u64,
+    /// The lineage clock when it was read: what was announced up to here
+    /// is covered by `position`.
+    clock: u64,
     /// With each one's publish time (ms); `None` when the script did not
     /// read history.
     entries: Option<Vec<(Publication, u64)>>,
+}
+
+/// How far [`scripts::RECOVER`] may trust a `since` (its `ARGV[7]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Vouch {
+    /// As [`Since::vouched`] says.
+    AsGiven,
+    /// The pod saw a seq at or below `since` issued again in its epoch.
+    Reissued,
+}
+
+/// One topic's [`scripts::RECOVER`] call.
+fn recover_invocation(
+    lineage: &Lineage,
+    topic: &Topic,
+    since: Option<&Since>,
+    vouch: Vouch,
+    history_ttl: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let vouched = match (vouch, since) {
+        (Vouch::Reissued, _) => "2",
+        (Vouch::AsGiven, Some(since)) if since.vouched => "1",
+        _ => "0",
+    };
+    let mut invocation = scripts::RECOVER.prepare_invoke();
+    invocation
+        .key(scripts::meta_key(topic))
+        .key(scripts::history_key(topic))
+        .key(scripts::LINEAGE_KEY)
+        .arg(new_epoch())
+        .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
+        .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
+        .arg(millis(history_ttl.min(META_TTL)).max(1))
+        .arg(lineage.known())
+        .arg(lineage::fresh())
+        .arg(vouched);
+    invocation
 }
 
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
@@ -156,25 +205,63 @@ struct Recovered {
 async fn recover_raw(
     conn: &ConnectionManager,
     observer: &dyn Observer,
+    lineage: &Lineage,
     topic: &Topic,
     since: Option<&Since>,
     history_ttl: Duration,
 ) -> Result<Recovered, BrokerError> {
-    let mut invocation = scripts::RECOVER.prepare_invoke();
-    invocation
-        .key(scripts::meta_key(topic))
-        .key(scripts::history_key(topic))
-        .arg(new_epoch())
-        .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
-        .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
-        .arg(millis(history_ttl.min(META_TTL)).max(1));
+    let invocation = recover_invocation(lineage, topic, since, Vouch::AsGiven, history_ttl);
     let mut conn = conn.clone();
     let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
-    parse_recovered(topic, value)
-        .ok_or_else(|| BrokerError::Unavailable("redis: unexpected recover reply".into()))
+    recovered(lineage, topic, value)
 }
 
-fn parse_recovered(topic: &Topic, value: Value) -> Option<Recovered> {
+/// [`recover_raw`] for many topics in one pipeline (the pub/sub task's
+/// reads after a reconnect): `(topic, since, vouch, history ttl)` each.
+async fn read_many(
+    conn: &ConnectionManager,
+    observer: &dyn Observer,
+    lineage: &Lineage,
+    reads: &[(Topic, Option<Since>, Vouch, Duration)],
+) -> Result<Vec<Recovered>, BrokerError> {
+    let invocations: Vec<_> = reads
+        .iter()
+        .map(|(topic, since, vouch, ttl)| {
+            recover_invocation(lineage, topic, since.as_ref(), *vouch, *ttl)
+        })
+        .collect();
+    let mut pipe = redis::pipe();
+    for invocation in &invocations {
+        pipe.invoke_script(invocation);
+    }
+    let mut conn = conn.clone();
+    let reading = async {
+        match pipe.query_async(&mut conn).await {
+            // Redis forgot its scripts (it restarted): a pipeline does not
+            // load them, so load this one and send the batch again.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                scripts::RECOVER.load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await
+            }
+            other => other,
+        }
+    };
+    let values: Vec<Value> = timed(observer, "recover", reading).await?;
+    reads
+        .iter()
+        .zip(values)
+        .map(|((topic, ..), value)| recovered(lineage, topic, value))
+        .collect()
+}
+
+fn recovered(lineage: &Lineage, topic: &Topic, value: Value) -> Result<Recovered, BrokerError> {
+    let (recovered, line) = parse_recovered(topic, value)
+        .ok_or_else(|| BrokerError::Unavailable("redis: unexpected recover reply".into()))?;
+    lineage.saw(&line, recovered.clock);
+    Ok(recovered)
+}
+
+fn parse_recovered(topic: &Topic, value: Value) -> Option<(Recovered, String)> {
     let Value::Array(items) = value else {
         return None;
     };
@@ -182,15 +269,21 @@ fn parse_recovered(topic: &Topic, value: Value) -> Option<Recovered> {
     let seq = as_u64(&items.next()?)?;
     let epoch: Epoch = Arc::from(as_string(&items.next()?)?);
     let now_ms = as_u64(&items.next()?)?;
+    let clock = as_u64(&items.next()?)?;
+    let line = as_string(&items.next()?)?;
     let entries = match items.next() {
         Some(entries) => Some(parse_entries(topic, &epoch, entries)?),
         None => None,
     };
-    Some(Recovered {
-        position: Position { epoch, seq },
-        now_ms,
-        entries,
-    })
+    Some((
+        Recovered {
+            position: Position { epoch, seq },
+            now_ms,
+            clock,
+            entries,
+        },
+        line,
+    ))
 }
 
 /// Parses an `XRANGE` reply into publications, with each one's publish time.
@@ -279,10 +372,12 @@ impl Broker for RedisBroker {
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let ns = self.inner.namespaces.require(topic)?;
+        let lineage = &self.inner.lineage;
         let mut invocation = scripts::PUBLISH.prepare_invoke();
         invocation
             .key(scripts::meta_key(topic))
-            .key(scripts::history_key(topic));
+            .key(scripts::history_key(topic))
+            .key(scripts::LINEAGE_KEY);
         if let Some(key) = idempotency_key {
             invocation.key(scripts::idempotency_key(topic, key));
         }
@@ -293,7 +388,9 @@ impl Broker for RedisBroker {
             .arg(new_epoch())
             .arg(scripts::channel(topic))
             .arg(millis(META_TTL))
-            .arg(millis(IDEMPOTENCY_WINDOW));
+            .arg(millis(IDEMPOTENCY_WINDOW))
+            .arg(lineage.known())
+            .arg(lineage::fresh());
         // Only a traced publish has the argument: the announcement of an
         // untraced one stays as it was, byte for byte.
         if let Some(traceparent) = traceparent.filter(|t| scripts::is_traceparent(t)) {
@@ -306,12 +403,20 @@ impl Broker for RedisBroker {
             invocation.invoke_async(&mut conn),
         )
         .await?;
-        let (seq, epoch) = reply
-            .split_once(':')
-            .and_then(|(seq, epoch)| Some((seq.parse().ok()?, epoch)))
+        let mut parts = reply.split(':');
+        let (seq, epoch) = parts
+            .next()
+            .and_then(|seq| seq.parse().ok())
+            .zip(parts.next())
             .ok_or_else(|| {
                 BrokerError::Unavailable(format!("redis: unexpected publish reply {reply:?}"))
             })?;
+        // The repeat of an idempotent publish stored by an older version
+        // has no lineage.
+        if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
+        {
+            lineage.saw(line, clock);
+        }
         Ok(Position {
             epoch: Arc::from(epoch),
             seq,
@@ -325,9 +430,15 @@ impl Broker for RedisBroker {
             .watches
             .send(pubsub::Command::Watch(topic.clone(), reply))
             .map_err(|_| BrokerError::Unavailable("redis: pub/sub task ended".into()))?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(BrokerError::Unavailable("redis: pub/sub task ended".into())))
+        // A subscribe and a read, each bounded by the command timeout; a
+        // watch given up on is released by the pub/sub task when it ends.
+        match tokio::time::timeout(self.inner.command_timeout * 3, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(BrokerError::Unavailable("redis: pub/sub task ended".into())),
+            Err(_) => Err(BrokerError::Unavailable(
+                "redis: timed out subscribing".into(),
+            )),
+        }
     }
 
     async fn unwatch(&self, topic: &Topic) {
@@ -363,6 +474,7 @@ impl Broker for RedisBroker {
         let recovered = recover_raw(
             &self.inner.conn,
             &*self.inner.observer,
+            &self.inner.lineage,
             topic,
             since.as_ref(),
             ttl,

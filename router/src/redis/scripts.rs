@@ -112,34 +112,82 @@ return {from, body}
     )
 });
 
+/// The dataset's lineage: `HASH {id, clock}`. Every publish advances
+/// `clock`; a pod passes the highest clock it has seen with each script, and a
+/// Redis whose clock is below it went back in time (restarted from an older
+/// snapshot, or failed over to a replica that lagged): the script then starts
+/// a new lineage, and every topic written before it gets a new epoch when it
+/// is next touched. See docs/protocol.md, "When Redis goes back in time".
+pub const LINEAGE_KEY: &str = "herald:lineage";
+
+/// Lua shared by [`PUBLISH`] and [`RECOVER`]: `lineage(key, known, fresh)`
+/// returns the lineage id and clock, starting a new lineage (at the known
+/// clock) when Redis is behind what a pod saw; `position(meta, history,
+/// lineage, fresh epoch, ttl of a new meta)` returns the topic's epoch and seq,
+/// creating them for a new topic and moving a topic written in an earlier
+/// lineage to a new epoch (its seqs may be issued a second time).
+const PRELUDE: &str = r#"
+local function lineage(key, known, fresh)
+  local id = redis.call('HGET', key, 'id')
+  local clock = tonumber(redis.call('HGET', key, 'clock') or '0')
+  if not id or clock < known then
+    -- Past anything any pod may have seen (up to 2^32 writes lost), so that
+    -- no pod takes what comes next for old announcements.
+    if clock < known then clock = known + 4294967296 end
+    id = fresh
+    redis.call('HSET', key, 'id', id, 'clock', clock)
+  end
+  return id, clock
+end
+local function position(meta, history, line, fresh, ttl)
+  local m = redis.call('HMGET', meta, 'epoch', 'seq', 'l')
+  local epoch, seq = m[1], tonumber(m[2] or '0')
+  if not epoch then
+    -- A new series: whatever history is left belongs to a lost one.
+    epoch = fresh
+    seq = 0
+    redis.call('DEL', history)
+    redis.call('HSET', meta, 'epoch', epoch, 'seq', 0, 'l', line)
+    if ttl then redis.call('PEXPIRE', meta, ttl) end
+  elseif m[3] ~= line then
+    -- Without a lineage: stored before lineages existed, adopted as it is.
+    if m[3] then epoch = fresh end
+    redis.call('HSET', meta, 'epoch', epoch, 'l', line)
+  end
+  return epoch, seq
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"#;
+
 /// Assigns the next seq, appends to history (trimmed to the namespace's size
 /// and, a few entries per publish, to its age; reads check the age too),
 /// announces on the channel, remembers an idempotency key. Returns
-/// `"<seq>:<epoch>"`.
+/// `"<seq>:<epoch>:<clock>:<lineage>"`.
 ///
-/// The announcement is `<seq>:<epoch>:<ms>:<data>`, or, for a traced publish,
-/// `<seq>:<epoch>:<ms>;<traceparent>:<data>`.
+/// The announcement is `<seq>:<epoch>:<stamp>:<data>`, the stamp being
+/// `<ms>[;<traceparent>];c<clock>` (the traceparent for a traced publish
+/// only).
 ///
-/// KEYS: meta, history, \[idempotency\]. ARGV: data, history size, history ttl
-/// ms, a fresh epoch (used if the topic has none), channel, meta ttl ms,
-/// idempotency ttl ms, \[traceparent\].
+/// KEYS: meta, history, lineage, \[idempotency\]. ARGV: data, history size,
+/// history ttl ms, a fresh epoch (used if the topic needs one), channel, meta
+/// ttl ms, idempotency ttl ms, the pod's known clock, a fresh lineage id,
+/// \[traceparent\].
 pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{PRELUDE}{}",
         r#"
-if KEYS[3] then
-  local first = redis.call('GET', KEYS[3])
+if KEYS[4] then
+  local first = redis.call('GET', KEYS[4])
   if first then return first end
 end
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then
-  -- A new series: whatever history is left belongs to a lost one.
-  epoch = ARGV[4]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'epoch', epoch)
-end
+local line = lineage(KEYS[3], tonumber(ARGV[8]), ARGV[9])
+local epoch = position(KEYS[1], KEYS[2], line, ARGV[4], nil)
+local clock = redis.call('HINCRBY', KEYS[3], 'clock', 1)
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 if tonumber(ARGV[2]) > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], seq .. '-0', 'd', ARGV[1], 't', now)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
@@ -153,13 +201,14 @@ if tonumber(ARGV[2]) > 0 then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 local stamp = now
-if ARGV[8] then stamp = now .. ';' .. ARGV[8] end
+if ARGV[10] then stamp = stamp .. ';' .. ARGV[10] end
+stamp = stamp .. ';c' .. clock
 redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. stamp .. ':' .. ARGV[1])
-local result = seq .. ':' .. epoch
-if KEYS[3] then redis.call('SET', KEYS[3], result, 'PX', ARGV[7]) end
+local result = seq .. ':' .. epoch .. ':' .. clock .. ':' .. line
+if KEYS[4] then redis.call('SET', KEYS[4], result, 'PX', ARGV[7]) end
 return result
-"#,
-    )
+"#
+    ))
 });
 
 /// Whether `value` looks like a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2
@@ -174,34 +223,41 @@ pub fn is_traceparent(value: &str) -> bool {
 }
 
 /// The topic's position (creating its epoch if it has none) and, given a
-/// `since`, the history after it. Returns `{seq, epoch, now_ms, entries}`;
-/// `entries` only when `since` is in the same epoch and before `seq`.
+/// `since`, the history after it. Returns `{seq, epoch, now_ms, clock,
+/// lineage, entries}`; `entries` only when `since` is in the same epoch and
+/// before `seq`.
+///
+/// A `since` the pod vouches for (`ARGV[7]` = 1: a stored session's ack, or
+/// what the pod delivered) above the topic's seq in the same epoch proves
+/// that the topic went back in time; so does a seq the pod saw issued twice
+/// (`ARGV[7]` = 2). Either moves the topic to a new epoch, once. A client's
+/// own `since` (0) proves nothing: it may be made up.
 ///
 /// A topic nobody published to yet keeps its meta only for `ARGV[4]` (the
 /// namespace's history age): subscribing leaves nothing long-lived behind.
 ///
-/// KEYS: meta, history. ARGV: a fresh epoch, since (-1 for none), the
-/// client's epoch ('' for any), ttl ms of a new meta.
+/// KEYS: meta, history, lineage. ARGV: a fresh epoch, since (-1 for none),
+/// the since's epoch ('' for any), ttl ms of a new meta, the pod's known
+/// clock, a fresh lineage id, vouched (0, 1, 2).
 pub static RECOVER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{PRELUDE}{}",
         r#"
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then
-  epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'epoch', epoch, 'seq', 0)
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local line, clock = lineage(KEYS[3], tonumber(ARGV[5]), ARGV[6])
+local epoch, seq = position(KEYS[1], KEYS[2], line, ARGV[1], ARGV[4])
 local since = tonumber(ARGV[2])
-if since < 0 or since >= seq or (ARGV[3] ~= '' and ARGV[3] ~= epoch) then
-  return {seq, epoch, now}
+local same = ARGV[3] == epoch
+if same and ((ARGV[7] == '1' and since > seq) or ARGV[7] == '2') then
+  epoch = ARGV[1]
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
 end
-return {seq, epoch, now, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
-"#,
-    )
+local now = now_ms()
+if since < 0 or since >= seq or (ARGV[3] ~= '' and ARGV[3] ~= epoch) then
+  return {seq, epoch, now, clock, line}
+end
+return {seq, epoch, now, clock, line, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
+"#
+    ))
 });
 
 /// Records a pod's connection count and returns the counts of the pods that

@@ -1,0 +1,125 @@
+//! Redis going back in time, against the real `herald` binary and a real
+//! `redis-server` restarted from an older dump: every client that saw the
+//! lost seqs is told (`reset`, `recovered: false`), none is handed a seq
+//! again in the epoch it already had it in, and the stream goes on in a new
+//! epoch.
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+use testkit::{Client, Herald, Redis, WAIT, eventually};
+
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+
+/// Publishes over HTTP, retrying while the pod reconnects to Redis; the seq.
+async fn publish(addr: SocketAddr, data: Value) -> u64 {
+    let body = json!({"topic": "news", "data": data}).to_string();
+    let answer = eventually(WAIT, || async {
+        let (status, body) = testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+        if status == 200 {
+            Ok(body)
+        } else {
+            Err(format!("publish answered {status}: {body}"))
+        }
+    })
+    .await;
+    let answer: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
+    answer["seq"].as_u64().expect("seq")
+}
+
+/// Receives `msg`s `from..=to` in order.
+async fn receive(client: &mut Client, from: u64, to: u64) {
+    for seq in from..=to {
+        assert_eq!(client.msg().await.1, seq);
+    }
+}
+
+/// Waits until the store holds session `id` acked at `seq` on `news`.
+async fn saved(redis: &Redis, id: &str, seq: u64) {
+    let key = format!("herald:session:{id}");
+    let line = format!("\n{seq} ");
+    eventually(WAIT, || async { redis.cli(&["GET", &key]).contains(&line) }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into_a_new_epoch() {
+    let mut redis = Redis::persistent().await;
+    let pod = Herald::pod(
+        HERALD,
+        &redis.url(),
+        &[
+            ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
+            ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
+        ],
+    )
+    .await;
+    // One client stays connected throughout; another acks, leaves, resumes.
+    let mut live = Client::connect_url(&pod.ws_url()).await;
+    live.hello(None).await;
+    let epoch = live.sub(1, "news").await["epoch"]
+        .as_str()
+        .expect("epoch")
+        .to_owned();
+    let mut resuming = Client::connect_url(&pod.ws_url()).await;
+    let session = resuming.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    resuming.sub(1, "news").await;
+
+    for n in 1..=10 {
+        publish(pod.addr, json!(n)).await;
+    }
+    receive(&mut resuming, 1, 10).await;
+    resuming
+        .send(json!({"op": "ack", "topic": "news", "seq": 10, "epoch": epoch}))
+        .await;
+    saved(&redis, &session, 10).await;
+    redis.save();
+    for n in 11..=20 {
+        publish(pod.addr, json!(n)).await;
+    }
+    receive(&mut resuming, 11, 20).await;
+    resuming
+        .send(json!({"op": "ack", "topic": "news", "seq": 20, "epoch": epoch}))
+        .await;
+    saved(&redis, &session, 20).await;
+    receive(&mut live, 1, 20).await;
+    drop(resuming);
+
+    // Redis comes back with seq 10 and the session acked at 10.
+    redis.restart_from_save().await;
+
+    // The live client is told; the seqs it gets next are of a new epoch.
+    let reset = live.expect("reset").await;
+    let new_epoch = reset["epoch"].as_str().expect("epoch").to_owned();
+    assert_ne!(new_epoch, epoch);
+    let told = reset["seq"].as_u64().expect("seq");
+    let mut last = told;
+    for n in 1..=5 {
+        last = publish(pod.addr, json!(format!("after {n}"))).await;
+    }
+    assert_eq!(last, told + 5);
+    receive(&mut live, told + 1, last).await;
+
+    // The resumed session (acked at 10 in the old epoch, as Redis now says)
+    // is reset too: it is not handed the new seqs 11 to 15 as if they were
+    // the ones it already had.
+    let mut resumed = Client::connect_url(&pod.ws_url()).await;
+    assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
+    let reset = resumed.expect("reset").await;
+    assert_eq!(reset["epoch"], new_epoch);
+    assert_eq!(reset["seq"], last);
+    let next = publish(pod.addr, json!("next")).await;
+    assert_eq!(resumed.msg().await.1, next);
+
+    // A client that saw seq 20 of the old epoch cannot recover it.
+    let mut other = Client::connect_url(&pod.ws_url()).await;
+    other.hello(None).await;
+    other
+        .send(json!({"op": "sub", "id": 1, "topic": "news", "since": 20, "epoch": epoch}))
+        .await;
+    let ok = other.expect("ok").await;
+    assert_eq!(ok["recovered"], false);
+    assert_eq!(ok["epoch"], new_epoch);
+}
