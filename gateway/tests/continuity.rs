@@ -1,8 +1,10 @@
-//! Redis going back in time, against the real `herald` binary and a real
-//! `redis-server` restarted from an older dump: every client that saw the
-//! lost seqs is told (`reset`, `recovered: false`), none is handed a seq
-//! again in the epoch it already had it in, and the stream goes on in a new
-//! epoch.
+//! Continuity under Redis faults, against the real `herald` binary and a
+//! real `redis-server`: a pod's pub/sub that catches up late sends nobody a
+//! message twice; a `reset` carries the session into the new epoch; and when
+//! Redis goes back in time (restarted from an older dump) every client that
+//! saw the lost seqs is told (`reset`, `recovered: false`), none is handed a
+//! seq again in the epoch it already had it in, and the stream goes on in a
+//! new epoch.
 
 use std::net::SocketAddr;
 
@@ -122,4 +124,98 @@ async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into
     let ok = other.expect("ok").await;
     assert_eq!(ok["recovered"], false);
     assert_eq!(ok["epoch"], new_epoch);
+}
+
+async fn pod(redis: &Redis) -> Herald {
+    Herald::pod(
+        HERALD,
+        &redis.url(),
+        &[
+            ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
+            ("HERALD_SESSION__FLUSH_INTERVAL", "50ms"),
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_not_sent_again_when_the_pods_pubsub_catches_up_late() {
+    let redis = Redis::start().await;
+    let pod = pod(&redis).await;
+    let mut first = Client::subscriber(&pod.ws_url(), "news").await;
+    for n in 1..=3 {
+        publish(pod.addr, json!(n)).await;
+    }
+    receive(&mut first, 1, 3).await;
+    // The pod's pub/sub connection goes, and cannot come back for now.
+    assert_eq!(
+        redis
+            .cli(&["ACL", "SETUSER", "default", "-subscribe"])
+            .trim(),
+        "OK"
+    );
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    for n in 4..=6 {
+        publish(pod.addr, json!(n)).await;
+    }
+    // A second client replays 4 to 6 from history (the topic is watched on
+    // this pod already: no pub/sub needed) and goes live.
+    let mut second = Client::connect_url(&pod.ws_url()).await;
+    second.hello(None).await;
+    second
+        .send(json!({"op": "sub", "id": 1, "topic": "news", "since": 3}))
+        .await;
+    assert_eq!(second.expect("ok").await["recovered"], true);
+    receive(&mut second, 4, 6).await;
+    // The pub/sub comes back and fills 4 to 6: for the first client only.
+    assert_eq!(
+        redis
+            .cli(&["ACL", "SETUSER", "default", "+subscribe"])
+            .trim(),
+        "OK"
+    );
+    receive(&mut first, 4, 6).await;
+    publish(pod.addr, json!(7)).await;
+    receive(&mut first, 7, 7).await;
+    assert_eq!(
+        second.msg().await.1,
+        7,
+        "nothing of the replay a second time"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reset_a_resume_continues_in_the_new_epoch() {
+    let mut redis = Redis::start().await;
+    let pod = pod(&redis).await;
+    let mut client = Client::connect_url(&pod.ws_url()).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    let old = client.sub(1, "news").await["epoch"].clone();
+    for n in 1..=2 {
+        publish(pod.addr, json!(n)).await;
+    }
+    receive(&mut client, 1, 2).await;
+    // Redis loses everything: the topic starts a new epoch, the client is told.
+    redis.restart_empty().await;
+    let reset = client.expect("reset").await;
+    let epoch = reset["epoch"].clone();
+    assert_ne!(epoch, old);
+    let from = reset["seq"].as_u64().expect("seq");
+    let last = publish(pod.addr, json!("a")).await;
+    receive(&mut client, from + 1, last).await;
+    client
+        .send(json!({"op": "ack", "topic": "news", "seq": last, "epoch": epoch}))
+        .await;
+    saved(&redis, &session, last).await;
+    drop(client);
+    let missed = publish(pod.addr, json!("b")).await;
+    // The resume replays what it missed in the new epoch: no second reset.
+    let mut resumed = Client::connect_url(&pod.ws_url()).await;
+    assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
+    let next = resumed.recv().await;
+    assert_eq!(next["op"], "msg", "a replay, not {next}");
+    assert_eq!(next["seq"], missed);
 }
