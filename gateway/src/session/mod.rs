@@ -41,6 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Claims, Refused};
+use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::ConnId;
@@ -567,6 +568,14 @@ impl Session {
             reason: not_resumed,
         })
         .await;
+        let states = snapshot.map(|s| s.subscriptions).unwrap_or_default();
+        // In place before the session is registered, whole: a flush while
+        // they are restored one by one, then a resume elsewhere, must not
+        // find only part of them.
+        for state in &states {
+            self.subscriptions
+                .insert(state.topic.clone(), state.epoch.clone(), state.acked);
+        }
         // Registered after `welcome` is queued, so that a `reconnect` from
         // the rebalancer never comes before it.
         self.node.live.register(
@@ -580,13 +589,10 @@ impl Session {
                 ended: self.ended.clone(),
             },
         );
-        let mut states = snapshot
-            .map(|s| s.subscriptions)
-            .unwrap_or_default()
-            .into_iter();
-        while let Some(state) = states.next() {
+        for state in states {
             // The token may grant less than the one the session began with.
             if let Err(e) = self.may(None, &state.topic, Access::Subscribe) {
+                self.subscriptions.remove(&state.topic);
                 self.tell(e).await;
                 continue;
             }
@@ -604,16 +610,17 @@ impl Session {
                 // comes back and resumes again.
                 Err(e) if e.code == ErrorCode::Unavailable => {
                     tracing::warn!(message = %e.message, "a resumed subscription could not be restored");
-                    for state in std::iter::once(state).chain(states) {
-                        self.subscriptions
-                            .insert(state.topic, state.epoch, state.acked);
-                    }
+                    self.subscriptions
+                        .insert(state.topic, state.epoch, state.acked);
                     self.out.close(CloseReason::Unavailable, true);
                     return;
                 }
                 // For good (its namespace is no longer configured): the
                 // client is told, and the session goes on without it.
-                Err(e) => self.tell(e).await,
+                Err(e) => {
+                    self.subscriptions.remove(&state.topic);
+                    self.tell(e).await;
+                }
             }
         }
     }
@@ -731,8 +738,20 @@ impl Session {
             let label = if recovery.recovered { "true" } else { "false" };
             node.metrics.replays.with_label_values(&[label]).inc();
         }
+        let start = match &since {
+            Some(since) if recovery.recovered => since.seq,
+            _ => position.seq,
+        };
+        // Before going live: a reset among the held frames moves it on.
+        self.subscriptions
+            .insert(topic.clone(), position.epoch.clone(), start);
         match id {
             Some(id) => {
+                if let Err(e) = self.store_subscriptions(id).await {
+                    self.subscriptions.remove(&topic);
+                    self.leave(&topic).await;
+                    return Err(e);
+                }
                 self.reply(ServerMessage::Ok {
                     id,
                     topic: Some(topic.as_str()),
@@ -758,15 +777,43 @@ impl Session {
                 break;
             }
         }
-        let start = match since {
-            Some(since) if recovery.recovered => since.seq,
-            _ => position.seq,
-        };
-        // Before going live: a reset among the held frames moves it on.
-        self.subscriptions
-            .insert(topic.clone(), position.epoch.clone(), start);
         node.hub.go_live(&topic, self.conn, &position);
         Ok(())
+    }
+
+    /// With a shared store, saves the session's subscriptions before the
+    /// client hears `ok` for a new one: a resume elsewhere right after (the
+    /// client moved, or lost its connection before the next flush) must
+    /// find it, or the client would wait for messages of a topic the resumed
+    /// session does not have. Not needed with the memory store: a resume on
+    /// the pod takes the live session over.
+    async fn store_subscriptions(&self, command: u64) -> Result<(), CommandError> {
+        let Some(id) = self.id.as_deref() else {
+            return Ok(());
+        };
+        if self.node.config.broker == BrokerKind::Memory {
+            return Ok(());
+        }
+        let window = self.node.config.session.resume_window;
+        let snapshot = self.subscriptions.snapshot();
+        match self
+            .node
+            .sessions
+            .save(id, &self.owner, snapshot, window)
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                // Resumed by another connection meanwhile: this one is over.
+                self.out.close(CloseReason::TakenOver, true);
+                Err(CommandError::new(
+                    Some(command),
+                    ErrorCode::Unavailable,
+                    "the session was resumed by another connection",
+                ))
+            }
+            Err(e) => Err(broker_error(Some(command), e)),
+        }
     }
 
     /// Removes this connection from a topic; the last local subscriber

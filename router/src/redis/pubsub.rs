@@ -508,9 +508,16 @@ impl Pubsub {
         let lineage = self.lineage.clone();
         let done = self.done.clone();
         let generation = self.generation;
+        let bound = self.settings.command_timeout * 2;
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let result = read_many(&conn, &*observer, &lineage, &reads).await;
+            let reading = read_many(&conn, &*observer, &lineage, &reads);
+            let result = tokio::time::timeout(bound, reading)
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::warn!(topics = reads.len(), "reading topics from redis timed out");
+                    Err(BrokerError::Unavailable("redis: timed out".into()))
+                });
             let _ = done.send(Done::Read {
                 generation,
                 topics,
@@ -566,6 +573,7 @@ impl Pubsub {
             | Done::Unsubscribed { generation, .. }
                 if generation != self.generation => {}
             Done::Unsubscribed { topics, result, .. } => {
+                tracing::debug!(?topics, ?result, "unsubscribed");
                 if let Err(e) = result {
                     tracing::warn!(error = %e, "redis unsubscribe failed");
                     return Err(());
@@ -596,6 +604,7 @@ impl Pubsub {
                     tracing::warn!(error = %e, "redis subscribe failed");
                     return Err(());
                 }
+                tracing::debug!(?topics, "subscribed");
                 let starting = topics
                     .into_iter()
                     .filter(|t| {
@@ -679,6 +688,7 @@ impl Pubsub {
             return;
         }
         let position = recovered.position;
+        tracing::debug!(%topic, ?position, clock = recovered.clock, "read");
         let read = At {
             epoch: position.epoch.clone(),
             seq: position.seq,
@@ -733,6 +743,7 @@ impl Pubsub {
     /// A gap was read from history: delivered if it is all there, else the
     /// subscribers are reset past it.
     fn filled(&mut self, topic: &Topic, upto: u64, publications: Vec<Publication>) {
+        tracing::debug!(%topic, upto, n = publications.len(), "filled");
         let Some(Watched {
             flow: Flow::Catching { at, .. },
             ..
@@ -930,6 +941,7 @@ impl Pubsub {
                 self.deliver(topic, &a);
             }
             Decision::Gap => {
+                tracing::debug!(%topic, ?at, seq = a.seq, "gap");
                 let (epoch, after) = (at.epoch.clone(), at.seq);
                 watched.flow = Flow::Catching {
                     at: at.clone(),
@@ -994,6 +1006,7 @@ impl Pubsub {
         if topics.is_empty() {
             return;
         }
+        tracing::debug!(?topics, "leaving");
         for topic in &topics {
             if let Some(watched) = self.topics.get_mut(topic) {
                 let flow = std::mem::replace(
