@@ -39,6 +39,9 @@ say "format"
 cargo fmt --all --check
 
 say "lints"
+# Also checks the code against `rust-version` (Cargo.toml, 1.88: let-chains):
+# clippy's incompatible_msrv refuses any std API stabilised after it. The
+# workspace lints deny unwrap/expect outside tests (clippy.toml).
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "docs"

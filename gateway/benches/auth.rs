@@ -5,6 +5,8 @@
 //! verification never waits, so each iteration drives it to completion on a
 //! current-thread runtime (its `block_on` costs well under a microsecond).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::hint::black_box;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

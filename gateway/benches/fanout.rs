@@ -2,6 +2,8 @@
 //! once and pushed to 10,000 local subscriber queues. Queues are drained
 //! between iterations, outside the measurement.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,8 @@
 //! `cargo bench -p gateway --bench wire`. Every group sets a throughput, so
 //! criterion prints a rate beside each time.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::hint::black_box;
 use std::sync::Arc;
 

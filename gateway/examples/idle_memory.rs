@@ -7,6 +7,8 @@
 //!
 //! `cargo build --release -p gateway && cargo run --release -p gateway --example idle_memory -- target/release/herald 5000 [auth]`
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 

@@ -12,6 +12,8 @@
 //! `busy`, while health probes always answer; and with `http.api_listen` the
 //! API is not reachable from the client port at all. The last test sets the
 //! same limits on the real `herald` binary through `HERALD_*` variables.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 // A test that cannot go on should stop and say why.
 
 use std::io::Write;

@@ -7,6 +7,8 @@
 //! connection unless refreshed; namespaces admit by token; a session stays
 //! its user's; a JWKS rotates; a backend's disconnect reaches every pod.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,8 @@
 //! may lose its pod and carry on at another; Redis may blink, restart empty
 //! or cut a pod's pub/sub connection, and nothing is lost silently.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;

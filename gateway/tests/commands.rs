@@ -1,6 +1,8 @@
 //! Bad commands get an `err` with a documented code and leave the connection
 //! usable; a client that sends nothing but garbage is closed with 4500.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use serde_json::json;
 use testkit::{Client, Gateway};
 

@@ -4,6 +4,8 @@
 //! refused with an error that names its key, and the binary then exits 64
 //! before binding anything.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

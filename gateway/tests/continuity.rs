@@ -6,6 +6,8 @@
 //! seq again in the epoch it already had it in, and the stream goes on in a
 //! new epoch.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};

@@ -7,6 +7,8 @@
 //! `http.max_body_bytes` `RESOURCE_EXHAUSTED`. A retry with the same
 //! idempotency key publishes nothing. The server stops with the drain.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;

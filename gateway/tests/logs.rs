@@ -2,6 +2,8 @@
 //! one (a short tag), never the id that would resume it. Whoever reads the
 //! logs must not be able to take a client's stream.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use testkit::Herald;
 use testkit::{Client, WAIT, eventually};
 use tokio::time::Duration;

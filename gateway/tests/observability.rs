@@ -12,6 +12,8 @@
 //! `promtool check rules` must accept the rule file, and `docs/metrics.md`
 //! must name every metric the gateway exports.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

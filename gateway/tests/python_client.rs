@@ -5,6 +5,8 @@
 //! minted by PyJWT admits such a client, one signed with another secret does
 //! not.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! added next to it, by themselves, and none of them loses a message on the
 //! way (they resume their sessions wherever they land).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::time::Duration;
 
 use serde_json::json;

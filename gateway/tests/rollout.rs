@@ -8,6 +8,8 @@
 //! missing and nothing twice (after the protocol's client rule), and no
 //! resume fails. Run with `--no-capture` to see the durations.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,6 +5,8 @@
 //! soon as they are gone, and never much later than `shutdown.drain_timeout`,
 //! whatever its clients do.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

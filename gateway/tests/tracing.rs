@@ -10,6 +10,8 @@
 //! unsampled publisher is not traced, and without an endpoint nothing is
 //! exported at all.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{

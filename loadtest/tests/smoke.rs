@@ -2,6 +2,8 @@
 //! tool cannot rot: every delivery once, every publish accepted. The
 //! full-size runs are `scripts/bench.sh`'s.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 

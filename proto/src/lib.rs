@@ -7,9 +7,6 @@
 //! same messages, an `"op"` key naming the case, the same field names.
 //! `tests/lockstep.rs` keeps the two in step.
 
-// Nothing a peer, a config file or a broker sends may panic the server.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
-
 pub mod json;
 
 /// Generated from `proto/herald/v1/herald.proto`.

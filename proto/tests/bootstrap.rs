@@ -3,6 +3,8 @@
 //! vendored `protoc` and fails on any difference. Run with `HERALD_BLESS=1` to
 //! write the new code instead.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::path::Path;
 
 #[test]

@@ -3,6 +3,8 @@
 //! message of that name, and the JSON form converts to a protobuf message that
 //! survives an encode/decode round trip.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::BTreeSet;
 
 use prost::Message;

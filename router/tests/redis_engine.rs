@@ -1,6 +1,8 @@
 //! The Redis engine against a real `redis-server`: seqs, history trimmed by
 //! size and by age, recovery, idempotency, and ordered delivery to a pod.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

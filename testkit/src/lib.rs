@@ -21,6 +21,9 @@
 //!
 //! Every wait is bounded ([`WAIT`], or a bound the caller gives).
 
+// Test support: a failed expectation here is the test failing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod client;
 pub mod cluster;
 pub mod eventually;
