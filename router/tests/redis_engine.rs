@@ -69,6 +69,9 @@ async fn engine(
     let sink = Arc::new(Collect::default());
     let settings = RedisSettings {
         url: redis.url(),
+        password: None,
+        tls: Default::default(),
+        sentinel: None,
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
     };

@@ -15,10 +15,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use rand::Rng;
-use redis::aio::{ConnectionManager, PubSubSink, PubSubStream};
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::connection::{Commands, Connector};
 use super::{RedisSettings, parse_entries, recover_raw, scripts, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Since, Topic};
@@ -43,8 +44,8 @@ struct Watched {
 }
 
 pub struct Pubsub {
-    client: redis::Client,
-    conn: ConnectionManager,
+    client: Connector,
+    conn: Commands,
     sink: Arc<dyn Deliver>,
     observer: Arc<dyn Observer>,
     namespaces: Arc<Namespaces>,
@@ -62,8 +63,8 @@ enum Ended {
 
 impl Pubsub {
     pub fn new(
-        client: redis::Client,
-        conn: ConnectionManager,
+        client: Connector,
+        conn: Commands,
         sink: Arc<dyn Deliver>,
         observer: Arc<dyn Observer>,
         namespaces: Arc<Namespaces>,
@@ -84,8 +85,7 @@ impl Pubsub {
 pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        let connected =
-            tokio::time::timeout(ps.settings.command_timeout, ps.client.get_async_pubsub()).await;
+        let connected = tokio::time::timeout(ps.settings.command_timeout, ps.client.pubsub()).await;
         let (mut subscriber, mut stream) = match connected {
             Ok(Ok(pubsub)) => pubsub.split(),
             failed => {
