@@ -1,34 +1,92 @@
 //! A real `redis-server` on a free loopback port, started and stopped by the
-//! test (no persistence: a restart comes back empty). Like the binary, it
-//! binds its port itself: the port was free a moment before
-//! ([`crate::herald::free_port`]).
+//! test (no persistence: a restart comes back empty), over TCP or TLS only.
+//! Like the binary, it binds its port itself: the port was free a moment
+//! before ([`crate::herald::free_port`]).
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use crate::herald::free_port;
+use crate::pki::Pki;
 use crate::{WAIT, eventually};
 
 pub struct Redis {
     pub port: u16,
     child: Option<Child>,
+    /// More `redis-server` arguments, kept for a restart.
+    args: Vec<String>,
+    tls: Option<Tls>,
+}
+
+/// The files of a TLS server, and of the client `redis-cli` shows it.
+struct Tls {
+    ca: PathBuf,
+    server: (PathBuf, PathBuf),
+    client: (PathBuf, PathBuf),
 }
 
 impl Redis {
     pub async fn start() -> Self {
-        let port = free_port();
-        let mut redis = Self { port, child: None };
+        Self::start_with(&[]).await
+    }
+
+    /// With more `redis-server` arguments (`--replicaof`, `--requirepass`).
+    pub async fn start_with(args: &[&str]) -> Self {
+        let mut redis = Self {
+            port: free_port(),
+            child: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            tls: None,
+        };
+        redis.spawn().await;
+        redis
+    }
+
+    /// TLS only (`--port 0`): the server shows `pki`'s server certificate and
+    /// requires a client certificate signed by its CA (mTLS).
+    pub async fn start_tls(pki: &Pki) -> Self {
+        let mut redis = Self {
+            port: free_port(),
+            child: None,
+            args: Vec::new(),
+            tls: Some(Tls {
+                ca: pki.ca(),
+                server: pki.server(),
+                client: pki.client(),
+            }),
+        };
         redis.spawn().await;
         redis
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     async fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let port = self.port.to_string();
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(tls) => command
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&tls.server.0)
+                .arg("--tls-key-file")
+                .arg(&tls.server.1)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "yes"]),
+        };
+        let child = command
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -43,7 +101,17 @@ impl Redis {
 
     /// Runs `redis-cli` against this server; its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
+        let mut command = Command::new("redis-cli");
+        if let Some(tls) = &self.tls {
+            command
+                .args(["--tls", "--cacert"])
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        let output = command
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()

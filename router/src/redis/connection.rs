@@ -29,6 +29,8 @@ use redis::{
     IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
     ServerErrorKind, TlsCertificates, Value,
 };
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 /// Connection attempts after a first one failed, before a command fails
 /// (each later command starts a fresh series).
@@ -154,10 +156,14 @@ impl Connector {
         if over_tls || sentinel.is_some_and(|s| s.tls) {
             install_crypto_provider();
         }
+        // No `CLIENT SETINFO` (redis-rs names itself by default): an ACL user
+        // without the right would leave a refusal in the ACL log on every
+        // connect, and Redis before 7.2 does not know the command.
+        let mut redis = node.redis_settings().clone().set_skip_set_lib_name();
         if let Some(password) = password {
-            let redis = node.redis_settings().clone().set_password(password);
-            node = node.set_redis_settings(redis);
+            redis = redis.set_password(password);
         }
+        node = node.set_redis_settings(redis);
         node = node.set_tcp_settings(tcp_settings());
         let db = node.redis_settings().db();
         let place = match sentinel {
@@ -200,7 +206,7 @@ impl Connector {
         tokio::time::timeout(self.inner.timeout, client.get_async_pubsub())
             .await
             .unwrap_or_else(|_| Err(timed_out()))
-            .map_err(|e| at(&client, e))
+            .map_err(|e| self.at(&client, e))
     }
 
     /// A client for the master: the URL's, or the one the sentinels name now.
@@ -218,7 +224,15 @@ impl Connector {
         client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| at(client, e))
+            .map_err(|e| self.at(client, e))
+    }
+
+    /// [`at`] where the address is not the one the message names already.
+    fn at(&self, client: &Client, e: RedisError) -> RedisError {
+        match self.inner.place {
+            Place::Direct(_) => e,
+            Place::Sentinel(_) => at(client, e),
+        }
     }
 
     /// One attempt at a command connection to the master.
@@ -245,7 +259,7 @@ impl Sentinels {
         if settings.addresses.is_empty() {
             return Err(invalid(KEY, "must list at least one sentinel (host:port)"));
         }
-        let mut redis = RedisConnectionInfo::default();
+        let mut redis = RedisConnectionInfo::default().set_skip_set_lib_name();
         if let Some(password) = &settings.password {
             redis = redis.set_password(password);
         }
@@ -590,13 +604,28 @@ fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, InvalidSett
     let read = |key: &'static str, path: &Path| {
         std::fs::read(path).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
     };
+    // A file without a certificate would be read as an empty list, and the
+    // failure put off to the first connect.
+    let certificate = |key: &'static str, path: &Path| {
+        let pem = read(key, path)?;
+        let certificates = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
+        if certificates.is_empty() {
+            return Err(invalid(
+                key,
+                format!("{}: no PEM certificate in it", path.display()),
+            ));
+        }
+        Ok(pem)
+    };
     let root_cert = match &files.ca {
-        Some(path) => Some(read("redis.tls_ca", path)?),
+        Some(path) => Some(certificate("redis.tls_ca", path)?),
         None => None,
     };
     let client_tls = match (&files.cert, &files.key) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
-            client_cert: read("redis.tls_cert", cert)?,
+            client_cert: certificate("redis.tls_cert", cert)?,
             client_key: read("redis.tls_key", key)?,
         }),
         (None, None) => None,
@@ -612,13 +641,10 @@ fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, InvalidSett
     };
     // Parsed here as redis-rs will when it connects: a file that is no PEM
     // certificate (or key) is a configuration error, not a connect failure.
+    // The key is what is left to check: redis-rs parses it here, as it will
+    // when it connects.
     if let Err(e) = Client::build_with_tls("rediss://127.0.0.1", certificates.clone()) {
-        let key = if files.ca.is_some() && e.to_string().contains("root") {
-            "redis.tls_ca"
-        } else {
-            "redis.tls_cert"
-        };
-        return Err(invalid(key, e));
+        return Err(invalid("redis.tls_key", e));
     }
     Ok(Some(certificates))
 }
@@ -632,22 +658,24 @@ fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// An error with the address it came from.
+/// With Sentinel, an I/O error says which node it came from (the message
+/// names the sentinels only); its kind is kept, so that retries and
+/// reconnects decide as before.
 fn at(client: &Client, e: RedisError) -> RedisError {
-    if e.kind() == ErrorKind::Io
-        && !e
-            .to_string()
-            .contains(&client.get_connection_info().addr().to_string())
-    {
-        // Keeps the kind, so that retries and reconnects decide as before.
-        RedisError::from((
-            ErrorKind::Io,
-            "connection failed",
-            format!("{}: {e}", client.get_connection_info().addr()),
-        ))
-    } else {
-        e
+    if e.kind() != ErrorKind::Io {
+        return e;
     }
+    let kind = if e.is_timeout() {
+        std::io::ErrorKind::TimedOut
+    } else if e.is_connection_refusal() {
+        std::io::ErrorKind::ConnectionRefused
+    } else if e.is_connection_dropped() {
+        std::io::ErrorKind::ConnectionReset
+    } else {
+        std::io::ErrorKind::Other
+    };
+    let addr = client.get_connection_info().addr();
+    RedisError::from(std::io::Error::new(kind, format!("{addr}: {e}")))
 }
 
 fn timed_out() -> RedisError {
