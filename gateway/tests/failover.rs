@@ -61,7 +61,7 @@ enum Event {
 /// A subscriber of `topic` whose messages a task records: where its
 /// subscription started (epoch, seq) and what came since.
 struct Recorder {
-    start: (String, u64),
+    start: Position,
     events: Arc<Mutex<Vec<Event>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -110,7 +110,7 @@ impl Recorder {
     /// of its epoch, or the first after a `reset`; it carries what was
     /// published at that seq; none comes twice. Where the stream stands.
     #[track_caller]
-    fn check(&self, published: &HashMap<(String, u64), Value>) -> ((String, u64), usize) {
+    fn check(&self, published: &HashMap<Position, Value>) -> (Position, usize) {
         let (mut epoch, mut last) = self.start.clone();
         let mut seen = HashSet::new();
         let mut resets = 0;
@@ -145,31 +145,37 @@ impl Drop for Recorder {
     }
 }
 
-/// What the publisher was answered: by attempt, the position or the status.
+/// What the publisher was answered, attempt by attempt.
 #[derive(Default)]
 struct Published {
-    /// (when, Some((epoch, seq, data)) or None for a failed attempt).
-    attempts: Vec<(Instant, Option<(String, u64, Value)>)>,
+    attempts: Vec<Attempt>,
 }
+
+struct Attempt {
+    at: Instant,
+    /// Where the publish landed (and what it was); `None` if refused.
+    landed: Option<(Position, Value)>,
+}
+
+/// (epoch, seq).
+type Position = (String, u64);
 
 impl Published {
     fn successes_since(&self, since: Instant) -> usize {
         self.attempts
             .iter()
-            .filter(|(at, answer)| *at >= since && answer.is_some())
+            .filter(|a| a.at >= since && a.landed.is_some())
             .count()
     }
 
-    fn by_position(&self) -> HashMap<(String, u64), Value> {
+    fn by_position(&self) -> HashMap<Position, Value> {
         let mut map = HashMap::new();
-        for (_, answer) in &self.attempts {
-            if let Some((epoch, seq, data)) = answer {
-                let earlier = map.insert((epoch.clone(), *seq), data.clone());
-                assert!(
-                    earlier.is_none(),
-                    "two publishes were answered {seq} in {epoch}: {earlier:?} and {data}"
-                );
-            }
+        for (position, data) in self.attempts.iter().filter_map(|a| a.landed.as_ref()) {
+            let earlier = map.insert(position.clone(), data.clone());
+            assert!(
+                earlier.is_none(),
+                "two publishes were answered {position:?}: {earlier:?} and {data}"
+            );
         }
         map
     }
@@ -190,18 +196,15 @@ fn publisher(
             }
             let data = json!({"n": n});
             let (status, answer) = publish(addr, topic, data.clone()).await;
-            let position = (status == 200).then(|| {
-                (
-                    answer["epoch"].as_str().expect("epoch").to_owned(),
-                    answer["seq"].as_u64().expect("seq"),
-                    data,
-                )
+            let landed = (status == 200).then(|| {
+                let epoch = answer["epoch"].as_str().expect("epoch").to_owned();
+                ((epoch, answer["seq"].as_u64().expect("seq")), data)
             });
             assert!(status == 200 || status == 503, "{status} {answer}");
-            log.lock()
-                .expect("lock")
-                .attempts
-                .push((Instant::now(), position));
+            log.lock().expect("lock").attempts.push(Attempt {
+                at: Instant::now(),
+                landed,
+            });
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -240,8 +243,8 @@ async fn pods_follow_the_sentinels_to_the_promoted_replica_and_subscribers_lose_
         .expect("lock")
         .attempts
         .iter()
-        .find(|(at, answer)| *at >= killed && answer.is_some())
-        .map(|(at, _)| *at - killed);
+        .find(|a| a.at >= killed && a.landed.is_some())
+        .map(|a| a.at - killed);
     eprintln!("publishing again {first_after:?} after the kill");
     // It goes on: the command connections are at the new master.
     let again = Instant::now();
@@ -300,7 +303,7 @@ async fn pods_follow_the_sentinels_to_the_promoted_replica_and_subscribers_lose_
         .expect("lock")
         .attempts
         .iter()
-        .filter(|(_, answer)| answer.is_none())
+        .filter(|a| a.landed.is_none())
         .count();
     eprintln!("{attempts} publishes, {failed} refused with 503");
 }
