@@ -205,6 +205,15 @@ validate redis-values "$WORK/redis-values.yaml" \
     --expect Deployment/herald --expect HorizontalPodAutoscaler/herald --expect Secret/herald-auth \
     --absent Ingress --absent ServiceMonitor
 
+render redis-ha-values -f "$CHART/ci/redis-ha-values.yaml"
+validate redis-ha-values "$WORK/redis-ha-values.yaml" \
+    --expect Deployment/herald --expect HorizontalPodAutoscaler/herald --expect NetworkPolicy/herald \
+    --absent Secret --absent Deployment/herald-redis
+grep -q 'secretName: redis-tls' "$WORK/redis-ha-values.yaml" || die "redis-ha-values: no Redis CA mounted"
+grep -q 'name: HERALD_REDIS__SENTINEL__PASSWORD' "$WORK/redis-ha-values.yaml" \
+    || die "redis-ha-values: no sentinel password from its Secret"
+grep -q 'port: 26379' "$WORK/redis-ha-values.yaml" || die "redis-ha-values: no egress to the sentinels"
+
 render full-values -f "$CHART/ci/full-values.yaml"
 validate full-values "$WORK/full-values.yaml" \
     --expect Deployment/herald --expect Deployment/herald-redis --expect Service/herald-redis \
@@ -238,6 +247,12 @@ refuses "open with a namespace granted by token" "namespace chat grants by token
     --set auth.open=true --set config.namespaces.chat.subscribe=granted
 refuses "two replicas with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set replicaCount=2
 refuses "autoscaling with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set autoscaling.enabled=true
+refuses "Sentinel with the in-chart Redis" "exclude each other" "${DEFAULTS[@]}" \
+    --set redis.inChart.enabled=true --set redis.sentinel.masterName=m --set 'redis.sentinel.addresses={s:26379}'
+refuses "Sentinel without sentinels" "needs redis.sentinel.addresses" "${DEFAULTS[@]}" \
+    --set redis.sentinel.masterName=m
+refuses "a client certificate without its key" "go together" "${DEFAULTS[@]}" \
+    --set redis.url=rediss://redis:6379 --set redis.tls.secretName=redis-tls --set redis.tls.certKey=tls.crt
 refuses "a replica count beside the HPA" "the HPA owns the count" "${DEFAULTS[@]}" \
     --set redis.url=redis://redis:6379 --set replicaCount=3
 refuses "a grace period shorter than the drain" "must cover" "${DEFAULTS[@]}" \

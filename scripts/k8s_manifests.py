@@ -47,6 +47,8 @@ SECRET_TOML_KEYS = (("http", "api_keys"), ("auth", "hmac_secret"), ("auth", "pub
 # that herald --check sees the pod's configuration whole.
 STAND_INS = {
     "HERALD_REDIS__URL": "redis://redis.example:6379",
+    "HERALD_REDIS__PASSWORD": "stand-in-redis-password",
+    "HERALD_REDIS__SENTINEL__PASSWORD": "stand-in-sentinel-password",
     API_KEYS_ENV: "stand-in-key-one,stand-in-key-two",
     "HERALD_AUTH__HMAC_SECRET": "stand-in-hmac-secret-0123456789abcdef0123456789abcdef",
     # An EC P-256 public key made for this check; nobody holds its private key.
@@ -55,6 +57,24 @@ STAND_INS = {
         "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE0F7Jrp0/sUPDUo6gzhO+IxZdy32L\n"
         "2eLgRq17kct02qqsQv9+nXCWJaCSHc+uz0y8om8bC+uev8FjPOOXVzKhJQ==\n"
         "-----END PUBLIC KEY-----\n"),
+}
+
+# Stand-ins for the PEM files a pod reads from a Secret it mounts (herald
+# --check reads them): a self-signed CA made for this check, whose private
+# key was thrown away.
+STAND_IN_FILES = {
+    "tls_ca": (
+        "-----BEGIN CERTIFICATE-----\n"
+        "MIIBpTCCAUugAwIBAgIUboLRrUY9ucylIQcjfnRYdA8WpG8wCgYIKoZIzj0EAwIw\n"
+        "JzElMCMGA1UEAwwcaGVyYWxkIGNoZWNrLWs4cyBzdGFuZC1pbiBDQTAgFw0yNjEy\n"
+        "MDExODE4MTlaGA8yMTI2MTEwNzE4MTgxOVowJzElMCMGA1UEAwwcaGVyYWxkIGNo\n"
+        "ZWNrLWs4cyBzdGFuZC1pbiBDQTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABOHO\n"
+        "4DWlsP0XA0TsM/gQYBlfY/aNrhpIdGStpgajiGonf4HrT+oWUdGWEWi29uGjkPUB\n"
+        "38oZllPDKh1Yv47BMAOjUzBRMB0GA1UdDgQWBBRqy5JTeGOi07yOxm6QOJZiazNv\n"
+        "pTAfBgNVHSMEGDAWgBRqy5JTeGOi07yOxm6QOJZiazNvpTAPBgNVHRMBAf8EBTAD\n"
+        "AQH/MAoGCCqGSM49BAMCA0gAMEUCICSCiKpkc570ST03i9yySk8nJehfQPxzmM6Y\n"
+        "ByCi/wceAiEA7s2oCG/1WfckztjZm5apIquHfHTljwgGLjgbrRXsUBI=\n"
+        "-----END CERTIFICATE-----\n"),
 }
 
 
@@ -346,6 +366,18 @@ def check_gateway(deploy, objects, herald, open_ok=False):
         with open(path, "w") as f:
             f.write(toml_text)
         run_env["HERALD_CONFIG"] = path
+        # Files from a mounted Secret: stand-ins at the same keys.
+        for key, value in config.get("redis", {}).items():
+            if not key.startswith("tls_") or not value:
+                continue
+            if key not in STAND_IN_FILES:
+                raise CheckFailed(f"{name}: no stand-in for the file redis.{key} ({value})")
+            if not any(value.startswith(m["mountPath"] + "/") for m in c.get("volumeMounts", [])):
+                raise CheckFailed(f"{name}: redis.{key} = {value} is on no volume the pod mounts")
+            stand_in = os.path.join(tmp, key + ".pem")
+            with open(stand_in, "w") as f:
+                f.write(STAND_IN_FILES[key])
+            run_env["HERALD_REDIS__" + key.upper()] = stand_in
         result = subprocess.run([herald, "--check"], env=run_env, capture_output=True, text=True)
     if result.returncode != 0:
         raise CheckFailed(f"{name}: herald --check refused its configuration: "

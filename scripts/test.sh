@@ -8,8 +8,11 @@ say() { printf '\n== %s\n' "$*"; }
 
 say "test dependencies"
 # Debian packages the tests run, installed only when missing: redis-server
-# and redis-cli (the cluster tests start their own Redis), prometheus and
-# promtool (the observability test scrapes herald with a real Prometheus).
+# and redis-cli (the cluster tests start their own Redis, over TLS too, and
+# its sentinels: `redis-server --sentinel` is the binary Debian's
+# redis-sentinel package links to, without that package's service on 26379),
+# prometheus and promtool (the observability test scrapes herald with a real
+# Prometheus).
 missing=()
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-server redis-tools)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)

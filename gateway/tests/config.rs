@@ -445,3 +445,85 @@ fn rebalancing_needs_a_shared_broker_and_sane_bounds() {
     bad.push(("HERALD_REBALANCE__MAX_MOVE_FRACTION", "1.5"));
     assert_names(load_env(&bad), "rebalance.max_move_fraction");
 }
+
+#[test]
+fn redis_passwords_certificates_and_sentinels_are_read_checked_and_never_shown() {
+    let config = load_env(&[
+        ("HERALD_BROKER", "redis"),
+        ("HERALD_REDIS__URL", "redis://herald:hunter2@redis:6379/0"),
+        ("HERALD_REDIS__PASSWORD", "12345"),
+        ("HERALD_REDIS__SENTINEL__MASTER_NAME", "mymaster"),
+        ("HERALD_REDIS__SENTINEL__ADDRESSES", "s0:26379, [::1]:26379"),
+        ("HERALD_REDIS__SENTINEL__PASSWORD", "sentinel-secret"),
+    ])
+    .expect("loads");
+    // A password of digits stays text; the list is split at commas.
+    assert_eq!(config.redis.password, "12345");
+    assert_eq!(config.redis.sentinel.addresses, ["s0:26379", "[::1]:26379"]);
+    let settings = config.redis.settings();
+    assert_eq!(settings.password.as_deref(), Some("12345"));
+    let sentinel = settings.sentinel.as_ref().expect("sentinel on");
+    assert_eq!(sentinel.master_name, "mymaster");
+    for shown in [format!("{config:?}"), format!("{settings:?}")] {
+        for secret in ["hunter2", "12345", "sentinel-secret"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("redis://herald:<redacted>@redis:6379/0"),
+            "{shown}"
+        );
+    }
+    // Off by default.
+    assert!(
+        load_env(&[("HERALD_BROKER", "redis")])
+            .expect("loads")
+            .redis
+            .settings()
+            .sentinel
+            .is_none()
+    );
+
+    fn redis(extra: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut vars = vec![("HERALD_BROKER", "redis")];
+        vars.extend_from_slice(extra);
+        load_env(&vars)
+    }
+    assert_names(
+        redis(&[("HERALD_REDIS__SENTINEL__ADDRESSES", "s0:26379")]),
+        "redis.sentinel.master_name",
+    );
+    assert_names(
+        redis(&[("HERALD_REDIS__SENTINEL__MASTER_NAME", "m")]),
+        "redis.sentinel.addresses",
+    );
+    assert_names(
+        redis(&[
+            ("HERALD_REDIS__SENTINEL__MASTER_NAME", "m"),
+            ("HERALD_REDIS__SENTINEL__ADDRESSES", "s0"),
+        ]),
+        "redis.sentinel.addresses",
+    );
+    assert_names(
+        redis(&[
+            ("HERALD_REDIS__URL", "rediss://redis:6379"),
+            ("HERALD_REDIS__TLS_CA", "/nonexistent/ca.pem"),
+        ]),
+        "redis.tls_ca",
+    );
+    let pki = testkit::pki::Pki::new();
+    let ca = pki.ca();
+    let ca = ca.to_str().expect("a UTF-8 path");
+    assert_names(redis(&[("HERALD_REDIS__TLS_CA", ca)]), "redis.tls_ca");
+    assert_names(
+        redis(&[
+            ("HERALD_REDIS__URL", "rediss://redis:6379"),
+            ("HERALD_REDIS__TLS_CERT", ca),
+        ]),
+        "redis.tls_key",
+    );
+    redis(&[
+        ("HERALD_REDIS__URL", "rediss://redis:6379"),
+        ("HERALD_REDIS__TLS_CA", ca),
+    ])
+    .expect("a CA file for a rediss:// URL");
+}

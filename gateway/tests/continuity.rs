@@ -47,7 +47,7 @@ async fn saved(redis: &Redis, id: &str, seq: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into_a_new_epoch() {
-    let mut redis = Redis::persistent().await;
+    let mut redis = Redis::start().await;
     let pod = Herald::pod(
         HERALD,
         &redis.url(),

@@ -86,6 +86,9 @@ async fn engine(
     let sink = Arc::new(Collect::default());
     let settings = RedisSettings {
         url: redis.url(),
+        password: None,
+        tls: Default::default(),
+        sentinel: None,
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
     };
@@ -439,7 +442,7 @@ async fn publish_retrying(broker: &RedisBroker, topic: &Topic, data: &str) -> Po
 
 #[tokio::test]
 async fn redis_restarted_from_an_older_dump_moves_topics_to_a_new_epoch_and_resets_watchers() {
-    let mut redis = Redis::persistent().await;
+    let mut redis = Redis::start().await;
     let (watcher, sink, publisher, topic) = watcher_and_publisher(&redis).await;
     for i in 1..=3 {
         publisher

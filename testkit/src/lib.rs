@@ -6,7 +6,9 @@
 //! - [`herald`]: the real `herald` binary as a child process ([`Herald`]);
 //!   the caller names the binary (`env!("CARGO_BIN_EXE_herald")` exists only
 //!   in the gateway package's own tests).
-//! - [`redis`]: a `redis-server` of the test's own ([`Redis`]).
+//! - [`redis`]: a `redis-server` of the test's own ([`Redis`]), over TCP or
+//!   TLS (with certificates from [`pki`]); [`sentinel`]: a master, a replica
+//!   and three sentinels that fail over quickly.
 //! - [`client`]: a WebSocket client the project did not write
 //!   (tokio-tungstenite) that speaks Herald's JSON protocol ([`Client`]).
 //! - [`raw`]: a hand-written WebSocket client that can break the rules on
@@ -31,8 +33,10 @@ pub mod follower;
 pub mod gateway;
 pub mod herald;
 pub mod http;
+pub mod pki;
 pub mod raw;
 pub mod redis;
+pub mod sentinel;
 
 use std::time::Duration;
 

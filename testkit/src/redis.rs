@@ -1,74 +1,103 @@
 //! A real `redis-server` on a free loopback port, started and stopped by the
-//! test. Without persistence a restart comes back empty; a
-//! [`Redis::persistent`] one keeps what it last `SAVE`d, so that a restart
-//! can take it back in time. Like the binary, it binds its port itself: the
+//! test, over TCP or TLS only. Nothing is saved unless the test says `SAVE`
+//! ([`Redis::save`]): a restart comes back empty, or to that dump
+//! ([`Redis::restart_from_save`]), Redis gone back in time. Each server has a
+//! directory of its own (removed on drop), so that no dump lands in the
+//! tests' working directory. Like the binary, it binds its port itself: the
 //! port was free a moment before ([`crate::herald::free_port`]).
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use crate::herald::free_port;
+use crate::pki::Pki;
 use crate::{WAIT, eventually};
 
 pub struct Redis {
     pub port: u16,
     child: Option<Child>,
-    /// Where a persistent server keeps its dump (removed on drop).
-    dir: Option<std::path::PathBuf>,
+    /// More `redis-server` arguments, kept for a restart.
+    args: Vec<String>,
+    tls: Option<Tls>,
+    /// Its working directory: where a `SAVE` goes.
+    dir: PathBuf,
+}
+
+/// The files of a TLS server, and of the client `redis-cli` shows it.
+struct Tls {
+    ca: PathBuf,
+    server: (PathBuf, PathBuf),
+    client: (PathBuf, PathBuf),
 }
 
 impl Redis {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// With more `redis-server` arguments (`--replicaof`, `--requirepass`).
+    pub async fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let mut redis = Self {
             port,
             child: None,
-            dir: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            tls: None,
+            dir: workdir(port),
         };
         redis.spawn().await;
         redis
     }
 
-    /// A server that loads its last `SAVE` when it starts again
-    /// ([`Redis::save`], [`Redis::restart_from_save`]).
-    pub async fn persistent() -> Self {
+    /// TLS only (`--port 0`): the server shows `pki`'s server certificate and
+    /// requires a client certificate signed by its CA (mTLS).
+    pub async fn start_tls(pki: &Pki) -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("herald-redis-{port}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory for the dump");
         let mut redis = Self {
             port,
             child: None,
-            dir: Some(dir),
+            args: Vec::new(),
+            dir: workdir(port),
+            tls: Some(Tls {
+                ca: pki.ca(),
+                server: pki.server(),
+                client: pki.client(),
+            }),
         };
         redis.spawn().await;
         redis
-    }
-
-    /// Writes the dump a restart comes back to.
-    pub fn save(&self) {
-        assert_eq!(self.cli(&["SAVE"]).trim(), "OK", "SAVE");
-    }
-
-    /// Kills the server (SIGKILL: nothing written since the last `SAVE`
-    /// survives) and starts it again from its dump: Redis gone back in time.
-    pub async fn restart_from_save(&mut self) {
-        assert!(self.dir.is_some(), "only a persistent server has a dump");
-        self.stop();
-        self.spawn().await;
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     async fn spawn(&mut self) {
+        let port = self.port.to_string();
         let mut command = Command::new("redis-server");
-        command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"]);
-        if let Some(dir) = &self.dir {
-            command.arg("--dir").arg(dir);
-        }
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(tls) => command
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&tls.server.0)
+                .arg("--tls-key-file")
+                .arg(&tls.server.1)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "yes"]),
+        };
         let child = command
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -83,7 +112,17 @@ impl Redis {
 
     /// Runs `redis-cli` against this server; its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
+        let mut command = Command::new("redis-cli");
+        if let Some(tls) = &self.tls {
+            command
+                .args(["--tls", "--cacert"])
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        let output = command
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()
@@ -101,6 +140,20 @@ impl Redis {
 
     /// Stops and starts again on the same port, empty.
     pub async fn restart_empty(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
+        self.spawn().await;
+    }
+
+    /// Writes the dump [`Redis::restart_from_save`] comes back to.
+    pub fn save(&self) {
+        assert_eq!(self.cli(&["SAVE"]).trim(), "OK", "SAVE");
+    }
+
+    /// Kills the server (SIGKILL: nothing written since the last `SAVE`
+    /// survives) and starts it again from its dump: Redis gone back in time.
+    pub async fn restart_from_save(&mut self) {
+        assert!(self.dir.join("dump.rdb").exists(), "SAVE first");
         self.stop();
         self.spawn().await;
     }
@@ -128,8 +181,13 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.thaw();
         self.stop();
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A fresh directory for the server on `port`.
+fn workdir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("herald-redis-{port}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for redis-server");
+    dir
 }

@@ -169,7 +169,18 @@ settings that contradict each other. */}}
 {{- if gt $sources 1 }}
 {{- fail "set only one of redis.url, redis.urlSecret.name and redis.inChart.enabled" }}
 {{- end }}
-{{- if gt $sources 0 }}redis{{ else }}memory{{ end }}
+{{- if and $r.sentinel.masterName $r.inChart.enabled }}
+{{- fail "redis.sentinel.masterName and redis.inChart.enabled exclude each other: the in-chart Redis has no sentinels" }}
+{{- end }}
+{{- if and $r.sentinel.masterName (not $r.sentinel.addresses) }}
+{{- fail "redis.sentinel.masterName needs redis.sentinel.addresses (host:port of each sentinel)" }}
+{{- end }}
+{{- if or (gt $sources 0) $r.sentinel.masterName }}redis{{ else }}memory{{ end }}
+{{- end }}
+
+{{/* Where the Secret redis.tls names is mounted. */}}
+{{- define "herald.redisTlsDir" -}}
+/etc/herald-redis-tls
 {{- end }}
 
 {{/* The Redis URL written to herald.toml (a urlSecret overrides it through
@@ -267,6 +278,24 @@ Secret. */}}
 {{- $_ = set $cfg "shutdown" (dict "drain_timeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds))) }}
 {{- $redis := default dict $cfg.redis }}
 {{- $_ = set $redis "url" (include "herald.redisUrl" .) }}
+{{- with .Values.redis.tls }}
+{{- if .secretName }}
+{{- $dir := include "herald.redisTlsDir" $ }}
+{{- $_ = set $redis "tls_ca" (printf "%s/%s" $dir .caKey) }}
+{{- if or .certKey .keyKey }}
+{{- if not (and .certKey .keyKey) }}
+{{- fail "redis.tls.certKey and redis.tls.keyKey go together (a client certificate and its key)" }}
+{{- end }}
+{{- $_ = set $redis "tls_cert" (printf "%s/%s" $dir .certKey) }}
+{{- $_ = set $redis "tls_key" (printf "%s/%s" $dir .keyKey) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.redis.sentinel }}
+{{- if .masterName }}
+{{- $_ = set $redis "sentinel" (dict "master_name" .masterName "addresses" .addresses "tls" .tls) }}
+{{- end }}
+{{- end }}
 {{- $_ = set $cfg "redis" $redis }}
 {{- if and (eq (include "herald.broker" .) "redis") .Values.rebalance.enabled }}
 {{- $r := .Values.rebalance }}

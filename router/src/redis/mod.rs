@@ -7,8 +7,10 @@
 //!   topic's channel while the pod has subscribers, delivers in seq order,
 //!   fills gaps from history and tells subscribers (`reset`) where it cannot.
 //! - Commands go over one multiplexed connection (pipelined, with timeouts,
-//!   reconnecting by itself); session saves are batched ([`sessions`]).
+//!   reconnecting by itself, to the current master with Sentinel:
+//!   [`connection`]); session saves are batched ([`sessions`]).
 
+mod connection;
 mod lineage;
 mod pubsub;
 mod scripts;
@@ -19,9 +21,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
+
+use connection::{Commands, Connector};
+pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
 
 use crate::observe::Observer;
 use crate::{
@@ -36,10 +40,17 @@ use lineage::Lineage;
 const META_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How to reach Redis and how patient to be with it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisSettings {
-    /// `redis://host:port/db`.
+    /// `redis://[user[:password]@]host:port/db`, or `rediss://` for TLS. With
+    /// Sentinel, the host and port are not used.
     pub url: String,
+    /// Replaces the URL's password (so that it can come from a Secret).
+    pub password: Option<String>,
+    /// For `rediss://`: the CA, and a client certificate for mTLS.
+    pub tls: TlsFiles,
+    /// Where to ask for the master, if Redis runs under Sentinel.
+    pub sentinel: Option<SentinelSettings>,
     /// Longest a command (or a connection attempt) may take before it fails.
     pub command_timeout: Duration,
     /// How long a pod stays subscribed to a topic after its last local
@@ -54,7 +65,7 @@ pub struct RedisBroker {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Commands,
     namespaces: Arc<Namespaces>,
     watches: mpsc::UnboundedSender<pubsub::Command>,
     saves: mpsc::Sender<sessions::Save>,
@@ -64,11 +75,47 @@ struct Inner {
 }
 
 impl RedisSettings {
-    /// Checks what can be checked before connecting: the URL.
-    pub fn validate(&self) -> Result<(), String> {
-        redis::Client::open(self.url.as_str())
-            .map(drop)
-            .map_err(|e| e.to_string())
+    /// Checks what can be checked before connecting: the URL, the
+    /// certificate files, the sentinels' addresses.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        self.connector().map(drop)
+    }
+
+    fn connector(&self) -> Result<Connector, InvalidSetting> {
+        Connector::new(
+            &self.url,
+            self.password.as_deref(),
+            &self.tls,
+            self.sentinel.as_ref(),
+            self.command_timeout,
+        )
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("sentinel", &self.sentinel)
+            .field("command_timeout", &self.command_timeout)
+            .field("linger", &self.linger)
+            .finish()
+    }
+}
+
+/// The URL without the password it may hold (`redis://user:<redacted>@host`).
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:<redacted>@{host}")
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -81,16 +128,12 @@ impl RedisBroker {
         sink: Arc<dyn Deliver>,
         observer: Arc<dyn Observer>,
     ) -> Result<Self, BrokerError> {
-        let client = redis::Client::open(settings.url.as_str()).map_err(unavailable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(settings.command_timeout))
-            .set_response_timeout(Some(settings.command_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(unavailable)?;
+        let client = settings
+            .connector()
+            .map_err(|e| BrokerError::Unavailable(format!("redis: `{}`: {e}", e.key)))?;
+        let conn = Commands::connect(client.clone()).await.map_err(|e| {
+            BrokerError::Unavailable(format!("redis: connecting to {}: {e}", client.describe()))
+        })?;
         let command_timeout = settings.command_timeout;
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
@@ -203,7 +246,7 @@ fn recover_invocation(
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
 /// history after it.
 async fn recover_raw(
-    conn: &ConnectionManager,
+    conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
     topic: &Topic,
@@ -219,7 +262,7 @@ async fn recover_raw(
 /// [`recover_raw`] for many topics in one pipeline (the pub/sub task's
 /// reads after a reconnect): `(topic, since, vouch, history ttl)` each.
 async fn read_many(
-    conn: &ConnectionManager,
+    conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
     reads: &[(Topic, Option<Since>, Vouch, Duration)],

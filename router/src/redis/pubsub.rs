@@ -24,10 +24,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use rand::Rng;
-use redis::aio::{ConnectionManager, PubSubSink, PubSubStream};
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::connection::{Commands, Connector};
 use super::lineage::Lineage;
 use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, scripts, timed};
 use crate::observe::Observer;
@@ -173,8 +174,8 @@ enum Done {
 }
 
 pub struct Pubsub {
-    client: redis::Client,
-    conn: ConnectionManager,
+    client: Connector,
+    conn: Commands,
     sink: Arc<dyn Deliver>,
     observer: Arc<dyn Observer>,
     lineage: Arc<Lineage>,
@@ -199,8 +200,8 @@ enum Ended {
 
 impl Pubsub {
     pub fn new(
-        client: redis::Client,
-        conn: ConnectionManager,
+        client: Connector,
+        conn: Commands,
         sink: Arc<dyn Deliver>,
         observer: Arc<dyn Observer>,
         lineage: Arc<Lineage>,
@@ -228,8 +229,7 @@ impl Pubsub {
 pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        let connected =
-            tokio::time::timeout(ps.settings.command_timeout, ps.client.get_async_pubsub()).await;
+        let connected = tokio::time::timeout(ps.settings.command_timeout, ps.client.pubsub()).await;
         let (subscriber, mut stream) = match connected {
             Ok(Ok(pubsub)) => pubsub.split(),
             failed => {

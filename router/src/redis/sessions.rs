@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
+use super::connection::Commands;
 use super::{scripts, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, SessionSnapshot, SessionUser, SubscriptionState, Topic};
@@ -26,11 +26,7 @@ pub struct Save {
     pub done: oneshot::Sender<Result<bool, BrokerError>>,
 }
 
-pub async fn write(
-    conn: ConnectionManager,
-    mut saves: mpsc::Receiver<Save>,
-    observer: Arc<dyn Observer>,
-) {
+pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Arc<dyn Observer>) {
     let mut batch = Vec::with_capacity(BATCH);
     while saves.recv_many(&mut batch, BATCH).await > 0 {
         let invocations: Vec<_> = batch

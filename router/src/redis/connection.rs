@@ -1,0 +1,707 @@
+//! How the engine reaches Redis: the address in the URL, or whichever node a
+//! group of Sentinels names master; over TCP or TLS; as an ACL user.
+//!
+//! - [`Connector`] knows where to go. With Sentinel it asks the sentinels
+//!   on every connect, so that a connection that dropped comes back to the
+//!   node that is master now. (redis-rs's `ConnectionManager` and `PubSub`
+//!   come back to the address they first had, and nothing in redis-rs asks
+//!   the sentinels again.)
+//! - [`Commands`] is the engine's command connection: one multiplexed
+//!   connection shared by every clone, replaced when it fails (a dropped
+//!   socket, a timeout, `READONLY` from a master that was demoted), with the
+//!   bounded retries and backoff `ConnectionManager` had. It is a
+//!   `ConnectionLike`, so scripts and pipelines run on it unchanged.
+//! - [`Connector::pubsub`] opens a fresh pub/sub connection on the master.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use rand::Rng;
+use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::io::tcp::TcpSettings;
+use redis::io::tcp::socket2::TcpKeepalive;
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, TlsCertificates, Value,
+};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+/// Connection attempts after a first one failed, before a command fails
+/// (each later command starts a fresh series).
+const RETRIES: u32 = 2;
+/// Wait before the first retry; it doubles per retry, plus up to as much
+/// again at random, so that pods do not reconnect in lockstep.
+const MIN_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// The longest wait between two attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Idle time before TCP keepalive probes start, the time between them, and
+/// how many go unanswered before the socket fails: a node that vanished (a
+/// partition, a host powered off) is noticed in about 25 s even on an idle
+/// connection, instead of never.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// PEM files for TLS (`rediss://`).
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    /// CA certificates the server's certificate must chain to; `None`: the
+    /// system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate (and below, its key), for a server that requires
+    /// one (`tls-auth-clients yes`).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// Redis Sentinel: the master is whichever node the sentinels name, asked on
+/// every connect.
+#[derive(Clone)]
+pub struct SentinelSettings {
+    /// The name the sentinels monitor the master under.
+    pub master_name: String,
+    /// `host:port` of each sentinel.
+    pub addresses: Vec<String>,
+    /// The sentinels' own password (their `requirepass`), if they have one.
+    pub password: Option<String>,
+    /// Whether the sentinels speak TLS (with the CA and client certificate of
+    /// [`TlsFiles`]).
+    pub tls: bool,
+}
+
+impl fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("master_name", &self.master_name)
+            .field("addresses", &self.addresses)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// A setting the engine cannot use; `key` names it as the configuration
+/// file does (`redis.tls_ca`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason}")]
+pub struct InvalidSetting {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+fn invalid(key: &'static str, reason: impl fmt::Display) -> InvalidSetting {
+    InvalidSetting {
+        key,
+        reason: reason.to_string(),
+    }
+}
+
+/// Where Redis is, and how to open connections to it.
+#[derive(Clone)]
+pub struct Connector {
+    inner: Arc<Target>,
+}
+
+struct Target {
+    place: Place,
+    /// Bounds each connection attempt, each sentinel's answer and (on the
+    /// connections made) each command.
+    timeout: Duration,
+    db: i64,
+}
+
+enum Place {
+    /// The URL's address.
+    Direct(Client),
+    Sentinel(Sentinels),
+}
+
+struct Sentinels {
+    master_name: String,
+    sentinels: Vec<(String, Client)>,
+    /// The URL's scheme, user, password and database, for whichever address
+    /// the sentinels name.
+    node: ConnectionInfo,
+    certificates: Option<TlsCertificates>,
+}
+
+impl Connector {
+    /// Reads the URL and the certificate files; connects to nothing.
+    pub fn new(
+        url: &str,
+        password: Option<&str>,
+        tls: &TlsFiles,
+        sentinel: Option<&SentinelSettings>,
+        timeout: Duration,
+    ) -> Result<Self, InvalidSetting> {
+        let mut node = url
+            .into_connection_info()
+            .map_err(|e| invalid("redis.url", e))?;
+        let over_tls = matches!(node.addr(), ConnectionAddr::TcpTls { .. });
+        let certificates = certificates(tls)?;
+        if certificates.is_some() && !over_tls {
+            let key = if tls.ca.is_some() {
+                "redis.tls_ca"
+            } else {
+                "redis.tls_cert"
+            };
+            return Err(invalid(key, "needs a `rediss://` URL in `redis.url`"));
+        }
+        if over_tls || sentinel.is_some_and(|s| s.tls) {
+            install_crypto_provider();
+        }
+        // No `CLIENT SETINFO` (redis-rs names itself by default): an ACL user
+        // without the right would leave a refusal in the ACL log on every
+        // connect, and Redis before 7.2 does not know the command.
+        let mut redis = node.redis_settings().clone().set_skip_set_lib_name();
+        if let Some(password) = password {
+            redis = redis.set_password(password);
+        }
+        node = node.set_redis_settings(redis);
+        node = node.set_tcp_settings(tcp_settings());
+        let db = node.redis_settings().db();
+        let place = match sentinel {
+            None => Place::Direct(
+                client(node, certificates.as_ref()).map_err(|e| invalid("redis.url", e))?,
+            ),
+            Some(sentinel) => Place::Sentinel(Sentinels::new(sentinel, node, certificates)?),
+        };
+        Ok(Self {
+            inner: Arc::new(Target { place, timeout, db }),
+        })
+    }
+
+    /// Where this connects, for messages: `127.0.0.1:6379`, or the master's
+    /// name and the sentinels.
+    pub fn describe(&self) -> String {
+        match &self.inner.place {
+            Place::Direct(client) => client.get_connection_info().addr().to_string(),
+            Place::Sentinel(s) => {
+                let addresses: Vec<&str> = s.sentinels.iter().map(|(a, _)| a.as_str()).collect();
+                format!(
+                    "master `{}` of the sentinels {}",
+                    s.master_name,
+                    addresses.join(", ")
+                )
+            }
+        }
+    }
+
+    /// A fresh pub/sub connection to the master (RESP2).
+    pub async fn pubsub(&self) -> RedisResult<PubSub> {
+        let client = self.master().await?;
+        if matches!(self.inner.place, Place::Sentinel(_)) {
+            // A short command connection only to ask: pub/sub on a replica
+            // would hear the master's publishes, but not on a demoted master
+            // that sentinels have not reconfigured yet.
+            let mut conn = self.open(&client).await?;
+            expect_master(&mut conn, &client).await?;
+        }
+        tokio::time::timeout(self.inner.timeout, client.get_async_pubsub())
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+            .map_err(|e| self.at(&client, e))
+    }
+
+    /// A client for the master: the URL's, or the one the sentinels name now.
+    async fn master(&self) -> RedisResult<Client> {
+        match &self.inner.place {
+            Place::Direct(client) => Ok(client.clone()),
+            Place::Sentinel(sentinels) => sentinels.master(self.inner.timeout).await,
+        }
+    }
+
+    async fn open(&self, client: &Client) -> RedisResult<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.inner.timeout))
+            .set_response_timeout(Some(self.inner.timeout));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| self.at(client, e))
+    }
+
+    /// [`at`] where the address is not the one the message names already.
+    fn at(&self, client: &Client, e: RedisError) -> RedisError {
+        match self.inner.place {
+            Place::Direct(_) => e,
+            Place::Sentinel(_) => at(client, e),
+        }
+    }
+
+    /// One attempt at a command connection to the master.
+    async fn command_connection(&self) -> RedisResult<MultiplexedConnection> {
+        let client = self.master().await?;
+        let mut conn = self.open(&client).await?;
+        if matches!(self.inner.place, Place::Sentinel(_)) {
+            expect_master(&mut conn, &client).await?;
+        }
+        Ok(conn)
+    }
+}
+
+impl Sentinels {
+    fn new(
+        settings: &SentinelSettings,
+        node: ConnectionInfo,
+        certificates: Option<TlsCertificates>,
+    ) -> Result<Self, InvalidSetting> {
+        const KEY: &str = "redis.sentinel.addresses";
+        if settings.master_name.trim().is_empty() {
+            return Err(invalid("redis.sentinel.master_name", "must not be empty"));
+        }
+        if settings.addresses.is_empty() {
+            return Err(invalid(KEY, "must list at least one sentinel (host:port)"));
+        }
+        let mut redis = RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(password) = &settings.password {
+            redis = redis.set_password(password);
+        }
+        let sentinels = settings
+            .addresses
+            .iter()
+            .map(|address| {
+                let (host, port) = host_port(address)
+                    .ok_or_else(|| invalid(KEY, format!("`{address}` is not host:port")))?;
+                let info = address_of(host, port, settings.tls)
+                    .into_connection_info()
+                    .map_err(|e| invalid(KEY, e))?
+                    .set_redis_settings(redis.clone())
+                    .set_tcp_settings(tcp_settings());
+                let certificates = certificates.as_ref().filter(|_| settings.tls);
+                let client = client(info, certificates).map_err(|e| invalid(KEY, e))?;
+                Ok((address.clone(), client))
+            })
+            .collect::<Result<_, InvalidSetting>>()?;
+        Ok(Self {
+            master_name: settings.master_name.clone(),
+            sentinels,
+            node,
+            certificates,
+        })
+    }
+
+    /// Asks every sentinel at once (each bounded by `timeout`) and takes the
+    /// address most of those that answered name (on a tie, the first listed).
+    async fn master(&self, timeout: Duration) -> RedisResult<Client> {
+        let answers = futures_util::future::join_all(
+            self.sentinels
+                .iter()
+                .map(|(_, sentinel)| ask(sentinel, &self.master_name, timeout)),
+        )
+        .await;
+        let mut named: Vec<((String, u16), usize)> = Vec::new();
+        let mut errors = Vec::new();
+        for ((address, _), answer) in self.sentinels.iter().zip(answers) {
+            match answer {
+                Ok(Some(master)) => match named.iter_mut().find(|(m, _)| *m == master) {
+                    Some((_, votes)) => *votes += 1,
+                    None => named.push((master, 1)),
+                },
+                Ok(None) => errors.push(format!("{address}: does not know the master")),
+                Err(e) => errors.push(format!("{address}: {e}")),
+            }
+        }
+        // `max_by_key` keeps the last of equals: look from the end.
+        let Some(((host, port), _)) = named.into_iter().rev().max_by_key(|(_, votes)| *votes)
+        else {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "no sentinel named a master",
+                format!("`{}` ({})", self.master_name, errors.join("; ")),
+            )));
+        };
+        let tls = matches!(self.node.addr(), ConnectionAddr::TcpTls { .. });
+        let info = self.node.clone().set_addr(address_of(host, port, tls));
+        client(info, self.certificates.as_ref())
+    }
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME`: where `name`'s master is, as this
+/// sentinel sees it.
+async fn ask(
+    sentinel: &Client,
+    name: &str,
+    timeout: Duration,
+) -> RedisResult<Option<(String, u16)>> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let asking = async {
+        let mut conn = sentinel
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+    };
+    // Connecting and asking, each bounded, may not take twice the timeout.
+    tokio::time::timeout(timeout, asking)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+/// Fails unless the node says it is master (`ROLE`): the sentinels may
+/// still name a master that was just demoted, or one that is down.
+async fn expect_master(conn: &mut MultiplexedConnection, client: &Client) -> RedisResult<()> {
+    let role: Value = redis::cmd("ROLE")
+        .query_async(conn)
+        .await
+        .map_err(|e| at(client, e))?;
+    let is_master = match &role {
+        Value::Array(items) => {
+            matches!(items.first(), Some(Value::BulkString(r)) if r == b"master")
+        }
+        _ => false,
+    };
+    if is_master {
+        Ok(())
+    } else {
+        Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "the node the sentinels named is not master",
+            client.get_connection_info().addr().to_string(),
+        )))
+    }
+}
+
+/// The engine's command connection; see the module's docs.
+#[derive(Clone)]
+pub struct Commands {
+    shared: Arc<Slot>,
+}
+
+struct Slot {
+    connector: Connector,
+    current: Mutex<Current>,
+}
+
+/// The connection in use (or being made), and its generation: a failure
+/// replaces the connection only if it is still the one that failed, so that
+/// the commands that were in flight on it together cause one reconnect.
+struct Current {
+    generation: u64,
+    connection: Connecting,
+}
+
+/// Shared by every command waiting for it: one series of attempts at a time.
+type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+
+impl Commands {
+    /// Connects now (failing, after the retries, if Redis cannot be reached).
+    pub async fn connect(connector: Connector) -> RedisResult<Self> {
+        let commands = Self {
+            shared: Arc::new(Slot {
+                current: Mutex::new(Current {
+                    generation: 0,
+                    connection: establish(connector.clone()),
+                }),
+                connector,
+            }),
+        };
+        commands.current().await?;
+        Ok(commands)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Current> {
+        self.shared
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection to send on, and its generation.
+    async fn current(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let (generation, connecting) = {
+            let current = self.lock();
+            (current.generation, current.connection.clone())
+        };
+        match connecting.await {
+            Ok(conn) => Ok((generation, conn)),
+            Err(e) => {
+                // The next command starts a new series of attempts.
+                self.replace(generation, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts over with a new connection (made when a command next needs
+    /// it), unless that already happened since `generation`.
+    fn replace(&self, generation: u64, why: &RedisError) {
+        let mut current = self.lock();
+        if current.generation == generation {
+            tracing::warn!(error = %why, "redis connection failed; reconnecting");
+            current.generation += 1;
+            current.connection = establish(self.shared.connector.clone());
+        }
+    }
+
+    fn check(&self, generation: u64, failure: Option<&RedisError>) {
+        if let Some(e) = failure {
+            self.replace(generation, e);
+        }
+    }
+}
+
+/// Attempts to connect, with [`RETRIES`] retries and backoff.
+fn establish(connector: Connector) -> Connecting {
+    async move {
+        let mut delay = MIN_RETRY_DELAY;
+        let mut retries = 0;
+        loop {
+            match connector.command_connection().await {
+                Ok(conn) => return Ok(conn),
+                Err(e) if retries < RETRIES && worth_retrying(&e) => {
+                    let jitter = delay.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+                    tokio::time::sleep(delay + jitter).await;
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    retries += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    .boxed()
+    .shared()
+}
+
+/// A wrong password or a bad address will not get better in a second.
+fn worth_retrying(e: &RedisError) -> bool {
+    !matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed
+            | ErrorKind::InvalidClientConfig
+            | ErrorKind::Server(ServerErrorKind::NoPerm)
+    )
+}
+
+/// Whether the connection that gave this error is to be replaced: it broke,
+/// it timed out (a half-open socket, or a master that froze or was cut off
+/// and replaced by the sentinels), or it is no longer to the master.
+fn needs_new_connection(e: &RedisError) -> bool {
+    e.is_unrecoverable_error() || e.is_timeout() || demoted(e.kind())
+}
+
+fn demoted(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
+}
+
+/// What, in a command's outcome, calls for a new connection: an error, or a
+/// `READONLY` reply (redis-rs hands a server's error replies back as values).
+fn failure(result: &RedisResult<Value>) -> Option<RedisError> {
+    match result {
+        Ok(reply) => demoted_reply(reply),
+        Err(e) => needs_new_connection(e).then(|| e.clone()),
+    }
+}
+
+/// [`failure`] for a pipeline's replies.
+fn pipeline_failure(result: &RedisResult<Vec<Value>>) -> Option<RedisError> {
+    match result {
+        Ok(replies) => replies.iter().find_map(demoted_reply),
+        Err(e) => needs_new_connection(e).then(|| e.clone()),
+    }
+}
+
+fn demoted_reply(reply: &Value) -> Option<RedisError> {
+    match reply {
+        Value::ServerError(e) if e.kind().is_some_and(|k| demoted(ErrorKind::Server(k))) => {
+            Some(RedisError::from(e.clone()))
+        }
+        _ => None,
+    }
+}
+
+impl ConnectionLike for Commands {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        async move {
+            let (generation, mut conn) = self.current().await?;
+            let result = conn.req_packed_command(cmd).await;
+            self.check(generation, failure(&result).as_ref());
+            result
+        }
+        .boxed()
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        async move {
+            let (generation, mut conn) = self.current().await?;
+            let result = conn.req_packed_commands(pipeline, offset, count).await;
+            self.check(generation, pipeline_failure(&result).as_ref());
+            result
+        }
+        .boxed()
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.connector.inner.db
+    }
+}
+
+fn client(info: ConnectionInfo, certificates: Option<&TlsCertificates>) -> RedisResult<Client> {
+    match certificates {
+        Some(certificates) => Client::build_with_tls(info, certificates.clone()),
+        None => Client::open(info),
+    }
+}
+
+fn address_of(host: String, port: u16, tls: bool) -> ConnectionAddr {
+    if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
+}
+
+/// `host:port`, `[v6]:port`.
+fn host_port(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.trim().rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
+}
+
+/// The PEM files, read and checked now, so that a bad one stops the start
+/// with its key named.
+fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, InvalidSetting> {
+    let read = |key: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+    };
+    // A file without a certificate would be read as an empty list, and the
+    // failure put off to the first connect.
+    let certificate = |key: &'static str, path: &Path| {
+        let pem = read(key, path)?;
+        let certificates = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
+        if certificates.is_empty() {
+            return Err(invalid(
+                key,
+                format!("{}: no PEM certificate in it", path.display()),
+            ));
+        }
+        Ok(pem)
+    };
+    let root_cert = match &files.ca {
+        Some(path) => Some(certificate("redis.tls_ca", path)?),
+        None => None,
+    };
+    let client_tls = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: certificate("redis.tls_cert", cert)?,
+            client_key: read("redis.tls_key", key)?,
+        }),
+        (None, None) => None,
+        (Some(_), None) => return Err(invalid("redis.tls_key", "is needed with `redis.tls_cert`")),
+        (None, Some(_)) => return Err(invalid("redis.tls_cert", "is needed with `redis.tls_key`")),
+    };
+    if root_cert.is_none() && client_tls.is_none() {
+        return Ok(None);
+    }
+    let certificates = TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    // Parsed here as redis-rs will when it connects: a file that is no PEM
+    // certificate (or key) is a configuration error, not a connect failure.
+    // The key is what is left to check: redis-rs parses it here, as it will
+    // when it connects.
+    if let Err(e) = Client::build_with_tls("rediss://127.0.0.1", certificates.clone()) {
+        return Err(invalid("redis.tls_key", e));
+    }
+    Ok(Some(certificates))
+}
+
+/// rustls needs one crypto provider: ring, as the JWKS client uses. Named
+/// here, not left to rustls' crate features, which would panic at the first
+/// connect if a dependency ever enabled a second one. (If something else
+/// installed a provider first, that one is used: the install fails, and
+/// nothing panics.)
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// With Sentinel, an I/O error says which node it came from (the message
+/// names the sentinels only); its kind is kept, so that retries and
+/// reconnects decide as before.
+fn at(client: &Client, e: RedisError) -> RedisError {
+    if e.kind() != ErrorKind::Io {
+        return e;
+    }
+    let kind = if e.is_timeout() {
+        std::io::ErrorKind::TimedOut
+    } else if e.is_connection_refusal() {
+        std::io::ErrorKind::ConnectionRefused
+    } else if e.is_connection_dropped() {
+        std::io::ErrorKind::ConnectionReset
+    } else {
+        std::io::ErrorKind::Other
+    };
+    let addr = client.get_connection_info().addr();
+    RedisError::from(std::io::Error::new(kind, format!("{addr}: {e}")))
+}
+
+fn timed_out() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "timed out",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_addresses_are_host_and_port() {
+        assert_eq!(
+            host_port("10.0.0.1:26379"),
+            Some(("10.0.0.1".into(), 26379))
+        );
+        assert_eq!(host_port("[::1]:26379"), Some(("::1".into(), 26379)));
+        assert_eq!(
+            host_port("sentinel-0.sentinel:26379"),
+            Some(("sentinel-0.sentinel".into(), 26379))
+        );
+        assert_eq!(host_port("10.0.0.1"), None);
+        assert_eq!(host_port(":26379"), None);
+        assert_eq!(host_port("h:99999"), None);
+    }
+}

@@ -1,0 +1,116 @@
+//! The engine's command connection against a real `redis-server`: a reply
+//! that says the node is no longer master (`READONLY`), or a command that
+//! timed out, makes the next command go over a new connection, which with
+//! Sentinel means asking the sentinels again (gateway/tests/failover.rs).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use router::observe::Ignore;
+use router::{
+    Broker, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
+    RedisSettings, Topic,
+};
+use testkit::Redis;
+
+struct Nobody;
+
+impl Deliver for Nobody {
+    fn deliver(&self, _: &Publication, _: Option<&str>) {}
+    fn reset(&self, _: &Topic, _: &Position) {}
+    fn disconnect(&self, _: &str) {}
+}
+
+async fn engine(redis: &Redis) -> RedisBroker {
+    let namespaces = Namespaces::new(&BTreeMap::from([(
+        "default".to_owned(),
+        NamespaceSettings::default(),
+    )]))
+    .expect("namespaces");
+    let settings = RedisSettings {
+        url: redis.url(),
+        password: None,
+        tls: Default::default(),
+        sentinel: None,
+        command_timeout: Duration::from_millis(300),
+        linger: Duration::from_millis(100),
+    };
+    RedisBroker::connect(
+        settings,
+        Arc::new(namespaces),
+        Arc::new(Nobody),
+        Arc::new(Ignore),
+    )
+    .await
+    .expect("connect")
+}
+
+async fn publish(broker: &RedisBroker) -> Result<u64, String> {
+    let topic = Topic::parse("news").expect("topic");
+    broker
+        .publish(&topic, Bytes::from_static(b"1"), None, None)
+        .await
+        .map(|p| p.seq)
+        .map_err(|e| e.to_string())
+}
+
+/// The ids of the connections to `redis` that are neither pub/sub nor
+/// `redis-cli` asking.
+fn command_connections(redis: &Redis) -> BTreeSet<String> {
+    redis
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.contains(" sub=0 ") && !line.contains("cmd=client|list"))
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_demoted_master_sends_the_next_command_over_a_new_connection() {
+    let (node, other) = (Redis::start().await, Redis::start().await);
+    let broker = engine(&node).await;
+    assert_eq!(publish(&broker).await, Ok(1));
+    let before = command_connections(&node);
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    let port = other.port.to_string();
+    assert_eq!(node.cli(&["REPLICAOF", "127.0.0.1", &port]).trim(), "OK");
+    let refused = publish(&broker)
+        .await
+        .expect_err("a replica refuses writes");
+    assert!(refused.contains("read only replica"), "{refused}");
+    assert_eq!(node.cli(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+
+    // (Whether it had synced `other`'s empty data set meanwhile or not.)
+    let again = publish(&broker).await;
+    assert!(again.is_ok(), "{again:?}");
+    let after = command_connections(&node);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert!(after.is_disjoint(&before), "{before:?} then {after:?}");
+}
+
+#[tokio::test]
+async fn a_command_that_timed_out_sends_the_next_over_a_new_connection() {
+    let node = Redis::start().await;
+    let broker = engine(&node).await;
+    assert_eq!(publish(&broker).await, Ok(1));
+    let before = command_connections(&node);
+
+    node.freeze();
+    let timed_out = publish(&broker)
+        .await
+        .expect_err("a frozen Redis answers nothing");
+    node.thaw();
+    assert!(timed_out.contains("timed out"), "{timed_out}");
+
+    // The publish that timed out ran when Redis woke up.
+    assert_eq!(publish(&broker).await, Ok(3));
+    let after = command_connections(&node);
+    assert!(
+        after.iter().any(|id| !before.contains(id)),
+        "{before:?} then {after:?}"
+    );
+}
