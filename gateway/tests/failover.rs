@@ -5,6 +5,8 @@
 //! no silent gap: within an epoch their seqs run on by one, and only a
 //! `reset` may jump.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

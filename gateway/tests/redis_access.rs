@@ -3,6 +3,8 @@
 //! docs/security.md lists; and a start that cannot get in (a certificate
 //! from another CA, a wrong password) stops with a message that says why.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;

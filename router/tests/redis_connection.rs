@@ -3,6 +3,8 @@
 //! timed out, makes the next command go over a new connection, which with
 //! Sentinel means asking the sentinels again (gateway/tests/failover.rs).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
