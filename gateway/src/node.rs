@@ -22,6 +22,11 @@ use crate::metrics::Metrics;
 use crate::rebalance;
 use crate::session::{Registry, Writing};
 
+/// A live session's stored copy is extended once it is older than the
+/// resume window divided by this: it must not expire while its connection
+/// lives, and half the window is left for flushes that fail meanwhile.
+const REFRESH_PARTS: u32 = 2;
+
 pub struct Node {
     pub config: Config,
     pub hub: Arc<Hub>,
@@ -210,16 +215,30 @@ impl Node {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// Saves every live session that changed since its last save, in one
-    /// batch.
+    /// Saves every live session that changed since its last save, and
+    /// extends those whose stored copy is getting old, in one batch. What
+    /// the store did not keep is tried again at the next flush.
     pub async fn flush_sessions(&self) {
-        let changed = self.live.changed();
-        if changed.is_empty() {
+        let now = Instant::now();
+        let window = self.config.session.resume_window;
+        let due = self.live.due(now, window / REFRESH_PARTS);
+        if due.is_empty() {
             return;
         }
-        let window = self.config.session.resume_window;
-        if let Err(e) = self.sessions.save_many(changed, window).await {
-            tracing::warn!(error = %e, "sessions not saved");
+        let (saves, sessions): (Vec<_>, Vec<_>) = due
+            .into_iter()
+            .map(|p| (p.save, (p.changes, p.subscriptions)))
+            .unzip();
+        let answers = self.sessions.save_many(saves, window).await;
+        let mut failed = None;
+        for ((changes, subscriptions), answer) in sessions.into_iter().zip(answers) {
+            match answer {
+                Ok(stored) => subscriptions.stored(changes, stored, now),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            tracing::warn!(error = %e, "sessions not saved; tried again at the next flush");
         }
     }
 }

@@ -31,7 +31,8 @@ pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
 pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, TlsFiles};
 pub use session::{
-    Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, SubscriptionState,
+    Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
+    SubscriptionState,
 };
 pub use topic::{Topic, TopicError};
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::{
     Broker, BrokerError, Claim, Claimed, Deliver, Epoch, Namespaces, Position, Publication,
-    Recovery, SessionSnapshot, SessionStore, Since, Topic,
+    Recovery, SessionSnapshot, SessionStore, Since, Stored, Topic,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -107,6 +107,10 @@ impl Inner {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, StoredSession>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn settings(&self, topic: &Topic) -> Result<(usize, Duration), BrokerError> {
         let ns = self.namespaces.require(topic)?;
         Ok((ns.history_size, ns.history_ttl))
@@ -131,8 +135,7 @@ impl Inner {
                     || now.saturating_duration_since(state.touched) <= ttl
             });
         }
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.retain(|_, s| s.deadline > now);
+        self.sessions().retain(|_, s| s.deadline > now);
     }
 }
 
@@ -279,11 +282,7 @@ impl SessionStore for MemoryBroker {
         ttl: Duration,
     ) -> Result<bool, BrokerError> {
         let now = Instant::now();
-        let mut sessions = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut sessions = self.inner.sessions();
         let claimed_by_another = sessions
             .get(id)
             .is_some_and(|s| s.deadline > now && *s.owner != *owner);
@@ -299,36 +298,78 @@ impl SessionStore for MemoryBroker {
         Ok(true)
     }
 
-    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
+    async fn extend(&self, id: &str, owner: &str, ttl: Duration) -> Result<Stored, BrokerError> {
         let now = Instant::now();
-        let mut sessions = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let Some(stored) = sessions.get_mut(id).filter(|s| s.deadline > now) else {
-            return Ok(Claim::NotFound);
-        };
-        if !Claim::belongs(stored.snapshot.user.as_ref(), user) {
-            return Ok(Claim::OtherUser);
+        let mut sessions = self.inner.sessions();
+        Ok(match sessions.get_mut(id).filter(|s| s.deadline > now) {
+            None => Stored::Gone,
+            Some(stored) if *stored.owner != *owner => Stored::Refused,
+            Some(stored) => {
+                stored.deadline = now + ttl;
+                Stored::Kept
+            }
+        })
+    }
+
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
+        Ok(claim(&mut self.inner.sessions(), id, owner, user))
+    }
+
+    async fn adopt(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<Claim, BrokerError> {
+        let now = Instant::now();
+        let mut sessions = self.inner.sessions();
+        let stored = sessions.get(id).is_some_and(|s| s.deadline > now);
+        if !stored && Claim::belongs(snapshot.user.as_ref(), user) {
+            let kept = StoredSession {
+                deadline: now + ttl,
+                owner: Arc::from(owner),
+                snapshot: snapshot.clone(),
+            };
+            sessions.insert(id.to_owned(), kept);
+            return Ok(Claim::Taken(Claimed {
+                snapshot: snapshot.clone(),
+                from: None,
+            }));
         }
-        let from = std::mem::replace(&mut stored.owner, Arc::from(owner));
-        Ok(Claim::Taken(Claimed {
-            snapshot: stored.snapshot.clone(),
-            from: Some(from.to_string()),
-        }))
+        Ok(claim(&mut sessions, id, owner, user))
     }
 
     async fn revoke(&self, user: &str, _ttl: Duration) -> Result<(), BrokerError> {
         // One pod: its connections close now, and none of them saves again.
         self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .sessions()
             .retain(|_, s| !Claim::belongs(s.snapshot.user.as_ref(), Some(user)));
         self.inner.sink.disconnect(user);
         Ok(())
     }
+}
+
+/// [`SessionStore::claim`] under the sessions' lock.
+fn claim(
+    sessions: &mut HashMap<String, StoredSession>,
+    id: &str,
+    owner: &str,
+    user: Option<&str>,
+) -> Claim {
+    let now = Instant::now();
+    let Some(stored) = sessions.get_mut(id).filter(|s| s.deadline > now) else {
+        return Claim::NotFound;
+    };
+    if !Claim::belongs(stored.snapshot.user.as_ref(), user) {
+        return Claim::OtherUser;
+    }
+    let from = std::mem::replace(&mut stored.owner, Arc::from(owner));
+    Claim::Taken(Claimed {
+        snapshot: stored.snapshot.clone(),
+        from: Some(from.to_string()),
+    })
 }
 
 /// A session as the memory store keeps it.
@@ -510,6 +551,34 @@ mod tests {
                 from: Some("b".to_owned())
             })
         );
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_not_stored_yet_is_adopted_and_only_its_owner_extends_it()
+    -> Result<(), BrokerError> {
+        let (b, _) = broker(3);
+        let ttl = Duration::from_secs(5);
+        let live = SessionSnapshot::default();
+        let adopted = b.adopt("s", "b", None, &live, ttl).await?;
+        assert_eq!(
+            adopted,
+            Claim::Taken(Claimed {
+                snapshot: live,
+                from: None
+            })
+        );
+        // The connection taken over ends at last: refused.
+        assert!(!b.save("s", "a", SessionSnapshot::default(), ttl).await?);
+        assert_eq!(b.extend("s", "a", ttl).await?, Stored::Refused);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(b.extend("s", "b", ttl).await?, Stored::Kept);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(
+            matches!(b.claim("s", "c", None).await?, Claim::Taken(c) if c.from.as_deref() == Some("b"))
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(b.extend("s", "c", ttl).await?, Stored::Gone);
         Ok(())
     }
 

@@ -58,19 +58,49 @@ pub trait SessionStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<bool, BrokerError>;
 
-    /// Saves many snapshots at once (those claimed by another connection are
-    /// not); engines that can batch do.
-    async fn save_many(&self, batch: Vec<SessionSave>, ttl: Duration) -> Result<(), BrokerError> {
+    /// Keeps the session `owner` saved for `ttl` from now, without sending
+    /// it again: a live session's copy must not expire while its
+    /// connection lives, however quiet the client.
+    async fn extend(&self, id: &str, owner: &str, ttl: Duration) -> Result<Stored, BrokerError>;
+
+    /// Saves (or extends) many sessions at once; engines that can batch do.
+    /// One answer per save, in order.
+    async fn save_many(
+        &self,
+        batch: Vec<SessionSave>,
+        ttl: Duration,
+    ) -> Vec<Result<Stored, BrokerError>> {
+        let mut answers = Vec::with_capacity(batch.len());
         for save in batch {
-            self.save(&save.id, &save.owner, save.snapshot, ttl).await?;
+            answers.push(match save.snapshot {
+                Some(snapshot) => self
+                    .save(&save.id, &save.owner, snapshot, ttl)
+                    .await
+                    .map(Stored::from),
+                None => self.extend(&save.id, &save.owner, ttl).await,
+            });
         }
-        Ok(())
+        answers
     }
 
     /// Makes `owner` the session's owner and returns its snapshot, if it is
     /// there (not expired, not revoked) and belongs to `user` (`None`: an
     /// anonymous session). Another user's session is left as it was.
     async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError>;
+
+    /// [`claim`](Self::claim) for a session that a connection of this pod
+    /// served until now, `snapshot` as it left it: when the store has no
+    /// copy (not saved yet, or expired), it keeps `snapshot` for `ttl`.
+    /// Either way `owner` owns the session from now on, so the connection
+    /// taken over cannot save over it when it ends, however late.
+    async fn adopt(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<Claim, BrokerError>;
 
     /// Ends `user`'s access: no session of theirs started before now can be
     /// claimed any more (for at least `ttl`, the resume window), and every
@@ -118,5 +148,26 @@ pub struct Claimed {
 pub struct SessionSave {
     pub id: Arc<str>,
     pub owner: Arc<str>,
-    pub snapshot: SessionSnapshot,
+    /// `None`: unchanged since `owner` last saved it, only
+    /// [extended](SessionStore::extend).
+    pub snapshot: Option<SessionSnapshot>,
+}
+
+/// What the store did with a save or an extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Kept for the ttl from now.
+    Kept,
+    /// Another connection owns the session: nothing written.
+    Refused,
+    /// An extend found no copy to extend (Redis lost it): the session is to
+    /// be saved whole.
+    Gone,
+}
+
+impl From<bool> for Stored {
+    /// A [`SessionStore::save`]'s answer.
+    fn from(kept: bool) -> Self {
+        if kept { Self::Kept } else { Self::Refused }
+    }
 }

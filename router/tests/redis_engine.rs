@@ -11,8 +11,8 @@ use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
     Broker, Claim, Claimed, Deliver, NamespaceSettings, Namespaces, Position, Publication,
-    RedisBroker, RedisSettings, SessionSnapshot, SessionStore, SessionUser, Since,
-    SubscriptionState, Topic,
+    RedisBroker, RedisSettings, SessionSave, SessionSnapshot, SessionStore, SessionUser, Since,
+    Stored, SubscriptionState, Topic,
 };
 use testkit::{Redis, WAIT, eventually};
 
@@ -315,6 +315,85 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
         .parse()
         .expect("pttl");
     assert!(ttl_ms > 0, "expiry kept: {ttl_ms}");
+}
+
+#[tokio::test]
+async fn a_session_taken_over_before_it_was_ever_saved_is_adopted_by_the_new_connection() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let ttl = Duration::from_secs(60);
+    // The store has no copy: the pod's copy is kept, owned by the new
+    // connection, and the connection taken over cannot save over it.
+    let live = snapshot("news", 2);
+    let adopted = broker
+        .adopt("s1", "conn-b", None, &live, ttl)
+        .await
+        .expect("adopt");
+    assert_eq!(
+        adopted,
+        Claim::Taken(Claimed {
+            snapshot: live,
+            from: None,
+        })
+    );
+    assert!(!saves(&broker, "s1", "conn-a", 1).await);
+    assert!(saves(&broker, "s1", "conn-b", 3).await);
+    // With a copy, adopting is claiming it.
+    let adopted = broker
+        .adopt("s1", "conn-c", None, &snapshot("news", 0), ttl)
+        .await
+        .expect("adopt");
+    assert_eq!(
+        adopted,
+        Claim::Taken(Claimed {
+            snapshot: snapshot("news", 3),
+            from: Some("conn-b".to_owned()),
+        })
+    );
+    // A revoked user's session is not kept.
+    let mut alices = snapshot("news", 1);
+    alices.user = Some(SessionUser {
+        id: Arc::from("alice"),
+        since_ms: router::session::unix_ms() - 1,
+    });
+    broker.revoke("alice", ttl).await.expect("revoke");
+    let adopted = broker
+        .adopt("s2", "conn-b", Some("alice"), &alices, ttl)
+        .await
+        .expect("adopt");
+    assert_eq!(adopted, Claim::NotFound);
+    assert_eq!(redis.cli(&["EXISTS", "herald:session:s2"]).trim(), "0");
+}
+
+#[tokio::test]
+async fn only_its_owner_extends_a_session_and_a_lost_one_is_said_to_be_gone() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let ttl = Duration::from_secs(60);
+    assert!(saves(&broker, "s1", "conn-a", 2).await);
+    redis.cli(&["PEXPIRE", "herald:session:s1", "1000"]);
+    let batch = [("s1", "conn-b"), ("s1", "conn-a"), ("gone", "conn-a")]
+        .map(|(id, owner)| SessionSave {
+            id: Arc::from(id),
+            owner: Arc::from(owner),
+            snapshot: None,
+        })
+        .to_vec();
+    let answers: Vec<_> = broker
+        .save_many(batch, ttl)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("extend"))
+        .collect();
+    assert_eq!(answers, [Stored::Refused, Stored::Kept, Stored::Gone]);
+    let ttl_ms: i64 = redis
+        .cli(&["PTTL", "herald:session:s1"])
+        .trim()
+        .parse()
+        .expect("pttl");
+    assert!(ttl_ms > 50_000, "extended: {ttl_ms}");
+    let claimed = broker.claim("s1", "conn-c", None).await.expect("claim");
+    assert!(matches!(claimed, Claim::Taken(c) if c.snapshot == snapshot("news", 2)));
 }
 
 #[tokio::test]

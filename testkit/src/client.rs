@@ -3,7 +3,7 @@
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -25,6 +25,31 @@ impl Client {
             .await
             .expect("connect in time")
             .expect("connect");
+        Self { ws }
+    }
+
+    /// A client at `url` (`ws://<ip:port>/…`) whose socket buffers only
+    /// `bytes` of what the server sends: once it stops reading, the
+    /// server's writes to it soon block.
+    pub async fn with_receive_buffer(url: &str, bytes: u32) -> Self {
+        let addr = url
+            .strip_prefix("ws://")
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|addr| addr.parse().ok())
+            .expect("a ws://<ip:port>/ URL");
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let (ws, _) = tokio::time::timeout(
+            WAIT,
+            tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .expect("handshake in time")
+        .expect("handshake");
         Self { ws }
     }
 

@@ -19,7 +19,7 @@ mod writer;
 
 pub use direct::{IdleSockets, SocketWriter};
 pub use queue::{Close, Limits, Outbound, Overflow, Pushed, Taken};
-pub use registry::{LiveSession, Registry, TakeOver};
+pub use registry::{LiveSession, Pending, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
 pub use writer::Writing;
 
@@ -432,35 +432,36 @@ impl Session {
     }
 
     /// The session `id` to resume, claimed for this connection, so that a
-    /// connection that served it elsewhere can no longer save over it. It
+    /// connection that served it before can no longer save over it. It
     /// comes from this pod's connection serving it if that one held it last
     /// (its acks are the newest), or else as stored. Only `user`'s session
     /// is taken (an anonymous one when `None`); another user's is left alone.
     async fn claim(&self, id: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
-        let live = match self.node.live.take_over(id, user).await {
+        let (owner, live) = match self.node.live.take_over(id, user).await {
             TakeOver::OtherUser => return Ok(Claim::OtherUser),
-            TakeOver::None => None,
-            TakeOver::Taken(owner, snapshot) => Some((owner, snapshot)),
+            TakeOver::None => return self.node.sessions.claim(id, &self.owner, user).await,
+            TakeOver::Taken(owner, live) => (owner, live),
         };
-        let claimed = self.node.sessions.claim(id, &self.owner, user).await;
-        let taken = |snapshot| {
-            Claim::Taken(router::Claimed {
-                snapshot,
-                from: None,
-            })
-        };
-        match (live, claimed) {
-            (Some((owner, live)), Ok(Claim::Taken(stored))) => {
+        // Adopted, not just claimed: the store may have no copy yet (none
+        // flushed, or a pod-local store), and the connection taken over may
+        // not have ended (a stuck write outlasts the takeover's wait); it
+        // must find this connection the owner when it saves at last.
+        let window = self.node.config.session.resume_window;
+        let claimed = self
+            .node
+            .sessions
+            .adopt(id, &self.owner, user, &live, window)
+            .await?;
+        Ok(match claimed {
+            Claim::Taken(stored) => {
                 let held_it_last = stored.from.as_deref() == Some(&*owner);
-                Ok(taken(if held_it_last { live } else { stored.snapshot }))
+                Claim::Taken(router::Claimed {
+                    snapshot: if held_it_last { live } else { stored.snapshot },
+                    from: None,
+                })
             }
-            (Some((_, live)), Ok(_)) => Ok(taken(live)),
-            (Some((_, live)), Err(e)) => {
-                tracing::warn!(error = %e, "session not claimed in the store; resumed from this pod's copy");
-                Ok(taken(live))
-            }
-            (None, claimed) => claimed,
-        }
+            other => other,
+        })
     }
 
     /// Who the client is: the claims of a valid token, or anonymous where
@@ -605,7 +606,7 @@ impl Session {
             match self.subscribe(None, state.topic.clone(), Some(since)).await {
                 Ok(()) => {}
                 // Redis did not answer: this subscription and those not
-                // restored yet are kept as stored, so that the session saved
+                // restored yet stay as stored, so that the session saved
                 // when this connection ends still has them; the client
                 // comes back and resumes again.
                 Err(e) if e.code == ErrorCode::Unavailable => {
@@ -857,7 +858,9 @@ impl Session {
         }
         let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
         if let Some(id) = &self.id {
-            if reason != CloseReason::Disconnected {
+            // Not when a newer connection owns it: the store would refuse it,
+            // or, had the session expired meanwhile, bring back an old copy.
+            if reason != CloseReason::Disconnected && !self.subscriptions.superseded() {
                 self.save(id).await;
             }
             self.node.live.deregister(id, self.conn);

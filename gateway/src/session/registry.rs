@@ -8,6 +8,7 @@ use std::time::Duration;
 use proto::ServerMessage;
 use rand::Rng;
 use router::{Claim, SessionSave, SessionSnapshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Subscriptions;
@@ -43,6 +44,15 @@ pub enum TakeOver {
     /// Its connection was ended: its owner token and the session as it
     /// left it.
     Taken(Arc<str>, SessionSnapshot),
+}
+
+/// A save (or extend) a flush owes the store, and the session to tell how
+/// it went.
+pub struct Pending {
+    pub save: SessionSave,
+    /// The change count the save was taken at.
+    pub changes: u64,
+    pub subscriptions: Subscriptions,
 }
 
 #[derive(Default)]
@@ -108,15 +118,20 @@ impl Registry {
         asked
     }
 
-    /// Every live session that changed since its last save.
-    pub fn changed(&self) -> Vec<SessionSave> {
+    /// Every live session the store lacks at `now` ([`Subscriptions::due`]).
+    pub fn due(&self, now: Instant, refresh: Duration) -> Vec<Pending> {
         self.live()
             .iter()
             .filter_map(|(id, live)| {
-                Some(SessionSave {
-                    id: id.clone(),
-                    owner: live.owner.clone(),
-                    snapshot: live.subscriptions.changed()?,
+                let due = live.subscriptions.due(now, refresh)?;
+                Some(Pending {
+                    save: SessionSave {
+                        id: id.clone(),
+                        owner: live.owner.clone(),
+                        snapshot: due.snapshot,
+                    },
+                    changes: due.changes,
+                    subscriptions: live.subscriptions.clone(),
                 })
             })
             .collect()

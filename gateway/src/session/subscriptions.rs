@@ -4,8 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use router::{Epoch, SessionSnapshot, SessionUser, SubscriptionState, Topic};
+use router::{Epoch, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
+use tokio::time::Instant;
 
 #[derive(Clone, Default)]
 pub struct Subscriptions(Arc<Mutex<Inner>>);
@@ -15,8 +17,24 @@ struct Inner {
     /// Whose session this is; set once, by `hello`.
     user: Option<SessionUser>,
     by_topic: HashMap<Topic, Subscription>,
-    /// Changed since the last snapshot.
-    dirty: bool,
+    /// Counts changes. A flush takes the count with its snapshot and records
+    /// it once the store kept it: a change made meanwhile, or a save that
+    /// failed, leaves the session to save again.
+    changes: u64,
+    /// The count the store's copy was taken at; `None` while it has none of
+    /// this connection's.
+    saved: Option<u64>,
+    /// When the store last kept the session (saved or extended).
+    kept_at: Option<Instant>,
+    /// A newer connection owns the session in the store (a save was
+    /// refused): nothing is saved from here any more.
+    superseded: bool,
+}
+
+impl Inner {
+    fn touch(&mut self) {
+        self.changes += 1;
+    }
 }
 
 struct Subscription {
@@ -29,6 +47,15 @@ struct Subscription {
     reset: bool,
 }
 
+/// What a flush owes the store for a session.
+pub struct Due {
+    /// The session as it is now; `None` when the store has it as it is, and
+    /// only its expiry is to be pushed back.
+    pub snapshot: Option<SessionSnapshot>,
+    /// The change count it was taken at, for [`Subscriptions::stored`].
+    pub changes: u64,
+}
+
 impl Subscriptions {
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
@@ -39,7 +66,7 @@ impl Subscriptions {
     pub fn set_user(&self, user: Option<SessionUser>) {
         let mut inner = self.inner();
         inner.user = user;
-        inner.dirty = true;
+        inner.touch();
     }
 
     pub fn user(&self) -> Option<SessionUser> {
@@ -65,14 +92,16 @@ impl Subscriptions {
                 reset: false,
             },
         );
-        inner.dirty = true;
+        inner.touch();
     }
 
     /// Whether the topic was subscribed.
     pub fn remove(&self, topic: &Topic) -> bool {
         let mut inner = self.inner();
         let removed = inner.by_topic.remove(topic).is_some();
-        inner.dirty |= removed;
+        if removed {
+            inner.touch();
+        }
         removed
     }
 
@@ -90,7 +119,7 @@ impl Subscriptions {
         };
         if counts && seq > subscription.acked {
             subscription.acked = seq;
-            inner.dirty = true;
+            inner.touch();
         }
         true
     }
@@ -105,7 +134,7 @@ impl Subscriptions {
                 acked: seq,
                 reset: true,
             };
-            inner.dirty = true;
+            inner.touch();
         }
     }
 
@@ -113,10 +142,12 @@ impl Subscriptions {
         self.inner().by_topic.keys().cloned().collect()
     }
 
-    /// The snapshot to save, and the session is clean again.
+    /// The session as it is now.
     pub fn snapshot(&self) -> SessionSnapshot {
-        let mut inner = self.inner();
-        inner.dirty = false;
+        Self::snapshot_of(&self.inner())
+    }
+
+    fn snapshot_of(inner: &Inner) -> SessionSnapshot {
         SessionSnapshot {
             user: inner.user.clone(),
             subscriptions: inner
@@ -131,11 +162,92 @@ impl Subscriptions {
         }
     }
 
-    /// The snapshot, if anything changed since the last one.
-    pub fn changed(&self) -> Option<SessionSnapshot> {
-        if !self.inner().dirty {
+    /// What the store lacks of this session at `now`: the snapshot, if it
+    /// changed since it was last saved, or else an extend, if the store last
+    /// kept it `refresh` ago or more (its copy must outlive the connection,
+    /// however quiet the client).
+    pub fn due(&self, now: Instant, refresh: Duration) -> Option<Due> {
+        let inner = self.inner();
+        if inner.superseded {
             return None;
         }
-        Some(self.snapshot())
+        let changes = inner.changes;
+        if inner.saved != Some(changes) {
+            let snapshot = Some(Self::snapshot_of(&inner));
+            return Some(Due { snapshot, changes });
+        }
+        let fresh = inner
+            .kept_at
+            .is_some_and(|at| now.saturating_duration_since(at) < refresh);
+        (!fresh).then_some(Due {
+            snapshot: None,
+            changes,
+        })
+    }
+
+    /// Records how the store took what [`Self::due`] gave at `at` (taken at
+    /// change count `changes`).
+    pub fn stored(&self, changes: u64, stored: Stored, at: Instant) {
+        let mut inner = self.inner();
+        match stored {
+            Stored::Kept => {
+                inner.saved = Some(inner.saved.map_or(changes, |saved| saved.max(changes)));
+                inner.kept_at = Some(at);
+            }
+            Stored::Refused => inner.superseded = true,
+            Stored::Gone => inner.saved = None,
+        }
+    }
+
+    /// Whether a newer connection owns the session in the store.
+    pub fn superseded(&self) -> bool {
+        self.inner().superseded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFRESH: Duration = Duration::from_secs(60);
+
+    fn news() -> Topic {
+        Topic::parse("news").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn only_what_the_store_kept_counts_as_saved() {
+        let now = Instant::now();
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0);
+        let due = s.due(now, REFRESH).expect("due");
+        s.ack(&news(), 3, None);
+        // A save of the snapshot before the ack: the ack is still due.
+        s.stored(due.changes, Stored::Kept, now);
+        let due = s.due(now, REFRESH).expect("the ack is due");
+        let acked = due.snapshot.as_ref().map(|s| s.subscriptions[0].acked);
+        assert_eq!(acked, Some(3));
+        // A save that failed is not recorded: the ack stays due.
+        assert!(s.due(now, REFRESH).is_some());
+        s.stored(due.changes, Stored::Kept, now);
+        assert!(s.due(now, REFRESH).is_none());
+    }
+
+    #[test]
+    fn a_kept_session_is_extended_when_its_copy_ages_and_saved_whole_when_it_is_gone() {
+        let now = Instant::now();
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0);
+        let due = s.due(now, REFRESH).expect("due");
+        s.stored(due.changes, Stored::Kept, now);
+        let later = now + REFRESH;
+        let due = s.due(later, REFRESH).expect("an extend");
+        assert!(due.snapshot.is_none());
+        s.stored(due.changes, Stored::Gone, later);
+        let due = s.due(later, REFRESH).expect("a save");
+        assert!(due.snapshot.is_some());
+        s.stored(due.changes, Stored::Refused, later);
+        assert!(s.due(later + REFRESH, REFRESH).is_none(), "superseded");
+        assert!(s.superseded());
     }
 }

@@ -30,7 +30,7 @@ pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
 use crate::observe::Observer;
 use crate::{
     Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
-    Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Topic,
+    Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Stored, Topic,
 };
 use lineage::Lineage;
 
@@ -571,52 +571,51 @@ impl SessionStore for RedisBroker {
         snapshot: SessionSnapshot,
         ttl: Duration,
     ) -> Result<bool, BrokerError> {
-        let saved = self.queue_save(id, owner, &snapshot, ttl).await?;
-        saved.await.unwrap_or_else(|_| Err(writer_ended()))
+        let saved = self.queue_save(id, owner, Some(&snapshot), ttl).await?;
+        let saved = saved.await.unwrap_or_else(|_| Err(writer_ended()))?;
+        Ok(saved == Stored::Kept)
     }
 
-    async fn save_many(&self, batch: Vec<SessionSave>, ttl: Duration) -> Result<(), BrokerError> {
+    async fn extend(&self, id: &str, owner: &str, ttl: Duration) -> Result<Stored, BrokerError> {
+        let extended = self.queue_save(id, owner, None, ttl).await?;
+        extended.await.unwrap_or_else(|_| Err(writer_ended()))
+    }
+
+    async fn save_many(
+        &self,
+        batch: Vec<SessionSave>,
+        ttl: Duration,
+    ) -> Vec<Result<Stored, BrokerError>> {
         // Queued together, the writer sends them in one pipeline.
-        let mut answers = Vec::with_capacity(batch.len());
-        for save in batch {
-            answers.push(
-                self.queue_save(&save.id, &save.owner, &save.snapshot, ttl)
-                    .await?,
-            );
+        let mut queued = Vec::with_capacity(batch.len());
+        for save in &batch {
+            let snapshot = save.snapshot.as_ref();
+            queued.push(self.queue_save(&save.id, &save.owner, snapshot, ttl).await);
         }
-        for saved in answers {
-            saved.await.unwrap_or_else(|_| Err(writer_ended()))?;
+        let mut answers = Vec::with_capacity(queued.len());
+        for saved in queued {
+            answers.push(match saved {
+                Ok(saved) => saved.await.unwrap_or_else(|_| Err(writer_ended())),
+                Err(e) => Err(e),
+            });
         }
-        Ok(())
+        answers
     }
 
     async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
-        let mut conn = self.inner.conn.clone();
-        let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
-        let user_hex = user.map(sessions::hex).unwrap_or_default();
-        invocation.key(scripts::session_key(id));
-        if user.is_some() {
-            invocation.key(scripts::revoked_key(&user_hex));
-        }
-        invocation.arg(owner).arg(&user_hex);
-        let value: Value = timed(
-            &*self.inner.observer,
-            "session_load",
-            invocation.invoke_async(&mut conn),
-        )
-        .await?;
-        match value {
-            Value::Nil => Ok(Claim::NotFound),
-            Value::Int(0) => Ok(Claim::OtherUser),
-            value => {
-                let (from, snapshot): (String, Vec<u8>) = redis::from_redis_value(value)
-                    .map_err(|e| BrokerError::Unavailable(format!("redis: claim reply: {e}")))?;
-                Ok(Claim::Taken(Claimed {
-                    snapshot: sessions::decode(&snapshot),
-                    from: Some(from).filter(|f| !f.is_empty()),
-                }))
-            }
-        }
+        self.claim_or_keep(id, owner, user, None).await
+    }
+
+    async fn adopt(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<Claim, BrokerError> {
+        self.claim_or_keep(id, owner, user, Some((snapshot, ttl)))
+            .await
     }
 
     async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
@@ -646,20 +645,62 @@ impl SessionStore for RedisBroker {
 }
 
 impl RedisBroker {
-    /// Hands a save to the session writer; the receiver says whether it was
-    /// kept.
+    /// Runs [`scripts::CLAIM_SESSION`]; with `keep`, a session that is not
+    /// there is stored as that snapshot, for that long, and claimed.
+    async fn claim_or_keep(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        keep: Option<(&SessionSnapshot, Duration)>,
+    ) -> Result<Claim, BrokerError> {
+        let mut conn = self.inner.conn.clone();
+        let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
+        let user_hex = user.map(sessions::hex).unwrap_or_default();
+        invocation.key(scripts::session_key(id));
+        if user.is_some() {
+            invocation.key(scripts::revoked_key(&user_hex));
+        }
+        invocation.arg(owner).arg(&user_hex);
+        if let Some((snapshot, ttl)) = keep {
+            invocation
+                .arg(sessions::encode_body(snapshot))
+                .arg(millis(ttl).max(1));
+        }
+        let value: Value = timed(
+            &*self.inner.observer,
+            "session_load",
+            invocation.invoke_async(&mut conn),
+        )
+        .await?;
+        match value {
+            Value::Nil => Ok(Claim::NotFound),
+            Value::Int(0) => Ok(Claim::OtherUser),
+            value => {
+                let (from, snapshot): (String, Vec<u8>) = redis::from_redis_value(value)
+                    .map_err(|e| BrokerError::Unavailable(format!("redis: claim reply: {e}")))?;
+                Ok(Claim::Taken(Claimed {
+                    snapshot: sessions::decode(&snapshot),
+                    from: Some(from).filter(|f| !f.is_empty()),
+                }))
+            }
+        }
+    }
+
+    /// Hands a save (`None`: an extend) to the session writer; the receiver
+    /// says how it went.
     async fn queue_save(
         &self,
         id: &str,
         owner: &str,
-        snapshot: &SessionSnapshot,
+        snapshot: Option<&SessionSnapshot>,
         ttl: Duration,
-    ) -> Result<oneshot::Receiver<Result<bool, BrokerError>>, BrokerError> {
+    ) -> Result<oneshot::Receiver<Result<Stored, BrokerError>>, BrokerError> {
         let (done, saved) = oneshot::channel();
         let save = sessions::Save {
             key: scripts::session_key(id),
             owner: owner.to_owned(),
-            value: sessions::encode(owner, snapshot),
+            value: snapshot.map(|snapshot| sessions::encode(owner, snapshot)),
             ttl_ms: millis(ttl).max(1),
             done,
         };

@@ -78,20 +78,49 @@ return 1
     )
 });
 
+/// Pushes back the expiry of a session its owner saved; returns 1 when
+/// extended, 0 when another owner claimed it, -1 when there is none. Only
+/// the owner's line is read.
+///
+/// KEYS: session. ARGV: owner, ttl ms.
+pub static EXTEND_SESSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] + 6)
+if head == '' then
+  return -1
+end
+if head ~= 'owner ' .. ARGV[1] .. '\n' then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
 /// Makes `ARGV[1]` the session's owner, keeping its expiry, and returns
 /// `{previous owner or "", snapshot without the owner line}`; nil when there
 /// is none (or it was started before its user's access was revoked: then it
 /// is deleted); 0, taking nothing, when it belongs to another user than
 /// `ARGV[2]` (`user <hex> <since ms>` is the line after the owner's).
 ///
+/// Given a snapshot (`ARGV[3]`, without an owner line), a session that is not
+/// there is stored as that, for `ARGV[4]` ms, and claimed (from "").
+///
 /// KEYS: session, \[the user's revocation\]. ARGV: owner, user hex ('' for
-/// anonymous).
+/// anonymous), \[snapshot, ttl ms\].
 pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local current = redis.call('GET', KEYS[1])
+local kept = false
 if not current then
-  return false
+  if not ARGV[3] then
+    return false
+  end
+  current = ARGV[3]
+  kept = true
 end
 local from = string.match(current, '^owner (%S+)\n') or ''
 local body = string.gsub(current, '^owner %S+\n', '', 1)
@@ -106,7 +135,12 @@ if KEYS[2] then
     return false
   end
 end
-redis.call('SET', KEYS[1], 'owner ' .. ARGV[1] .. '\n' .. body, 'KEEPTTL')
+local value = 'owner ' .. ARGV[1] .. '\n' .. body
+if kept then
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[4])
+else
+  redis.call('SET', KEYS[1], value, 'KEEPTTL')
+end
 return {from, body}
 "#,
     )

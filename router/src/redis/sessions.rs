@@ -1,6 +1,7 @@
-//! Session snapshots in Redis, written in batches: every save waiting when
-//! the writer gets to it goes out in one pipeline, so a thousand sessions
-//! flushing at once cost a handful of round trips, not a thousand.
+//! Session snapshots in Redis, written in batches: every save (or extend of
+//! one unchanged) waiting when the writer gets to it goes out in one
+//! pipeline, so a thousand sessions flushing at once cost a handful of round
+//! trips, not a thousand.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::connection::Commands;
 use super::{scripts, timed};
 use crate::observe::Observer;
-use crate::{BrokerError, SessionSnapshot, SessionUser, SubscriptionState, Topic};
+use crate::{BrokerError, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
 
 /// Saves waiting for the writer, at most.
 pub const QUEUE: usize = 4096;
@@ -20,10 +21,10 @@ const BATCH: usize = 512;
 pub struct Save {
     pub key: String,
     pub owner: String,
-    pub value: Vec<u8>,
+    /// `None`: only extend what the owner saved before.
+    pub value: Option<Vec<u8>>,
     pub ttl_ms: u64,
-    /// Whether it was saved (not claimed by another owner).
-    pub done: oneshot::Sender<Result<bool, BrokerError>>,
+    pub done: oneshot::Sender<Result<Stored, BrokerError>>,
 }
 
 pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Arc<dyn Observer>) {
@@ -31,14 +32,21 @@ pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Ar
     while saves.recv_many(&mut batch, BATCH).await > 0 {
         let invocations: Vec<_> = batch
             .iter()
-            .map(|save| {
-                let mut invocation = scripts::SAVE_SESSION.prepare_invoke();
-                invocation
-                    .key(&save.key)
-                    .arg(&save.owner)
-                    .arg(&save.value)
-                    .arg(save.ttl_ms);
-                invocation
+            .map(|save| match &save.value {
+                Some(value) => {
+                    let mut invocation = scripts::SAVE_SESSION.prepare_invoke();
+                    invocation
+                        .key(&save.key)
+                        .arg(&save.owner)
+                        .arg(value)
+                        .arg(save.ttl_ms);
+                    invocation
+                }
+                None => {
+                    let mut invocation = scripts::EXTEND_SESSION.prepare_invoke();
+                    invocation.key(&save.key).arg(&save.owner).arg(save.ttl_ms);
+                    invocation
+                }
             })
             .collect();
         let mut pipe = redis::pipe();
@@ -49,9 +57,10 @@ pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Ar
         let saving = async {
             match pipe.query_async(&mut conn).await {
                 // Redis forgot its scripts (it restarted): a pipeline does
-                // not load them, so load this one and send the batch again.
+                // not load them, so load these and send the batch again.
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     scripts::SAVE_SESSION.load_async(&mut conn).await?;
+                    scripts::EXTEND_SESSION.load_async(&mut conn).await?;
                     pipe.query_async(&mut conn).await
                 }
                 other => other,
@@ -60,7 +69,14 @@ pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Ar
         let result: Result<Vec<i64>, BrokerError> = timed(&*observer, "session_save", saving).await;
         for (i, save) in batch.drain(..).enumerate() {
             let saved = match &result {
-                Ok(replies) => Ok(replies.get(i) == Some(&1)),
+                Ok(replies) => match replies.get(i) {
+                    Some(1) => Ok(Stored::Kept),
+                    Some(-1) => Ok(Stored::Gone),
+                    Some(_) => Ok(Stored::Refused),
+                    None => Err(BrokerError::Unavailable(
+                        "redis: a session save went unanswered".into(),
+                    )),
+                },
                 Err(e) => Err(e.clone()),
             };
             let _ = save.done.send(saved);
@@ -71,7 +87,14 @@ pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Ar
 /// The owner's line, the user's (`user <hex id> <since ms>`) if the session
 /// has one, then one line per subscription: `<position> <epoch> <topic>`.
 pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
-    let mut out = format!("owner {owner}\n");
+    let mut out = format!("owner {owner}\n").into_bytes();
+    out.extend(encode_body(snapshot));
+    out
+}
+
+/// [`encode`] without the owner's line.
+pub fn encode_body(snapshot: &SessionSnapshot) -> Vec<u8> {
+    let mut out = String::new();
     if let Some(user) = &snapshot.user {
         out.push_str(&format!("user {} {}\n", hex(&user.id), user.since_ms));
     }
