@@ -9,9 +9,13 @@ say() { printf '\n== %s\n' "$*"; }
 say "test dependencies"
 # Debian packages the tests run, installed only when missing: redis-server
 # and redis-cli (the cluster tests start their own Redis), prometheus and
-# promtool (the observability test scrapes herald with a real Prometheus).
+# promtool (the observability test scrapes herald with a real Prometheus),
+# ip and tc (the Redis fault tests put Redis in a network namespace behind
+# `tc netem` when run as root on a kernel with netem; otherwise a proxy in
+# the test process plays the bad network).
 missing=()
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-server redis-tools)
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
