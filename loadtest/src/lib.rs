@@ -45,6 +45,9 @@
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
+//! - [`scenarios::stall`]: a canary topic's latency and longest silence
+//!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
+//!   of new topics and a pub/sub reconnect.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the

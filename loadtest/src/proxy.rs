@@ -13,6 +13,11 @@
 //!   on a link that drops every packet (no reset); new connections are
 //!   accepted but reach the server once healed. What was sent meanwhile
 //!   arrives then.
+//!
+//! `herald-loadtest proxy` runs one as a process of its own, changed
+//! through a control port ([`control`], [`tell`]): one command a line
+//! (`delay 200ms`, `loss 10`, `partition`, `heal`, `show`), one answer a
+//! line (`ok delay=200ms loss=10% partitioned=false`, or `error: ...`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,7 +26,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use rand::Rng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -36,6 +41,13 @@ const IN_FLIGHT: usize = 1024;
 
 /// The biggest chunk read at once.
 const CHUNK: usize = 64 * 1024;
+
+/// Longest a control connection may take over a command and its answer:
+/// the port serves one connection at a time.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest control line read.
+const CONTROL_LINE: usize = 256;
 
 /// The network the proxy plays.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -124,6 +136,90 @@ impl Drop for Proxy {
     }
 }
 
+/// Serves `proxy`'s control port until the listener fails: one connection
+/// at a time, each for up to [`CONTROL_TIMEOUT`].
+pub async fn control(listener: TcpListener, proxy: &Proxy) -> io::Result<()> {
+    loop {
+        let (socket, _) = listener.accept().await?;
+        let _ = tokio::time::timeout(CONTROL_TIMEOUT, converse(socket, proxy)).await;
+    }
+}
+
+/// Answers each command line of one control connection.
+async fn converse(socket: TcpStream, proxy: &Proxy) -> io::Result<()> {
+    let (read, mut write) = socket.into_split();
+    let mut lines = tokio::io::BufReader::new(read.take(64 * CONTROL_LINE as u64)).lines();
+    while let Some(line) = lines.next_line().await? {
+        let answer = match command(proxy, line.trim()) {
+            Ok(()) => format!("ok {}\n", describe(&proxy.faults())),
+            Err(e) => format!("error: {e}\n"),
+        };
+        write.write_all(answer.as_bytes()).await?;
+    }
+    Ok(())
+}
+
+/// Applies one control command.
+fn command(proxy: &Proxy, line: &str) -> Result<(), String> {
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some("show") | None, None, None) => {}
+        (Some("delay"), Some(delay), None) => {
+            let delay = humantime::parse_duration(delay).map_err(|e| format!("{delay}: {e}"))?;
+            proxy.update(|f| f.delay = delay);
+        }
+        (Some("loss"), Some(percent), None) => {
+            let loss = percent
+                .trim_end_matches('%')
+                .parse::<f64>()
+                .ok()
+                .filter(|p| (0.0..=100.0).contains(p))
+                .ok_or_else(|| format!("{percent}: a percentage, 0 to 100"))?;
+            proxy.update(|f| f.loss = loss);
+        }
+        (Some("partition"), None, None) => proxy.update(|f| f.partitioned = true),
+        (Some("heal"), None, None) => proxy.update(|f| f.partitioned = false),
+        _ => {
+            return Err(format!(
+                "`{line}`: delay <time>, loss <percent>, partition, heal or show"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `delay=200ms loss=10% partitioned=false`.
+pub fn describe(faults: &Faults) -> String {
+    format!(
+        "delay={} loss={}% partitioned={}",
+        humantime::format_duration(faults.delay),
+        faults.loss,
+        faults.partitioned
+    )
+}
+
+/// Sends `command` to the control port at `control`; its `ok` answer.
+pub async fn tell(control: SocketAddr, command: &str) -> io::Result<String> {
+    let exchange = async {
+        let mut socket = TcpStream::connect(control).await?;
+        socket.write_all(format!("{command}\n").as_bytes()).await?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(socket.take(CONTROL_LINE as u64))
+            .read_line(&mut answer)
+            .await?;
+        match answer.trim().strip_prefix("ok") {
+            Some(state) => Ok(state.trim().to_owned()),
+            None => Err(io::Error::other(format!(
+                "proxy at {control} answered `{}` to `{command}`",
+                answer.trim()
+            ))),
+        }
+    };
+    tokio::time::timeout(CONTROL_TIMEOUT, exchange)
+        .await
+        .map_err(|_| io::Error::other(format!("no answer from the proxy at {control}")))?
+}
+
 async fn accept(listener: TcpListener, upstream: SocketAddr, faults: watch::Receiver<Faults>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -199,7 +295,11 @@ async fn write(
     mut faults: watch::Receiver<Faults>,
 ) {
     while let Some((due, chunk)) = queued.recv().await {
-        tokio::time::sleep_until(due).await;
+        // A timer fires on the next millisecond tick at the earliest: a
+        // chunk already due goes at once.
+        if due > Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
         if faults.wait_for(|f| !f.partitioned).await.is_err() {
             return;
         }
@@ -272,6 +372,43 @@ mod tests {
             .await
             .map_err(|_| io::Error::other("nothing after the heal"))??;
         assert_eq!(&back, b"ping", "what was sent arrives once healed");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_control_port_changes_the_network() -> io::Result<()> {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let proxy = Proxy::start(any, echo().await?, Faults::default())?;
+        let listener = TcpListener::bind(any).await?;
+        let port = listener.local_addr()?;
+        let serving = async { control(listener, &proxy).await };
+        let telling = async {
+            let said = tell(port, "delay 200ms").await?;
+            assert_eq!(said, "delay=200ms loss=0% partitioned=false");
+            assert_eq!(
+                tell(port, "loss 12.5").await?,
+                "delay=200ms loss=12.5% partitioned=false"
+            );
+            assert_eq!(
+                tell(port, "partition").await?,
+                "delay=200ms loss=12.5% partitioned=true"
+            );
+            let refused = tell(port, "delay soon").await;
+            assert!(refused.is_err_and(|e| e.to_string().contains("delay soon")));
+            io::Result::Ok(())
+        };
+        tokio::select! {
+            told = telling => told?,
+            served = serving => served?,
+        }
+        assert_eq!(
+            proxy.faults(),
+            Faults {
+                delay: Duration::from_millis(200),
+                loss: 12.5,
+                partitioned: true
+            }
+        );
         Ok(())
     }
 
