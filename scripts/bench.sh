@@ -15,7 +15,7 @@
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
-#                                    idle-pods),
+#                                    idle-pods stall),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 set -euo pipefail
@@ -25,7 +25,7 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall)
 # A gateway may hold up to its hard fd limit; leave room for everything else.
 MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
 
@@ -238,6 +238,27 @@ if wants idle-pods; then
         gateways+=(--gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid")
     done
     loadtest idle-pods idle "${gateways[@]}" --clients 60000 --duration 60s --watch-pid "$redis_pid"
+    stop_all
+fi
+
+if wants stall; then
+    say "stall: a pod watching 20,000 topics, Redis 200 ms away; a burst of 100 new topics, then a pub/sub reconnect"
+    start_redis
+    # Only the pod's path to Redis is slow: it goes through herald-loadtest
+    # proxy (the kernel's netem needs root and a module this may not have),
+    # whose control port the scenario sets the delay with once its 20,000
+    # subscriptions are in place. CLIENT KILL goes to Redis directly.
+    free_port proxy_port
+    free_port control_port
+    target/release/herald-loadtest proxy --listen "127.0.0.1:$proxy_port" --upstream "${redis_url#redis://}" \
+        --control "127.0.0.1:$control_port" --for 30m >"$OUT/stall-proxy.log" 2>&1 &
+    proxy_pid=$!
+    pids+=("$proxy_pid")
+    wait_until 10 stall-proxy "$proxy_pid" bash -c "exec 3<>/dev/tcp/127.0.0.1/$control_port"
+    start_herald stall HERALD_BROKER=redis HERALD_REDIS__URL="redis://127.0.0.1:$proxy_port"
+    loadtest stall stall --gateway "ws://127.0.0.1:$port/ws" --redis "$redis_url" \
+        --proxy-control "127.0.0.1:$control_port" --redis-delay 200ms \
+        --connections 200 --topics-per-connection 100 --burst-topics 100 --canary-interval 10ms
     stop_all
 fi
 

@@ -200,6 +200,33 @@ def storm_section():
     return "\n\n".join(out)
 
 
+def stall_section():
+    out = ["## stall: one pod, 20,000 watched topics, Redis 200 ms away",
+           "`herald-loadtest stall`: a canary topic published every 10 ms on a pod that watches 20,000 "
+           "other topics, Redis behind `herald-loadtest proxy`. Phases: steady; a burst of new topics; the "
+           "pod's pub/sub connection killed (`CLIENT KILL TYPE pubsub`), so that it resyncs every topic. "
+           "A slow Redis must not stop fan-out for the topics that have nothing to do with it."]
+    r = load("stall")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    rows = []
+    for p in res["phases"]:
+        lat = p["latency"]
+        none = p["delivered"] == 0
+        rows.append([f"{p['name']} ({p['seconds']:.0f} s)", "none delivered" if none else ms(lat["p99_us"]),
+                     "none delivered" if none else ms(lat["max_us"]),
+                     f"{p['longest_gap_ms']:.0f} ms", f"{p['undelivered']} of {p['sent']}"])
+    out.append(table(["phase", "canary p99", "canary max", "longest gap", "not delivered"], rows))
+    burst = res["burst_confirmed_s"]
+    after = res["first_delivery_after_kill_s"]
+    out.append(f"{res['burst_topics']} new topics confirmed: "
+               f"{'not within the phase' if burst is None else f'{burst:.1f} s'}; first canary sent after the kill delivered after: "
+               f"{'none' if after is None else f'{after:.2f} s'}. Canary lost / duplicated / out of order / resets: "
+               f"{res['lost']} / {res['duplicated']} / {res['out_of_order']} / {res['resets']}.")
+    return "\n\n".join(out)
+
+
 def pods_section():
     out = ["## pods: the cross-pod cost (1,000 clients, 100 msg/s, 256 B)"]
     rows = []
@@ -360,4 +387,4 @@ def floor_send_cost():
 
 
 print("\n\n".join([header(), fanout_section(), slow_section(), idle_section(), storm_section(), identity_section(),
-                   pods_section(), throughput_section(), wire_section(), micro_section(), misses_section()]) + "\n")
+                   pods_section(), stall_section(), throughput_section(), wire_section(), micro_section(), misses_section()]) + "\n")

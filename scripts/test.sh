@@ -12,9 +12,12 @@ say "test dependencies"
 # its sentinels: `redis-server --sentinel` is the binary Debian's
 # redis-sentinel package links to, without that package's service on 26379),
 # prometheus and promtool (the observability test scrapes herald with a real
-# Prometheus).
+# Prometheus), ip and tc (the Redis fault tests put Redis in a network
+# namespace behind `tc netem` when run as root on a kernel with netem;
+# otherwise a proxy in the test process plays the bad network).
 missing=()
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-server redis-tools)
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi

@@ -325,3 +325,31 @@ async fn server_frames_are_final_and_unmasked() {
     client.expect_close(1000).await;
     gw.shutdown().await;
 }
+
+/// The server asks to close (the tenth bad command), and the client's own
+/// close is already in the same read: the server's close, still queued,
+/// answers it (RFC 6455 5.5.1), after the replies queued before it.
+///
+/// The test's runtime has one thread, and the gateway runs on it: the
+/// session reads all the client's bytes before its writer task runs once, so
+/// the client's close always comes before the server's went out.
+#[tokio::test]
+async fn a_client_close_crossing_the_servers_is_answered() {
+    let gw = Gateway::start().await;
+    let bad = gw.node.config.websocket.max_bad_commands;
+    let mut client = RawClient::connect(gw.addr).await;
+    client.send_text(r#"{"op":"hello"}"#).await;
+    assert_eq!(client.read_frame().await.json()["op"], "welcome");
+
+    let mut bytes = Vec::new();
+    for _ in 0..bad {
+        bytes.extend(encode(FIN | TEXT, br#"{"op":"nonsense"}"#, true));
+    }
+    bytes.extend(encode(FIN | CLOSE, &1000u16.to_be_bytes(), true));
+    client.send_bytes(&bytes).await;
+    for _ in 0..bad {
+        assert_eq!(client.read_frame().await.json()["op"], "err");
+    }
+    client.expect_close(4500).await;
+    gw.shutdown().await;
+}

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::Target;
 use crate::scenarios::{
-    DEFAULT_SIZE, fanout, floor, idle, pods, publish, slow, storm, throughput, wire,
+    DEFAULT_SIZE, fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
 };
 use crate::sessions::{Backoff, Cut};
+use crate::{Target, target};
 
 /// Exit code for a bad command line (EX_USAGE).
 pub const EXIT_USAGE: u8 = 64;
@@ -85,6 +85,26 @@ pub enum Command {
     /// lost and (application) duplicated messages must be 0, every session
     /// must resume.
     Storm(StormArgs),
+    /// A Redis-backed pod watches --connections x --topics-per-connection
+    /// topics and a canary topic, published every --canary-interval and
+    /// read on a connection of its own; Redis sits behind `herald-loadtest
+    /// proxy`, whose --proxy-control sets --redis-delay once the setup is
+    /// done.
+    ///
+    /// Three phases, each a fixed time: steady; a burst of --burst-topics
+    /// new topics; the pod's pub/sub connection killed (CLIENT KILL TYPE
+    /// pubsub, sent to --redis directly). Per phase the canary's p50/p99/max
+    /// latency, the longest time with no canary delivery, and canary
+    /// messages not delivered by the end; every canary seq must arrive once
+    /// and in order. The pod needs HERALD_SESSION__MAX_SUBSCRIPTIONS at
+    /// least --topics-per-connection (default 1000).
+    Stall(StallArgs),
+    /// A TCP proxy on this machine that adds a delay, loss or a partition
+    /// between its clients and --upstream (Redis behind a bad network, where
+    /// `tc netem` is not available), changed through --control: one command
+    /// a line (`delay 200ms`, `loss 10`, `partition`, `heal`, `show`).
+    /// Stops after --for, or when killed.
+    Proxy(ProxyArgs),
     /// --clients connections spread over the --gateway URLs, each subscribed
     /// to one topic, held for --duration while the gateways ping them.
     ///
@@ -501,6 +521,84 @@ impl StormArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct StallArgs {
+    /// The pod, ws://127.0.0.1:PORT[/ws] (publishes go to its HTTP API).
+    #[arg(long, value_name = "URL", value_parser = Target::websocket)]
+    pub gateway: Target,
+    /// The pod's Redis itself, redis://127.0.0.1:PORT, not through the proxy.
+    #[arg(long, value_name = "URL", value_parser = target::redis)]
+    pub redis: SocketAddr,
+    /// The control port of the proxy between the pod and Redis, 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR", value_parser = target::loopback)]
+    pub proxy_control: Option<SocketAddr>,
+    /// The delay the proxy adds to each Redis round trip during the phases.
+    #[arg(long, value_name = "TIME", default_value_t = stall::DEFAULT_REDIS_DELAY.into())]
+    pub redis_delay: humantime::Duration,
+    /// Connections holding the watched topics.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = stall::DEFAULT_CONNECTIONS)]
+    pub connections: usize,
+    /// Fresh topics per connection.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = stall::DEFAULT_TOPICS_PER_CONNECTION)]
+    pub topics_per_connection: usize,
+    /// Fresh topics subscribed to in the burst phase.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = stall::DEFAULT_BURST_TOPICS)]
+    pub burst_topics: usize,
+    /// Between two canary messages.
+    #[arg(long, value_name = "TIME", default_value_t = stall::DEFAULT_CANARY_INTERVAL.into())]
+    pub canary_interval: humantime::Duration,
+    /// The steady phase.
+    #[arg(long, value_name = "TIME", default_value_t = stall::DEFAULT_STEADY.into())]
+    pub steady: humantime::Duration,
+    /// The burst and resync phases, each.
+    #[arg(long, value_name = "TIME", default_value_t = stall::DEFAULT_PHASE.into())]
+    pub phase: humantime::Duration,
+    /// After the last canary, how long its deliveries may take.
+    #[arg(long, value_name = "TIME", default_value_t = stall::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// Keep-alive connections publishing the canary.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = stall::DEFAULT_PUBLISHERS)]
+    pub publishers: usize,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl StallArgs {
+    pub fn options(&self) -> stall::Options {
+        let mut options = stall::Options::new(self.gateway.clone(), self.redis);
+        options.proxy_control = self.proxy_control;
+        options.redis_delay = self.redis_delay.into();
+        options.connections = self.connections;
+        options.topics_per_connection = self.topics_per_connection;
+        options.burst_topics = self.burst_topics;
+        options.canary_interval = self.canary_interval.into();
+        options.steady = self.steady.into();
+        options.phase = self.phase.into();
+        options.drain = self.drain.into();
+        options.publishers = self.publishers;
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Where clients connect, 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR", value_parser = target::loopback)]
+    pub listen: SocketAddr,
+    /// Where the proxy connects, 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR", value_parser = target::loopback)]
+    pub upstream: SocketAddr,
+    /// The control port, 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR", value_parser = target::loopback)]
+    pub control: SocketAddr,
+    /// The delay added to each round trip at the start.
+    #[arg(long, value_name = "TIME", default_value = "0ms")]
+    pub delay: humantime::Duration,
+    /// Stop after this long.
+    #[arg(long = "for", value_name = "TIME", default_value = "1h")]
+    pub run_for: humantime::Duration,
+}
+
+#[derive(Debug, Args)]
 pub struct IdleArgs {
     /// A gateway, ws://127.0.0.1:PORT[/ws]; repeat for several pods.
     #[arg(long, value_name = "URL", required = true, value_parser = Target::websocket)]
@@ -750,6 +848,32 @@ mod tests {
         assert_eq!(options.fanout.size, 1024);
         assert_eq!(options.fanout.warmup, pods::DEFAULT_WARMUP);
         assert_eq!(args.spread.out.out, Some(PathBuf::from("r.json")));
+    }
+
+    #[test]
+    fn stall_takes_the_pod_its_redis_and_the_proxy_on_this_machine() {
+        let Ok(Command::Stall(args)) = parse(
+            "stall --gateway ws://127.0.0.1:8080 --redis redis://127.0.0.1:6380 \
+             --proxy-control 127.0.0.1:7002 --redis-delay 150ms",
+        ) else {
+            panic!("parsed");
+        };
+        let options = args.options();
+        assert_eq!(options.redis.port(), 6380);
+        assert_eq!(options.proxy_control.map(|a| a.port()), Some(7002));
+        assert_eq!(options.redis_delay, Duration::from_millis(150));
+        assert_eq!(options.connections * options.topics_per_connection, 20_000);
+        assert_named(&[
+            ("stall --gateway ws://127.0.0.1:1", "--redis"),
+            (
+                "stall --gateway ws://127.0.0.1:1 --redis redis://10.1.1.1:6379",
+                "not loopback",
+            ),
+            (
+                "proxy --listen 127.0.0.1:1 --upstream 10.0.0.1:6379 --control 127.0.0.1:2",
+                "not loopback",
+            ),
+        ]);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::scenarios::idle::Idle;
 use crate::scenarios::pods::Pods;
 use crate::scenarios::publish::Publish;
 use crate::scenarios::slow::Slow;
+use crate::scenarios::stall::Stall;
 use crate::scenarios::storm::Storm;
 use crate::scenarios::throughput::Throughput;
 use crate::scenarios::wire::Wire;
@@ -67,6 +68,7 @@ pub fn of_file(text: &str) -> anyhow::Result<Value> {
         Floor::SCENARIO => typed(text, floor),
         Idle::SCENARIO => typed(text, idle),
         Storm::SCENARIO => typed(text, storm),
+        Stall::SCENARIO => typed(text, stall),
         Publish::SCENARIO => typed(text, publish),
         Throughput::SCENARIO => typed(text, throughput),
         Wire::SCENARIO => typed(text, wire),
@@ -159,6 +161,32 @@ fn idle(r: &Idle) -> Value {
         "unexpected_closes": r.unexpected_closes,
         "pings_answered": r.pings_answered,
         "pods": r.pods.iter().map(|p| json!({ "connections": p.connections })).collect::<Vec<_>>(),
+    })
+}
+
+fn stall(r: &Stall) -> Value {
+    json!({
+        "topics": r.topics,
+        "connections": r.connections,
+        "redis_delay_ms": r.redis_delay_ms,
+        "canary_interval_ms": r.canary_interval_ms,
+        "burst_topics": r.burst_topics,
+        "burst_confirmed_s": r.burst_confirmed_s,
+        "first_delivery_after_kill_s": r.first_delivery_after_kill_s,
+        "phases": r.phases.iter().map(|p| json!({
+            "name": p.name,
+            "seconds": p.seconds,
+            "sent": p.sent,
+            "delivered": p.delivered,
+            "undelivered": p.undelivered,
+            "latency": summary(&p.latency),
+            "longest_gap_ms": p.longest_gap_ms,
+        })).collect::<Vec<_>>(),
+        "lost": r.lost,
+        "duplicated": r.duplicated,
+        "out_of_order": r.out_of_order,
+        "resets": r.resets,
+        "publish_errors": r.publish_errors,
     })
 }
 

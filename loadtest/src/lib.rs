@@ -19,6 +19,8 @@
 //!   the gateway closed a client that does not read).
 //! - [`sessions`]: clients that keep a session: they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
+//! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
+//!   Redis behind a bad network where `tc netem` is not available.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //! - [`figures`]: `herald-loadtest report`: the result files read back
 //!   through their types, as the figures `scripts/benchmarks.py` renders.
@@ -43,6 +45,9 @@
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
+//! - [`scenarios::stall`]: a canary topic's latency and longest silence
+//!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
+//!   of new topics and a pub/sub reconnect.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the
@@ -60,6 +65,7 @@ pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;
+pub mod proxy;
 pub mod publish;
 pub mod raw;
 pub mod report;

@@ -10,8 +10,11 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::figures;
+use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
-use loadtest::scenarios::{fanout, floor, idle, pods, publish, slow, storm, throughput, wire};
+use loadtest::scenarios::{
+    fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
+};
 
 /// Exit code when a figure that must be zero was not.
 const EXIT_FAILED: u8 = 1;
@@ -108,6 +111,33 @@ fn run(command: Command) -> anyhow::Result<bool> {
             Command::Storm(args) => {
                 let outcome = storm::run(args.options()).await.context("storm")?;
                 emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Stall(args) => {
+                let outcome = stall::run(args.options()).await.context("stall")?;
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Proxy(args) => {
+                let faults = Faults {
+                    delay: args.delay.into(),
+                    ..Faults::default()
+                };
+                let proxy = Proxy::start(args.listen, args.upstream, faults)
+                    .with_context(|| format!("listening on {}", args.listen))?;
+                let control = tokio::net::TcpListener::bind(args.control)
+                    .await
+                    .with_context(|| format!("listening on {}", args.control))?;
+                println!(
+                    "proxy {} -> {}, control {}: {}",
+                    proxy.addr(),
+                    args.upstream,
+                    args.control,
+                    proxy::describe(&proxy.faults())
+                );
+                tokio::select! {
+                    served = proxy::control(control, &proxy) => served.context("the control port")?,
+                    _ = tokio::time::sleep(args.run_for.into()) => {}
+                }
+                Ok(true)
             }
         }
     })

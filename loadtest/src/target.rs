@@ -65,6 +65,27 @@ impl Target {
     }
 }
 
+/// A Redis server on this machine, `redis://127.0.0.1:6379`: its address
+/// (the port defaults to 6379).
+pub fn redis(url: &str) -> Result<SocketAddr, Error> {
+    let (addr, path) = parse_with(url, "redis", 6379)?;
+    if !matches!(path.as_str(), "" | "/") {
+        return Err(bad(url, "give redis://host:port only, no database"));
+    }
+    Ok(addr)
+}
+
+/// `host:port` on this machine (a port of `herald-loadtest proxy`).
+pub fn loopback(addr: &str) -> Result<SocketAddr, Error> {
+    let parsed: SocketAddr = addr
+        .parse()
+        .map_err(|_| bad(addr, "not an address (ip:port)"))?;
+    if !parsed.ip().to_canonical().is_loopback() {
+        return Err(not_loopback(addr, &parsed.ip().to_string()));
+    }
+    Ok(parsed)
+}
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.ws_url())
@@ -81,6 +102,11 @@ fn bad(url: &str, reason: &str) -> Error {
 /// (address, path) of `url`, whose scheme must be `scheme` and whose host
 /// must be loopback.
 fn parse(url: &str, scheme: &str) -> Result<(SocketAddr, String), Error> {
+    parse_with(url, scheme, 80)
+}
+
+/// [`parse`], with the port taken to be `default_port` when the URL has none.
+fn parse_with(url: &str, scheme: &str, default_port: u16) -> Result<(SocketAddr, String), Error> {
     let uri: Uri = url
         .parse()
         .map_err(|e| bad(url, &format!("not a URL ({e})")))?;
@@ -104,7 +130,7 @@ fn parse(url: &str, scheme: &str) -> Result<(SocketAddr, String), Error> {
     if !ip.is_loopback() {
         return Err(not_loopback(url, host));
     }
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority.port_u16().unwrap_or(default_port);
     Ok((SocketAddr::new(ip, port), uri.path().to_owned()))
 }
 
@@ -150,6 +176,20 @@ mod tests {
         }
         let e = Target::websocket("ws://192.168.1.1:80").expect_err("refused");
         assert!(e.to_string().contains("not loopback"), "{e}");
+    }
+
+    #[test]
+    fn redis_and_proxy_addresses_stay_on_this_machine() {
+        let at = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        assert_eq!(
+            redis("redis://127.0.0.1:7000").ok(),
+            Some(at("127.0.0.1:7000"))
+        );
+        assert_eq!(redis("redis://localhost").ok(), Some(at("127.0.0.1:6379")));
+        assert!(redis("redis://10.0.0.1:6379").is_err());
+        assert!(redis("redis://127.0.0.1:6379/2").is_err());
+        assert_eq!(loopback("127.0.0.1:9").ok(), Some(at("127.0.0.1:9")));
+        assert!(loopback("192.168.0.1:9").is_err());
     }
 
     #[test]

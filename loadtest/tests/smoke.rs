@@ -10,10 +10,11 @@ use std::time::Duration;
 use gateway::Config;
 use gateway::config::BrokerKind;
 use loadtest::Target;
+use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, slow};
 use loadtest::scenarios::{idle, throughput, wire};
-use loadtest::scenarios::{pods, publish, storm};
+use loadtest::scenarios::{pods, publish, stall, storm};
 use testkit::Redis;
 use tokio::net::TcpListener;
 
@@ -259,6 +260,51 @@ async fn storm_after_a_kill_9_every_session_resumes_at_the_other_pod() {
     assert_eq!(outcome.clients_by_gateway, vec![0, 200]);
     assert_eq!((outcome.lost, outcome.app_duplicates), (0, 0));
     assert_eq!(outcome.processed, 150 * 20);
+}
+
+/// `stall` at CI size: a pod over a real Redis behind the tool's proxy,
+/// 40 watched topics, 20 ms of Redis delay set through the proxy's control
+/// port. Short phases; the pod catches up within the drain, so every canary
+/// message arrives once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stall_measures_the_canary_through_each_phase() {
+    let redis = Redis::start().await;
+    let redis_addr = std::net::SocketAddr::from(([127, 0, 0, 1], redis.port));
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let path = Proxy::start(any, redis_addr, Faults::default()).expect("a proxy");
+    let control = TcpListener::bind(any).await.expect("a control port");
+    let gateway = Gateway::start(redis_config(&format!("redis://{}", path.addr()))).await;
+    let mut options = stall::Options::new(gateway.target.clone(), redis_addr);
+    options.proxy_control = Some(control.local_addr().expect("its address"));
+    options.redis_delay = Duration::from_millis(20);
+    options.connections = 4;
+    options.topics_per_connection = 10;
+    options.burst_topics = 5;
+    options.canary_interval = Duration::from_millis(20);
+    options.steady = Duration::from_secs(1);
+    options.phase = Duration::from_secs(2);
+    options.drain = Duration::from_secs(10);
+    options.publishers = 8;
+    let outcome = tokio::select! {
+        outcome = stall::run(options) => outcome.expect("stall runs"),
+        served = proxy::control(control, &path) => panic!("the control port ended: {served:?}"),
+    };
+    assert_passed(&outcome);
+    let names: Vec<&str> = outcome.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["steady", "burst", "resync"]);
+    assert_eq!(outcome.pubsub_killed, 1);
+    assert_eq!(outcome.topics, 40);
+    assert!(
+        outcome.burst_confirmed_s.is_some(),
+        "the burst was confirmed"
+    );
+    assert!(
+        outcome
+            .phases
+            .iter()
+            .all(|p| p.sent > 0 && p.delivered == p.sent)
+    );
+    assert_eq!(path.faults().delay, Duration::ZERO, "the delay is set back");
 }
 
 /// `idle` at CI size: 300 connections held for 3 s while the gateway pings

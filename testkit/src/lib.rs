@@ -9,6 +9,8 @@
 //! - [`redis`]: a `redis-server` of the test's own ([`Redis`]), over TCP or
 //!   TLS (with certificates from [`pki`]); [`sentinel`]: a master, a replica
 //!   and three sentinels that fail over quickly.
+//! - [`faults`]: a `redis-server` behind a network path whose latency,
+//!   loss and partitions the test controls ([`FaultyRedis`]).
 //! - [`client`]: a WebSocket client the project did not write
 //!   (tokio-tungstenite) that speaks Herald's JSON protocol ([`Client`]).
 //! - [`raw`]: a hand-written WebSocket client that can break the rules on
@@ -29,6 +31,7 @@
 pub mod client;
 pub mod cluster;
 pub mod eventually;
+pub mod faults;
 pub mod follower;
 pub mod gateway;
 pub mod herald;
@@ -43,6 +46,7 @@ use std::time::Duration;
 pub use self::gateway::Gateway;
 pub use client::Client;
 pub use eventually::eventually;
+pub use faults::FaultyRedis;
 pub use herald::Herald;
 pub use http::{grpc_client, http, http_with_headers, metric, metric_sum};
 pub use redis::Redis;

@@ -196,8 +196,12 @@ impl Session {
                     return;
                 }
                 Ok(Ok(Parsed::Close(_))) => {
-                    // Our close went out first: this completes the handshake.
-                    if self.out.reason() != Some(CloseReason::ClientClosed) {
+                    // Our close went out before the client's came: this
+                    // completes the handshake, and the writer, waiting for
+                    // it, may stop. Otherwise the close still queued (the
+                    // echo, or ours asked for earlier) answers the client's;
+                    // stopping now would leave it unwritten.
+                    if self.out.close_taken() {
                         stop.cancel();
                     }
                     return;

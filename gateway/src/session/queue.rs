@@ -68,6 +68,16 @@ pub struct Close {
     pub frame: Option<Bytes>,
     /// Write what is queued before the close frame.
     pub flush: bool,
+    /// The client's close came before this one went out: this one answers
+    /// it, so the writer waits for no other.
+    pub answers: bool,
+}
+
+impl Close {
+    /// Whether the writer waits for the client's close after writing this one.
+    pub fn lingers(&self) -> bool {
+        self.reason.lingers() && !self.answers
+    }
 }
 
 /// What the writer took in one go, in write order in its batch.
@@ -312,16 +322,23 @@ impl Outbound {
     }
 
     /// Echoes the client's close frame (`payload` as the client sent it, or
-    /// the library's 1002 for an invalid code), unless a close is under way.
+    /// the library's 1002 for an invalid code), unless a close is under way:
+    /// one asked for and not written yet answers the client's instead.
     pub fn echo_close(&self, frame: Bytes) {
         let mut state = self.state();
-        if !state.is_closing() {
-            state.reason.get_or_insert(CloseReason::ClientClosed);
-            state.close = Some(Close {
-                reason: CloseReason::ClientClosed,
-                frame: Some(frame),
-                flush: true,
-            });
+        let closed = state.closed;
+        match &mut state.close {
+            Some(ours) => ours.answers = true,
+            None if !closed => {
+                state.reason.get_or_insert(CloseReason::ClientClosed);
+                state.close = Some(Close {
+                    reason: CloseReason::ClientClosed,
+                    frame: Some(frame),
+                    flush: true,
+                    answers: true,
+                });
+            }
+            None => {}
         }
         self.closing(state);
     }
@@ -344,6 +361,7 @@ impl Outbound {
             reason,
             frame,
             flush,
+            answers: false,
         });
     }
 
@@ -360,6 +378,12 @@ impl Outbound {
     /// Whether a close frame went out or is about to.
     pub fn is_closing(&self) -> bool {
         self.state().is_closing()
+    }
+
+    /// Whether the writer took the close (or finished): no close frame is
+    /// left to send.
+    pub fn close_taken(&self) -> bool {
+        self.state().closed
     }
 
     /// Waits until there may be something for the writer.

@@ -94,14 +94,17 @@ pub async fn run<W: AsyncWrite + Unpin>(
         while let Some(taken) = out.take(&mut batch) {
             let result = write_timed(&mut io, &batch, pod.write_timeout).await;
             batch.clear();
-            out.written(taken.bytes);
             if let Err(reason) = result {
+                // The batch is not given back: until `finish`, the socket
+                // stays ours, as a direct write would land after the bytes
+                // of a partly written frame.
                 out.note_reason(reason);
                 break 'connection;
             }
+            out.written(taken.bytes);
             Deliveries::new(&pod.metrics).wrote(taken.frames, taken.oldest);
             if let Some(close) = taken.close {
-                if close.reason.lingers() {
+                if close.lingers() {
                     // The client answers our close with its own; the reader sees it.
                     let _ = tokio::time::timeout(pod.close_timeout, stop.cancelled()).await;
                 }
@@ -179,7 +182,7 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
-    use crate::session::{Limits, Overflow};
+    use crate::session::{IdleSockets, Limits, Overflow, Pushed};
 
     fn pod() -> Arc<Writing> {
         Arc::new(Writing {
@@ -236,6 +239,117 @@ mod tests {
         );
         assert_eq!(out.reason(), Some(CloseReason::WriteTimeout));
         assert!(stop.is_cancelled(), "the reader is told");
+    }
+
+    /// What a fan-out on another core does when it finds the connection
+    /// idle, run as a waker: the client reads what it can, so that the
+    /// socket has room, and the queued frame is written directly.
+    struct FanOutOnAnotherCore {
+        out: Outbound,
+        client: std::sync::Mutex<std::net::TcpStream>,
+        read: std::sync::Mutex<Vec<u8>>,
+    }
+
+    impl std::task::Wake for FanOutOnAnotherCore {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            use std::io::Read;
+            let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+            let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            let mut chunk = vec![0; 1 << 20];
+            for _ in 0..2000 {
+                {
+                    let state = self.out.state();
+                    if state.writing || state.closed || state.frames.is_empty() {
+                        return;
+                    }
+                }
+                while let Ok(n @ 1..) = client.read(&mut chunk) {
+                    read.extend_from_slice(&chunk[..n]);
+                }
+                IdleSockets(vec![self.out.clone()]).write(&Metrics::new());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// The writer's write times out with a frame partly written, while a
+    /// fan-out has a frame queued for the connection: no direct write may
+    /// follow the partial frame, as the client would read the fan-out's
+    /// bytes as the rest of it.
+    ///
+    /// The window lies between two of the writer's own calls, with no await
+    /// between them: a fan-out on another core would hit it only by chance.
+    /// The test opens it for certain with a waker on the queue's `room`,
+    /// which the writer wakes from inside the call that ends its batch (or
+    /// from `finish`): the waker does there what that fan-out would do.
+    #[tokio::test(start_paused = true)]
+    async fn no_direct_write_follows_a_frame_the_writer_left_half_written() -> io::Result<()> {
+        use std::io::Read;
+        use std::task::{Context, Waker};
+        use tokio::net::TcpListener;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let client = std::net::TcpStream::connect(listener.local_addr()?)?;
+        let (server, _) = listener.accept().await?;
+        let limits = Limits {
+            frames: 16,
+            bytes: 64 << 20,
+            overflow: Overflow::Disconnect,
+        };
+        let (out, socket) = Outbound::with_socket(limits, server.into_split().1);
+        // More than loopback buffers hold while the client does not read.
+        let big = Bytes::from(vec![b'a'; 32 << 20]);
+        assert!(out.send(big.clone()).await);
+        let stop = CancellationToken::new();
+        let writer = tokio::spawn(run(socket, out.clone(), stop, pod()));
+        for _ in 0..100 {
+            if out.state().writing {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(out.state().writing, "the writer took its batch");
+        let mut idle = IdleSockets::default();
+        let pushed = out.push(Bytes::from_static(b"BBBB"), Instant::now(), &mut idle);
+        assert_eq!(pushed, Pushed::Queued);
+        assert!(idle.0.is_empty(), "the writer holds the socket");
+
+        client.set_nonblocking(true)?;
+        let fan_out = Arc::new(FanOutOnAnotherCore {
+            out: out.clone(),
+            client: std::sync::Mutex::new(client.try_clone()?),
+            read: std::sync::Mutex::new(Vec::new()),
+        });
+        let room = out.shared.room.notified();
+        tokio::pin!(room);
+        let waker = Waker::from(fan_out.clone());
+        assert!(
+            room.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+
+        // Virtual time: the write times out as soon as everything waits.
+        tokio::time::timeout(Duration::from_secs(600), writer)
+            .await
+            .expect("the writer gives up in time")
+            .expect("the writer ends");
+        assert_eq!(out.reason(), Some(CloseReason::WriteTimeout));
+
+        let mut read = std::mem::take(&mut *fan_out.read.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut client = client;
+        client.set_nonblocking(false)?;
+        client.set_read_timeout(Some(Duration::from_secs(10)))?;
+        client.read_to_end(&mut read)?;
+        assert!(read.len() < big.len(), "the frame was cut short");
+        if let Some(at) = read.iter().position(|&b| b != b'a') {
+            panic!("a direct write after {at} bytes of the frame");
+        }
+        Ok(())
     }
 
     #[tokio::test]

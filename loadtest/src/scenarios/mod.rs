@@ -20,6 +20,9 @@
 //!   HTTP/1.1 POST of the same payload.
 //! - [`storm`]: every session cut at once (or its pod killed) and resumed:
 //!   time until all are back, messages lost and duplicated.
+//! - [`stall`]: a canary topic's latency on a pod that watches many topics
+//!   while Redis is slow, through a burst of new topics and a pub/sub
+//!   reconnect: does one slow part stop fan-out for every topic?
 
 use std::time::Duration;
 
@@ -31,6 +34,7 @@ pub mod idle;
 pub mod pods;
 pub mod publish;
 pub mod slow;
+pub mod stall;
 pub mod storm;
 pub mod throughput;
 pub mod wire;
