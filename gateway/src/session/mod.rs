@@ -9,6 +9,8 @@
 
 mod access;
 mod direct;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub(crate) mod parser;
 mod queue;
 mod rate;
