@@ -46,8 +46,8 @@ const MAXES: [usize; 8] = [0, 1, 16, 125, 126, 1000, 65_536, 1 << 20];
 /// The largest read of a chunking, picked by its first byte too.
 const READS: [usize; 8] = [1, 2, 3, 7, 64, 1000, 8192, usize::MAX];
 /// Above this many bytes a stream is not also fed one byte at a time, and no
-/// chunking reads less than [`MIN_READ_LARGE`]: a fuzz run's time is better
-/// spent elsewhere.
+/// read is shorter than [`MIN_READ_LARGE`]: a fuzz run's time is better spent
+/// elsewhere.
 const BYTEWISE_MAX: usize = 16 * 1024;
 const MIN_READ_LARGE: usize = 1000;
 /// The most payload bytes a script makes: enough for every length form and
@@ -107,12 +107,16 @@ struct Setup {
 impl Setup {
     fn new(pick: u8, seed: u8, len: usize) -> Self {
         let max = MAXES[usize::from(pick & 7)];
-        let mut largest = READS[usize::from(pick >> 3 & 7)];
-        if len > BYTEWISE_MAX {
-            largest = largest.max(MIN_READ_LARGE);
-        }
-        // Read sizes from 1 to `largest`, small ones often: a xorshift
-        // seeded with the byte, cycled.
+        // Large streams are read in larger pieces: byte-sized reads of
+        // 100 KiB cost a run's time, and the small streams have them.
+        let smallest = if len > BYTEWISE_MAX {
+            MIN_READ_LARGE
+        } else {
+            1
+        };
+        let largest = READS[usize::from(pick >> 3 & 7)].max(smallest);
+        // Read sizes from `smallest` to `largest`, small ones often: a
+        // xorshift seeded with the byte, cycled.
         let mut rng = Rng(u32::from(seed) | 0x100);
         let reads = (0..16)
             .map(|_| {
@@ -122,7 +126,7 @@ impl Setup {
                     1 => 1 + r / 4 % 16,
                     _ => 1 + (r / 4) % largest.min(1 << 24),
                 }
-                .min(largest)
+                .clamp(smallest, largest)
             })
             .collect();
         Self { max, reads }
