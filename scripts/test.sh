@@ -31,11 +31,12 @@ prometheus --version 2>&1 | sed -n 1p
 # on, so that the tests' `python3` is the venv's. The Python client test talks
 # to herald through `websockets`; the auth tests mint their tokens with PyJWT
 # (an implementation other than ours), its RS/ES algorithms and test keys
-# coming from `cryptography`.
+# coming from `cryptography`. The conformance test runs Autobahn|Testsuite's
+# cases with `kosoku` (a Python 3 runner of them, its core in a binary wheel).
 . scripts/python-venv.sh
-venv_install 'websockets>=12,<16' 'pyjwt[crypto]>=2.8,<3'
+venv_install 'websockets>=12,<16' 'pyjwt[crypto]>=2.8,<3' 'kosoku==0.1.0'
 export PATH="$VENV/bin:$PATH"
-python3 -c 'import websockets, jwt, cryptography, sys
+python3 -c 'import websockets, jwt, cryptography, kosoku, sys
 print("python", sys.prefix, "websockets", websockets.__version__, "pyjwt", jwt.__version__,
       "cryptography", cryptography.__version__)'
 

@@ -9,6 +9,9 @@
 
 mod access;
 mod direct;
+pub mod echo;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub(crate) mod parser;
 mod queue;
 mod rate;
@@ -57,6 +60,37 @@ pub async fn serve_upgraded(
     node: Arc<Node>,
     admission: Admission,
 ) {
+    let limits = node.config.queue_limits();
+    split(ws, limits, Herald { node, admission }).await;
+}
+
+/// What runs over an upgraded connection once it is split: a Herald session,
+/// or the conformance echo ([`echo`]), over the same reader and writer.
+trait Serve {
+    async fn serve<R, W>(self, read: R, write: W, out: Outbound)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static;
+}
+
+struct Herald {
+    node: Arc<Node>,
+    admission: Admission,
+}
+
+impl Serve for Herald {
+    async fn serve<R, W>(self, read: R, write: W, out: Outbound)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        serve(read, write, out, self.node, self.admission).await;
+    }
+}
+
+/// Splits `ws` into the halves its reader and writer own, with its outgoing
+/// queue, and serves it with `conn`.
+async fn split(ws: WebSocket<TokioIo<Upgraded>>, limits: Limits, conn: impl Serve) {
     let upgraded = ws.into_inner().into_inner();
     // Own the TCP stream's halves directly: no lock between reader and writer.
     match upgraded.downcast::<TokioIo<TcpStream>>() {
@@ -70,13 +104,13 @@ pub async fn serve_upgraded(
             drop(parts.read_buf);
             let read = Cursor::new(early).chain(read);
             // Shared with the fan-out, which writes to an idle socket itself.
-            let (out, write) = Outbound::with_socket(node.config.queue_limits(), write);
-            serve(read, write, out, node, admission).await;
+            let (out, write) = Outbound::with_socket(limits, write);
+            conn.serve(read, write, out).await;
         }
         Err(upgraded) => {
             let (read, write) = tokio::io::split(TokioIo::new(upgraded));
-            let out = Outbound::new(node.config.queue_limits());
-            serve(read, write, out, node, admission).await;
+            let out = Outbound::new(limits);
+            conn.serve(read, write, out).await;
         }
     }
 }

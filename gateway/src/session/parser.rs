@@ -380,9 +380,52 @@ impl Parser {
     }
 
     /// Heap bytes held for payloads under way.
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub fn buffered_capacity(&self) -> usize {
         self.control.capacity() + self.message.as_ref().map_or(0, |m| m.buf.capacity())
+    }
+
+    /// Panics unless the state between two successful calls is one the
+    /// module docs promise: nothing held between messages, a payload buffer
+    /// never past the message's end nor more than `MAX_AHEAD` (or as much
+    /// again) ahead of what arrived, no message over `max`. For the fuzz
+    /// targets (`session::fuzzing`).
+    #[cfg(any(test, fuzzing))]
+    pub fn check_invariants(&self) {
+        assert!(self.head_len < MAX_HEADER, "a whole header left unparsed");
+        let control = self.control.len();
+        assert!(control <= MAX_CONTROL && self.control.capacity() <= MAX_CONTROL);
+        if let Some(message) = &self.message {
+            let (len, capacity) = (message.buf.len(), message.buf.capacity());
+            assert!(message.valid <= len, "UTF-8 checked beyond the message");
+            assert!(
+                len <= self.max,
+                "{len} bytes held, over the {} limit",
+                self.max
+            );
+            assert!(capacity <= self.max, "room for {capacity}, over the limit");
+            assert!(
+                capacity <= len + len.min(MAX_AHEAD),
+                "room for {capacity} with {len} bytes in"
+            );
+        }
+        match &self.frame {
+            Some(frame) if is_control(frame.opcode) => {
+                assert_eq!(frame.got, control, "control bytes read and held differ");
+                assert!(frame.got + frame.left <= MAX_CONTROL);
+            }
+            Some(frame) => {
+                let Some(message) = &self.message else {
+                    panic!("a data frame outside a message");
+                };
+                assert!(message.buf.len() + frame.left <= self.max);
+            }
+            // Between frames the control buffer was handed over (or never used).
+            None => assert_eq!(self.control.capacity(), 0, "control buffer kept"),
+        }
+        if self.message.is_none() && self.frame.is_none() {
+            assert_eq!(self.buffered_capacity(), 0, "memory held between messages");
+        }
     }
 
     fn take_control(&mut self) -> Bytes {

@@ -178,6 +178,17 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     }
 }
 
+impl<R> Reader<R> {
+    /// Panics unless the parser's state is one it promises
+    /// ([`Parser::check_invariants`]) and `carry` holds memory only while it
+    /// holds bytes. For the fuzz targets (`session::fuzzing`).
+    #[cfg(any(test, fuzzing))]
+    pub(super) fn check_invariants(&self) {
+        self.parser.check_invariants();
+        assert!(!self.carry.is_empty() || self.carry.capacity() == 0);
+    }
+}
+
 fn closes(e: FrameError) -> CloseReason {
     tracing::debug!(error = %e, "bad client frame");
     CloseReason::from_read_error(&e)

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Writes the checked-in seed corpus (seeds/<target>/) of the fuzz targets.
+
+Small on purpose: a few dozen files that each reach one rule or path, from
+which the fuzzer grows its own corpus (corpus/, not checked in). The seeds
+also replay in `cargo test` (gateway/src/session/fuzzing.rs). Run it from
+anywhere after changing a seed here; it rewrites seeds/ whole.
+"""
+
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEEDS = os.path.join(HERE, "seeds")
+
+FIN, CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x80, 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+MASK = bytes([0x37, 0xFA, 0x21, 0x3D])
+
+# frames: the setup byte picks the message limit (low 3 bits, an index into
+# MAXES) and the largest read (next 3 bits, into READS); see fuzzing.rs.
+MAX_16, MAX_125, MAX_64K, MAX_1M = 2, 3, 6, 7
+READS_1, READS_7, READS_64, READS_1000, READS_ALL = 0, 3, 4, 5, 7
+
+
+def setup(max_index, reads_index, seed=0x5A):
+    return bytes([max_index | reads_index << 3, seed])
+
+
+def frame(first, payload=b"", masked=True, form=None, mask=MASK, top_bit=False):
+    """A client frame; `form` forces a length form (7, 16 or 64 bits)."""
+    n = len(payload)
+    form = form or (7 if n < 126 else 16 if n < 65536 else 64)
+    bit = 0x80 if masked else 0
+    if form == 7:
+        head = bytes([first, bit | n])
+    elif form == 16:
+        head = bytes([first, bit | 126]) + struct.pack(">H", n)
+    else:
+        head = bytes([first, bit | 127]) + struct.pack(">Q", n | (1 << 63 if top_bit else 0))
+    if not masked:
+        return head + payload
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def close(code, reason=b""):
+    return frame(FIN | CLOSE, struct.pack(">H", code) + reason)
+
+
+def frames_seeds():
+    euro = "€".encode()
+    session = b"".join(
+        frame(FIN | TEXT, c)
+        for c in [
+            b'{"op":"hello"}',
+            b'{"op":"sub","id":1,"topic":"news"}',
+            b'{"op":"pub","id":2,"topic":"news","data":{"a":[1,2]}}',
+            b'{"op":"ack","topic":"news","seq":1}',
+        ]
+    ) + close(1000, b"bye")
+    return {
+        "text_7bit": setup(MAX_64K, READS_7) + frame(FIN | TEXT, b'{"op":"hello"}'),
+        "text_16bit": setup(MAX_64K, READS_64) + frame(FIN | TEXT, "é".encode() * 150),
+        "text_64bit_form": setup(MAX_64K, READS_7) + frame(FIN | TEXT, b"long form", form=64),
+        "text_16bit_form_short": setup(MAX_125, READS_1) + frame(FIN | TEXT, b"x", form=16),
+        "text_64bit_declared_cut": setup(MAX_1M, READS_1000)
+        + frame(FIN | TEXT, b"y" * 70000)[:2000],
+        "text_empty": setup(MAX_16, READS_1) + frame(FIN | TEXT),
+        "fragments_with_ping": setup(MAX_125, READS_7)
+        + frame(TEXT, b'{"op"')
+        + frame(FIN | PING, b"mid")
+        + frame(CONT, b"")
+        + frame(CONT, b':"hel')
+        + frame(FIN | PONG, b"x")
+        + frame(FIN | CONT, b'lo"}'),
+        "fragments_split_char": setup(MAX_16, READS_1)
+        + frame(TEXT, euro[:1])
+        + frame(CONT, euro[1:2])
+        + frame(FIN | CONT, euro[2:]),
+        "fragments_cut_char": setup(MAX_16, READS_7)
+        + frame(TEXT, euro[:1])
+        + frame(FIN | CONT, euro[1:2]),
+        "ping_pong": setup(MAX_16, READS_7)
+        + frame(FIN | PING, b"p" * 125)
+        + frame(FIN | PONG, b"")
+        + frame(FIN | PING, b""),
+        "close_code_reason": setup(MAX_16, READS_7) + close(1000, "bye €".encode()),
+        "close_empty": setup(MAX_16, READS_1) + frame(FIN | CLOSE),
+        "close_4999": setup(MAX_16, READS_7) + close(4999),
+        "close_1005": setup(MAX_16, READS_7) + close(1005),
+        "close_one_byte": setup(MAX_16, READS_7) + frame(FIN | CLOSE, b"\x03"),
+        "close_bad_reason": setup(MAX_16, READS_7) + close(1000, b"\xff"),
+        "session": setup(MAX_64K, READS_ALL) + session,
+        "session_bytewise": setup(MAX_64K, READS_1, 0x33) + session,
+        "unmasked": setup(MAX_16, READS_7) + frame(FIN | TEXT, b"hi", masked=False),
+        "binary": setup(MAX_16, READS_7) + frame(FIN | BINARY, b"\x00\x01"),
+        "reserved_opcode": setup(MAX_16, READS_7) + frame(FIN | 0x3, b""),
+        "reserved_bits": setup(MAX_16, READS_7) + frame(FIN | 0x40 | TEXT, b"x"),
+        "control_fragmented": setup(MAX_16, READS_7) + frame(PING, b""),
+        "control_long": setup(MAX_1M, READS_1000) + frame(FIN | PING, b"p" * 126),
+        "length_top_bit": setup(MAX_1M, READS_7) + frame(FIN | TEXT, b"x", form=64, top_bit=True),
+        "too_big": setup(MAX_16, READS_7) + frame(FIN | TEXT, b"0123456789abcdefg"),
+        "too_big_reassembled": setup(MAX_16, READS_7)
+        + frame(TEXT, b"0123456789")
+        + frame(FIN | CONT, b"abcdefg"),
+        "invalid_utf8": setup(MAX_16, READS_7) + frame(FIN | TEXT, b"\xff\xfe"),
+        "stray_continuation": setup(MAX_16, READS_7) + frame(FIN | CONT, b"x"),
+        "interleaved": setup(MAX_16, READS_7) + frame(TEXT, b"a") + frame(FIN | TEXT, b"b"),
+        "pipelined_then_error": setup(MAX_125, READS_64)
+        + frame(FIN | TEXT, b"one")
+        + frame(FIN | TEXT, b"two")
+        + frame(FIN | BINARY, b"three"),
+    }
+
+
+# frame_script: after the setup, frames of: first byte, flags (0x80 unmasked,
+# 0x60 length form, 0x1F payload kind), the payload's description, the mask.
+LITERAL, REPEAT, CHARS, CLOSE_KIND = 0, 16, 24, 30
+BITS16, BITS64, TOP_BIT, UNMASKED = 0x20, 0x40, 0x60, 0x80
+
+
+def s_literal(first, payload, flags=0):
+    return bytes([first, flags | LITERAL, len(payload)]) + payload + MASK
+
+
+def s_repeat(first, count, times_index, fill, flags=0):
+    return bytes([first, flags | REPEAT | times_index]) + struct.pack("<H", count) + bytes([fill]) + MASK
+
+
+def s_chars(first, eights, seed, flags=0):
+    return bytes([first, flags | CHARS, eights, seed]) + MASK
+
+
+def s_close(code, reason=b""):
+    return bytes([FIN | CLOSE, CLOSE_KIND]) + struct.pack(">H", code) + bytes([len(reason)]) + reason + MASK
+
+
+def script_seeds():
+    return {
+        "large_text_64bit": setup(MAX_1M, READS_ALL) + s_repeat(FIN | TEXT, 40000, 2, ord("a")),
+        "large_text_small_reads": setup(MAX_1M, READS_1000) + s_repeat(FIN | TEXT, 20000, 0, ord("b")),
+        "large_fragments_and_pings": setup(MAX_1M, READS_ALL, 7)
+        + s_repeat(TEXT, 30000, 0, ord("c"))
+        + s_literal(FIN | PING, b"mid")
+        + s_repeat(CONT, 30000, 1, ord("d"))
+        + s_literal(FIN | CONT, b"end"),
+        "utf8_chars": setup(MAX_64K, READS_7) + s_chars(FIN | TEXT, 200, 3),
+        "utf8_chars_fragmented": setup(MAX_64K, READS_64)
+        + s_chars(TEXT, 3, 9)
+        + s_chars(CONT, 5, 11)
+        + s_chars(FIN | CONT, 1, 13),
+        "length_forms": setup(MAX_64K, READS_7)
+        + s_literal(FIN | TEXT, b"sixteen", BITS16)
+        + s_literal(FIN | TEXT, b"sixty-four", BITS64)
+        + s_literal(FIN | PING, b"p"),
+        "length_top_bit": setup(MAX_64K, READS_7) + s_literal(FIN | TEXT, b"x", TOP_BIT),
+        "control_bits16": setup(MAX_64K, READS_7) + s_literal(FIN | PONG, b"x", BITS16),
+        "unmasked": setup(MAX_64K, READS_7) + s_literal(FIN | TEXT, b"x", UNMASKED),
+        "close_codes": setup(MAX_16, READS_7) + s_close(1000, b"ok") + s_close(3000) + s_close(1016),
+        "too_big_repeat": setup(MAX_64K, READS_1000) + s_repeat(FIN | TEXT, 65535, 1, ord("z")),
+        "binary_repeat": setup(MAX_64K, READS_1000) + s_repeat(FIN | BINARY, 100, 0, 0),
+    }
+
+
+def decoder_seeds():
+    def pb_field(tag, value):
+        return bytes([tag << 3 | 2, len(value)]) + value
+
+    commands = {
+        "hello": b'{"op":"hello"}',
+        "hello_token_resume": b'{"op":"hello","token":"eyJ.a.b","resume":"0f1e2d"}',
+        "sub": b'{"op":"sub","id":1,"topic":"news"}',
+        "sub_since": b'{"op":"sub","id":2,"topic":"chat:room-1","since":41,"epoch":"9f3c"}',
+        "unsub": b'{"op":"unsub","id":3,"topic":"news"}',
+        "pub_object": b'{"op":"pub","id":4,"topic":"news","data":{"b":1.50,"a":"\\u00e9"}}',
+        "pub_array": b'{"op":"pub","id":5,"topic":"news","data":[1,"two",null,true,{"x":[]}]}',
+        "pub_null": b'{"op":"pub","id":6,"topic":"news","data":null}',
+        "pub_string": b'{"op":"pub","id":7,"topic":"ns:a-b_c.d=e@f/g","data":"\\ud83d\\ude00"}',
+        # Found by the fuzzer: JSON's grammar allows it; serde_json reads it
+        # as text but not into a Value (see check_delivery).
+        "pub_lone_surrogate": b'{"op":"pub","id":7,"topic":"ns:a-b_c.d=e@f/g","data":"83d\\ude00"}',
+        "ack": b'{"op":"ack","topic":"news","seq":18446744073709551615}',
+        "refresh": b'{"op":"refresh","id":8,"token":"t"}',
+        "unknown_op": b'{"op":"nope","id":9}',
+        "missing_field": b'{"op":"sub","topic":"news"}',
+        "array": b'["sub",1,"news"]',
+        "escaped_topic": b' {"op":"sub","id":10,"topic":"n\\u0065ws","extra":{"ignored":1}}',
+        "duplicate_key": b'{"op":"ack","topic":"a","seq":1,"seq":2}',
+        "wrong_type": b'{"op":"sub","id":-1,"topic":7}',
+        "truncated": b'{"op":"pub","id":1,"topic":"news","data":{"a":',
+        "http_publish": b'{"topic":"news","data":{"n":1},"idempotency_key":"k-1"}',
+        "http_disconnect": b'{"user":"alice"}',
+        "grpc_publish": pb_field(1, b"news") + pb_field(2, b'{"n":1}') + pb_field(3, b"k"),
+    }
+    return commands
+
+
+def write(target, seeds):
+    folder = os.path.join(SEEDS, target)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    for name, data in seeds.items():
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+
+
+if __name__ == "__main__":
+    write("frames", frames_seeds())
+    write("frame_script", script_seeds())
+    write("decoders", decoder_seeds())
