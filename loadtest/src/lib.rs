@@ -43,6 +43,9 @@
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
+//! - [`scenarios::chaos`]: a soak with its own Redis and pods while Redis
+//!   is frozen, delayed, failed over and restored from an old dump; every
+//!   client's stream checked against what the publishers were answered.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the
@@ -99,6 +102,9 @@ pub enum Error {
     Scrape { target: SocketAddr, reason: String },
     #[error("worker process: {0}")]
     Worker(String),
+    /// `chaos`: a process it runs (redis-server, herald) or its proxy failed.
+    #[error("chaos cluster: {0}")]
+    Cluster(String),
     #[error("writing {path}: {source}")]
     Write {
         path: String,

@@ -11,7 +11,9 @@ use clap::error::ErrorKind;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::figures;
 use loadtest::report::{self, Outcome};
-use loadtest::scenarios::{fanout, floor, idle, pods, publish, slow, storm, throughput, wire};
+use loadtest::scenarios::{
+    chaos, fanout, floor, idle, pods, publish, slow, storm, throughput, wire,
+};
 
 /// Exit code when a figure that must be zero was not.
 const EXIT_FAILED: u8 = 1;
@@ -103,6 +105,15 @@ fn run(command: Command) -> anyhow::Result<bool> {
             }
             Command::Wire(args) => {
                 let outcome = wire::run(args.options()).await.context("wire")?;
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Chaos(args) => {
+                // Ctrl-C ends the run; its processes die with the runtime
+                // (each child is killed when its handle drops).
+                let outcome = tokio::select! {
+                    outcome = chaos::run(args.options()) => outcome.context("chaos")?,
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("chaos: interrupted"),
+                };
                 emit(&outcome, args.out.out.as_deref())
             }
             Command::Storm(args) => {

@@ -20,11 +20,15 @@
 //!   HTTP/1.1 POST of the same payload.
 //! - [`storm`]: every session cut at once (or its pod killed) and resumed:
 //!   time until all are back, messages lost and duplicated.
+//! - [`chaos`]: pods, a Redis master and replica it runs itself, clients
+//!   resuming across pods and publishers, while Redis is frozen, delayed,
+//!   failed over and restarted from an old dump: every stream checked.
 
 use std::time::Duration;
 
 use crate::Error;
 
+pub mod chaos;
 pub mod fanout;
 pub mod floor;
 pub mod idle;
