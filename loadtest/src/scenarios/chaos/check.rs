@@ -32,8 +32,8 @@ use super::client::{Event, Log};
 use super::faults::Fault;
 use super::publisher::Attempt;
 
-/// Problems described in the result, at most.
-const PROBLEMS_KEPT: usize = 20;
+/// Problems of each kind described in the result, at most.
+const PROBLEMS_KEPT: u64 = 5;
 
 /// `(topic, epoch)`.
 type Series = (usize, Arc<str>);
@@ -65,12 +65,34 @@ pub struct Verdict {
     /// Per topic, the final epoch and its newest answered seq.
     pub finals: Vec<Option<(String, u64)>>,
     pub problems: Vec<String>,
+    /// How many problems of each kind were found.
+    pub problem_counts: std::collections::BTreeMap<String, u64>,
+    /// `(client, topic)` of the streams the problems were found in.
+    pub problem_streams: Vec<(usize, usize)>,
 }
 
 impl Verdict {
-    fn problem(&mut self, what: impl FnOnce() -> String) {
-        if self.problems.len() < PROBLEMS_KEPT {
-            self.problems.push(what());
+    /// A problem of `kind`; the first few of each kind are described.
+    fn problem(&mut self, kind: &str, what: impl FnOnce() -> String) -> bool {
+        let count = self.problem_counts.entry(kind.to_owned()).or_default();
+        *count += 1;
+        if *count > PROBLEMS_KEPT {
+            return false;
+        }
+        self.problems.push(format!("{kind}: {}", what()));
+        true
+    }
+
+    /// A problem in the stream of `client` on `topic`.
+    fn in_stream(
+        &mut self,
+        kind: &str,
+        client: usize,
+        topic: usize,
+        what: impl FnOnce() -> String,
+    ) {
+        if self.problem(kind, what) && !self.problem_streams.contains(&(client, topic)) {
+            self.problem_streams.push((client, topic));
         }
     }
 }
@@ -98,7 +120,7 @@ pub fn check(
         match acked.get(&place) {
             Some(&(id, _)) if id != a.id => {
                 v.ack_conflicts += 1;
-                v.problem(|| {
+                v.problem("ack conflict", || {
                     format!(
                         "topic {} epoch {} seq {}: publishes {id:#x} and {:#x} both answered with it",
                         a.topic, answer.epoch, answer.seq, a.id
@@ -162,7 +184,7 @@ pub fn check(
                     recovered,
                     ..
                 } if !recovered || epoch.is_none() => epoch = Some(e.clone()),
-                Event::Start { .. } => {}
+                Event::Start { .. } | Event::Gone { .. } | Event::Welcome { .. } => {}
                 Event::Reset { epoch: e, .. } => epoch = Some(e.clone()),
                 Event::Msg { seq, id, at } => {
                     let Some(epoch) = &epoch else { continue };
@@ -176,7 +198,7 @@ pub fn check(
                         Some(first) if *first != place => {
                             v.duplicated += 1;
                             let first = first.clone();
-                            v.problem(|| {
+                            v.problem("publish at two places", || {
                                 format!(
                                     "publish {id:#x} delivered at topic {} epoch {} seq {} and at epoch {} seq {} (client {client})",
                                     place.0, first.1, first.2, place.1, place.2
@@ -248,6 +270,7 @@ pub fn check(
                     at,
                 } => (epoch, *seq, *at, *recovered),
                 Event::Reset { epoch, seq, at } => (epoch, *seq, *at, false),
+                Event::Gone { .. } | Event::Welcome { .. } => continue,
                 Event::Msg { seq, id, .. } => {
                     let Some(current) = &epoch else { continue };
                     v.checked += 1;
@@ -259,7 +282,7 @@ pub fn check(
                     let wrong_topic = id.and_then(|id| published.get(&id)) != Some(&topic);
                     if expected.flatten() != *id || id.is_none() || wrong_topic {
                         v.mismatched += 1;
-                        v.problem(|| {
+                        v.in_stream("mismatch", *client, topic, || {
                             format!(
                                 "client {client} topic {topic} epoch {current} seq {seq}: got publish {:?}, expected {:?}",
                                 id.map(|i| format!("{i:#x}")),
@@ -273,7 +296,7 @@ pub fn check(
                     }
                     if *seq > last + 1 {
                         v.lost += seq - last - 1;
-                        v.problem(|| {
+                        v.in_stream("gap", *client, topic, || {
                             format!(
                                 "client {client} topic {topic} epoch {current}: seqs {} to {} missing",
                                 last + 1,
@@ -283,7 +306,7 @@ pub fn check(
                     }
                     if !processed.entry(current.clone()).or_default().insert(*seq) {
                         v.duplicated += 1;
-                        v.problem(|| {
+                        v.in_stream("processed twice", *client, topic, || {
                             format!("client {client} topic {topic} epoch {current} seq {seq}: processed twice")
                         });
                     }
@@ -312,7 +335,7 @@ pub fn check(
                 v.resets_history += 1;
             } else {
                 v.resets_unexpected += 1;
-                v.problem(|| {
+                v.in_stream("unexpected reset", *client, topic, || {
                     format!(
                         "client {client} topic {topic}: reset at {:.3} s from epoch {old} seq {last} to epoch {new_epoch} seq {seq}, after no fault that lost writes",
                         f64::from(at) / 1000.0
@@ -336,7 +359,7 @@ pub fn check(
                 let missing = acked_above(&(topic, final_epoch.clone()), last);
                 if missing > 0 {
                     v.lost += missing;
-                    v.problem(|| {
+                    v.in_stream("ended short", *client, topic, || {
                         format!(
                             "client {client} topic {topic} epoch {final_epoch}: ended at seq {last} of {top}"
                         )
@@ -345,7 +368,7 @@ pub fn check(
             }
             other => {
                 v.lost += acked_above(&(topic, final_epoch.clone()), 0);
-                v.problem(|| {
+                v.in_stream("ended in another epoch", *client, topic, || {
                     format!(
                         "client {client} topic {topic}: ended in epoch {}, the topic's final epoch is {final_epoch}",
                         other.as_deref().unwrap_or("none")
@@ -482,11 +505,7 @@ mod tests {
     fn a_seq_issued_twice_in_one_epoch_is_a_mismatch_and_an_ack_conflict() {
         // Redis went back in time and Herald did not notice: seq 2 of epoch
         // A issued again, to publish 3.
-        let attempts = [
-            ack(1, "A", 1, 10),
-            ack(2, "A", 2, 20),
-            ack(3, "A", 2, 300),
-        ];
+        let attempts = [ack(1, "A", 1, 10), ack(2, "A", 2, 20), ack(3, "A", 2, 300)];
         let logs = [
             log(vec![start("A", 0), msg(1, 1, 11), msg(2, 2, 21)]),
             log(vec![start("A", 1), msg(2, 3, 301)]),
@@ -567,7 +586,11 @@ mod tests {
         let mut events = vec![start("A", 0), msg(1, 1, 1), reset("A", 140, 145)];
         events.extend((141..=150).map(|s| msg(s, s, s as u32)));
         let v = run(&attempts, &mut [], &[log(events)]);
-        assert_eq!((v.resets_history, v.resets_unexpected, v.lost), (1, 0, 0), "{v:?}");
+        assert_eq!(
+            (v.resets_history, v.resets_unexpected, v.lost),
+            (1, 0, 0),
+            "{v:?}"
+        );
         assert_eq!(v.skipped_at_resets, 139);
     }
 

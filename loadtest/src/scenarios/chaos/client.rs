@@ -49,6 +49,14 @@ pub enum Event {
     Msg { seq: u64, id: Option<u64>, at: u32 },
     /// A `reset`: continuity lost, live again after `seq` in `epoch`.
     Reset { epoch: Arc<str>, seq: u64, at: u32 },
+    /// The connection was lost (`cut`: by the client itself).
+    Gone { cut: bool, at: u32 },
+    /// A `welcome` on a new connection to pod `gateway`.
+    Welcome {
+        gateway: usize,
+        resumed: bool,
+        at: u32,
+    },
 }
 
 /// A topic's stream as one client saw it.
@@ -66,6 +74,8 @@ pub type Positions = Arc<Mutex<Vec<(Arc<str>, u64)>>>;
 #[derive(Debug)]
 pub struct Record {
     pub client: usize,
+    /// The session it held last.
+    pub session: String,
     pub logs: Vec<Log>,
     /// Connections lost, its own cuts included.
     pub lost: u32,
@@ -135,6 +145,8 @@ pub struct Client {
     /// Mean time between its own cuts.
     churn: Duration,
     advised: Option<Duration>,
+    /// The connection last lost was cut by this client.
+    cut_last: bool,
     record: Record,
 }
 
@@ -216,8 +228,10 @@ impl Client {
             positions,
             churn,
             advised: None,
+            cut_last: false,
             record: Record {
                 client,
+                session: String::new(),
                 logs: Vec::new(),
                 lost: 0,
                 cuts: 0,
@@ -244,7 +258,12 @@ impl Client {
     /// Reads, logs and acks until the phase turns [`Phase::Stop`]; cuts its
     /// connection at random while [`Phase::Churn`]; resumes whenever the
     /// connection is lost.
-    pub async fn run(mut self, plan: Arc<Plan>, mut phase: watch::Receiver<Phase>, clock: Clock) -> Record {
+    pub async fn run(
+        mut self,
+        plan: Arc<Plan>,
+        mut phase: watch::Receiver<Phase>,
+        clock: Clock,
+    ) -> Record {
         phase.borrow_and_update();
         let Some(mut ws) = self.ws.take() else {
             self.record.failure = Some("no connection to start with".to_owned());
@@ -260,6 +279,11 @@ impl Client {
                 Lost::Reconnect => drop(ws),
             }
             self.record.lost += 1;
+            self.note(Event::Gone {
+                cut: self.cut_last,
+                at: clock.ms32(),
+            });
+            self.cut_last = false;
             let advised = self.advised.take();
             ws = match self.resume(&plan, &mut phase, advised, &clock).await {
                 Ok(ws) => ws,
@@ -271,8 +295,16 @@ impl Client {
         }
     }
 
+    /// An event of the connection, in every topic's log.
+    fn note(&mut self, event: Event) {
+        for log in &mut self.logs {
+            log.events.push(event.clone());
+        }
+    }
+
     fn finish(mut self) -> Record {
         self.record.logs = std::mem::take(&mut self.logs);
+        self.record.session = self.session.clone();
         self.record
     }
 
@@ -314,6 +346,7 @@ impl Client {
                     // Abortive, as a phone losing its network.
                     let _ = ws.get_ref().set_zero_linger();
                     self.record.cuts += 1;
+                    self.cut_last = true;
                     return Lost::Reconnect;
                 }
                 _ = tokio::time::sleep_until(ack_due.unwrap_or(far)), if ack_due.is_some() => {
@@ -367,7 +400,11 @@ impl Client {
             }
             ("reset", Some(i), Some(seq)) => {
                 let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or(""));
-                self.logs[i].events.push(Event::Reset { epoch: epoch.clone(), seq, at });
+                self.logs[i].events.push(Event::Reset {
+                    epoch: epoch.clone(),
+                    seq,
+                    at,
+                });
                 let sub = &mut self.subs[i];
                 sub.epoch = epoch;
                 sub.last = seq;
@@ -380,7 +417,12 @@ impl Client {
                 // The answer to a `sub` sent after a session was lost.
                 let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or(""));
                 let recovered = frame.recovered == Some(true);
-                self.logs[i].events.push(Event::Start { epoch: epoch.clone(), seq, recovered, at });
+                self.logs[i].events.push(Event::Start {
+                    epoch: epoch.clone(),
+                    seq,
+                    recovered,
+                    at,
+                });
                 let sub = &mut self.subs[i];
                 if !recovered {
                     sub.epoch = epoch;
@@ -405,7 +447,9 @@ impl Client {
     fn unexpected(&mut self, text: &str) {
         self.record.unexpected += 1;
         if self.record.unexpected_kept.len() < UNEXPECTED_KEPT {
-            self.record.unexpected_kept.push(text.chars().take(200).collect());
+            self.record
+                .unexpected_kept
+                .push(text.chars().take(200).collect());
         }
     }
 
@@ -423,7 +467,9 @@ impl Client {
                 continue;
             };
             let ack = serde_json::json!({"op": "ack", "topic": &*sub.name, "seq": seq, "epoch": &*sub.epoch});
-            ws.send(Message::text(ack.to_string())).await.map_err(|_| ())?;
+            ws.send(Message::text(ack.to_string()))
+                .await
+                .map_err(|_| ())?;
             sub.acked = seq;
             sub.ackable = None;
         }
@@ -453,15 +499,18 @@ impl Client {
             let (client, session) = (self.client, self.session.clone());
             let try_once = async {
                 tokio::time::sleep(wait).await;
-                tokio::time::timeout(ATTEMPT_TIMEOUT, handshake(client, target, Some(&session), None))
-                    .await
-                    .map_err(|_| format!("no welcome within {ATTEMPT_TIMEOUT:?}"))?
-                    .map_err(|e| {
-                        if e.refused {
-                            plan.refused(gateway);
-                        }
-                        e.reason
-                    })
+                tokio::time::timeout(
+                    ATTEMPT_TIMEOUT,
+                    handshake(client, target, Some(&session), None),
+                )
+                .await
+                .map_err(|_| format!("no welcome within {ATTEMPT_TIMEOUT:?}"))?
+                .map_err(|e| {
+                    if e.refused {
+                        plan.refused(gateway);
+                    }
+                    e.reason
+                })
             };
             let outcome = tokio::select! {
                 biased;
@@ -479,6 +528,11 @@ impl Client {
             match outcome {
                 Ok((mut ws, welcome)) => {
                     self.gateway = gateway;
+                    self.note(Event::Welcome {
+                        gateway,
+                        resumed: welcome.resumed,
+                        at: clock.ms32(),
+                    });
                     if welcome.resumed && welcome.session == self.session {
                         self.record.resumes += 1;
                         return Ok(ws);
@@ -505,7 +559,9 @@ impl Client {
             let frame = serde_json::json!({
                 "op": "sub", "id": id, "topic": &*sub.name, "since": sub.last, "epoch": &*sub.epoch,
             });
-            ws.send(Message::text(frame.to_string())).await.map_err(|_| ())?;
+            ws.send(Message::text(frame.to_string()))
+                .await
+                .map_err(|_| ())?;
         }
         Ok(())
     }

@@ -130,7 +130,12 @@ impl RedisServer {
             .arg(&self.dir)
             // A dump only when told to SAVE; replicas sync without one.
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .args(["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]);
+            .args([
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]);
         if let Some(master) = replica_of {
             command.args(["--replicaof", "127.0.0.1", &master.to_string()]);
         }
@@ -192,7 +197,11 @@ impl RedisServer {
                 .output(),
         )
         .await
-        .map_err(|_| fail(format!("redis-cli {args:?}: no answer within {CLI_TIMEOUT:?}")))?
+        .map_err(|_| {
+            fail(format!(
+                "redis-cli {args:?}: no answer within {CLI_TIMEOUT:?}"
+            ))
+        })?
         .map_err(|e| fail(format!("redis-cli: {e}")))?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }

@@ -315,7 +315,12 @@ impl Rig {
         Ok(())
     }
 
-    async fn pod_kill(&mut self, pod: usize, hold: Duration, fault: &mut Fault) -> Result<(), Error> {
+    async fn pod_kill(
+        &mut self,
+        pod: usize,
+        hold: Duration,
+        fault: &mut Fault,
+    ) -> Result<(), Error> {
         let pod = pod % self.pods.len().max(1);
         let Some(target) = self.pods.get_mut(pod) else {
             return Err(Error::Cluster("no pod to kill".to_owned()));

@@ -216,6 +216,15 @@ impl Options {
         if self.faults.contains(&Kind::PodKill) && self.pods < 2 {
             return bad("pod-kill needs at least two --pods (the clients resume at the others)");
         }
+        if let Some(dir) = &self.dir
+            && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+        {
+            // An old dump there would be loaded by the first Redis.
+            return Err(Error::Options(format!(
+                "--dir {} is not empty",
+                dir.display()
+            )));
+        }
         if self.warmup + self.tail >= self.duration {
             return bad("--duration must be longer than the warm-up and the tail");
         }
@@ -285,8 +294,10 @@ pub struct Chaos {
     /// From the last publish until every client had caught up (or the drain ran out).
     pub drain_s: f64,
     pub caught_up: bool,
-    /// The first problems found, described.
+    /// The first problems of each kind found, described.
     pub problems: Vec<String>,
+    /// Problems found, by kind.
+    pub problem_counts: BTreeMap<String, u64>,
     /// Logs and dumps (removed after a run that passed, unless kept).
     pub dir: String,
     pub cpu: Usage,
@@ -386,10 +397,8 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
         })
         .await?
     };
-    let positions: Vec<(Vec<usize>, Positions)> = opened
-        .iter()
-        .map(|c| (c.topics(), c.positions()))
-        .collect();
+    let positions: Vec<(Vec<usize>, Positions)> =
+        opened.iter().map(|c| (c.topics(), c.positions())).collect();
     let (phase, phases) = watch::channel(Phase::Churn);
     let runners: Vec<_> = opened
         .into_iter()
@@ -421,7 +430,10 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
         tokio::spawn(async move {
             let mut done = Vec::new();
             for planned in &schedule {
-                tokio::time::sleep_until(Instant::now() + (started + planned.at).saturating_sub(clock.elapsed())).await;
+                tokio::time::sleep_until(
+                    Instant::now() + (started + planned.at).saturating_sub(clock.elapsed()),
+                )
+                .await;
                 let fault = rig.inject(planned, &clock).await;
                 println!(
                     "  {:>6.1} s  {:<8}  {}{}",
@@ -464,10 +476,13 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     let caught_up = loop {
         let all = positions.iter().all(|(topics, at)| {
             let at = at.lock().map(|a| a.clone()).unwrap_or_default();
-            topics.iter().zip(at).all(|(&t, (epoch, seq))| match &targets[t] {
-                Some((e, top)) => **e == *epoch && seq >= *top,
-                None => true,
-            })
+            topics
+                .iter()
+                .zip(at)
+                .all(|(&t, (epoch, seq))| match &targets[t] {
+                    Some((e, top)) => **e == *epoch && seq >= *top,
+                    None => true,
+                })
         });
         if all || Instant::now() >= drain_until {
             break all;
@@ -486,6 +501,40 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     let cpu = meter.stop();
     let ran = clock.elapsed();
 
+    let streams: Vec<(usize, &Log)> = records
+        .iter()
+        .flat_map(|r| r.logs.iter().map(move |l| (r.client, l)))
+        .collect();
+    let verdict = check::check(
+        options.topics,
+        &attempts,
+        &mut faults,
+        &streams,
+        HISTORY_SIZE,
+    );
+    if !verdict.problem_streams.is_empty() {
+        // What the store holds of each problem client's session, for whoever looks.
+        let mut stored = BTreeMap::new();
+        for &(client, _) in &verdict.problem_streams {
+            if let Some(r) = records.get(client)
+                && !stored.contains_key(&client)
+            {
+                let key = format!("herald:session:{}", r.session);
+                let value = rig.redis[rig.master]
+                    .cli(&["GET", &key])
+                    .await
+                    .unwrap_or_default();
+                stored.insert(client, format!("{key} = {value}"));
+            }
+        }
+        write_streams(
+            &dir.join("streams.txt"),
+            &streams,
+            &verdict.problem_streams,
+            &addrs,
+            &stored,
+        );
+    }
     let mut pod_rewinds = 0u64;
     for pod in &rig.pods {
         if let Ok(text) = Scraper::new(pod.addr).get("/metrics").await {
@@ -494,22 +543,114 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     }
     drop(rig);
 
-    let streams: Vec<(usize, &Log)> = records
-        .iter()
-        .flat_map(|r| r.logs.iter().map(move |l| (r.client, l)))
-        .collect();
-    let verdict = check::check(options.topics, &attempts, &mut faults, &streams, HISTORY_SIZE);
-    let result = tally(&options, seed, &dir, faults, &attempts, &records, verdict, Tally {
-        ran,
-        drain,
-        caught_up,
-        pod_rewinds,
-        cpu,
-    });
+    let result = tally(
+        &options,
+        seed,
+        &dir,
+        faults,
+        &attempts,
+        &records,
+        verdict,
+        Tally {
+            ran,
+            drain,
+            caught_up,
+            pod_rewinds,
+            cpu,
+        },
+    );
     if result.failures().is_empty() && !options.keep && options.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(result)
+}
+
+/// The streams problems were found in, readably (runs of consecutive
+/// `msg`s as one line), for whoever looks into a failed run.
+fn write_streams(
+    path: &std::path::Path,
+    streams: &[(usize, &Log)],
+    wanted: &[(usize, usize)],
+    pods: &[std::net::SocketAddr],
+    stored: &BTreeMap<usize, String>,
+) {
+    use self::client::Event;
+    use std::fmt::Write as _;
+    let s = |at: &u32| f64::from(*at) / 1000.0;
+    let mut out = String::new();
+    for (client, log) in streams {
+        if !wanted.contains(&(*client, log.topic)) {
+            continue;
+        }
+        let _ = writeln!(out, "client {client} topic {}", log.topic);
+        if let Some(session) = stored.get(client) {
+            let _ = writeln!(
+                out,
+                "  stored at the end: {}",
+                session.trim().replace('\n', " | ")
+            );
+        }
+        let mut run: Option<(u64, u64, u32, u32)> = None;
+        let flush = |out: &mut String, run: &mut Option<(u64, u64, u32, u32)>| {
+            if let Some((first, last, from, to)) = run.take() {
+                let _ = writeln!(
+                    out,
+                    "  {:>8.3}-{:.3} s  msg {first}..{last}",
+                    s(&from),
+                    s(&to)
+                );
+            }
+        };
+        for event in &log.events {
+            if let Event::Msg { seq, at, .. } = event {
+                match &mut run {
+                    Some((_, last, _, to)) if *seq == *last + 1 => (*last, *to) = (*seq, *at),
+                    _ => {
+                        flush(&mut out, &mut run);
+                        run = Some((*seq, *seq, *at, *at));
+                    }
+                }
+                continue;
+            }
+            flush(&mut out, &mut run);
+            let line = match event {
+                Event::Start {
+                    epoch,
+                    seq,
+                    recovered,
+                    at,
+                } => {
+                    format!(
+                        "{:>8.3} s  ok epoch {epoch} seq {seq} recovered {recovered}",
+                        s(at)
+                    )
+                }
+                Event::Reset { epoch, seq, at } => {
+                    format!("{:>8.3} s  reset epoch {epoch} seq {seq}", s(at))
+                }
+                Event::Gone { cut, at } => format!(
+                    "{:>8.3} s  connection lost{}",
+                    s(at),
+                    if *cut { " (own cut)" } else { "" }
+                ),
+                Event::Welcome {
+                    gateway,
+                    resumed,
+                    at,
+                } => format!(
+                    "{:>8.3} s  welcome from pod {gateway} ({}), resumed {resumed}",
+                    s(at),
+                    pods.get(*gateway)
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ),
+                Event::Msg { .. } => continue,
+            };
+            let _ = writeln!(out, "  {line}");
+        }
+        flush(&mut out, &mut run);
+    }
+    let _ = std::fs::write(path, out);
 }
 
 /// Per topic, the epoch of its newest answer and that epoch's newest seq.
@@ -517,7 +658,9 @@ fn targets(topics: usize, attempts: &[Attempt]) -> Vec<Option<(Arc<str>, u64)>> 
     let mut newest: Vec<Option<(u32, Arc<str>)>> = vec![None; topics];
     for a in attempts {
         if let Ok(answer) = &a.answer
-            && newest[a.topic].as_ref().is_none_or(|(at, _)| answer.at >= *at)
+            && newest[a.topic]
+                .as_ref()
+                .is_none_or(|(at, _)| answer.at >= *at)
         {
             newest[a.topic] = Some((answer.at, answer.epoch.clone()));
         }
@@ -566,7 +709,10 @@ fn by_count<'a>(reasons: impl Iterator<Item = &'a str>) -> Vec<String> {
     }
     let mut counts: Vec<_> = counts.into_iter().collect();
     counts.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
-    counts.into_iter().map(|(r, n)| format!("{r}: {n}")).collect()
+    counts
+        .into_iter()
+        .map(|(r, n)| format!("{r}: {n}"))
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -591,7 +737,11 @@ fn tally(
         .collect();
     let sessions_lost_listed: Vec<String> = records
         .iter()
-        .flat_map(|r| r.sessions_lost.iter().map(move |s| format!("client {}: {s}", r.client)))
+        .flat_map(|r| {
+            r.sessions_lost
+                .iter()
+                .map(move |s| format!("client {}: {s}", r.client))
+        })
         .take(LISTED)
         .collect();
     Chaos {
@@ -654,6 +804,7 @@ fn tally(
         drain_s: t.drain.as_secs_f64(),
         caught_up: t.caught_up,
         problems: v.problems,
+        problem_counts: v.problem_counts,
         dir: dir.display().to_string(),
         cpu: t.cpu,
     }
@@ -669,7 +820,13 @@ impl Outcome for Chaos {
     const SCENARIO: &'static str = "chaos";
 
     fn rows(&self) -> Vec<Row> {
-        let list = |l: &[String]| if l.is_empty() { "none".to_owned() } else { l.join("; ") };
+        let list = |l: &[String]| {
+            if l.is_empty() {
+                "none".to_owned()
+            } else {
+                l.join("; ")
+            }
+        };
         let mut rows = vec![
             Row::new(
                 "cluster",
@@ -782,6 +939,16 @@ impl Outcome for Chaos {
             Row::new("CPU", self.cpu.brief()),
             Row::new("logs", &self.dir),
         ]);
+        if !self.problem_counts.is_empty() {
+            rows.push(Row::new(
+                "problems",
+                self.problem_counts
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
         for p in &self.problems {
             rows.push(Row::new("  problem", p));
         }
@@ -797,14 +964,23 @@ impl Outcome for Chaos {
             failures.push("no fault was injected (a longer --duration?)".to_owned());
         }
         if self.faults_failed > 0 {
-            failures.push(format!("{} faults could not be injected", self.faults_failed));
+            failures.push(format!(
+                "{} faults could not be injected",
+                self.faults_failed
+            ));
         }
         for (n, what) in [
             (self.lost, "messages lost"),
             (self.duplicated, "messages duplicated"),
-            (self.mismatched, "messages not the publish acknowledged at their seq"),
+            (
+                self.mismatched,
+                "messages not the publish acknowledged at their seq",
+            ),
             (self.ack_conflicts, "seqs acknowledged to two publishes"),
-            (self.resets_unexpected, "resets after no fault that lost writes"),
+            (
+                self.resets_unexpected,
+                "resets after no fault that lost writes",
+            ),
             (self.sessions_lost, "sessions lost"),
             (self.unexpected_frames, "unexpected frames"),
         ] {
@@ -842,7 +1018,9 @@ mod tests {
     #[test]
     fn errors_are_grouped_without_their_addresses() {
         assert_eq!(
-            shorten("publish to 127.0.0.1:1: connect: Connection refused (os error 111) (is the gateway running?)"),
+            shorten(
+                "publish to 127.0.0.1:1: connect: Connection refused (os error 111) (is the gateway running?)"
+            ),
             "connect: Connection refused"
         );
     }
