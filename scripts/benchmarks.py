@@ -231,6 +231,11 @@ def chaos_section():
     out.append(table(["fault", "at", "writes lost (acknowledged)", "resets"],
                      [[f["kind"], f"{f['at_s']:.1f} s", f"{f['lost_writes']} ({f['lost_acked']})", f["resets"]]
                       for f in faults]))
+    problems = res.get("problem_counts") or {}
+    if problems:
+        out.append("Streams that failed the check, by kind: "
+                   + ", ".join(f"{k} {n}" for k, n in problems.items())
+                   + " (the run's `streams.txt` shows the first few of each, with the session stored at the end).")
     out.append(f"Seed {res['seed']} (`--seed` replays the schedule). Each client checks its stream per topic: split "
                "at every `reset`, seqs contiguous and never processed twice within an epoch, every message the "
                "publish its publisher was acknowledged for at that `(topic, epoch, seq)`, the last segment up to "

@@ -219,6 +219,7 @@ fn chaos(r: &Chaos) -> Value {
         "resets_unexpected": r.resets_unexpected,
         "resumes": r.resumes,
         "sessions_lost": r.sessions_lost,
+        "problem_counts": r.problem_counts,
         "cpu": cpu(&r.cpu),
     })
 }
