@@ -6,7 +6,7 @@
 # `herald` processes on free loopback ports (and a redis-server where pods
 # share work), and renders BENCHMARKS.md with scripts/benchmarks.py. The
 # JSON results and logs stay in $OUT. Everything it starts is stopped when
-# it exits, however it exits. Takes about 15 minutes on 2 cores.
+# it exits, however it exits. Takes about 18 minutes on 2 cores.
 #
 # Load generator and servers share this machine's cores: run it on a quiet
 # machine, and read each run's CPU line ("others": CPU of processes not in
@@ -15,7 +15,7 @@
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
-#                                    idle-pods stall),
+#                                    idle-pods stall chaos),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 set -euo pipefail
@@ -25,7 +25,7 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall chaos)
 # A gateway may hold up to its hard fd limit; leave room for everything else.
 MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
 
@@ -260,6 +260,15 @@ if wants stall; then
         --proxy-control "127.0.0.1:$control_port" --redis-delay 200ms \
         --connections 200 --topics-per-connection 100 --burst-topics 100 --canary-interval 10ms
     stop_all
+fi
+
+if wants chaos; then
+    say "chaos: 3 pods, Redis master + replica behind a proxy, 200 resuming clients, 50 msg/s for 2 min;"
+    say "       Redis frozen, delayed, failed over to a lagging replica, restored from an old dump; pods killed"
+    # It runs its own redis-servers and pods; their logs and dumps stay in $OUT/chaos.
+    rm -rf "$OUT/chaos"
+    loadtest chaos chaos --herald target/release/herald --dir "$OUT/chaos" \
+        --pods 3 --clients 200 --topics 4 --subscriptions 2 --publishers 2 --rate 50 --duration 2m
 fi
 
 say "BENCHMARKS.md"

@@ -224,6 +224,48 @@ def stall_section():
                f"{'not within the phase' if burst is None else f'{burst:.1f} s'}; first canary sent after the kill delivered after: "
                f"{'none' if after is None else f'{after:.2f} s'}. Canary lost / duplicated / out of order / resets: "
                f"{res['lost']} / {res['duplicated']} / {res['out_of_order']} / {res['resets']}.")
+def chaos_section():
+    out = ["## chaos: Redis frozen, delayed, failed over and restored from an old dump; every stream checked"]
+    r = load("chaos")
+    if not r:
+        return "\n\n".join(out + ["Not run."])
+    res = r["result"]
+    faults = res["faults"]
+    kinds = ", ".join(f"{k} {n}" for k, n in res["faults_by_kind"].items())
+    lossy = sum(1 for f in faults if f["lost_writes"] > 0)
+    clean = res["lost"] == 0 and res["duplicated"] == 0 and res["mismatched"] == 0 and res["ack_conflicts"] == 0
+    rows = [
+        ["ran", f"{res['ran_s']:.0f} s: {res['pods']} pods, {res['clients']} clients with sessions "
+                f"({res['subscriptions']} of {res['topics']} topics each), {res['publishers']} publishers, "
+                f"{res['rate_per_s']:.0f} msg/s", "", ""],
+        ["faults injected", f"{len(faults)} ({kinds})", "", ""],
+        ["writes Redis lost", f"{res['lost_writes']:,} ({res['lost_acked_writes']:,} acknowledged) in {lossy} faults",
+         "", ""],
+        ["publishes acknowledged", f"{res['acked']:,} of {res['published']:,}", "", ""],
+        ["messages checked", f"{res['checked']:,} ({res['processed']:,} processed, {res['redelivered']:,} "
+                             f"redelivered after resumes and dropped by the seq rule)", "", ""],
+        ["lost / duplicated / mismatched", f"{res['lost']} / {res['duplicated']} / {res['mismatched']}",
+         f"0 / 0 / 0: {verdict(clean)}", ""],
+        ["resets after faults that lost writes / history gaps / elsewhere",
+         f"{res['resets_expected']:,} / {res['resets_history']} / {res['resets_unexpected']}",
+         f"none elsewhere: {verdict(res['resets_unexpected'] == 0)}", ""],
+        ["sessions resumed / lost", f"{res['resumes']:,} / {res['sessions_lost']}", "", ""],
+    ]
+    out.append(table(["figure", "Herald", "target", "reference"], rows))
+    out.append(table(["fault", "at", "writes lost (acknowledged)", "resets"],
+                     [[f["kind"], f"{f['at_s']:.1f} s", f"{f['lost_writes']} ({f['lost_acked']})", f["resets"]]
+                      for f in faults]))
+    problems = res.get("problem_counts") or {}
+    if problems:
+        out.append("Streams that failed the check, by kind: "
+                   + ", ".join(f"{k} {n}" for k, n in problems.items())
+                   + " (the run's `streams.txt` shows the first few of each, with the session stored at the end).")
+    out.append(f"Seed {res['seed']} (`--seed` replays the schedule). Each client checks its stream per topic: split "
+               "at every `reset`, seqs contiguous and never processed twice within an epoch, every message the "
+               "publish its publisher was acknowledged for at that `(topic, epoch, seq)`, the last segment up to "
+               "the topic's newest acknowledged seq. A fault lost writes when the Redis the pods came back to held "
+               "less of a topic's epoch than had been acknowledged or delivered; Herald moves every topic to a new "
+               "epoch then, so each subscription gets a reset. " + cpu_line(res))
     return "\n\n".join(out)
 
 
@@ -387,4 +429,5 @@ def floor_send_cost():
 
 
 print("\n\n".join([header(), fanout_section(), slow_section(), idle_section(), storm_section(), identity_section(),
-                   pods_section(), stall_section(), throughput_section(), wire_section(), micro_section(), misses_section()]) + "\n")
+                   chaos_section(), pods_section(), stall_section(), throughput_section(), wire_section(),
+                   micro_section(), misses_section()]) + "\n")

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::scenarios::chaos::faults::Kind;
 use crate::scenarios::{
-    DEFAULT_SIZE, fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
+    DEFAULT_SIZE, chaos, fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
 };
 use crate::sessions::{Backoff, Cut};
 use crate::{Target, target};
@@ -85,6 +86,18 @@ pub enum Command {
     /// lost and (application) duplicated messages must be 0, every session
     /// must resume.
     Storm(StormArgs),
+    /// A soak with its own cluster: a Redis master and replica, --pods
+    /// herald pods (--herald) reaching Redis through a proxy of this tool,
+    /// --clients clients with sessions resuming at random pods, --publishers
+    /// posting to random pods; meanwhile a seeded schedule freezes Redis,
+    /// delays it, fails over to a lagging replica, restarts it from an old
+    /// dump and kills pods.
+    ///
+    /// Every client's stream is checked per topic: no seq lost or processed
+    /// twice within an epoch, every message the publish acknowledged at its
+    /// seq, and every reset after a fault that really lost writes (or a gap
+    /// the history could not bridge). Needs redis-server and redis-cli.
+    Chaos(ChaosArgs),
     /// A Redis-backed pod watches --connections x --topics-per-connection
     /// topics and a canary topic, published every --canary-interval and
     /// read on a connection of its own; Redis sits behind `herald-loadtest
@@ -516,6 +529,94 @@ impl StormArgs {
         options.token = self.token.clone();
         options.size = self.size;
         options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// The herald binary the pods run (target/release/herald).
+    #[arg(long, value_name = "PATH")]
+    pub herald: PathBuf,
+    /// Herald pods.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_PODS)]
+    pub pods: usize,
+    /// Clients with sessions, over all pods.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Topics.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// Topics per client (client i: topics i, i+1, ... mod --topics).
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_SUBSCRIPTIONS)]
+    pub subscriptions: usize,
+    /// Publishers, each posting to a random pod.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_PUBLISHERS)]
+    pub publishers: usize,
+    /// Publishes per second, over all publishers.
+    #[arg(long, value_name = "MSGS_PER_S", value_parser = rate, default_value_t = chaos::DEFAULT_RATE)]
+    pub rate: f64,
+    /// How long the publishers publish (faults come meanwhile).
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// Mean time between a client's own cuts (0s: none).
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_CHURN.into())]
+    pub churn: humantime::Duration,
+    /// The faults, cycled through in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Kind::ALL)]
+    pub faults: Vec<Kind>,
+    /// From the first publish to the first fault.
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_WARMUP.into())]
+    pub warmup: humantime::Duration,
+    /// No fault in this last part of the run.
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_TAIL.into())]
+    pub tail: humantime::Duration,
+    /// The shortest pause between two faults.
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_GAP.0.into())]
+    pub gap_min: humantime::Duration,
+    /// The longest pause between two faults.
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_GAP.1.into())]
+    pub gap_max: humantime::Duration,
+    /// The fault schedule's seed [default: random; printed].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// After the last publish, how long the clients have to catch up.
+    #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// Payload bytes.
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = chaos::DEFAULT_SIZE)]
+    pub size: usize,
+    /// Where logs and dumps go [default: a fresh temporary directory,
+    /// removed after a run that passed].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// The pods' log level (HERALD_LOG__LEVEL).
+    #[arg(long, value_name = "FILTER", default_value = "warn")]
+    pub log_level: String,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl ChaosArgs {
+    pub fn options(&self) -> chaos::Options {
+        let mut options = chaos::Options::new(self.herald.clone());
+        options.pods = self.pods;
+        options.clients = self.clients;
+        options.topics = self.topics;
+        options.subscriptions = self.subscriptions;
+        options.publishers = self.publishers;
+        options.rate = self.rate;
+        options.duration = self.duration.into();
+        options.churn = self.churn.into();
+        options.faults = self.faults.clone();
+        options.warmup = self.warmup.into();
+        options.tail = self.tail.into();
+        options.gap = (self.gap_min.into(), self.gap_max.into());
+        options.seed = self.seed;
+        options.drain = self.drain.into();
+        options.size = self.size;
+        options.dir = self.dir.clone();
+        options.log_level = self.log_level.clone();
         options
     }
 }

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::cpu::Usage;
 use crate::latency::Summary;
 use crate::report::{Envelope, Outcome};
+use crate::scenarios::chaos::Chaos;
 use crate::scenarios::fanout::{Fanout, Stats};
 use crate::scenarios::floor::Floor;
 use crate::scenarios::idle::Idle;
@@ -72,6 +73,7 @@ pub fn of_file(text: &str) -> anyhow::Result<Value> {
         Publish::SCENARIO => typed(text, publish),
         Throughput::SCENARIO => typed(text, throughput),
         Wire::SCENARIO => typed(text, wire),
+        Chaos::SCENARIO => typed(text, chaos),
         other => bail!("unknown scenario `{other}`"),
     }
 }
@@ -204,6 +206,48 @@ fn storm(r: &Storm) -> Value {
         "lost": r.lost,
         "app_duplicates": r.app_duplicates,
         "wire_duplicates": r.wire_duplicates,
+        "cpu": cpu(&r.cpu),
+    })
+}
+
+fn chaos(r: &Chaos) -> Value {
+    json!({
+        "seed": r.seed,
+        "pods": r.pods,
+        "clients": r.clients,
+        "topics": r.topics,
+        "subscriptions": r.subscriptions,
+        "publishers": r.publishers,
+        "rate_per_s": r.rate_per_s,
+        "ran_s": r.ran_s,
+        "faults_by_kind": r.faults_by_kind,
+        "faults": r.faults.iter().map(|f| json!({
+            "kind": f.kind.name(),
+            "at_s": f.at_s,
+            "took_s": f.took_s,
+            "lost_writes": f.lost_writes,
+            "lost_acked": f.lost_acked,
+            "resets": f.resets,
+            "error": f.error,
+        })).collect::<Vec<_>>(),
+        "lost_writes": r.lost_writes,
+        "lost_acked_writes": r.lost_acked_writes,
+        "published": r.published,
+        "acked": r.acked,
+        "publish_errors": r.publish_errors,
+        "checked": r.checked,
+        "processed": r.processed,
+        "redelivered": r.redelivered,
+        "lost": r.lost,
+        "duplicated": r.duplicated,
+        "mismatched": r.mismatched,
+        "ack_conflicts": r.ack_conflicts,
+        "resets_expected": r.resets_expected,
+        "resets_history": r.resets_history,
+        "resets_unexpected": r.resets_unexpected,
+        "resumes": r.resumes,
+        "sessions_lost": r.sessions_lost,
+        "problem_counts": r.problem_counts,
         "cpu": cpu(&r.cpu),
     })
 }

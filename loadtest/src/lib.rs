@@ -48,6 +48,9 @@
 //! - [`scenarios::stall`]: a canary topic's latency and longest silence
 //!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
 //!   of new topics and a pub/sub reconnect.
+//! - [`scenarios::chaos`]: a soak with its own Redis and pods while Redis
+//!   is frozen, delayed, failed over and restored from an old dump; every
+//!   client's stream checked against what the publishers were answered.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the
@@ -105,6 +108,9 @@ pub enum Error {
     Scrape { target: SocketAddr, reason: String },
     #[error("worker process: {0}")]
     Worker(String),
+    /// `chaos`: a process it runs (redis-server, herald) or its proxy failed.
+    #[error("chaos cluster: {0}")]
+    Cluster(String),
     #[error("writing {path}: {source}")]
     Write {
         path: String,

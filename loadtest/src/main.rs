@@ -13,7 +13,7 @@ use loadtest::figures;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
-    fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
+    chaos, fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
 };
 
 /// Exit code when a figure that must be zero was not.
@@ -106,6 +106,15 @@ fn run(command: Command) -> anyhow::Result<bool> {
             }
             Command::Wire(args) => {
                 let outcome = wire::run(args.options()).await.context("wire")?;
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Chaos(args) => {
+                // Ctrl-C ends the run; its processes die with the runtime
+                // (each child is killed when its handle drops).
+                let outcome = tokio::select! {
+                    outcome = chaos::run(args.options()) => outcome.context("chaos")?,
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("chaos: interrupted"),
+                };
                 emit(&outcome, args.out.out.as_deref())
             }
             Command::Storm(args) => {

@@ -38,10 +38,13 @@ pub struct Connection {
 }
 
 /// The gateway's answer to a publish.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Published {
     /// The message's seq in its topic.
     pub seq: u64,
+    /// The topic's epoch the seq belongs to.
+    #[serde(default)]
+    pub epoch: String,
 }
 
 impl Connection {

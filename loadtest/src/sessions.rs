@@ -34,7 +34,7 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DOWN_FOR: Duration = Duration::from_secs(2);
 /// Close codes after which a client comes back: 1012 (draining) and
 /// Herald's 4000-4499. 4500-4999 mean "do not reconnect".
-fn reconnects_after(code: u16) -> bool {
+pub(crate) fn reconnects_after(code: u16) -> bool {
     code == 1012 || (4000..4500).contains(&code)
 }
 
@@ -104,7 +104,7 @@ impl Plan {
     }
 
     /// A gateway at random among those not refusing lately; any when all are.
-    fn pick(&self) -> usize {
+    pub(crate) fn pick(&self) -> usize {
         let now = self.now_us();
         let up: Vec<usize> = (0..self.gateways.len())
             .filter(|&g| self.down_until[g].load(Ordering::Relaxed) <= now)
@@ -118,7 +118,7 @@ impl Plan {
     }
 
     /// Nothing listens at `gateway` (the pod is gone): leave it out for [`DOWN_FOR`].
-    fn refused(&self, gateway: usize) {
+    pub(crate) fn refused(&self, gateway: usize) {
         let until = self.now_us() + DOWN_FOR.as_micros() as u64;
         self.down_until[gateway].store(until, Ordering::Relaxed);
     }
@@ -169,6 +169,8 @@ struct Frame<'a> {
     session: Option<Cow<'a, str>>,
     resumed: Option<bool>,
     after_ms: Option<u64>,
+    #[serde(borrow)]
+    reason: Option<Cow<'a, str>>,
 }
 
 /// A connected client with a session and one subscription.
@@ -542,20 +544,22 @@ impl Keeper {
 }
 
 /// The parts of `welcome` a client keeps.
-struct Welcome {
-    session: String,
-    resumed: bool,
+pub(crate) struct Welcome {
+    pub(crate) session: String,
+    pub(crate) resumed: bool,
+    /// Why a `resume` was not honoured (`not_found`, `other_user`).
+    pub(crate) reason: Option<String>,
 }
 
 /// Why a connection attempt failed.
-struct Failed {
+pub(crate) struct Failed {
     /// Nothing listens there: the pod is gone.
-    refused: bool,
-    reason: String,
+    pub(crate) refused: bool,
+    pub(crate) reason: String,
 }
 
 impl Failed {
-    fn other(reason: String) -> Self {
+    pub(crate) fn other(reason: String) -> Self {
         Self {
             refused: false,
             reason,
@@ -571,7 +575,7 @@ impl From<String> for Failed {
 
 /// TCP from the client's source address, the WebSocket handshake, `hello`
 /// (resuming `resume` if given) and its `welcome`.
-async fn handshake(
+pub(crate) async fn handshake(
     client: usize,
     target: &Target,
     resume: Option<&str>,
@@ -608,6 +612,7 @@ async fn handshake(
             let welcome = Welcome {
                 session: session.into_owned(),
                 resumed: frame.resumed.unwrap_or(false),
+                reason: frame.reason.map(Cow::into_owned),
             };
             Ok((ws, welcome))
         }
@@ -616,7 +621,7 @@ async fn handshake(
 }
 
 /// The next text frame (pings and pongs skipped).
-async fn next_text(ws: &mut Socket) -> Result<String, String> {
+pub(crate) async fn next_text(ws: &mut Socket) -> Result<String, String> {
     loop {
         match ws.next().await {
             Some(Ok(Message::Text(text))) => return Ok(text.as_str().to_owned()),

@@ -23,11 +23,15 @@
 //! - [`stall`]: a canary topic's latency on a pod that watches many topics
 //!   while Redis is slow, through a burst of new topics and a pub/sub
 //!   reconnect: does one slow part stop fan-out for every topic?
+//! - [`chaos`]: pods, a Redis master and replica it runs itself, clients
+//!   resuming across pods and publishers, while Redis is frozen, delayed,
+//!   failed over and restarted from an old dump: every stream checked.
 
 use std::time::Duration;
 
 use crate::Error;
 
+pub mod chaos;
 pub mod fanout;
 pub mod floor;
 pub mod idle;

@@ -1,0 +1,59 @@
+//! `herald-loadtest chaos` at CI size against the real binary: two pods and
+//! a Redis master and replica that the scenario runs itself, clients
+//! resuming across the pods, a publisher, while Redis fails over to a
+//! replica that lagged and is restarted from an older dump, a pod is
+//! killed, and Redis is frozen if time allows. Every client's stream must come out complete and
+//! duplicate-free within each epoch, each message the publish acknowledged
+//! at its seq, and every reset after a fault that lost writes. The full
+//! soak is `scripts/bench.sh chaos`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
+
+use std::time::Duration;
+
+use loadtest::report::{self, Outcome};
+use loadtest::scenarios::chaos::{self, faults::Kind};
+
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+
+// Ignored until the session store keeps up with Redis faults: a
+// connection whose claim Redis lost (a failover to a replica that lagged, a
+// restart from an older dump) or executed late (after a freeze) has every
+// save refused, so its next resume starts from a stale position and gets a
+// `reset` where the history had everything (45 such resets in its first
+// run); see the chaos soak's report. Run it with
+// `cargo nextest run -p gateway --test chaos --run-ignored all`.
+#[ignore = "fails until resumed sessions are saved across Redis faults (issue #11)"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
+    let mut options = chaos::Options::new(HERALD.into());
+    options.pods = 2;
+    options.clients = 30;
+    options.topics = 2;
+    options.subscriptions = 2;
+    options.publishers = 1;
+    options.rate = 20.0;
+    options.duration = Duration::from_secs(22);
+    options.churn = Duration::from_secs(5);
+    options.faults = vec![Kind::Failover, Kind::Restore, Kind::PodKill, Kind::Freeze];
+    options.warmup = Duration::from_secs(2);
+    options.tail = Duration::from_secs(3);
+    options.gap = (Duration::from_secs(1), Duration::from_secs(2));
+    options.seed = Some(11);
+    options.drain = Duration::from_secs(20);
+    let outcome = chaos::run(options).await.expect("the scenario runs");
+    let table = report::table(&outcome);
+    println!("{table}");
+    assert!(outcome.failures().is_empty(), "{table}");
+    let kinds: Vec<Kind> = outcome.faults.iter().map(|f| f.kind).collect();
+    assert!(
+        kinds.starts_with(&[Kind::Failover, Kind::Restore, Kind::PodKill]),
+        "{kinds:?}"
+    );
+    // Both lost writes Redis had acknowledged, and the clients were told.
+    for fault in &outcome.faults[..2] {
+        assert!(fault.lost_acked > 0, "{fault:?}");
+        assert!(fault.resets > 0, "{fault:?}");
+    }
+    assert!(outcome.checked > 0 && outcome.resumes > 0, "{table}");
+}

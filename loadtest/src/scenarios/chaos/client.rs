@@ -1,0 +1,568 @@
+//! `chaos`'s clients: each keeps a session with a few subscriptions, acks
+//! what it processed with the epoch, cuts its own connection now and then
+//! (as a phone does) and comes back with `resume` at a pod picked at random.
+//! It logs its stream per topic as it came over the wire (`ok`, every `msg`
+//! with its data's publish id, every `reset`), for [`super::check`] to judge
+//! after the run; it keeps the protocol's rule only to know what to ack.
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::Clock;
+use crate::clients::{CONNECT_TIMEOUT, Socket, client_failure, source_addr};
+use crate::sessions::{ATTEMPT_TIMEOUT, Plan, handshake, reconnects_after};
+use crate::{Error, Target};
+
+/// Unexpected frames kept (as text) per client.
+const UNEXPECTED_KEPT: usize = 3;
+
+/// What the run tells every client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Cut your connection now and then.
+    Churn,
+    /// Stay connected: the run is draining.
+    Calm,
+    /// Report.
+    Stop,
+}
+
+/// One entry of a topic's stream, `at` in ms from the run's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// An `ok` to a `sub`: the stream goes on after `seq` in `epoch`
+    /// (`recovered`: a `sub` with `since` that the history bridged).
+    Start {
+        epoch: Arc<str>,
+        seq: u64,
+        recovered: bool,
+        at: u32,
+    },
+    /// A `msg`; `id` is the publish id in its data (`None`: none there).
+    Msg { seq: u64, id: Option<u64>, at: u32 },
+    /// A `reset`: continuity lost, live again after `seq` in `epoch`.
+    Reset { epoch: Arc<str>, seq: u64, at: u32 },
+    /// The connection was lost (`cut`: by the client itself).
+    Gone { cut: bool, at: u32 },
+    /// A `welcome` on a new connection to pod `gateway`.
+    Welcome {
+        gateway: usize,
+        resumed: bool,
+        at: u32,
+    },
+}
+
+/// A topic's stream as one client saw it.
+#[derive(Debug, Clone)]
+pub struct Log {
+    pub topic: usize,
+    pub events: Vec<Event>,
+}
+
+/// Where a client is in a topic, for the drain: the epoch and the newest
+/// seq processed.
+pub type Positions = Arc<Mutex<Vec<(Arc<str>, u64)>>>;
+
+/// What one client did and saw.
+#[derive(Debug)]
+pub struct Record {
+    pub client: usize,
+    /// The session it held last.
+    pub session: String,
+    pub logs: Vec<Log>,
+    /// Connections lost, its own cuts included.
+    pub lost: u32,
+    /// Its own cuts.
+    pub cuts: u32,
+    pub resumes: u32,
+    pub attempts: u32,
+    /// Why reconnect attempts failed.
+    pub attempt_errors: Vec<String>,
+    /// `welcome` with `resumed: false` (and why): the session was gone.
+    pub sessions_lost: Vec<String>,
+    pub unexpected: u64,
+    pub unexpected_kept: Vec<String>,
+    /// Why it stopped early, if it did.
+    pub failure: Option<String>,
+}
+
+/// A subscription's state.
+struct Sub {
+    topic: usize,
+    name: Arc<str>,
+    epoch: Arc<str>,
+    /// The newest seq processed (the protocol's rule drops a `msg` not above it).
+    last: u64,
+    /// The newest fresh seq this connection delivered: what may be acked on it.
+    ackable: Option<u64>,
+    acked: u64,
+}
+
+/// A server frame, as far as this client cares.
+#[derive(Deserialize)]
+struct Frame<'a> {
+    #[serde(borrow)]
+    op: Cow<'a, str>,
+    #[serde(borrow)]
+    topic: Option<Cow<'a, str>>,
+    seq: Option<u64>,
+    #[serde(borrow)]
+    epoch: Option<Cow<'a, str>>,
+    recovered: Option<bool>,
+    data: Option<Payload>,
+    after_ms: Option<u64>,
+}
+
+/// The publishers' data: `{"i": <publish id>, ...}`.
+#[derive(Deserialize)]
+struct Payload {
+    i: Option<u64>,
+}
+
+/// How a connection ended.
+enum Lost {
+    Reconnect,
+    GiveUp(String),
+    Stop,
+}
+
+pub struct Client {
+    pub client: usize,
+    session: String,
+    /// Taken by [`Client::run`], which owns each connection in turn.
+    ws: Option<Socket>,
+    gateway: usize,
+    subs: Vec<Sub>,
+    logs: Vec<Log>,
+    positions: Positions,
+    /// Mean time between its own cuts.
+    churn: Duration,
+    advised: Option<Duration>,
+    /// The connection last lost was cut by this client.
+    cut_last: bool,
+    record: Record,
+}
+
+impl Client {
+    /// Connects to `plan.gateways[gateway]`, starts a session and subscribes
+    /// to `topics` (indexes into `names`), waiting for every `ok`.
+    pub async fn open(
+        client: usize,
+        gateway: usize,
+        plan: &Plan,
+        topics: &[usize],
+        names: &[Arc<str>],
+        churn: Duration,
+        clock: &Clock,
+    ) -> Result<Self, Error> {
+        let target: &Target = &plan.gateways[gateway];
+        let fail = client_failure(client, source_addr(target.addr.ip(), client), target.addr);
+        let opening = async {
+            let (mut ws, welcome) = handshake(client, target, None, None)
+                .await
+                .map_err(|e| e.reason)?;
+            for (id, &t) in topics.iter().enumerate() {
+                let sub = serde_json::json!({"op": "sub", "id": id, "topic": &*names[t]});
+                ws.send(Message::text(sub.to_string()))
+                    .await
+                    .map_err(|e| format!("sending sub: {e}"))?;
+            }
+            let mut subs = Vec::with_capacity(topics.len());
+            while subs.len() < topics.len() {
+                let text = crate::sessions::next_text(&mut ws).await?;
+                let ok: Frame<'_> = serde_json::from_str(&text)
+                    .map_err(|e| format!("not a server frame ({e}): {text}"))?;
+                match (ok.op.as_ref(), ok.topic, ok.seq, ok.epoch) {
+                    ("ok", Some(topic), Some(seq), Some(epoch)) => {
+                        let Some(&t) = topics.iter().find(|&&t| *names[t] == *topic) else {
+                            return Err(format!("ok for a topic not asked for: {text}"));
+                        };
+                        subs.push(Sub {
+                            topic: t,
+                            name: names[t].clone(),
+                            epoch: Arc::from(epoch.as_ref()),
+                            last: seq,
+                            ackable: None,
+                            acked: seq,
+                        });
+                    }
+                    _ => return Err(format!("sub refused: {text}")),
+                }
+            }
+            Ok((ws, welcome.session, subs))
+        };
+        let (ws, session, subs) = tokio::time::timeout(CONNECT_TIMEOUT, opening)
+            .await
+            .map_err(|_| fail(format!("not subscribed within {CONNECT_TIMEOUT:?}")))?
+            .map_err(fail)?;
+        let at = clock.ms32();
+        let logs = subs
+            .iter()
+            .map(|s| Log {
+                topic: s.topic,
+                events: vec![Event::Start {
+                    epoch: s.epoch.clone(),
+                    seq: s.last,
+                    recovered: false,
+                    at,
+                }],
+            })
+            .collect();
+        let positions = Arc::new(Mutex::new(
+            subs.iter().map(|s| (s.epoch.clone(), s.last)).collect(),
+        ));
+        Ok(Self {
+            client,
+            session,
+            ws: Some(ws),
+            gateway,
+            subs,
+            logs,
+            positions,
+            churn,
+            advised: None,
+            cut_last: false,
+            record: Record {
+                client,
+                session: String::new(),
+                logs: Vec::new(),
+                lost: 0,
+                cuts: 0,
+                resumes: 0,
+                attempts: 0,
+                attempt_errors: Vec::new(),
+                sessions_lost: Vec::new(),
+                unexpected: 0,
+                unexpected_kept: Vec::new(),
+                failure: None,
+            },
+        })
+    }
+
+    /// The topics this client subscribed to, in order.
+    pub fn topics(&self) -> Vec<usize> {
+        self.subs.iter().map(|s| s.topic).collect()
+    }
+
+    pub fn positions(&self) -> Positions {
+        self.positions.clone()
+    }
+
+    /// Reads, logs and acks until the phase turns [`Phase::Stop`]; cuts its
+    /// connection at random while [`Phase::Churn`]; resumes whenever the
+    /// connection is lost.
+    pub async fn run(
+        mut self,
+        plan: Arc<Plan>,
+        mut phase: watch::Receiver<Phase>,
+        clock: Clock,
+    ) -> Record {
+        phase.borrow_and_update();
+        let Some(mut ws) = self.ws.take() else {
+            self.record.failure = Some("no connection to start with".to_owned());
+            return self.finish();
+        };
+        loop {
+            match self.connected(&mut ws, &plan, &mut phase, &clock).await {
+                Lost::Stop => return self.finish(),
+                Lost::GiveUp(why) => {
+                    self.record.failure = Some(why);
+                    return self.finish();
+                }
+                Lost::Reconnect => drop(ws),
+            }
+            self.record.lost += 1;
+            self.note(Event::Gone {
+                cut: self.cut_last,
+                at: clock.ms32(),
+            });
+            self.cut_last = false;
+            let advised = self.advised.take();
+            ws = match self.resume(&plan, &mut phase, advised, &clock).await {
+                Ok(ws) => ws,
+                Err(why) => {
+                    self.record.failure = Some(why);
+                    return self.finish();
+                }
+            };
+        }
+    }
+
+    /// An event of the connection, in every topic's log.
+    fn note(&mut self, event: Event) {
+        for log in &mut self.logs {
+            log.events.push(event.clone());
+        }
+    }
+
+    fn finish(mut self) -> Record {
+        self.record.logs = std::mem::take(&mut self.logs);
+        self.record.session = self.session.clone();
+        self.record
+    }
+
+    /// A random lifetime for a connection: exponential, mean `churn`.
+    fn lifetime(&self) -> Duration {
+        let unit: f64 = rand::random::<f64>().max(1e-9);
+        self.churn.mul_f64(-unit.ln()).min(self.churn * 10)
+    }
+
+    /// One connection's life: until it is lost or the run stops.
+    async fn connected(
+        &mut self,
+        ws: &mut Socket,
+        plan: &Plan,
+        phase: &mut watch::Receiver<Phase>,
+        clock: &Clock,
+    ) -> Lost {
+        for sub in &mut self.subs {
+            sub.ackable = None;
+        }
+        let mut ack_due: Option<Instant> = None;
+        let mut cut_at = (*phase.borrow() == Phase::Churn && !self.churn.is_zero())
+            .then(|| Instant::now() + self.lifetime());
+        loop {
+            let far = Instant::now() + Duration::from_secs(3600);
+            // Every branch is cancel-safe: `changed`, sleeps, the stream's `next`.
+            let next = tokio::select! {
+                biased;
+                changed = phase.changed() => {
+                    let now = if changed.is_err() { Phase::Stop } else { *phase.borrow_and_update() };
+                    match now {
+                        Phase::Stop => return Lost::Stop,
+                        Phase::Calm => cut_at = None,
+                        Phase::Churn => {}
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(cut_at.unwrap_or(far)), if cut_at.is_some() => {
+                    // Abortive, as a phone losing its network.
+                    let _ = ws.get_ref().set_zero_linger();
+                    self.record.cuts += 1;
+                    self.cut_last = true;
+                    return Lost::Reconnect;
+                }
+                _ = tokio::time::sleep_until(ack_due.unwrap_or(far)), if ack_due.is_some() => {
+                    ack_due = None;
+                    if self.ack(ws).await.is_err() {
+                        return Lost::Reconnect;
+                    }
+                    continue;
+                }
+                next = ws.next() => next,
+            };
+            let text = match next {
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(Message::Close(frame))) => match frame.map(|f| u16::from(f.code)) {
+                    None => return Lost::Reconnect,
+                    Some(code) if reconnects_after(code) => return Lost::Reconnect,
+                    Some(code) => return Lost::GiveUp(format!("closed with {code}")),
+                },
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Lost::Reconnect,
+            };
+            if self.frame(text.as_str(), clock) && ack_due.is_none() {
+                ack_due = Some(Instant::now() + plan.ack_interval);
+            }
+        }
+    }
+
+    /// Logs a frame; whether it brought something to ack.
+    fn frame(&mut self, text: &str, clock: &Clock) -> bool {
+        let Ok(frame) = serde_json::from_str::<Frame<'_>>(text) else {
+            self.unexpected(text);
+            return false;
+        };
+        let at = clock.ms32();
+        let sub = frame
+            .topic
+            .as_deref()
+            .and_then(|t| self.subs.iter().position(|s| *s.name == *t));
+        match (frame.op.as_ref(), sub, frame.seq) {
+            ("msg", Some(i), Some(seq)) => {
+                let id = frame.data.and_then(|d| d.i);
+                self.logs[i].events.push(Event::Msg { seq, id, at });
+                let sub = &mut self.subs[i];
+                if seq > sub.last {
+                    sub.last = seq;
+                    sub.ackable = Some(seq);
+                    self.moved(i);
+                    return true;
+                }
+                false
+            }
+            ("reset", Some(i), Some(seq)) => {
+                let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or(""));
+                self.logs[i].events.push(Event::Reset {
+                    epoch: epoch.clone(),
+                    seq,
+                    at,
+                });
+                let sub = &mut self.subs[i];
+                sub.epoch = epoch;
+                sub.last = seq;
+                sub.acked = seq;
+                sub.ackable = None;
+                self.moved(i);
+                false
+            }
+            ("ok", Some(i), Some(seq)) => {
+                // The answer to a `sub` sent after a session was lost.
+                let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or(""));
+                let recovered = frame.recovered == Some(true);
+                self.logs[i].events.push(Event::Start {
+                    epoch: epoch.clone(),
+                    seq,
+                    recovered,
+                    at,
+                });
+                let sub = &mut self.subs[i];
+                if !recovered {
+                    sub.epoch = epoch;
+                    sub.last = seq;
+                    sub.acked = seq;
+                    sub.ackable = None;
+                    self.moved(i);
+                }
+                false
+            }
+            ("reconnect", _, _) => {
+                self.advised = frame.after_ms.map(Duration::from_millis);
+                false
+            }
+            _ => {
+                self.unexpected(text);
+                false
+            }
+        }
+    }
+
+    fn unexpected(&mut self, text: &str) {
+        self.record.unexpected += 1;
+        if self.record.unexpected_kept.len() < UNEXPECTED_KEPT {
+            self.record
+                .unexpected_kept
+                .push(text.chars().take(200).collect());
+        }
+    }
+
+    fn moved(&self, i: usize) {
+        let sub = &self.subs[i];
+        if let Ok(mut positions) = self.positions.lock() {
+            positions[i] = (sub.epoch.clone(), sub.last);
+        }
+    }
+
+    /// Acks, with its epoch, every topic this connection delivered fresh seqs of.
+    async fn ack(&mut self, ws: &mut Socket) -> Result<(), ()> {
+        for sub in &mut self.subs {
+            let Some(seq) = sub.ackable.filter(|&s| s > sub.acked) else {
+                continue;
+            };
+            let ack = serde_json::json!({"op": "ack", "topic": &*sub.name, "seq": seq, "epoch": &*sub.epoch});
+            ws.send(Message::text(ack.to_string()))
+                .await
+                .map_err(|_| ())?;
+            sub.acked = seq;
+            sub.ackable = None;
+        }
+        Ok(())
+    }
+
+    /// Comes back after a lost connection: backs off, connects to a pod
+    /// picked at random and resumes. A session that is gone is recorded and
+    /// replaced: a fresh one subscribes again with `since` and `epoch`.
+    async fn resume(
+        &mut self,
+        plan: &Plan,
+        phase: &mut watch::Receiver<Phase>,
+        advised: Option<Duration>,
+        clock: &Clock,
+    ) -> Result<Socket, String> {
+        let mut attempt = 0u32;
+        loop {
+            let wait = match (attempt, advised) {
+                (0, Some(after)) => after,
+                _ => plan.backoff.delay(attempt, rand::random()),
+            };
+            attempt += 1;
+            self.record.attempts += 1;
+            let gateway = plan.pick();
+            let target = &plan.gateways[gateway];
+            let (client, session) = (self.client, self.session.clone());
+            let try_once = async {
+                tokio::time::sleep(wait).await;
+                tokio::time::timeout(
+                    ATTEMPT_TIMEOUT,
+                    handshake(client, target, Some(&session), None),
+                )
+                .await
+                .map_err(|_| format!("no welcome within {ATTEMPT_TIMEOUT:?}"))?
+                .map_err(|e| {
+                    if e.refused {
+                        plan.refused(gateway);
+                    }
+                    e.reason
+                })
+            };
+            let outcome = tokio::select! {
+                biased;
+                changed = phase.changed() => {
+                    if changed.is_err() || *phase.borrow_and_update() == Phase::Stop {
+                        return Err(format!(
+                            "not resumed by the end of the run after {attempt} attempts; last error: {}",
+                            self.record.attempt_errors.last().map_or("none", String::as_str)
+                        ));
+                    }
+                    continue;
+                }
+                outcome = try_once => outcome,
+            };
+            match outcome {
+                Ok((mut ws, welcome)) => {
+                    self.gateway = gateway;
+                    self.note(Event::Welcome {
+                        gateway,
+                        resumed: welcome.resumed,
+                        at: clock.ms32(),
+                    });
+                    if welcome.resumed && welcome.session == self.session {
+                        self.record.resumes += 1;
+                        return Ok(ws);
+                    }
+                    self.record.sessions_lost.push(format!(
+                        "at {:.1} s: {}",
+                        f64::from(clock.ms32()) / 1000.0,
+                        welcome.reason.as_deref().unwrap_or("resumed: false")
+                    ));
+                    self.session = welcome.session;
+                    if self.resubscribe(&mut ws).await.is_ok() {
+                        return Ok(ws);
+                    }
+                }
+                Err(e) => self.record.attempt_errors.push(e),
+            }
+        }
+    }
+
+    /// `sub` with `since` and `epoch` for every topic, on a fresh session;
+    /// the `ok`s are read as any frame.
+    async fn resubscribe(&mut self, ws: &mut Socket) -> Result<(), ()> {
+        for (id, sub) in self.subs.iter().enumerate() {
+            let frame = serde_json::json!({
+                "op": "sub", "id": id, "topic": &*sub.name, "since": sub.last, "epoch": &*sub.epoch,
+            });
+            ws.send(Message::text(frame.to_string()))
+                .await
+                .map_err(|_| ())?;
+        }
+        Ok(())
+    }
+}

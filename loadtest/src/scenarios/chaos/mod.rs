@@ -1,0 +1,1027 @@
+//! `chaos`: a soak of the whole system while Redis misbehaves. It runs
+//! everything itself, on loopback: a Redis master (a dump only when told
+//! to `SAVE`) and its replica, an in-process TCP [`proxy`] in front of them
+//! (the address the pods know: a "virtual IP" that can add latency, hold
+//! traffic, and switch to the replica while cutting every connection, which
+//! is how a failover looks to Herald without Sentinel), N `herald` pods, C
+//! clients with sessions spread over the pods (they ack with the epoch, cut
+//! their connection now and then and resume at a random pod), and P
+//! publishers posting to random pods on T topics.
+//!
+//! A seeded schedule of [`faults`] cycles through: freezing Redis
+//! (SIGSTOP), delaying it (the proxy), failing over to a replica that lags
+//! (it stopped replicating some seconds before the master is killed),
+//! restarting Redis from an older dump, and killing a pod. After the last
+//! publish every client must catch up; then [`check`] judges every client's
+//! stream per topic: complete and duplicate-free within each epoch, each
+//! message the one its publisher was answered for, and each `reset` where
+//! Redis really lost writes (or where the history could not bridge a gap).
+//!
+//! Layout: [`cluster`] (the processes), [`proxy`], [`faults`] (schedule and
+//! injection), [`client`], [`publisher`], [`check`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use self::client::{Client, Log, Phase, Positions, Record};
+use self::cluster::Pod;
+use self::faults::{Fault, Kind, Rig};
+use self::publisher::{Attempt, Publisher};
+use super::unique_topic;
+use crate::clients::{self, FD_MARGIN};
+use crate::cpu::{Meter, Usage};
+use crate::metrics::Scraper;
+use crate::publish::Pool;
+use crate::report::{Outcome, Row};
+use crate::sessions::{Backoff, Cut, Plan};
+use crate::{Error, Target};
+
+pub mod check;
+pub mod client;
+pub mod cluster;
+pub mod faults;
+pub mod proxy;
+pub mod publisher;
+
+/// Herald pods.
+pub const DEFAULT_PODS: usize = 3;
+/// Clients with sessions, over all pods.
+pub const DEFAULT_CLIENTS: usize = 200;
+pub const DEFAULT_TOPICS: usize = 4;
+/// Topics each client subscribes to (client i: topics i, i+1, ... mod T).
+pub const DEFAULT_SUBSCRIPTIONS: usize = 2;
+pub const DEFAULT_PUBLISHERS: usize = 2;
+/// Publishes per second, over all publishers.
+pub const DEFAULT_RATE: f64 = 50.0;
+/// How long the publishers publish.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(120);
+/// Mean time between a client's own cuts (exponential); 0s: never.
+pub const DEFAULT_CHURN: Duration = Duration::from_secs(20);
+/// From the first publish to the first fault.
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(5);
+/// No fault in the last part of the run: the system settles while publishing.
+pub const DEFAULT_TAIL: Duration = Duration::from_secs(10);
+/// Between the end of one fault's hold and the next fault, at random.
+pub const DEFAULT_GAP: (Duration, Duration) = (Duration::from_secs(4), Duration::from_secs(8));
+/// After the last publish, how long every client has to catch up.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+/// Payload bytes.
+pub const DEFAULT_SIZE: usize = 64;
+/// Cumulative acks, at most this often per client.
+pub const ACK_INTERVAL: Duration = Duration::from_millis(50);
+/// The pods' `session.flush_interval`: acks reach Redis this fast.
+pub const FLUSH_INTERVAL: &str = "50ms";
+/// Herald's default `history_size`: a gap longer than this cannot be
+/// bridged, so a `reset` in the same epoch is expected then.
+pub const HISTORY_SIZE: u64 = 100;
+/// Keep-alive connections per publisher per pod.
+const PUBLISH_CONNECTIONS: usize = 2;
+/// Between two looks at the clients' positions while draining.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// Longest the fault schedule may overrun the run (a fault's own waits
+/// are bounded; this is the backstop).
+const FAULTS_OVERRUN: Duration = Duration::from_secs(60);
+/// Clients listed with their failures, at most.
+const LISTED: usize = 5;
+/// Most clients, pods, topics.
+const MAX_CLIENTS: usize = 20_000;
+const MAX_PODS: usize = 16;
+const MAX_TOPICS: usize = 1_000;
+
+/// Milliseconds from the run's start, the time base of every log.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    start: Instant,
+}
+
+impl Clock {
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.start)
+    }
+
+    pub fn ms(&self) -> u64 {
+        self.elapsed().as_millis() as u64
+    }
+
+    pub fn ms32(&self) -> u32 {
+        u32::try_from(self.ms()).unwrap_or(u32::MAX)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The `herald` binary the pods run.
+    pub herald: PathBuf,
+    pub pods: usize,
+    pub clients: usize,
+    pub topics: usize,
+    pub subscriptions: usize,
+    pub publishers: usize,
+    pub rate: f64,
+    pub duration: Duration,
+    pub churn: Duration,
+    /// The kinds the schedule cycles through, in order.
+    pub faults: Vec<Kind>,
+    pub warmup: Duration,
+    pub tail: Duration,
+    pub gap: (Duration, Duration),
+    /// The schedule's seed [default: random, printed].
+    pub seed: Option<u64>,
+    pub drain: Duration,
+    pub size: usize,
+    /// Where logs and dumps go [default: a fresh directory under the
+    /// system's temporary one]; removed after a run that passed unless `keep`.
+    pub dir: Option<PathBuf>,
+    pub keep: bool,
+    /// The pods' `HERALD_LOG__LEVEL`.
+    pub log_level: String,
+}
+
+impl Options {
+    pub fn new(herald: PathBuf) -> Self {
+        Self {
+            herald,
+            pods: DEFAULT_PODS,
+            clients: DEFAULT_CLIENTS,
+            topics: DEFAULT_TOPICS,
+            subscriptions: DEFAULT_SUBSCRIPTIONS,
+            publishers: DEFAULT_PUBLISHERS,
+            rate: DEFAULT_RATE,
+            duration: DEFAULT_DURATION,
+            churn: DEFAULT_CHURN,
+            faults: Kind::ALL.to_vec(),
+            warmup: DEFAULT_WARMUP,
+            tail: DEFAULT_TAIL,
+            gap: DEFAULT_GAP,
+            seed: None,
+            drain: DEFAULT_DRAIN,
+            size: DEFAULT_SIZE,
+            dir: None,
+            keep: false,
+            log_level: "warn".to_owned(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        super::check_bounds(self.duration, self.size)?;
+        let bad = |m: &str| Err(Error::Options(m.to_owned()));
+        if !self.herald.is_file() {
+            return Err(Error::Options(format!(
+                "--herald {}: no such file (cargo build --release -p gateway)",
+                self.herald.display()
+            )));
+        }
+        if self.pods == 0 || self.pods > MAX_PODS {
+            return bad("--pods must be 1 to 16");
+        }
+        if self.clients == 0 || self.clients > MAX_CLIENTS {
+            return bad("--clients must be 1 to 20000");
+        }
+        if self.topics == 0 || self.topics > MAX_TOPICS {
+            return bad("--topics must be 1 to 1000");
+        }
+        if self.subscriptions == 0 || self.subscriptions > self.topics {
+            return bad("--subscriptions must be 1 to --topics");
+        }
+        if self.publishers == 0 || self.publishers > 64 {
+            return bad("--publishers must be 1 to 64");
+        }
+        if !(self.rate > 0.0 && self.rate <= 5_000.0) {
+            return bad("--rate must be over 0 and at most 5000");
+        }
+        if self.drain.is_zero() || self.drain > super::MAX_DURATION {
+            return bad("--drain must be over 0s and at most the longest run");
+        }
+        if self.faults.is_empty() {
+            return bad("--faults names no fault");
+        }
+        if self.faults.contains(&Kind::PodKill) && self.pods < 2 {
+            return bad("pod-kill needs at least two --pods (the clients resume at the others)");
+        }
+        if let Some(dir) = &self.dir
+            && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+        {
+            // An old dump there would be loaded by the first Redis.
+            return Err(Error::Options(format!(
+                "--dir {} is not empty",
+                dir.display()
+            )));
+        }
+        if self.warmup + self.tail >= self.duration {
+            return bad("--duration must be longer than the warm-up and the tail");
+        }
+        Ok(())
+    }
+}
+
+/// The result of a `chaos` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Chaos {
+    pub seed: u64,
+    pub pods: usize,
+    pub clients: usize,
+    pub topics: usize,
+    pub subscriptions: usize,
+    pub publishers: usize,
+    pub rate_per_s: f64,
+    pub duration_s: f64,
+    /// From the first client's connect to the end of the drain.
+    pub ran_s: f64,
+    pub churn_s: f64,
+    pub faults: Vec<Fault>,
+    /// Faults injected, by kind.
+    pub faults_by_kind: BTreeMap<String, u64>,
+    /// Faults that could not be injected as planned.
+    pub faults_failed: u64,
+    /// Faults after which Redis held less than had been issued.
+    pub lossy_faults: u64,
+    pub lost_writes: u64,
+    pub lost_acked_writes: u64,
+    pub published: u64,
+    pub acked: u64,
+    pub publish_errors: u64,
+    /// Why publishes failed, `reason: count`, most frequent first.
+    pub publish_error_reasons: Vec<String>,
+    /// `msg` frames checked, redeliveries included.
+    pub checked: u64,
+    pub processed: u64,
+    /// Replayed after a resume and dropped by the seq rule (at-least-once).
+    pub redelivered: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub mismatched: u64,
+    pub ack_conflicts: u64,
+    pub resets_expected: u64,
+    pub resets_history: u64,
+    pub resets_unexpected: u64,
+    /// Answered publishes clients never got because a reset skipped them.
+    pub skipped_at_resets: u64,
+    /// Per topic, its final epoch and newest answered seq.
+    pub finals: Vec<Option<(String, u64)>>,
+    pub client_cuts: u64,
+    pub connections_lost: u64,
+    pub resumes: u64,
+    pub reconnect_attempts: u64,
+    /// Why reconnect attempts failed, `reason: count`, most frequent first.
+    pub failed_attempts: Vec<String>,
+    pub sessions_lost: u64,
+    pub sessions_lost_listed: Vec<String>,
+    pub failed_clients: u64,
+    pub failures_listed: Vec<String>,
+    pub unexpected_frames: u64,
+    pub unexpected_listed: Vec<String>,
+    /// `herald_redis_rewinds_total` over the pods at the end (a pod
+    /// restarted counts from its restart).
+    pub pod_rewinds: u64,
+    /// From the last publish until every client had caught up (or the drain ran out).
+    pub drain_s: f64,
+    pub caught_up: bool,
+    /// The first problems of each kind found, described.
+    pub problems: Vec<String>,
+    /// Problems found, by kind.
+    pub problem_counts: BTreeMap<String, u64>,
+    /// Logs and dumps (removed after a run that passed, unless kept).
+    pub dir: String,
+    pub cpu: Usage,
+}
+
+/// Runs the scenario (see the module's doc).
+pub async fn run(options: Options) -> Result<Chaos, Error> {
+    options.validate()?;
+    clients::raise_fd_limit(
+        (options.clients + options.publishers * options.pods * PUBLISH_CONNECTIONS) as u64
+            + 4 * FD_MARGIN,
+    )?;
+    let seed = options.seed.unwrap_or_else(rand::random);
+    let dir = options.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "herald-chaos-{}-{}",
+            std::process::id(),
+            crate::latency::now_micros()
+        ))
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Write {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    let run_topic = unique_topic("chaos");
+    let topics: Arc<[String]> = (0..options.topics)
+        .map(|t| format!("{run_topic}.{t}"))
+        .collect();
+
+    let (redis, proxy) = Rig::redis(dir.clone()).await?;
+    let env: Vec<(String, String)> = [
+        ("HERALD_BROKER", "redis".to_owned()),
+        ("HERALD_REDIS__URL", format!("redis://{}", proxy.addr)),
+        ("HERALD_SESSION__FLUSH_INTERVAL", FLUSH_INTERVAL.to_owned()),
+        ("HERALD_LOG__LEVEL", options.log_level.clone()),
+        ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "0".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut pods = Vec::with_capacity(options.pods);
+    for i in 0..options.pods {
+        pods.push(Pod::start(&options.herald, i, env.clone(), &dir).await?);
+    }
+    let addrs: Vec<_> = pods.iter().map(|p| p.addr).collect();
+    let mut rig = Rig::new(redis, proxy, pods, topics.clone(), dir.clone());
+    let schedule = faults::schedule(
+        seed,
+        &options.faults,
+        options.pods,
+        options.warmup,
+        options.gap,
+        options.duration - options.tail,
+    );
+    println!(
+        "chaos: seed {seed}, {} pods (redis {} through proxy {}), logs in {}",
+        options.pods,
+        rig.master_addr(),
+        rig.proxy.addr,
+        dir.display()
+    );
+    for p in &schedule {
+        println!(
+            "  at {:>6.1} s  {:<8}  hold {:.1} s{}",
+            p.at.as_secs_f64(),
+            p.kind.name(),
+            p.hold.as_secs_f64(),
+            if p.kind == Kind::PodKill {
+                format!(" (pod {})", p.pod)
+            } else {
+                String::new()
+            }
+        );
+    }
+
+    // The clients, subscribed before anything is published.
+    let gateways = addrs
+        .iter()
+        .map(|&a| Target::at(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let backoff = Backoff {
+        first: Duration::from_millis(100),
+        cap: Duration::from_secs(2),
+    };
+    let plan = Arc::new(Plan::new(gateways, backoff, Cut::Reset, ACK_INTERVAL));
+    let names: Arc<[Arc<str>]> = topics.iter().map(|t| Arc::from(t.as_str())).collect();
+    let clock = Clock::new();
+    let (subscriptions, churn, pods_n) = (options.subscriptions, options.churn, options.pods);
+    let opened = {
+        let (plan, names, clock) = (plan.clone(), names.clone(), clock.clone());
+        clients::open_all(options.clients, move |i| {
+            let (plan, names, clock) = (plan.clone(), names.clone(), clock.clone());
+            async move {
+                let mine: Vec<usize> = (0..subscriptions).map(|k| (i + k) % names.len()).collect();
+                Client::open(i, i % pods_n, &plan, &mine, &names, churn, &clock).await
+            }
+        })
+        .await?
+    };
+    let positions: Vec<(Vec<usize>, Positions)> =
+        opened.iter().map(|c| (c.topics(), c.positions())).collect();
+    let (phase, phases) = watch::channel(Phase::Churn);
+    let runners: Vec<_> = opened
+        .into_iter()
+        .map(|c| tokio::spawn(c.run(plan.clone(), phases.clone(), clock.clone())))
+        .collect();
+
+    // Publishers and faults, from the first publish.
+    let meter = Meter::start(&[]);
+    let started = clock.elapsed();
+    let until = Instant::now() + options.duration;
+    let mut publishing = Vec::with_capacity(options.publishers);
+    for p in 0..options.publishers {
+        let mut pools = Vec::with_capacity(addrs.len());
+        for &addr in &addrs {
+            pools.push(Arc::new(Pool::open(addr, PUBLISH_CONNECTIONS).await?));
+        }
+        let publisher = Publisher {
+            index: p,
+            pools,
+            topics: topics.clone(),
+            rate: options.rate / options.publishers as f64,
+            size: options.size,
+            seed: seed.wrapping_add(p as u64 + 1),
+        };
+        publishing.push(tokio::spawn(publisher.run(until, clock.clone())));
+    }
+    let injecting = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            let mut done = Vec::new();
+            for planned in &schedule {
+                tokio::time::sleep_until(
+                    Instant::now() + (started + planned.at).saturating_sub(clock.elapsed()),
+                )
+                .await;
+                let fault = rig.inject(planned, &clock).await;
+                println!(
+                    "  {:>6.1} s  {:<8}  {}{}",
+                    fault.at_s,
+                    fault.kind.name(),
+                    fault.detail,
+                    fault
+                        .error
+                        .as_deref()
+                        .map(|e| format!("; FAILED: {e}"))
+                        .unwrap_or_default()
+                );
+                done.push(fault);
+            }
+            (rig, done)
+        })
+    };
+    let mut attempts: Vec<Attempt> = Vec::new();
+    for p in publishing {
+        match p.await {
+            Ok(a) => attempts.extend(a),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    let published_at = Instant::now();
+    let (rig, mut faults) = match tokio::time::timeout(FAULTS_OVERRUN, injecting).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => {
+            return Err(Error::Cluster(format!(
+                "the fault schedule overran the run by {FAULTS_OVERRUN:?}"
+            )));
+        }
+    };
+
+    // The drain: every client in every topic's final epoch, at its newest seq.
+    let _ = phase.send(Phase::Calm);
+    let targets = targets(options.topics, &attempts);
+    let drain_until = Instant::now() + options.drain;
+    let caught_up = loop {
+        let all = positions.iter().all(|(topics, at)| {
+            let at = at.lock().map(|a| a.clone()).unwrap_or_default();
+            topics
+                .iter()
+                .zip(at)
+                .all(|(&t, (epoch, seq))| match &targets[t] {
+                    Some((e, top)) => **e == *epoch && seq >= *top,
+                    None => true,
+                })
+        });
+        if all || Instant::now() >= drain_until {
+            break all;
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    };
+    let drain = published_at.elapsed();
+    let _ = phase.send(Phase::Stop);
+    let mut records: Vec<Record> = Vec::with_capacity(runners.len());
+    for r in runners {
+        match r.await {
+            Ok(record) => records.push(record),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    let cpu = meter.stop();
+    let ran = clock.elapsed();
+
+    let streams: Vec<(usize, &Log)> = records
+        .iter()
+        .flat_map(|r| r.logs.iter().map(move |l| (r.client, l)))
+        .collect();
+    let verdict = check::check(
+        options.topics,
+        &attempts,
+        &mut faults,
+        &streams,
+        HISTORY_SIZE,
+    );
+    if !verdict.problem_streams.is_empty() {
+        // What the store holds of each problem client's session, for whoever looks.
+        let mut stored = BTreeMap::new();
+        for &(client, _) in &verdict.problem_streams {
+            if let Some(r) = records.get(client)
+                && !stored.contains_key(&client)
+            {
+                let key = format!("herald:session:{}", r.session);
+                let value = rig.redis[rig.master]
+                    .cli(&["GET", &key])
+                    .await
+                    .unwrap_or_default();
+                stored.insert(client, format!("{key} = {value}"));
+            }
+        }
+        write_streams(
+            &dir.join("streams.txt"),
+            &streams,
+            &verdict.problem_streams,
+            &addrs,
+            &stored,
+        );
+    }
+    let mut pod_rewinds = 0u64;
+    for pod in &rig.pods {
+        if let Ok(text) = Scraper::new(pod.addr).get("/metrics").await {
+            pod_rewinds += counter(&text, "herald_redis_rewinds_total");
+        }
+    }
+    drop(rig);
+
+    let result = tally(
+        &options,
+        seed,
+        &dir,
+        faults,
+        &attempts,
+        &records,
+        verdict,
+        Tally {
+            ran,
+            drain,
+            caught_up,
+            pod_rewinds,
+            cpu,
+        },
+    );
+    if result.failures().is_empty() && !options.keep && options.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(result)
+}
+
+/// The streams problems were found in, readably (runs of consecutive
+/// `msg`s as one line), for whoever looks into a failed run.
+fn write_streams(
+    path: &std::path::Path,
+    streams: &[(usize, &Log)],
+    wanted: &[(usize, usize)],
+    pods: &[std::net::SocketAddr],
+    stored: &BTreeMap<usize, String>,
+) {
+    use self::client::Event;
+    use std::fmt::Write as _;
+    let s = |at: &u32| f64::from(*at) / 1000.0;
+    let mut out = String::new();
+    for (client, log) in streams {
+        if !wanted.contains(&(*client, log.topic)) {
+            continue;
+        }
+        let _ = writeln!(out, "client {client} topic {}", log.topic);
+        if let Some(session) = stored.get(client) {
+            let _ = writeln!(
+                out,
+                "  stored at the end: {}",
+                session.trim().replace('\n', " | ")
+            );
+        }
+        let mut run: Option<(u64, u64, u32, u32)> = None;
+        let flush = |out: &mut String, run: &mut Option<(u64, u64, u32, u32)>| {
+            if let Some((first, last, from, to)) = run.take() {
+                let _ = writeln!(
+                    out,
+                    "  {:>8.3}-{:.3} s  msg {first}..{last}",
+                    s(&from),
+                    s(&to)
+                );
+            }
+        };
+        for event in &log.events {
+            if let Event::Msg { seq, at, .. } = event {
+                match &mut run {
+                    Some((_, last, _, to)) if *seq == *last + 1 => (*last, *to) = (*seq, *at),
+                    _ => {
+                        flush(&mut out, &mut run);
+                        run = Some((*seq, *seq, *at, *at));
+                    }
+                }
+                continue;
+            }
+            flush(&mut out, &mut run);
+            let line = match event {
+                Event::Start {
+                    epoch,
+                    seq,
+                    recovered,
+                    at,
+                } => {
+                    format!(
+                        "{:>8.3} s  ok epoch {epoch} seq {seq} recovered {recovered}",
+                        s(at)
+                    )
+                }
+                Event::Reset { epoch, seq, at } => {
+                    format!("{:>8.3} s  reset epoch {epoch} seq {seq}", s(at))
+                }
+                Event::Gone { cut, at } => format!(
+                    "{:>8.3} s  connection lost{}",
+                    s(at),
+                    if *cut { " (own cut)" } else { "" }
+                ),
+                Event::Welcome {
+                    gateway,
+                    resumed,
+                    at,
+                } => format!(
+                    "{:>8.3} s  welcome from pod {gateway} ({}), resumed {resumed}",
+                    s(at),
+                    pods.get(*gateway)
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ),
+                Event::Msg { .. } => continue,
+            };
+            let _ = writeln!(out, "  {line}");
+        }
+        flush(&mut out, &mut run);
+    }
+    let _ = std::fs::write(path, out);
+}
+
+/// Per topic, the epoch of its newest answer and that epoch's newest seq.
+fn targets(topics: usize, attempts: &[Attempt]) -> Vec<Option<(Arc<str>, u64)>> {
+    let mut newest: Vec<Option<(u32, Arc<str>)>> = vec![None; topics];
+    for a in attempts {
+        if let Ok(answer) = &a.answer
+            && newest[a.topic]
+                .as_ref()
+                .is_none_or(|(at, _)| answer.at >= *at)
+        {
+            newest[a.topic] = Some((answer.at, answer.epoch.clone()));
+        }
+    }
+    newest
+        .into_iter()
+        .enumerate()
+        .map(|(t, n)| {
+            let (_, epoch) = n?;
+            let top = attempts
+                .iter()
+                .filter_map(|a| a.answer.as_ref().ok().filter(|_| a.topic == t))
+                .filter(|answer| answer.epoch == epoch)
+                .map(|answer| answer.seq)
+                .max()?;
+            Some((epoch, top))
+        })
+        .collect()
+}
+
+/// A counter's value (summed over its labels) in Prometheus text.
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// What the run measured besides the streams.
+struct Tally {
+    ran: Duration,
+    drain: Duration,
+    caught_up: bool,
+    pod_rewinds: u64,
+    cpu: Usage,
+}
+
+/// `reason: count`, most frequent first.
+fn by_count<'a>(reasons: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in reasons {
+        *counts.entry(r).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    counts
+        .into_iter()
+        .map(|(r, n)| format!("{r}: {n}"))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tally(
+    options: &Options,
+    seed: u64,
+    dir: &std::path::Path,
+    faults: Vec<Fault>,
+    attempts: &[Attempt],
+    records: &[Record],
+    v: check::Verdict,
+    t: Tally,
+) -> Chaos {
+    let mut faults_by_kind = BTreeMap::new();
+    for f in &faults {
+        *faults_by_kind.entry(f.kind.name().to_owned()).or_default() += 1;
+    }
+    let errors: Vec<&str> = attempts
+        .iter()
+        .filter_map(|a| a.answer.as_ref().err())
+        .map(|e| shorten(e))
+        .collect();
+    let sessions_lost_listed: Vec<String> = records
+        .iter()
+        .flat_map(|r| {
+            r.sessions_lost
+                .iter()
+                .map(move |s| format!("client {}: {s}", r.client))
+        })
+        .take(LISTED)
+        .collect();
+    Chaos {
+        seed,
+        pods: options.pods,
+        clients: options.clients,
+        topics: options.topics,
+        subscriptions: options.subscriptions,
+        publishers: options.publishers,
+        rate_per_s: options.rate,
+        duration_s: options.duration.as_secs_f64(),
+        ran_s: t.ran.as_secs_f64(),
+        churn_s: options.churn.as_secs_f64(),
+        faults_failed: faults.iter().filter(|f| f.error.is_some()).count() as u64,
+        lossy_faults: faults.iter().filter(|f| f.lossy()).count() as u64,
+        lost_writes: faults.iter().map(|f| f.lost_writes).sum(),
+        lost_acked_writes: faults.iter().map(|f| f.lost_acked).sum(),
+        faults,
+        faults_by_kind,
+        published: attempts.len() as u64,
+        acked: v.acked,
+        publish_errors: errors.len() as u64,
+        publish_error_reasons: by_count(errors.into_iter()),
+        checked: v.checked,
+        processed: v.processed,
+        redelivered: v.redelivered,
+        lost: v.lost,
+        duplicated: v.duplicated,
+        mismatched: v.mismatched,
+        ack_conflicts: v.ack_conflicts,
+        resets_expected: v.resets_expected,
+        resets_history: v.resets_history,
+        resets_unexpected: v.resets_unexpected,
+        skipped_at_resets: v.skipped_at_resets,
+        finals: v.finals,
+        client_cuts: records.iter().map(|r| u64::from(r.cuts)).sum(),
+        connections_lost: records.iter().map(|r| u64::from(r.lost)).sum(),
+        resumes: records.iter().map(|r| u64::from(r.resumes)).sum(),
+        reconnect_attempts: records.iter().map(|r| u64::from(r.attempts)).sum(),
+        failed_attempts: by_count(
+            records
+                .iter()
+                .flat_map(|r| r.attempt_errors.iter().map(|e| shorten(e))),
+        ),
+        sessions_lost: records.iter().map(|r| r.sessions_lost.len() as u64).sum(),
+        sessions_lost_listed,
+        failed_clients: records.iter().filter(|r| r.failure.is_some()).count() as u64,
+        failures_listed: records
+            .iter()
+            .filter_map(|r| Some(format!("client {}: {}", r.client, r.failure.as_ref()?)))
+            .take(LISTED)
+            .collect(),
+        unexpected_frames: records.iter().map(|r| r.unexpected).sum(),
+        unexpected_listed: records
+            .iter()
+            .flat_map(|r| r.unexpected_kept.iter().cloned())
+            .take(LISTED)
+            .collect(),
+        pod_rewinds: t.pod_rewinds,
+        drain_s: t.drain.as_secs_f64(),
+        caught_up: t.caught_up,
+        problems: v.problems,
+        problem_counts: v.problem_counts,
+        dir: dir.display().to_string(),
+        cpu: t.cpu,
+    }
+}
+
+/// An error without the addresses and numbers that make each one unique.
+fn shorten(e: &str) -> &str {
+    let e = e.split_once(": ").map_or(e, |(_, rest)| rest);
+    e.split(" (").next().unwrap_or(e)
+}
+
+impl Outcome for Chaos {
+    const SCENARIO: &'static str = "chaos";
+
+    fn rows(&self) -> Vec<Row> {
+        let list = |l: &[String]| {
+            if l.is_empty() {
+                "none".to_owned()
+            } else {
+                l.join("; ")
+            }
+        };
+        let mut rows = vec![
+            Row::new(
+                "cluster",
+                format!(
+                    "{} pods, Redis master + replica behind a proxy; seed {}",
+                    self.pods, self.seed
+                ),
+            ),
+            Row::new(
+                "clients",
+                format!(
+                    "{} with sessions, {} of {} topics each, own cut every {} s on average",
+                    self.clients, self.subscriptions, self.topics, self.churn_s
+                ),
+            ),
+            Row::new(
+                "publishers",
+                format!(
+                    "{} at {}/s in all for {} s; ran {:.1} s in all",
+                    self.publishers, self.rate_per_s, self.duration_s, self.ran_s
+                ),
+            ),
+            Row::new(
+                "faults",
+                format!(
+                    "{} ({}); {} failed to inject",
+                    self.faults.len(),
+                    self.faults_by_kind
+                        .iter()
+                        .map(|(k, n)| format!("{k} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.faults_failed
+                ),
+            ),
+        ];
+        for f in &self.faults {
+            rows.push(Row::new(
+                format!("  {:.1} s {}", f.at_s, f.kind.name()),
+                format!(
+                    "{:.1} s; lost {} writes ({} acked); {} resets{}",
+                    f.took_s,
+                    f.lost_writes,
+                    f.lost_acked,
+                    f.resets,
+                    f.error
+                        .as_deref()
+                        .map(|e| format!("; FAILED: {e}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        rows.extend([
+            Row::new(
+                "published",
+                format!(
+                    "{} acknowledged of {} ({} errors: {})",
+                    self.acked,
+                    self.published,
+                    self.publish_errors,
+                    list(&self.publish_error_reasons)
+                ),
+            ),
+            Row::new(
+                "Redis lost",
+                format!(
+                    "{} writes ({} acknowledged) in {} faults",
+                    self.lost_writes, self.lost_acked_writes, self.lossy_faults
+                ),
+            ),
+            Row::new(
+                "messages checked",
+                format!(
+                    "{} ({} processed, {} redelivered and dropped by the seq rule)",
+                    self.checked, self.processed, self.redelivered
+                ),
+            ),
+            Row::new("lost", self.lost),
+            Row::new("duplicated", self.duplicated),
+            Row::new("mismatched", self.mismatched),
+            Row::new("ack conflicts", self.ack_conflicts),
+            Row::new(
+                "resets",
+                format!(
+                    "{} after faults that lost writes, {} where history could not bridge, {} unexpected",
+                    self.resets_expected, self.resets_history, self.resets_unexpected
+                ),
+            ),
+            Row::new("skipped at resets", self.skipped_at_resets),
+            Row::new(
+                "connections",
+                format!(
+                    "{} lost ({} cut by the clients), {} resumed, {} attempts",
+                    self.connections_lost, self.client_cuts, self.resumes, self.reconnect_attempts
+                ),
+            ),
+            Row::new("failed attempts", list(&self.failed_attempts)),
+            Row::new("sessions lost", self.sessions_lost),
+            Row::new("failed clients", self.failed_clients),
+            Row::new("unexpected frames", self.unexpected_frames),
+            Row::new("pod rewinds (metric)", self.pod_rewinds),
+            Row::new(
+                "drain",
+                format!(
+                    "{:.2} s ({})",
+                    self.drain_s,
+                    if self.caught_up { "all caught up" } else { "NOT all caught up" }
+                ),
+            ),
+            Row::new("CPU", self.cpu.brief()),
+            Row::new("logs", &self.dir),
+        ]);
+        if !self.problem_counts.is_empty() {
+            rows.push(Row::new(
+                "problems",
+                self.problem_counts
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+        for p in &self.problems {
+            rows.push(Row::new("  problem", p));
+        }
+        rows
+    }
+
+    fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        if self.acked == 0 {
+            failures.push("no publish was acknowledged".to_owned());
+        }
+        if self.faults.is_empty() {
+            failures.push("no fault was injected (a longer --duration?)".to_owned());
+        }
+        if self.faults_failed > 0 {
+            failures.push(format!(
+                "{} faults could not be injected",
+                self.faults_failed
+            ));
+        }
+        for (n, what) in [
+            (self.lost, "messages lost"),
+            (self.duplicated, "messages duplicated"),
+            (
+                self.mismatched,
+                "messages not the publish acknowledged at their seq",
+            ),
+            (self.ack_conflicts, "seqs acknowledged to two publishes"),
+            (
+                self.resets_unexpected,
+                "resets after no fault that lost writes",
+            ),
+            (self.sessions_lost, "sessions lost"),
+            (self.unexpected_frames, "unexpected frames"),
+        ] {
+            if n > 0 {
+                failures.push(format!("{n} {what}"));
+            }
+        }
+        if self.failed_clients > 0 {
+            failures.push(format!(
+                "{} clients failed: {}",
+                self.failed_clients,
+                self.failures_listed.join("; ")
+            ));
+        }
+        if !self.caught_up && self.lost == 0 {
+            failures.push("not every client caught up by the end of the drain".to_owned());
+        }
+        failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_summed_over_labels() {
+        let text = "# HELP herald_redis_rewinds_total x\n\
+                    herald_redis_rewinds_total 2\n\
+                    herald_redis_rewinds_total_other 5\n\
+                    herald_redis_rewinds_total{a=\"b\"} 1e0\n";
+        assert_eq!(counter(text, "herald_redis_rewinds_total"), 3);
+    }
+
+    #[test]
+    fn errors_are_grouped_without_their_addresses() {
+        assert_eq!(
+            shorten(
+                "publish to 127.0.0.1:1: connect: Connection refused (os error 111) (is the gateway running?)"
+            ),
+            "connect: Connection refused"
+        );
+    }
+}
