@@ -205,7 +205,10 @@ def stall_section():
            "`herald-loadtest stall`: a canary topic published every 10 ms on a pod that watches 20,000 "
            "other topics, Redis behind `herald-loadtest proxy`. Phases: steady; a burst of new topics; the "
            "pod's pub/sub connection killed (`CLIENT KILL TYPE pubsub`), so that it resyncs every topic. "
-           "A slow Redis must not stop fan-out for the topics that have nothing to do with it."]
+           "A slow Redis must not stop fan-out for the topics that have nothing to do with it.",
+           "Before the pub/sub task stopped waiting for Redis itself (2f95892, the same command): burst "
+           "p99 640 ms, longest gap 463 ms; resync: no canary delivered for the whole 20 s phase (2,004 "
+           "of 2,004), the pod reading 20,033 topics one 200 ms round trip at a time, over an hour."]
     r = load("stall")
     if not r:
         return "\n\n".join(out + ["Not run."])
@@ -224,6 +227,9 @@ def stall_section():
                f"{'not within the phase' if burst is None else f'{burst:.1f} s'}; first canary sent after the kill delivered after: "
                f"{'none' if after is None else f'{after:.2f} s'}. Canary lost / duplicated / out of order / resets: "
                f"{res['lost']} / {res['duplicated']} / {res['out_of_order']} / {res['resets']}.")
+    return "\n\n".join(out)
+
+
 def chaos_section():
     out = ["## chaos: Redis frozen, delayed, failed over and restored from an old dump; every stream checked"]
     r = load("chaos")
