@@ -18,7 +18,6 @@ use router::{
 use serde::Deserialize;
 
 use crate::auth::AuthConfig;
-use crate::session::{Limits, Overflow};
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 /// Address the gRPC publish API listens on.
@@ -778,4 +777,23 @@ impl Config {
             overflow: self.queue.overflow,
         }
     }
+}
+
+/// What happens when a frame does not fit in a connection's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// Close the connection with 4000 (slow consumer): the client reconnects
+    /// and resumes, and so misses nothing.
+    Disconnect,
+    /// Drop the new frame: the client sees a gap in `seq`.
+    DropNewest,
+}
+
+/// A queue's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub frames: usize,
+    pub bytes: usize,
+    pub overflow: Overflow,
 }

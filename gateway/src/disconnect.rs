@@ -23,8 +23,6 @@
 //! message that took longer than `websocket.message_timeout` to arrive, and
 //! 1012 for a pod that is draining.
 
-use crate::session::parser::FrameError;
-
 /// Herald's close codes; see the module docs.
 pub mod code {
     pub const PROTOCOL_ERROR: u16 = 1002;
@@ -208,26 +206,6 @@ impl CloseReason {
                 | CloseReason::Disconnected
                 | CloseReason::RateLimited
         )
-    }
-
-    /// The reason a bad client frame closes the connection with. (A read
-    /// that fails or ends is [`CloseReason::ConnectionLost`]: no close frame.)
-    pub fn from_read_error(e: &FrameError) -> Self {
-        match e {
-            FrameError::InvalidUtf8 | FrameError::CloseReasonUtf8 => CloseReason::InvalidUtf8,
-            FrameError::TooBig => CloseReason::MessageTooBig,
-            FrameError::Binary => CloseReason::UnsupportedData,
-            FrameError::ReservedBits
-            | FrameError::ReservedOpcode(_)
-            | FrameError::Unmasked
-            | FrameError::FragmentedControl
-            | FrameError::LongControl
-            | FrameError::LengthTopBit
-            | FrameError::StrayContinuation
-            | FrameError::Interleaved
-            | FrameError::ShortClose
-            | FrameError::CloseCode(_) => CloseReason::ProtocolError,
-        }
     }
 }
 

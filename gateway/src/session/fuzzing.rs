@@ -34,8 +34,9 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::parser::{FrameError, Parsed, Parser};
-use super::queue::{Limits, Outbound, Overflow};
+use super::queue::Outbound;
 use super::reader::Reader;
+use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::publish::JsonData;
@@ -324,9 +325,7 @@ fn check_reader(max: usize, wire: &[u8], reads: &[usize], parsed: &Outcome) {
         }
         None => {
             assert_eq!(&got, events, "the reader");
-            let reason = error.map_or(CloseReason::ConnectionLost, |e| {
-                CloseReason::from_read_error(&e)
-            });
+            let reason = error.map_or(CloseReason::ConnectionLost, |e| e.close_reason());
             assert_eq!(ended, Some(reason), "the reader's end");
             assert_eq!(echo, None, "only a valid close is echoed");
         }

@@ -20,8 +20,9 @@ mod registry;
 mod subscriptions;
 mod writer;
 
+pub use crate::config::{Limits, Overflow};
 pub use direct::{IdleSockets, SocketWriter};
-pub use queue::{Close, Limits, Outbound, Overflow, Pushed, Taken};
+pub use queue::{Close, Outbound, Pushed, Taken};
 pub use registry::{LiveSession, Pending, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
 pub use writer::Writing;

@@ -15,6 +15,7 @@
 //! is read, when its bits, opcode, mask, length or place in a fragmented
 //! message are wrong.
 
+use crate::disconnect::CloseReason;
 use bytes::Bytes;
 
 const FIN: u8 = 0x80;
@@ -39,7 +40,7 @@ const MAX_CONTROL: usize = 125;
 const MAX_AHEAD: usize = 64 * 1024;
 
 /// A client frame that breaks RFC 6455 or our limits. Each ends the
-/// connection; `CloseReason::from_read_error` picks the close code.
+/// connection; [`FrameError::close_reason`] picks the close code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     #[error("reserved bits set, but no extension was negotiated")]
@@ -70,6 +71,28 @@ pub enum FrameError {
     CloseCode(u16),
     #[error("close reason that is not UTF-8")]
     CloseReasonUtf8,
+}
+
+impl FrameError {
+    /// The reason a bad client frame closes the connection with. (A read
+    /// that fails or ends is [`CloseReason::ConnectionLost`]: no close frame.)
+    pub fn close_reason(&self) -> CloseReason {
+        match self {
+            Self::InvalidUtf8 | Self::CloseReasonUtf8 => CloseReason::InvalidUtf8,
+            Self::TooBig => CloseReason::MessageTooBig,
+            Self::Binary => CloseReason::UnsupportedData,
+            Self::ReservedBits
+            | Self::ReservedOpcode(_)
+            | Self::Unmasked
+            | Self::FragmentedControl
+            | Self::LongControl
+            | Self::LengthTopBit
+            | Self::StrayContinuation
+            | Self::Interleaved
+            | Self::ShortClose
+            | Self::CloseCode(_) => CloseReason::ProtocolError,
+        }
+    }
 }
 
 /// A whole message or control frame.

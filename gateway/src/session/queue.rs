@@ -17,36 +17,17 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, Bytes};
-use serde::Deserialize;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::direct::{IdleSockets, SocketWriter};
+use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame;
 
 /// Slices handed to one `writev` by the writer task (Linux allows 1024).
 pub(crate) const MAX_IOV: usize = 256;
-
-/// What happens when a frame does not fit in a connection's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Overflow {
-    /// Close the connection with 4000 (slow consumer): the client reconnects
-    /// and resumes, and so misses nothing.
-    Disconnect,
-    /// Drop the new frame: the client sees a gap in `seq`.
-    DropNewest,
-}
-
-/// A queue's bounds.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub frames: usize,
-    pub bytes: usize,
-    pub overflow: Overflow,
-}
 
 /// The result of [`Outbound::push`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -191,7 +191,7 @@ impl<R> Reader<R> {
 
 fn closes(e: FrameError) -> CloseReason {
     tracing::debug!(error = %e, "bad client frame");
-    CloseReason::from_read_error(&e)
+    e.close_reason()
 }
 
 #[cfg(test)]
