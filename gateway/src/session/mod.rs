@@ -38,7 +38,7 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
-use router::{BrokerError, Claim, SessionUser, Since, Topic};
+use router::{BrokerError, Claim, SessionUser, Since, Stored, Topic};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -834,14 +834,7 @@ impl Session {
         if self.node.config.broker == BrokerKind::Memory {
             return Ok(());
         }
-        let window = self.node.config.session.resume_window;
-        let snapshot = self.subscriptions.snapshot();
-        match self
-            .node
-            .sessions
-            .save(id, &self.owner, snapshot, window)
-            .await
-        {
+        match self.save_now(id).await {
             Ok(true) => Ok(()),
             Ok(false) => {
                 // Resumed by another connection meanwhile: this one is over.
@@ -928,14 +921,7 @@ impl Session {
     /// Saves the session for the resume window, unless a newer connection
     /// owns it now.
     async fn save(&self, id: &str) {
-        let snapshot = self.subscriptions.snapshot();
-        let window = self.node.config.session.resume_window;
-        match self
-            .node
-            .sessions
-            .save(id, &self.owner, snapshot, window)
-            .await
-        {
+        match self.save_now(id).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
@@ -944,6 +930,24 @@ impl Session {
                 tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
             }
         }
+    }
+
+    /// Saves the session as it is now, recording what the store did with
+    /// it as a flush would (so the flusher does not save it again, and a
+    /// refusal marks the connection superseded). Whether it was kept.
+    async fn save_now(&self, id: &str) -> Result<bool, BrokerError> {
+        let due = self.subscriptions.now();
+        let snapshot = due.snapshot.unwrap_or_default();
+        let window = self.node.config.session.resume_window;
+        let kept = self
+            .node
+            .sessions
+            .save(id, &self.owner, snapshot, window)
+            .await?;
+        let stored = if kept { Stored::Kept } else { Stored::Refused };
+        self.subscriptions
+            .stored(due.changes, stored, Instant::now());
+        Ok(kept)
     }
 }
 

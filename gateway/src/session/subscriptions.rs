@@ -162,6 +162,16 @@ impl Subscriptions {
         }
     }
 
+    /// The session as it is now, with its change count: a save the
+    /// connection makes itself, recorded with [`Self::stored`] like a flush.
+    pub fn now(&self) -> Due {
+        let inner = self.inner();
+        Due {
+            snapshot: Some(Self::snapshot_of(&inner)),
+            changes: inner.changes,
+        }
+    }
+
     /// What the store lacks of this session at `now`: the snapshot, if it
     /// changed since it was last saved, or else an extend, if the store last
     /// kept it `refresh` ago or more (its copy must outlive the connection,
