@@ -38,6 +38,31 @@ pub(crate) fn reconnects_after(code: u16) -> bool {
     code == 1012 || (4000..4500).contains(&code)
 }
 
+/// What a resuming client makes of the next thing its connection gives.
+pub(crate) enum Next {
+    /// A text frame: a message of Herald's.
+    Text(tokio_tungstenite::tungstenite::Utf8Bytes),
+    /// Nothing to act on (pings are answered by the library).
+    Skip,
+    /// Gone, or closed with a code that says come back: resume.
+    Reconnect,
+    /// Closed for good, with this code.
+    GiveUp(String),
+}
+
+pub(crate) fn next(item: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Next {
+    match item {
+        Some(Ok(Message::Text(text))) => Next::Text(text),
+        Some(Ok(Message::Close(frame))) => match frame.map(|f| u16::from(f.code)) {
+            None => Next::Reconnect,
+            Some(code) if reconnects_after(code) => Next::Reconnect,
+            Some(code) => Next::GiveUp(format!("closed with {code}")),
+        },
+        Some(Ok(_)) => Next::Skip,
+        Some(Err(_)) | None => Next::Reconnect,
+    }
+}
+
 /// Jittered exponential backoff ("full jitter"): attempt `n` (from 0) waits
 /// a random time up to `first × 2^n`, at most `cap`. Starting small and
 /// random spreads a crowd that lost its connections at the same instant.
@@ -411,16 +436,11 @@ impl Keeper {
                 }
                 next = ws.next() => next,
             };
-            let text = match next {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Close(frame))) => match frame.map(|f| u16::from(f.code)) {
-                    None => return Lost::Reconnect,
-                    Some(code) if reconnects_after(code) => return Lost::Reconnect,
-                    Some(code) => return Lost::GiveUp(format!("closed with {code}")),
-                },
-                // Pings are answered by the library.
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => return Lost::Reconnect,
+            let text = match self::next(next) {
+                Next::Text(text) => text,
+                Next::Skip => continue,
+                Next::Reconnect => return Lost::Reconnect,
+                Next::GiveUp(why) => return Lost::GiveUp(why),
             };
             let Ok(frame) = serde_json::from_str::<Frame<'_>>(text.as_str()) else {
                 record.unexpected += 1;

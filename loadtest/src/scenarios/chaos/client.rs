@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::Clock;
 use crate::clients::{CONNECT_TIMEOUT, Socket, client_failure, source_addr};
-use crate::sessions::{ATTEMPT_TIMEOUT, Plan, handshake, reconnects_after};
+use crate::sessions::{self, ATTEMPT_TIMEOUT, Next, Plan, handshake};
 use crate::{Error, Target};
 
 /// Unexpected frames kept (as text) per client.
@@ -358,15 +358,11 @@ impl Client {
                 }
                 next = ws.next() => next,
             };
-            let text = match next {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Close(frame))) => match frame.map(|f| u16::from(f.code)) {
-                    None => return Lost::Reconnect,
-                    Some(code) if reconnects_after(code) => return Lost::Reconnect,
-                    Some(code) => return Lost::GiveUp(format!("closed with {code}")),
-                },
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => return Lost::Reconnect,
+            let text = match sessions::next(next) {
+                Next::Text(text) => text,
+                Next::Skip => continue,
+                Next::Reconnect => return Lost::Reconnect,
+                Next::GiveUp(why) => return Lost::GiveUp(why),
             };
             if self.frame(text.as_str(), clock) && ack_due.is_none() {
                 ack_due = Some(Instant::now() + plan.ack_interval);
