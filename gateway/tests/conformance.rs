@@ -13,12 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use gateway::Config;
 use gateway::session::echo::Echo;
 use serde_json::Value;
+use testkit::process;
 use tokio::net::TcpListener;
 
 /// The case runner, pinned in scripts/test.sh.
@@ -44,42 +45,11 @@ const PASSED: &[&str] = &["OK", "NON-STRICT", "INFORMATIONAL"];
 
 /// Runs kosoku to completion, killing it after `timeout`.
 fn kosoku(args: &[&str], timeout: Duration) -> Output {
-    let child = match Command::new(KOSOKU)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => panic!(
-            "cannot run `{KOSOKU}` ({e}): the conformance test needs it; run the project's test \
-             script (scripts/test.sh), which installs it in target/venv and puts its bin/ first \
-             on PATH"
-        ),
-    };
-    let pid = child.id();
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    match finished.recv_timeout(timeout) {
-        Ok(output) => output.expect("kosoku's output"),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("kosoku {args:?} did not finish within {timeout:?}");
-        }
-    }
-}
-
-fn show(output: &Output) -> String {
-    format!(
-        "status: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    process::run(
+        KOSOKU,
+        args,
+        timeout,
+        "the conformance test needs it; run the project's test script (scripts/test.sh), which installs it in target/venv and puts its bin/ first on PATH",
     )
 }
 
@@ -120,14 +90,14 @@ async fn herald_frames_pass_the_autobahn_cases() {
     let index = Path::new(&dir).join("index.json");
     let index: Value = match std::fs::read(&index) {
         Ok(json) => serde_json::from_slice(&json).expect("index.json is JSON"),
-        Err(e) => panic!("no report ({e})\n{}", show(&output)),
+        Err(e) => panic!("no report ({e})\n{}", process::show(&output)),
     };
     // One agent: the echo, by its address.
     let cases = index
         .as_object()
         .and_then(|agents| agents.values().next())
         .and_then(Value::as_object)
-        .unwrap_or_else(|| panic!("no cases in the report\n{}", show(&output)));
+        .unwrap_or_else(|| panic!("no cases in the report\n{}", process::show(&output)));
     let mut failed = Vec::new();
     let mut deviated = 0;
     for (case, result) in cases {
@@ -149,7 +119,7 @@ async fn herald_frames_pass_the_autobahn_cases() {
         failed.is_empty(),
         "cases failed (reports in {dir:?}):\n{}\n{}",
         failed.join("\n"),
-        show(&output)
+        process::show(&output)
     );
     // All of the selection ran: a runner that runs nothing must not pass.
     assert!(cases.len() >= 240, "only {} cases ran", cases.len());

@@ -8,10 +8,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
-use testkit::Herald;
+use testkit::{Herald, process};
 
 /// The binary under test (Cargo builds it for this package's tests).
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
@@ -21,41 +21,11 @@ const SCRIPT_WAIT: Duration = Duration::from_secs(60);
 
 /// Runs `python3 args` to completion, killing it after `timeout`.
 fn python(args: &[&str], timeout: Duration) -> Output {
-    let child = match Command::new("python3")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => panic!(
-            "cannot run python3 ({e}): the Python client test needs python3 with the `websockets` \
-             package; run the project's test script (.ci/run), which installs them"
-        ),
-    };
-    let pid = child.id();
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    match finished.recv_timeout(timeout) {
-        Ok(output) => output.expect("python3's output"),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("python3 {args:?} did not finish within {timeout:?}");
-        }
-    }
-}
-
-fn show(output: &Output) -> String {
-    format!(
-        "status: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    process::run(
+        "python3",
+        args,
+        timeout,
+        "the Python client test needs python3 with the `websockets` package; run the project's test script (.ci/run), which installs them",
     )
 }
 
@@ -71,7 +41,7 @@ async fn a_python_websockets_client_publishes_and_receives() {
         probe.status.success(),
         "the Python package `websockets` is missing: run the project's test script (.ci/run), \
          which installs it in target/venv and puts its bin/ first on PATH\n{}",
-        show(&probe)
+        process::show(&probe)
     );
 
     let herald = Herald::start(
@@ -90,12 +60,12 @@ async fn a_python_websockets_client_publishes_and_receives() {
     assert!(
         output.status.success(),
         "smoke.py failed\n{}",
-        show(&output)
+        process::show(&output)
     );
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("smoke: ok"),
         "{}",
-        show(&output)
+        process::show(&output)
     );
     drop(herald);
 }
@@ -114,7 +84,7 @@ async fn require_python(import: &'static str, package: &str) {
         probe.status.success(),
         "the Python package {package} is missing: run the project's test script \
          (scripts/test.sh), which installs it in target/venv and puts its bin/ first on PATH\n{}",
-        show(&probe)
+        process::show(&probe)
     );
 }
 
@@ -140,11 +110,15 @@ async fn a_python_client_with_a_pyjwt_token_is_welcomed_and_a_forged_one_closed_
     })
     .await
     .expect("script");
-    assert!(output.status.success(), "auth.py failed\n{}", show(&output));
+    assert!(
+        output.status.success(),
+        "auth.py failed\n{}",
+        process::show(&output)
+    );
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("auth: ok"),
         "{}",
-        show(&output)
+        process::show(&output)
     );
     drop(herald);
 }

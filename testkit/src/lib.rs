@@ -20,6 +20,7 @@
 //!   session wherever it lands; [`cluster`]: what the scale-out tests share
 //!   about a group of pods (connection counts, evening out).
 //! - [`mod@http`]: one HTTP request, metrics, the gRPC client.
+//! - [`process`]: a helper program run to completion, bounded in time.
 //! - [`mod@eventually`]: the bounded poll that replaces hand-written "until the
 //!   deadline" loops, for state that has no event to await.
 //!
@@ -37,6 +38,7 @@ pub mod gateway;
 pub mod herald;
 pub mod http;
 pub mod pki;
+pub mod process;
 pub mod raw;
 pub mod redis;
 pub mod sentinel;
