@@ -16,14 +16,6 @@ use loadtest::scenarios::chaos::{self, faults::Kind};
 
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
-// Ignored until the session store keeps up with Redis faults: a
-// connection whose claim Redis lost (a failover to a replica that lagged, a
-// restart from an older dump) or executed late (after a freeze) has every
-// save refused, so its next resume starts from a stale position and gets a
-// `reset` where the history had everything (45 such resets in its first
-// run); see the chaos soak's report. Run it with
-// `cargo nextest run -p gateway --test chaos --run-ignored all`.
-#[ignore = "fails until resumed sessions are saved across Redis faults (issue #11)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
     let mut options = chaos::Options::new(HERALD.into());

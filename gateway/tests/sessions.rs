@@ -288,3 +288,62 @@ async fn a_flush_in_the_middle_of_a_restore_stores_every_subscription() {
         .collect();
     assert_eq!(got, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_resume_redis_forgot_keeps_saving_its_session() {
+    let mut redis = Redis::start().await;
+    let (a, mut b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    let session = hello(&mut client).await;
+    client.sub(1, "news").await;
+    drop(client);
+    connections(a.addr, 0.0).await;
+    redis.save();
+
+    // The client resumes on pod b, and subscribes to more; then Redis
+    // comes back from the dump taken before: the resume never happened
+    // there, and the stored session names the first connection its owner.
+    let mut client = Client::connect_url(&b.ws_url()).await;
+    let welcome = client.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    client.sub(2, "sport").await;
+    redis.restart_from_save().await;
+    saved(&redis, &session, "news").await;
+    // The connection that serves the session still saves it, whole.
+    // (The first call after the restart may meet the broken connection
+    // and answer `unavailable`: a client tries again.)
+    for id in 3.. {
+        client
+            .send(json!({"op": "sub", "id": id, "topic": "weather"}))
+            .await;
+        let answer = reply(&mut client, id).await;
+        if answer["op"] == "ok" {
+            break;
+        }
+        assert_eq!(answer["code"], "unavailable", "{answer}");
+        assert!(id < 10, "{answer}");
+    }
+    saved(&redis, &session, "sport").await;
+    saved(&redis, &session, "weather").await;
+    b.kill9();
+
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    let welcome = client.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    // Every subscription is back (`sport`'s epoch began after the dump, so
+    // Redis lost it: a `reset` says so).
+    for (n, topic) in ["news", "sport", "weather"].into_iter().enumerate() {
+        publish(a.addr, topic, json!(n)).await;
+        let message = loop {
+            let message = client.recv().await;
+            if message["op"] != "reset" {
+                break message;
+            }
+        };
+        assert_eq!(message["op"], "msg", "{message}");
+        assert_eq!(
+            (&message["topic"], &message["data"]),
+            (&json!(topic), &json!(n))
+        );
+    }
+}

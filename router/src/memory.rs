@@ -336,6 +336,7 @@ impl SessionStore for MemoryBroker {
             return Ok(Claim::Taken(Claimed {
                 snapshot: snapshot.clone(),
                 from: None,
+                owner: Arc::from(owner),
             }));
         }
         Ok(claim(&mut sessions, id, owner, user))
@@ -365,10 +366,12 @@ fn claim(
     if !Claim::belongs(stored.snapshot.user.as_ref(), user) {
         return Claim::OtherUser;
     }
+    // One pod's memory never goes back in time: the token is the owner.
     let from = std::mem::replace(&mut stored.owner, Arc::from(owner));
     Claim::Taken(Claimed {
         snapshot: stored.snapshot.clone(),
         from: Some(from.to_string()),
+        owner: Arc::from(owner),
     })
 }
 
@@ -537,7 +540,8 @@ mod tests {
             claimed,
             Claim::Taken(Claimed {
                 snapshot: old,
-                from: Some("a".to_owned())
+                from: Some("a".to_owned()),
+                owner: Arc::from("b"),
             })
         );
         let newer = SessionSnapshot::default();
@@ -548,7 +552,8 @@ mod tests {
             claimed,
             Claim::Taken(Claimed {
                 snapshot: newer,
-                from: Some("b".to_owned())
+                from: Some("b".to_owned()),
+                owner: Arc::from("c"),
             })
         );
         Ok(())
@@ -565,7 +570,8 @@ mod tests {
             adopted,
             Claim::Taken(Claimed {
                 snapshot: live,
-                from: None
+                from: None,
+                owner: Arc::from("b"),
             })
         );
         // The connection taken over ends at last: refused.

@@ -45,6 +45,13 @@ pub struct SubscriptionState {
 /// refused. A connection that was resumed elsewhere while it still looked
 /// alive (half-open) cannot then write its older acks and subscriptions over
 /// the newer session when it finally ends.
+///
+/// A store that can go back in time (Redis restarted from an older
+/// snapshot) may forget a claim while its connection lives on: claims are
+/// ranked, each above the one before, and a save ranked above the stored
+/// owner wins. So a claim's answer names the owner to save with
+/// ([`Claimed::owner`]), and a claim that reaches the store after its
+/// claimant gave up on it takes nothing.
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// Keeps `snapshot` for `ttl`, replacing any earlier one, unless another
@@ -141,6 +148,9 @@ pub struct Claimed {
     /// Who owned it before: the connection that last resumed or saved it
     /// (`None` for a session stored without an owner).
     pub from: Option<String>,
+    /// What the claiming connection saves with from now on: the owner
+    /// token it claimed with, as the store ranks it (see [`SessionStore`]).
+    pub owner: Arc<str>,
 }
 
 /// One save of a [`SessionStore::save_many`] batch.

@@ -301,9 +301,10 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
         Claim::Taken(Claimed {
             snapshot: snapshot("news", 2),
             from: Some("conn-a".to_owned()),
+            owner: Arc::from("conn-b@1"),
         })
     );
-    assert!(saves(&pod_b, "s1", "conn-b", 9).await);
+    assert!(saves(&pod_b, "s1", "conn-b@1", 9).await);
     // Pod a's connection ends at last: its older acks are not written.
     assert!(!saves(&pod_a, "s1", "conn-a", 2).await);
     let claimed = pod_a.claim("s1", "conn-c", None).await.expect("claim");
@@ -334,10 +335,11 @@ async fn a_session_taken_over_before_it_was_ever_saved_is_adopted_by_the_new_con
         Claim::Taken(Claimed {
             snapshot: live,
             from: None,
+            owner: Arc::from("conn-b@1"),
         })
     );
     assert!(!saves(&broker, "s1", "conn-a", 1).await);
-    assert!(saves(&broker, "s1", "conn-b", 3).await);
+    assert!(saves(&broker, "s1", "conn-b@1", 3).await);
     // With a copy, adopting is claiming it.
     let adopted = broker
         .adopt("s1", "conn-c", None, &snapshot("news", 0), ttl)
@@ -347,7 +349,8 @@ async fn a_session_taken_over_before_it_was_ever_saved_is_adopted_by_the_new_con
         adopted,
         Claim::Taken(Claimed {
             snapshot: snapshot("news", 3),
-            from: Some("conn-b".to_owned()),
+            from: Some("conn-b@1".to_owned()),
+            owner: Arc::from("conn-c@2"),
         })
     );
     // A revoked user's session is not kept.
@@ -409,9 +412,10 @@ async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
         Claim::Taken(Claimed {
             snapshot: snapshot("news", 3),
             from: None,
+            owner: Arc::from("conn-x@1"),
         })
     );
-    assert!(saves(&broker, "old", "conn-x", 4).await);
+    assert!(saves(&broker, "old", "conn-x@1", 4).await);
     assert!(!saves(&broker, "old", "conn-y", 1).await);
     assert_eq!(
         broker
@@ -471,6 +475,7 @@ async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
         Claim::Taken(Claimed {
             snapshot: alices,
             from: Some("conn-a".to_owned()),
+            owner: Arc::from("conn-b@1"),
         })
     );
     // A backend ends alice's access through pod a: pod b is told, and her
@@ -627,4 +632,104 @@ async fn a_since_the_pod_vouches_for_above_the_topic_starts_a_new_epoch_and_a_cl
         .await
         .expect("recover");
     assert_eq!(again.position, next);
+}
+
+/// The stored session's owner line.
+fn stored_owner(redis: &Redis, id: &str) -> String {
+    let value = redis.cli(&["GET", &format!("herald:session:{id}")]);
+    value.lines().next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_connection_whose_claim_redis_forgot_by_going_back_in_time_still_saves() {
+    let mut redis = Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let ttl = Duration::from_secs(60);
+    assert!(saves(&pod_a, "s1", "conn-a", 2).await);
+    redis.save();
+    let Claim::Taken(claimed) = pod_a.claim("s1", "conn-b", None).await.expect("claim") else {
+        panic!("not claimed");
+    };
+    assert!(saves(&pod_a, "s1", &claimed.owner, 5).await);
+    // Redis comes back from the dump: conn-a owns the session there, and
+    // conn-b's claim never happened. conn-b, which serves the session, wins.
+    redis.restart_from_save().await;
+    assert_eq!(stored_owner(&redis, "s1"), "owner conn-a");
+    // The first call after the restart may find the old connection broken.
+    let saved = eventually(WAIT, || async {
+        pod_a
+            .save("s1", &claimed.owner, snapshot("news", 6), ttl)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert!(saved, "conn-b's save wins");
+    assert!(!saves(&pod_a, "s1", "conn-a", 2).await, "conn-a is older");
+    // An extend of a session Redis lost the claim of asks for it whole.
+    redis.restart_from_save().await;
+    let extend = |owner: &str| SessionSave {
+        id: Arc::from("s1"),
+        owner: Arc::from(owner),
+        snapshot: None,
+    };
+    let answers = eventually(WAIT, || async {
+        let answers = pod_a
+            .save_many(vec![extend("conn-a"), extend(&claimed.owner)], ttl)
+            .await;
+        answers
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(answers, [Stored::Kept, Stored::Gone]);
+    assert!(saves(&pod_a, "s1", &claimed.owner, 7).await);
+    let Claim::Taken(next) = pod_a.claim("s1", "conn-c", None).await.expect("claim") else {
+        panic!("not claimed");
+    };
+    assert_eq!(next.snapshot, snapshot("news", 7));
+    assert_eq!(&*next.owner, "conn-c@2", "ranked above conn-b@1");
+}
+
+#[tokio::test]
+async fn a_claim_that_reaches_redis_after_its_pod_gave_up_takes_nothing() {
+    let redis = Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    assert!(saves(&pod_a, "s1", "conn-a", 2).await);
+    // The claim script is loaded, so that the late claim is one call.
+    let missing = pod_a.claim("none", "conn-x", None).await.expect("claim");
+    assert_eq!(missing, Claim::NotFound);
+    let calls = || {
+        let stats = redis.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = calls();
+    // Redis freezes with a claim on its way: the pod gives up on it (its
+    // client would resume elsewhere meanwhile).
+    redis.freeze();
+    let late = pod_a.claim("s1", "conn-late", None).await;
+    assert!(late.is_err(), "timed out: {late:?}");
+    redis.thaw();
+    eventually(WAIT, || async {
+        let now = calls();
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("{now} evalsha calls, the late claim not run yet"))
+        }
+    })
+    .await;
+    assert_eq!(
+        stored_owner(&redis, "s1"),
+        "owner conn-a",
+        "the late claim took nothing"
+    );
+    let Claim::Taken(claimed) = pod_a.claim("s1", "conn-b", None).await.expect("claim") else {
+        panic!("not claimed");
+    };
+    assert_eq!(claimed.from.as_deref(), Some("conn-a"));
 }

@@ -497,6 +497,7 @@ impl Session {
                 Claim::Taken(router::Claimed {
                     snapshot: if held_it_last { live } else { stored.snapshot },
                     from: None,
+                    owner: stored.owner,
                 })
             }
             other => other,
@@ -569,6 +570,8 @@ impl Session {
         if let Some(id) = resume {
             match self.claim(id, user.as_deref()).await {
                 Ok(Claim::Taken(claimed)) => {
+                    // Saves go with the owner as the store ranked it.
+                    self.owner = claimed.owner;
                     restored = Some((Arc::<str>::from(id), claimed.snapshot))
                 }
                 Ok(Claim::NotFound) => not_resumed = Some("not_found"),

@@ -92,7 +92,12 @@ impl Registry {
         current.takeover.cancel();
         // Its reader stops between commands: wait for that, briefly.
         let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
-        TakeOver::Taken(current.owner, current.subscriptions.snapshot())
+        let taken = current.subscriptions.snapshot();
+        // Whatever it would save from now on is older than what the new
+        // connection holds, even where the store cannot tell (its copy was
+        // lost, so the new owner ranks no higher).
+        current.subscriptions.supersede();
+        TakeOver::Taken(current.owner, taken)
     }
 
     /// Asks up to `count` sessions to reconnect elsewhere, each after a random

@@ -209,6 +209,12 @@ impl Subscriptions {
         }
     }
 
+    /// A newer connection took the session over: nothing of this one is
+    /// to be saved any more.
+    pub fn supersede(&self) {
+        self.inner().superseded = true;
+    }
+
     /// Whether a newer connection owns the session in the store.
     pub fn superseded(&self) -> bool {
         self.inner().superseded

@@ -28,6 +28,7 @@ use connection::{Commands, Connector};
 pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
 
 use crate::observe::Observer;
+use crate::session::unix_ms;
 use crate::{
     Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
     Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Stored, Topic,
@@ -72,6 +73,7 @@ struct Inner {
     observer: Arc<dyn Observer>,
     lineage: Arc<Lineage>,
     command_timeout: Duration,
+    redis_clock: sessions::RedisClock,
 }
 
 impl RedisSettings {
@@ -164,6 +166,7 @@ impl RedisBroker {
                 observer,
                 lineage,
                 command_timeout,
+                redis_clock: sessions::RedisClock::default(),
             }),
         })
     }
@@ -626,7 +629,7 @@ impl SessionStore for RedisBroker {
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(scripts::revoked_key(&user_hex))
-            .arg(crate::session::unix_ms())
+            .arg(unix_ms())
             .arg("PX")
             .arg(keep)
             .ignore()
@@ -647,6 +650,12 @@ impl SessionStore for RedisBroker {
 impl RedisBroker {
     /// Runs [`scripts::CLAIM_SESSION`]; with `keep`, a session that is not
     /// there is stored as that snapshot, for that long, and claimed.
+    ///
+    /// The claim must run within half the command timeout (Redis's clock, as
+    /// far as this pod knows it): one that runs later, when this pod may have
+    /// given up and its client resumed elsewhere, takes nothing. A claim
+    /// answered in time that ran too late by that reckoning (the clocks
+    /// differ more than learnt so far) is tried again once.
     async fn claim_or_keep(
         &self,
         id: &str,
@@ -654,37 +663,53 @@ impl RedisBroker {
         user: Option<&str>,
         keep: Option<(&SessionSnapshot, Duration)>,
     ) -> Result<Claim, BrokerError> {
-        let mut conn = self.inner.conn.clone();
-        let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
         let user_hex = user.map(sessions::hex).unwrap_or_default();
-        invocation.key(scripts::session_key(id));
-        if user.is_some() {
-            invocation.key(scripts::revoked_key(&user_hex));
-        }
-        invocation.arg(owner).arg(&user_hex);
-        if let Some((snapshot, ttl)) = keep {
-            invocation
-                .arg(sessions::encode_body(snapshot))
-                .arg(millis(ttl).max(1));
-        }
-        let value: Value = timed(
-            &*self.inner.observer,
-            "session_load",
-            invocation.invoke_async(&mut conn),
-        )
-        .await?;
-        match value {
-            Value::Nil => Ok(Claim::NotFound),
-            Value::Int(0) => Ok(Claim::OtherUser),
-            value => {
-                let (from, snapshot): (String, Vec<u8>) = redis::from_redis_value(value)
-                    .map_err(|e| BrokerError::Unavailable(format!("redis: claim reply: {e}")))?;
-                Ok(Claim::Taken(Claimed {
-                    snapshot: sessions::decode(&snapshot),
-                    from: Some(from).filter(|f| !f.is_empty()),
-                }))
+        let within = self.inner.command_timeout / 2;
+        for _ in 0..2 {
+            let mut conn = self.inner.conn.clone();
+            let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
+            invocation.key(scripts::session_key(id));
+            if user.is_some() {
+                invocation.key(scripts::revoked_key(&user_hex));
             }
+            let sent_ms = unix_ms();
+            invocation
+                .arg(owner)
+                .arg(&user_hex)
+                .arg(self.inner.redis_clock.deadline(sent_ms, within));
+            if let Some((snapshot, ttl)) = keep {
+                invocation
+                    .arg(sessions::encode_body(snapshot))
+                    .arg(millis(ttl).max(1));
+            }
+            let value: Value = timed(
+                &*self.inner.observer,
+                "session_load",
+                invocation.invoke_async(&mut conn),
+            )
+            .await?;
+            let claimed = match value {
+                Value::Nil => return Ok(Claim::NotFound),
+                Value::Int(0) => return Ok(Claim::OtherUser),
+                value => sessions::ClaimReply::parse(value).ok_or_else(|| {
+                    BrokerError::Unavailable("redis: an unreadable claim reply".into())
+                })?,
+            };
+            self.inner
+                .redis_clock
+                .learn(sent_ms, unix_ms(), claimed.redis_ms);
+            if let Some(taken) = claimed.taken {
+                return Ok(Claim::Taken(Claimed {
+                    snapshot: sessions::decode(&taken.body),
+                    from: Some(taken.from).filter(|f| !f.is_empty()),
+                    owner: Arc::from(taken.owner),
+                }));
+            }
+            tracing::debug!(session = id, "a claim ran after its deadline: trying again");
         }
+        Err(BrokerError::Unavailable(format!(
+            "redis: claims run later than {within:?} after they are sent: Redis or the network holds them back, or Redis's clock is ahead of this pod's"
+        )))
     }
 
     /// Hands a save (`None`: an extend) to the session writer; the receiver

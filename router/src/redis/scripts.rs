@@ -59,70 +59,107 @@ pub fn revoked_key(user_hex: &str) -> String {
 /// <user hex>`.
 pub const CONTROL_CHANNEL: &str = "herald:control";
 
-/// Saves a session unless another owner claimed it; returns 1 when saved.
+/// Lua shared by the session scripts: `rank(owner)` is the rank of an owner
+/// token, `<token>@<rank>` (a token without one ranks 0: a connection that
+/// started its session and never claimed one). Every claim ranks its owner
+/// above the one it took the session from, so a stored owner ranked below a
+/// saver is one whose claim Redis has since forgotten: Redis went back in
+/// time (an older snapshot, a lagging replica) and lost the saver's claim.
+/// The saver wins then; an owner ranked equal or above claimed after it.
+const RANK: &str = r#"
+local function rank(owner)
+  return tonumber(string.match(owner, '@(%d+)$') or '0')
+end
+local function stored_owner(value)
+  return string.match(value, '^owner (%S+)\n')
+end
+"#;
+
+/// Saves a session unless an owner that claimed it after `ARGV[1]` holds it;
+/// returns 1 when saved.
 ///
 /// KEYS: session. ARGV: owner, value (its owner line first), ttl ms.
 pub static SAVE_SESSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{RANK}{}",
         r#"
 local current = redis.call('GET', KEYS[1])
 if current then
-  local owner = string.match(current, '^owner (%S+)\n')
-  if owner and owner ~= ARGV[1] then
+  local owner = stored_owner(current)
+  if owner and owner ~= ARGV[1] and rank(owner) >= rank(ARGV[1]) then
     return 0
   end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// Pushes back the expiry of a session its owner saved; returns 1 when
-/// extended, 0 when another owner claimed it, -1 when there is none. Only
-/// the owner's line is read.
+/// extended, 0 when another owner claimed it after `ARGV[1]`, -1 when it is
+/// to be saved whole: there is none, or its owner ranks below `ARGV[1]`
+/// (Redis forgot the claim). Only the owner's line is read.
 ///
 /// KEYS: session. ARGV: owner, ttl ms.
 pub static EXTEND_SESSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{RANK}{}",
         r#"
 local head = redis.call('GETRANGE', KEYS[1], 0, #ARGV[1] + 6)
 if head == '' then
   return -1
 end
-if head ~= 'owner ' .. ARGV[1] .. '\n' then
-  return 0
+if head == 'owner ' .. ARGV[1] .. '\n' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"#,
-    )
+local owner = stored_owner(redis.call('GETRANGE', KEYS[1], 0, 255))
+if owner and rank(owner) < rank(ARGV[1]) then
+  return -1
+end
+return 0
+"#
+    ))
 });
 
-/// Makes `ARGV[1]` the session's owner, keeping its expiry, and returns
-/// `{previous owner or "", snapshot without the owner line}`; nil when there
-/// is none (or it was started before its user's access was revoked: then it
-/// is deleted); 0, taking nothing, when it belongs to another user than
-/// `ARGV[2]` (`user <hex> <since ms>` is the line after the owner's).
+/// Makes `ARGV[1]@<rank>` the session's owner, ranked above the owner it
+/// takes it from, keeping its expiry, and returns `{previous owner or "",
+/// snapshot without the owner line, new owner, Redis's time in ms}`; nil when
+/// there is none (or it was started before its user's access was revoked:
+/// then it is deleted); 0, taking nothing, when it belongs to another user
+/// than `ARGV[2]` (`user <hex> <since ms>` is the line after the owner's).
 ///
-/// Given a snapshot (`ARGV[3]`, without an owner line), a session that is not
-/// there is stored as that, for `ARGV[4]` ms, and claimed (from "").
+/// A claim that runs after `ARGV[3]` (Unix ms, Redis's clock) does nothing
+/// and returns `{Redis's time in ms}`: its pod gave up waiting, and its
+/// client resumed elsewhere, so running it late would take the session from
+/// the connection that serves it now (Redis was frozen, or the network held
+/// the claim back).
 ///
-/// KEYS: session, \[the user's revocation\]. ARGV: owner, user hex ('' for
-/// anonymous), \[snapshot, ttl ms\].
+/// Given a snapshot (`ARGV[4]`, without an owner line), a session that is not
+/// there is stored as that, for `ARGV[5]` ms, and claimed (from "").
+///
+/// KEYS: session, \[the user's revocation\]. ARGV: owner token, user hex (''
+/// for anonymous), not after, \[snapshot, ttl ms\].
 pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{RANK}{}",
         r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now > tonumber(ARGV[3]) then
+  return {now}
+end
 local current = redis.call('GET', KEYS[1])
 local kept = false
 if not current then
-  if not ARGV[3] then
+  if not ARGV[4] then
     return false
   end
-  current = ARGV[3]
+  current = ARGV[4]
   kept = true
 end
-local from = string.match(current, '^owner (%S+)\n') or ''
+local from = stored_owner(current) or ''
 local body = string.gsub(current, '^owner %S+\n', '', 1)
 local user, since = string.match(body, '^user (%x+) (%d+)\n')
 if (user or '') ~= ARGV[2] then
@@ -135,15 +172,16 @@ if KEYS[2] then
     return false
   end
 end
-local value = 'owner ' .. ARGV[1] .. '\n' .. body
+local owner = ARGV[1] .. '@' .. (rank(from) + 1)
+local value = 'owner ' .. owner .. '\n' .. body
 if kept then
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[4])
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[5])
 else
   redis.call('SET', KEYS[1], value, 'KEEPTTL')
 end
-return {from, body}
-"#,
-    )
+return {from, body, owner, now}
+"#
+    ))
 });
 
 /// The dataset's lineage: `HASH {id, clock}`. Every publish advances

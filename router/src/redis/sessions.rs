@@ -4,8 +4,10 @@
 //! trips, not a thousand.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
-use redis::{ErrorKind, ServerErrorKind};
+use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::Commands;
@@ -81,6 +83,82 @@ pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Ar
             };
             let _ = save.done.send(saved);
         }
+    }
+}
+
+/// What [`scripts::CLAIM_SESSION`] answered, when it took or tried to.
+pub struct ClaimReply {
+    /// `None`: the claim ran after its deadline and took nothing.
+    pub taken: Option<Taken>,
+    /// Redis's clock when the claim ran.
+    pub redis_ms: u64,
+}
+
+pub struct Taken {
+    /// The previous owner ("" for none).
+    pub from: String,
+    /// The snapshot, without the owner line.
+    pub body: Vec<u8>,
+    /// The new owner, with its rank: what the connection saves with.
+    pub owner: String,
+}
+
+impl ClaimReply {
+    pub fn parse(value: Value) -> Option<Self> {
+        let Value::Array(items) = value else {
+            return None;
+        };
+        let mut items = items.into_iter();
+        let first = items.next()?;
+        let Some(body) = items.next() else {
+            // `{now}`: too late.
+            return Some(Self {
+                taken: None,
+                redis_ms: super::as_u64(&first)?,
+            });
+        };
+        let bytes = |value: Value| match value {
+            Value::BulkString(b) => Some(b),
+            Value::SimpleString(s) => Some(s.into_bytes()),
+            _ => None,
+        };
+        let text = |value: Value| String::from_utf8(bytes(value)?).ok();
+        let taken = Taken {
+            from: text(first)?,
+            body: bytes(body)?,
+            owner: text(items.next()?)?,
+        };
+        Some(Self {
+            taken: Some(taken),
+            redis_ms: super::as_u64(&items.next()?)?,
+        })
+    }
+}
+
+/// How far Redis's clock is ahead of this pod's, as learnt from the claims'
+/// answers: a claim's deadline is given in Redis's time.
+#[derive(Default)]
+pub struct RedisClock {
+    ahead_ms: AtomicI64,
+}
+
+impl RedisClock {
+    /// Redis's time `within` after `now_ms` (this pod's clock).
+    pub fn deadline(&self, now_ms: u64, within: Duration) -> u64 {
+        let ahead = self.ahead_ms.load(Ordering::Relaxed);
+        now_ms
+            .saturating_add_signed(ahead)
+            .saturating_add(within.as_millis() as u64)
+    }
+
+    /// Learns from a claim sent at `sent_ms`, answered at `answered_ms` (this
+    /// pod's clock), that ran at `redis_ms`: taken to be halfway, the error at
+    /// most half the round trip.
+    pub fn learn(&self, sent_ms: u64, answered_ms: u64, redis_ms: u64) {
+        let halfway = sent_ms / 2 + answered_ms / 2;
+        let ahead = i64::try_from(redis_ms).unwrap_or(i64::MAX)
+            - i64::try_from(halfway).unwrap_or(i64::MAX);
+        self.ahead_ms.store(ahead, Ordering::Relaxed);
     }
 }
 
