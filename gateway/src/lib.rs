@@ -2,7 +2,8 @@
 //!
 //! - [`server`]: accepts TCP, serves HTTP/1.1, routes, upgrades `/ws`, drains;
 //!   [`listener`]: what every listener does with a connection (socket
-//!   options, the client's address behind a proxy).
+//!   options, the client's address behind a proxy); [`admission`]: the
+//!   WebSocket connection slots, in total and per client address.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`).
@@ -48,6 +49,7 @@
 //! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
 //!    releases what was held aside beyond it, and delivery goes on as above.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod disconnect;

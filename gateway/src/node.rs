@@ -1,10 +1,7 @@
 //! The pod's shared state: configuration, hub, broker, live sessions, metrics,
 //! and the drain signal. One per running gateway; every connection holds it.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use router::{
     Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
@@ -15,9 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Slots;
 use crate::auth::{AuthError, Verifier};
 use crate::config::{BrokerKind, Config};
-use crate::hub::{ConnId, Hub};
+use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::rebalance;
 use crate::session::{Registry, Writing};
@@ -46,12 +44,10 @@ pub struct Node {
     pub clock: Instant,
     /// What every connection's writer task needs of the pod.
     pub writing: Arc<Writing>,
+    /// The WebSocket connection slots.
+    pub slots: Arc<Slots>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
     api_requests: Semaphore,
-    connections: AtomicUsize,
-    /// Open connections per client address, when they are capped.
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
-    next_conn: AtomicU64,
 }
 
 /// Why the pod could not start.
@@ -85,23 +81,12 @@ impl Deliver for Sink {
     }
 }
 
-/// Why a connection was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The pod holds `websocket.max_connections`.
-    AtCapacity,
-    /// The client's address holds `websocket.max_connections_per_ip`.
-    PerIp,
-}
-
 impl Node {
     /// Builds the pod's state and connects its broker (for Redis: failing
     /// when Redis cannot be reached now).
     pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
-        metrics
-            .connections_max
-            .set(i64::try_from(config.websocket.max_connections).unwrap_or(i64::MAX));
+        let slots = Arc::new(Slots::new(&config.websocket, metrics.clone()));
         let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
         let live = Arc::new(Registry::default());
         let sink = Arc::new(Sink {
@@ -144,10 +129,8 @@ impl Node {
             tasks: TaskTracker::new(),
             clock,
             writing,
+            slots,
             api_requests,
-            connections: AtomicUsize::new(0),
-            per_ip: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(1),
         });
         // A pod-local store loses sessions with the pod anyway; a shared one
         // gets what changed, in batches, so that a pod killed without warning
@@ -168,35 +151,6 @@ impl Node {
         self.drain.is_cancelled()
     }
 
-    /// Takes one of the pod's connection slots for a client at `ip`, unless
-    /// all are taken or the address holds its share.
-    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Admission, Refusal> {
-        let max = self.config.websocket.max_connections;
-        self.connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map_err(|_| Refusal::AtCapacity)?;
-        let per_ip = self.config.websocket.max_connections_per_ip;
-        if per_ip > 0 {
-            let mut counts = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-            let count = counts.entry(ip).or_insert(0);
-            if *count >= per_ip {
-                drop(counts);
-                self.connections.fetch_sub(1, Ordering::AcqRel);
-                return Err(Refusal::PerIp);
-            }
-            *count += 1;
-        }
-        self.metrics.connections.inc();
-        self.metrics.connections_opened.inc();
-        Ok(Admission {
-            node: self.clone(),
-            conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
-            ip: (per_ip > 0).then_some(ip),
-        })
-    }
-
     /// One of the pod's API request slots (HTTP and gRPC share them), held
     /// for the request; `None`, counted as `busy`, when all are taken.
     pub fn api_slot(&self) -> Option<SemaphorePermit<'_>> {
@@ -208,11 +162,6 @@ impl Node {
                 .inc();
         }
         slot
-    }
-
-    /// Open WebSocket connections.
-    pub fn connection_count(&self) -> usize {
-        self.connections.load(Ordering::Acquire)
     }
 
     /// Saves every live session that changed since its last save, and
@@ -254,30 +203,6 @@ async fn flush_forever(node: Weak<Node>) {
         match node.upgrade() {
             Some(node) => node.flush_sessions().await,
             None => return,
-        }
-    }
-}
-
-/// A connection slot, given back on drop.
-pub struct Admission {
-    node: Arc<Node>,
-    pub conn: ConnId,
-    /// The client's address, when connections per address are counted.
-    ip: Option<IpAddr>,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        self.node.connections.fetch_sub(1, Ordering::AcqRel);
-        self.node.metrics.connections.dec();
-        if let Some(ip) = self.ip {
-            let mut counts = self.node.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(count) = counts.get_mut(&ip) {
-                *count -= 1;
-                if *count == 0 {
-                    counts.remove(&ip);
-                }
-            }
         }
     }
 }

@@ -33,7 +33,7 @@ pub async fn run(node: Weak<Node>, pod: Arc<str>) {
 
 async fn round(node: &Node, pod: &str) {
     let config = &node.config.rebalance;
-    let mine = node.connection_count() as u64;
+    let mine = node.slots.taken() as u64;
     // A pod that missed three reports (and a second more, for a pod
     // that is merely busy) is gone.
     let gone_after = config.interval * 3 + Duration::from_secs(1);
