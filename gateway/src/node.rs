@@ -1,7 +1,9 @@
 //! The pod's shared state: configuration, hub, broker, live sessions, metrics,
 //! and the drain signal. One per running gateway; every connection holds it.
 
+use std::future::Future;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use router::{
     Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
@@ -136,13 +138,30 @@ impl Node {
         // gets what changed, in batches, so that a pod killed without warning
         // loses at most one interval of acks.
         if shared_sessions {
-            tokio::spawn(flush_forever(Arc::downgrade(&node)));
+            let interval = node.config.session.flush_interval;
+            tokio::spawn(every(Arc::downgrade(&node), interval, |node| async move {
+                node.flush_sessions().await;
+                true
+            }));
         }
         if node.config.rebalance.enabled {
             // Random, not the host name: two pods may share a host.
             let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
             tracing::info!(%pod, "rebalancing with the other pods");
-            tokio::spawn(rebalance::run(Arc::downgrade(&node), pod));
+            let interval = node.config.rebalance.interval;
+            tokio::spawn(every(Arc::downgrade(&node), interval, move |node| {
+                let pod = pod.clone();
+                async move {
+                    if node.is_draining() {
+                        return false;
+                    }
+                    let connections = node.slots.taken();
+                    let (broker, metrics) = (&*node.broker, &node.metrics);
+                    let config = &node.config.rebalance;
+                    rebalance::round(&pod, connections, broker, &node.live, metrics, config).await;
+                    true
+                }
+            }));
         }
         Ok(node)
     }
@@ -192,17 +211,22 @@ impl Node {
     }
 }
 
-async fn flush_forever(node: Weak<Node>) {
-    let Some(every) = node.upgrade().map(|n| n.config.session.flush_interval) else {
-        return;
-    };
-    let mut tick = tokio::time::interval(every);
+/// Calls `job` every `interval` until the node is gone or `job` says to
+/// stop. Holds the node only while `job` runs: a dropped node ends it.
+async fn every<F, Fut>(node: Weak<Node>, interval: Duration, job: F)
+where
+    F: Fn(Arc<Node>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match node.upgrade() {
-            Some(node) => node.flush_sessions().await,
-            None => return,
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        if !job(node).await {
+            return;
         }
     }
 }
