@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::WebSocketConfig;
-use crate::hub::ConnId;
 use crate::metrics::Metrics;
+
+/// A connection's id, unique within the pod: given with its slot.
+pub type ConnId = u64;
 
 /// The pod's connection slots.
 pub struct Slots {

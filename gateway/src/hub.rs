@@ -25,15 +25,13 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Span;
 
+use crate::admission::ConnId;
 use crate::frame;
 use crate::metrics::Metrics;
 use crate::session::{IdleSockets, Outbound, Pushed, Subscriptions};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
-
-/// A connection's id, unique within the pod.
-pub type ConnId = u64;
 
 pub struct Hub {
     shards: Box<[Mutex<HashMap<Topic, LocalTopic>>]>,

@@ -44,12 +44,11 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Refused};
 use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
 use crate::frame;
-use crate::hub::ConnId;
 use crate::node::Node;
 use access::Access;
 use parser::Parsed;
