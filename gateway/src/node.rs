@@ -1,13 +1,16 @@
-//! The pod's shared state: configuration, hub, broker, live sessions, metrics,
-//! and the drain signal. One per running gateway; every connection holds it.
+//! The composition root: builds the pod's parts (configuration, hub, broker,
+//! session store, live sessions, metrics, the drain signal), wires them
+//! together, and runs its background work (the session flusher, the
+//! rebalancer). One per running gateway. Its sessions get the parts they use
+//! as a [`Pod`]; no part it builds imports it.
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
-    SessionStore, Topic,
+    Broker, BrokerError, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore,
+    Topic,
 };
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -20,7 +23,7 @@ use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::rebalance;
-use crate::session::{Registry, Writing};
+use crate::session::{Pod, Registry, Writing};
 
 /// A live session's stored copy is extended once it is older than the
 /// resume window divided by this: it must not expire while its connection
@@ -28,24 +31,20 @@ use crate::session::{Registry, Writing};
 const REFRESH_PARTS: u32 = 2;
 
 pub struct Node {
-    pub config: Config,
+    pub config: Arc<Config>,
     pub hub: Arc<Hub>,
     pub broker: Arc<dyn Broker>,
     pub sessions: Arc<dyn SessionStore>,
     /// The sessions this pod's connections serve.
     pub live: Arc<Registry>,
-    /// Checks client tokens; `None` when no key is configured (open mode).
-    pub verifier: Option<Verifier>,
-    pub namespaces: Arc<Namespaces>,
     pub metrics: Arc<Metrics>,
     /// Cancelled when the pod starts draining.
     pub drain: CancellationToken,
     /// Every connection task, upgraded or not: shutdown waits for them.
     pub tasks: TaskTracker,
-    /// The zero of ping timestamps.
-    pub clock: Instant,
-    /// What every connection's writer task needs of the pod.
-    pub writing: Arc<Writing>,
+    /// What its sessions use of the pod: the same handles as above, with
+    /// the token verifier, the namespaces and the writer tasks' settings.
+    pub pod: Arc<Pod>,
     /// The WebSocket connection slots.
     pub slots: Arc<Slots>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
@@ -118,19 +117,30 @@ impl Node {
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
+        let config = Arc::new(config);
+        let tasks = TaskTracker::new();
+        let pod = Arc::new(Pod {
+            config: config.clone(),
+            hub: hub.clone(),
+            broker: broker.clone(),
+            sessions: sessions.clone(),
+            live: live.clone(),
+            verifier,
+            namespaces,
+            metrics: metrics.clone(),
+            tasks: tasks.clone(),
+            writing,
+        });
         let node = Arc::new(Self {
             config,
             hub,
             broker,
             sessions,
             live,
-            verifier,
-            namespaces,
             metrics,
             drain,
-            tasks: TaskTracker::new(),
-            clock,
-            writing,
+            tasks,
+            pod,
             slots,
             api_requests,
         });

@@ -325,7 +325,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
     let tasks = node.tasks.clone();
     tasks.spawn(async move {
         match upgrading.await {
-            Ok(ws) => session::serve_upgraded(ws, node, admission).await,
+            Ok(ws) => session::serve_upgraded(ws, node.pod.clone(), admission).await,
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
         }
     });
