@@ -22,8 +22,9 @@ use crate::auth::{AuthError, Verifier};
 use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::outbound::Writing;
 use crate::rebalance;
-use crate::session::{Pod, Registry, Writing};
+use crate::session::{Pod, Registry};
 
 /// A live session's stored copy is extended once it is older than the
 /// resume window divided by this: it must not expire while its connection

@@ -1,4 +1,5 @@
-//! One WebSocket connection: a reader (this task) and a writer task.
+//! One WebSocket connection: a reader (this task) and a writer task (in
+//! [`crate::outbound`], with the connection's outgoing queue).
 //!
 //! The reader decodes commands and acts on them: subscriptions go through the
 //! hub and the broker, replies and replays go to the connection's outgoing
@@ -8,24 +9,18 @@
 //! against that (`access`).
 
 mod access;
-mod direct;
 pub mod echo;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub(crate) mod parser;
-mod queue;
 mod rate;
 mod reader;
 mod registry;
 mod subscriptions;
-mod writer;
 
 pub use crate::config::{Limits, Overflow};
-pub use direct::{IdleSockets, SocketWriter};
-pub use queue::{Close, Outbound, Pushed, Taken};
 pub use registry::{LiveSession, Pending, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
-pub use writer::Writing;
 
 use std::hash::{Hash, Hasher};
 use std::io::Cursor;
@@ -54,6 +49,7 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Writing, writer};
 use access::Access;
 use parser::Parsed;
 use rate::Bucket;
