@@ -11,9 +11,10 @@ skipped. Items the crate root defines itself (router's `Broker` seam) are
 shown as `(root)` and left out of the cycle check: the root is what every
 module builds on, not one of them.
 
-Prints each crate's graph, one module a line, and exits 1 naming every cycle
-(with the file and line of each step), so that data keeps flowing one way:
-socket -> session -> hub -> router and back, with node.rs wiring the pod.
+Prints each crate's graph, one module a line. Where modules form a cycle it
+lists every dependency among them with the line that first names it (the
+places to cut), and exits 1 naming the shortest cycle: data is to flow one
+way, socket -> session -> hub -> router and back, with node.rs wiring the pod.
 
 Usage: scripts/module-deps.py [SRC_DIR ...]   (default: gateway/src router/src)
        -v: also print where each dependency is named
@@ -200,13 +201,14 @@ def graph(src):
             else:
                 target = ROOT_NODE
             if target != top:
-                deps[top].setdefault(target, []).append((path.relative_to(ROOT), line))
+                shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                deps[top].setdefault(target, []).append((shown, line))
     return deps
 
 
-def cycles(deps):
-    """Each strongly connected set of two or more modules, as one concrete
-    cycle through all of them (a list of modules, first repeated last)."""
+def tangles(deps):
+    """Each set of two or more modules that reach one another (a strongly
+    connected component), sorted: every cycle lies within one of them."""
     index, low, stack, on, found = {}, {}, [], set(), []
 
     def visit(v):
@@ -235,42 +237,37 @@ def cycles(deps):
     for v in deps:
         if v not in index:
             visit(v)
-    return [walk(deps, scc) for scc in found]
+    return found
 
 
-def walk(deps, scc):
-    """A closed walk from the first module of scc through all of it, along
-    dependencies inside scc (shortest hops from each module to the next)."""
-    inside = set(scc)
-
-    def hops(a, b):
-        prev, queue = {a: None}, [a]
+def shortest_cycle(deps, scc):
+    """The shortest cycle within scc, as modules with the first repeated last."""
+    inside, best = set(scc), None
+    for start in scc:
+        prev, queue = {start: None}, [start]
         for v in queue:
+            if start in deps[v] and v in prev:
+                path, w = [start], v
+                while w is not None:
+                    path.append(w)
+                    w = prev[w]
+                path = path[::-1]
+                if best is None or len(path) < len(best):
+                    best = path
+                break
             for w in sorted(deps[v]):
                 if w in inside and w not in prev:
                     prev[w] = v
                     queue.append(w)
-        out, v = [], b
-        while v != a:
-            out.append(v)
-            v = prev[v]
-        return out[::-1]
-
-    route = [scc[0]]
-    for target in scc[1:]:
-        if target not in route:
-            route += hops(route[-1], target)
-    if len(route) == 1 or route[-1] != scc[0]:
-        route += hops(route[-1], scc[0]) if route[-1] != scc[0] else []
-    return route
+    return best
 
 
 def main(argv):
     verbose = "-v" in argv
     dirs = [a for a in argv if a != "-v"] or DEFAULT_DIRS
-    failed = False
+    found = []
     for d in dirs:
-        src = (ROOT / d) if not Path(d).is_absolute() else Path(d)
+        src = Path(d) if Path(d).is_absolute() else ROOT / d
         deps = graph(src)
         print(f"{d}:")
         width = max(map(len, deps), default=0)
@@ -278,15 +275,19 @@ def main(argv):
             print(f"  {m:<{width}} -> {', '.join(sorted(out)) or '-'}")
             if verbose:
                 for target, sites in sorted(out.items()):
-                    where = ", ".join(f"{f}:{line}" for f, line in sites)
+                    where = ", ".join(f"{f}:{line}" for f, line in sorted(set(sites)))
                     print(f"  {'':<{width}}    {target}: {where}")
-        for cycle in cycles(deps):
-            failed = True
-            print(f"  CYCLE: {' -> '.join(cycle)}", file=sys.stderr)
-            for a, b in zip(cycle, cycle[1:]):
-                f, line = deps[a][b][0]
-                print(f"    {a} -> {b}: {f}:{line}", file=sys.stderr)
-    return 1 if failed else 0
+        for scc in tangles(deps):
+            found.append(f"{d}: {' -> '.join(shortest_cycle(deps, scc))}")
+            print(f"  CYCLE among {', '.join(scc)}; each dependency inside it, first named at:")
+            for a in scc:
+                for b in sorted(set(deps[a]) & set(scc)):
+                    f, line = min(deps[a][b])
+                    print(f"    {a} -> {b}: {f}:{line}")
+    sys.stdout.flush()
+    for cycle in found:
+        print(f"module cycle: {cycle}", file=sys.stderr)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
