@@ -50,6 +50,8 @@ say "lints"
 # clippy's incompatible_msrv refuses any std API stabilised after it. The
 # workspace lints deny unwrap/expect outside tests (clippy.toml).
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# No cycle between a crate's top-level modules (gateway, router): data flows one way.
+python3 scripts/module-deps.py
 
 say "docs"
 # Intra-doc links are checked, so that the maps in the crate roots (the path

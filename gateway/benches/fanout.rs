@@ -11,7 +11,8 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway::hub::Hub;
 use gateway::metrics::Metrics;
-use gateway::session::{Limits, Outbound, Overflow, Subscriptions};
+use gateway::outbound::Outbound;
+use gateway::session::{Limits, Overflow, Subscriptions};
 use router::{Deliver, Publication, Topic};
 
 const SUBSCRIBERS: usize = 10_000;

@@ -74,7 +74,7 @@ impl Publisher {
 
     fn authorize(&self, metadata: &MetadataMap) -> Result<(), ApiError> {
         let authorization = metadata.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-        publish::authorize(&self.node, authorization)
+        publish::authorize(&self.node.config.http.api_keys, authorization)
     }
 
     async fn single(&self, request: Request<PublishRequest>) -> Result<PublishResponse, ApiError> {
@@ -89,7 +89,8 @@ impl Publisher {
             self.node.config.http.max_body_bytes,
         )?;
         let position = publish::publish_data(
-            &self.node,
+            &*self.node.broker,
+            &self.node.metrics,
             &request.topic,
             data,
             request.idempotency_key.as_deref(),
@@ -211,7 +212,9 @@ impl publisher_server::Publisher for Publisher {
         let _slot = self.slot()?;
         let result = async {
             self.authorize(request.metadata())?;
-            publish::disconnect_user(&self.node, &request.get_ref().user).await?;
+            let node = &self.node;
+            let window = node.config.session.resume_window;
+            publish::disconnect_user(&*node.sessions, window, &request.get_ref().user).await?;
             Ok(DisconnectResponse {})
         };
         self.answer("Disconnect", result.await)

@@ -67,7 +67,7 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
 pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let answer = async {
         publish::authorize(
-            node,
+            &node.config.http.api_keys,
             req.headers()
                 .get(AUTHORIZATION)
                 .and_then(|h| h.to_str().ok()),
@@ -75,7 +75,12 @@ pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
         let body = body(req, node.config.http.max_body_bytes).await?;
         let request =
             DisconnectRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
-        publish::disconnect_user(node, &request.user).await
+        publish::disconnect_user(
+            &*node.sessions,
+            node.config.session.resume_window,
+            &request.user,
+        )
+        .await
     };
     match answer.await {
         Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
@@ -127,7 +132,7 @@ async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
     let headers = req.headers();
     publish::authorize(
-        node,
+        &node.config.http.api_keys,
         headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
     )?;
     let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
@@ -155,7 +160,14 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
         (header, field) => header.or(field),
     };
     let data = JsonData::within(&body, request.data);
-    let position = publish::publish_data(node, &request.topic, data, idempotency_key).await?;
+    let position = publish::publish_data(
+        &*node.broker,
+        &node.metrics,
+        &request.topic,
+        data,
+        idempotency_key,
+    )
+    .await?;
     Ok(PublishResponse {
         seq: position.seq,
         epoch: position.epoch.to_string(),

@@ -25,15 +25,13 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Span;
 
+use crate::admission::ConnId;
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::session::{IdleSockets, Outbound, Pushed, Subscriptions};
+use crate::outbound::{IdleSockets, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
-
-/// A connection's id, unique within the pod.
-pub type ConnId = u64;
 
 pub struct Hub {
     shards: Box<[Mutex<HashMap<Topic, LocalTopic>>]>,
@@ -55,7 +53,7 @@ struct Subscriber {
     out: Outbound,
     /// The session's subscriptions: a `reset` it is sent moves its epoch,
     /// so that a resume continues in the new one.
-    session: Subscriptions,
+    session: Box<dyn Resets>,
     /// What it was sent up to (set by `go_live`).
     cursor: Position,
     /// `Some` while the session reads history: frames held aside.
@@ -104,6 +102,15 @@ pub fn admit(cursor: &mut Position, kind: Kind, epoch: &Epoch, seq: u64) -> bool
     }
 }
 
+/// Where a subscriber keeps its place for a resume (the session's
+/// [`Subscriptions`](crate::session::Subscriptions)): told of every `reset`
+/// the fan-out sends it. Defined here, implemented by the session, so that
+/// the hub depends on the connection's outgoing queue and not on the session.
+pub trait Resets: Send {
+    /// The subscriber was sent a reset of `topic` to `epoch` and `seq`.
+    fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64);
+}
+
 /// The result of [`Hub::join`].
 pub struct Joined {
     /// Initialised by whoever gets there first with `Broker::watch`.
@@ -132,7 +139,7 @@ impl Hub {
         topic: &Topic,
         conn: ConnId,
         out: Outbound,
-        session: Subscriptions,
+        session: impl Resets + 'static,
     ) -> Joined {
         let mut shard = self.shard(topic);
         let local = shard.entry(topic.clone()).or_insert_with(|| {
@@ -145,7 +152,7 @@ impl Hub {
         });
         let subscriber = Subscriber {
             out,
-            session,
+            session: Box::new(session),
             cursor: Position {
                 epoch: Epoch::from(""),
                 seq: 0,

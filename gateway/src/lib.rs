@@ -2,22 +2,32 @@
 //!
 //! - [`server`]: accepts TCP, serves HTTP/1.1, routes, upgrades `/ws`, drains;
 //!   [`listener`]: what every listener does with a connection (socket
-//!   options, the client's address behind a proxy).
+//!   options, the client's address behind a proxy); [`admission`]: the
+//!   WebSocket connection slots, in total and per client address.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`).
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener.
-//! - [`session`]: one WebSocket connection: a reader (commands) and a writer
-//!   task (replies, pings, and what a socket did not take at once); its
-//!   bounded outgoing queue and the fan-out's direct writes to it; who the
-//!   client is and what it may do; the registry of the pod's live sessions.
+//! - [`session`]: one WebSocket connection: its reader (commands), who the
+//!   client is and what it may do, what a resume needs (its subscriptions
+//!   and acks); the registry of the pod's live sessions.
+//! - [`outbound`]: a connection's outgoing side: its bounded queue, the
+//!   fan-out's direct writes to it, and the writer task (replies, pings, and
+//!   what a socket did not take at once).
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes.
-//! - [`node`]: wires the pod together; [`config`]; [`metrics`].
+//! - [`node`]: builds the pod's parts and wires them together (sessions
+//!   get theirs as a [`session::Pod`]); [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //! - [`auth`]: verifying the JWT a client presents, into its user and grants.
+//!
+//! Dependencies between these modules run one way, as a message does: the
+//! edges (server, http, grpc) use the node, which builds the rest; session
+//! -> hub -> outbound; config, auth, metrics, frame and disconnect are
+//! below them all. `scripts/module-deps.py` prints the graph and fails the
+//! lints on a cycle.
 //!
 //! ## A publish, to a subscriber's socket
 //!
@@ -30,10 +40,10 @@
 //! 3. The engine hands it to the pod's sink, [`router::Deliver::deliver`] of
 //!    the [`hub::Hub`], which encodes the `msg` frame once
 //!    ([`frame::publication`]) and
-//! 4. [`session::Outbound::push`]es it to every subscriber's bounded queue,
+//! 4. [`outbound::Outbound::push`]es it to every subscriber's bounded queue,
 //!    under the topic's lock and without waiting, listing the queues nobody
-//!    was writing in an [`session::IdleSockets`];
-//! 5. once the lock is released, [`session::IdleSockets::spawn`] writes
+//!    was writing in an [`outbound::IdleSockets`];
+//! 5. once the lock is released, [`outbound::IdleSockets::spawn`] writes
 //!    those straight to their sockets, a chunk of connections per task. What
 //!    a socket does not take at once is left to the connection's writer task.
 //!
@@ -48,6 +58,7 @@
 //! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
 //!    releases what was held aside beyond it, and delivery goes on as above.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod disconnect;
@@ -58,6 +69,7 @@ pub mod hub;
 pub mod listener;
 pub mod metrics;
 pub mod node;
+pub mod outbound;
 pub mod publish;
 pub mod rebalance;
 pub mod server;

@@ -1,26 +1,30 @@
-//! The pod's shared state: configuration, hub, broker, live sessions, metrics,
-//! and the drain signal. One per running gateway; every connection holds it.
+//! The composition root: builds the pod's parts (configuration, hub, broker,
+//! session store, live sessions, metrics, the drain signal), wires them
+//! together, and runs its background work (the session flusher, the
+//! rebalancer). One per running gateway. Its sessions get the parts they use
+//! as a [`Pod`]; no part it builds imports it.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use router::{
-    Broker, BrokerError, Deliver, MemoryBroker, Namespaces, Position, Publication, RedisBroker,
-    SessionStore, Topic,
+    Broker, BrokerError, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore,
+    Topic,
 };
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Slots;
 use crate::auth::{AuthError, Verifier};
 use crate::config::{BrokerKind, Config};
-use crate::hub::{ConnId, Hub};
+use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::outbound::Writing;
 use crate::rebalance;
-use crate::session::{Registry, Writing};
+use crate::session::{Pod, Registry};
 
 /// A live session's stored copy is extended once it is older than the
 /// resume window divided by this: it must not expire while its connection
@@ -28,30 +32,24 @@ use crate::session::{Registry, Writing};
 const REFRESH_PARTS: u32 = 2;
 
 pub struct Node {
-    pub config: Config,
+    pub config: Arc<Config>,
     pub hub: Arc<Hub>,
     pub broker: Arc<dyn Broker>,
     pub sessions: Arc<dyn SessionStore>,
     /// The sessions this pod's connections serve.
     pub live: Arc<Registry>,
-    /// Checks client tokens; `None` when no key is configured (open mode).
-    pub verifier: Option<Verifier>,
-    pub namespaces: Arc<Namespaces>,
     pub metrics: Arc<Metrics>,
     /// Cancelled when the pod starts draining.
     pub drain: CancellationToken,
     /// Every connection task, upgraded or not: shutdown waits for them.
     pub tasks: TaskTracker,
-    /// The zero of ping timestamps.
-    pub clock: Instant,
-    /// What every connection's writer task needs of the pod.
-    pub writing: Arc<Writing>,
+    /// What its sessions use of the pod: the same handles as above, with
+    /// the token verifier, the namespaces and the writer tasks' settings.
+    pub pod: Arc<Pod>,
+    /// The WebSocket connection slots.
+    pub slots: Arc<Slots>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
     api_requests: Semaphore,
-    connections: AtomicUsize,
-    /// Open connections per client address, when they are capped.
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
-    next_conn: AtomicU64,
 }
 
 /// Why the pod could not start.
@@ -85,23 +83,12 @@ impl Deliver for Sink {
     }
 }
 
-/// Why a connection was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The pod holds `websocket.max_connections`.
-    AtCapacity,
-    /// The client's address holds `websocket.max_connections_per_ip`.
-    PerIp,
-}
-
 impl Node {
     /// Builds the pod's state and connects its broker (for Redis: failing
     /// when Redis cannot be reached now).
     pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
-        metrics
-            .connections_max
-            .set(i64::try_from(config.websocket.max_connections).unwrap_or(i64::MAX));
+        let slots = Arc::new(Slots::new(&config.websocket, metrics.clone()));
         let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
         let live = Arc::new(Registry::default());
         let sink = Arc::new(Sink {
@@ -131,70 +118,67 @@ impl Node {
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
+        let config = Arc::new(config);
+        let tasks = TaskTracker::new();
+        let pod = Arc::new(Pod {
+            config: config.clone(),
+            hub: hub.clone(),
+            broker: broker.clone(),
+            sessions: sessions.clone(),
+            live: live.clone(),
+            verifier,
+            namespaces,
+            metrics: metrics.clone(),
+            tasks: tasks.clone(),
+            writing,
+        });
         let node = Arc::new(Self {
             config,
             hub,
             broker,
             sessions,
             live,
-            verifier,
-            namespaces,
             metrics,
             drain,
-            tasks: TaskTracker::new(),
-            clock,
-            writing,
+            tasks,
+            pod,
+            slots,
             api_requests,
-            connections: AtomicUsize::new(0),
-            per_ip: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(1),
         });
         // A pod-local store loses sessions with the pod anyway; a shared one
         // gets what changed, in batches, so that a pod killed without warning
         // loses at most one interval of acks.
         if shared_sessions {
-            tokio::spawn(flush_forever(Arc::downgrade(&node)));
+            let interval = node.config.session.flush_interval;
+            tokio::spawn(every(Arc::downgrade(&node), interval, |node| async move {
+                node.flush_sessions().await;
+                true
+            }));
         }
         if node.config.rebalance.enabled {
             // Random, not the host name: two pods may share a host.
             let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
             tracing::info!(%pod, "rebalancing with the other pods");
-            tokio::spawn(rebalance::run(Arc::downgrade(&node), pod));
+            let interval = node.config.rebalance.interval;
+            tokio::spawn(every(Arc::downgrade(&node), interval, move |node| {
+                let pod = pod.clone();
+                async move {
+                    if node.is_draining() {
+                        return false;
+                    }
+                    let connections = node.slots.taken();
+                    let (broker, metrics) = (&*node.broker, &node.metrics);
+                    let config = &node.config.rebalance;
+                    rebalance::round(&pod, connections, broker, &node.live, metrics, config).await;
+                    true
+                }
+            }));
         }
         Ok(node)
     }
 
     pub fn is_draining(&self) -> bool {
         self.drain.is_cancelled()
-    }
-
-    /// Takes one of the pod's connection slots for a client at `ip`, unless
-    /// all are taken or the address holds its share.
-    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Admission, Refusal> {
-        let max = self.config.websocket.max_connections;
-        self.connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map_err(|_| Refusal::AtCapacity)?;
-        let per_ip = self.config.websocket.max_connections_per_ip;
-        if per_ip > 0 {
-            let mut counts = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-            let count = counts.entry(ip).or_insert(0);
-            if *count >= per_ip {
-                drop(counts);
-                self.connections.fetch_sub(1, Ordering::AcqRel);
-                return Err(Refusal::PerIp);
-            }
-            *count += 1;
-        }
-        self.metrics.connections.inc();
-        self.metrics.connections_opened.inc();
-        Ok(Admission {
-            node: self.clone(),
-            conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
-            ip: (per_ip > 0).then_some(ip),
-        })
     }
 
     /// One of the pod's API request slots (HTTP and gRPC share them), held
@@ -208,11 +192,6 @@ impl Node {
                 .inc();
         }
         slot
-    }
-
-    /// Open WebSocket connections.
-    pub fn connection_count(&self) -> usize {
-        self.connections.load(Ordering::Acquire)
     }
 
     /// Saves every live session that changed since its last save, and
@@ -243,41 +222,22 @@ impl Node {
     }
 }
 
-async fn flush_forever(node: Weak<Node>) {
-    let Some(every) = node.upgrade().map(|n| n.config.session.flush_interval) else {
-        return;
-    };
-    let mut tick = tokio::time::interval(every);
+/// Calls `job` every `interval` until the node is gone or `job` says to
+/// stop. Holds the node only while `job` runs: a dropped node ends it.
+async fn every<F, Fut>(node: Weak<Node>, interval: Duration, job: F)
+where
+    F: Fn(Arc<Node>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match node.upgrade() {
-            Some(node) => node.flush_sessions().await,
-            None => return,
-        }
-    }
-}
-
-/// A connection slot, given back on drop.
-pub struct Admission {
-    node: Arc<Node>,
-    pub conn: ConnId,
-    /// The client's address, when connections per address are counted.
-    ip: Option<IpAddr>,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        self.node.connections.fetch_sub(1, Ordering::AcqRel);
-        self.node.metrics.connections.dec();
-        if let Some(ip) = self.ip {
-            let mut counts = self.node.per_ip.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(count) = counts.get_mut(&ip) {
-                *count -= 1;
-                if *count == 0 {
-                    counts.remove(&ip);
-                }
-            }
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        if !job(node).await {
+            return;
         }
     }
 }

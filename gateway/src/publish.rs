@@ -2,13 +2,15 @@
 //! [`crate::http`], gRPC in [`crate::grpc`]): who may call it, the checks of
 //! a publish, disconnecting a user, and the one mapping of their refusals.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use proto::ErrorCode;
-use router::{BrokerError, Position, Topic};
+use router::{Broker, BrokerError, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
-use crate::node::Node;
+use crate::metrics::Metrics;
 use crate::telemetry;
 
 /// How a refused API request is answered, whichever protocol it came by.
@@ -96,9 +98,9 @@ impl JsonData {
 }
 
 /// Checks an `Authorization` header (or `authorization` gRPC metadata)
-/// against `http.api_keys`: with keys configured, it must be `Bearer <key>`.
-pub fn authorize(node: &Node, authorization: Option<&str>) -> Result<(), ApiError> {
-    let keys = &node.config.http.api_keys;
+/// against `keys` (`http.api_keys`): with keys configured, it must be
+/// `Bearer <key>`.
+pub fn authorize(keys: &[String], authorization: Option<&str>) -> Result<(), ApiError> {
     if keys.is_empty() || authorized(keys, authorization) {
         return Ok(());
     }
@@ -118,7 +120,8 @@ pub fn topic(name: &str) -> Result<Topic, ApiError> {
 /// topic and the idempotency key, and hands `data` to the broker, within a
 /// `herald.router.publish` span (a child of the caller's publish span).
 pub async fn publish_data(
-    node: &Node,
+    broker: &dyn Broker,
+    metrics: &Metrics,
     topic_name: &str,
     data: JsonData,
     idempotency_key: Option<&str>,
@@ -135,8 +138,7 @@ pub async fn publish_data(
     let span = telemetry::router_span(topic.as_str());
     // Only a sampled trace travels with the publication (through Redis).
     let traceparent = telemetry::traceparent(&span);
-    let published = node
-        .broker
+    let published = broker
         .publish(&topic, data.0, idempotency_key, traceparent.as_deref())
         .instrument(span.clone())
         .await;
@@ -148,7 +150,7 @@ pub async fn publish_data(
         Err(e) => telemetry::failed(&span, e),
     }
     let position = published?;
-    node.metrics.published.inc();
+    metrics.published.inc();
     Ok(position)
 }
 
@@ -157,17 +159,20 @@ pub const MAX_USER_BYTES: usize = 256;
 
 /// Ends `user`'s access on every pod, as both APIs do it once the caller is
 /// authorized: their connections close with 4503 and their sessions can no
-/// longer be resumed.
-pub async fn disconnect_user(node: &Node, user: &str) -> Result<(), ApiError> {
+/// longer be resumed. The store keeps the revocation for `resume_window`
+/// (`session.resume_window`), as long as any session could be resumed.
+pub async fn disconnect_user(
+    sessions: &dyn SessionStore,
+    resume_window: Duration,
+    user: &str,
+) -> Result<(), ApiError> {
     if user.is_empty() || user.len() > MAX_USER_BYTES {
         return Err(ApiError::invalid(
             ErrorCode::Malformed,
             format!("`user` is 1 to {MAX_USER_BYTES} bytes"),
         ));
     }
-    node.sessions
-        .revoke(user, node.config.session.resume_window)
-        .await?;
+    sessions.revoke(user, resume_window).await?;
     tracing::info!("a backend ended a user's access");
     Ok(())
 }

@@ -6,38 +6,34 @@
 //! tolerance) asks some of its clients to move (`reconnect` with a jittered
 //! `after_ms`, then close 4002), at most a fraction of its connections per
 //! interval. Clients resume wherever the Service sends them and lose nothing.
+//!
+//! [`round`] is one interval's work; the node runs it every
+//! `rebalance.interval` until the pod drains.
 
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::node::Node;
+use router::Broker;
 
-/// Runs until the node is gone.
-pub async fn run(node: Weak<Node>, pod: Arc<str>) {
-    let Some(every) = node.upgrade().map(|n| n.config.rebalance.interval) else {
-        return;
-    };
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(node) = node.upgrade() else {
-            return;
-        };
-        if node.is_draining() {
-            return;
-        }
-        round(&node, &pod).await;
-    }
-}
+use crate::config::RebalanceConfig;
+use crate::metrics::Metrics;
+use crate::session::Registry;
 
-async fn round(node: &Node, pod: &str) {
-    let config = &node.config.rebalance;
-    let mine = node.connection_count() as u64;
+/// One round for `pod`, which holds `connections`: reports them through the
+/// broker, reads every pod's, and asks some of `live`'s clients to move when
+/// this pod holds more than its share.
+pub async fn round(
+    pod: &str,
+    connections: usize,
+    broker: &dyn Broker,
+    live: &Registry,
+    metrics: &Metrics,
+    config: &RebalanceConfig,
+) {
+    let mine = connections as u64;
     // A pod that missed three reports (and a second more, for a pod
     // that is merely busy) is gone.
     let gone_after = config.interval * 3 + Duration::from_secs(1);
-    let loads = match node.broker.pod_loads(pod, mine, gone_after).await {
+    let loads = match broker.pod_loads(pod, mine, gone_after).await {
         Ok(loads) => loads,
         Err(e) => {
             tracing::debug!(error = %e, "pod loads unavailable; not rebalancing this round");
@@ -46,8 +42,8 @@ async fn round(node: &Node, pod: &str) {
     };
     let pods = loads.len().max(1);
     let average = loads.iter().sum::<u64>() as f64 / pods as f64;
-    node.metrics.cluster_pods.set(pods as i64);
-    node.metrics
+    metrics.cluster_pods.set(pods as i64);
+    metrics
         .cluster_average_connections
         .set(average.round() as i64);
     let least = loads.iter().copied().min().unwrap_or(mine);
@@ -61,8 +57,8 @@ async fn round(node: &Node, pod: &str) {
     if moves == 0 {
         return;
     }
-    let asked = node.live.ask_to_move(moves, config.interval);
-    node.metrics.rebalance_moves.inc_by(asked as u64);
+    let asked = live.ask_to_move(moves, config.interval);
+    metrics.rebalance_moves.inc_by(asked as u64);
     tracing::info!(
         pods,
         connections = mine,

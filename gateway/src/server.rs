@@ -25,10 +25,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::admission::Refusal;
 use crate::config::Config;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
-use crate::node::{Node, Refusal, StartError};
+use crate::node::{Node, StartError};
 use crate::{grpc, session};
 
 /// The sockets a gateway serves, bound by the caller.
@@ -300,7 +301,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
         return response;
     }
     let ip = listener::client_ip(peer, req.headers(), &node.config.http.trusted_proxies);
-    let admission = match node.admit(ip) {
+    let admission = match node.slots.admit(ip) {
         Ok(admission) => admission,
         Err(refusal) => {
             let (reason, message) = match refusal {
@@ -324,7 +325,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
     let tasks = node.tasks.clone();
     tasks.spawn(async move {
         match upgrading.await {
-            Ok(ws) => session::serve_upgraded(ws, node, admission).await,
+            Ok(ws) => session::serve_upgraded(ws, node.pod.clone(), admission).await,
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
         }
     });

@@ -31,11 +31,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::parser::Parsed;
 use super::reader::Reader;
-use super::{Limits, Outbound, Serve, Writing, split, writer};
+use super::{Limits, Serve, split};
 use crate::config::Config;
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Writing, writer};
 
 /// The echo's settings, shared by its connections.
 pub struct Echo {

@@ -34,11 +34,11 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::parser::{FrameError, Parsed, Parser};
-use super::queue::Outbound;
 use super::reader::Reader;
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::outbound::Outbound;
 use crate::publish::JsonData;
 
 /// The message size limits a stream is parsed under, picked by its first

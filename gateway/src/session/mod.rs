@@ -1,4 +1,5 @@
-//! One WebSocket connection: a reader (this task) and a writer task.
+//! One WebSocket connection: a reader (this task) and a writer task (in
+//! [`crate::outbound`], with the connection's outgoing queue).
 //!
 //! The reader decodes commands and acts on them: subscriptions go through the
 //! hub and the broker, replies and replays go to the connection's outgoing
@@ -8,24 +9,18 @@
 //! against that (`access`).
 
 mod access;
-mod direct;
 pub mod echo;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub(crate) mod parser;
-mod queue;
 mod rate;
 mod reader;
 mod registry;
 mod subscriptions;
-mod writer;
 
 pub use crate::config::{Limits, Overflow};
-pub use direct::{IdleSockets, SocketWriter};
-pub use queue::{Close, Outbound, Pushed, Taken};
 pub use registry::{LiveSession, Pending, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
-pub use writer::Writing;
 
 use std::hash::{Hash, Hasher};
 use std::io::Cursor;
@@ -38,27 +33,52 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
-use router::{BrokerError, Claim, SessionUser, Since, Stored, Topic};
+use router::{
+    Broker, BrokerError, Claim, Namespaces, SessionStore, SessionUser, Since, Stored, Topic,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::auth::{Claims, Refused};
-use crate::config::BrokerKind;
+use crate::admission::{Admission, ConnId};
+use crate::auth::{Claims, Refused, Verifier};
+use crate::config::{BrokerKind, Config};
 use crate::disconnect::CloseReason;
 use crate::frame;
-use crate::hub::ConnId;
-use crate::node::{Admission, Node};
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Writing, writer};
 use access::Access;
 use parser::Parsed;
 use rate::Bucket;
 use reader::Reader;
 
+/// What the pod's sessions use of it, and no more: built once by
+/// [`crate::node`], which keeps the same handles for the rest of the pod.
+pub struct Pod {
+    pub config: Arc<Config>,
+    pub hub: Arc<Hub>,
+    pub broker: Arc<dyn Broker>,
+    /// The session store: resumes claim from it, connections save to it.
+    pub sessions: Arc<dyn SessionStore>,
+    /// The sessions this pod's connections serve.
+    pub live: Arc<Registry>,
+    /// Checks client tokens; `None` when no key is configured (open mode).
+    pub verifier: Option<Verifier>,
+    pub namespaces: Arc<Namespaces>,
+    pub metrics: Arc<Metrics>,
+    /// Every connection task: shutdown waits for them.
+    pub tasks: TaskTracker,
+    /// What every connection's writer task needs of the pod.
+    pub writing: Arc<Writing>,
+}
+
 /// Serves an upgraded connection until it ends.
 pub async fn serve_upgraded(
     ws: WebSocket<TokioIo<Upgraded>>,
-    node: Arc<Node>,
+    node: Arc<Pod>,
     admission: Admission,
 ) {
     let limits = node.config.queue_limits();
@@ -75,7 +95,7 @@ trait Serve {
 }
 
 struct Herald {
-    node: Arc<Node>,
+    node: Arc<Pod>,
     admission: Admission,
 }
 
@@ -116,7 +136,7 @@ async fn split(ws: WebSocket<TokioIo<Upgraded>>, limits: Limits, conn: impl Serv
     }
 }
 
-async fn serve<R, W>(read: R, write: W, out: Outbound, node: Arc<Node>, admission: Admission)
+async fn serve<R, W>(read: R, write: W, out: Outbound, node: Arc<Pod>, admission: Admission)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -178,7 +198,8 @@ struct Session {
     takeover: CancellationToken,
     /// Cancelled once this session is saved and gone.
     ended: CancellationToken,
-    node: Arc<Node>,
+    /// The pod's parts this session uses.
+    node: Arc<Pod>,
 }
 
 impl Session {
@@ -283,7 +304,7 @@ impl Session {
     fn observe_pong(&self, payload: &[u8]) {
         if let Ok(stamp) = <[u8; 8]>::try_from(payload) {
             let sent = u64::from_be_bytes(stamp);
-            let now = self.node.clock.elapsed().as_micros() as u64;
+            let now = self.node.writing.clock.elapsed().as_micros() as u64;
             if let Some(rtt) = now.checked_sub(sent) {
                 self.node.metrics.ping_rtt.observe(rtt as f64 / 1e6);
             }

@@ -26,9 +26,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use tokio::time::{Instant, timeout_at};
 
 use super::parser::{FrameError, Parsed, Parser};
-use super::queue::Outbound;
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::outbound::Outbound;
 
 /// The stack buffer one read fills. The rest of a payload, once at least
 /// this much of it has arrived and at least this much is still to come, is

@@ -12,10 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Subscriptions;
-use super::queue::Outbound;
+use crate::admission::ConnId;
 use crate::disconnect::CloseReason;
 use crate::frame;
-use crate::hub::ConnId;
+use crate::outbound::Outbound;
 
 /// How long a resume waits for the connection it takes over to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);

@@ -9,6 +9,8 @@ use std::time::Duration;
 use router::{Epoch, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
 use tokio::time::Instant;
 
+use crate::hub::Resets;
+
 #[derive(Clone, Default)]
 pub struct Subscriptions(Arc<Mutex<Inner>>);
 
@@ -124,20 +126,6 @@ impl Subscriptions {
         true
     }
 
-    /// The client was sent `reset` for `topic`: its stream goes on in
-    /// `epoch` after `seq`, where a resume must continue too.
-    pub fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
-        let mut inner = self.inner();
-        if let Some(subscription) = inner.by_topic.get_mut(topic) {
-            *subscription = Subscription {
-                epoch: epoch.clone(),
-                acked: seq,
-                reset: true,
-            };
-            inner.touch();
-        }
-    }
-
     pub fn topics(&self) -> Vec<Topic> {
         self.inner().by_topic.keys().cloned().collect()
     }
@@ -218,6 +206,22 @@ impl Subscriptions {
     /// Whether a newer connection owns the session in the store.
     pub fn superseded(&self) -> bool {
         self.inner().superseded
+    }
+}
+
+impl Resets for Subscriptions {
+    /// The client was sent `reset` for `topic`: its stream goes on in
+    /// `epoch` after `seq`, where a resume must continue too.
+    fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
+        let mut inner = self.inner();
+        if let Some(subscription) = inner.by_topic.get_mut(topic) {
+            *subscription = Subscription {
+                epoch: epoch.clone(),
+                acked: seq,
+                reset: true,
+            };
+            inner.touch();
+        }
     }
 }
 

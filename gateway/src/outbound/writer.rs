@@ -182,7 +182,8 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
-    use crate::session::{IdleSockets, Limits, Overflow, Pushed};
+    use crate::config::{Limits, Overflow};
+    use crate::outbound::{IdleSockets, Pushed};
 
     fn pod() -> Arc<Writing> {
         Arc::new(Writing {
