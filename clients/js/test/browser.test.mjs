@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Events, cleanups, config, hs256, pod, publish, sdkPage, startHerald, startRedis, STEP } from './harness.mjs';
+import { Events, cleanups, config, hs256, poll, pod, publish, sdkPage, startHerald, startRedis, STEP } from './harness.mjs';
 
 /** Checks that `seen` is exactly `first..last`, once each and in order; the figures. */
 function exactlyOnce(seen, first, last) {
@@ -71,4 +71,94 @@ test('kill -9 of the pod a page is on while 500 messages are published: every on
   assert.deepEqual([figures.lost, figures.duplicated, figures.outOfOrder], [0, 0, 0], JSON.stringify(figures));
   assert.ok(resumes.length >= 1, `the session was resumed on the other pod: ${JSON.stringify(events.filter((e) => e.t === 'state'))}`);
   assert.equal(events.filter((e) => e.t === 'reset').length, 0, 'no reset: history bridged the gap');
+});
+
+test('a rolling restart: each pod drains with `reconnect` advice, the page follows it and misses nothing', async (t) => {
+  const cleanup = cleanups(t);
+  const redis = await startRedis(cleanup);
+  const drain = { shutdown: { drain_timeout: '2s' } };
+  let [a, b] = [await pod(cleanup, redis, drain), await pod(cleanup, redis, drain)];
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  // A backoff of a minute: only the advice can bring the page back within the test.
+  await page.evaluate(([urls]) => window.follow(urls, 'rolling', { backoff: { initialMs: 60_000, maxMs: 60_000 } }), [[a.ws, b.ws]]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  const comebacks = (n) =>
+    events.until(`comeback ${n}`, () => events.filter((e) => e.t === 'state' && e.state === 'connected' && e.resumed).length >= n);
+  const N = 300;
+  let target = b;
+  for (let n = 1; n <= N; n++) {
+    await publish(target, 'rolling', { n });
+    if (n === 50) a.sigterm(); // `a` drains; publishing goes on through `b`
+    if (n === 120) {
+      await a.exited;
+      await comebacks(1);
+      a = await pod(cleanup, redis, drain, { port: a.port }); // `a` is back, at the same address
+    }
+    if (n === 150) {
+      target = a;
+      b.sigterm();
+    }
+    if (n === 250) {
+      await b.exited;
+      await comebacks(2);
+    }
+  }
+  await events.until(`seq ${N} at the page`, () => events.list.some((e) => e.t === 'msg' && e.seq === N));
+  const figures = exactlyOnce(await page.evaluate(() => window.seen), 1, N);
+  t.diagnostic(`rolling restart: ${JSON.stringify(figures)}`);
+  assert.deepEqual([figures.lost, figures.duplicated, figures.outOfOrder], [0, 0, 0], JSON.stringify(figures));
+  const drained = events.filter((e) => e.t === 'state' && e.state === 'disconnected');
+  assert.equal(drained.length, 2, JSON.stringify(drained));
+  for (const d of drained) {
+    assert.equal(d.closeCode, 1012, 'closed as draining');
+    assert.ok(d.delayMs < 2000, `waited as advised (within the drain window), not the backoff: ${d.delayMs} ms`);
+  }
+  assert.equal(events.filter((e) => e.t === 'reset').length, 0);
+});
+
+test('a `since` from an old epoch: `subscribed` not recovered, `reset`, then live messages', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup);
+  for (let n = 1; n <= 5; n++) await publish(herald, 'prices', { n });
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  await page.evaluate(([url]) => window.follow([url], 'prices', { subscribe: { since: 2, epoch: 'an-epoch-long-gone' } }), [herald.ws]);
+  const reset = await events.wait('reset', (e) => e.t === 'reset');
+  const subscribed = events.list.find((e) => e.t === 'subscribed');
+  assert.equal(subscribed.recovered, false);
+  assert.equal(reset.seq, 5, 'live after the current seq');
+  assert.notEqual(reset.epoch, 'an-epoch-long-gone');
+  await publish(herald, 'prices', { n: 6 });
+  const msg = await events.wait('seq 6', (e) => e.t === 'msg');
+  assert.deepEqual([msg.seq, msg.epoch], [6, reset.epoch]);
+  assert.deepEqual(await page.evaluate(() => window.seen), [6], 'nothing from the old epoch');
+});
+
+test('Redis restarted empty under a subscribed page: `reset` with a new epoch, and no seq twice within an epoch', async (t) => {
+  const cleanup = cleanups(t);
+  const redis = await startRedis(cleanup);
+  const herald = await pod(cleanup, redis);
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  await page.evaluate(([url]) => window.follow([url], 'quotes'), [herald.ws]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  for (let n = 1; n <= 3; n++) await publish(herald, 'quotes', { n });
+  const third = await events.wait('seq 3', (e) => e.t === 'msg' && e.seq === 3);
+  await redis.restartEmpty();
+  // Publishes fail while the pod reconnects to Redis; the first to go through starts a new epoch.
+  const next = await poll('a publish after the restart', STEP, () => publish(herald, 'quotes', { n: 'after' }), 100);
+  const reset = await events.wait('reset', (e) => e.t === 'reset');
+  assert.notEqual(reset.epoch, third.epoch, 'a new epoch');
+  assert.equal(next.epoch, reset.epoch);
+  // The pod may find the new epoch when it reconnects (reset at seq 0, and
+  // the publish arrives as a message) or through that publish (reset at its seq).
+  assert.ok(reset.seq <= next.seq, JSON.stringify({ next, reset }));
+  const later = await publish(herald, 'quotes', { n: 'later' });
+  const after = await events.wait('the message after the reset', (e) => e.t === 'msg' && e.data.n === 'later');
+  assert.deepEqual([after.seq, after.epoch], [later.seq, reset.epoch]);
+  const msgs = events.filter((e) => e.t === 'msg');
+  assert.ok(msgs.filter((m) => m.epoch === reset.epoch).every((m) => m.seq > reset.seq), 'live after the reset seq');
+  const keys = msgs.map((m) => `${m.epoch}/${m.seq}`);
+  assert.equal(new Set(keys).size, keys.length, `no seq twice in an epoch: ${keys}`);
 });
