@@ -162,3 +162,99 @@ test('Redis restarted empty under a subscribed page: `reset` with a new epoch, a
   const keys = msgs.map((m) => `${m.epoch}/${m.seq}`);
   assert.equal(new Set(keys).size, keys.length, `no seq twice in an epoch: ${keys}`);
 });
+
+// ---------------------------------------------------------------- tokens
+
+const SECRET = 'herald-js-tests-hmac-secret-0123456789';
+const keyed = () => config({ auth: { hmac_secret: SECRET, leeway: '0s' }, 'namespaces.default': { subscribe: 'authenticated' } });
+/** A token for `sub` that expires `seconds` from now (JWT times are whole seconds). */
+const token = (sub, seconds, secret = SECRET) => hs256(secret, { sub, exp: Math.floor(Date.now() / 1000) + seconds });
+
+test('short-lived tokens are refreshed before they expire: the connection stays up', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, keyed());
+  const events = new Events();
+  let minted = 0;
+  // Three seconds each: without a refresh the pod closes with 4004 at expiry.
+  const tokens = () => {
+    minted++;
+    events.push({ t: 'minted', n: minted });
+    return token('alice', 3);
+  };
+  const page = await sdkPage(cleanup, events, { tokens });
+  await page.evaluate(([url]) => window.follow([url], 'feed', { token: true }), [herald.ws]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  // Three refreshes: by the fourth token the first two have expired (a
+  // pod that was not sent a fresh one would have closed with 4004).
+  const firstExpiry = Math.floor(Date.now() / 1000) + 3;
+  await events.wait('a fourth token', (e) => e.t === 'minted' && e.n === 4, 10_000);
+  assert.ok(Date.now() > firstExpiry * 1000, 'past the first expiry');
+  const sent = await publish(herald, 'feed', { after: 'refreshes' });
+  await events.wait('the message', (e) => e.t === 'msg' && e.seq === sent.seq);
+  assert.deepEqual(events.filter((e) => e.t === 'state' && e.state !== 'connected' && e.state !== 'connecting'), [], 'never disconnected');
+  assert.deepEqual(events.filter((e) => e.t === 'error'), []);
+});
+
+test('a token that expires unrefreshed: close 4004, a new token from getToken, the session resumed, nothing lost', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, keyed());
+  const events = new Events();
+  let minted = 0;
+  // The first token lives 2 s; the refresh gets another user's token (refused:
+  // the connection keeps its expiry); after the 4004 close a good one.
+  const tokens = () => (++minted === 1 ? token('alice', 2) : minted === 2 ? token('mallory', 60) : token('alice', 60));
+  const page = await sdkPage(cleanup, events, { tokens });
+  await page.evaluate(([url]) => window.follow([url], 'feed', { token: true }), [herald.ws]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  for (let n = 1; n <= 3; n++) await publish(herald, 'feed', { n });
+  const closed = await events.wait('the 4004 close', (e) => e.t === 'state' && e.state === 'disconnected', 10_000);
+  assert.equal(closed.closeCode, 4004);
+  for (let n = 4; n <= 6; n++) await publish(herald, 'feed', { n });
+  await events.wait('resumed', (e) => e.t === 'state' && e.state === 'connected' && e.resumed);
+  await events.until('seq 6', () => events.list.some((e) => e.t === 'msg' && e.seq === 6));
+  assert.deepEqual(await page.evaluate(() => window.seen), [1, 2, 3, 4, 5, 6]);
+  const refused = events.filter((e) => e.t === 'error');
+  assert.deepEqual(refused.map((e) => [e.name, e.code]), [['UnauthorizedError', 'unauthorized']], 'the refused refresh is reported');
+  assert.equal(minted, 3);
+});
+
+test('a bad token is a terminal close: UnauthorizedError, and no reconnect', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, keyed());
+  const events = new Events();
+  let minted = 0;
+  const tokens = () => {
+    minted++;
+    return token('alice', 60, 'a-secret-that-is-not-the-pods-0123456789');
+  };
+  const page = await sdkPage(cleanup, events, { tokens });
+  await page.evaluate(([url]) => window.follow([url], 'feed', { token: true, backoff: { initialMs: 50, maxMs: 50 } }), [herald.ws]);
+  const connect = await events.wait('connect() settles', (e) => e.t === 'connect');
+  assert.deepEqual([connect.ok, connect.name, connect.code, connect.closeCode], [false, 'UnauthorizedError', 'unauthorized', 4502]);
+  const closed = events.list.find((e) => e.t === 'state' && e.state === 'closed');
+  assert.deepEqual(closed.error, { name: 'UnauthorizedError', code: 'unauthorized', closeCode: 4502 });
+  // A reconnect would come within the 50 ms backoff: give it twenty times that.
+  const attempts = () => events.filter((e) => e.t === 'state' && e.state === 'connecting').length;
+  await assert.rejects(events.until('another attempt', () => attempts() > 1, 1000));
+  assert.equal(minted, 1);
+  assert.equal(await page.evaluate(() => window.client.state), 'closed');
+});
+
+test("a quiet page's liveness probes (a browser cannot see pings) keep its connection, and never add up to a 4500 close", async (t) => {
+  const cleanup = cleanups(t);
+  // Pings every 300 ms: the page probes after 600 ms of silence. Three bad
+  // commands in a row would close the connection (4500); a probe is one.
+  const herald = await startHerald(cleanup, config({ websocket: { ping_interval: '300ms', max_bad_commands: 3 } }));
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  await page.evaluate(([url]) => window.follow([url], 'quiet'), [herald.ws]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  await publish(herald, 'quiet', { only: 'one' }); // something to ack: the ack after each probe sets the count back
+  await events.wait('the message', (e) => e.t === 'msg');
+  const probes = async () => {
+    const text = await (await fetch(`${herald.http}/metrics`)).text();
+    return Number(/^herald_bad_commands_total (\d+)/m.exec(text)?.[1] ?? 0);
+  };
+  await poll('six probes answered', 15_000, async () => (await probes()) >= 6, 100);
+  assert.deepEqual(events.filter((e) => e.t === 'state' && e.state !== 'connected' && e.state !== 'connecting'), [], 'never disconnected');
+});
