@@ -3,9 +3,25 @@
 // reset, token expiry and a terminal close.
 
 import assert from 'node:assert/strict';
+import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { Events, cleanups, config, hs256, poll, pod, publish, sdkPage, startHerald, startRedis, STEP } from './harness.mjs';
+import {
+  Events,
+  REPO,
+  STEP,
+  browser,
+  cleanups,
+  config,
+  hs256,
+  poll,
+  pod,
+  publish,
+  sdkPage,
+  serveStatic,
+  startHerald,
+  startRedis,
+} from './harness.mjs';
 
 /** Checks that `seen` is exactly `first..last`, once each and in order; the figures. */
 function exactlyOnce(seen, first, last) {
@@ -257,4 +273,39 @@ test("a quiet page's liveness probes (a browser cannot see pings) keep its conne
   };
   await poll('six probes answered', 15_000, async () => (await probes()) >= 6, 100);
   assert.deepEqual(events.filter((e) => e.t === 'state' && e.state !== 'connected' && e.state !== 'connecting'), [], 'never disconnected');
+});
+
+// ---------------------------------------------------------------- the demo
+
+test('the ticker demo shows seqs, a resume and a reset as they happen (its screenshot is docs/demo.png)', async (t) => {
+  const cleanup = cleanups(t);
+  const redis = await startRedis(cleanup);
+  const herald = await pod(cleanup, redis);
+  const context = await browser(cleanup);
+  const origin = await serveStatic(cleanup, REPO);
+  const page = context.pages()[0] ?? (await context.newPage());
+  await page.setViewportSize({ width: 1100, height: 470 });
+  await page.goto(`${origin}/examples/ticker/index.html?ws=${encodeURIComponent(herald.ws)}`, { timeout: STEP });
+  const logged = (text) => page.waitForFunction((text) => document.getElementById('log').textContent.includes(text), text, { timeout: STEP });
+  const rows = (n) => page.waitForFunction((n) => document.getElementById('messages').rows.length >= n, n, { timeout: STEP });
+  await logged('subscribed');
+  let price = 100;
+  const tick = () => publish(herald, 'ticker', { price: (price += 0.37).toFixed(2) });
+  for (let n = 0; n < 4; n++) await tick();
+  await rows(4);
+  // Dropped: what is published meanwhile comes with the resume.
+  await page.click('#drop');
+  await logged('dropped by the button');
+  for (let n = 0; n < 3; n++) await tick();
+  await logged('resumed session');
+  await rows(7);
+  // Redis loses everything: the page is told, and goes on in the new epoch.
+  await redis.restartEmpty();
+  await poll('a publish after the restart', STEP, tick, 100);
+  await logged('reset: new epoch');
+  for (let n = 0; n < 3; n++) await tick();
+  const seqs = await page.evaluate(() => [...document.querySelectorAll('#messages tr td:first-child')].map((td) => Number(td.textContent)));
+  assert.deepEqual(seqs.slice(-7), [7, 6, 5, 4, 3, 2, 1], 'newest first, each once');
+  await page.waitForFunction(() => document.getElementById('messages').rows.length >= 9, null, { timeout: STEP });
+  await page.screenshot({ path: join(REPO, 'docs/demo.png') });
 });
