@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { ForbiddenError, HeraldClient } from '../dist/index.js';
-import { Events, cleanups, publish, startHerald } from './harness.mjs';
+import { Events, cleanups, config, publish, startHerald } from './harness.mjs';
 
 /** A client on `urls` whose events go to `events`; closed at cleanup. */
 function client(cleanup, events, urls, options = {}) {
@@ -164,4 +164,30 @@ test('Node, pings hidden as in a browser: a silent connection is probed; answere
   assert.equal(lost.closeCode, 1006);
   assert.ok(events.list.indexOf(lost) > events.list.indexOf(probes[2]), 'replaced only after an unanswered probe');
   await events.wait('comes back resuming', (e) => e.t === 'server-got' && e.op === 'hello' && e.resume === 's1');
+});
+
+test('Node: a session past its resume window: a fresh session, and `sub` with `since` recovers every message missed', async (t) => {
+  const cleanup = cleanups(t);
+  const WINDOW_MS = 1000;
+  const herald = await startHerald(cleanup, config({ session: { resume_window: `${WINDOW_MS}ms` } }));
+  const events = new Events();
+  const c = client(cleanup, events, [herald.ws]);
+  const sub = follow(c.subscribe('ledger'), events);
+  await c.connect();
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  for (let n = 1; n <= 2; n++) await publish(herald, 'ledger', { n });
+  await events.wait('seq 2', (e) => e.t === 'msg' && e.seq === 2);
+  c.close();
+  for (let n = 3; n <= 5; n++) await publish(herald, 'ledger', { n });
+  // The window is a span of time: nothing to wait on but the clock.
+  await new Promise((r) => setTimeout(r, WINDOW_MS + 500));
+  await c.connect();
+  const back = events.filter((e) => e.t === 'state' && e.state === 'connected').at(-1);
+  assert.equal(back.resumed, false, 'the session is gone');
+  const again = await events.wait('subscribed again', (e) => e.t === 'subscribed' && e.recovered !== undefined);
+  assert.deepEqual([again.recovered, again.seq], [true, 2], '`sub` with since 2 in the same epoch');
+  await events.wait('seq 5', (e) => e.t === 'msg' && e.seq === 5);
+  assert.deepEqual(events.filter((e) => e.t === 'msg').map((m) => m.seq), [1, 2, 3, 4, 5]);
+  assert.equal(sub.duplicates, 0, '`since` replays nothing twice');
+  assert.equal(events.filter((e) => e.t === 'reset').length, 0);
 });
