@@ -14,11 +14,16 @@ say "test dependencies"
 # prometheus and promtool (the observability test scrapes herald with a real
 # Prometheus), ip and tc (the Redis fault tests put Redis in a network
 # namespace behind `tc netem` when run as root on a kernel with netem;
-# otherwise a proxy in the test process plays the bad network).
+# otherwise a proxy in the test process plays the bad network), chromium (the
+# TypeScript SDK's browser tests drive Debian's Chromium, headless, through
+# playwright-core, which never downloads a browser of its own), node and npm
+# (that SDK's build and tests; Node >= 20).
 missing=()
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-server redis-tools)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+{ command -v node && command -v npm; } >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -q
@@ -26,6 +31,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 redis-server --version
 prometheus --version 2>&1 | sed -n 1p
+/usr/bin/chromium --version
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+[ "$node_major" -ge 20 ] || { echo "node $(node --version): the TypeScript SDK needs Node >= 20" >&2; exit 1; }
+echo "node $(node --version), npm $(npm --version)"
 # Python packages go in the scripts' venv (scripts/python-venv.sh: Debian's
 # own Python refuses pip installs), whose bin/ comes first on PATH from here
 # on, so that the tests' `python3` is the venv's. The Python client test talks
@@ -62,9 +71,12 @@ RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
 
 say "tests"
 if cargo nextest --version >/dev/null 2>&1; then
-    # nextest runs no doctests; run them first so that its summary closes the run.
+    # nextest runs no doctests; run them first so that its summary closes the Rust tests.
     cargo test --workspace --locked --doc
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}"
 else
     cargo test --workspace --locked
 fi
+
+say "TypeScript SDK (clients/js): Node and headless Chromium against the herald binary"
+clients/js/test.sh

@@ -1,0 +1,636 @@
+import { Emitter } from './emitter.js';
+import { HeraldError, closeError, errorFor, isTerminalClose } from './errors.js';
+import { Subscription, type Owner } from './subscription.js';
+
+/** First reconnect delay cap; doubled per failed attempt up to {@link DEFAULT_BACKOFF_MAX_MS}. */
+export const DEFAULT_BACKOFF_INITIAL_MS = 500;
+/** Largest reconnect delay cap. Each delay is a random fraction of the cap (full jitter). */
+export const DEFAULT_BACKOFF_MAX_MS = 20_000;
+/** Acks are batched: at most one per topic per this interval. */
+export const DEFAULT_ACK_INTERVAL_MS = 100;
+/** Longest the client waits for `welcome`, or for the answer to a `pub` or `refresh`. */
+export const DEFAULT_TIMEOUT_MS = 10_000;
+/** Past the server's ping interval, how long a silent connection may stay silent (at most). */
+const PONG_GRACE_MAX_MS = 10_000;
+/** Refresh the token this long before it expires (at most; a third of its lifetime if shorter). */
+const REFRESH_MARGIN_MAX_MS = 30_000;
+/**
+ * What a browser's liveness probe unsubscribes from: a topic it never
+ * subscribes to, so that the answer is an `err` that proves the server is there.
+ */
+const PROBE_TOPIC = 'herald-probe';
+
+/** The options of a {@link HeraldClient}. */
+export interface HeraldClientOptions {
+  /** WebSocket URLs of the pods (`wss://host/ws`); the client moves to the next one on each reconnect. */
+  urls: string | string[];
+  /**
+   * Returns the token for `hello` and `refresh` (`null`: connect without one).
+   * Called before every connection attempt and before each refresh, so a
+   * token that expired is replaced without the app noticing. Cache in it if
+   * fetching is costly.
+   */
+  getToken?: () => string | null | undefined | Promise<string | null | undefined>;
+  /** Reconnect backoff (exponential, full jitter). */
+  backoff?: { initialMs?: number; maxMs?: number };
+  /**
+   * `auto` (default): a message counts as processed once its `message`
+   * listeners return. `manual`: only what the app passes to
+   * {@link HeraldClient.ack}. Either way acks are batched.
+   */
+  acks?: 'auto' | 'manual';
+  /** Default {@link DEFAULT_ACK_INTERVAL_MS}. */
+  ackIntervalMs?: number;
+  /** Default {@link DEFAULT_TIMEOUT_MS}. */
+  timeoutMs?: number;
+  /**
+   * A WebSocket constructor (the `ws` package on Node 20, which has no global
+   * one). Default: `globalThis.WebSocket`.
+   */
+  WebSocket?: new (url: string) => unknown;
+}
+
+/**
+ * `connecting` (a socket is opening or `hello` is unanswered), `connected`
+ * (`welcome` came), `disconnected` (waiting `delayMs` to reconnect), `closed`
+ * (by {@link HeraldClient.close}, or for good: `error` says why).
+ */
+export type ConnectionState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'closed';
+
+/** A `state` event. */
+export interface StateChange {
+  state: ConnectionState;
+  /** `connected`: the session id, and whether the previous session was resumed. */
+  session?: string;
+  resumed?: boolean;
+  /** `disconnected`: the close code (1006: none, or the client found the connection dead) and the wait before the next attempt. */
+  closeCode?: number;
+  delayMs?: number;
+  /** `closed` for good: why. */
+  error?: HeraldError;
+}
+
+/** The events of a {@link HeraldClient}. */
+export interface ClientEvents {
+  state: StateChange;
+  /** Something went wrong that no promise or subscription reports: a refused refresh, a listener that threw. */
+  error: HeraldError;
+}
+
+/** The options of {@link HeraldClient.subscribe}. */
+export interface SubscribeOptions {
+  /** Replay every message after this seq first (e.g. the last one the app stored). */
+  since?: number;
+  /** The epoch `since` belongs to; without it the topic's current epoch is assumed. */
+  epoch?: string;
+}
+
+/** What a `pub` was given. */
+export interface Published {
+  seq: number;
+  epoch: string;
+}
+
+/** The part of the WHATWG WebSocket the client uses: browsers, Node 22's global, the `ws` package. */
+interface Socket {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number): void;
+  terminate?(): void;
+  on?(event: 'ping', listener: () => void): void;
+  onopen: (() => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: (() => void) | null;
+}
+
+// Server messages, as far as the client reads them.
+interface Frame {
+  op?: string;
+  id?: number;
+  topic?: string;
+  seq?: number;
+  epoch?: string;
+  data?: unknown;
+  session?: string;
+  ping_ms?: number;
+  resumed?: boolean;
+  expires?: number;
+  recovered?: boolean;
+  code?: string;
+  message?: string;
+  after_ms?: number;
+}
+
+interface Pending {
+  resolve(frame: Frame): void;
+  reject(error: HeraldError): void;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+type TimerName = 'reconnect' | 'welcome' | 'live' | 'ack' | 'refresh';
+
+/**
+ * A connection to Herald that keeps the delivery contract for the app:
+ * it resumes its session on any pod after a drop (or subscribes again with
+ * `since`), drops redelivered seqs, acks what was processed, and tells the
+ * app with `reset` when continuity could not be kept.
+ *
+ * ```ts
+ * const client = new HeraldClient({ urls: 'wss://herald.example.com/ws', getToken });
+ * client.subscribe('news').on('message', (m) => console.log(m.seq, m.data));
+ * await client.connect();
+ * ```
+ */
+export class HeraldClient extends Emitter<ClientEvents> implements Owner {
+  /** The connection's state; changes are `state` events. */
+  state: ConnectionState = 'idle';
+  /** The session id (keep it secret: it resumes an anonymous session). */
+  session: string | undefined;
+  /** @internal */
+  readonly _autoAck: boolean;
+
+  #getToken: HeraldClientOptions['getToken'];
+  #urls: string[];
+  #next = 0;
+  #Socket: new (url: string) => unknown;
+  #initialMs: number;
+  #maxMs: number;
+  #ackMs: number;
+  #timeoutMs: number;
+
+  /** Bumped whenever a connection ends: handlers of an older one do nothing. */
+  #gen = 0;
+  #ws: Socket | undefined;
+  #welcomed = false;
+  #subs = new Map<string, Subscription>();
+  /** `sub`s in flight, by id. */
+  #subIds = new Map<number, Subscription>();
+  #pending = new Map<number, Pending>();
+  #id = 0;
+  #attempt = 0;
+  /** `after_ms` of the `reconnect` advice of the current connection. */
+  #advice: number | undefined;
+  /** The `err` that came before `welcome` (a refused token): the close that follows says whether it is terminal. */
+  #helloErr: HeraldError | undefined;
+  #timers: Partial<Record<TimerName, ReturnType<typeof setTimeout>>> = {};
+  #pingMs = 25_000;
+  /** Whether the socket shows the server's pings (the `ws` package does; browsers do not). */
+  #pingsVisible = false;
+  #probeId: number | undefined;
+  #probing = false;
+  #waiters: [() => void, (e: HeraldError) => void][] = [];
+  #faulting = false;
+
+  constructor(options: HeraldClientOptions) {
+    super((e) => this.#fault(e));
+    this.#urls = typeof options.urls === 'string' ? [options.urls] : [...options.urls];
+    if (this.#urls.length === 0) throw new TypeError('HeraldClient: `urls` is empty');
+    const Socket = options.WebSocket ?? (globalThis as { WebSocket?: new (url: string) => unknown }).WebSocket;
+    if (!Socket) throw new TypeError('HeraldClient: no global WebSocket here; pass `WebSocket` (e.g. the `ws` package)');
+    this.#Socket = Socket;
+    this.#getToken = options.getToken;
+    this.#initialMs = options.backoff?.initialMs ?? DEFAULT_BACKOFF_INITIAL_MS;
+    this.#maxMs = options.backoff?.maxMs ?? DEFAULT_BACKOFF_MAX_MS;
+    this.#ackMs = options.ackIntervalMs ?? DEFAULT_ACK_INTERVAL_MS;
+    this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this._autoAck = (options.acks ?? 'auto') === 'auto';
+  }
+
+  /**
+   * Connects (and keeps reconnecting until {@link HeraldClient.close}).
+   * Resolves at the next `welcome`; rejects if the client closes for good
+   * first (an {@link UnauthorizedError}, say).
+   */
+  connect(): Promise<void> {
+    if (this.state === 'connected') return Promise.resolve();
+    const done = new Promise<void>((resolve, reject) => this.#waiters.push([resolve, reject]));
+    if (this.state === 'idle' || this.state === 'closed') {
+      this.#attempt = 0;
+      void this.#open();
+    }
+    return done;
+  }
+
+  /** Closes the connection and stops reconnecting. `connect()` again resumes the session. */
+  close(): void {
+    if (this.#welcomed) this.#flushAcks();
+    this.#end();
+    this.#stop(undefined);
+  }
+
+  /**
+   * Subscribes to `topic` (now, or once connected). Messages, `subscribed`,
+   * `reset` and `error` are events of the returned subscription.
+   */
+  subscribe(topic: string, options: SubscribeOptions = {}): Subscription {
+    if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
+    const sub = new Subscription(this, topic, options.since, options.epoch, (e) => this.#fault(e));
+    this.#subs.set(topic, sub);
+    if (this.#welcomed) this.#subscribe(sub);
+    return sub;
+  }
+
+  /** Manual acks: the app has processed every message of `topic` up to `seq`. Sent batched. */
+  ack(topic: string, seq: number): void {
+    const sub = this.#sub(topic);
+    if (!sub) return;
+    sub._processed = Math.max(sub._processed, Math.min(seq, sub.seq ?? seq));
+    this._ackSoon();
+  }
+
+  /**
+   * Publishes `data` (any JSON value) where the topic's namespace lets
+   * clients publish. Rejects with a typed error (`ForbiddenError`, …), or
+   * `not_connected` while there is no connection (nothing is sent: a publish
+   * is not retried, as it could then happen twice).
+   */
+  async publish(topic: string, data: unknown): Promise<Published> {
+    const ok = await this.#request({ op: 'pub', topic, data });
+    return { seq: ok.seq ?? 0, epoch: ok.epoch ?? '' };
+  }
+
+  /** @internal */
+  _unsubscribe(sub: Subscription): void {
+    if (this.#subs.get(sub.topic) !== sub) return;
+    this.#subs.delete(sub.topic);
+    if (sub._held) this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
+  }
+
+  /** @internal */
+  _ackSoon(): void {
+    if (this.#timers.ack === undefined && this.#welcomed) this.#timer('ack', this.#ackMs, () => this.#flushAcks());
+  }
+
+  // ---------------------------------------------------------------- connection
+
+  async #open(): Promise<void> {
+    const gen = ++this.#gen;
+    this.#set({ state: 'connecting' });
+    let token: string | null | undefined;
+    if (this.#getToken) {
+      try {
+        token = await this.#getToken();
+      } catch (e) {
+        if (gen !== this.#gen) return;
+        this.#fault(e);
+        this.#retry(1006);
+        return;
+      }
+      if (gen !== this.#gen) return;
+    }
+    const url = this.#urls[this.#next++ % this.#urls.length]!;
+    let ws: Socket;
+    try {
+      ws = new this.#Socket(url) as Socket;
+    } catch (e) {
+      this.#stop(new HeraldError('closed', `cannot open ${url}: ${e}`));
+      return;
+    }
+    this.#ws = ws;
+    this.#welcomed = false;
+    this.#helloErr = undefined;
+    this.#advice = undefined;
+    this.#timer('welcome', this.#timeoutMs, () => this.#lost(gen, 1006, 'no welcome in time'));
+    ws.onopen = () => {
+      if (gen !== this.#gen) return;
+      const hello: Record<string, unknown> = { op: 'hello' };
+      if (token) hello.token = token;
+      if (this.session) hello.resume = this.session;
+      this.#send(hello);
+    };
+    ws.onmessage = (ev) => {
+      if (gen === this.#gen) this.#frame(ev.data);
+    };
+    ws.onclose = (ev) => this.#lost(gen, ev.code, ev.reason);
+    ws.onerror = () => {}; // a close event follows
+    this.#pingsVisible = typeof ws.on === 'function';
+    ws.on?.('ping', () => {
+      if (gen === this.#gen) this.#alive();
+    });
+  }
+
+  /** The connection of generation `gen` ended (closed by the server, dropped, or found dead). */
+  #lost(gen: number, code: number, reason: string): void {
+    if (gen !== this.#gen) return;
+    this.#end();
+    if (isTerminalClose(code)) {
+      this.#stop(closeError(code, reason, this.#helloErr));
+      return;
+    }
+    this.#retry(code);
+  }
+
+  /** Schedules the next attempt: after the server's advice, or a backoff with full jitter. */
+  #retry(code: number): void {
+    let delay = this.#advice;
+    if (delay === undefined) {
+      const cap = Math.min(this.#maxMs, this.#initialMs * 2 ** this.#attempt++);
+      delay = Math.floor(Math.random() * cap);
+    }
+    this.#advice = undefined;
+    this.#set({ state: 'disconnected', closeCode: code, delayMs: delay });
+    const gen = this.#gen;
+    this.#timer('reconnect', delay, () => {
+      if (gen === this.#gen) void this.#open();
+    });
+  }
+
+  /** Drops the current socket and everything tied to it. */
+  #end(): void {
+    this.#gen++;
+    for (const name of Object.keys(this.#timers) as TimerName[]) this.#clear(name);
+    const ws = this.#ws;
+    this.#ws = undefined;
+    this.#welcomed = false;
+    this.#probing = false;
+    this.#probeId = undefined;
+    if (ws) {
+      ws.onopen = ws.onmessage = ws.onclose = null;
+      try {
+        if (ws.terminate) ws.terminate();
+        else ws.close(1000);
+      } catch {
+        // Already closed.
+      }
+    }
+    for (const p of this.#pending.values()) {
+      clearTimeout(p.timer);
+      p.reject(new HeraldError('closed', 'the connection closed before the answer'));
+    }
+    this.#pending.clear();
+    this.#subIds.clear();
+    for (const sub of this.#subs.values()) sub._disconnected();
+  }
+
+  /** Closed for good with `error`, or by the app (`undefined`): `closed`, and `connect()` callers told. */
+  #stop(error: HeraldError | undefined): void {
+    this.#set(error ? { state: 'closed', error } : { state: 'closed' });
+    if (error) this.emit('error', error);
+    const why = error ?? new HeraldError('closed', 'closed by the application');
+    for (const [, reject] of this.#waiters.splice(0)) reject(why);
+  }
+
+  #set(change: StateChange): void {
+    this.state = change.state;
+    this.emit('state', change);
+  }
+
+  // ---------------------------------------------------------------- messages
+
+  #frame(data: unknown): void {
+    let m: Frame;
+    try {
+      m = JSON.parse(String(data)) as Frame;
+    } catch {
+      return;
+    }
+    this.#alive();
+    switch (m.op) {
+      case 'welcome':
+        return this.#welcome(m);
+      case 'msg': {
+        const sub = this.#sub(m.topic);
+        if (sub && typeof m.seq === 'number') sub._msg(m.seq, m.data);
+        return;
+      }
+      case 'reset': {
+        const sub = this.#sub(m.topic);
+        if (sub && typeof m.seq === 'number') sub._reset(m.epoch, m.seq);
+        return;
+      }
+      case 'ok':
+        return this.#ok(m);
+      case 'err':
+        return this.#err(m);
+      case 'reconnect':
+        // Leave as advised: the server closes next; acks sent now still count.
+        this.#advice = typeof m.after_ms === 'number' ? m.after_ms : undefined;
+        this.#flushAcks();
+        return;
+    }
+  }
+
+  #welcome(m: Frame): void {
+    this.#clear('welcome');
+    const resumed = m.resumed === true && m.session === this.session;
+    this.session = m.session;
+    this.#welcomed = true;
+    this.#attempt = 0;
+    this.#pingMs = m.ping_ms && m.ping_ms > 0 ? m.ping_ms : 25_000;
+    if (typeof m.expires === 'number') this.#refreshAt(m.expires);
+    this.#set({ state: 'connected', session: m.session, resumed });
+    for (const sub of [...this.#subs.values()]) {
+      if (resumed && sub._held) sub._resumed();
+      else {
+        sub._held = false;
+        this.#subscribe(sub);
+      }
+    }
+    this.#alive();
+    for (const [resolve] of this.#waiters.splice(0)) resolve();
+  }
+
+  #ok(m: Frame): void {
+    const id = m.id ?? -1;
+    const sub = this.#subIds.get(id);
+    if (sub) {
+      this.#subIds.delete(id);
+      if (sub.closed) {
+        // Unsubscribed while the `sub` was in flight.
+        this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
+        return;
+      }
+      sub._ok(m.seq ?? 0, m.epoch, m.recovered);
+      return;
+    }
+    const p = this.#pending.get(id);
+    if (p) {
+      this.#pending.delete(id);
+      clearTimeout(p.timer);
+      p.resolve(m);
+    }
+  }
+
+  #err(m: Frame): void {
+    const e = errorFor(m.code ?? 'internal', m.message ?? m.code ?? 'error');
+    if (m.id !== undefined) {
+      if (m.id === this.#probeId) {
+        this.#probeId = undefined;
+        this.#probed();
+        return;
+      }
+      const sub = this.#subIds.get(m.id);
+      if (sub) {
+        this.#subIds.delete(m.id);
+        if (sub.closed) return;
+        if (e.code === 'already_subscribed') {
+          // The session got the `sub` before the connection that sent it ended.
+          sub._held = true;
+          sub._resumed();
+        } else if (e.code === 'unavailable' || e.code === 'rate_limited') {
+          const gen = this.#gen;
+          setTimeout(() => gen === this.#gen && !sub.closed && this.#subscribe(sub), this.#initialMs);
+        } else this.#drop(sub, e);
+        return;
+      }
+      const p = this.#pending.get(m.id);
+      if (p) {
+        this.#pending.delete(m.id);
+        clearTimeout(p.timer);
+        p.reject(e);
+      }
+      return;
+    }
+    if (!this.#welcomed) {
+      // A refused `hello`: the close that follows says what comes next.
+      this.#helloErr = e;
+      return;
+    }
+    // Not caused by a command of ours: a subscription the server ended (a
+    // resume the token no longer grants). The message names its topic.
+    const sub = this.#sub(/`([^`]+)`/.exec(m.message ?? '')?.[1]);
+    if (sub) this.#drop(sub, e);
+    else this.emit('error', e);
+  }
+
+  #drop(sub: Subscription, e: HeraldError): void {
+    sub.closed = true;
+    if (this.#subs.get(sub.topic) === sub) this.#subs.delete(sub.topic);
+    sub.emit('error', e);
+  }
+
+  #sub(topic: string | undefined): Subscription | undefined {
+    if (topic === undefined) return undefined;
+    return (
+      this.#subs.get(topic) ??
+      (topic.startsWith('default:') ? this.#subs.get(topic.slice(8)) : this.#subs.get(`default:${topic}`))
+    );
+  }
+
+  #subscribe(sub: Subscription): void {
+    const id = ++this.#id;
+    this.#subIds.set(id, sub);
+    this.#send(sub._subCommand(id));
+  }
+
+  #flushAcks(): void {
+    this.#clear('ack');
+    if (!this.#welcomed) return;
+    for (const sub of this.#subs.values()) {
+      const ack = sub._ackCommand();
+      if (ack) this.#send(ack);
+    }
+  }
+
+  #request(command: Record<string, unknown>): Promise<Frame> {
+    return new Promise((resolve, reject) => {
+      if (!this.#welcomed) {
+        reject(new HeraldError('not_connected', 'not connected'));
+        return;
+      }
+      const id = ++this.#id;
+      const timer = setTimeout(() => {
+        this.#pending.delete(id);
+        reject(new HeraldError('timeout', `no answer to \`${String(command.op)}\` in ${this.#timeoutMs} ms`));
+      }, this.#timeoutMs);
+      this.#pending.set(id, { resolve, reject, timer });
+      this.#send({ ...command, id });
+    });
+  }
+
+  #send(command: Record<string, unknown>): void {
+    const ws = this.#ws;
+    if (!ws || ws.readyState !== 1) return;
+    try {
+      ws.send(JSON.stringify(command));
+    } catch {
+      // The close event follows.
+    }
+  }
+
+  // ---------------------------------------------------------------- tokens
+
+  /** Refreshes the token before `expires` (Unix seconds). */
+  #refreshAt(expires: number): void {
+    const left = expires * 1000 - Date.now();
+    const margin = Math.min(REFRESH_MARGIN_MAX_MS, left / 3);
+    this.#timer('refresh', Math.max(0, left - margin), () => void this.#refresh());
+  }
+
+  async #refresh(): Promise<void> {
+    const gen = this.#gen;
+    try {
+      const token = await this.#getToken?.();
+      if (!token || gen !== this.#gen) return;
+      const ok = await this.#request({ op: 'refresh', token });
+      if (typeof ok.expires === 'number' && gen === this.#gen) this.#refreshAt(ok.expires);
+    } catch (e) {
+      // The connection keeps its old expiry: at it the server closes with
+      // 4004 and the client comes back with a token from `getToken`.
+      if (gen === this.#gen) this.#fault(e);
+    }
+  }
+
+  // ---------------------------------------------------------------- liveness
+
+  /** Something came: the connection lives. Silence past the ping interval and a grace ends it. */
+  #alive(): void {
+    if (!this.#welcomed) return;
+    this.#probing = false;
+    this.#timer('live', this.#pingMs + Math.min(this.#pingMs, PONG_GRACE_MAX_MS), () => this.#silent());
+  }
+
+  #silent(): void {
+    if (this.#pingsVisible || this.#probing) {
+      this.#lost(this.#gen, 1006, 'no ping from the server in time');
+      return;
+    }
+    // A browser's WebSocket answers pings without showing them: ask the
+    // server for an answer instead (an `err`: the probe topic is never ours).
+    this.#probing = true;
+    this.#probeId = ++this.#id;
+    this.#send({ op: 'unsub', id: this.#probeId, topic: PROBE_TOPIC });
+    this.#timer('live', Math.min(this.#pingMs, PONG_GRACE_MAX_MS), () => this.#silent());
+  }
+
+  /** The probe's `err` counts as a bad command; a good one (an ack we already sent) sets the count back. */
+  #probed(): void {
+    for (const sub of this.#subs.values()) {
+      if (sub._held && sub._acked > 0 && sub._wire !== undefined && sub._ackedEpoch === sub.epoch) {
+        this.#send({ op: 'ack', topic: sub.topic, seq: sub._acked, epoch: sub.epoch });
+        return;
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- helpers
+
+  #timer(name: TimerName, ms: number, fn: () => void): void {
+    this.#clear(name);
+    this.#timers[name] = setTimeout(() => {
+      delete this.#timers[name];
+      fn();
+    }, ms);
+  }
+
+  #clear(name: TimerName): void {
+    const timer = this.#timers[name];
+    if (timer !== undefined) clearTimeout(timer);
+    delete this.#timers[name];
+  }
+
+  #fault(e: unknown): void {
+    const error = e instanceof HeraldError ? e : new HeraldError('internal', `a listener threw: ${String(e)}`);
+    if (this.#faulting) {
+      console.error(error);
+      return;
+    }
+    this.#faulting = true;
+    try {
+      this.emit('error', error);
+    } finally {
+      this.#faulting = false;
+    }
+  }
+}

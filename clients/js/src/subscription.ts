@@ -1,0 +1,192 @@
+import { Emitter, type Fault } from './emitter.js';
+import type { HeraldError } from './errors.js';
+
+/** A message handed to the application: each `seq` once, in order, within an `epoch`. */
+export interface Message<T = unknown> {
+  topic: string;
+  seq: number;
+  /** The topic's epoch the seq belongs to (`undefined` only before the server named it). */
+  epoch: string | undefined;
+  data: T;
+}
+
+/** The subscription is in place on the current connection. */
+export interface Subscribed {
+  topic: string;
+  /** Live messages continue after this seq. */
+  seq: number | undefined;
+  epoch: string | undefined;
+  /**
+   * After a `sub` with `since`: whether every message since was replayed.
+   * `false` comes with a `reset` event. `undefined` for a first subscribe
+   * without `since`.
+   */
+  recovered: boolean | undefined;
+  /**
+   * The session was resumed: the server restored the subscription and
+   * replays what was not acked; if its history cannot bridge the gap, a
+   * `reset` follows.
+   */
+  resumed: boolean;
+}
+
+/** Continuity was lost: resync the topic from its source, then continue live after `seq` in `epoch`. */
+export interface Reset {
+  topic: string;
+  epoch: string | undefined;
+  seq: number;
+}
+
+/** The events of a {@link Subscription}. */
+export interface SubscriptionEvents {
+  message: Message;
+  subscribed: Subscribed;
+  reset: Reset;
+  /** The subscription was refused or ended by the server (`forbidden`, `unknown_namespace`, …): it is closed. */
+  error: HeraldError;
+}
+
+/** What a subscription needs of its client. */
+export interface Owner {
+  /** @internal */
+  _unsubscribe(sub: Subscription): void;
+  /** @internal */
+  _ackSoon(): void;
+  /** @internal */
+  readonly _autoAck: boolean;
+}
+
+/**
+ * One topic's stream. Keeps what the protocol's client rule needs: the
+ * newest seq handed over (a `msg` at or below it is a duplicate and dropped),
+ * the epoch, and what to ack.
+ */
+export class Subscription extends Emitter<SubscriptionEvents> {
+  /** The topic, as given to `subscribe`. */
+  readonly topic: string;
+  /** The current epoch (from `ok` or `reset`). */
+  epoch: string | undefined;
+  /** The newest seq handed to the application (or the seq the subscription started after). */
+  seq: number | undefined;
+  /** `msg`s dropped because their seq was not above {@link Subscription.seq}: redeliveries after a resume. */
+  duplicates = 0;
+  /** Closed by `unsubscribe()` or by a server error. */
+  closed = false;
+
+  /** @internal The session holds this subscription (an `ok` came, or a resume restored it). */
+  _held = false;
+  /** @internal The newest seq the application has processed (auto) or acked (manual). */
+  _processed = 0;
+  /** @internal The newest seq this connection has seen for the topic: an ack must not pass it. */
+  _wire: number | undefined;
+  /** @internal The last ack sent, and its epoch. */
+  _acked = -1;
+  _ackedEpoch: string | undefined;
+  /** @internal The `since` the `sub` in flight carried. */
+  _since: number | undefined;
+
+  #owner: Owner;
+
+  /** @internal */
+  constructor(owner: Owner, topic: string, since: number | undefined, epoch: string | undefined, fault: Fault) {
+    super(fault);
+    this.#owner = owner;
+    this.topic = topic;
+    this.seq = since;
+    this.epoch = epoch;
+    this._processed = since ?? 0;
+  }
+
+  /** Leaves the topic. No more events come. */
+  unsubscribe(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.#owner._unsubscribe(this);
+  }
+
+  /** @internal The `sub` command: with `since` once a position is known. */
+  _subCommand(id: number): Record<string, unknown> {
+    this._since = this.seq;
+    const sub: Record<string, unknown> = { op: 'sub', id, topic: this.topic };
+    if (this.seq !== undefined) {
+      sub.since = this.seq;
+      if (this.epoch !== undefined) sub.epoch = this.epoch;
+    }
+    return sub;
+  }
+
+  /** @internal The `ok` to our `sub`. */
+  _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined): void {
+    this._held = true;
+    const since = this._since;
+    this._since = undefined;
+    this._wire = Math.max(this._wire ?? 0, seq);
+    if (since === undefined) {
+      this.epoch = epoch;
+      this.seq = seq;
+      this._processed = seq;
+      this._acked = seq;
+      this._ackedEpoch = epoch;
+      this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false });
+      return;
+    }
+    if (recovered) {
+      this.epoch = epoch ?? this.epoch;
+      this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: false });
+      return;
+    }
+    // Not recovered: live from the current seq. Within the same epoch the
+    // position never goes back, so that no seq is handed over twice.
+    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: false, resumed: false });
+    this._reset(epoch, epoch === this.epoch ? Math.max(since, seq) : seq);
+  }
+
+  /** @internal A resumed session brought the subscription back. */
+  _resumed(): void {
+    // The pod vouches for what we acked (it replays after it), so an ack up to it is safe.
+    if (this._ackedEpoch === this.epoch && this._acked >= 0) this._wire = this._acked;
+    this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: true });
+  }
+
+  /** @internal A `msg`. */
+  _msg(seq: number, data: unknown): void {
+    this._wire = Math.max(this._wire ?? 0, seq);
+    if (this.seq !== undefined && seq <= this.seq) {
+      this.duplicates++;
+      this.#owner._ackSoon();
+      return;
+    }
+    this.seq = seq;
+    this.emit('message', { topic: this.topic, seq, epoch: this.epoch, data });
+    if (this.#owner._autoAck) this._processed = seq;
+    this.#owner._ackSoon();
+  }
+
+  /** @internal A `reset`, or a `sub` with `since` that could not be recovered. */
+  _reset(epoch: string | undefined, seq: number): void {
+    this.epoch = epoch;
+    this.seq = seq;
+    this._processed = seq;
+    this._wire = Math.max(this._wire ?? 0, seq);
+    this.emit('reset', { topic: this.topic, epoch, seq });
+    this.#owner._ackSoon();
+  }
+
+  /** @internal The `ack` due now, if any. */
+  _ackCommand(): Record<string, unknown> | undefined {
+    if (!this._held || this.closed || this._wire === undefined) return undefined;
+    const seq = Math.min(this._processed, this._wire);
+    if (seq <= 0 || (seq <= this._acked && this._ackedEpoch === this.epoch)) return undefined;
+    this._acked = seq;
+    this._ackedEpoch = this.epoch;
+    const ack: Record<string, unknown> = { op: 'ack', topic: this.topic, seq };
+    if (this.epoch !== undefined) ack.epoch = this.epoch;
+    return ack;
+  }
+
+  /** @internal The connection ended: nothing is known of the next one yet. */
+  _disconnected(): void {
+    this._wire = undefined;
+    this._since = undefined;
+  }
+}

@@ -1,0 +1,351 @@
+// What the JS tests share: the real `herald` binary and `redis-server` on
+// free loopback ports, HS256 tokens minted with node:crypto, a static server
+// for the SDK and the pages, headless Chromium through playwright-core, and
+// waits that end on an event or a deadline (never a fixed sleep).
+
+import { spawn } from 'node:child_process';
+import { createHmac } from 'node:crypto';
+import { EventEmitter, once } from 'node:events';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
+import { createServer } from 'node:http';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, extname, join, normalize, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const JS_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+export const REPO = resolve(JS_ROOT, '../..');
+/** The binary under test: HERALD_BIN, else the debug build in CARGO_TARGET_DIR (or target/). */
+export const HERALD_BIN =
+  process.env.HERALD_BIN ?? join(process.env.CARGO_TARGET_DIR ?? join(REPO, 'target'), 'debug', 'herald');
+/** Longest a process may take to start, a browser to launch, a page to load. */
+export const START_WAIT = 20_000;
+/** Longest one step of a story may take (a message to arrive, a client to come back). */
+export const STEP = 15_000;
+
+/** Resolves once `poll()` is truthy (its value), or rejects after `ms`: for what has no event (a port that starts listening). */
+export async function poll(what, ms, fn, every = 20) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await fn().catch(() => undefined);
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, every));
+  }
+}
+
+/** A loopback port nobody listens on right now (the caller's process binds it itself, and retries if it was taken). */
+export async function freePort() {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address();
+  server.close();
+  await once(server, 'close');
+  return port;
+}
+
+/** A temp directory removed by `cleanup`. */
+export function tempDir(cleanup, name) {
+  const dir = mkdtempSync(join(tmpdir(), `herald-js-${name}-`));
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** Things to undo when a test ends, last first (a test passes `t.after`). */
+export function cleanups(t) {
+  const list = [];
+  t.after(async () => {
+    for (const fn of list.reverse()) {
+      try {
+        await fn();
+      } catch (e) {
+        console.error('cleanup:', e);
+      }
+    }
+  });
+  return list;
+}
+
+// ------------------------------------------------------------------ redis
+
+async function redisPing(port) {
+  const socket = net.connect(port, '127.0.0.1');
+  try {
+    await once(socket, 'connect');
+    socket.write('PING\r\n');
+    const [data] = await once(socket, 'data');
+    return String(data).startsWith('+PONG');
+  } finally {
+    socket.destroy();
+  }
+}
+
+/** A `redis-server` on a free loopback port, nothing saved; `restartEmpty()` brings it back on the same port with no data. */
+export async function startRedis(cleanup) {
+  const port = await freePort();
+  const dir = tempDir(cleanup, 'redis');
+  let child;
+  const start = async () => {
+    child = spawn(
+      'redis-server',
+      ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--protected-mode', 'no', '--dir', dir],
+      { stdio: 'ignore' },
+    );
+    await poll('redis-server answers PING', START_WAIT, () => redisPing(port));
+  };
+  const stop = async () => {
+    if (child && child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+    }
+  };
+  await start();
+  cleanup.push(stop);
+  return {
+    port,
+    url: `redis://127.0.0.1:${port}`,
+    async restartEmpty() {
+      await stop();
+      await start();
+    },
+  };
+}
+
+// ------------------------------------------------------------------ herald
+
+/** TOML for `settings`: `{ top: value, section: { key: value } }`, one level of sections (dotted names allowed). */
+function toml(settings) {
+  const value = (v) => (typeof v === 'string' ? JSON.stringify(v) : String(v));
+  const lines = [];
+  for (const [k, v] of Object.entries(settings)) if (typeof v !== 'object') lines.push(`${k} = ${value(v)}`);
+  for (const [k, v] of Object.entries(settings)) {
+    if (typeof v !== 'object') continue;
+    lines.push(`[${k}]`);
+    for (const [kk, vv] of Object.entries(v)) lines.push(`${kk} = ${value(vv)}`);
+  }
+  return lines.join('\n') + '\n';
+}
+
+/** The test config: the default namespace open to anyone with a long history, `chat` open to client publishes. */
+export function config(extra = {}) {
+  return {
+    'namespaces.default': { history_size: 2000, history_ttl: '5m', subscribe: 'anyone', publish: 'nobody' },
+    'namespaces.chat': { history_size: 100, subscribe: 'anyone', publish: 'authenticated' },
+    log: { level: 'info' },
+    ...extra,
+  };
+}
+
+/**
+ * The real `herald` with `settings` (see {@link config}) on a free port
+ * (or `port`), ready once `/readyz` says 200. `kill9()`, `sigterm()`,
+ * `exited` (a promise of the exit code) and `log()` for a failure.
+ */
+export async function startHerald(cleanup, settings = config(), { port } = {}) {
+  if (!existsSync(HERALD_BIN)) throw new Error(`no herald binary at ${HERALD_BIN}: cargo build -p gateway --bin herald`);
+  const dir = tempDir(cleanup, 'herald');
+  const file = join(dir, 'herald.toml');
+  writeFileSync(file, toml(settings));
+  let lastLog = '';
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const listen = port ?? (await freePort());
+    const grpc = await freePort();
+    const logFile = join(dir, `herald-${attempt}.log`);
+    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('HERALD_')));
+    const child = spawn(HERALD_BIN, ['--config', file], {
+      env: { ...env, HERALD_LISTEN: `127.0.0.1:${listen}`, HERALD_GRPC__LISTEN: `127.0.0.1:${grpc}`, NO_COLOR: '1' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let log = '';
+    child.stdout.on('data', (d) => (log += d));
+    child.stderr.on('data', (d) => (log += d));
+    const exited = new Promise((r) => child.on('exit', (code, signal) => r(code ?? signal)));
+    let gone = false;
+    exited.then(() => (gone = true));
+    const http = `http://127.0.0.1:${listen}`;
+    const ready = await poll('herald /readyz', START_WAIT, async () => {
+      if (gone) return 'exited';
+      const res = await fetch(`${http}/readyz`);
+      return res.status === 200 ? 'ready' : undefined;
+    });
+    if (ready === 'ready') {
+      const pod = {
+        port: listen,
+        http,
+        ws: `ws://127.0.0.1:${listen}/ws`,
+        exited,
+        log: () => log,
+        kill9() {
+          child.kill('SIGKILL');
+          return exited;
+        },
+        sigterm() {
+          child.kill('SIGTERM');
+          return exited;
+        },
+      };
+      cleanup.push(async () => {
+        writeFileSync(logFile, log);
+        if (!gone) {
+          child.kill('SIGKILL');
+          await exited;
+        }
+      });
+      return pod;
+    }
+    lastLog = log;
+    if (!log.includes('binding') || port !== undefined) break;
+  }
+  throw new Error(`herald did not start:\n${lastLog}`);
+}
+
+/** A pod of a cluster sharing `redis`, sessions flushed every 50 ms. */
+export function pod(cleanup, redis, extra = {}, options) {
+  return startHerald(
+    cleanup,
+    config({ broker: 'redis', redis: { url: redis.url }, session: { flush_interval: '50ms' }, ...extra }),
+    options,
+  );
+}
+
+/** `POST /v1/publish`: `{seq, epoch}`. */
+export async function publish(pod, topic, data) {
+  const res = await fetch(`${pod.http}/v1/publish`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ topic, data }),
+  });
+  const body = await res.json();
+  if (res.status !== 200) throw new Error(`publish: ${res.status} ${JSON.stringify(body)}`);
+  return body;
+}
+
+// ------------------------------------------------------------------ tokens
+
+const b64url = (x) => Buffer.from(typeof x === 'string' ? x : JSON.stringify(x)).toString('base64url');
+
+/** An HS256 JWT over `secret` with `claims`. */
+export function hs256(secret, claims) {
+  const head = `${b64url({ alg: 'HS256', typ: 'JWT' })}.${b64url(claims)}`;
+  return `${head}.${createHmac('sha256', secret).update(head).digest('base64url')}`;
+}
+
+// ------------------------------------------------------------------ events
+
+/** Events as they come, and waits on them that end at an event or a deadline. */
+export class Events {
+  list = [];
+  #bus = new EventEmitter();
+
+  push(event) {
+    this.list.push(event);
+    this.#bus.emit('event');
+  }
+
+  /** The events `pred` accepts so far. */
+  filter(pred) {
+    return this.list.filter(pred);
+  }
+
+  /** Resolves with the first event `pred` accepts (looking at past ones too), or rejects after `ms`. */
+  wait(what, pred, ms = STEP) {
+    return this.until(what, () => this.list.find(pred), ms);
+  }
+
+  /** Resolves with `check()` once truthy (checked at each event), or rejects after `ms`. */
+  until(what, check, ms = STEP) {
+    return new Promise((resolve, reject) => {
+      const look = () => {
+        let value;
+        try {
+          value = check();
+        } catch (e) {
+          done();
+          reject(e);
+          return;
+        }
+        if (value) {
+          done();
+          resolve(value);
+        }
+      };
+      const timer = setTimeout(() => {
+        done();
+        reject(new Error(`${what}: not within ${ms} ms; last events: ${JSON.stringify(this.list.slice(-8))}`));
+      }, ms);
+      const done = () => {
+        clearTimeout(timer);
+        this.#bus.off('event', look);
+      };
+      this.#bus.on('event', look);
+      look();
+    });
+  }
+}
+
+// ------------------------------------------------------------------ static files and the browser
+
+const TYPES = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.css': 'text/css', '.json': 'application/json' };
+
+/** Serves `dir` on a loopback port: the SDK's dist/ and the pages. */
+export async function serveStatic(cleanup, dir) {
+  const server = createServer((req, res) => {
+    const path = normalize(decodeURIComponent(new URL(req.url, 'http://x').pathname));
+    const file = join(dir, path.endsWith('/') ? `${path}index.html` : path);
+    if (!file.startsWith(dir) || !existsSync(file)) {
+      res.writeHead(404).end();
+      return;
+    }
+    res.writeHead(200, { 'content-type': TYPES[extname(file)] ?? 'application/octet-stream' });
+    res.end(readFileSync(file));
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  cleanup.push(() => new Promise((r) => server.close(r)));
+  return `http://127.0.0.1:${server.address().port}`;
+}
+
+/** Debian's Chromium, headless, with a fresh profile. */
+export const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--no-first-run',
+  '--disable-quic',
+  '--disable-sync',
+];
+
+/** A browser context of its own (closed at cleanup). */
+export async function browser(cleanup) {
+  const { chromium } = await import('playwright-core');
+  const profile = tempDir(cleanup, 'chromium');
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: FLAGS,
+    timeout: START_WAIT,
+  });
+  cleanup.push(() => context.close());
+  return context;
+}
+
+/**
+ * A page with the SDK loaded (`window.herald`) and `window.follow(...)`,
+ * which starts a client on one topic and reports each event to `events`.
+ * `tokens()`, if given, is the page's `getToken`.
+ */
+export async function sdkPage(cleanup, events, { tokens } = {}) {
+  const context = await browser(cleanup);
+  const origin = await serveStatic(cleanup, JS_ROOT);
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on('pageerror', (e) => events.push({ t: 'pageerror', message: String(e) }));
+  await page.exposeFunction('report', (event) => events.push(event));
+  if (tokens) await page.exposeFunction('nodeToken', () => tokens());
+  await page.goto(`${origin}/test/page.html`, { timeout: START_WAIT });
+  await page.waitForFunction(() => window.herald !== undefined, null, { timeout: START_WAIT });
+  return page;
+}
