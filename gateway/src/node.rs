@@ -12,7 +12,7 @@ use router::{
     Broker, BrokerError, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore,
     Topic,
 };
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -114,6 +114,7 @@ impl Node {
             }
         };
         let shared_sessions = config.broker != BrokerKind::Memory;
+        let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
         let drain = CancellationToken::new();
         let clock = Instant::now();
@@ -131,6 +132,7 @@ impl Node {
             metrics: metrics.clone(),
             tasks: tasks.clone(),
             writing,
+            flush_soon: flush_soon.clone(),
         });
         let node = Arc::new(Self {
             config,
@@ -148,19 +150,20 @@ impl Node {
         // A pod-local store loses sessions with the pod anyway; a shared one
         // gets what changed, in batches, so that a pod killed without warning
         // loses at most one interval of acks.
-        if shared_sessions {
+        if let Some(soon) = flush_soon {
             let interval = node.config.session.flush_interval;
-            tokio::spawn(every(Arc::downgrade(&node), interval, |node| async move {
+            let job = |node: Arc<Node>| async move {
                 node.flush_sessions().await;
                 true
-            }));
+            };
+            tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
         }
         if node.config.rebalance.enabled {
             // Random, not the host name: two pods may share a host.
             let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
             tracing::info!(%pod, "rebalancing with the other pods");
             let interval = node.config.rebalance.interval;
-            tokio::spawn(every(Arc::downgrade(&node), interval, move |node| {
+            tokio::spawn(every(Arc::downgrade(&node), interval, None, move |node| {
                 let pod = pod.clone();
                 async move {
                     if node.is_draining() {
@@ -222,9 +225,10 @@ impl Node {
     }
 }
 
-/// Calls `job` every `interval` until the node is gone or `job` says to
-/// stop. Holds the node only while `job` runs: a dropped node ends it.
-async fn every<F, Fut>(node: Weak<Node>, interval: Duration, job: F)
+/// Calls `job` every `interval`, and whenever `soon` is notified, until the
+/// node is gone or `job` says to stop. Holds the node only while `job` runs:
+/// a dropped node ends it.
+async fn every<F, Fut>(node: Weak<Node>, interval: Duration, soon: Option<Arc<Notify>>, job: F)
 where
     F: Fn(Arc<Node>) -> Fut,
     Fut: Future<Output = bool>,
@@ -232,7 +236,17 @@ where
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        match &soon {
+            Some(soon) => {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = soon.notified() => tick.reset(),
+                }
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
         let Some(node) = node.upgrade() else {
             return;
         };

@@ -221,3 +221,53 @@ async fn after_a_reset_a_resume_continues_in_the_new_epoch() {
     assert_eq!(next["op"], "msg", "a replay, not {next}");
     assert_eq!(next["seq"], missed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_stored_at_once_so_a_pod_killed_right_after_resumes_in_the_new_epoch() {
+    let mut redis = Redis::start().await;
+    // No periodic flush within the test: only what is saved at once is.
+    let env = [
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
+        ("HERALD_SESSION__FLUSH_INTERVAL", "1h"),
+    ];
+    let mut a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let b = Herald::pod(HERALD, &redis.url(), &env).await;
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    client.sub(1, "news").await;
+    publish(a.addr, json!(1)).await;
+    receive(&mut client, 1, 1).await;
+    redis.restart_empty().await;
+    let reset = client.expect("reset").await;
+    let epoch = reset["epoch"].as_str().expect("epoch").to_owned();
+    // The session, with the new epoch, is in the store before any flush.
+    eventually(WAIT, || async {
+        let stored = redis.cli(&["GET", &format!("herald:session:{session}")]);
+        if stored.contains(&epoch) {
+            Ok(())
+        } else {
+            Err(format!("stored: {stored:?}, not epoch {epoch}"))
+        }
+    })
+    .await;
+    // Pod b has found its connection to Redis broken by the restart, and
+    // made a new one (a resume that meets the broken one is told 4003).
+    let body = json!({"topic": "warm-up", "data": 0}).to_string();
+    eventually(WAIT, || async {
+        testkit::http(b.addr, "POST", "/v1/publish", &[], body.as_bytes())
+            .await
+            .0
+            == 200
+    })
+    .await;
+    a.kill9();
+    let mut resumed = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
+    let missed = publish(b.addr, json!("after")).await;
+    let next = resumed.recv().await;
+    assert_eq!(next["op"], "msg", "no second reset: {next}");
+    assert_eq!(next["seq"], missed);
+}

@@ -38,6 +38,7 @@ use router::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -73,6 +74,9 @@ pub struct Pod {
     pub tasks: TaskTracker,
     /// What every connection's writer task needs of the pod.
     pub writing: Arc<Writing>,
+    /// Wakes the session flusher before its interval (a shared store's:
+    /// `None` with a pod-local one); see [`Subscriptions::new`].
+    pub flush_soon: Option<Arc<Notify>>,
 }
 
 /// Serves an upgraded connection until it ends.
@@ -155,7 +159,7 @@ where
         id: None,
         resumed: false,
         out: out.clone(),
-        subscriptions: Subscriptions::default(),
+        subscriptions: Subscriptions::new(node.flush_soon.clone()),
         claims: None,
         token_expires: None,
         hello_by: Instant::now() + ws.hello_timeout,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use router::{Epoch, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::hub::Resets;
@@ -31,11 +32,24 @@ struct Inner {
     /// A newer connection owns the session in the store (a save was
     /// refused): nothing is saved from here any more.
     superseded: bool,
+    /// Wakes the pod's flusher (a shared store's): see [`Inner::moved`].
+    flush_soon: Option<Arc<Notify>>,
 }
 
 impl Inner {
     fn touch(&mut self) {
         self.changes += 1;
+    }
+
+    /// A subscription moved to another epoch (the client was told `reset`):
+    /// saved at once, not at the next flush, since a resume that found the
+    /// old epoch stored would reset the client a second time, to a later
+    /// seq, skipping what it had not read yet.
+    fn moved(&mut self) {
+        self.touch();
+        if let Some(flush) = &self.flush_soon {
+            flush.notify_one();
+        }
     }
 }
 
@@ -59,6 +73,15 @@ pub struct Due {
 }
 
 impl Subscriptions {
+    /// Subscriptions whose move to another epoch wakes `flush_soon` (the
+    /// flusher of a shared store; `None` for a pod-local one).
+    pub fn new(flush_soon: Option<Arc<Notify>>) -> Self {
+        Self(Arc::new(Mutex::new(Inner {
+            flush_soon,
+            ..Inner::default()
+        })))
+    }
+
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -86,15 +109,22 @@ impl Subscriptions {
 
     pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64) {
         let mut inner = self.inner();
-        inner.by_topic.insert(
-            topic,
-            Subscription {
-                epoch,
-                acked,
-                reset: false,
-            },
-        );
-        inner.touch();
+        // A restored subscription whose epoch is gone.
+        let moved = inner
+            .by_topic
+            .get(&topic)
+            .is_some_and(|old| old.epoch != epoch);
+        let subscription = Subscription {
+            epoch,
+            acked,
+            reset: false,
+        };
+        inner.by_topic.insert(topic, subscription);
+        if moved {
+            inner.moved();
+        } else {
+            inner.touch();
+        }
     }
 
     /// Whether the topic was subscribed.
@@ -220,7 +250,7 @@ impl Resets for Subscriptions {
                 acked: seq,
                 reset: true,
             };
-            inner.touch();
+            inner.moved();
         }
     }
 }
@@ -269,5 +299,25 @@ mod tests {
         s.stored(due.changes, Stored::Refused, later);
         assert!(s.due(later + REFRESH, REFRESH).is_none(), "superseded");
         assert!(s.superseded());
+    }
+
+    #[tokio::test]
+    async fn a_move_to_another_epoch_wakes_the_flusher_and_an_ack_does_not() {
+        let soon = Arc::new(Notify::new());
+        let s = Subscriptions::new(Some(soon.clone()));
+        let woken = || {
+            let notified = soon.notified();
+            tokio::pin!(notified);
+            // A stored permit completes it at once.
+            notified.as_mut().enable()
+        };
+        s.insert(news(), Arc::from("e"), 0);
+        s.ack(&news(), 3, None);
+        s.insert(news(), Arc::from("e"), 3);
+        assert!(!woken(), "nothing moved");
+        s.reset(&news(), &Arc::from("f"), 7);
+        assert!(woken(), "a reset");
+        s.insert(news(), Arc::from("g"), 9);
+        assert!(woken(), "restored into a new epoch");
     }
 }
