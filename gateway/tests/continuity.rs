@@ -108,12 +108,17 @@ async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into
 
     // The resumed session (acked at 10 in the old epoch, as Redis now says)
     // is reset too: it is not handed the new seqs 11 to 15 as if they were
-    // the ones it already had.
+    // the ones it already had. It is reset to where the new epoch began, and
+    // gets all of the new epoch from history: nothing skipped.
     let mut resumed = Client::connect_url(&pod.ws_url()).await;
     assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
     let reset = resumed.expect("reset").await;
     assert_eq!(reset["epoch"], new_epoch);
-    assert_eq!(reset["seq"], last);
+    assert_eq!(reset["seq"], told);
+    for n in 1..=5 {
+        let (_, seq, data) = resumed.msg().await;
+        assert_eq!((seq, data), (told + n, json!(format!("after {n}"))));
+    }
     let next = publish(pod.addr, json!("next")).await;
     assert_eq!(resumed.msg().await.1, next);
 

@@ -93,9 +93,38 @@ pub struct Recovery {
     /// Whether `publications` continue the subscriber's `since` without a gap.
     /// Always true when no `since` was given.
     pub recovered: bool,
-    /// The publications after `since` up to `position`, oldest first; empty
-    /// when not recovered.
+    /// The publications after `since` up to `position`, oldest first; when
+    /// not recovered, those after `restart`.
     pub publications: Vec<Publication>,
+    /// Not recovered: the seq of `position.epoch` the subscriber's stream
+    /// starts again after (its `reset`). Where the epoch began, when `since`
+    /// was of an epoch left behind and history holds all of this one; the
+    /// topic's seq otherwise.
+    pub restart: u64,
+}
+
+impl Recovery {
+    /// Continuity kept: `publications` follow `since` (none without one).
+    pub fn recovered(position: Position, publications: Vec<Publication>) -> Self {
+        let restart = position.seq;
+        Self {
+            position,
+            recovered: true,
+            publications,
+            restart,
+        }
+    }
+
+    /// Continuity lost: the stream starts again at the topic's seq.
+    pub fn lost(position: Position) -> Self {
+        let restart = position.seq;
+        Self {
+            position,
+            recovered: false,
+            publications: Vec::new(),
+            restart,
+        }
+    }
 }
 
 /// Where an engine hands publications for the topics this pod watches.

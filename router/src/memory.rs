@@ -237,11 +237,7 @@ impl Broker for MemoryBroker {
             seq: state.seq,
         };
         let Some(since) = since else {
-            return Ok(Recovery {
-                position,
-                recovered: true,
-                publications: Vec::new(),
-            });
+            return Ok(Recovery::recovered(position, Vec::new()));
         };
         let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *state.epoch);
         // The history must hold since+1 (or there must be nothing after since).
@@ -251,11 +247,7 @@ impl Broker for MemoryBroker {
                 .front()
                 .is_some_and(|(_, p)| p.seq <= since.seq.saturating_add(1));
         if !same_epoch || since.seq > state.seq || !reaches_back {
-            return Ok(Recovery {
-                position,
-                recovered: false,
-                publications: Vec::new(),
-            });
+            return Ok(Recovery::lost(position));
         }
         let publications = state
             .history
@@ -264,11 +256,7 @@ impl Broker for MemoryBroker {
             .filter(|p| p.seq > since.seq)
             .cloned()
             .collect();
-        Ok(Recovery {
-            position,
-            recovered: true,
-            publications,
-        })
+        Ok(Recovery::recovered(position, publications))
     }
 }
 

@@ -806,9 +806,22 @@ impl Session {
             let label = if recovery.recovered { "true" } else { "false" };
             node.metrics.replays.with_label_values(&[label]).inc();
         }
+        // A client's own `sub` that is not recovered starts at the topic's
+        // seq, as its `ok` says; a restored one at its `reset`, which may be
+        // where the topic's new epoch began, all of that epoch following.
+        let restart = if id.is_none() {
+            recovery.restart
+        } else {
+            position.seq
+        };
+        let publications = if recovery.recovered || id.is_none() {
+            &recovery.publications[..]
+        } else {
+            &[]
+        };
         let start = match &since {
             Some(since) if recovery.recovered => since.seq,
-            _ => position.seq,
+            _ => restart,
         };
         // Before going live: a reset among the held frames moves it on.
         self.subscriptions
@@ -834,13 +847,13 @@ impl Session {
                 self.reply(ServerMessage::Reset {
                     topic: topic.as_str(),
                     epoch: &position.epoch,
-                    seq: position.seq,
+                    seq: restart,
                 })
                 .await;
             }
             None => {}
         }
-        for publication in &recovery.publications {
+        for publication in publications {
             if !self.out.send(frame::publication(publication)).await {
                 break;
             }

@@ -207,6 +207,31 @@ pub(crate) struct Recovered {
     /// With each one's publish time (ms); `None` when the script did not
     /// read history.
     entries: Option<Vec<(Publication, u64)>>,
+    /// For a `since` of another epoch: the seq the current epoch began
+    /// after, `entries` being its history from there.
+    base: Option<u64>,
+}
+
+impl Recovered {
+    /// For a `since` of an epoch left behind: the stream starts again where
+    /// the current epoch began, with all of it from history, if Redis still
+    /// has it all; else at the topic's seq.
+    fn restart_at_epoch_start(self, ttl: Duration) -> Recovery {
+        let position = self.position;
+        match (self.base, self.entries) {
+            (Some(base), Some(entries))
+                if continuous(&entries, base, position.seq, self.now_ms, ttl) =>
+            {
+                Recovery {
+                    position,
+                    recovered: false,
+                    publications: entries.into_iter().map(|(p, _)| p).collect(),
+                    restart: base,
+                }
+            }
+            _ => Recovery::lost(position),
+        }
+    }
 }
 
 /// How far [`scripts::RECOVER`] may trust a `since` (its `ARGV[7]`).
@@ -321,12 +346,17 @@ fn parse_recovered(topic: &Topic, value: Value) -> Option<(Recovered, String)> {
         Some(entries) => Some(parse_entries(topic, &epoch, entries)?),
         None => None,
     };
+    let base = match items.next() {
+        Some(base) => Some(as_u64(&base)?),
+        None => None,
+    };
     Some((
         Recovered {
             position: Position { epoch, seq },
             now_ms,
             clock,
             entries,
+            base,
         },
         line,
     ))
@@ -526,42 +556,26 @@ impl Broker for RedisBroker {
             ttl,
         )
         .await?;
-        let position = recovered.position;
+        let position = recovered.position.clone();
         let Some(since) = since else {
-            return Ok(Recovery {
-                position,
-                recovered: true,
-                publications: Vec::new(),
-            });
+            return Ok(Recovery::recovered(position, Vec::new()));
         };
         let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *position.epoch);
-        if !same_epoch || since.seq > position.seq {
-            return Ok(Recovery {
-                position,
-                recovered: false,
-                publications: Vec::new(),
-            });
+        if !same_epoch {
+            return Ok(recovered.restart_at_epoch_start(ttl));
+        }
+        if since.seq > position.seq {
+            return Ok(Recovery::lost(position));
         }
         if since.seq == position.seq {
-            return Ok(Recovery {
-                position,
-                recovered: true,
-                publications: Vec::new(),
-            });
+            return Ok(Recovery::recovered(position, Vec::new()));
         }
         let entries = recovered.entries.unwrap_or_default();
         if !continuous(&entries, since.seq, position.seq, recovered.now_ms, ttl) {
-            return Ok(Recovery {
-                position,
-                recovered: false,
-                publications: Vec::new(),
-            });
+            return Ok(Recovery::lost(position));
         }
-        Ok(Recovery {
-            position,
-            recovered: true,
-            publications: entries.into_iter().map(|(p, _)| p).collect(),
-        })
+        let publications = entries.into_iter().map(|(p, _)| p).collect();
+        Ok(Recovery::recovered(position, publications))
     }
 }
 

@@ -687,7 +687,7 @@ impl Pubsub {
         if matches!(watched.flow, Flow::Leaving { .. }) {
             return;
         }
-        let position = recovered.position;
+        let position = recovered.position.clone();
         tracing::debug!(%topic, ?position, clock = recovered.clock, "read");
         let read = At {
             epoch: position.epoch.clone(),
@@ -724,6 +724,24 @@ impl Pubsub {
                     {
                         self.observer.gap_filled(entries.len() as u64);
                         for (publication, _) in &entries {
+                            self.sink.deliver(publication, None);
+                        }
+                    }
+                    entries if at.epoch != position.epoch => {
+                        // Back to where the new epoch began, and all of it
+                        // after: a subscriber that is in it already (its
+                        // own resume got there first) skips nothing.
+                        let restarted = Recovered {
+                            entries,
+                            ..recovered
+                        }
+                        .restart_at_epoch_start(ttl);
+                        let restart = Position {
+                            epoch: position.epoch.clone(),
+                            seq: restarted.restart,
+                        };
+                        self.reset(topic, &restart);
+                        for publication in &restarted.publications {
                             self.sink.deliver(publication, None);
                         }
                     }

@@ -195,7 +195,8 @@ pub const LINEAGE_KEY: &str = "herald:lineage";
 /// Lua shared by [`PUBLISH`] and [`RECOVER`]: `lineage(key, known, fresh)`
 /// returns the lineage id and clock, starting a new lineage (at the known
 /// clock) when Redis is behind what a pod saw; `position(meta, history,
-/// lineage, fresh epoch, ttl of a new meta)` returns the topic's epoch and seq,
+/// lineage, fresh epoch, ttl of a new meta)` returns the topic's epoch, seq
+/// and the seq its epoch began after (`b`; nil in a meta older than it),
 /// creating them for a new topic and moving a topic written in an earlier
 /// lineage to a new epoch (its seqs may be issued a second time).
 const PRELUDE: &str = r#"
@@ -212,21 +213,26 @@ local function lineage(key, known, fresh)
   return id, clock
 end
 local function position(meta, history, line, fresh, ttl)
-  local m = redis.call('HMGET', meta, 'epoch', 'seq', 'l')
-  local epoch, seq = m[1], tonumber(m[2] or '0')
+  local m = redis.call('HMGET', meta, 'epoch', 'seq', 'l', 'b')
+  local epoch, seq, base = m[1], tonumber(m[2] or '0'), tonumber(m[4])
   if not epoch then
     -- A new series: whatever history is left belongs to a lost one.
     epoch = fresh
     seq = 0
+    base = 0
     redis.call('DEL', history)
-    redis.call('HSET', meta, 'epoch', epoch, 'seq', 0, 'l', line)
+    redis.call('HSET', meta, 'epoch', epoch, 'seq', 0, 'l', line, 'b', 0)
     if ttl then redis.call('PEXPIRE', meta, ttl) end
   elseif m[3] ~= line then
     -- Without a lineage: stored before lineages existed, adopted as it is.
-    if m[3] then epoch = fresh end
+    if m[3] then
+      epoch = fresh
+      base = seq
+      redis.call('HSET', meta, 'b', base)
+    end
     redis.call('HSET', meta, 'epoch', epoch, 'l', line)
   end
-  return epoch, seq
+  return epoch, seq, base
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -296,8 +302,10 @@ pub fn is_traceparent(value: &str) -> bool {
 
 /// The topic's position (creating its epoch if it has none) and, given a
 /// `since`, the history after it. Returns `{seq, epoch, now_ms, clock,
-/// lineage, entries}`; `entries` only when `since` is in the same epoch and
-/// before `seq`.
+/// lineage, entries, base}`; `entries` only when `since` is in the same epoch
+/// and before `seq`, or in another epoch: then they are the current epoch's
+/// from its start, after `base` (when the epoch's start is known and it has
+/// any), so that a reset can go back to where the epoch began.
 ///
 /// A `since` the pod vouches for (`ARGV[7]` = 1: a stored session's ack, or
 /// what the pod delivered) above the topic's seq in the same epoch proves
@@ -316,15 +324,21 @@ pub static RECOVER: LazyLock<Script> = LazyLock::new(|| {
         "{PRELUDE}{}",
         r#"
 local line, clock = lineage(KEYS[3], tonumber(ARGV[5]), ARGV[6])
-local epoch, seq = position(KEYS[1], KEYS[2], line, ARGV[1], ARGV[4])
+local epoch, seq, base = position(KEYS[1], KEYS[2], line, ARGV[1], ARGV[4])
 local since = tonumber(ARGV[2])
 local same = ARGV[3] == epoch
 if same and ((ARGV[7] == '1' and since > seq) or ARGV[7] == '2') then
   epoch = ARGV[1]
-  redis.call('HSET', KEYS[1], 'epoch', epoch)
+  base = seq
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'b', base)
 end
 local now = now_ms()
-if since < 0 or since >= seq or (ARGV[3] ~= '' and ARGV[3] ~= epoch) then
+local other = ARGV[3] ~= '' and ARGV[3] ~= epoch
+if since >= 0 and other and base and base < seq then
+  -- A since of an epoch left behind: the history of this one, from its start.
+  return {seq, epoch, now, clock, line, redis.call('XRANGE', KEYS[2], (base + 1) .. '-0', '+'), base}
+end
+if since < 0 or since >= seq or other then
   return {seq, epoch, now, clock, line}
 end
 return {seq, epoch, now, clock, line, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
