@@ -219,7 +219,7 @@ impl Builder {
     }
 
     /// Picks the pod for each connection instead of rotating over the URLs
-    /// given (a service registry, a load tool's own choice).
+    /// given.
     pub fn endpoints(mut self, endpoints: impl Endpoints) -> Self {
         self.endpoints = Ok(Arc::new(endpoints));
         self
@@ -361,6 +361,14 @@ impl Client {
             local_ip: None,
             read_buffer: DEFAULT_READ_BUFFER,
         }
+    }
+
+    /// A client whose pod for each connection `endpoints` picks (a
+    /// service registry, a load tool's own choice).
+    pub fn with_endpoints(endpoints: impl Endpoints) -> Builder {
+        let mut builder = Self::builder(["ws://unused/ws"]);
+        builder.endpoints = Ok(Arc::new(endpoints));
+        builder
     }
 
     fn send(&self, command: driver::Command) -> Result<(), Error> {
