@@ -8,7 +8,9 @@ use herald_client::{Client, Event};
 #[tokio::main]
 async fn main() -> Result<(), herald_client::Error> {
     let mut args = std::env::args().skip(1);
-    let url = args.next().unwrap_or_else(|| "ws://127.0.0.1:8080/ws".into());
+    let url = args
+        .next()
+        .unwrap_or_else(|| "ws://127.0.0.1:8080/ws".into());
     let topic = args.next().unwrap_or_else(|| "news".into());
     let (client, mut events) = Client::builder([url]).build()?;
     client.subscribe(topic, None)?;

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::value::RawValue;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -20,8 +20,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use crate::wire::{self, Frame};
 use crate::{
-    Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, Message, Published, Shared,
-    Since, State, TokenFn, reconnects_after,
+    Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, Message, Published, Reply,
+    Shared, Since, State, TokenFn, reconnects_after,
 };
 
 type Ws = WebSocketStream<TcpStream>;
@@ -62,7 +62,7 @@ pub(crate) enum Command {
     Publish {
         topic: Arc<str>,
         data: Box<RawValue>,
-        reply: oneshot::Sender<Result<Published, Error>>,
+        reply: Reply,
     },
     Cut(Cut),
     Close,
@@ -99,7 +99,7 @@ struct Sub {
 enum Pending {
     Sub(Arc<str>),
     Unsub,
-    Pub(oneshot::Sender<Result<Published, Error>>),
+    Pub(Reply),
     Refresh,
 }
 
@@ -139,11 +139,7 @@ pub(crate) struct Driver {
     next_id: u64,
     pending: HashMap<u64, Pending>,
     /// Publishes waiting for a connection.
-    outbox: Vec<(
-        Arc<str>,
-        Box<RawValue>,
-        oneshot::Sender<Result<Published, Error>>,
-    )>,
+    outbox: Vec<(Arc<str>, Box<RawValue>, Reply)>,
     /// Acks the application asked for that this connection cannot send yet
     /// (it has not delivered that far).
     wanted: HashMap<Arc<str>, (Arc<str>, u64)>,

@@ -171,6 +171,9 @@ pub struct Published {
     pub epoch: String,
 }
 
+/// Where a [`Client::publish`] waits for its reply.
+type Reply = oneshot::Sender<Result<Published, Error>>;
+
 type TokenFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
 type TokenFn = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
 
@@ -459,10 +462,13 @@ impl Events {
     }
 }
 
-/// What the application has processed, per topic: the driver acks it.
+/// Per topic, the newest (epoch, seq) the application has processed.
+type Taken = HashMap<Arc<str>, (Arc<str>, u64)>;
+
+/// What the application has processed: the driver acks it.
 #[derive(Default)]
 struct Shared {
-    taken: Mutex<HashMap<Arc<str>, (Arc<str>, u64)>>,
+    taken: Mutex<Taken>,
     wake: Notify,
 }
 
@@ -483,7 +489,7 @@ impl Shared {
         }
     }
 
-    fn drain(&self) -> HashMap<Arc<str>, (Arc<str>, u64)> {
+    fn drain(&self) -> Taken {
         std::mem::take(&mut *self.taken.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }

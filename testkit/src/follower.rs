@@ -281,7 +281,8 @@ impl Follow {
                     if let Some(l) = last
                         && m.seq != l + 1
                     {
-                        seen.problems.push(format!("a gap: seq {} after {l}", m.seq));
+                        seen.problems
+                            .push(format!("a gap: seq {} after {l}", m.seq));
                     }
                     last = Some(m.seq);
                     seen.processed.push(m.seq);
