@@ -54,7 +54,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-pub use endpoints::{Endpoints, Urls};
+pub use endpoints::{DOWN_FOR, Endpoints, Urls};
 pub use error::{Error, ErrorCode, reconnects_after};
 pub use event::{Advice, Cause, Event, Message, State};
 
