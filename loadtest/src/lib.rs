@@ -17,7 +17,8 @@
 //! - [`memory`]: a process's resident memory, from `/proc`.
 //! - [`metrics`]: a gateway's `/metrics`, for what a client cannot see (when
 //!   the gateway closed a client that does not read).
-//! - [`sessions`]: clients that keep a session: they ack, and when their
+//! - [`sessions`]: clients that keep a session (the project's own
+//!   `herald_client`, with a checker around it): they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
 //! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
 //!   Redis behind a bad network where `tc netem` is not available.

@@ -1,49 +1,38 @@
-//! A client that follows one topic's stream across pods for as long as a test
-//! needs: it says `hello`, subscribes, acks every message it processes and,
-//! whenever its connection ends (`reconnect` advice then 1012 or 4002, a
-//! dropped connection, a long silence), waits as advised (or a jittered
-//! backoff) and resumes its session at a pod picked at random from a
-//! [`Service`], as a Kubernetes Service would. An `err` while following (a
-//! subscription the pod could not restore) is answered with `sub` and
-//! `since`. It applies the protocol's client rule (drop a `msg` whose
-//! seq is not above the last one processed) and records, rather than panics
-//! on, everything a test may want to judge: a test runs thousands of them, and
-//! one precise summary beats a thousand panicking tasks.
+//! A follower: the project's Rust client ([`herald_client`]) following one
+//! topic across pods for as long as a test needs, with what the scale-out
+//! tests judge recorded rather than panicked on (a test runs thousands of
+//! them, and one precise summary beats a thousand panicking tasks).
+//!
+//! The client does the work: it resumes its session at a pod picked at
+//! random from a [`Service`] (as a Kubernetes Service would), waits as
+//! `reconnect` advice says or a jittered backoff, falls back to `sub` with
+//! `since`, applies the seq rule and acks with the epoch. This adapter only
+//! adds the test's side: the changing pod list, a gate on first connects,
+//! when to stop, and the counts.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
-use rand::Rng;
+use herald_client::{Acks, Backoff, Cause, Client, Endpoints, Error, ErrorCode, Event, State};
 use rand::seq::SliceRandom;
-use serde::Deserialize;
-use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout, timeout_at};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// Longest one step may take: a TCP connect and upgrade, a `welcome`, an
-/// `ok`, the server's end of a closed connection.
-const STEP: Duration = Duration::from_secs(10);
-/// A connection that brings nothing (no message, no ping) for this long is
-/// taken for dead and replaced; the stream keeps coming while a test runs.
-const SILENCE: Duration = Duration::from_secs(15);
-/// Backoff after a failed connect, doubled per failure up to [`BACKOFF_MAX`],
-/// each wait a random fraction of it.
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// Wait after an end that came with no advice (a pod that died).
-const UNADVISED: Duration = Duration::from_millis(250);
 /// Longest a follower told to give up may take to say where it stood.
 const GIVING_UP: Duration = Duration::from_secs(10);
+/// Acks are cumulative: one at most this often.
+const ACK_INTERVAL: Duration = Duration::from_millis(20);
+/// Backoff after a failed connect: up to 100 ms, doubling to 2 s.
+const BACKOFF: Backoff = Backoff {
+    first: Duration::from_millis(100),
+    cap: Duration::from_secs(2),
+};
+/// Frames are tiny and there are thousands of clients.
+const READ_BUFFER: usize = 4096;
 
 /// The live pods a client may land on: shared, and changed by the test as
 /// pods come and go (an endpoint leaves when its pod terminates and joins
@@ -80,6 +69,12 @@ impl Service {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SocketAddr>> {
         // A test thread that panicked holding it leaves a usable list.
         self.pods.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Endpoints for Service {
+    fn pick(&self, _previous: Option<&str>) -> Option<String> {
+        Service::pick(self).map(|pod| format!("ws://{pod}/ws"))
     }
 }
 
@@ -184,19 +179,18 @@ impl Crowd {
 /// What one follower saw.
 #[derive(Debug, Default)]
 pub struct Followed {
-    /// Seqs processed, in order (after the client rule).
+    /// Seqs processed, in order (after the client's seq rule).
     pub processed: Vec<u64>,
     /// The seq the first subscription started after (its `ok`).
     pub started_after: u64,
-    /// Messages dropped by the client rule: delivered a second time.
+    /// Messages the client dropped by the seq rule: delivered a second time.
     pub wire_duplicates: u64,
     /// Connections after the first one that reached `welcome`.
     pub resumes: u32,
     /// Resumes answered `resumed: false`.
     pub failed_resumes: u32,
-    /// `err` while following (a subscription the pod could not restore on a
-    /// resume, say, with Redis slow): the follower subscribes again with
-    /// `since`, as the `unavailable` code asks.
+    /// `err` while following that the client retries (`unavailable`: a
+    /// subscription the pod could not take right then).
     pub resubscribed: Vec<String>,
     /// Connect attempts that failed (refused, 503, no `welcome`), by why.
     pub refused: BTreeMap<String, u32>,
@@ -212,212 +206,53 @@ pub struct Followed {
     pub incomplete: Option<String>,
 }
 
-/// The fields of a server message the follower reads.
-#[derive(Deserialize)]
-struct Frame<'a> {
-    op: &'a str,
-    #[serde(borrow)]
-    code: Option<&'a str>,
-    seq: Option<u64>,
-    session: Option<String>,
-    resumed: Option<bool>,
-    recovered: Option<bool>,
-    epoch: Option<String>,
-    after_ms: Option<u64>,
-    #[serde(borrow)]
-    reason: Option<&'a str>,
-}
-
-/// The session as the follower keeps it between connections.
-struct State {
-    session: Option<String>,
-    epoch: Option<String>,
-    /// The newest seq processed (the subscription's start before any).
-    last: u64,
-    subscribed: bool,
-    /// The session is known to hold the subscription (a resume restores it).
-    holds_sub: bool,
-}
-
-/// How a connection ended.
-struct Ended {
-    /// `after_ms` of the `reconnect` advice, if there was one.
-    advised: Option<u64>,
-}
-
 impl Follow {
     pub async fn run(mut self) -> Followed {
         let mut seen = Followed::default();
-        let mut state = State {
-            session: None,
-            epoch: None,
-            last: 0,
-            subscribed: false,
-            holds_sub: false,
+        let mut permit = match &self.gate {
+            Some(gate) => gate.clone().acquire_owned().await.ok(),
+            None => None,
         };
-        let mut wait = Duration::ZERO;
-        loop {
-            if self.done(&state) {
+        let built = Client::with_endpoints(self.service.clone())
+            .resume(self.resume)
+            .acks(Acks::Auto {
+                interval: ACK_INTERVAL,
+            })
+            .backoff(BACKOFF)
+            .read_buffer(READ_BUFFER)
+            .report_dropped(true)
+            .build();
+        let (client, mut events) = match built {
+            Ok(built) => built,
+            Err(e) => {
+                seen.incomplete = Some(format!("no client: {e}"));
                 return seen;
             }
-            let give_up = self.give_up.clone();
-            let connected = tokio::select! {
-                _ = give_up.cancelled() => None,
-                ws = async {
-                    tokio::time::sleep(wait).await;
-                    self.connect(&mut state, &mut seen).await
-                } => Some(ws),
-            };
-            let Some(mut ws) = connected else {
-                seen.incomplete = Some(format!(
-                    "gave up while away, at seq {} ({} processed)",
-                    state.last,
-                    seen.processed.len()
-                ));
-                return seen;
-            };
-            let ended = self.read(&mut ws, &mut state, &mut seen).await;
-            wait = match ended {
-                None => return seen,
-                Some(Ended {
-                    advised: Some(after_ms),
-                }) => Duration::from_millis(after_ms),
-                Some(Ended { advised: None }) => jitter(UNADVISED),
-            };
-        }
-    }
-
-    fn done(&self, state: &State) -> bool {
-        state.subscribed && self.last.borrow().is_some_and(|last| state.last >= last)
-    }
-
-    /// Connects (resuming the session once there is one) until a pod says
-    /// `welcome` and the subscription is in place.
-    async fn connect(&mut self, state: &mut State, seen: &mut Followed) -> Ws {
-        let mut backoff = BACKOFF_START;
-        loop {
-            let permit = match &self.gate {
-                Some(gate) if !state.subscribed => gate.clone().acquire_owned().await.ok(),
-                _ => None,
-            };
-            let attempt = match self.service.pick() {
-                Some(pod) => self.attempt(pod, state, seen).await,
-                None => Err("no live pod".to_owned()),
-            };
-            drop(permit);
-            if attempt.is_err() && !state.subscribed {
-                // The session may or may not hold the subscription (the
-                // connection ended before its `ok`): start afresh.
-                state.session = None;
-            }
-            match attempt {
-                Ok(ws) => return ws,
-                Err(e) => {
-                    *seen.refused.entry(e).or_default() += 1;
-                    tokio::time::sleep(jitter(backoff)).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            }
-        }
-    }
-
-    async fn attempt(
-        &mut self,
-        pod: SocketAddr,
-        state: &mut State,
-        seen: &mut Followed,
-    ) -> Result<Ws, String> {
-        // tungstenite reserves 128 KiB per connection for reading by
-        // default; our frames are tiny and there are thousands of us.
-        let config = WebSocketConfig::default().read_buffer_size(4096);
-        let url = format!("ws://{pod}/ws");
-        let connecting = tokio_tungstenite::connect_async_with_config(url, Some(config), true);
-        let (mut ws, _) = timeout(STEP, connecting)
-            .await
-            .map_err(|_| "connect timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        let hello = match (&state.session, self.resume) {
-            (Some(session), true) => format!(r#"{{"op":"hello","resume":"{session}"}}"#),
-            _ => r#"{"op":"hello"}"#.to_owned(),
         };
-        send(&mut ws, hello).await?;
-        let welcome = next_text(&mut ws).await?;
-        let welcome: Frame = serde_json::from_str(&welcome).map_err(|e| e.to_string())?;
-        if welcome.op != "welcome" {
-            return Err(format!(
-                "expected welcome, got {} {}",
-                welcome.op,
-                welcome.reason.unwrap_or_default()
-            ));
+        if let Err(e) = client.subscribe(self.topic.as_str(), None) {
+            seen.incomplete = Some(format!("not subscribed: {e}"));
+            return seen;
         }
-        let resumed = welcome.resumed == Some(true);
-        if state.session.is_some() {
-            seen.resumes += 1;
-            if self.resume && state.subscribed && !resumed {
-                // Counted, then repaired with `since` so that one failure
-                // does not hide what follows.
-                seen.failed_resumes += 1;
-            }
-        }
-        if resumed && state.holds_sub {
-            return Ok(ws);
-        }
-        if !resumed {
-            state.session = welcome.session;
-            state.holds_sub = false;
-        }
-        let sub = match (&state.epoch, state.subscribed) {
-            (Some(epoch), true) => format!(
-                r#"{{"op":"sub","id":1,"topic":"{}","since":{},"epoch":"{epoch}"}}"#,
-                self.topic, state.last
-            ),
-            _ => format!(r#"{{"op":"sub","id":1,"topic":"{}"}}"#, self.topic),
-        };
-        send(&mut ws, sub).await?;
-        let ok = next_text(&mut ws).await?;
-        let ok: Frame = serde_json::from_str(&ok).map_err(|e| e.to_string())?;
-        if (ok.op, ok.code) == ("err", Some("already_subscribed")) && state.subscribed {
-            // The session got the subscription but its `ok` was lost with
-            // the connection: the resume restored it.
-            state.holds_sub = true;
-            return Ok(ws);
-        }
-        if ok.op != "ok" {
-            return Err(format!(
-                "expected ok, got {} {}",
-                ok.op,
-                ok.reason.or(ok.code).unwrap_or_default()
-            ));
-        }
-        state.holds_sub = true;
-        if state.subscribed {
-            if ok.recovered != Some(true) {
-                seen.problems
-                    .push(format!("`sub` with since {} not recovered", state.last));
-            }
-        } else {
-            state.subscribed = true;
-            state.epoch = ok.epoch;
-            state.last = ok.seq.unwrap_or(0);
-            seen.started_after = state.last;
-            if let Some(subscribed) = self.subscribed.take() {
-                let _ = subscribed.send(state.last);
-            }
-        }
-        Ok(ws)
-    }
-
-    /// Reads and acks until the connection ends (`Some`) or the stream is
-    /// complete or the follower gave up (`None`).
-    async fn read(&mut self, ws: &mut Ws, state: &mut State, seen: &mut Followed) -> Option<Ended> {
-        let mut advised = None;
+        let mut last: Option<u64> = None;
+        let mut welcomed = 0u32;
         let mut watching = true;
         loop {
-            if self.done(state) {
-                let _ = timeout(STEP, ws.close(None)).await;
-                return None;
+            if last.is_some_and(|l| self.last.borrow().is_some_and(|end| l >= end)) {
+                client.close();
+                return seen;
             }
-            let next = tokio::select! {
+            // Every branch is cancel-safe (`Events::next` is).
+            let event = tokio::select! {
+                biased;
+                _ = self.give_up.cancelled() => {
+                    seen.incomplete = Some(format!(
+                        "gave up at seq {} ({} processed)",
+                        last.unwrap_or(0),
+                        seen.processed.len()
+                    ));
+                    client.close();
+                    return seen;
+                }
                 // The last seq became known: look again.
                 changed = self.last.changed(), if watching => {
                     if changed.is_err() {
@@ -425,119 +260,97 @@ impl Follow {
                         watching = false;
                         if self.last.borrow().is_none() {
                             seen.incomplete = Some("the test stopped without a last seq".into());
-                            return None;
+                            client.close();
+                            return seen;
                         }
                     }
                     continue;
                 }
-                _ = self.give_up.cancelled() => {
-                    seen.incomplete = Some(format!(
-                        "gave up at seq {} ({} processed)",
-                        state.last,
-                        seen.processed.len()
-                    ));
-                    return None;
-                }
-                next = timeout(SILENCE, ws.next()) => next,
+                event = events.next() => event,
             };
-            let text = match next {
-                Err(_) => {
-                    seen.problems.push(format!("silent for {SILENCE:?}"));
-                    seen.closes.push(None);
-                    return Some(Ended { advised });
-                }
-                Ok(Some(Ok(Message::Text(text)))) => text,
-                Ok(Some(Ok(Message::Close(frame)))) => {
-                    seen.closes
-                        .push(Some(frame.map_or(1005, |f| u16::from(f.code))));
-                    // Read on so that our answer to the close goes out, until
-                    // the server ends the connection.
-                    let _ = timeout(STEP, async { while ws.next().await.is_some() {} }).await;
-                    return Some(Ended { advised });
-                }
-                Ok(Some(Ok(_))) => continue,
-                Ok(Some(Err(_)) | None) => {
-                    seen.closes.push(None);
-                    return Some(Ended { advised });
-                }
+            let Some(event) = event else {
+                seen.incomplete = Some(format!(
+                    "the client stopped at seq {} ({} processed)",
+                    last.unwrap_or(0),
+                    seen.processed.len()
+                ));
+                return seen;
             };
-            let frame: Frame = match serde_json::from_str(&text) {
-                Ok(frame) => frame,
-                Err(e) => {
-                    seen.problems.push(format!("not a message ({e}): {text}"));
-                    continue;
-                }
-            };
-            match (frame.op, frame.seq) {
-                ("msg", Some(seq)) => {
-                    // The protocol's rule: a seq not above the last processed
-                    // one was processed already.
-                    if seq <= state.last {
-                        seen.wire_duplicates += 1;
-                        continue;
-                    }
-                    if seq != state.last + 1 {
+            match event {
+                Event::Message(m) => {
+                    if let Some(l) = last
+                        && m.seq != l + 1
+                    {
                         seen.problems
-                            .push(format!("a gap: seq {seq} after {}", state.last));
+                            .push(format!("a gap: seq {} after {l}", m.seq));
                     }
-                    state.last = seq;
-                    seen.processed.push(seq);
-                    let ack = format!(r#"{{"op":"ack","topic":"{}","seq":{seq}}}"#, self.topic);
-                    if send(ws, ack).await.is_err() {
-                        seen.closes.push(None);
-                        return Some(Ended { advised });
+                    last = Some(m.seq);
+                    seen.processed.push(m.seq);
+                }
+                Event::Dropped { .. } => seen.wire_duplicates += 1,
+                Event::Subscribed { seq, recovered, .. } => match last {
+                    None => {
+                        last = Some(seq);
+                        seen.started_after = seq;
+                        permit.take();
+                        if let Some(subscribed) = self.subscribed.take() {
+                            let _ = subscribed.send(seq);
+                        }
+                    }
+                    Some(at) if recovered != Some(true) => seen
+                        .problems
+                        .push(format!("`sub` with since {at} not recovered")),
+                    Some(_) => {}
+                },
+                Event::Reset { epoch, seq, .. } => seen
+                    .problems
+                    .push(format!("reset to seq {seq} of epoch {epoch}")),
+                Event::State(State::Connected { resume_refused, .. }) => {
+                    welcomed += 1;
+                    if welcomed > 1 {
+                        seen.resumes += 1;
+                    }
+                    if resume_refused.is_some() && last.is_some() {
+                        // The client repairs it with `since`; counted, so
+                        // that one failure does not hide what follows.
+                        seen.failed_resumes += 1;
                     }
                 }
-                ("reconnect", _) => {
-                    match frame.reason {
+                Event::State(State::Resumed { .. }) => {
+                    welcomed += 1;
+                    if welcomed > 1 {
+                        seen.resumes += 1;
+                    }
+                }
+                Event::State(State::Disconnected {
+                    close,
+                    advice,
+                    cause,
+                    ..
+                }) => {
+                    seen.closes.push(close);
+                    match advice.as_ref().map(|a| a.reason.as_str()) {
                         Some("draining") => seen.advised_draining += 1,
                         Some("rebalance") => seen.advised_rebalance += 1,
-                        other => seen.problems.push(format!("reconnect for {other:?}")),
+                        Some(other) => seen.problems.push(format!("reconnect for {other:?}")),
+                        None => {}
                     }
-                    advised = frame.after_ms;
-                }
-                ("ok", _) if frame.recovered == Some(true) => {}
-                ("err", _) if frame.code != Some("already_subscribed") => {
-                    seen.resubscribed.push(text.as_str().to_owned());
-                    let epoch = state.epoch.as_deref().unwrap_or_default();
-                    let sub = format!(
-                        r#"{{"op":"sub","id":2,"topic":"{}","since":{},"epoch":"{epoch}"}}"#,
-                        self.topic, state.last
-                    );
-                    if send(ws, sub).await.is_err() {
-                        seen.closes.push(None);
-                        return Some(Ended { advised });
+                    if cause == Cause::Silent {
+                        seen.problems.push("a silent connection".to_owned());
                     }
                 }
-                _ => seen.problems.push(format!("unexpected: {text}")),
+                Event::Error(Error::Connect { reason, .. }) => {
+                    *seen.refused.entry(reason).or_default() += 1;
+                }
+                Event::Error(
+                    e @ Error::Server {
+                        code: ErrorCode::Unavailable,
+                        ..
+                    },
+                ) => seen.resubscribed.push(e.to_string()),
+                Event::Error(e) => seen.problems.push(e.to_string()),
+                _ => {}
             }
         }
     }
-}
-
-async fn send(ws: &mut Ws, text: String) -> Result<(), String> {
-    timeout(STEP, ws.send(Message::text(text)))
-        .await
-        .map_err(|_| "send timed out".to_owned())?
-        .map_err(|e| e.to_string())
-}
-
-/// The next text message (pings are answered by the library).
-async fn next_text(ws: &mut Ws) -> Result<String, String> {
-    loop {
-        match timeout(STEP, ws.next()).await {
-            Err(_) => return Err("no answer in time".to_owned()),
-            Ok(Some(Ok(Message::Text(text)))) => return Ok(text.as_str().to_owned()),
-            Ok(Some(Ok(Message::Close(frame)))) => return Err(format!("closed: {frame:?}")),
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => return Err(e.to_string()),
-            Ok(None) => return Err("connection ended".to_owned()),
-        }
-    }
-}
-
-/// A random wait up to `max`, so that clients do not move in step.
-fn jitter(max: Duration) -> Duration {
-    let max_ms = max.as_millis().max(1) as u64;
-    Duration::from_millis(rand::thread_rng().gen_range(0..max_ms))
 }

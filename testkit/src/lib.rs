@@ -16,9 +16,10 @@
 //! - [`raw`]: a hand-written WebSocket client that can break the rules on
 //!   purpose, and the one client frame encoder the tests use
 //!   ([`raw::encode`]).
-//! - [`follower`]: a client that follows a topic across pods, resuming its
-//!   session wherever it lands; [`cluster`]: what the scale-out tests share
-//!   about a group of pods (connection counts, evening out).
+//! - [`follower`]: the project's client (`herald_client`) following a topic
+//!   across pods, resuming its session wherever it lands; [`cluster`]: what
+//!   the scale-out tests share about a group of pods (connection counts,
+//!   evening out).
 //! - [`mod@http`]: one HTTP request, metrics, the gRPC client.
 //! - [`process`]: a helper program run to completion, bounded in time.
 //! - [`mod@eventually`]: the bounded poll that replaces hand-written "until the

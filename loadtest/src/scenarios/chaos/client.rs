@@ -4,6 +4,10 @@
 //! It logs its stream per topic as it came over the wire (`ok`, every `msg`
 //! with its data's publish id, every `reset`), for [`super::check`] to judge
 //! after the run; it keeps the protocol's rule only to know what to ack.
+//!
+//! It is the one client in the project that is not `herald_client`, on
+//! purpose: the checker judges the server by the raw stream, duplicates
+//! and all, which a client that applies the seq rule would hide.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
@@ -16,8 +20,12 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Clock;
-use crate::clients::{CONNECT_TIMEOUT, Socket, client_failure, source_addr};
-use crate::sessions::{self, ATTEMPT_TIMEOUT, Next, Plan, handshake};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+use crate::clients::{
+    CONNECT_TIMEOUT, READ_BUFFER_BYTES, Socket, client_failure, connect, describe, source_addr,
+};
+use crate::sessions::{ATTEMPT_TIMEOUT, Plan};
 use crate::{Error, Target};
 
 /// Unexpected frames kept (as text) per client.
@@ -176,7 +184,7 @@ impl Client {
             }
             let mut subs = Vec::with_capacity(topics.len());
             while subs.len() < topics.len() {
-                let text = crate::sessions::next_text(&mut ws).await?;
+                let text = next_text(&mut ws).await?;
                 let ok: Frame<'_> = serde_json::from_str(&text)
                     .map_err(|e| format!("not a server frame ({e}): {text}"))?;
                 match (ok.op.as_ref(), ok.topic, ok.seq, ok.epoch) {
@@ -358,7 +366,7 @@ impl Client {
                 }
                 next = ws.next() => next,
             };
-            let text = match sessions::next(next) {
+            let text = match read(next) {
                 Next::Text(text) => text,
                 Next::Skip => continue,
                 Next::Reconnect => return Lost::Reconnect,
@@ -560,5 +568,147 @@ impl Client {
                 .map_err(|_| ())?;
         }
         Ok(())
+    }
+}
+
+/// Close codes after which a client comes back: 1012 (draining) and
+/// Herald's 4000-4499. 4500-4999 mean "do not reconnect".
+fn reconnects_after(code: u16) -> bool {
+    code == 1012 || (4000..4500).contains(&code)
+}
+
+/// What the client makes of the next thing its connection gives.
+enum Next {
+    /// A text frame: a message of Herald's.
+    Text(tokio_tungstenite::tungstenite::Utf8Bytes),
+    /// Nothing to act on (pings are answered by the library).
+    Skip,
+    /// Gone, or closed with a code that says come back: resume.
+    Reconnect,
+    /// Closed for good, with this code.
+    GiveUp(String),
+}
+
+fn read(item: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Next {
+    match item {
+        Some(Ok(Message::Text(text))) => Next::Text(text),
+        Some(Ok(Message::Close(frame))) => match frame.map(|f| u16::from(f.code)) {
+            None => Next::Reconnect,
+            Some(code) if reconnects_after(code) => Next::Reconnect,
+            Some(code) => Next::GiveUp(format!("closed with {code}")),
+        },
+        Some(Ok(_)) => Next::Skip,
+        Some(Err(_)) | None => Next::Reconnect,
+    }
+}
+
+/// `welcome`, as far as this client cares.
+#[derive(Deserialize)]
+struct WelcomeFrame<'a> {
+    #[serde(borrow)]
+    op: Cow<'a, str>,
+    #[serde(borrow)]
+    session: Option<Cow<'a, str>>,
+    resumed: Option<bool>,
+    #[serde(borrow)]
+    reason: Option<Cow<'a, str>>,
+}
+
+/// The parts of `welcome` a client keeps.
+struct Welcome {
+    session: String,
+    resumed: bool,
+    /// Why a `resume` was not honoured (`not_found`, `other_user`).
+    reason: Option<String>,
+}
+
+/// Why a connection attempt failed.
+struct Failed {
+    /// Nothing listens there: the pod is gone.
+    refused: bool,
+    reason: String,
+}
+
+impl From<String> for Failed {
+    fn from(reason: String) -> Self {
+        Self {
+            refused: false,
+            reason,
+        }
+    }
+}
+
+/// TCP from the client's source address, the WebSocket handshake, `hello`
+/// (resuming `resume` if given) and its `welcome`.
+async fn handshake(
+    client: usize,
+    target: &Target,
+    resume: Option<&str>,
+    token: Option<&str>,
+) -> Result<(Socket, Welcome), Failed> {
+    let stream = connect(source_addr(target.addr.ip(), client), target.addr)
+        .await
+        .map_err(|e| Failed {
+            refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+            reason: describe(&e),
+        })?;
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0);
+    let (mut ws, _) =
+        tokio_tungstenite::client_async_with_config(target.ws_url(), stream, Some(config))
+            .await
+            .map_err(|e| format!("WebSocket handshake: {e}"))?;
+    let mut hello = serde_json::json!({"op": "hello"});
+    if let Some(session) = resume {
+        hello["resume"] = session.into();
+    }
+    if let Some(token) = token {
+        hello["token"] = token.into();
+    }
+    ws.send(Message::text(hello.to_string()))
+        .await
+        .map_err(|e| format!("sending hello: {e}"))?;
+    let text = next_text(&mut ws).await?;
+    let frame: WelcomeFrame<'_> =
+        serde_json::from_str(&text).map_err(|e| format!("not a server frame ({e}): {text}"))?;
+    match (frame.op.as_ref(), frame.session) {
+        ("welcome", Some(session)) => {
+            let welcome = Welcome {
+                session: session.into_owned(),
+                resumed: frame.resumed.unwrap_or(false),
+                reason: frame.reason.map(Cow::into_owned),
+            };
+            Ok((ws, welcome))
+        }
+        _ => Err(format!("expected welcome, got {text}").into()),
+    }
+}
+
+/// The next text frame (pings and pongs skipped).
+async fn next_text(ws: &mut Socket) -> Result<String, String> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(text))) => return Ok(text.as_str().to_owned()),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(other)) => return Err(format!("unexpected {other:?}")),
+            Some(Err(e)) => return Err(format!("reading: {e}")),
+            None => return Err("closed".to_owned()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_codes_say_whether_to_come_back() {
+        for code in [1012, 4000, 4001, 4002, 4499] {
+            assert!(reconnects_after(code), "{code}");
+        }
+        for code in [1000, 1002, 1009, 4500, 4501] {
+            assert!(!reconnects_after(code), "{code}");
+        }
     }
 }

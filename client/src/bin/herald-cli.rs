@@ -1,0 +1,263 @@
+//! `herald-cli`: Herald from a terminal or a script.
+//!
+//! - `herald-cli sub TOPIC [--since N]`: prints each message as a JSON line
+//!   (`{"topic","epoch","seq","data"}`) on stdout, resuming across
+//!   reconnects; what else happens (connects, resets) goes to stderr.
+//! - `herald-cli pub TOPIC DATA`: publishes over the HTTP API and prints
+//!   the answer (`{"seq","epoch"}`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use herald_client::{Client, Event, Since, State};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+/// Where `sub` connects unless told.
+const DEFAULT_URL: &str = "ws://127.0.0.1:8080/ws";
+/// Where `pub` posts unless told.
+const DEFAULT_API: &str = "http://127.0.0.1:8080";
+/// Longest a publish may take, connection included.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+#[command(
+    name = "herald-cli",
+    version,
+    about = "Subscribe to and publish on a Herald cluster"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a topic's messages as JSON lines, resuming across reconnects.
+    Sub {
+        topic: String,
+        /// Start after this seq (replayed from the history if it still
+        /// holds it).
+        #[arg(long)]
+        since: Option<u64>,
+        /// The epoch `--since` is of (default: the topic's current one).
+        #[arg(long, requires = "since")]
+        epoch: Option<String>,
+        /// A gateway's WebSocket URL; give several to spread reconnects.
+        #[arg(long = "url", default_value = DEFAULT_URL)]
+        urls: Vec<String>,
+        /// A token for `hello` (a JWT), where the gateway checks them.
+        #[arg(long)]
+        token: Option<String>,
+        /// Exit after this many messages.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Publish DATA (JSON; anything else is sent as a JSON string) over the HTTP API.
+    Pub {
+        topic: String,
+        data: String,
+        /// The HTTP API's base URL.
+        #[arg(long, default_value = DEFAULT_API)]
+        api: String,
+        /// An API key (`Authorization: Bearer`), where the API wants one.
+        #[arg(long)]
+        key: Option<String>,
+        /// Publishes with the same key within 5 minutes happen once.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Sub {
+            topic,
+            since,
+            epoch,
+            urls,
+            token,
+            count,
+        } => {
+            let since = since.map(|seq| Since { seq, epoch });
+            sub(topic, since, urls, token, count).await
+        }
+        Command::Pub {
+            topic,
+            data,
+            api,
+            key,
+            idempotency_key,
+        } => {
+            publish(
+                &api,
+                &topic,
+                &data,
+                key.as_deref(),
+                idempotency_key.as_deref(),
+            )
+            .await
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald-cli: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn sub(
+    topic: String,
+    since: Option<Since>,
+    urls: Vec<String>,
+    token: Option<String>,
+    count: Option<u64>,
+) -> Result<(), String> {
+    let mut builder = Client::builder(urls);
+    if let Some(token) = token {
+        builder = builder.token(move || {
+            let token = token.clone();
+            async move { Ok::<_, String>(token) }
+        });
+    }
+    let (client, mut events) = builder.build().map_err(|e| e.to_string())?;
+    client.subscribe(topic, since).map_err(|e| e.to_string())?;
+    let mut stdout = tokio::io::stdout();
+    let mut printed = 0u64;
+    if count == Some(0) {
+        return Ok(());
+    }
+    while let Some(event) = events.next().await {
+        match event {
+            Event::Message(m) => {
+                let line =
+                    json!({"topic": &*m.topic, "epoch": &*m.epoch, "seq": m.seq, "data": m.data});
+                let line = format!("{line}\n");
+                stdout
+                    .write_all(line.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stdout.flush().await.map_err(|e| e.to_string())?;
+                printed += 1;
+                if count.is_some_and(|c| printed >= c) {
+                    client.close();
+                    return Ok(());
+                }
+            }
+            Event::Subscribed {
+                topic,
+                epoch,
+                seq,
+                recovered,
+            } => {
+                let recovered = match recovered {
+                    Some(true) => ", recovered",
+                    Some(false) => ", NOT recovered: resync",
+                    None => "",
+                };
+                eprintln!("subscribed to {topic} after seq {seq} of epoch {epoch}{recovered}");
+            }
+            Event::Reset { topic, epoch, seq } => {
+                eprintln!(
+                    "reset: {topic} continues after seq {seq} of a new epoch {epoch}: resync"
+                );
+            }
+            Event::State(State::Disconnected {
+                url, close, cause, ..
+            }) => eprintln!("disconnected from {url} ({cause:?}, close {close:?})"),
+            Event::State(State::Connected { url, .. }) => eprintln!("connected to {url}"),
+            Event::State(State::Resumed { url, .. }) => eprintln!("resumed at {url}"),
+            Event::Error(e) if e.is_terminal() => return Err(e.to_string()),
+            Event::Error(e) => eprintln!("{e}"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `POST {api}/v1/publish`; prints the answer.
+async fn publish(
+    api: &str,
+    topic: &str,
+    data: &str,
+    key: Option<&str>,
+    idempotency_key: Option<&str>,
+) -> Result<(), String> {
+    let data: Value = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.to_owned()));
+    let body = json!({"topic": topic, "data": data}).to_string();
+    let (host, prefix) = split_api(api)?;
+    let path = format!("{prefix}/v1/publish");
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(&host)
+            .await
+            .map_err(|e| format!("connecting to {host}: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let mut request = hyper::Request::post(&path)
+            .header("host", &host)
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        if let Some(k) = idempotency_key {
+            request = request.header("idempotency-key", k);
+        }
+        let request = request
+            .body(Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok::<_, String>((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    let (status, body) = tokio::time::timeout(PUBLISH_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("no answer within {PUBLISH_TIMEOUT:?}"))??;
+    if !status.is_success() {
+        return Err(format!("{status}: {body}"));
+    }
+    println!("{body}");
+    Ok(())
+}
+
+/// `http://host:port/prefix` → (`host:port`, `/prefix`).
+fn split_api(api: &str) -> Result<(String, String), String> {
+    let rest = api
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("--api {api}: only http:// is supported"))?;
+    let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if host.is_empty() {
+        return Err(format!("--api {api}: no host"));
+    }
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:80")
+    };
+    let prefix = prefix.trim_end_matches('/');
+    Ok((
+        host,
+        if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("/{prefix}")
+        },
+    ))
+}

@@ -1,0 +1,1087 @@
+//! The client's own task: it owns the connection and the subscriptions'
+//! positions, and keeps the contract. One loop per connection; between
+//! connections it waits (the advice's delay or a backoff) while still taking
+//! commands.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::value::RawValue;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Sleep, sleep_until, timeout};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+use crate::wire::{self, Frame};
+use crate::{
+    Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, Message, Published, Reply,
+    Shared, Since, State, TokenFn, reconnects_after,
+};
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// After a close frame, how long the client reads on so that its answer to
+/// the close goes out before it drops the connection.
+const CLOSE_DRAIN: Duration = Duration::from_millis(500);
+/// A `refresh` that failed (the provider, or the server) is tried again
+/// this much later; the server closes with 4004 if none succeeds in time.
+const REFRESH_RETRY: Duration = Duration::from_secs(5);
+/// Far enough to mean "not armed".
+const FAR: Duration = Duration::from_secs(86_400);
+
+/// What the builder settled.
+pub(crate) struct Settings {
+    pub endpoints: Arc<dyn Endpoints>,
+    pub token: Option<TokenFn>,
+    pub backoff: Backoff,
+    pub ack_interval: Duration,
+    pub resume: bool,
+    pub connect_timeout: Duration,
+    pub ping_grace: Duration,
+    pub refresh_before: Duration,
+    pub report_dropped: bool,
+    pub local_ip: Option<IpAddr>,
+    pub read_buffer: usize,
+}
+
+/// From a [`crate::Client`] handle.
+pub(crate) enum Command {
+    Subscribe {
+        topic: Arc<str>,
+        since: Option<Since>,
+    },
+    Unsubscribe {
+        topic: Arc<str>,
+    },
+    Publish {
+        topic: Arc<str>,
+        data: Box<RawValue>,
+        reply: Reply,
+    },
+    Cut(Cut),
+    Close,
+}
+
+/// The application went away (dropped [`crate::Events`], or closed).
+struct Stop;
+
+/// One subscription and where the application is in it.
+struct Sub {
+    topic: Arc<str>,
+    /// Unknown only before the first `ok` of a `sub` without `since` epoch.
+    epoch: Option<Arc<str>>,
+    /// The newest seq handed to the application, or where it starts.
+    last: Option<u64>,
+    /// An `ok` came for it once: the position is the server's too.
+    confirmed: bool,
+    /// The current session holds it.
+    held: bool,
+    /// A `sub` in flight on this connection (its id).
+    pending: Option<u64>,
+    /// Whether that `sub` asked for `since`.
+    pending_since: bool,
+    /// After an `unavailable`: send the `sub` again then.
+    retry_at: Option<Instant>,
+    retries: u32,
+    /// The newest seq this connection delivered (what it may ack), and the
+    /// newest it acked.
+    delivered: u64,
+    acked: u64,
+}
+
+/// What an id in flight was.
+enum Pending {
+    Sub(Arc<str>),
+    Unsub,
+    Pub(Reply),
+    Refresh,
+}
+
+/// How a connection (or an attempt) ended.
+enum End {
+    /// Come back after this wait.
+    Again(Duration),
+    /// Stop, with this error first (if any).
+    Stop(Option<Error>),
+}
+
+/// The parts of `welcome` the client keeps.
+struct Welcome {
+    session: String,
+    resumed: bool,
+    ping_ms: u64,
+    expires: Option<u64>,
+    reason: Option<String>,
+}
+
+/// Why an attempt failed.
+enum Failed {
+    Retry(Error),
+    Terminal(Error),
+}
+
+pub(crate) struct Driver {
+    s: Settings,
+    commands: mpsc::UnboundedReceiver<Command>,
+    commands_open: bool,
+    events: mpsc::Sender<Event>,
+    shared: Arc<Shared>,
+    subs: HashMap<Arc<str>, Sub>,
+    session: Option<String>,
+    /// Topics left while away, to `unsub` once the session is resumed.
+    left: Vec<Arc<str>>,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    /// Publishes waiting for a connection.
+    outbox: Vec<(Arc<str>, Box<RawValue>, Reply)>,
+    /// Acks the application asked for that this connection cannot send yet
+    /// (it has not delivered that far).
+    wanted: HashMap<Arc<str>, (Arc<str>, u64)>,
+    /// Half-open connections left behind by [`Cut::HalfOpen`].
+    abandoned: Vec<Ws>,
+    url: Option<String>,
+}
+
+impl Driver {
+    pub fn new(
+        s: Settings,
+        commands: mpsc::UnboundedReceiver<Command>,
+        events: mpsc::Sender<Event>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            s,
+            commands,
+            commands_open: true,
+            events,
+            shared,
+            subs: HashMap::new(),
+            session: None,
+            left: Vec::new(),
+            next_id: 0,
+            pending: HashMap::new(),
+            outbox: Vec::new(),
+            wanted: HashMap::new(),
+            abandoned: Vec::new(),
+            url: None,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut failures = 0u32;
+        let mut wait = Duration::ZERO;
+        loop {
+            if self.pause(wait).await.is_err() {
+                return;
+            }
+            let Some(url) = self.s.endpoints.pick(self.url.as_deref()) else {
+                wait = self.s.backoff.random(failures);
+                failures = failures.saturating_add(1);
+                continue;
+            };
+            let state = State::Connecting {
+                url: url.clone(),
+                attempt: failures + 1,
+            };
+            if self.emit(Event::State(state)).await.is_err() {
+                return;
+            }
+            let attempt = self.connect(&url).await;
+            let end = match attempt {
+                Ok((ws, welcome)) => {
+                    failures = 0;
+                    self.url = Some(url.clone());
+                    match self.connected(ws, &url, welcome).await {
+                        Ok(end) => end,
+                        Err(Stop) => return,
+                    }
+                }
+                Err(Failed::Terminal(e)) => End::Stop(Some(e)),
+                Err(Failed::Retry(e)) => {
+                    if self.emit(Event::Error(e)).await.is_err() {
+                        return;
+                    }
+                    let wait = self.s.backoff.random(failures);
+                    failures = failures.saturating_add(1);
+                    End::Again(wait)
+                }
+            };
+            match end {
+                End::Again(after) => wait = after,
+                End::Stop(error) => {
+                    if let Some(e) = error {
+                        let _ = self.emit(Event::Error(e)).await;
+                    }
+                    self.fail_publishes(Error::Stopped);
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn emit(&self, event: Event) -> Result<(), Stop> {
+        self.events.send(event).await.map_err(|_| Stop)
+    }
+
+    /// Waits `wait` while taking commands.
+    async fn pause(&mut self, wait: Duration) -> Result<(), Stop> {
+        let until = Instant::now() + wait;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.events.closed() => return Err(Stop),
+                command = self.commands.recv(), if self.commands_open => match command {
+                    None => self.commands_open = false,
+                    Some(Command::Close) => return Err(Stop),
+                    Some(Command::Cut(_)) => {}
+                    Some(command) => self.take_offline(command),
+                },
+                _ = sleep_until(until) => return Ok(()),
+            }
+        }
+    }
+
+    /// A command while there is no connection: noted for the next one.
+    fn take_offline(&mut self, command: Command) {
+        match command {
+            Command::Subscribe { topic, since } => {
+                self.add_sub(topic, since);
+            }
+            Command::Unsubscribe { topic } => {
+                if self.subs.remove(&topic).is_some_and(|s| s.held) {
+                    self.left.push(topic);
+                }
+            }
+            Command::Publish { topic, data, reply } => self.outbox.push((topic, data, reply)),
+            Command::Cut(_) | Command::Close => {}
+        }
+    }
+
+    /// A new subscription (none if the topic has one already).
+    fn add_sub(&mut self, topic: Arc<str>, since: Option<Since>) -> bool {
+        if self.subs.contains_key(&topic) {
+            return false;
+        }
+        self.left.retain(|t| *t != topic);
+        let (last, epoch) = match since {
+            Some(Since { seq, epoch }) => (Some(seq), epoch.map(Arc::from)),
+            None => (None, None),
+        };
+        self.subs.insert(
+            topic.clone(),
+            Sub {
+                topic,
+                epoch,
+                last,
+                confirmed: false,
+                held: false,
+                pending: None,
+                pending_since: false,
+                retry_at: None,
+                retries: 0,
+                delivered: 0,
+                acked: 0,
+            },
+        );
+        true
+    }
+
+    fn fail_publishes(&mut self, e: Error) {
+        for (_, _, reply) in self.outbox.drain(..) {
+            let _ = reply.send(Err(e.clone()));
+        }
+        for (_, pending) in self.pending.drain() {
+            if let Pending::Pub(reply) = pending {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ connect
+
+    /// TCP, the upgrade, `hello` (resuming when it may) and `welcome`.
+    async fn connect(&mut self, url: &str) -> Result<(Ws, Welcome), Failed> {
+        let retry = |reason: String, refused: bool| {
+            Failed::Retry(Error::Connect {
+                url: url.to_owned(),
+                reason,
+                refused,
+            })
+        };
+        let token = match &self.s.token {
+            Some(provider) => match timeout(self.s.connect_timeout, provider()).await {
+                Ok(Ok(token)) => Some(token),
+                Ok(Err(e)) => return Err(Failed::Retry(Error::Token(e))),
+                Err(_) => return Err(Failed::Retry(Error::Token("timed out".to_owned()))),
+            },
+            None => None,
+        };
+        let host = wire::host_port(url).map_err(Failed::Terminal)?;
+        let connecting = timeout(self.s.connect_timeout, self.tcp(&host)).await;
+        let stream = match connecting {
+            Err(_) => return Err(retry("TCP connect timed out".to_owned(), false)),
+            Ok(Err(e)) => {
+                let refused = e.kind() == std::io::ErrorKind::ConnectionRefused;
+                if refused {
+                    self.s.endpoints.refused(url);
+                }
+                return Err(retry(e.to_string(), refused));
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        let config = WebSocketConfig::default().read_buffer_size(self.s.read_buffer);
+        let upgrade = tokio_tungstenite::client_async_with_config(url, stream, Some(config));
+        let mut ws = match timeout(self.s.connect_timeout, upgrade).await {
+            Err(_) => return Err(retry("WebSocket upgrade timed out".to_owned(), false)),
+            Ok(Err(e)) => return Err(retry(format!("WebSocket upgrade: {e}"), false)),
+            Ok(Ok((ws, _))) => ws,
+        };
+        // A session whose subscription was sent but never confirmed may or
+        // may not hold it, from an unknown position: start afresh.
+        let unsure = self
+            .subs
+            .values()
+            .any(|s| !s.confirmed && s.pending.is_some());
+        let resume = match &self.session {
+            Some(session) if self.s.resume && !unsure => Some(session.as_str()),
+            _ => None,
+        };
+        let hello = wire::Command::Hello {
+            token: token.as_deref(),
+            resume,
+        };
+        let asked = resume.is_some();
+        if let Err(e) = ws.send(WsMessage::text(hello.to_json())).await {
+            return Err(retry(format!("sending hello: {e}"), false));
+        }
+        match timeout(self.s.connect_timeout, welcome(&mut ws)).await {
+            Err(_) => Err(retry("no welcome in time".to_owned(), false)),
+            Ok(Err(failed)) => Err(match failed {
+                Failed::Retry(Error::Connect { reason, .. }) => retry(reason, false),
+                other => other,
+            }),
+            Ok(Ok(mut welcome)) => {
+                welcome.resumed &= asked;
+                if asked && !welcome.resumed && welcome.reason.is_none() {
+                    welcome.reason = Some("resumed: false".to_owned());
+                }
+                if !asked {
+                    welcome.reason = None;
+                }
+                Ok((ws, welcome))
+            }
+        }
+    }
+
+    async fn tcp(&self, host: &str) -> std::io::Result<TcpStream> {
+        let mut last = None;
+        for addr in tokio::net::lookup_host(host).await? {
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            if let Some(ip) = self.s.local_ip
+                && ip.is_ipv4() == addr.is_ipv4()
+            {
+                socket.bind((ip, 0).into())?;
+            }
+            match socket.connect(addr).await {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    return Ok(stream);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("the host has no address")))
+    }
+
+    // ------------------------------------------------------------ connected
+
+    /// Sets the session up on a new connection, then reads, acks and
+    /// refreshes until it ends.
+    async fn connected(&mut self, mut ws: Ws, url: &str, welcome: Welcome) -> Result<End, Stop> {
+        let resumed = welcome.resumed;
+        self.session = Some(welcome.session.clone());
+        let state = if resumed {
+            State::Resumed {
+                url: url.to_owned(),
+                session: welcome.session,
+            }
+        } else {
+            State::Connected {
+                url: url.to_owned(),
+                session: welcome.session,
+                resume_refused: welcome.reason,
+            }
+        };
+        self.emit(Event::State(state)).await?;
+        for sub in self.subs.values_mut() {
+            sub.pending = None;
+            sub.retry_at = None;
+            sub.delivered = 0;
+            sub.acked = 0;
+            if !resumed {
+                sub.held = false;
+            }
+        }
+        let left = std::mem::take(&mut self.left);
+        let mut setup = Vec::new();
+        if resumed {
+            for topic in left {
+                let id = self.id(Pending::Unsub);
+                setup.push(wire::Command::Unsub { id, topic: &topic }.to_json());
+            }
+        }
+        let topics: Vec<Arc<str>> = self
+            .subs
+            .values()
+            .filter(|s| !s.held)
+            .map(|s| s.topic.clone())
+            .collect();
+        for topic in topics {
+            setup.push(self.sub_command(&topic));
+        }
+        for (topic, data, reply) in std::mem::take(&mut self.outbox) {
+            let id = self.id(Pending::Pub(reply));
+            setup.push(
+                wire::Command::Pub {
+                    id,
+                    topic: &topic,
+                    data: &data,
+                }
+                .to_json(),
+            );
+        }
+        let mut conn = Connection {
+            url: url.to_owned(),
+            silence: Duration::from_millis(welcome.ping_ms.max(1)) + self.s.ping_grace,
+            last_frame: Instant::now(),
+            advice: None,
+            refresh_at: welcome.expires.map(|e| self.refresh_at(e)),
+            last_err: None,
+        };
+        for text in setup {
+            if let Err(e) = ws.send(WsMessage::text(text)).await {
+                return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
+            }
+        }
+        self.read(ws, conn).await
+    }
+
+    fn id(&mut self, pending: Pending) -> u64 {
+        self.next_id += 1;
+        self.pending.insert(self.next_id, pending);
+        self.next_id
+    }
+
+    /// The `sub` for `topic`: with `since` where the client has a position.
+    fn sub_command(&mut self, topic: &Arc<str>) -> String {
+        self.next_id += 1;
+        let id = self.next_id;
+        let Some(sub) = self.subs.get_mut(topic) else {
+            return String::new();
+        };
+        sub.pending = Some(id);
+        sub.pending_since = sub.last.is_some();
+        let text = wire::Command::Sub {
+            id,
+            topic,
+            since: sub.last,
+            epoch: sub.epoch.as_deref(),
+        }
+        .to_json();
+        self.pending.insert(id, Pending::Sub(topic.clone()));
+        text
+    }
+
+    /// When to refresh a token that expires at `expires` (Unix seconds).
+    fn refresh_at(&self, expires: u64) -> Instant {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let left = Duration::from_secs(expires).saturating_sub(now);
+        let lead = self.s.refresh_before.min(left / 2);
+        Instant::now() + left.saturating_sub(lead)
+    }
+
+    async fn read(&mut self, mut ws: Ws, mut conn: Connection) -> Result<End, Stop> {
+        let ack_interval = self.s.ack_interval;
+        let mut ack_timer: Pin<Box<Sleep>> = Box::pin(sleep_until(Instant::now() + FAR));
+        let mut ack_armed = false;
+        let mut quiet: Pin<Box<Sleep>> = Box::pin(sleep_until(conn.last_frame + conn.silence));
+        loop {
+            let retry_at = self.subs.values().filter_map(|s| s.retry_at).min();
+            // Every branch is cancel-safe: `closed`, `recv`, `notified`,
+            // sleeps, and the stream's `next` (a frame half read stays in
+            // the stream).
+            tokio::select! {
+                biased;
+                _ = self.events.closed() => {
+                    let _ = timeout(CLOSE_DRAIN, ws.close(None)).await;
+                    return Err(Stop);
+                }
+                command = self.commands.recv(), if self.commands_open => match command {
+                    None => self.commands_open = false,
+                    Some(Command::Close) => {
+                        let _ = timeout(CLOSE_DRAIN, ws.close(None)).await;
+                        let _ = timeout(CLOSE_DRAIN, async { while ws.next().await.is_some() {} }).await;
+                        return Err(Stop);
+                    }
+                    Some(Command::Cut(how)) => {
+                        match how {
+                            Cut::Reset => {
+                                let _ = ws.get_ref().set_zero_linger();
+                                drop(ws);
+                            }
+                            Cut::HalfOpen => self.abandoned.push(ws),
+                        }
+                        return self.gone(&mut conn, None, Cause::Cut).await;
+                    }
+                    Some(command) => {
+                        if let Err(e) = self.take_online(command, &mut ws).await {
+                            return self.lost(ws, &mut conn, Cause::Lost(e)).await;
+                        }
+                    }
+                },
+                _ = self.shared.wake.notified() => {
+                    self.merge_taken();
+                    if ack_interval.is_zero() {
+                        if let Err(e) = self.flush_acks(&mut ws).await {
+                            return self.lost(ws, &mut conn, Cause::Lost(e)).await;
+                        }
+                    } else if !ack_armed {
+                        ack_armed = true;
+                        ack_timer.as_mut().reset(Instant::now() + ack_interval);
+                    }
+                }
+                frame = ws.next() => {
+                    conn.last_frame = Instant::now();
+                    let text = match frame {
+                        Some(Ok(WsMessage::Text(text))) => text,
+                        Some(Ok(WsMessage::Close(close))) => {
+                            let code = close.as_ref().map(|c| u16::from(c.code));
+                            let reason = close.map(|c| c.reason.as_str().to_owned()).unwrap_or_default();
+                            // Read on so that the answer to the close goes out.
+                            let _ = timeout(CLOSE_DRAIN, async { while ws.next().await.is_some() {} }).await;
+                            drop(ws);
+                            return self.closed(&mut conn, code, reason).await;
+                        }
+                        Some(Ok(_)) => continue,
+                        Some(Err(e)) => return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await,
+                        None => return self.lost(ws, &mut conn, Cause::Lost("connection ended".to_owned())).await,
+                    };
+                    if let Some(e) = self.frame(text.as_str(), &mut conn).await? {
+                        let _ = timeout(CLOSE_DRAIN, ws.close(None)).await;
+                        return Ok(End::Stop(Some(e)));
+                    }
+                    if !self.wanted.is_empty() && !ack_armed {
+                        ack_armed = true;
+                        ack_timer.as_mut().reset(Instant::now() + ack_interval);
+                    }
+                }
+                _ = &mut ack_timer, if ack_armed => {
+                    ack_armed = false;
+                    self.merge_taken();
+                    if let Err(e) = self.flush_acks(&mut ws).await {
+                        return self.lost(ws, &mut conn, Cause::Lost(e)).await;
+                    }
+                }
+                _ = sleep_until(conn.refresh_at.unwrap_or(conn.last_frame + FAR)), if conn.refresh_at.is_some() => {
+                    conn.refresh_at = None;
+                    if let Err(e) = self.refresh(&mut ws, &mut conn).await {
+                        return self.lost(ws, &mut conn, Cause::Lost(e)).await;
+                    }
+                }
+                _ = sleep_until(retry_at.unwrap_or(conn.last_frame + FAR)), if retry_at.is_some() => {
+                    let now = Instant::now();
+                    let due: Vec<Arc<str>> = self.subs.values()
+                        .filter(|s| s.retry_at.is_some_and(|t| t <= now))
+                        .map(|s| s.topic.clone())
+                        .collect();
+                    for topic in due {
+                        if let Some(sub) = self.subs.get_mut(&topic) {
+                            sub.retry_at = None;
+                        }
+                        let text = self.sub_command(&topic);
+                        if let Err(e) = ws.send(WsMessage::text(text)).await {
+                            return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
+                        }
+                    }
+                }
+                _ = &mut quiet => {
+                    let deadline = conn.last_frame + conn.silence;
+                    if Instant::now() >= deadline {
+                        drop(ws);
+                        return self.gone(&mut conn, None, Cause::Silent).await;
+                    }
+                    // Frames came since it was set: look again then.
+                    quiet.as_mut().reset(deadline);
+                }
+            }
+        }
+    }
+
+    /// A command while connected.
+    async fn take_online(&mut self, command: Command, ws: &mut Ws) -> Result<(), String> {
+        let text = match command {
+            Command::Subscribe { topic, since } => {
+                if !self.add_sub(topic.clone(), since) {
+                    return Ok(());
+                }
+                self.sub_command(&topic)
+            }
+            Command::Unsubscribe { topic } => {
+                if self.subs.remove(&topic).is_none() {
+                    return Ok(());
+                }
+                self.wanted.remove(&topic);
+                let id = self.id(Pending::Unsub);
+                wire::Command::Unsub { id, topic: &topic }.to_json()
+            }
+            Command::Publish { topic, data, reply } => {
+                let id = self.id(Pending::Pub(reply));
+                wire::Command::Pub {
+                    id,
+                    topic: &topic,
+                    data: &data,
+                }
+                .to_json()
+            }
+            Command::Cut(_) | Command::Close => return Ok(()),
+        };
+        ws.send(WsMessage::text(text))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn refresh(&mut self, ws: &mut Ws, conn: &mut Connection) -> Result<(), String> {
+        let Some(provider) = self.s.token.clone() else {
+            return Ok(());
+        };
+        let token = match timeout(self.s.connect_timeout, provider()).await {
+            Ok(Ok(token)) => token,
+            Ok(Err(e)) => {
+                conn.refresh_at = Some(Instant::now() + REFRESH_RETRY);
+                let _ = self.events.try_send(Event::Error(Error::Token(e)));
+                return Ok(());
+            }
+            Err(_) => {
+                conn.refresh_at = Some(Instant::now() + REFRESH_RETRY);
+                return Ok(());
+            }
+        };
+        let id = self.id(Pending::Refresh);
+        let text = wire::Command::Refresh { id, token: &token }.to_json();
+        ws.send(WsMessage::text(text))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Moves what the application took into `wanted`.
+    fn merge_taken(&mut self) {
+        for (topic, (epoch, seq)) in self.shared.drain() {
+            match self.wanted.get_mut(&topic) {
+                Some((e, s)) if *e == epoch => *s = (*s).max(seq),
+                _ => {
+                    self.wanted.insert(topic, (epoch, seq));
+                }
+            }
+        }
+    }
+
+    /// Sends the acks this connection may send: never beyond what it
+    /// delivered (the server refuses those), always with the epoch.
+    async fn flush_acks(&mut self, ws: &mut Ws) -> Result<(), String> {
+        let mut acks = Vec::new();
+        self.wanted.retain(|topic, (epoch, seq)| {
+            let Some(sub) = self.subs.get_mut(topic) else {
+                return false;
+            };
+            if sub.epoch.as_deref() != Some(&**epoch) || epoch.is_empty() {
+                // Taken before a reset: the old epoch's acks do not count.
+                return false;
+            }
+            let can = (*seq).min(sub.delivered);
+            if can > sub.acked {
+                sub.acked = can;
+                acks.push(
+                    wire::Command::Ack {
+                        topic,
+                        seq: can,
+                        epoch: Some(epoch),
+                    }
+                    .to_json(),
+                );
+            }
+            *seq > sub.delivered
+        });
+        for ack in acks {
+            ws.send(WsMessage::text(ack))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ frames
+
+    /// Acts on one server frame; `Some` error: stop with it.
+    async fn frame(&mut self, text: &str, conn: &mut Connection) -> Result<Option<Error>, Stop> {
+        let frame = match Frame::parse(text) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.emit(Event::Error(e)).await?;
+                return Ok(None);
+            }
+        };
+        match frame.op.as_ref() {
+            "msg" => self.msg(&frame).await,
+            "ok" => self.ok(&frame, conn).await,
+            "err" => self.err(&frame, conn).await,
+            "reset" => {
+                let (Some(topic), Some(epoch), Some(seq)) = (&frame.topic, &frame.epoch, frame.seq)
+                else {
+                    return self
+                        .unreadable(text, "reset without topic, epoch or seq")
+                        .await;
+                };
+                let Some(sub) = self.subs.get_mut(&**topic) else {
+                    return Ok(None);
+                };
+                let epoch: Arc<str> = Arc::from(&**epoch);
+                sub.move_to(&epoch, seq);
+                let event = Event::Reset {
+                    topic: sub.topic.clone(),
+                    epoch,
+                    seq: sub.last.unwrap_or(seq),
+                };
+                self.emit(event).await?;
+                Ok(None)
+            }
+            "reconnect" => {
+                conn.advice = Some(Advice {
+                    after: Duration::from_millis(frame.after_ms.unwrap_or(0)),
+                    reason: frame.reason.as_deref().unwrap_or_default().to_owned(),
+                });
+                Ok(None)
+            }
+            // Newer servers may say more: ignored, as the protocol asks.
+            _ => Ok(None),
+        }
+    }
+
+    async fn unreadable(&self, text: &str, reason: &str) -> Result<Option<Error>, Stop> {
+        let e = Error::Protocol {
+            reason: reason.to_owned(),
+            frame: text.chars().take(200).collect(),
+        };
+        self.emit(Event::Error(e)).await?;
+        Ok(None)
+    }
+
+    async fn msg(&mut self, frame: &Frame<'_>) -> Result<Option<Error>, Stop> {
+        let (Some(topic), Some(seq)) = (&frame.topic, frame.seq) else {
+            return Ok(None);
+        };
+        // Left, or never asked for: not the application's business.
+        let Some(sub) = self.subs.get_mut(&**topic) else {
+            return Ok(None);
+        };
+        sub.delivered = sub.delivered.max(seq);
+        let epoch = sub.epoch.clone().unwrap_or_else(|| Arc::from(""));
+        // The protocol's rule: a seq not above the last one handed out was
+        // handed out already.
+        if sub.last.is_some_and(|last| seq <= last) {
+            if self.s.report_dropped {
+                let event = Event::Dropped {
+                    topic: sub.topic.clone(),
+                    epoch,
+                    seq,
+                };
+                self.emit(event).await?;
+            }
+            return Ok(None);
+        }
+        sub.last = Some(seq);
+        let data = frame
+            .data
+            .map_or_else(|| RawValue::NULL.to_owned(), |d| d.to_owned());
+        let event = Event::Message(Message {
+            topic: sub.topic.clone(),
+            epoch,
+            seq,
+            data,
+        });
+        self.emit(event).await?;
+        Ok(None)
+    }
+
+    async fn ok(
+        &mut self,
+        frame: &Frame<'_>,
+        conn: &mut Connection,
+    ) -> Result<Option<Error>, Stop> {
+        let Some(pending) = frame.id.and_then(|id| self.pending.remove(&id)) else {
+            return Ok(None);
+        };
+        match pending {
+            Pending::Sub(topic) => {
+                let Some(sub) = self.subs.get_mut(&topic) else {
+                    return Ok(None);
+                };
+                if sub.pending != frame.id {
+                    return Ok(None);
+                }
+                sub.pending = None;
+                sub.held = true;
+                sub.retries = 0;
+                let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or_default());
+                let seq = frame.seq.unwrap_or(0);
+                let recovered = sub.pending_since.then_some(frame.recovered == Some(true));
+                sub.confirmed = true;
+                if recovered == Some(true) {
+                    sub.epoch = Some(epoch.clone());
+                } else {
+                    sub.move_to(&epoch, seq);
+                }
+                let event = Event::Subscribed {
+                    topic: sub.topic.clone(),
+                    epoch,
+                    seq: sub.last.unwrap_or(seq),
+                    recovered,
+                };
+                self.emit(event).await?;
+            }
+            Pending::Pub(reply) => {
+                let published = Published {
+                    seq: frame.seq.unwrap_or(0),
+                    epoch: frame.epoch.as_deref().unwrap_or_default().to_owned(),
+                };
+                let _ = reply.send(Ok(published));
+            }
+            Pending::Refresh => conn.refresh_at = frame.expires.map(|e| self.refresh_at(e)),
+            Pending::Unsub => {}
+        }
+        Ok(None)
+    }
+
+    async fn err(
+        &mut self,
+        frame: &Frame<'_>,
+        conn: &mut Connection,
+    ) -> Result<Option<Error>, Stop> {
+        let code = ErrorCode::parse(frame.code.as_deref().unwrap_or_default());
+        let message = frame.message.as_deref().unwrap_or_default().to_owned();
+        let pending = frame.id.and_then(|id| self.pending.remove(&id));
+        let server = |topic: Option<String>| Error::Server {
+            code: code.clone(),
+            message: message.clone(),
+            topic,
+        };
+        match pending {
+            Some(Pending::Sub(topic)) => {
+                let Some(sub) = self.subs.get_mut(&topic) else {
+                    return Ok(None);
+                };
+                sub.pending = None;
+                if code == ErrorCode::AlreadySubscribed {
+                    // The resumed session had it (its `ok` was lost with the
+                    // connection before).
+                    sub.held = true;
+                    sub.confirmed = true;
+                    return Ok(None);
+                }
+                if code.is_transient() {
+                    sub.retry_at = Some(Instant::now() + self.s.backoff.random(sub.retries));
+                    sub.retries = sub.retries.saturating_add(1);
+                } else {
+                    self.subs.remove(&topic);
+                    self.wanted.remove(&topic);
+                }
+                self.emit(Event::Error(server(Some(topic.to_string()))))
+                    .await?;
+            }
+            Some(Pending::Pub(reply)) => {
+                let _ = reply.send(Err(server(None)));
+            }
+            Some(Pending::Refresh) if code == ErrorCode::Unauthorized => {
+                return Ok(Some(Error::Unauthorized(message)));
+            }
+            Some(Pending::Refresh) => {
+                conn.refresh_at = Some(Instant::now() + REFRESH_RETRY);
+                self.emit(Event::Error(server(None))).await?;
+            }
+            Some(Pending::Unsub) => {}
+            None => {
+                conn.last_err = Some(message.clone());
+                self.emit(Event::Error(server(None))).await?;
+            }
+        }
+        Ok(None)
+    }
+
+    // ------------------------------------------------------------ ends
+
+    /// The server closed with `code`: come back, or stop for good.
+    async fn closed(
+        &mut self,
+        conn: &mut Connection,
+        code: Option<u16>,
+        reason: String,
+    ) -> Result<End, Stop> {
+        match code {
+            Some(4502) => {
+                let why = conn.last_err.take().unwrap_or(reason);
+                self.gone_quietly(conn, code, Cause::Closed).await?;
+                Ok(End::Stop(Some(Error::Unauthorized(why))))
+            }
+            Some(code) if !reconnects_after(code) => {
+                self.gone_quietly(conn, Some(code), Cause::Closed).await?;
+                let reason = conn.last_err.take().unwrap_or(reason);
+                Ok(End::Stop(Some(Error::Closed { code, reason })))
+            }
+            _ => self.gone(conn, code, Cause::Closed).await,
+        }
+    }
+
+    async fn lost(&mut self, ws: Ws, conn: &mut Connection, cause: Cause) -> Result<End, Stop> {
+        drop(ws);
+        self.gone(conn, None, cause).await
+    }
+
+    /// Says the connection ended; the wait before the next one.
+    async fn gone(
+        &mut self,
+        conn: &mut Connection,
+        close: Option<u16>,
+        cause: Cause,
+    ) -> Result<End, Stop> {
+        let advice = conn.advice.clone();
+        self.gone_quietly(conn, close, cause).await?;
+        Ok(End::Again(match advice {
+            Some(advice) => advice.after,
+            None => self.s.backoff.random(0),
+        }))
+    }
+
+    async fn gone_quietly(
+        &mut self,
+        conn: &mut Connection,
+        close: Option<u16>,
+        cause: Cause,
+    ) -> Result<(), Stop> {
+        for (_, pending) in self.pending.drain() {
+            if let Pending::Pub(reply) = pending {
+                let _ = reply.send(Err(Error::ConnectionLost));
+            }
+        }
+        let state = State::Disconnected {
+            url: conn.url.clone(),
+            close,
+            advice: conn.advice.take(),
+            cause,
+        };
+        self.emit(Event::State(state)).await
+    }
+}
+
+/// What one connection knows.
+struct Connection {
+    url: String,
+    /// Longer than this without a frame: dead.
+    silence: Duration,
+    last_frame: Instant,
+    advice: Option<Advice>,
+    refresh_at: Option<Instant>,
+    /// The last `err` without an id (the reason for the close that follows).
+    last_err: Option<String>,
+}
+
+impl Sub {
+    /// Live again after `seq` in `epoch` (a `reset`, an unrecovered `ok`).
+    /// Within the same epoch the position never goes back: no seq is handed
+    /// out twice in an epoch.
+    fn move_to(&mut self, epoch: &Arc<str>, seq: u64) {
+        let same = self.epoch.as_deref() == Some(&**epoch);
+        self.last = Some(match self.last {
+            Some(last) if same => last.max(seq),
+            _ => seq,
+        });
+        if !same {
+            // What this connection delivered and acked was of the old epoch.
+            self.delivered = 0;
+            self.acked = 0;
+        }
+        self.epoch = Some(epoch.clone());
+    }
+}
+
+/// Reads until `welcome`: an `err` and the close that follow a refused
+/// `hello` say whether to come back.
+async fn welcome(ws: &mut Ws) -> Result<Welcome, Failed> {
+    let retry = |reason: String| {
+        Failed::Retry(Error::Connect {
+            url: String::new(),
+            reason,
+            refused: false,
+        })
+    };
+    let mut err: Option<(ErrorCode, String)> = None;
+    loop {
+        let text = match ws.next().await {
+            Some(Ok(WsMessage::Text(text))) => text,
+            Some(Ok(WsMessage::Close(close))) => {
+                let code = close.as_ref().map(|c| u16::from(c.code));
+                let why = err
+                    .as_ref()
+                    .map(|(c, m)| format!("{c}: {m}"))
+                    .unwrap_or_default();
+                let _ = timeout(CLOSE_DRAIN, async { while ws.next().await.is_some() {} }).await;
+                return Err(match code {
+                    Some(4502) => Failed::Terminal(Error::Unauthorized(why)),
+                    Some(code) if !reconnects_after(code) => {
+                        Failed::Terminal(Error::Closed { code, reason: why })
+                    }
+                    _ => retry(format!("closed with {code:?} before welcome {why}")),
+                });
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(retry(e.to_string())),
+            None => return Err(retry("connection ended before welcome".to_owned())),
+        };
+        let frame = match Frame::parse(text.as_str()) {
+            Ok(frame) => frame,
+            Err(e) => return Err(retry(e.to_string())),
+        };
+        match frame.op.as_ref() {
+            "welcome" => {
+                let Some(session) = frame.session else {
+                    return Err(retry("welcome without a session".to_owned()));
+                };
+                return Ok(Welcome {
+                    session: session.into_owned(),
+                    resumed: frame.resumed == Some(true),
+                    ping_ms: frame.ping_ms.unwrap_or(25_000),
+                    expires: frame.expires,
+                    reason: frame.reason.map(|r| r.into_owned()),
+                });
+            }
+            "err" => {
+                err = Some((
+                    ErrorCode::parse(frame.code.as_deref().unwrap_or_default()),
+                    frame.message.as_deref().unwrap_or_default().to_owned(),
+                ));
+            }
+            // `reconnect` before `welcome`: a draining pod; its close follows.
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,526 @@
+//! A Rust client for Herald that keeps the delivery contract for the
+//! application (docs/protocol.md): it resumes its session on any pod, falls
+//! back to `sub` with `since` per topic when the session is gone, acks what
+//! the application has taken, drops what the seq rule says was seen
+//! already, honours `reconnect` advice and the close codes, takes a
+//! connection for dead when the server's pings stop, and refreshes its
+//! token before it expires.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), herald_client::Error> {
+//! use herald_client::{Client, Event};
+//!
+//! let (client, mut events) = Client::builder(["ws://127.0.0.1:8080/ws"]).build()?;
+//! client.subscribe("news", None)?;
+//! while let Some(event) = events.next().await {
+//!     match event {
+//!         Event::Message(m) => println!("{} #{}: {}", m.topic, m.seq, m.data),
+//!         Event::Reset { topic, .. } => println!("resync {topic}"),
+//!         Event::Error(e) if e.is_terminal() => return Err(e),
+//!         _ => {}
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! The layout: [`Client`] is a handle (clone it freely) that sends commands
+//! to a task of the client's own, the driver (`driver.rs`), which owns the
+//! connection: connect → `hello` (resume) → `welcome` → `sub`s → frames →
+//! [`Events`], the application's stream, bounded so that a slow application
+//! slows the reading (the server then closes with 4000 and the client
+//! resumes: nothing is lost). [`Event`] and [`State`] are what it reads,
+//! [`Error`] what can go wrong; [`Endpoints`] picks the pod to connect to.
+//!
+//! Guarantees: within an epoch a topic's messages come in seq order, each at
+//! most once; a gap is never silent (a [`Event::Reset`], or
+//! [`Event::Subscribed`] with `recovered: Some(false)`). Acks go out with the
+//! epoch, never for a seq the current connection has not delivered (the
+//! server refuses those). `ws://` only (no TLS yet).
+
+mod driver;
+mod endpoints;
+mod error;
+mod event;
+mod wire;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+pub use endpoints::{DOWN_FOR, Endpoints, Urls};
+pub use error::{Error, ErrorCode, reconnects_after};
+pub use event::{Advice, Cause, Event, Message, State};
+
+/// Events buffered between the driver and the application.
+pub const DEFAULT_BUFFER: usize = 1024;
+/// Auto acks go out at most this often (acks are cumulative).
+pub const DEFAULT_ACK_INTERVAL: Duration = Duration::from_millis(100);
+/// The first reconnect waits up to this long (at random); then twice as
+/// long per failed attempt, up to [`DEFAULT_BACKOFF_CAP`].
+pub const DEFAULT_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Longest one connection attempt may take: TCP, the upgrade, `welcome`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Silence beyond the server's ping interval after which a connection is
+/// taken for dead.
+pub const DEFAULT_PING_GRACE: Duration = Duration::from_secs(5);
+/// A token is refreshed this long before it expires (or halfway through
+/// its life, if that comes later).
+pub const DEFAULT_REFRESH_BEFORE: Duration = Duration::from_secs(30);
+/// The socket's read buffer: a frame is read whole whatever its size.
+pub const DEFAULT_READ_BUFFER: usize = 16 * 1024;
+
+/// Where a subscription starts: after `seq` (of `epoch`, when known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Since {
+    pub seq: u64,
+    pub epoch: Option<String>,
+}
+
+impl Since {
+    /// After `seq` of `epoch` (from a [`Message`] or [`Event::Subscribed`]).
+    pub fn at(seq: u64, epoch: impl Into<String>) -> Self {
+        Self {
+            seq,
+            epoch: Some(epoch.into()),
+        }
+    }
+}
+
+impl From<u64> for Since {
+    /// After `seq` of the topic's current epoch.
+    fn from(seq: u64) -> Self {
+        Self { seq, epoch: None }
+    }
+}
+
+/// Who acks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// A message handed out by [`Events::next`] counts as processed; acks
+    /// go out at most every `interval` (zero: as each message is taken).
+    Auto { interval: Duration },
+    /// Only what the application acks with [`Client::ack`], batched the
+    /// same way.
+    Manual { interval: Duration },
+}
+
+impl Acks {
+    fn interval(self) -> Duration {
+        match self {
+            Acks::Auto { interval } | Acks::Manual { interval } => interval,
+        }
+    }
+}
+
+/// Exponential backoff with full jitter: attempt `n` (from 0) waits a random
+/// time up to `first × 2^n`, at most `cap`, so that a crowd that lost its
+/// pod at the same instant does not come back in step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub first: Duration,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            first: DEFAULT_BACKOFF_FIRST,
+            cap: DEFAULT_BACKOFF_CAP,
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before attempt `attempt`, for a random `unit` in [0, 1).
+    pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
+        let ceiling = self
+            .first
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.cap);
+        ceiling.mul_f64(unit.clamp(0.0, 1.0))
+    }
+
+    fn random(&self, attempt: u32) -> Duration {
+        self.delay(attempt, rand::random())
+    }
+}
+
+/// How [`Client::cut`] drops the connection, as a network failure would
+/// (fault injection for tests and load tools; the client then resumes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// SO_LINGER 0, then close: the server gets a TCP reset at once.
+    Reset,
+    /// Leave the connection open and silent (until the client stops) and
+    /// come back on a new one: the server learns of it only from the resume.
+    HalfOpen,
+}
+
+/// The reply to a [`Client::publish`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub seq: u64,
+    pub epoch: String,
+}
+
+/// Where a [`Client::publish`] waits for its reply.
+type Reply = oneshot::Sender<Result<Published, Error>>;
+
+type TokenFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+type TokenFn = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
+
+/// The settings [`Client::builder`] collects.
+pub struct Builder {
+    endpoints: Result<Arc<dyn Endpoints>, Error>,
+    token: Option<TokenFn>,
+    backoff: Backoff,
+    acks: Acks,
+    resume: bool,
+    buffer: usize,
+    connect_timeout: Duration,
+    ping_grace: Duration,
+    refresh_before: Duration,
+    report_dropped: bool,
+    local_ip: Option<IpAddr>,
+    read_buffer: usize,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("backoff", &self.backoff)
+            .field("acks", &self.acks)
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// Calls `token` for a token on every connect, before the current one
+    /// expires (`refresh`), and after a token-expired close. An `Err` is
+    /// retried after a backoff; a token the server calls unauthorized stops
+    /// the client with [`Error::Unauthorized`].
+    pub fn token<F, Fut, E>(mut self, token: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, E>> + Send + 'static,
+        E: fmt::Display,
+    {
+        self.token = Some(Arc::new(move || {
+            let fut = token();
+            Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
+        }));
+        self
+    }
+
+    /// Picks the pod for each connection instead of rotating over the URLs
+    /// given.
+    pub fn endpoints(mut self, endpoints: impl Endpoints) -> Self {
+        self.endpoints = Ok(Arc::new(endpoints));
+        self
+    }
+
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Default: [`Acks::Auto`] every [`DEFAULT_ACK_INTERVAL`].
+    pub fn acks(mut self, acks: Acks) -> Self {
+        self.acks = acks;
+        self
+    }
+
+    /// With `false`, every connection starts a fresh session and subscribes
+    /// again with `since` (the other way the protocol offers; default: resume).
+    pub fn resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
+        self
+    }
+
+    /// Events buffered for the application (default [`DEFAULT_BUFFER`]).
+    pub fn buffer(mut self, events: usize) -> Self {
+        self.buffer = events.max(1);
+        self
+    }
+
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Silence allowed beyond the server's ping interval (default
+    /// [`DEFAULT_PING_GRACE`]).
+    pub fn ping_grace(mut self, grace: Duration) -> Self {
+        self.ping_grace = grace;
+        self
+    }
+
+    pub fn refresh_before(mut self, lead: Duration) -> Self {
+        self.refresh_before = lead;
+        self
+    }
+
+    /// Also hand out [`Event::Dropped`] for each `msg` the seq rule drops.
+    pub fn report_dropped(mut self, report: bool) -> Self {
+        self.report_dropped = report;
+        self
+    }
+
+    /// Connect from this local address (a load tool spreads its
+    /// connections over many, to have more source ports).
+    pub fn local_ip(mut self, ip: IpAddr) -> Self {
+        self.local_ip = Some(ip);
+        self
+    }
+
+    /// The socket's read buffer in bytes (default [`DEFAULT_READ_BUFFER`]).
+    pub fn read_buffer(mut self, bytes: usize) -> Self {
+        self.read_buffer = bytes.max(256);
+        self
+    }
+
+    /// Starts the client's driver task (on the current tokio runtime): it
+    /// connects at once. Fails only on unusable URLs.
+    pub fn build(self) -> Result<(Client, Events), Error> {
+        let endpoints = self.endpoints?;
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::channel(self.buffer);
+        let shared = Arc::new(Shared::default());
+        let settings = driver::Settings {
+            endpoints,
+            token: self.token,
+            backoff: self.backoff,
+            ack_interval: self.acks.interval(),
+            resume: self.resume,
+            connect_timeout: self.connect_timeout,
+            ping_grace: self.ping_grace,
+            refresh_before: self.refresh_before,
+            report_dropped: self.report_dropped,
+            local_ip: self.local_ip,
+            read_buffer: self.read_buffer,
+        };
+        tokio::spawn(driver::Driver::new(settings, commands_rx, events_tx, shared.clone()).run());
+        let auto = matches!(self.acks, Acks::Auto { .. });
+        Ok((
+            Client {
+                commands,
+                shared: shared.clone(),
+            },
+            Events {
+                events,
+                shared,
+                auto,
+            },
+        ))
+    }
+}
+
+/// A handle on a client: subscribe, publish, ack, close. Cheap to clone;
+/// the client stops when [`Client::close`] is called or its [`Events`] is
+/// dropped.
+#[derive(Clone)]
+pub struct Client {
+    commands: mpsc::UnboundedSender<driver::Command>,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client of the gateways at `urls` (`ws://host:port/ws`, any pod of
+    /// one cluster): the first is tried first, the next one on each
+    /// reconnect, skipping for a while one that refused a connection.
+    pub fn builder<I, S>(urls: I) -> Builder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Builder {
+            endpoints: Urls::new(urls).map(|u| Arc::new(u) as Arc<dyn Endpoints>),
+            token: None,
+            backoff: Backoff::default(),
+            acks: Acks::Auto {
+                interval: DEFAULT_ACK_INTERVAL,
+            },
+            resume: true,
+            buffer: DEFAULT_BUFFER,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            ping_grace: DEFAULT_PING_GRACE,
+            refresh_before: DEFAULT_REFRESH_BEFORE,
+            report_dropped: false,
+            local_ip: None,
+            read_buffer: DEFAULT_READ_BUFFER,
+        }
+    }
+
+    /// A client whose pod for each connection `endpoints` picks (a
+    /// service registry, a load tool's own choice).
+    pub fn with_endpoints(endpoints: impl Endpoints) -> Builder {
+        let mut builder = Self::builder(["ws://unused/ws"]);
+        builder.endpoints = Ok(Arc::new(endpoints));
+        builder
+    }
+
+    fn send(&self, command: driver::Command) -> Result<(), Error> {
+        self.commands.send(command).map_err(|_| Error::Stopped)
+    }
+
+    /// Subscribes to `topic` (now, or as soon as connected), from `since`
+    /// if given; [`Event::Subscribed`] says where it starts. A refusal comes
+    /// as [`Event::Error`] with the topic; `unavailable` is retried.
+    pub fn subscribe(&self, topic: impl Into<String>, since: Option<Since>) -> Result<(), Error> {
+        self.send(driver::Command::Subscribe {
+            topic: Arc::from(topic.into()),
+            since,
+        })
+    }
+
+    pub fn unsubscribe(&self, topic: impl Into<String>) -> Result<(), Error> {
+        self.send(driver::Command::Unsubscribe {
+            topic: Arc::from(topic.into()),
+        })
+    }
+
+    /// Publishes `data` over the socket, where the topic's namespace lets
+    /// clients publish; waits for the reply (while someone reads
+    /// [`Events`]). Not retried: [`Error::ConnectionLost`] means it may or
+    /// may not have been published.
+    pub async fn publish(
+        &self,
+        topic: impl Into<String>,
+        data: &impl Serialize,
+    ) -> Result<Published, Error> {
+        let data = serde_json::value::to_raw_value(data).map_err(|e| Error::Data(e.to_string()))?;
+        let (reply, answer) = oneshot::channel();
+        self.send(driver::Command::Publish {
+            topic: Arc::from(topic.into()),
+            data,
+            reply,
+        })?;
+        answer.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Acks `message` and every earlier one of its topic ([`Acks::Manual`];
+    /// harmless with auto acks).
+    pub fn ack(&self, message: &Message) {
+        self.shared
+            .take(&message.topic, &message.epoch, message.seq);
+    }
+
+    /// Drops the connection as a network failure would; the client comes
+    /// back and resumes (for tests and load tools).
+    pub fn cut(&self, how: Cut) -> Result<(), Error> {
+        self.send(driver::Command::Cut(how))
+    }
+
+    /// Closes the connection (1000) and stops: the stream ends. The session
+    /// stays resumable on the server for its resume window.
+    pub fn close(&self) {
+        let _ = self.send(driver::Command::Close);
+    }
+}
+
+/// The application's stream of [`Event`]s; `None` once the client has
+/// stopped. Dropping it stops the client.
+pub struct Events {
+    events: mpsc::Receiver<Event>,
+    shared: Arc<Shared>,
+    auto: bool,
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+impl Events {
+    /// The next event. Cancel-safe (a `select!` branch may drop it): an
+    /// event is taken, and with auto acks counted as processed, only when
+    /// returned.
+    pub async fn next(&mut self) -> Option<Event> {
+        let event = self.events.recv().await?;
+        if self.auto
+            && let Event::Message(m) = &event
+        {
+            self.shared.take(&m.topic, &m.epoch, m.seq);
+        }
+        Some(event)
+    }
+}
+
+/// Per topic, the newest (epoch, seq) the application has processed.
+type Taken = HashMap<Arc<str>, (Arc<str>, u64)>;
+
+/// What the application has processed: the driver acks it.
+#[derive(Default)]
+struct Shared {
+    taken: Mutex<Taken>,
+    wake: Notify,
+}
+
+impl Shared {
+    fn take(&self, topic: &Arc<str>, epoch: &Arc<str>, seq: u64) {
+        let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = taken.is_empty();
+        match taken.get_mut(topic) {
+            Some((e, s)) if e == epoch => *s = (*s).max(seq),
+            Some(entry) => *entry = (epoch.clone(), seq),
+            None => {
+                taken.insert(topic.clone(), (epoch.clone(), seq));
+            }
+        }
+        drop(taken);
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    fn drain(&self) -> Taken {
+        std::mem::take(&mut *self.taken.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap_and_is_random_below_it() {
+        let b = Backoff {
+            first: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+        };
+        assert_eq!(b.delay(0, 0.5), Duration::from_millis(50));
+        assert_eq!(b.delay(3, 1.0), Duration::from_millis(800));
+        assert_eq!(b.delay(10, 1.0), Duration::from_secs(2));
+        assert_eq!(b.delay(u32::MAX, 1.0), Duration::from_secs(2));
+        assert_eq!(b.delay(5, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn taken_keeps_the_newest_seq_of_the_newest_epoch() {
+        let shared = Shared::default();
+        let (t, a, b): (Arc<str>, Arc<str>, Arc<str>) = ("news".into(), "a".into(), "b".into());
+        shared.take(&t, &a, 5);
+        shared.take(&t, &a, 3);
+        assert_eq!(shared.drain()[&t], (a.clone(), 5));
+        shared.take(&t, &a, 9);
+        shared.take(&t, &b, 2);
+        assert_eq!(shared.drain()[&t], (b, 2));
+        assert!(shared.drain().is_empty());
+    }
+}

@@ -1,0 +1,178 @@
+//! The protocol's JSON text: the server frames the client reads (only the
+//! keys it uses; unknown keys are ignored) and the commands it writes.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::Error;
+
+/// Any server message: `op` says which keys matter.
+#[derive(Deserialize)]
+pub(crate) struct Frame<'a> {
+    #[serde(borrow)]
+    pub op: Cow<'a, str>,
+    pub id: Option<u64>,
+    #[serde(borrow)]
+    pub topic: Option<Cow<'a, str>>,
+    pub seq: Option<u64>,
+    #[serde(borrow)]
+    pub epoch: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pub data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub session: Option<Cow<'a, str>>,
+    pub ping_ms: Option<u64>,
+    pub resumed: Option<bool>,
+    pub expires: Option<u64>,
+    pub recovered: Option<bool>,
+    #[serde(borrow)]
+    pub reason: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub code: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub message: Option<Cow<'a, str>>,
+    pub after_ms: Option<u64>,
+}
+
+impl<'a> Frame<'a> {
+    pub fn parse(text: &'a str) -> Result<Self, Error> {
+        serde_json::from_str(text).map_err(|e| Error::Protocol {
+            reason: e.to_string(),
+            frame: text.chars().take(200).collect(),
+        })
+    }
+}
+
+/// `Some` for a value that is present, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// A command, as the client writes it.
+#[derive(Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub(crate) enum Command<'a> {
+    Hello {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        token: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resume: Option<&'a str>,
+    },
+    Sub {
+        id: u64,
+        topic: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        epoch: Option<&'a str>,
+    },
+    Unsub {
+        id: u64,
+        topic: &'a str,
+    },
+    Pub {
+        id: u64,
+        topic: &'a str,
+        data: &'a RawValue,
+    },
+    Ack {
+        topic: &'a str,
+        seq: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        epoch: Option<&'a str>,
+    },
+    Refresh {
+        id: u64,
+        token: &'a str,
+    },
+}
+
+impl Command<'_> {
+    pub fn to_json(&self) -> String {
+        // Every key is a string and `data` is JSON already: cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The `host:port` of a `ws://` URL (port 80 when absent).
+pub(crate) fn host_port(url: &str) -> Result<String, Error> {
+    let bad = |reason: &str| Error::Url {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let rest = url
+        .strip_prefix("ws://")
+        .ok_or_else(|| bad("only ws:// URLs are supported"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() || authority.contains('@') {
+        return Err(bad("no host (or user info, which is not supported)"));
+    }
+    // `[::1]:8080`, `host:8080`, `host`.
+    let has_port = match authority.rfind(':') {
+        Some(i) => !authority[i..].contains(']'),
+        None => false,
+    };
+    Ok(if has_port {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_read_what_the_server_sends() {
+        let f = Frame::parse(r#"{"op":"msg","topic":"news","seq":42,"data":{"a":[1, 2]}}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((f.op.as_ref(), f.seq), ("msg", Some(42)));
+        assert_eq!(f.data.map(RawValue::get), Some(r#"{"a":[1, 2]}"#));
+        let f = Frame::parse(r#"{"op":"msg","topic":"news","seq":1,"data":null,"new":1}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.data.map(RawValue::get), Some("null"));
+        assert!(Frame::parse("[1]").is_err());
+        assert!(Frame::parse(r#"{"seq":1}"#).is_err());
+    }
+
+    #[test]
+    fn commands_are_written_as_the_protocol_spells_them() {
+        let sub = Command::Sub {
+            id: 1,
+            topic: "news",
+            since: Some(41),
+            epoch: Some("e"),
+        };
+        assert_eq!(
+            sub.to_json(),
+            r#"{"op":"sub","id":1,"topic":"news","since":41,"epoch":"e"}"#
+        );
+        let hello = Command::Hello {
+            token: None,
+            resume: None,
+        };
+        assert_eq!(hello.to_json(), r#"{"op":"hello"}"#);
+    }
+
+    #[test]
+    fn urls_name_host_and_port() {
+        assert_eq!(
+            host_port("ws://127.0.0.1:8080/ws").ok().as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            host_port("ws://example.com/ws").ok().as_deref(),
+            Some("example.com:80")
+        );
+        assert_eq!(
+            host_port("ws://[::1]:9/ws").ok().as_deref(),
+            Some("[::1]:9")
+        );
+        assert_eq!(host_port("ws://[::1]/ws").ok().as_deref(), Some("[::1]:80"));
+        assert!(host_port("wss://example.com/ws").is_err());
+        assert!(host_port("ws:///ws").is_err());
+    }
+}
