@@ -181,6 +181,8 @@ def decoder_seeds():
         "pub_lone_surrogate": b'{"op":"pub","id":7,"topic":"ns:a-b_c.d=e@f/g","data":"83d\\ude00"}',
         "ack": b'{"op":"ack","topic":"news","seq":18446744073709551615}',
         "refresh": b'{"op":"refresh","id":8,"token":"t"}',
+        "ping": b'{"op":"ping","id":11}',
+        "bad_topic": b'{"op":"unsub","id":12,"topic":"no spaces"}',
         "unknown_op": b'{"op":"nope","id":9}',
         "missing_field": b'{"op":"sub","topic":"news"}',
         "array": b'["sub",1,"news"]',

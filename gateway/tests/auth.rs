@@ -563,9 +563,9 @@ async fn a_refresh_that_grants_less_leaves_those_topics_and_keeps_the_connection
     alice
         .send(json!({"op": "refresh", "id": 100, "token": tokens[1]}))
         .await;
-    // Fourteen topics lost, each said once; more than max_bad_commands, and
-    // still no close: the client did nothing wrong.
-    let mut lost = 0;
+    // Fourteen topics lost, each said once (its `err` names it); more than
+    // max_bad_commands, and still no close: the client did nothing wrong.
+    let mut lost = Vec::new();
     loop {
         let answer = alice.recv().await;
         if answer["op"] == "ok" {
@@ -573,9 +573,12 @@ async fn a_refresh_that_grants_less_leaves_those_topics_and_keeps_the_connection
             break;
         }
         assert_err(&answer, "forbidden");
-        lost += 1;
+        lost.push(answer["topic"].as_str().expect("the topic").to_owned());
     }
-    assert_eq!(lost, topics.len() - 1);
+    lost.sort();
+    let mut expected = topics[1..].to_vec();
+    expected.sort();
+    assert_eq!(lost, expected);
     gateway.publish("prices:t0", json!(1)).await;
     gateway.publish("prices:t1", json!(2)).await;
     let (topic, _, _) = alice.msg().await;
@@ -649,6 +652,41 @@ async fn another_users_token_cannot_resume_a_session_nor_disturb_its_connection(
     assert_eq!(alice.closed().await, Some(4501));
     let seq = gateway.publish("chat:room", json!("again")).await;
     assert_eq!(again.msg().await.1, seq);
+    gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_resume_with_a_token_that_grants_less_names_each_topic_it_leaves() {
+    let gateway = hmac_gateway().await;
+    let tokens = mint_lines(json!([
+        hs256(claims("alice", 600, json!({"subscribe": ["prices:*"]}))),
+        hs256(claims("alice", 600, json!({"subscribe": ["prices:eur"]}))),
+    ]))
+    .await;
+    let (mut alice, welcome) = welcomed(&gateway.ws_url(), &tokens[0]).await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    for (id, topic) in [(1, "prices:eur"), (2, "prices:usd"), (3, "prices:gbp")] {
+        assert_eq!(sub(&mut alice, id, topic).await["op"], "ok");
+    }
+    drop(alice);
+
+    let mut again = Client::connect(&gateway).await;
+    let resumed = hello(&mut again, Some(&tokens[1]), Some(&session)).await;
+    assert_eq!(resumed["resumed"], true, "{resumed}");
+    // Each topic the token no longer grants: an `err` without an `id` (no
+    // command of the client's caused it), naming the topic.
+    let mut left = Vec::new();
+    for _ in 0..2 {
+        let err = again.recv().await;
+        assert_err(&err, "forbidden");
+        assert!(err.get("id").is_none(), "{err}");
+        left.push(err["topic"].as_str().expect("the topic").to_owned());
+    }
+    left.sort();
+    assert_eq!(left, ["prices:gbp", "prices:usd"]);
+    // The one still granted is back.
+    let seq = gateway.publish("prices:eur", json!(1)).await;
+    assert_eq!(again.msg().await, ("prices:eur".to_owned(), seq, json!(1)));
     gateway.shutdown().await;
 }
 

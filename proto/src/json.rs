@@ -42,6 +42,10 @@ pub enum Command<'a> {
         id: u64,
         token: Cow<'a, str>,
     },
+    /// Answered with `ok`: for clients that cannot see the server's pings.
+    Ping {
+        id: u64,
+    },
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -107,6 +111,9 @@ impl<'a> Command<'a> {
                 id: id.ok_or_else(|| missing("id"))?,
                 token: raw.token.ok_or_else(|| missing("token"))?,
             },
+            "ping" => Command::Ping {
+                id: id.ok_or_else(|| missing("id"))?,
+            },
             other => {
                 return Err(CommandError::new(
                     id,
@@ -154,6 +161,7 @@ impl<'a> Command<'a> {
                 id: *id,
                 token: token.to_string(),
             }),
+            Command::Ping { id } => Op::Ping(v1::Ping { id: *id }),
         };
         v1::ClientCommand { op: Some(op) }
     }
@@ -167,6 +175,9 @@ pub struct CommandError {
     pub id: Option<u64>,
     pub code: ErrorCode,
     pub message: String,
+    /// The topic the error is about, when it is about one: a client learns
+    /// which subscription an `err` without an `id` ended from it.
+    pub topic: Option<String>,
 }
 
 impl CommandError {
@@ -175,7 +186,15 @@ impl CommandError {
             id,
             code,
             message: message.into(),
+            topic: None,
         }
+    }
+
+    /// The same error, about `topic`.
+    #[must_use]
+    pub fn about(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
     }
 }
 
@@ -278,6 +297,9 @@ pub enum ServerMessage<'a> {
         id: Option<u64>,
         code: ErrorCode,
         message: &'a str,
+        /// The topic the error is about, when it is about one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        topic: Option<&'a str>,
     },
     Reset {
         topic: &'a str,
@@ -335,10 +357,16 @@ impl ServerMessage<'_> {
                 seq,
                 data: data.get().as_bytes().to_vec(),
             }),
-            ServerMessage::Err { id, code, message } => Op::Err(v1::Err {
+            ServerMessage::Err {
+                id,
+                code,
+                message,
+                topic,
+            } => Op::Err(v1::Err {
                 id,
                 code: code.as_str().to_owned(),
                 message: message.to_owned(),
+                topic: topic.map(str::to_owned),
             }),
             ServerMessage::Reset { topic, epoch, seq } => Op::Reset(v1::Reset {
                 topic: topic.to_owned(),

@@ -59,7 +59,9 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"pub","id":3,"topic":"news","data":{"any":"json"}}"#,
         r#"{"op":"ack","topic":"news","seq":42,"epoch":"9f3c"}"#,
         r#"{"op":"refresh","id":4,"token":"t"}"#,
+        r#"{"op":"ping","id":5}"#,
     ];
+    let mut ops = BTreeSet::new();
     for text in commands {
         let (op, keys) = json_keys(text.as_bytes());
         assert_eq!(keys, proto_fields(&capitalised(&op)), "keys of `{op}`");
@@ -67,7 +69,14 @@ fn every_command_matches_its_proto_message() {
         let pb = command.to_proto();
         let back = proto::v1::ClientCommand::decode(pb.encode_to_vec().as_slice()).expect("pb");
         assert_eq!(pb, back, "`{op}` survives protobuf");
+        ops.insert(capitalised(&op));
     }
+    // And no case of the oneof is missing from the JSON form.
+    let oneof: BTreeSet<String> = proto_fields("ClientCommand")
+        .iter()
+        .map(|f| capitalised(f))
+        .collect();
+    assert_eq!(ops, oneof);
 }
 
 #[test]
@@ -98,6 +107,7 @@ fn every_server_message_matches_its_proto_message() {
             id: Some(3),
             code: ErrorCode::Forbidden,
             message: "no",
+            topic: Some("news"),
         },
         ServerMessage::Reset {
             topic: "news",

@@ -14,11 +14,6 @@ export const DEFAULT_TIMEOUT_MS = 10_000;
 const PONG_GRACE_MAX_MS = 10_000;
 /** Refresh the token this long before it expires (at most; a third of its lifetime if shorter). */
 const REFRESH_MARGIN_MAX_MS = 30_000;
-/**
- * What a browser's liveness probe unsubscribes from: a topic it never
- * subscribes to, so that the answer is an `err` that proves the server is there.
- */
-const PROBE_TOPIC = 'herald-probe';
 
 /** The options of a {@link HeraldClient}. */
 export interface HeraldClientOptions {
@@ -177,7 +172,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #pingMs = 25_000;
   /** Whether the socket shows the server's pings (the `ws` package does; browsers do not). */
   #pingsVisible = false;
-  #probeId: number | undefined;
+  /** A `ping` of ours is unanswered: more silence ends the connection. */
   #probing = false;
   #waiters: [() => void, (e: HeraldError) => void][] = [];
   #faulting = false;
@@ -344,7 +339,6 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#ws = undefined;
     this.#welcomed = false;
     this.#probing = false;
-    this.#probeId = undefined;
     if (ws) {
       ws.onopen = ws.onmessage = ws.onclose = null;
       try {
@@ -455,11 +449,6 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #err(m: Frame): void {
     const e = errorFor(m.code ?? 'internal', m.message ?? m.code ?? 'error');
     if (m.id !== undefined) {
-      if (m.id === this.#probeId) {
-        this.#probeId = undefined;
-        this.#probed();
-        return;
-      }
       const sub = this.#subIds.get(m.id);
       if (sub) {
         this.#subIds.delete(m.id);
@@ -488,8 +477,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       return;
     }
     // Not caused by a command of ours: a subscription the server ended (a
-    // resume the token no longer grants). The message names its topic.
-    const sub = this.#sub(/`([^`]+)`/.exec(m.message ?? '')?.[1]);
+    // resume the token no longer grants), named by `topic`.
+    const sub = this.#sub(m.topic);
     if (sub) this.#drop(sub, e);
     else this.emit('error', e);
   }
@@ -587,21 +576,11 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       return;
     }
     // A browser's WebSocket answers pings without showing them: ask the
-    // server for an answer instead (an `err`: the probe topic is never ours).
+    // server for an answer instead. Its `ok` (any frame) is life; `#ok`
+    // finds no request of that id and ignores it.
     this.#probing = true;
-    this.#probeId = ++this.#id;
-    this.#send({ op: 'unsub', id: this.#probeId, topic: PROBE_TOPIC });
+    this.#send({ op: 'ping', id: ++this.#id });
     this.#timer('live', Math.min(this.#pingMs, PONG_GRACE_MAX_MS), () => this.#silent());
-  }
-
-  /** The probe's `err` counts as a bad command; a good one (an ack we already sent) sets the count back. */
-  #probed(): void {
-    for (const sub of this.#subs.values()) {
-      if (sub._held && sub._acked > 0 && sub._wire !== undefined && sub._ackedEpoch === sub.epoch) {
-        this.#send({ op: 'ack', topic: sub.topic, seq: sub._acked, epoch: sub.epoch });
-        return;
-      }
-    }
   }
 
   // ---------------------------------------------------------------- helpers

@@ -3,6 +3,7 @@
 // reset, token expiry and a terminal close.
 
 import assert from 'node:assert/strict';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
@@ -256,28 +257,44 @@ test('a bad token is a terminal close: UnauthorizedError, and no reconnect', asy
   assert.equal(await page.evaluate(() => window.client.state), 'closed');
 });
 
-test("a quiet page's liveness probes (a browser cannot see pings) keep its connection, and never add up to a 4500 close", async (t) => {
+test("a quiet page's liveness probes (a browser cannot see pings) keep its connection, and are no bad commands", async (t) => {
   const cleanup = cleanups(t);
-  // Pings every 300 ms: the page probes after 600 ms of silence. Three bad
-  // commands in a row would close the connection (4500); a probe is one.
+  // Pings every 300 ms: the page sends `ping` after 600 ms of silence. Three
+  // bad commands in a row would close the connection (4500).
   const herald = await startHerald(cleanup, config({ websocket: { ping_interval: '300ms', max_bad_commands: 3 } }));
   const events = new Events();
   const page = await sdkPage(cleanup, events);
   await page.evaluate(([url]) => window.follow([url], 'quiet'), [herald.ws]);
   await events.wait('subscribed', (e) => e.t === 'subscribed');
-  await publish(herald, 'quiet', { only: 'one' }); // something to ack: the ack after each probe sets the count back
+  await publish(herald, 'quiet', { only: 'one' });
   await events.wait('the message', (e) => e.t === 'msg');
-  const probes = async () => {
+  const metric = async (name) => {
     const text = await (await fetch(`${herald.http}/metrics`)).text();
-    return Number(/^herald_bad_commands_total (\d+)/m.exec(text)?.[1] ?? 0);
+    return Number(new RegExp(`^${name} (\\d+)`, 'm').exec(text)?.[1] ?? 0);
   };
-  await poll('six probes answered', 15_000, async () => (await probes()) >= 6, 100);
+  // From here on nothing is published: every frame the pod writes is the `ok` to a probe.
+  const before = await metric('herald_messages_delivered_total');
+  await poll('six probes answered', 15_000, async () => (await metric('herald_messages_delivered_total')) - before >= 6, 100);
+  assert.equal(await metric('herald_bad_commands_total'), 0, 'a probe is no bad command');
   assert.deepEqual(events.filter((e) => e.t === 'state' && e.state !== 'connected' && e.state !== 'connecting'), [], 'never disconnected');
+  assert.deepEqual(events.filter((e) => e.t === 'error' || e.t === 'suberror'), []);
 });
 
 // ---------------------------------------------------------------- the demo
 
-test('the ticker demo shows seqs, a resume and a reset as they happen (its screenshot is docs/demo.png)', async (t) => {
+/**
+ * Where the demo's screenshot goes: under the cargo target directory, so that
+ * a test run leaves the work tree clean; docs/demo.png only when asked for
+ * with HERALD_UPDATE_DEMO=1.
+ */
+function demoScreenshot() {
+  if (process.env.HERALD_UPDATE_DEMO === '1') return join(REPO, 'docs/demo.png');
+  const dir = join(process.env.CARGO_TARGET_DIR ?? join(REPO, 'target'), 'herald-js');
+  mkdirSync(dir, { recursive: true });
+  return join(dir, 'demo.png');
+}
+
+test('the ticker demo shows seqs, a resume and a reset as they happen (docs/demo.png is its screenshot)', async (t) => {
   const cleanup = cleanups(t);
   const redis = await startRedis(cleanup);
   const herald = await pod(cleanup, redis);
@@ -307,5 +324,7 @@ test('the ticker demo shows seqs, a resume and a reset as they happen (its scree
   const seqs = await page.evaluate(() => [...document.querySelectorAll('#messages tr td:first-child')].map((td) => Number(td.textContent)));
   assert.deepEqual(seqs.slice(-7), [7, 6, 5, 4, 3, 2, 1], 'newest first, each once');
   await page.waitForFunction(() => document.getElementById('messages').rows.length >= 9, null, { timeout: STEP });
-  await page.screenshot({ path: join(REPO, 'docs/demo.png') });
+  const path = demoScreenshot();
+  await page.screenshot({ path });
+  t.diagnostic(`screenshot: ${path}`);
 });

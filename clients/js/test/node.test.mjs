@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { ForbiddenError, HeraldClient } from '../dist/index.js';
-import { Events, cleanups, config, publish, startHerald } from './harness.mjs';
+import { Events, cleanups, config, hs256, publish, startHerald } from './harness.mjs';
 
 /** A client on `urls` whose events go to `events`; closed at cleanup. */
 function client(cleanup, events, urls, options = {}) {
@@ -66,6 +66,36 @@ test('Node: manual acks: a resumed session replays what the app did not ack, and
   await events.wait('seq 5', (e) => e.t === 'msg' && e.seq === 5);
   assert.deepEqual(events.filter((e) => e.t === 'msg').map((m) => m.seq), [1, 2, 3, 4, 5]);
   assert.equal(sub.duplicates, 2, 'seqs 3 and 4 were replayed (not acked) and dropped');
+});
+
+test('Node: a resume whose token grants less: the subscription it lost gets `error` (the `err` names it), the others go on', async (t) => {
+  const cleanup = cleanups(t);
+  const secret = 'herald-js-tests-hmac-secret-0123456789';
+  const herald = await startHerald(
+    cleanup,
+    config({ auth: { hmac_secret: secret }, 'namespaces.prices': { subscribe: 'granted', publish: 'nobody' } }),
+  );
+  const grants = [['prices:*'], ['prices:eur']];
+  let minted = 0;
+  const getToken = () => hs256(secret, { sub: 'alice', exp: Math.floor(Date.now() / 1000) + 600, subscribe: grants[Math.min(minted++, 1)] });
+  const events = new Events();
+  const c = client(cleanup, events, [herald.ws], { getToken });
+  const eur = c.subscribe('prices:eur');
+  follow(eur, events);
+  const usd = c.subscribe('prices:usd');
+  usd.on('subscribed', () => events.push({ t: 'usd subscribed' }));
+  usd.on('error', (e) => events.push({ t: 'lost', topic: usd.topic, name: e.name, code: e.code }));
+  await c.connect();
+  await events.wait('prices:eur subscribed', (e) => e.t === 'subscribed');
+  await events.wait('prices:usd subscribed', (e) => e.t === 'usd subscribed');
+  c.close();
+  c.connect(); // with the second token, which grants only prices:eur
+  await events.wait('resumed', (e) => e.t === 'state' && e.state === 'connected' && e.resumed);
+  const lost = await events.wait('prices:usd lost', (e) => e.t === 'lost');
+  assert.deepEqual(lost, { t: 'lost', topic: 'prices:usd', name: 'ForbiddenError', code: 'forbidden' });
+  const sent = await publish(herald, 'prices:eur', { n: 1 });
+  await events.wait('prices:eur goes on', (e) => e.t === 'msg' && e.seq === sent.seq);
+  assert.deepEqual(events.filter((e) => e.t === 'error' || e.t === 'suberror'), [], 'nothing else went wrong');
 });
 
 // ---------------------------------------------------------------- a dead connection
@@ -150,17 +180,19 @@ test('Node, pings hidden as in a browser: a silent connection is probed; answere
   const PING = 150;
   let answered = 0;
   const url = await tinyServer(cleanup, events, PING, (socket, m) => {
-    // The probe is an `unsub` of a topic the client never took: `err` proves the server is there.
-    if (m.op === 'unsub' && answered < 2) {
+    // The probe is a `ping`: its `ok` proves the server is there.
+    if (m.op === 'ping' && answered < 2) {
       answered++;
-      socket.send(JSON.stringify({ op: 'err', id: m.id, code: 'not_subscribed', message: 'not subscribed' }));
+      socket.send(JSON.stringify({ op: 'ok', id: m.id }));
     }
   });
   const c = client(cleanup, events, [url], { WebSocket: HiddenPings });
   await c.connect();
   const lost = await events.wait('found dead', (e) => e.t === 'state' && e.state === 'disconnected', 5000);
-  const probes = events.filter((e) => e.t === 'server-got' && e.op === 'unsub');
+  const probes = events.filter((e) => e.t === 'server-got' && e.op === 'ping');
   assert.equal(probes.length, 3, 'two probes answered, the third not');
+  assert.equal(new Set(probes.map((p) => p.id)).size, 3, 'each with its own id');
+  assert.deepEqual(events.filter((e) => e.t === 'server-got' && e.op !== 'ping' && e.op !== 'hello'), [], 'nothing else sent');
   assert.equal(lost.closeCode, 1006);
   assert.ok(events.list.indexOf(lost) > events.list.indexOf(probes[2]), 'replaced only after an unanswered probe');
   await events.wait('comes back resuming', (e) => e.t === 'server-got' && e.op === 'hello' && e.resume === 's1');

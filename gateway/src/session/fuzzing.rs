@@ -608,7 +608,7 @@ fn command(frame: &Bytes, text: &str) {
                 Command::Sub { topic, .. }
                 | Command::Unsub { topic, .. }
                 | Command::Ack { topic, .. } => check_topic(topic),
-                Command::Hello { .. } | Command::Refresh { .. } => {}
+                Command::Hello { .. } | Command::Refresh { .. } | Command::Ping { .. } => {}
             }
         }
         Err(e) => {
@@ -617,6 +617,7 @@ fn command(frame: &Bytes, text: &str) {
                 id: e.id,
                 code: e.code,
                 message: &e.message,
+                topic: e.topic.as_deref(),
             }
             .to_json();
             let reply: Value = serde_json::from_slice(&reply)
@@ -624,6 +625,10 @@ fn command(frame: &Bytes, text: &str) {
             assert_eq!(reply["op"], "err");
             assert_eq!(reply["code"], e.code.as_str());
             assert_eq!(reply.get("id").and_then(Value::as_u64), e.id);
+            assert_eq!(
+                reply.get("topic").and_then(Value::as_str),
+                e.topic.as_deref()
+            );
         }
     }
 }

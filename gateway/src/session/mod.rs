@@ -322,7 +322,9 @@ impl Session {
             return;
         };
         let command = Command::decode(json);
-        // Acks are cumulative and cost no broker work: they are not counted.
+        // Acks are cumulative, cost no broker work and get no reply: they are
+        // not counted. A `ping` is cheap too, but it is answered: counted, so
+        // that a flood of them is refused like any other.
         let counted = !matches!(command, Ok(Command::Ack { .. }));
         if counted && !self.commands.take() {
             self.rate_limited(command.as_ref().ok()).await;
@@ -369,7 +371,8 @@ impl Session {
                 Command::Sub { id, .. }
                 | Command::Unsub { id, .. }
                 | Command::Pub { id, .. }
-                | Command::Refresh { id, .. },
+                | Command::Refresh { id, .. }
+                | Command::Ping { id },
             ) => Some(*id),
             _ => None,
         };
@@ -381,6 +384,7 @@ impl Session {
                 "at most {} commands per second (bursts of {})",
                 ws.commands_per_second, ws.commands_burst
             ),
+            topic: None,
         })
         .await;
         self.limited_in_a_row += 1;
@@ -393,6 +397,18 @@ impl Session {
     async fn act(&mut self, command: Command<'_>, text: &Bytes) -> Result<(), CommandError> {
         match command {
             Command::Hello { .. } => Ok(()),
+            Command::Ping { id } => {
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: None,
+                    seq: None,
+                    epoch: None,
+                    recovered: None,
+                    expires: None,
+                })
+                .await;
+                Ok(())
+            }
             Command::Refresh { id, token } => Box::pin(self.refresh(id, &token)).await,
             Command::Sub {
                 id,
@@ -407,7 +423,8 @@ impl Session {
                         Some(id),
                         ErrorCode::AlreadySubscribed,
                         format!("already subscribed to `{topic}`"),
-                    ));
+                    )
+                    .about(topic.as_str()));
                 }
                 if self.subscriptions.count() >= self.node.config.session.max_subscriptions {
                     return Err(CommandError::new(
@@ -417,7 +434,8 @@ impl Session {
                             "at most {} subscriptions per connection",
                             self.node.config.session.max_subscriptions
                         ),
-                    ));
+                    )
+                    .about(topic.as_str()));
                 }
                 let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
                 self.subscribe(Some(id), topic, since).await
@@ -449,7 +467,7 @@ impl Session {
                     .broker
                     .publish(&topic, data, None, None)
                     .await
-                    .map_err(|e| broker_error(Some(id), e))?;
+                    .map_err(|e| broker_error(Some(id), e).about(topic.as_str()))?;
                 self.node.metrics.published.inc();
                 self.reply(ServerMessage::Ok {
                     id,
@@ -471,7 +489,8 @@ impl Session {
                         format!(
                             "ack of seq {seq} of `{topic}`, which is newer than any sent ({head})"
                         ),
-                    ));
+                    )
+                    .about(topic.as_str()));
                 }
                 if !self.subscriptions.ack(&topic, seq, epoch.as_deref()) {
                     return Err(not_subscribed(None, &topic));
@@ -484,13 +503,14 @@ impl Session {
     /// Parses a topic and checks that its namespace exists.
     fn topic(&self, id: Option<u64>, name: &str) -> Result<Topic, CommandError> {
         let topic = Topic::parse(name)
-            .map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()))?;
+            .map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()).about(name))?;
         if self.node.namespaces.get(&topic).is_none() {
             return Err(CommandError::new(
                 id,
                 ErrorCode::UnknownNamespace,
                 format!("namespace `{}` is not configured", topic.namespace()),
-            ));
+            )
+            .about(topic.as_str()));
         }
         Ok(topic)
     }
@@ -563,6 +583,7 @@ impl Session {
             id: None,
             code,
             message,
+            topic: None,
         })
         .await;
     }
@@ -755,7 +776,8 @@ impl Session {
                 id,
                 ErrorCode::UnknownNamespace,
                 format!("namespace `{}` is not configured", topic.namespace()),
-            ));
+            )
+            .about(topic.as_str()));
         };
         let open = self.node.verifier.is_none();
         if access.allows(ns, topic, self.claims.as_deref(), open) {
@@ -766,7 +788,8 @@ impl Session {
             id,
             ErrorCode::Forbidden,
             format!("you may not {} `{topic}`", access.verb()),
-        ))
+        )
+        .about(topic.as_str()))
     }
 
     /// Subscribes: live delivery first (buffered), then the topic's position
@@ -798,7 +821,7 @@ impl Session {
             Ok(recovery) => recovery,
             Err(e) => {
                 self.leave(&topic).await;
-                return Err(broker_error(id, e));
+                return Err(broker_error(id, e).about(topic.as_str()));
             }
         };
         let position = recovery.position.clone();
@@ -831,7 +854,7 @@ impl Session {
                 if let Err(e) = self.store_subscriptions(id).await {
                     self.subscriptions.remove(&topic);
                     self.leave(&topic).await;
-                    return Err(e);
+                    return Err(e.about(topic.as_str()));
                 }
                 self.reply(ServerMessage::Ok {
                     id,
@@ -909,6 +932,7 @@ impl Session {
             id: e.id,
             code: e.code,
             message: &e.message,
+            topic: e.topic.as_deref(),
         })
         .await;
     }
@@ -998,6 +1022,7 @@ fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
         ErrorCode::NotSubscribed,
         format!("not subscribed to `{topic}`"),
     )
+    .about(topic.as_str())
 }
 
 fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {

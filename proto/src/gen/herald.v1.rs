@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -23,6 +23,8 @@ pub mod client_command {
         Ack(super::Ack),
         #[prost(message, tag = "6")]
         Refresh(super::Refresh),
+        #[prost(message, tag = "7")]
+        Ping(super::Ping),
     }
 }
 #[allow(clippy::all)]
@@ -91,6 +93,14 @@ pub struct Refresh {
     #[prost(string, tag = "2")]
     pub token: ::prost::alloc::string::String,
 }
+/// Answered with `ok` (its `id` only): proof that the server is there, for
+/// clients whose WebSocket API hides the server's pings (browsers).
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Ping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+}
 /// What the server sends.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -134,13 +144,13 @@ pub struct Welcome {
     #[prost(string, optional, tag = "5")]
     pub reason: ::core::option::Option<::prost::alloc::string::String>,
 }
-/// The reply to `sub`, `unsub`, `pub` and `refresh`.
+/// The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Ok {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    /// Absent in the reply to `refresh`.
+    /// Absent in the reply to `refresh` and `ping`.
     #[prost(string, optional, tag = "2")]
     pub topic: ::core::option::Option<::prost::alloc::string::String>,
     #[prost(uint64, optional, tag = "3")]
@@ -174,6 +184,10 @@ pub struct Err {
     pub code: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
     pub message: ::prost::alloc::string::String,
+    /// The topic the error is about, when it is about one (as the client wrote
+    /// it, for `bad_topic`); absent otherwise.
+    #[prost(string, optional, tag = "4")]
+    pub topic: ::core::option::Option<::prost::alloc::string::String>,
 }
 /// The subscription lost continuity: resync from the source, then continue
 /// from `seq` in `epoch`.
