@@ -922,7 +922,17 @@ impl Driver {
             Some(Pending::Unsub) => {}
             None => {
                 conn.last_err = Some(message.clone());
-                self.emit(Event::Error(server(None))).await?;
+                let topic = frame.topic.as_deref();
+                // A restored subscription the token no longer grants: the
+                // server dropped it, and so does the client.
+                if code == ErrorCode::Forbidden
+                    && let Some(topic) = topic
+                {
+                    self.subs.remove(topic);
+                    self.wanted.remove(topic);
+                }
+                self.emit(Event::Error(server(topic.map(str::to_owned))))
+                    .await?;
             }
         }
         Ok(None)
