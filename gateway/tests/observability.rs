@@ -164,6 +164,36 @@ fn promtool_accepts_the_alerting_rules() {
     assert!(said.contains("SUCCESS"), "promtool check rules:\n{said}");
 }
 
+/// The process collector's metrics, which the fd and memory alerts and the
+/// dashboard's fleet-health panels read, are on `/metrics` with sane values.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn metrics_include_the_process_fds_memory_and_cpu() {
+    let herald = Herald::start(HERALD, &[], &[]).await;
+    let (status, exposition) = testkit::http(herald.addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(status, 200, "GET /metrics");
+    let value = |name: &str| -> f64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{exposition}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let open = value("process_open_fds");
+    let max = value("process_max_fds");
+    // Listeners and the runtime hold a few; the limit is well above them.
+    assert!(open >= 3.0 && open < max, "open fds {open}, limit {max}");
+    assert!(
+        value("process_resident_memory_bytes") > 1e6,
+        "resident memory"
+    );
+    assert!(value("process_cpu_seconds_total") >= 0.0, "cpu seconds");
+    assert!(value("process_start_time_seconds") > 1.5e9, "start time");
+    assert!(value("process_threads") >= 1.0, "threads");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     require("prometheus");
