@@ -196,6 +196,17 @@ render defaults-with-prometheus-operator "${DEFAULTS[@]}" --api-versions monitor
 validate defaults-with-prometheus-operator "$WORK/defaults-with-prometheus-operator.yaml" \
     --expect ServiceMonitor/herald --expect PrometheusRule/herald
 
+# The alerts follow the release: another full name and namespace give
+# another job and namespace in every selector, and the runbook links take
+# the base URL given.
+render rules-scope "${DEFAULTS[@]}" --api-versions monitoring.coreos.com/v1 --namespace prod \
+    --set fullnameOverride=edge --set metrics.prometheusRule.runbookBaseUrl=https://git.example.com/herald/blob/v1/
+validate rules-scope "$WORK/rules-scope.yaml" --expect PrometheusRule/edge --expect Service/edge-api
+grep -q 'job="edge-api", namespace="prod"' "$WORK/rules-scope.yaml" || die "rules-scope: alerts not scoped to edge-api in prod"
+grep -q 'runbook_url: https://git.example.com/herald/blob/v1/docs/runbook.md#heraldpoddown' "$WORK/rules-scope.yaml" \
+    || die "rules-scope: runbook_url without the base URL"
+if grep -q 'job="herald"' "$WORK/rules-scope.yaml"; then die "rules-scope: a selector left unscoped"; fi
+
 # Open on purpose: no keys at all, as auth.open=true allows.
 render open --set auth.open=true
 validate open "$WORK/open.yaml" --open --expect Deployment/herald --absent Secret

@@ -388,6 +388,53 @@ def check_gateway(deploy, objects, herald, open_ok=False):
           + (f" with {shown}" if shown else "") + f" (broker {broker})")
 
 
+# A metric name in PromQL, and the selector braces after it if any.
+PROMQL_METRIC = re.compile(r"(?<![\w:\"])((?:herald|process|kube)_[a-z0-9_]+|up)\b(\{[^}]*\})?")
+RUNBOOK = "docs/runbook.md"
+
+
+def check_rules(objects):
+    """The PrometheusRule is this release's: every selector of the gateway's
+    metrics names the API Service's job (a ServiceMonitor's job label) and
+    one namespace, none matches jobs by pattern; every alert links its own
+    section of the runbook."""
+    rules = [o for o in objects.values() if o["kind"] == "PrometheusRule"]
+    if not rules:
+        return
+    apis = [s for s in objects.values() if s["kind"] == "Service"
+            and s["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "api"]
+    if len(apis) != 1:
+        raise CheckFailed(f"PrometheusRule: expected one API Service, found {[ref(s) for s in apis]}")
+    job = apis[0]["metadata"]["name"]
+    namespaces = set()
+    alerts = 0
+    for o in rules:
+        for group in o["spec"]["groups"]:
+            for rule in group["rules"]:
+                name = rule.get("alert") or rule.get("record")
+                expr = str(rule["expr"])
+                if "=~" in expr and re.search(r'job=~', expr):
+                    raise CheckFailed(f"{ref(o)}: {name} matches jobs by pattern: {expr}")
+                for metric, selector in PROMQL_METRIC.findall(expr):
+                    if metric.startswith("kube_"):
+                        continue  # joined on (namespace, pod) to the release's own series
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', selector))
+                    if labels.get("job") != job or "namespace" not in labels:
+                        raise CheckFailed(f"{ref(o)}: {name}: {metric}{selector} is not scoped to "
+                                          f'job="{job}" and a namespace: {expr}')
+                    namespaces.add(labels["namespace"])
+                if "alert" in rule:
+                    alerts += 1
+                    url = rule.get("annotations", {}).get("runbook_url", "")
+                    if not url.endswith(f"{RUNBOOK}#{rule['alert'].lower()}"):
+                        raise CheckFailed(f"{ref(o)}: {name}: runbook_url {url!r} is not "
+                                          f"{RUNBOOK}#{rule['alert'].lower()}")
+    if len(namespaces) != 1:
+        raise CheckFailed(f"PrometheusRule: selectors name namespaces {sorted(namespaces)}, not one")
+    print(f"   PrometheusRule: {alerts} alerts, every selector scoped to "
+          f'job="{job}", namespace="{namespaces.pop()}"; runbook_url {url.rsplit("#", 1)[0]}#<alert>')
+
+
 def cmd_invariants(args):
     objects = by_ref(load(args.render))
     deployments = list(gateway_deployments(objects))
@@ -395,6 +442,7 @@ def cmd_invariants(args):
         raise CheckFailed("no herald Deployment in the render")
     for d in deployments:
         check_gateway(d, objects, args.herald, args.open)
+    check_rules(objects)
 
 
 def normalized(doc):
