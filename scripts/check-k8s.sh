@@ -236,6 +236,18 @@ validate full-values "$WORK/full-values.yaml" \
 grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
 grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
 
+# Queues that do not fit the memory limit: herald's own 1 MiB default queue
+# with 10,000 connections is 9.8 GiB against 2 Gi.
+"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "${DEFAULTS[@]}" \
+    --set config.queue.bytes=1048576 > "$WORK/over-budget.yaml" 2> "$WORK/over-budget.template.txt" \
+    || { cat "$WORK/over-budget.template.txt" >&2; die "over-budget: helm template"; }
+if "$PY" scripts/k8s_manifests.py invariants "$WORK/over-budget.yaml" "$HERALD" > "$WORK/over-budget.txt" 2>&1; then
+    die "the invariants accepted queues of 10,000 x 1 MiB in a 2 Gi limit"
+fi
+grep -q 'over the memory limit' "$WORK/over-budget.txt" || { cat "$WORK/over-budget.txt" >&2; die "over-budget: not the expected failure"; }
+step "refused as it should: queues over the memory limit (invariants)"
+checked+=("refuses queues over the memory limit")
+
 # helm lint takes a template's fail as meant: the bare chart lints clean,
 # although it refuses to render (below).
 step "chart, bare: helm lint --strict"

@@ -245,6 +245,47 @@ def check_exposure(name, labels, ports, objects):
     return services
 
 
+# herald's defaults (gateway/src/config.rs) where herald.toml leaves a key out.
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_QUEUE_BYTES = 1024 * 1024
+# The state of an idle subscribed connection (BENCHMARKS.md: 5,984 B,
+# rounded up) and an idle pod's RSS with slack (values.yaml, config.queue).
+CONNECTION_STATE_BYTES = 6 * 1024
+BASELINE_BYTES = 128 * 1024 * 1024
+QUANTITY = re.compile(r"^([0-9.]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(text):
+    m = QUANTITY.match(str(text))
+    if not m:
+        raise CheckFailed(f"cannot read the memory quantity {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def check_memory_budget(name, c, config):
+    """Every connection's queue full at once, plus each connection's state
+    and the pod's baseline, fits the container's memory limit."""
+    limit = c.get("resources", {}).get("limits", {}).get("memory")
+    if limit is None:
+        raise CheckFailed(f"{name}: no memory limit to fit the queues in")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    # HERALD_<KEY> overrides herald.toml (the dev overlay sets one).
+    connections = int(env.get("HERALD_WEBSOCKET__MAX_CONNECTIONS")
+                      or config.get("websocket", {}).get("max_connections", DEFAULT_MAX_CONNECTIONS))
+    queue = int(env.get("HERALD_QUEUE__BYTES") or config.get("queue", {}).get("bytes", DEFAULT_QUEUE_BYTES))
+    worst = connections * (queue + CONNECTION_STATE_BYTES) + BASELINE_BYTES
+    if worst > quantity(limit):
+        raise CheckFailed(f"{name}: {connections} connections x ({queue} B queue + "
+                          f"{CONNECTION_STATE_BYTES} B state) + {BASELINE_BYTES >> 20} MiB = "
+                          f"{worst / 2**20:,.0f} MiB, over the memory limit {limit}: lower "
+                          "config.queue.bytes or config.websocket.max_connections, or raise the limit")
+    print(f"   {name}: memory budget {connections} x ({queue >> 10} KiB + {CONNECTION_STATE_BYTES >> 10} KiB)"
+          f" + {BASELINE_BYTES >> 20} MiB = {worst / 2**20:,.0f} MiB, "
+          f"{worst / quantity(limit):.0%} of the {limit} limit")
+
+
 def check_credentials(name, c, config, open_ok):
     """Keys come from a Secret, and unless the render is meant to be open,
     there are API keys and a way to check clients' tokens."""
@@ -333,6 +374,8 @@ def check_gateway(deploy, objects, herald, open_ok=False):
     if grace < sleep + drain:
         raise CheckFailed(f"{name}: terminationGracePeriodSeconds {grace} < preStop {sleep} + drain {drain:g}")
     print(f"   {name}: drain fits: preStop {sleep}s + drain_timeout {drain:g}s <= grace {grace}s")
+
+    check_memory_budget(name, c, config)
 
     # Services, the Ingress, the ServiceMonitor and NetworkPolicies: each
     # port reaches whom it should; the PDB and the HPA point at these pods.
