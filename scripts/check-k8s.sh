@@ -235,6 +235,34 @@ validate full-values "$WORK/full-values.yaml" \
     --absent Secret
 grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
 grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
+grep -q 'port: 4317' "$WORK/full-values.yaml" || die "full-values: the NetworkPolicy drops the traces (no egress to 4317)"
+grep -q 'minReadySeconds: 10' "$WORK/full-values.yaml" || die "full-values: no minReadySeconds"
+
+# The extension points: a sidecar, extra volumes and mounts, envFrom; a
+# collector on loopback needs no egress rule.
+render extend-values -f "$CHART/ci/extend-values.yaml"
+validate extend-values "$WORK/extend-values.yaml" --expect Deployment/herald --expect NetworkPolicy/herald
+"$PY" - "$WORK/extend-values.yaml" <<'PY' || die "extend-values: the extensions are not where they belong"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "herald")
+spec = deploy["spec"]
+pod = spec["template"]["spec"]
+names = [c["name"] for c in pod["containers"]]
+herald = pod["containers"][0]
+assert names == ["herald", "otel-collector"], names
+assert spec["minReadySeconds"] == 30, spec.get("minReadySeconds")
+assert {"name": "herald-extra-env", "optional": True} == herald["envFrom"][0]["secretRef"], herald.get("envFrom")
+assert {"name": "spool", "mountPath": "/var/spool/herald"} in herald["volumeMounts"], herald["volumeMounts"]
+volumes = {v["name"] for v in pod["volumes"]}
+assert {"config", "tmp", "otel-config", "spool"} <= volumes, volumes
+policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+ports = [p.get("port") for rule in policy["spec"]["egress"] for p in rule.get("ports", [])]
+assert 4317 not in ports, ports
+print(f"   sidecars {names[1:]}, volumes {sorted(volumes)}, envFrom, minReadySeconds 30; egress ports {ports}")
+PY
+refuses "a sidecar without an image (schema)" "image" "${DEFAULTS[@]}" --set 'sidecars[0].name=x'
+refuses "a negative minReadySeconds (schema)" "minReadySeconds" "${DEFAULTS[@]}" --set minReadySeconds=-1
 
 # Queues that do not fit the memory limit: herald's own 1 MiB default queue
 # with 10,000 connections is 9.8 GiB against 2 Gi.
