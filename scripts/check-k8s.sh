@@ -196,6 +196,17 @@ render defaults-with-prometheus-operator "${DEFAULTS[@]}" --api-versions monitor
 validate defaults-with-prometheus-operator "$WORK/defaults-with-prometheus-operator.yaml" \
     --expect ServiceMonitor/herald --expect PrometheusRule/herald
 
+# The alerts follow the release: another full name and namespace give
+# another job and namespace in every selector, and the runbook links take
+# the base URL given.
+render rules-scope "${DEFAULTS[@]}" --api-versions monitoring.coreos.com/v1 --namespace prod \
+    --set fullnameOverride=edge --set metrics.prometheusRule.runbookBaseUrl=https://git.example.com/herald/blob/v1/
+validate rules-scope "$WORK/rules-scope.yaml" --expect PrometheusRule/edge --expect Service/edge-api
+grep -q 'job="edge-api", namespace="prod"' "$WORK/rules-scope.yaml" || die "rules-scope: alerts not scoped to edge-api in prod"
+grep -q 'runbook_url: https://git.example.com/herald/blob/v1/docs/runbook.md#heraldpoddown' "$WORK/rules-scope.yaml" \
+    || die "rules-scope: runbook_url without the base URL"
+if grep -q 'job="herald"' "$WORK/rules-scope.yaml"; then die "rules-scope: a selector left unscoped"; fi
+
 # Open on purpose: no keys at all, as auth.open=true allows.
 render open --set auth.open=true
 validate open "$WORK/open.yaml" --open --expect Deployment/herald --absent Secret
@@ -224,6 +235,46 @@ validate full-values "$WORK/full-values.yaml" \
     --absent Secret
 grep -q 'name: herald_connections' "$WORK/full-values.yaml" || die "full-values: no HPA metric herald_connections"
 grep -q 'nginx.ingress.kubernetes.io/proxy-read-timeout' "$WORK/full-values.yaml" || die "full-values: no ingress timeouts"
+grep -q 'port: 4317' "$WORK/full-values.yaml" || die "full-values: the NetworkPolicy drops the traces (no egress to 4317)"
+grep -q 'minReadySeconds: 10' "$WORK/full-values.yaml" || die "full-values: no minReadySeconds"
+
+# The extension points: a sidecar, extra volumes and mounts, envFrom; a
+# collector on loopback needs no egress rule.
+render extend-values -f "$CHART/ci/extend-values.yaml"
+validate extend-values "$WORK/extend-values.yaml" --expect Deployment/herald --expect NetworkPolicy/herald
+"$PY" - "$WORK/extend-values.yaml" <<'PY' || die "extend-values: the extensions are not where they belong"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "herald")
+spec = deploy["spec"]
+pod = spec["template"]["spec"]
+names = [c["name"] for c in pod["containers"]]
+herald = pod["containers"][0]
+assert names == ["herald", "otel-collector"], names
+assert spec["minReadySeconds"] == 30, spec.get("minReadySeconds")
+assert {"name": "herald-extra-env", "optional": True} == herald["envFrom"][0]["secretRef"], herald.get("envFrom")
+assert {"name": "spool", "mountPath": "/var/spool/herald"} in herald["volumeMounts"], herald["volumeMounts"]
+volumes = {v["name"] for v in pod["volumes"]}
+assert {"config", "tmp", "otel-config", "spool"} <= volumes, volumes
+policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+ports = [p.get("port") for rule in policy["spec"]["egress"] for p in rule.get("ports", [])]
+assert 4317 not in ports, ports
+print(f"   sidecars {names[1:]}, volumes {sorted(volumes)}, envFrom, minReadySeconds 30; egress ports {ports}")
+PY
+refuses "a sidecar without an image (schema)" "image" "${DEFAULTS[@]}" --set 'sidecars[0].name=x'
+refuses "a negative minReadySeconds (schema)" "minReadySeconds" "${DEFAULTS[@]}" --set minReadySeconds=-1
+
+# Queues that do not fit the memory limit: herald's own 1 MiB default queue
+# with 10,000 connections is 9.8 GiB against 2 Gi.
+"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "${DEFAULTS[@]}" \
+    --set config.queue.bytes=1048576 > "$WORK/over-budget.yaml" 2> "$WORK/over-budget.template.txt" \
+    || { cat "$WORK/over-budget.template.txt" >&2; die "over-budget: helm template"; }
+if "$PY" scripts/k8s_manifests.py invariants "$WORK/over-budget.yaml" "$HERALD" > "$WORK/over-budget.txt" 2>&1; then
+    die "the invariants accepted queues of 10,000 x 1 MiB in a 2 Gi limit"
+fi
+grep -q 'over the memory limit' "$WORK/over-budget.txt" || { cat "$WORK/over-budget.txt" >&2; die "over-budget: not the expected failure"; }
+step "refused as it should: queues over the memory limit (invariants)"
+checked+=("refuses queues over the memory limit")
 
 # helm lint takes a template's fail as meant: the bare chart lints clean,
 # although it refuses to render (below).

@@ -245,6 +245,47 @@ def check_exposure(name, labels, ports, objects):
     return services
 
 
+# herald's defaults (gateway/src/config.rs) where herald.toml leaves a key out.
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_QUEUE_BYTES = 1024 * 1024
+# The state of an idle subscribed connection (BENCHMARKS.md: 5,984 B,
+# rounded up) and an idle pod's RSS with slack (values.yaml, config.queue).
+CONNECTION_STATE_BYTES = 6 * 1024
+BASELINE_BYTES = 128 * 1024 * 1024
+QUANTITY = re.compile(r"^([0-9.]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(text):
+    m = QUANTITY.match(str(text))
+    if not m:
+        raise CheckFailed(f"cannot read the memory quantity {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def check_memory_budget(name, c, config):
+    """Every connection's queue full at once, plus each connection's state
+    and the pod's baseline, fits the container's memory limit."""
+    limit = c.get("resources", {}).get("limits", {}).get("memory")
+    if limit is None:
+        raise CheckFailed(f"{name}: no memory limit to fit the queues in")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    # HERALD_<KEY> overrides herald.toml (the dev overlay sets one).
+    connections = int(env.get("HERALD_WEBSOCKET__MAX_CONNECTIONS")
+                      or config.get("websocket", {}).get("max_connections", DEFAULT_MAX_CONNECTIONS))
+    queue = int(env.get("HERALD_QUEUE__BYTES") or config.get("queue", {}).get("bytes", DEFAULT_QUEUE_BYTES))
+    worst = connections * (queue + CONNECTION_STATE_BYTES) + BASELINE_BYTES
+    if worst > quantity(limit):
+        raise CheckFailed(f"{name}: {connections} connections x ({queue} B queue + "
+                          f"{CONNECTION_STATE_BYTES} B state) + {BASELINE_BYTES >> 20} MiB = "
+                          f"{worst / 2**20:,.0f} MiB, over the memory limit {limit}: lower "
+                          "config.queue.bytes or config.websocket.max_connections, or raise the limit")
+    print(f"   {name}: memory budget {connections} x ({queue >> 10} KiB + {CONNECTION_STATE_BYTES >> 10} KiB)"
+          f" + {BASELINE_BYTES >> 20} MiB = {worst / 2**20:,.0f} MiB, "
+          f"{worst / quantity(limit):.0%} of the {limit} limit")
+
+
 def check_credentials(name, c, config, open_ok):
     """Keys come from a Secret, and unless the render is meant to be open,
     there are API keys and a way to check clients' tokens."""
@@ -334,6 +375,8 @@ def check_gateway(deploy, objects, herald, open_ok=False):
         raise CheckFailed(f"{name}: terminationGracePeriodSeconds {grace} < preStop {sleep} + drain {drain:g}")
     print(f"   {name}: drain fits: preStop {sleep}s + drain_timeout {drain:g}s <= grace {grace}s")
 
+    check_memory_budget(name, c, config)
+
     # Services, the Ingress, the ServiceMonitor and NetworkPolicies: each
     # port reaches whom it should; the PDB and the HPA point at these pods.
     check_exposure(name, labels, ports, objects)
@@ -388,6 +431,53 @@ def check_gateway(deploy, objects, herald, open_ok=False):
           + (f" with {shown}" if shown else "") + f" (broker {broker})")
 
 
+# A metric name in PromQL, and the selector braces after it if any.
+PROMQL_METRIC = re.compile(r"(?<![\w:\"])((?:herald|process|kube)_[a-z0-9_]+|up)\b(\{[^}]*\})?")
+RUNBOOK = "docs/runbook.md"
+
+
+def check_rules(objects):
+    """The PrometheusRule is this release's: every selector of the gateway's
+    metrics names the API Service's job (a ServiceMonitor's job label) and
+    one namespace, none matches jobs by pattern; every alert links its own
+    section of the runbook."""
+    rules = [o for o in objects.values() if o["kind"] == "PrometheusRule"]
+    if not rules:
+        return
+    apis = [s for s in objects.values() if s["kind"] == "Service"
+            and s["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "api"]
+    if len(apis) != 1:
+        raise CheckFailed(f"PrometheusRule: expected one API Service, found {[ref(s) for s in apis]}")
+    job = apis[0]["metadata"]["name"]
+    namespaces = set()
+    alerts = 0
+    for o in rules:
+        for group in o["spec"]["groups"]:
+            for rule in group["rules"]:
+                name = rule.get("alert") or rule.get("record")
+                expr = str(rule["expr"])
+                if "=~" in expr and re.search(r'job=~', expr):
+                    raise CheckFailed(f"{ref(o)}: {name} matches jobs by pattern: {expr}")
+                for metric, selector in PROMQL_METRIC.findall(expr):
+                    if metric.startswith("kube_"):
+                        continue  # joined on (namespace, pod) to the release's own series
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', selector))
+                    if labels.get("job") != job or "namespace" not in labels:
+                        raise CheckFailed(f"{ref(o)}: {name}: {metric}{selector} is not scoped to "
+                                          f'job="{job}" and a namespace: {expr}')
+                    namespaces.add(labels["namespace"])
+                if "alert" in rule:
+                    alerts += 1
+                    url = rule.get("annotations", {}).get("runbook_url", "")
+                    if not url.endswith(f"{RUNBOOK}#{rule['alert'].lower()}"):
+                        raise CheckFailed(f"{ref(o)}: {name}: runbook_url {url!r} is not "
+                                          f"{RUNBOOK}#{rule['alert'].lower()}")
+    if len(namespaces) != 1:
+        raise CheckFailed(f"PrometheusRule: selectors name namespaces {sorted(namespaces)}, not one")
+    print(f"   PrometheusRule: {alerts} alerts, every selector scoped to "
+          f'job="{job}", namespace="{namespaces.pop()}"; runbook_url {url.rsplit("#", 1)[0]}#<alert>')
+
+
 def cmd_invariants(args):
     objects = by_ref(load(args.render))
     deployments = list(gateway_deployments(objects))
@@ -395,6 +485,7 @@ def cmd_invariants(args):
         raise CheckFailed("no herald Deployment in the render")
     for d in deployments:
         check_gateway(d, objects, args.herald, args.open)
+    check_rules(objects)
 
 
 def normalized(doc):

@@ -280,6 +280,15 @@ impl Metrics {
             registry,
         };
         metrics.start_at_zero();
+        // The process' own fds, resident memory and CPU time (`process_*`),
+        // read from /proc at each scrape: the fd and memory alerts compare
+        // them with their limits. Only Linux has the collector.
+        #[cfg(target_os = "linux")]
+        if let Err(e) = metrics.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            tracing::error!(error = %e, "process metrics registration failed");
+        }
         metrics
     }
 

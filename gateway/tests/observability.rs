@@ -9,8 +9,11 @@
 //! template variable of every dashboard in `k8s/dashboards/`, and the signal
 //! of every alert (the convention is in the rule file's header), go through
 //! the Prometheus HTTP API, and each must be valid and return series.
-//! `promtool check rules` must accept the rule file, and `docs/metrics.md`
-//! must name every metric the gateway exports.
+//! `promtool check rules` must accept the rule file, `promtool test rules`
+//! must make every alert fire in one case and stay quiet in another
+//! (`k8s/alerts/herald-rules.test.yaml`), every `runbook_url` must name a
+//! section of `docs/runbook.md`, and `docs/metrics.md` must name every
+//! metric the gateway exports.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -60,7 +63,12 @@ const FREEZE: Duration = Duration::from_millis(1500);
 /// Severities an alert may carry.
 const SEVERITIES: [&str; 3] = ["critical", "warning", "info"];
 /// Annotations every alert must carry.
-const ANNOTATIONS: [&str; 3] = ["summary", "description", "runbook"];
+const ANNOTATIONS: [&str; 3] = ["summary", "description", "runbook_url"];
+/// Where every `runbook_url` points: a section of this file.
+const RUNBOOK: &str = "docs/runbook.md";
+/// kube-state-metrics' names: an alert or panel that joins them cannot
+/// return series here (no Kubernetes); its query must still be valid.
+const KUBE_STATE: &str = "kube_";
 
 /// What the load and the trouble must have produced, as Prometheus saw it.
 const SEEN: [(&str, &str); 15] = [
@@ -131,6 +139,11 @@ fn rules_path() -> PathBuf {
     repo().join("k8s/alerts/herald-rules.yaml")
 }
 
+/// The rules' unit tests, for `promtool test rules`.
+fn rule_tests_path() -> PathBuf {
+    repo().join("k8s/alerts/herald-rules.test.yaml")
+}
+
 /// Fails, pointing at the script that installs it, when `tool` is missing.
 fn require(tool: &str) {
     let hint = "install Debian's `prometheus` package, which brings `prometheus` and `promtool` \
@@ -162,6 +175,108 @@ fn promtool_accepts_the_alerting_rules() {
     );
     assert!(output.status.success(), "promtool check rules:\n{said}");
     assert!(said.contains("SUCCESS"), "promtool check rules:\n{said}");
+}
+
+/// Every alert fires in one case and stays quiet in another, as
+/// Prometheus' own rule engine evaluates them (`for` included) over the
+/// series of herald-rules.test.yaml; and no alert lacks either case.
+#[test]
+fn every_alert_fires_in_one_case_and_stays_quiet_in_another() {
+    require("promtool");
+    let output = Command::new("promtool")
+        .arg("test")
+        .arg("rules")
+        .arg(rule_tests_path())
+        .output()
+        .expect("run promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "promtool test rules:\n{said}");
+    assert!(said.contains("SUCCESS"), "promtool test rules:\n{said}");
+
+    let rules = std::fs::read_to_string(rules_path()).expect("the rule file");
+    let alerts: BTreeSet<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(str::trim)
+        .collect();
+    assert!(alerts.len() > 10, "alerts found: {alerts:?}");
+    let tests = std::fs::read_to_string(rule_tests_path()).expect("the rule tests");
+    let (fires, quiet) = cases(&tests);
+    let mut missing = Vec::new();
+    for alert in &alerts {
+        if !fires.contains(*alert) {
+            missing.push(format!("{alert}: no case where it fires"));
+        }
+        if !quiet.contains(*alert) {
+            missing.push(format!("{alert}: no case where it stays quiet"));
+        }
+    }
+    for name in fires.union(&quiet) {
+        if !alerts.contains(name.as_str()) {
+            missing.push(format!("{name}: tested, but no such alert"));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// The alerts a promtool test file makes fire (an expected ALERTS series,
+/// `alertstate="firing"`, with samples) and those it expects quiet
+/// (`alert_rule_test` with `exp_alerts: []`), in the form the file's header
+/// describes.
+fn cases(tests: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let lines: Vec<&str> = tests.lines().map(str::trim).collect();
+    let mut fires = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for (i, line) in lines.iter().enumerate() {
+        let next = |n: usize| lines.get(i + n).copied().unwrap_or_default();
+        if let Some(name) = line.strip_prefix("alertname: ")
+            && next(1) == "exp_alerts: []"
+        {
+            quiet.insert(name.to_owned());
+        }
+        if let Some(rest) = line.strip_prefix("- expr: 'ALERTS{alertname=\"")
+            && let Some((name, "alertstate=\"firing\"}'")) = rest.split_once("\", ")
+            && next(2) == "exp_samples:"
+            && next(3).starts_with("- labels: 'ALERTS{")
+        {
+            fires.insert(name.to_owned());
+        }
+    }
+    (fires, quiet)
+}
+
+/// The process collector's metrics, which the fd and memory alerts and the
+/// dashboard's fleet-health panels read, are on `/metrics` with sane values.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn metrics_include_the_process_fds_memory_and_cpu() {
+    let herald = Herald::start(HERALD, &[], &[]).await;
+    let (status, exposition) = testkit::http(herald.addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(status, 200, "GET /metrics");
+    let value = |name: &str| -> f64 {
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{exposition}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let open = value("process_open_fds");
+    let max = value("process_max_fds");
+    // Listeners and the runtime hold a few; the limit is well above them.
+    assert!(open >= 3.0 && open < max, "open fds {open}, limit {max}");
+    assert!(
+        value("process_resident_memory_bytes") > 1e6,
+        "resident memory"
+    );
+    assert!(value("process_cpu_seconds_total") >= 0.0, "cpu seconds");
+    assert!(value("process_start_time_seconds") > 1.5e9, "start time");
+    assert!(value("process_threads") >= 1.0, "threads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,6 +327,7 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     let mut dashboards = 0;
     let mut panel_queries = 0;
     let mut variable_queries = 0;
+    let mut annotation_queries = 0;
     for (path, dashboard) in dashboards_in(&repo().join("k8s/dashboards")) {
         dashboards += 1;
         let file = path.file_name().unwrap_or_default().to_string_lossy();
@@ -257,15 +373,43 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
             }
             exprs.push(expr.clone());
             match prometheus.query(&expr).await {
+                // kube-state-metrics' panels: valid, but nothing to show here.
+                Ok(0) if expr.contains(KUBE_STATE) => {}
                 Ok(0) => failures.push(format!("{file}: {title}: no series: {expr}")),
                 Ok(_) => {}
                 Err(e) => failures.push(format!("{file}: {title}: {e}: {expr}")),
+            }
+        }
+        // Annotation queries (deploys from herald_build_info): a version
+        // that Prometheus first saw within the query's window is one the test
+        // has just deployed, so each returns series.
+        for annotation in dashboard["annotations"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(expr) = annotation["expr"].as_str() else {
+                continue;
+            };
+            annotation_queries += 1;
+            let what = format!("{file}: annotation {}", annotation["name"]);
+            if annotation["datasource"]["uid"] != "${datasource}" {
+                failures.push(format!("{what}: datasource is not ${{datasource}}"));
+            }
+            let expr = substitute(expr, &values);
+            exprs.push(expr.clone());
+            match prometheus.query(&expr).await {
+                Ok(0) => failures.push(format!("{what}: no series: {expr}")),
+                Ok(_) => {}
+                Err(e) => failures.push(format!("{what}: {e}: {expr}")),
             }
         }
     }
     assert!(dashboards > 0, "no dashboard in k8s/dashboards");
 
     // The signal of every alert.
+    let runbook = std::fs::read_to_string(repo().join(RUNBOOK)).expect(RUNBOOK);
+    let runbook_anchors = anchors(&runbook);
     let mut alerts = 0;
     for rule in &rules {
         let name = rule["name"].as_str().unwrap_or("?");
@@ -274,7 +418,7 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
         }
         alerts += 1;
         failures.extend(
-            alert_shape(rule)
+            alert_shape(rule, &runbook_anchors)
                 .into_iter()
                 .map(|e| format!("alert {name}: {e}")),
         );
@@ -288,6 +432,7 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
         };
         exprs.push(signal.clone());
         match prometheus.query(&signal).await {
+            Ok(0) if signal.contains(KUBE_STATE) => {}
             Ok(0) => failures.push(format!("alert {name}: its signal has no series: {signal}")),
             Ok(_) => {}
             Err(e) => failures.push(format!("alert {name}: {e}: {signal}")),
@@ -296,7 +441,8 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
     assert!(alerts > 0, "no alerting rule loaded");
 
     // A query that returns series may still name a metric that does not
-    // exist (`... or vector(0)`): every herald_* name must be a real one.
+    // exist (`... or vector(0)`): every herald_* and process_* name must be a
+    // real one.
     for expr in &exprs {
         for name in metric_names_in(expr) {
             if !names.contains(&name) {
@@ -330,9 +476,9 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
         failures.join("\n")
     );
     println!(
-        "evaluated {panel_queries} panel queries and {variable_queries} variable queries of \
-         {dashboards} dashboard(s), and the signals of {alerts} alerts; {exported} exported \
-         metrics are in docs/metrics.md"
+        "evaluated {panel_queries} panel queries, {variable_queries} variable queries and \
+         {annotation_queries} annotation queries of {dashboards} dashboard(s), and the signals of \
+         {alerts} alerts; {exported} exported metrics are in docs/metrics.md"
     );
 }
 
@@ -379,8 +525,11 @@ fn variables(dashboard: &Value, file: &str, failures: &mut Vec<String>) -> Vec<(
         let current = current
             .as_str()
             .or_else(|| current.get(0).and_then(Value::as_str));
-        let value = match (variable["allValue"].as_str(), current) {
-            (Some(all), Some("$__all") | None) if variable["includeAll"] == true => all,
+        // "All" without a custom value is, in Grafana, the regex of every
+        // option: `.*` is that here, where every series is the test's.
+        let all = variable["allValue"].as_str().unwrap_or(".*");
+        let value = match (all, current) {
+            (all, Some("$__all") | None) if variable["includeAll"] == true => all,
             (_, Some(value)) if value != "$__all" => value,
             _ => {
                 failures.push(format!("{file}: variable ${name} has no default value"));
@@ -477,7 +626,7 @@ fn check_panels(dashboard: &Value, file: &str, failures: &mut Vec<String>) {
 }
 
 /// What the rule file's header promises of every alert.
-fn alert_shape(rule: &Value) -> Vec<String> {
+fn alert_shape(rule: &Value, runbook_anchors: &BTreeSet<String>) -> Vec<String> {
     let mut problems = Vec::new();
     if rule["duration"].as_f64().unwrap_or(0.0) <= 0.0 {
         problems.push("no `for`".to_owned());
@@ -494,7 +643,37 @@ fn alert_shape(rule: &Value) -> Vec<String> {
             problems.push(format!("no `{annotation}` annotation"));
         }
     }
+    let url = rule["annotations"]["runbook_url"]
+        .as_str()
+        .unwrap_or_default();
+    match url.strip_prefix(RUNBOOK).and_then(|u| u.strip_prefix('#')) {
+        Some(anchor) if runbook_anchors.contains(anchor) => {}
+        _ => problems.push(format!(
+            "runbook_url {url:?} is not {RUNBOOK}#<a section of {RUNBOOK}>"
+        )),
+    }
     problems
+}
+
+/// The anchors of `markdown`'s headings, as GitHub makes them: lower case,
+/// spaces to `-`, punctuation other than `-` and `_` dropped.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    markdown
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The part of an alert's expression that returns series whether or not the
@@ -576,11 +755,18 @@ fn top_level(expr: &str) -> Result<Vec<(usize, &'static str)>, String> {
     Ok(found)
 }
 
-/// The `herald_*` metric names `expr` mentions.
+/// The `herald_*` and `process_*` metric names `expr` mentions (the
+/// gateway's own).
 fn metric_names_in(expr: &str) -> BTreeSet<String> {
+    let mut names = metric_names_with(expr, "herald_");
+    names.extend(metric_names_with(expr, "process_"));
+    names
+}
+
+fn metric_names_with(expr: &str, prefix: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut rest = expr;
-    while let Some(at) = rest.find("herald_") {
+    while let Some(at) = rest.find(prefix) {
         let preceded = rest[..at]
             .chars()
             .next_back()
