@@ -26,11 +26,6 @@ use crate::outbound::Writing;
 use crate::rebalance;
 use crate::session::{Pod, Registry};
 
-/// A live session's stored copy is extended once it is older than the
-/// resume window divided by this: it must not expire while its connection
-/// lives, and half the window is left for flushes that fail meanwhile.
-const REFRESH_PARTS: u32 = 2;
-
 pub struct Node {
     pub config: Arc<Config>,
     pub hub: Arc<Hub>,
@@ -153,7 +148,8 @@ impl Node {
         if let Some(soon) = flush_soon {
             let interval = node.config.session.flush_interval;
             let job = |node: Arc<Node>| async move {
-                node.flush_sessions().await;
+                let window = node.config.session.resume_window;
+                node.live.flush(&*node.sessions, window).await;
                 true
             };
             tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
@@ -195,33 +191,6 @@ impl Node {
                 .inc();
         }
         slot
-    }
-
-    /// Saves every live session that changed since its last save, and
-    /// extends those whose stored copy is getting old, in one batch. What
-    /// the store did not keep is tried again at the next flush.
-    pub async fn flush_sessions(&self) {
-        let now = Instant::now();
-        let window = self.config.session.resume_window;
-        let due = self.live.due(now, window / REFRESH_PARTS);
-        if due.is_empty() {
-            return;
-        }
-        let (saves, sessions): (Vec<_>, Vec<_>) = due
-            .into_iter()
-            .map(|p| (p.save, (p.changes, p.subscriptions)))
-            .unzip();
-        let answers = self.sessions.save_many(saves, window).await;
-        let mut failed = None;
-        for ((changes, subscriptions), answer) in sessions.into_iter().zip(answers) {
-            match answer {
-                Ok(stored) => subscriptions.stored(changes, stored, now),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
-            tracing::warn!(error = %e, "sessions not saved; tried again at the next flush");
-        }
     }
 }
 

@@ -19,7 +19,7 @@ mod registry;
 mod subscriptions;
 
 pub use crate::config::{Limits, Overflow};
-pub use registry::{LiveSession, Pending, Registry, TakeOver};
+pub use registry::{LiveSession, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proto::ServerMessage;
 use rand::Rng;
-use router::{Claim, SessionSave, SessionSnapshot};
+use router::{Claim, SessionSave, SessionSnapshot, SessionStore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,11 @@ use crate::outbound::Outbound;
 
 /// How long a resume waits for the connection it takes over to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
+
+/// A live session's stored copy is extended once it is older than the
+/// resume window divided by this: it must not expire while its connection
+/// lives, and half the window is left for flushes that fail meanwhile.
+const REFRESH_PARTS: u32 = 2;
 
 /// A session a connection on this pod serves.
 #[derive(Clone)]
@@ -48,11 +53,11 @@ pub enum TakeOver {
 
 /// A save (or extend) a flush owes the store, and the session to tell how
 /// it went.
-pub struct Pending {
-    pub save: SessionSave,
+struct Pending {
+    save: SessionSave,
     /// The change count the save was taken at.
-    pub changes: u64,
-    pub subscriptions: Subscriptions,
+    changes: u64,
+    subscriptions: Subscriptions,
 }
 
 #[derive(Default)]
@@ -123,8 +128,34 @@ impl Registry {
         asked
     }
 
+    /// Saves every live session that changed since its last save, and
+    /// extends those whose stored copy is getting old, in one batch. What
+    /// the store did not keep is tried again at the next flush.
+    pub async fn flush(&self, store: &dyn SessionStore, window: Duration) {
+        let now = Instant::now();
+        let due = self.due(now, window / REFRESH_PARTS);
+        if due.is_empty() {
+            return;
+        }
+        let (saves, sessions): (Vec<_>, Vec<_>) = due
+            .into_iter()
+            .map(|p| (p.save, (p.changes, p.subscriptions)))
+            .unzip();
+        let answers = store.save_many(saves, window).await;
+        let mut failed = None;
+        for ((changes, subscriptions), answer) in sessions.into_iter().zip(answers) {
+            match answer {
+                Ok(stored) => subscriptions.stored(changes, stored, now),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            tracing::warn!(error = %e, "sessions not saved; tried again at the next flush");
+        }
+    }
+
     /// Every live session the store lacks at `now` ([`Subscriptions::due`]).
-    pub fn due(&self, now: Instant, refresh: Duration) -> Vec<Pending> {
+    fn due(&self, now: Instant, refresh: Duration) -> Vec<Pending> {
         self.live()
             .iter()
             .filter_map(|(id, live)| {
