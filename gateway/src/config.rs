@@ -148,6 +148,10 @@ pub struct RedisConfig {
     pub linger: Duration,
     /// Redis under Sentinel: the master is asked for on every (re)connect.
     pub sentinel: SentinelConfig,
+    /// What every key and channel starts with: deployments sharing a Redis
+    /// need one each (pub/sub ignores the database number). Letters,
+    /// digits, `-`, `_`, `.`, `:`.
+    pub prefix: String,
 }
 
 /// Off while `master_name` is empty.
@@ -176,6 +180,7 @@ impl Default for RedisConfig {
             command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
             linger: DEFAULT_REDIS_LINGER,
             sentinel: SentinelConfig::default(),
+            prefix: router::redis::DEFAULT_PREFIX.to_owned(),
         }
     }
 }
@@ -202,6 +207,7 @@ impl RedisConfig {
             }),
             command_timeout: self.command_timeout,
             linger: self.linger,
+            prefix: self.prefix.clone(),
         }
     }
 }
@@ -218,6 +224,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("sentinel", &self.sentinel)
+            .field("prefix", &self.prefix)
             .finish()
     }
 }

@@ -83,6 +83,7 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(config.session.resume_window, Duration::from_secs(120));
     assert_eq!(config.session.max_subscriptions, 1000);
     assert!(config.http.api_keys.is_empty());
+    assert_eq!(config.redis.prefix, "herald");
     assert_eq!(config.http.max_body_bytes, 65536);
     assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(10));
     assert_eq!(config.log.level, "info");
@@ -526,4 +527,16 @@ fn redis_passwords_certificates_and_sentinels_are_read_checked_and_never_shown()
         ("HERALD_REDIS__TLS_CA", ca),
     ])
     .expect("a CA file for a rediss:// URL");
+}
+
+#[test]
+fn the_redis_prefix_keeps_to_the_characters_of_a_key_without_braces() {
+    let config = load_env(&[("HERALD_REDIS__PREFIX", "team-a.prod")]).expect("loads");
+    assert_eq!(config.redis.settings().prefix, "team-a.prod");
+    for bad in ["", "a{b}", "with space", "tag}"] {
+        assert_names(
+            load_env(&[("HERALD_BROKER", "redis"), ("HERALD_REDIS__PREFIX", bad)]),
+            "redis.prefix",
+        );
+    }
 }

@@ -38,6 +38,7 @@ async fn engine(redis: &Redis) -> RedisBroker {
         sentinel: None,
         command_timeout: Duration::from_millis(300),
         linger: Duration::from_millis(100),
+        prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
     RedisBroker::connect(
         settings,

@@ -91,6 +91,7 @@ async fn engine(
         sentinel: None,
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
+        prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
     let broker = RedisBroker::connect(
         settings,

@@ -9,6 +9,8 @@
 //! - Commands go over one multiplexed connection (pipelined, with timeouts,
 //!   reconnecting by itself, to the current master with Sentinel:
 //!   [`connection`]); session saves are batched ([`sessions`]).
+//! - Every key and channel starts with the deployment's prefix
+//!   ([`scripts::Keys`]), so that deployments can share a Redis.
 
 mod connection;
 mod lineage;
@@ -26,6 +28,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use connection::{Commands, Connector};
 pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
+pub use scripts::DEFAULT_PREFIX;
+use scripts::Keys;
 
 use crate::observe::Observer;
 use crate::session::unix_ms;
@@ -57,6 +61,9 @@ pub struct RedisSettings {
     /// How long a pod stays subscribed to a topic after its last local
     /// subscriber left, so that a quick resubscribe costs nothing.
     pub linger: Duration,
+    /// What every key and channel starts with ([`scripts::check_prefix`]):
+    /// deployments sharing a Redis are isolated by theirs.
+    pub prefix: String,
 }
 
 /// The Redis [`Broker`] and [`SessionStore`].
@@ -74,12 +81,17 @@ struct Inner {
     lineage: Arc<Lineage>,
     command_timeout: Duration,
     redis_clock: sessions::RedisClock,
+    keys: Keys,
 }
 
 impl RedisSettings {
     /// Checks what can be checked before connecting: the URL, the
     /// certificate files, the sentinels' addresses.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
+        scripts::check_prefix(&self.prefix).map_err(|reason| InvalidSetting {
+            key: "redis.prefix",
+            reason,
+        })?;
         self.connector().map(drop)
     }
 
@@ -103,6 +115,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("sentinel", &self.sentinel)
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
+            .field("prefix", &self.prefix)
             .finish()
     }
 }
@@ -137,6 +150,7 @@ impl RedisBroker {
             BrokerError::Unavailable(format!("redis: connecting to {}: {e}", client.describe()))
         })?;
         let command_timeout = settings.command_timeout;
+        let keys = Keys::new(&settings.prefix);
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
         let lineage = Arc::new(Lineage::new(observer.clone()));
@@ -167,6 +181,7 @@ impl RedisBroker {
                 lineage,
                 command_timeout,
                 redis_clock: sessions::RedisClock::default(),
+                keys,
             }),
         })
     }
@@ -220,6 +235,7 @@ pub(crate) enum Vouch {
 
 /// One topic's [`scripts::RECOVER`] call.
 fn recover_invocation(
+    keys: &Keys,
     lineage: &Lineage,
     topic: &Topic,
     since: Option<&Since>,
@@ -233,9 +249,9 @@ fn recover_invocation(
     };
     let mut invocation = scripts::RECOVER.prepare_invoke();
     invocation
-        .key(scripts::meta_key(topic))
-        .key(scripts::history_key(topic))
-        .key(scripts::LINEAGE_KEY)
+        .key(keys.meta(topic))
+        .key(keys.history(topic))
+        .key(keys.lineage())
         .arg(new_epoch())
         .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
         .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
@@ -249,6 +265,7 @@ fn recover_invocation(
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
 /// history after it.
 async fn recover_raw(
+    keys: &Keys,
     conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
@@ -256,7 +273,7 @@ async fn recover_raw(
     since: Option<&Since>,
     history_ttl: Duration,
 ) -> Result<Recovered, BrokerError> {
-    let invocation = recover_invocation(lineage, topic, since, Vouch::AsGiven, history_ttl);
+    let invocation = recover_invocation(keys, lineage, topic, since, Vouch::AsGiven, history_ttl);
     let mut conn = conn.clone();
     let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
     recovered(lineage, topic, value)
@@ -265,6 +282,7 @@ async fn recover_raw(
 /// [`recover_raw`] for many topics in one pipeline (the pub/sub task's
 /// reads after a reconnect): `(topic, since, vouch, history ttl)` each.
 async fn read_many(
+    keys: &Keys,
     conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
@@ -273,7 +291,7 @@ async fn read_many(
     let invocations: Vec<_> = reads
         .iter()
         .map(|(topic, since, vouch, ttl)| {
-            recover_invocation(lineage, topic, since.as_ref(), *vouch, *ttl)
+            recover_invocation(keys, lineage, topic, since.as_ref(), *vouch, *ttl)
         })
         .collect();
     let mut pipe = redis::pipe();
@@ -419,20 +437,21 @@ impl Broker for RedisBroker {
     ) -> Result<Position, BrokerError> {
         let ns = self.inner.namespaces.require(topic)?;
         let lineage = &self.inner.lineage;
+        let keys = &self.inner.keys;
         let mut invocation = scripts::PUBLISH.prepare_invoke();
         invocation
-            .key(scripts::meta_key(topic))
-            .key(scripts::history_key(topic))
-            .key(scripts::LINEAGE_KEY);
+            .key(keys.meta(topic))
+            .key(keys.history(topic))
+            .key(keys.lineage());
         if let Some(key) = idempotency_key {
-            invocation.key(scripts::idempotency_key(topic, key));
+            invocation.key(keys.idempotency(topic, key));
         }
         invocation
             .arg(data.as_ref())
             .arg(ns.history_size)
             .arg(millis(ns.history_ttl).max(1))
             .arg(new_epoch())
-            .arg(scripts::channel(topic))
+            .arg(keys.channel(topic))
             .arg(millis(META_TTL))
             .arg(millis(IDEMPOTENCY_WINDOW))
             .arg(lineage.known())
@@ -502,7 +521,7 @@ impl Broker for RedisBroker {
     ) -> Result<Vec<u64>, BrokerError> {
         let mut invocation = scripts::POD_LOADS.prepare_invoke();
         invocation
-            .key(scripts::PODS_KEY)
+            .key(self.inner.keys.pods())
             .arg(pod)
             .arg(connections)
             .arg(millis(ttl).max(1));
@@ -518,6 +537,7 @@ impl Broker for RedisBroker {
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
         let ttl = self.inner.namespaces.require(topic)?.history_ttl;
         let recovered = recover_raw(
+            &self.inner.keys,
             &self.inner.conn,
             &*self.inner.observer,
             &self.inner.lineage,
@@ -628,13 +648,13 @@ impl SessionStore for RedisBroker {
         let keep = millis(ttl).max(1).saturating_mul(2);
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
-            .arg(scripts::revoked_key(&user_hex))
+            .arg(self.inner.keys.revoked(&user_hex))
             .arg(unix_ms())
             .arg("PX")
             .arg(keep)
             .ignore()
             .cmd("PUBLISH")
-            .arg(scripts::CONTROL_CHANNEL)
+            .arg(self.inner.keys.control_channel())
             .arg(format!("disconnect {user_hex}"))
             .ignore();
         let mut conn = self.inner.conn.clone();
@@ -668,9 +688,9 @@ impl RedisBroker {
         for _ in 0..2 {
             let mut conn = self.inner.conn.clone();
             let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
-            invocation.key(scripts::session_key(id));
+            invocation.key(self.inner.keys.session(id));
             if user.is_some() {
-                invocation.key(scripts::revoked_key(&user_hex));
+                invocation.key(self.inner.keys.revoked(&user_hex));
             }
             let sent_ms = unix_ms();
             invocation
@@ -723,7 +743,7 @@ impl RedisBroker {
     ) -> Result<oneshot::Receiver<Result<Stored, BrokerError>>, BrokerError> {
         let (done, saved) = oneshot::channel();
         let save = sessions::Save {
-            key: scripts::session_key(id),
+            key: self.inner.keys.session(id),
             owner: owner.to_owned(),
             value: snapshot.map(|snapshot| sessions::encode(owner, snapshot)),
             ttl_ms: millis(ttl).max(1),

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 
 use super::connection::{Commands, Connector};
 use super::lineage::Lineage;
-use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, scripts, timed};
+use super::scripts::Keys;
+use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Since, Topic};
 
@@ -181,6 +182,9 @@ pub struct Pubsub {
     lineage: Arc<Lineage>,
     namespaces: Arc<Namespaces>,
     settings: RedisSettings,
+    /// The names of this deployment's keys and channels.
+    keys: Keys,
+    control_channel: String,
     topics: HashMap<Topic, Watched>,
     /// Counts connections: which one a [`Done`] belongs to.
     generation: u64,
@@ -209,7 +213,10 @@ impl Pubsub {
         settings: RedisSettings,
     ) -> Self {
         let (done, reports) = mpsc::unbounded_channel();
+        let keys = Keys::new(&settings.prefix);
         Self {
+            control_channel: keys.control_channel(),
+            keys,
             client,
             conn,
             sink,
@@ -357,8 +364,8 @@ impl Pubsub {
         self.generation += 1;
         // Everything watched before the connection dropped: subscribe again
         // (all batches at once), then read what was published meanwhile.
-        let channels: Vec<String> = std::iter::once(scripts::CONTROL_CHANNEL.to_owned())
-            .chain(self.topics.keys().map(scripts::channel))
+        let channels: Vec<String> = std::iter::once(self.keys.control_channel())
+            .chain(self.topics.keys().map(|topic| self.keys.channel(topic)))
             .collect();
         if subscribe(&mut subscriber, &channels, &self.settings, &*self.observer)
             .await
@@ -462,8 +469,9 @@ impl Pubsub {
         let observer = self.observer.clone();
         let done = self.done.clone();
         let generation = self.generation;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
-            let channels: Vec<String> = new.iter().map(scripts::channel).collect();
+            let channels: Vec<String> = new.iter().map(|topic| keys.channel(topic)).collect();
             let result = subscribe(&mut subscriber, &channels, &settings, &*observer)
                 .await
                 .map_err(super::unavailable);
@@ -509,9 +517,10 @@ impl Pubsub {
         let done = self.done.clone();
         let generation = self.generation;
         let bound = self.settings.command_timeout * 2;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let reading = read_many(&conn, &*observer, &lineage, &reads);
+            let reading = read_many(&keys, &conn, &*observer, &lineage, &reads);
             let result = tokio::time::timeout(bound, reading)
                 .await
                 .unwrap_or_else(|_| {
@@ -534,6 +543,7 @@ impl Pubsub {
         let generation = self.generation;
         let topic = topic.clone();
         let epoch = epoch.clone();
+        let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let mut conn = conn;
@@ -541,7 +551,7 @@ impl Pubsub {
                 &*observer,
                 "fill",
                 redis::cmd("XRANGE")
-                    .arg(scripts::history_key(&topic))
+                    .arg(keys.history(&topic))
                     .arg(format!("{}-0", after + 1))
                     .arg(format!("{upto}-0"))
                     .query_async::<redis::Value>(&mut conn),
@@ -856,11 +866,11 @@ impl Pubsub {
     /// A message from the channel: a publication's announcement, or a
     /// control message.
     fn message(&mut self, channel: &str, payload: &[u8]) {
-        if channel == scripts::CONTROL_CHANNEL {
+        if channel == self.control_channel {
             self.control(payload);
             return;
         }
-        let Some(topic) = scripts::topic_of_channel(channel) else {
+        let Some(topic) = self.keys.topic_of_channel(channel) else {
             return;
         };
         let Some(announcement) = parse_payload(payload) else {
@@ -1025,8 +1035,9 @@ impl Pubsub {
         let timeout = self.settings.command_timeout;
         let done = self.done.clone();
         let generation = self.generation;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
-            let channels: Vec<String> = topics.iter().map(scripts::channel).collect();
+            let channels: Vec<String> = topics.iter().map(|topic| keys.channel(topic)).collect();
             let mut result = Ok(());
             for chunk in channels.chunks(SUBSCRIBE_BATCH) {
                 result = tokio::time::timeout(timeout, subscriber.unsubscribe(chunk))
