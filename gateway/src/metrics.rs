@@ -292,6 +292,7 @@ impl Metrics {
             "origin",
             "at_capacity",
             "per_ip",
+            "not_ready",
         ] {
             self.upgrades_rejected.with_label_values(&[reason]);
         }

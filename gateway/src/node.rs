@@ -84,8 +84,9 @@ impl Deliver for Sink {
 }
 
 impl Node {
-    /// Builds the pod's state and connects its broker (for Redis: failing
-    /// when Redis cannot be reached now).
+    /// Builds the pod's state and starts its broker. For Redis, only
+    /// credentials that Redis refuses fail it: while Redis cannot be reached
+    /// the pod runs, not ready ([`Node::not_ready`]), and keeps trying.
     pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
         let slots = Arc::new(Slots::new(&config.websocket, metrics.clone()));
@@ -103,7 +104,7 @@ impl Node {
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
             BrokerKind::Redis => {
-                let redis = RedisBroker::connect(
+                let redis = RedisBroker::start(
                     config.redis.settings(),
                     namespaces.clone(),
                     sink,
@@ -182,6 +183,12 @@ impl Node {
 
     pub fn is_draining(&self) -> bool {
         self.drain.is_cancelled()
+    }
+
+    /// Why the pod cannot serve clients yet (its broker has not reached
+    /// Redis since the start); `None`: it can.
+    pub fn not_ready(&self) -> Option<String> {
+        self.broker.status().not_ready
     }
 
     /// One of the pod's API request slots (HTTP and gRPC share them), held

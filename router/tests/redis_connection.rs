@@ -40,7 +40,7 @@ async fn engine(redis: &Redis) -> RedisBroker {
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
-    RedisBroker::connect(
+    RedisBroker::start(
         settings,
         Arc::new(namespaces),
         Arc::new(Nobody),

@@ -93,7 +93,7 @@ async fn engine(
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
-    let broker = RedisBroker::connect(
+    let broker = RedisBroker::start(
         settings,
         Arc::new(namespaces),
         sink.clone(),

@@ -11,10 +11,13 @@
 //!   [`connection`]); session saves are batched ([`sessions`]).
 //! - Every key and channel starts with the deployment's prefix
 //!   ([`scripts::Keys`]), so that deployments can share a Redis.
+//! - A pod starts while Redis is away: not ready, saying why ([`reach`]),
+//!   until its pub/sub connection first comes up.
 
 mod connection;
 mod lineage;
 mod pubsub;
+mod reach;
 mod scripts;
 mod sessions;
 
@@ -34,10 +37,12 @@ use scripts::Keys;
 use crate::observe::Observer;
 use crate::session::unix_ms;
 use crate::{
-    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
-    Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Stored, Topic,
+    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW,
+    Namespaces, Position, Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since,
+    Stored, Topic,
 };
 use lineage::Lineage;
+use reach::Reach;
 
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
 /// sensible history age: losing them starts a new epoch, which subscribers
@@ -82,6 +87,8 @@ struct Inner {
     command_timeout: Duration,
     redis_clock: sessions::RedisClock,
     keys: Keys,
+    /// Whether Redis was reached since the start.
+    reach: Arc<Reach>,
 }
 
 impl RedisSettings {
@@ -135,9 +142,13 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl RedisBroker {
-    /// Connects (failing if Redis cannot be reached now) and starts the
-    /// pub/sub and session-writer tasks, which end when the broker is dropped.
-    pub async fn connect(
+    /// Starts the pub/sub and session-writer tasks (which end when the broker
+    /// is dropped) and waits for a first connection, bounded by the command
+    /// timeout. Only a Redis that refuses the pod's credentials fails the
+    /// start: while Redis cannot be reached the broker keeps trying (about
+    /// once a second), [`Broker::status`] says why it is not ready, and every
+    /// call fails at once with [`BrokerError::Unavailable`].
+    pub async fn start(
         settings: RedisSettings,
         namespaces: Arc<Namespaces>,
         sink: Arc<dyn Deliver>,
@@ -146,9 +157,16 @@ impl RedisBroker {
         let client = settings
             .connector()
             .map_err(|e| BrokerError::Unavailable(format!("redis: `{}`: {e}", e.key)))?;
-        let conn = Commands::connect(client.clone()).await.map_err(|e| {
-            BrokerError::Unavailable(format!("redis: connecting to {}: {e}", client.describe()))
-        })?;
+        let target = client.describe();
+        let (conn, failed) = Commands::start(client.clone()).await;
+        if let Some(e) = &failed {
+            let why = format!("redis: connecting to {target}: {e}");
+            if connection::refused(e) {
+                return Err(BrokerError::Unavailable(why));
+            }
+            tracing::warn!("{why}; not ready until it answers");
+        }
+        let reach = Reach::new(target);
         let command_timeout = settings.command_timeout;
         let keys = Keys::new(&settings.prefix);
         let (watches, commands) = mpsc::unbounded_channel();
@@ -163,6 +181,7 @@ impl RedisBroker {
                 lineage.clone(),
                 namespaces.clone(),
                 settings,
+                reach.clone(),
             ),
             commands,
         ));
@@ -171,6 +190,11 @@ impl RedisBroker {
             pending_saves,
             observer.clone(),
         ));
+        if failed.is_none() {
+            // Reachable a moment ago: ready as soon as pub/sub is, so that a
+            // pod whose Redis is there starts ready, as before.
+            let _ = tokio::time::timeout(command_timeout * 2, reach.first_attempt()).await;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
@@ -182,6 +206,7 @@ impl RedisBroker {
                 command_timeout,
                 redis_clock: sessions::RedisClock::default(),
                 keys,
+                reach,
             }),
         })
     }
@@ -428,6 +453,15 @@ fn continuous(
 
 #[async_trait]
 impl Broker for RedisBroker {
+    fn status(&self) -> BrokerStatus {
+        BrokerStatus {
+            kind: "redis",
+            not_ready: self.inner.reach.not_ready(),
+            connected: self.inner.reach.connected(),
+            lineage_clock: Some(self.inner.lineage.known()),
+        }
+    }
+
     async fn publish(
         &self,
         topic: &Topic,
@@ -436,6 +470,7 @@ impl Broker for RedisBroker {
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let ns = self.inner.namespaces.require(topic)?;
+        self.inner.reach.check()?;
         let lineage = &self.inner.lineage;
         let keys = &self.inner.keys;
         let mut invocation = scripts::PUBLISH.prepare_invoke();
@@ -519,6 +554,7 @@ impl Broker for RedisBroker {
         connections: u64,
         ttl: Duration,
     ) -> Result<Vec<u64>, BrokerError> {
+        self.inner.reach.check()?;
         let mut invocation = scripts::POD_LOADS.prepare_invoke();
         invocation
             .key(self.inner.keys.pods())
@@ -536,6 +572,7 @@ impl Broker for RedisBroker {
 
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
         let ttl = self.inner.namespaces.require(topic)?.history_ttl;
+        self.inner.reach.check()?;
         let recovered = recover_raw(
             &self.inner.keys,
             &self.inner.conn,
@@ -642,6 +679,7 @@ impl SessionStore for RedisBroker {
     }
 
     async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
+        self.inner.reach.check()?;
         let user_hex = sessions::hex(user);
         // Twice the window: a pod that missed the announcement may still
         // save a session of the user's for a while.
@@ -683,6 +721,7 @@ impl RedisBroker {
         user: Option<&str>,
         keep: Option<(&SessionSnapshot, Duration)>,
     ) -> Result<Claim, BrokerError> {
+        self.inner.reach.check()?;
         let user_hex = user.map(sessions::hex).unwrap_or_default();
         let within = self.inner.command_timeout / 2;
         for _ in 0..2 {
@@ -741,6 +780,7 @@ impl RedisBroker {
         snapshot: Option<&SessionSnapshot>,
         ttl: Duration,
     ) -> Result<oneshot::Receiver<Result<Stored, BrokerError>>, BrokerError> {
+        self.inner.reach.check()?;
         let (done, saved) = oneshot::channel();
         let save = sessions::Save {
             key: self.inner.keys.session(id),

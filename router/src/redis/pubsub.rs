@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::connection::{Commands, Connector};
 use super::lineage::Lineage;
+use super::reach::Reach;
 use super::scripts::Keys;
 use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, timed};
 use crate::observe::Observer;
@@ -41,8 +42,14 @@ const SUBSCRIBE_BATCH: usize = 500;
 const READ_BATCH: usize = 500;
 /// Announcements one topic holds aside while its history is read.
 pub const MAX_HELD: usize = 1024;
+/// The wait before the first reconnect; it doubles per failed attempt, up
+/// to [`MAX_BACKOFF`], and each wait is between half of it and all of it, at
+/// random, so that pods do not reconnect in lockstep.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Short, so that a pod that waits for Redis (at start: not ready) is back
+/// within about a second of Redis: an attempt a second per pod costs Redis
+/// nothing.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 pub enum Command {
     Watch(Topic, oneshot::Sender<Result<(), BrokerError>>),
@@ -184,6 +191,8 @@ pub struct Pubsub {
     settings: RedisSettings,
     /// The names of this deployment's keys and channels.
     keys: Keys,
+    /// Told when the connection comes up or fails.
+    reach: Arc<Reach>,
     control_channel: String,
     topics: HashMap<Topic, Watched>,
     /// Counts connections: which one a [`Done`] belongs to.
@@ -203,6 +212,8 @@ enum Ended {
 }
 
 impl Pubsub {
+    // One argument per part it shares with the broker.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Connector,
         conn: Commands,
@@ -211,12 +222,14 @@ impl Pubsub {
         lineage: Arc<Lineage>,
         namespaces: Arc<Namespaces>,
         settings: RedisSettings,
+        reach: Arc<Reach>,
     ) -> Self {
         let (done, reports) = mpsc::unbounded_channel();
         let keys = Keys::new(&settings.prefix);
         Self {
             control_channel: keys.control_channel(),
             keys,
+            reach,
             client,
             conn,
             sink,
@@ -235,6 +248,7 @@ impl Pubsub {
 
 pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = MIN_BACKOFF;
+    let mut last_error: Option<String> = None;
     loop {
         let connected = tokio::time::timeout(ps.settings.command_timeout, ps.client.pubsub()).await;
         let (subscriber, mut stream) = match connected {
@@ -244,7 +258,15 @@ pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>)
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_owned(),
                 };
-                tracing::warn!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                // Once a second while Redis is away: said again only when
+                // the reason changes (`/readyz` and the metrics say it meanwhile).
+                if backoff < MAX_BACKOFF || last_error.as_deref() != Some(error.as_str()) {
+                    tracing::warn!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                } else {
+                    tracing::debug!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                }
+                ps.reach.down(&error);
+                last_error = Some(error);
                 // Keep answering watches (they fail fast) while waiting.
                 let wait = tokio::time::sleep(jitter(backoff));
                 tokio::pin!(wait);
@@ -265,21 +287,23 @@ pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>)
             Ended::Shutdown => return,
             Ended::Lost => {
                 ps.observer.pubsub_up(false);
+                ps.reach.down("the pub/sub connection was lost");
                 ps.lost();
                 tracing::warn!(
                     topics = ps.topics.len(),
                     "redis pub/sub connection lost; reconnecting"
                 );
                 backoff = MIN_BACKOFF;
+                last_error = None;
                 tokio::time::sleep(jitter(backoff)).await;
             }
         }
     }
 }
 
-/// `d` plus up to 50% more, so that pods do not reconnect in lockstep.
+/// Between half of `d` and `d`, so that pods do not reconnect in lockstep.
 fn jitter(d: Duration) -> Duration {
-    d + d.mul_f64(rand::thread_rng().gen_range(0.0..0.5))
+    d.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
 }
 
 impl Pubsub {
@@ -374,6 +398,7 @@ impl Pubsub {
             return Ended::Lost;
         }
         self.observer.pubsub_up(true);
+        self.reach.up();
         let mut resync = Vec::new();
         for (topic, watched) in &mut self.topics {
             if let Flow::Live(at) = &watched.flow {
@@ -1136,6 +1161,19 @@ fn parse_payload(payload: &[u8]) -> Option<Announcement<'_>> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_pod_waiting_for_redis_tries_at_least_once_a_second() {
+        // So that a pod that started without Redis is ready within about a
+        // second of Redis coming back, however long it waited.
+        let mut backoff = MIN_BACKOFF;
+        for _ in 0..50 {
+            let wait = jitter(backoff);
+            assert!(wait <= Duration::from_secs(1), "{wait:?}");
+            assert!(wait >= backoff / 2, "{wait:?}");
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
 
     fn announced(epoch: &Epoch, seq: u64, clock: u64) -> Announced {
         Announced {
