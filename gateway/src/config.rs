@@ -299,8 +299,13 @@ pub struct SessionConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Bearer keys for the publish API, HTTP and gRPC; empty leaves it open.
+    /// Bearer keys for the publish API, HTTP and gRPC; empty (and no
+    /// `api_keys_file`) leaves it open.
     pub api_keys: Vec<String>,
+    /// A file of more keys, one per line (`#` comments and blank lines
+    /// ignored), read again when it changes and on SIGHUP: keys rotate
+    /// without a restart. Empty: none. Once set, it must hold a key.
+    pub api_keys_file: String,
     /// Largest HTTP publish body; over gRPC, the largest `data`.
     pub max_body_bytes: usize,
     /// A listener of its own for the backend API (`/v1/*`) and `/metrics`;
@@ -316,6 +321,31 @@ pub struct HttpConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub max_concurrent_requests: usize,
+}
+
+impl HttpConfig {
+    /// Every API key: `api_keys`, and those of `api_keys_file` as it reads
+    /// now. Fails when the file cannot be read or holds no key (an emptied
+    /// file must not open the API to anyone).
+    pub fn keys(&self) -> Result<Vec<String>, String> {
+        let mut keys = self.api_keys.clone();
+        if self.api_keys_file.is_empty() {
+            return Ok(keys);
+        }
+        let text = std::fs::read_to_string(&self.api_keys_file)
+            .map_err(|e| format!("{}: {e}", self.api_keys_file))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned),
+        );
+        if keys.len() == before {
+            return Err(format!("{}: holds no key", self.api_keys_file));
+        }
+        Ok(keys)
+    }
 }
 
 /// The gRPC publish API: the same API keys and size limit as `http`.
@@ -467,6 +497,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             api_keys: Vec::new(),
+            api_keys_file: String::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             api_listen: None,
             trusted_proxies: Vec::new(),
@@ -685,6 +716,9 @@ impl Config {
         }
         if self.http.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("http.api_keys", "keys must not be empty");
+        }
+        if let Err(reason) = self.http.keys() {
+            return invalid("http.api_keys_file", &reason);
         }
         // Port 0 (any free port, as tests bind) may appear twice.
         if self.grpc.listen == self.listen && self.listen.port() != 0 {

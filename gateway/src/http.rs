@@ -67,7 +67,7 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
 pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let answer = async {
         publish::authorize(
-            &node.config.http.api_keys,
+            &node.api_keys.current(),
             req.headers()
                 .get(AUTHORIZATION)
                 .and_then(|h| h.to_str().ok()),
@@ -132,7 +132,7 @@ async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
     let headers = req.headers();
     publish::authorize(
-        &node.config.http.api_keys,
+        &node.api_keys.current(),
         headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
     )?;
     let header_key = headers.get(IDEMPOTENCY_KEY).cloned();

@@ -20,6 +20,7 @@
 //! - [`node`]: builds the pod's parts and wires them together (sessions
 //!   get theirs as a [`session::Pod`]); [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
+//! - [`reload`]: what changes without a restart (API keys, the log level).
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //! - [`auth`]: verifying the JWT a client presents, into its user and grants.
 //!
@@ -72,6 +73,7 @@ pub mod node;
 pub mod outbound;
 pub mod publish;
 pub mod rebalance;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod telemetry;

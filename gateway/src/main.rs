@@ -1,16 +1,20 @@
 //! `herald`: loads the configuration, sets up logging and (if configured)
 //! trace export, binds, and runs the gateway until SIGTERM or SIGINT, then
-//! drains and flushes the traces.
+//! drains and flushes the traces. SIGHUP reloads what can change without a
+//! restart ([`gateway::reload`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
+use gateway::reload;
 use gateway::telemetry::{self, Tracing};
-use gateway::{Config, Listeners};
+use gateway::{Config, Listeners, Node};
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -26,6 +30,10 @@ Options:
       --check          validate the configuration and exit
   -h, --help           print this help
   -V, --version        print the version
+
+SIGHUP re-reads the configuration: log.level and the API keys (and the
+http.api_keys_file, also read again whenever it changes) apply at once;
+other changes are logged as needing a restart.
 
 Every key can be set from the environment: HERALD_<KEY>, with __ between
 nested keys, e.g. HERALD_LISTEN=127.0.0.1:9000 or
@@ -109,8 +117,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG as u8);
         }
     };
-    init_logging(&config, traces.as_ref());
-    let served = serve(config, &runtime);
+    let set_level = init_logging(&config, traces.as_ref());
+    let served = serve(config, file, set_level, &runtime);
     // After the drain: what the last publishes traced is exported before
     // exit. Blocking here, on the main thread, leaves the runtime's workers
     // free to drive the export.
@@ -127,13 +135,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr as `log` says; with `traces`, the spans of
-/// [`telemetry::TARGET`] go to the exporter, and never to the log.
-fn init_logging(config: &Config, traces: Option<&Tracing>) {
-    let mut filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+/// Applies a new `log.level` (validated already) to the running logger.
+type SetLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The filter of `level`, never letting [`telemetry::TARGET`]'s spans into
+/// the log.
+fn log_filter(level: &str) -> tracing_subscriber::EnvFilter {
+    let mut filter = tracing_subscriber::EnvFilter::new(level);
     if let Ok(off) = format!("{}=off", telemetry::TARGET).parse() {
         filter = filter.add_directive(off);
     }
+    filter
+}
+
+/// Logs to stderr as `log` says; with `traces`, the spans of
+/// [`telemetry::TARGET`] go to the exporter, and never to the log. The level
+/// can be changed later through what this returns (SIGHUP).
+fn init_logging(config: &Config, traces: Option<&Tracing>) -> SetLevel {
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(log_filter(&config.log.level));
     // Colour codes only for a person at a terminal, never into a log file.
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -146,15 +165,23 @@ fn init_logging(config: &Config, traces: Option<&Tracing>) {
         .with(fmt.with_filter(filter))
         .with(traces.map(Tracing::layer))
         .init();
+    Box::new(move |level| handle.reload(log_filter(level)).map_err(|e| e.to_string()))
 }
 
-fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
+fn serve(
+    config: Config,
+    file: Option<PathBuf>,
+    set_level: SetLevel,
+    runtime: &Runtime,
+) -> anyhow::Result<()> {
     // Each connection is a file descriptor: take all the process may have.
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => tracing::debug!(limit, "file descriptor limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
     }
     runtime.block_on(async {
+        // Before anything else: SIGHUP's default is to end the process.
+        let hangups = signal(SignalKind::hangup());
         let http = bind(config.listen).await?;
         let grpc = bind(config.grpc.listen).await?;
         let api = match config.http.api_listen {
@@ -178,12 +205,67 @@ fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
             api,
             grpc: Some(grpc),
         };
-        gateway::run(config, listeners, shutdown_signal())
+        let node = Node::start(config.clone())
             .await
             .context("starting the broker")?;
+        match hangups {
+            Ok(hangups) => {
+                tokio::spawn(reload_on_hangup(
+                    hangups,
+                    file,
+                    config,
+                    node.clone(),
+                    set_level,
+                ));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: no reloads"),
+        }
+        gateway::serve(node, listeners, shutdown_signal()).await;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// On each SIGHUP: loads the configuration again (the same file and
+/// variables), applies `log.level` and the API keys, and names the sections
+/// whose changes need a restart. A configuration that no longer loads
+/// changes nothing.
+async fn reload_on_hangup(
+    mut hangups: Signal,
+    file: Option<PathBuf>,
+    mut config: Config,
+    node: Arc<Node>,
+    set_level: SetLevel,
+) {
+    while hangups.recv().await.is_some() {
+        let new = match Config::load(file.as_deref(), std::env::vars()) {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::warn!("SIGHUP: configuration not reloaded: {e}");
+                continue;
+            }
+        };
+        if new.log.level != config.log.level {
+            match set_level(&new.log.level) {
+                Ok(()) => {
+                    tracing::info!(level = %new.log.level, "SIGHUP: log level changed");
+                    config.log.level.clone_from(&new.log.level);
+                }
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+            }
+        }
+        node.api_keys.reload(Some(&new.http));
+        config.http.api_keys.clone_from(&new.http.api_keys);
+        let restart = reload::needs_restart(&config, &new);
+        if restart.is_empty() {
+            tracing::info!("SIGHUP: configuration reloaded");
+        } else {
+            tracing::warn!(
+                sections = %restart.join(", "),
+                "SIGHUP: these changes need a restart; not applied"
+            );
+        }
+    }
 }
 
 /// Says so at start when what is open could be reached by anyone.
@@ -194,7 +276,7 @@ fn warn_if_exposed(config: &Config, api: std::net::SocketAddr, grpc: std::net::S
              allows (open mode; see docs/security.md)"
         );
     }
-    if config.http.api_keys.is_empty() {
+    if config.http.api_keys.is_empty() && config.http.api_keys_file.is_empty() {
         for (what, addr) in [("HTTP API and metrics", api), ("gRPC API", grpc)] {
             if !addr.ip().is_loopback() {
                 tracing::warn!(
@@ -215,7 +297,6 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// SIGTERM (Kubernetes) or SIGINT (a terminal).
 async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),

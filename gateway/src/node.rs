@@ -24,6 +24,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
 use crate::rebalance;
+use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry};
 
 /// A live session's stored copy is extended once it is older than the
@@ -50,6 +51,8 @@ pub struct Node {
     pub slots: Arc<Slots>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
     api_requests: Semaphore,
+    /// The API keys, reloaded without a restart ([`crate::reload`]).
+    pub api_keys: Arc<ApiKeys>,
 }
 
 /// Why the pod could not start.
@@ -117,6 +120,7 @@ impl Node {
         let shared_sessions = config.broker != BrokerKind::Memory;
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
+        let api_keys = Arc::new(ApiKeys::new(&config.http));
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
@@ -147,7 +151,15 @@ impl Node {
             pod,
             slots,
             api_requests,
+            api_keys,
         });
+        if !node.config.http.api_keys_file.is_empty() {
+            let path = node.config.http.api_keys_file.clone();
+            tokio::spawn(reload::watch_keys_file(
+                Arc::downgrade(&node.api_keys),
+                path,
+            ));
+        }
         // A pod-local store loses sessions with the pod anyway; a shared one
         // gets what changed, in batches, so that a pod killed without warning
         // loses at most one interval of acks.

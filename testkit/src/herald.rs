@@ -170,6 +170,15 @@ impl Herald {
         assert!(status.success(), "kill -TERM failed: {status}");
     }
 
+    /// SIGHUP: reload what can change without a restart.
+    pub fn sighup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP failed: {status}");
+    }
+
     /// SIGKILL: the pod dies with no chance to drain or save anything.
     pub fn kill9(&mut self) {
         if let Some(child) = self.child.as_mut() {
