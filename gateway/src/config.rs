@@ -549,6 +549,30 @@ fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Err
         .collect()
 }
 
+/// The levels a `log.level` directive may be alone.
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Whether `level` is a filter as `log.level` takes it: comma-separated
+/// directives, each a level or `target=level` (`target[span]=level` too).
+/// `EnvFilter` alone would take any word for a target, so that a typo
+/// (`debgu`) left the pod logging next to nothing.
+fn check_log_level(level: &str) -> Result<(), String> {
+    let hint = "(try `info`, or `gateway=debug,info`)";
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
+        return Err(format!("not a tracing filter: {e} {hint}"));
+    }
+    for directive in level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let bare = !directive.contains('=') && !directive.contains('[');
+        if bare && !LOG_LEVELS.contains(&directive.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "`{directive}` is neither a level ({}) nor target=level {hint}",
+                LOG_LEVELS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A configuration that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -724,11 +748,8 @@ impl Config {
         if self.grpc.listen == self.listen && self.listen.port() != 0 {
             return invalid("grpc.listen", "must differ from `listen`");
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return invalid(
-                "log.level",
-                "not a tracing filter (try `info` or `herald=debug`)",
-            );
+        if let Err(reason) = check_log_level(&self.log.level) {
+            return invalid("log.level", &reason);
         }
         let telemetry = &self.telemetry;
         if !telemetry.otlp_endpoint.is_empty() {

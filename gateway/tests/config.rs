@@ -531,6 +531,31 @@ fn redis_passwords_certificates_and_sentinels_are_read_checked_and_never_shown()
 }
 
 #[test]
+fn log_levels_are_levels_or_target_directives_and_a_typo_is_refused() {
+    for good in [
+        "info",
+        "WARN",
+        "gateway=debug,info",
+        "gateway=debug,hyper=warn",
+        "off",
+    ] {
+        let config = load_env(&[("HERALD_LOG__LEVEL", good)]).expect(good);
+        assert_eq!(config.log.level, good);
+    }
+    // EnvFilter would take `debgu` for a target, and log next to nothing.
+    for bad in ["debgu", "verbose", "info,loud", "gateway=loud"] {
+        assert_names(load_env(&[("HERALD_LOG__LEVEL", bad)]), "log.level");
+    }
+    let output = herald(&["--check"], &[("HERALD_LOG__LEVEL", "debgu")]);
+    assert_eq!(output.status.code(), Some(EXIT_BAD_CONFIG));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("`log.level`") && stderr.contains("`debgu`"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_redis_prefix_keeps_to_the_characters_of_a_key_without_braces() {
     let config = load_env(&[("HERALD_REDIS__PREFIX", "team-a.prod")]).expect("loads");
     assert_eq!(config.redis.settings().prefix, "team-a.prod");
