@@ -53,6 +53,8 @@ pub struct Node {
     api_requests: Semaphore,
     /// The API keys, reloaded without a restart ([`crate::reload`]).
     pub api_keys: Arc<ApiKeys>,
+    /// This pod's name among the pods that rebalance.
+    pub pod_name: Arc<str>,
 }
 
 /// Why the pod could not start.
@@ -121,6 +123,7 @@ impl Node {
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
         let api_keys = Arc::new(ApiKeys::new(&config.http));
+        let pod_name = pod_name(std::env::vars());
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
@@ -152,6 +155,7 @@ impl Node {
             slots,
             api_requests,
             api_keys,
+            pod_name,
         });
         if !node.config.http.api_keys_file.is_empty() {
             let path = node.config.http.api_keys_file.clone();
@@ -172,8 +176,7 @@ impl Node {
             tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
         }
         if node.config.rebalance.enabled {
-            // Random, not the host name: two pods may share a host.
-            let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+            let pod = node.pod_name.clone();
             tracing::info!(%pod, "rebalancing with the other pods");
             let interval = node.config.rebalance.interval;
             tokio::spawn(every(Arc::downgrade(&node), interval, None, move |node| {
@@ -244,6 +247,29 @@ impl Node {
     }
 }
 
+/// The variables that name the pod: `HERALD_POD_NAME`, or `POD_NAME` (the
+/// chart sets it from the downward API's `metadata.name`).
+pub const POD_NAME_VARS: [&str; 2] = ["HERALD_POD_NAME", "POD_NAME"];
+
+/// The pod's name: the first of [`POD_NAME_VARS`] set in `env`, else the host
+/// name and a random suffix (two processes may share a host). It names the
+/// pod in Redis's load table (`<prefix>:pods`) and in the admin status, so
+/// that an operator can tell which pod is which.
+pub fn pod_name(env: impl IntoIterator<Item = (String, String)>) -> Arc<str> {
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    for var in POD_NAME_VARS {
+        if let Some((_, name)) = env.iter().find(|(k, v)| k == var && !v.trim().is_empty()) {
+            return Arc::from(name.trim());
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "herald".to_owned());
+    Arc::from(format!("{host}-{:08x}", rand::random::<u32>()))
+}
+
 /// Calls `job` every `interval`, and whenever `soon` is notified, until the
 /// node is gone or `job` says to stop. Holds the node only while `job` runs:
 /// a dropped node ends it.
@@ -272,5 +298,36 @@ where
         if !job(node).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_is_named_as_kubernetes_names_it_else_by_its_host() {
+        let both = env(&[
+            ("POD_NAME", "herald-7d9f-x2k4p"),
+            ("HERALD_POD_NAME", "mine"),
+        ]);
+        assert_eq!(&*pod_name(both), "mine");
+        let downward = env(&[("POD_NAME", "herald-7d9f-x2k4p")]);
+        assert_eq!(&*pod_name(downward), "herald-7d9f-x2k4p");
+        // Outside Kubernetes: the host and a suffix, so that two processes
+        // on one host differ.
+        let (a, b) = (pod_name(env(&[("POD_NAME", " ")])), pod_name(env(&[])));
+        assert_ne!(a, b);
+        assert_eq!(
+            a.as_bytes().get(a.len().saturating_sub(9)),
+            Some(&b'-'),
+            "{a}"
+        );
     }
 }
