@@ -6,7 +6,8 @@
 //!   WebSocket connection slots, in total and per client address.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
-//! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`).
+//! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`,
+//!   and `/v1/admin/status`, whose [`admin::Status`] `herald status` prints).
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener.
 //! - [`session`]: one WebSocket connection: its reader (commands), who the
 //!   client is and what it may do, what a resume needs (its subscriptions
@@ -59,6 +60,7 @@
 //! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
 //!    releases what was held aside beyond it, and delivery goes on as above.
 
+pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod config;

@@ -1,18 +1,22 @@
 //! `herald`: loads the configuration, sets up logging and (if configured)
 //! trace export, binds, and runs the gateway until SIGTERM or SIGINT, then
 //! drains and flushes the traces. SIGHUP reloads what can change without a
-//! restart ([`gateway::reload`]).
+//! restart ([`gateway::reload`]). `herald status` asks a running pod for its
+//! [`gateway::admin::Status`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use gateway::admin::Status;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
 use gateway::reload;
 use gateway::telemetry::{self, Tracing};
 use gateway::{Config, Listeners, Node};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::Layer;
@@ -23,6 +27,7 @@ const USAGE: &str = "\
 herald: a realtime WebSocket gateway
 
 Usage: herald [--config <file.toml>] [--check]
+       herald status [--url <url>] [--key <api key>]
 
 Options:
   -c, --config <file>  TOML configuration (docs/herald.sample.toml lists every key);
@@ -30,6 +35,11 @@ Options:
       --check          validate the configuration and exit
   -h, --help           print this help
   -V, --version        print the version
+
+status: prints what a running pod holds (GET /v1/admin/status on its API
+listener): connections, sessions, topics, its broker's state.
+      --url <url>      the pod's API, default http://127.0.0.1:8080
+      --key <key>      an API key (http.api_keys), if the pod has any
 
 SIGHUP re-reads the configuration: log.level and the API keys (and the
 http.api_keys_file, also read again whenever it changes) apply at once;
@@ -45,14 +55,50 @@ HTTP) and 0.0.0.0:9090 (gRPC) with the embedded single-pod broker.";
 struct Args {
     config: Option<PathBuf>,
     check: bool,
+    /// `herald status`: where, and with which key.
+    status: Option<StatusArgs>,
 }
+
+struct StatusArgs {
+    url: String,
+    key: Option<String>,
+}
+
+/// Where `herald status` asks by default: a pod on this host, API on `listen`.
+const DEFAULT_STATUS_URL: &str = "http://127.0.0.1:8080";
 
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         config: None,
         check: false,
+        status: None,
     };
-    let mut it = std::env::args_os().skip(1);
+    let mut it = std::env::args_os().skip(1).peekable();
+    if it.peek().and_then(|a| a.to_str()) == Some("status") {
+        it.next();
+        let mut status = StatusArgs {
+            url: DEFAULT_STATUS_URL.to_owned(),
+            key: None,
+        };
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .and_then(|v| v.into_string().ok())
+                    .ok_or(format!("{name} needs a value"))
+            };
+            match arg.to_str() {
+                Some("--url") => status.url = value("--url")?,
+                Some("--key") => status.key = Some(value("--key")?),
+                Some("-h" | "--help") => {
+                    println!("{USAGE}");
+                    return Ok(None);
+                }
+                _ => return Err(format!("unexpected argument {arg:?}; see --help")),
+            }
+        }
+        args.status = Some(status);
+        return Ok(Some(args));
+    }
     while let Some(arg) = it.next() {
         match arg.to_str() {
             Some("-h" | "--help") => {
@@ -83,6 +129,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG as u8);
         }
     };
+    if let Some(status) = args.status {
+        return print_status(&status);
+    }
     let file = args
         .config
         .or_else(|| std::env::var_os(CONFIG_FILE_VAR).map(PathBuf::from));
@@ -308,4 +357,76 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = int.recv() => tracing::info!("SIGINT"),
     }
+}
+
+/// Longest `herald status` waits for the pod.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest status answer read.
+const STATUS_MAX_BYTES: u64 = 1024 * 1024;
+
+/// `herald status`: prints the pod's status, or why it could not be read
+/// (exit 1).
+fn print_status(args: &StatusArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("herald status: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let fetched = runtime.block_on(async {
+        tokio::time::timeout(STATUS_TIMEOUT, fetch_status(args))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {STATUS_TIMEOUT:?}")))
+    });
+    match fetched {
+        Ok(status) => {
+            print!("{}", status.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("herald status: {}: {e:#}", args.url);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `GET /v1/admin/status` over plain HTTP/1.1: one request, so a few lines
+/// of our own rather than an HTTP client.
+async fn fetch_status(args: &StatusArgs) -> anyhow::Result<Status> {
+    let uri: hyper::Uri = args.url.parse().context("not a URL")?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("http"),
+        "only http:// URLs (the API listener speaks plain HTTP)"
+    );
+    let authority = uri.authority().context("no host in the URL")?;
+    let port = authority.port_u16().unwrap_or(80);
+    let mut stream = TcpStream::connect((authority.host(), port))
+        .await
+        .context("connecting")?;
+    let key = args
+        .key
+        .as_deref()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "GET /v1/admin/status HTTP/1.1\r\nHost: {authority}\r\n{key}Connection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream
+        .take(STATUS_MAX_BYTES)
+        .read_to_end(&mut response)
+        .await?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").context("not an HTTP answer")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .context("not an HTTP answer")?;
+    anyhow::ensure!(code == "200", "HTTP {code}: {}", body.trim());
+    serde_json::from_str(body).context("not a status")
 }
