@@ -148,6 +148,10 @@ pub struct RedisConfig {
     pub linger: Duration,
     /// Redis under Sentinel: the master is asked for on every (re)connect.
     pub sentinel: SentinelConfig,
+    /// What every key and channel starts with: deployments sharing a Redis
+    /// need one each (pub/sub ignores the database number). Letters,
+    /// digits, `-`, `_`, `.`, `:`.
+    pub prefix: String,
 }
 
 /// Off while `master_name` is empty.
@@ -176,6 +180,7 @@ impl Default for RedisConfig {
             command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
             linger: DEFAULT_REDIS_LINGER,
             sentinel: SentinelConfig::default(),
+            prefix: router::redis::DEFAULT_PREFIX.to_owned(),
         }
     }
 }
@@ -202,6 +207,7 @@ impl RedisConfig {
             }),
             command_timeout: self.command_timeout,
             linger: self.linger,
+            prefix: self.prefix.clone(),
         }
     }
 }
@@ -218,6 +224,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("sentinel", &self.sentinel)
+            .field("prefix", &self.prefix)
             .finish()
     }
 }
@@ -292,8 +299,13 @@ pub struct SessionConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Bearer keys for the publish API, HTTP and gRPC; empty leaves it open.
+    /// Bearer keys for the publish API, HTTP and gRPC; empty (and no
+    /// `api_keys_file`) leaves it open.
     pub api_keys: Vec<String>,
+    /// A file of more keys, one per line (`#` comments and blank lines
+    /// ignored), read again when it changes and on SIGHUP: keys rotate
+    /// without a restart. Empty: none. Once set, it must hold a key.
+    pub api_keys_file: String,
     /// Largest HTTP publish body; over gRPC, the largest `data`.
     pub max_body_bytes: usize,
     /// A listener of its own for the backend API (`/v1/*`) and `/metrics`;
@@ -309,6 +321,31 @@ pub struct HttpConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub max_concurrent_requests: usize,
+}
+
+impl HttpConfig {
+    /// Every API key: `api_keys`, and those of `api_keys_file` as it reads
+    /// now. Fails when the file cannot be read or holds no key (an emptied
+    /// file must not open the API to anyone).
+    pub fn keys(&self) -> Result<Vec<String>, String> {
+        let mut keys = self.api_keys.clone();
+        if self.api_keys_file.is_empty() {
+            return Ok(keys);
+        }
+        let text = std::fs::read_to_string(&self.api_keys_file)
+            .map_err(|e| format!("{}: {e}", self.api_keys_file))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .map(str::to_owned),
+        );
+        if keys.len() == before {
+            return Err(format!("{}: holds no key", self.api_keys_file));
+        }
+        Ok(keys)
+    }
 }
 
 /// The gRPC publish API: the same API keys and size limit as `http`.
@@ -460,6 +497,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             api_keys: Vec::new(),
+            api_keys_file: String::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             api_listen: None,
             trusted_proxies: Vec::new(),
@@ -509,6 +547,30 @@ fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Err
                 })
         })
         .collect()
+}
+
+/// The levels a `log.level` directive may be alone.
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Whether `level` is a filter as `log.level` takes it: comma-separated
+/// directives, each a level or `target=level` (`target[span]=level` too).
+/// `EnvFilter` alone would take any word for a target, so that a typo
+/// (`debgu`) left the pod logging next to nothing.
+fn check_log_level(level: &str) -> Result<(), String> {
+    let hint = "(try `info`, or `gateway=debug,info`)";
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
+        return Err(format!("not a tracing filter: {e} {hint}"));
+    }
+    for directive in level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let bare = !directive.contains('=') && !directive.contains('[');
+        if bare && !LOG_LEVELS.contains(&directive.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "`{directive}` is neither a level ({}) nor target=level {hint}",
+                LOG_LEVELS.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A configuration that cannot be used; the message names the key.
@@ -679,15 +741,15 @@ impl Config {
         if self.http.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("http.api_keys", "keys must not be empty");
         }
+        if let Err(reason) = self.http.keys() {
+            return invalid("http.api_keys_file", &reason);
+        }
         // Port 0 (any free port, as tests bind) may appear twice.
         if self.grpc.listen == self.listen && self.listen.port() != 0 {
             return invalid("grpc.listen", "must differ from `listen`");
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return invalid(
-                "log.level",
-                "not a tracing filter (try `info` or `herald=debug`)",
-            );
+        if let Err(reason) = check_log_level(&self.log.level) {
+            return invalid("log.level", &reason);
         }
         let telemetry = &self.telemetry;
         if !telemetry.otlp_endpoint.is_empty() {

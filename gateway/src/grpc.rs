@@ -74,7 +74,7 @@ impl Publisher {
 
     fn authorize(&self, metadata: &MetadataMap) -> Result<(), ApiError> {
         let authorization = metadata.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-        publish::authorize(&self.node.config.http.api_keys, authorization)
+        publish::authorize(&self.node.api_keys.current(), authorization)
     }
 
     async fn single(&self, request: Request<PublishRequest>) -> Result<PublishResponse, ApiError> {

@@ -1,5 +1,6 @@
 //! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/disconnect`, `GET /metrics`, and the plain answers every route shares.
+//! /v1/disconnect`, `GET /v1/admin/status`, `GET /metrics`, and the plain
+//! answers every route shares.
 //! The checks and errors are [`crate::publish`]'s.
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use proto::json::{DisconnectRequest, PublishRequest, PublishResponse};
 use serde::Serialize;
 use tracing::Instrument;
 
+use crate::admin::Status;
 use crate::node::Node;
 use crate::publish::{self, ApiError, JsonData, Refusal};
 use crate::telemetry::{self, Api, Headers};
@@ -67,7 +69,7 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
 pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let answer = async {
         publish::authorize(
-            &node.config.http.api_keys,
+            &node.api_keys.current(),
             req.headers()
                 .get(AUTHORIZATION)
                 .and_then(|h| h.to_str().ok()),
@@ -132,7 +134,7 @@ async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
     let headers = req.headers();
     publish::authorize(
-        &node.config.http.api_keys,
+        &node.api_keys.current(),
         headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
     )?;
     let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
@@ -172,6 +174,19 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
         seq: position.seq,
         epoch: position.epoch.to_string(),
     })
+}
+
+/// `GET /v1/admin/status`: the pod's [`Status`], with an API key like
+/// every `/v1` route; 401 without one.
+pub fn admin_status(req: &Request<Incoming>, node: &Node) -> Response<Body> {
+    let authorization = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    match publish::authorize(&node.api_keys.current(), authorization) {
+        Ok(()) => json(StatusCode::OK, &Status::of(node)),
+        Err(e) => refused(&e),
+    }
 }
 
 /// `GET /metrics`.

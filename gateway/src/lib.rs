@@ -6,7 +6,8 @@
 //!   WebSocket connection slots, in total and per client address.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
-//! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`).
+//! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`,
+//!   and `/v1/admin/status`, whose [`admin::Status`] `herald status` prints).
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener.
 //! - [`session`]: one WebSocket connection: its reader (commands), who the
 //!   client is and what it may do, what a resume needs (its subscriptions
@@ -20,6 +21,7 @@
 //! - [`node`]: builds the pod's parts and wires them together (sessions
 //!   get theirs as a [`session::Pod`]); [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
+//! - [`reload`]: what changes without a restart (API keys, the log level).
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //! - [`auth`]: verifying the JWT a client presents, into its user and grants.
 //!
@@ -58,6 +60,7 @@
 //! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
 //!    releases what was held aside beyond it, and delivery goes on as above.
 
+pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod config;
@@ -72,6 +75,7 @@ pub mod node;
 pub mod outbound;
 pub mod publish;
 pub mod rebalance;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod telemetry;

@@ -1,16 +1,24 @@
 //! `herald`: loads the configuration, sets up logging and (if configured)
 //! trace export, binds, and runs the gateway until SIGTERM or SIGINT, then
-//! drains and flushes the traces.
+//! drains and flushes the traces. SIGHUP reloads what can change without a
+//! restart ([`gateway::reload`]). `herald status` asks a running pod for its
+//! [`gateway::admin::Status`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use gateway::admin::Status;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
+use gateway::reload;
 use gateway::telemetry::{self, Tracing};
-use gateway::{Config, Listeners};
-use tokio::net::TcpListener;
+use gateway::{Config, Listeners, Node};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -19,6 +27,7 @@ const USAGE: &str = "\
 herald: a realtime WebSocket gateway
 
 Usage: herald [--config <file.toml>] [--check]
+       herald status [--url <url>] [--key <api key>]
 
 Options:
   -c, --config <file>  TOML configuration (docs/herald.sample.toml lists every key);
@@ -26,6 +35,15 @@ Options:
       --check          validate the configuration and exit
   -h, --help           print this help
   -V, --version        print the version
+
+status: prints what a running pod holds (GET /v1/admin/status on its API
+listener): connections, sessions, topics, its broker's state.
+      --url <url>      the pod's API, default http://127.0.0.1:8080
+      --key <key>      an API key (http.api_keys), if the pod has any
+
+SIGHUP re-reads the configuration: log.level and the API keys (and the
+http.api_keys_file, also read again whenever it changes) apply at once;
+other changes are logged as needing a restart.
 
 Every key can be set from the environment: HERALD_<KEY>, with __ between
 nested keys, e.g. HERALD_LISTEN=127.0.0.1:9000 or
@@ -37,14 +55,50 @@ HTTP) and 0.0.0.0:9090 (gRPC) with the embedded single-pod broker.";
 struct Args {
     config: Option<PathBuf>,
     check: bool,
+    /// `herald status`: where, and with which key.
+    status: Option<StatusArgs>,
 }
+
+struct StatusArgs {
+    url: String,
+    key: Option<String>,
+}
+
+/// Where `herald status` asks by default: a pod on this host, API on `listen`.
+const DEFAULT_STATUS_URL: &str = "http://127.0.0.1:8080";
 
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         config: None,
         check: false,
+        status: None,
     };
-    let mut it = std::env::args_os().skip(1);
+    let mut it = std::env::args_os().skip(1).peekable();
+    if it.peek().and_then(|a| a.to_str()) == Some("status") {
+        it.next();
+        let mut status = StatusArgs {
+            url: DEFAULT_STATUS_URL.to_owned(),
+            key: None,
+        };
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .and_then(|v| v.into_string().ok())
+                    .ok_or(format!("{name} needs a value"))
+            };
+            match arg.to_str() {
+                Some("--url") => status.url = value("--url")?,
+                Some("--key") => status.key = Some(value("--key")?),
+                Some("-h" | "--help") => {
+                    println!("{USAGE}");
+                    return Ok(None);
+                }
+                _ => return Err(format!("unexpected argument {arg:?}; see --help")),
+            }
+        }
+        args.status = Some(status);
+        return Ok(Some(args));
+    }
     while let Some(arg) = it.next() {
         match arg.to_str() {
             Some("-h" | "--help") => {
@@ -75,6 +129,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG as u8);
         }
     };
+    if let Some(status) = args.status {
+        return print_status(&status);
+    }
     let file = args
         .config
         .or_else(|| std::env::var_os(CONFIG_FILE_VAR).map(PathBuf::from));
@@ -109,8 +166,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG as u8);
         }
     };
-    init_logging(&config, traces.as_ref());
-    let served = serve(config, &runtime);
+    let set_level = init_logging(&config, traces.as_ref());
+    let served = serve(config, file, set_level, &runtime);
     // After the drain: what the last publishes traced is exported before
     // exit. Blocking here, on the main thread, leaves the runtime's workers
     // free to drive the export.
@@ -127,13 +184,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr as `log` says; with `traces`, the spans of
-/// [`telemetry::TARGET`] go to the exporter, and never to the log.
-fn init_logging(config: &Config, traces: Option<&Tracing>) {
-    let mut filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+/// Applies a new `log.level` (validated already) to the running logger.
+type SetLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The filter of `level`, never letting [`telemetry::TARGET`]'s spans into
+/// the log.
+fn log_filter(level: &str) -> tracing_subscriber::EnvFilter {
+    let mut filter = tracing_subscriber::EnvFilter::new(level);
     if let Ok(off) = format!("{}=off", telemetry::TARGET).parse() {
         filter = filter.add_directive(off);
     }
+    filter
+}
+
+/// Logs to stderr as `log` says; with `traces`, the spans of
+/// [`telemetry::TARGET`] go to the exporter, and never to the log. The level
+/// can be changed later through what this returns (SIGHUP).
+fn init_logging(config: &Config, traces: Option<&Tracing>) -> SetLevel {
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(log_filter(&config.log.level));
     // Colour codes only for a person at a terminal, never into a log file.
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -146,15 +214,23 @@ fn init_logging(config: &Config, traces: Option<&Tracing>) {
         .with(fmt.with_filter(filter))
         .with(traces.map(Tracing::layer))
         .init();
+    Box::new(move |level| handle.reload(log_filter(level)).map_err(|e| e.to_string()))
 }
 
-fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
+fn serve(
+    config: Config,
+    file: Option<PathBuf>,
+    set_level: SetLevel,
+    runtime: &Runtime,
+) -> anyhow::Result<()> {
     // Each connection is a file descriptor: take all the process may have.
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => tracing::debug!(limit, "file descriptor limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
     }
     runtime.block_on(async {
+        // Before anything else: SIGHUP's default is to end the process.
+        let hangups = signal(SignalKind::hangup());
         let http = bind(config.listen).await?;
         let grpc = bind(config.grpc.listen).await?;
         let api = match config.http.api_listen {
@@ -178,12 +254,67 @@ fn serve(config: Config, runtime: &Runtime) -> anyhow::Result<()> {
             api,
             grpc: Some(grpc),
         };
-        gateway::run(config, listeners, shutdown_signal())
+        let node = Node::start(config.clone())
             .await
             .context("starting the broker")?;
+        match hangups {
+            Ok(hangups) => {
+                tokio::spawn(reload_on_hangup(
+                    hangups,
+                    file,
+                    config,
+                    node.clone(),
+                    set_level,
+                ));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: no reloads"),
+        }
+        gateway::serve(node, listeners, shutdown_signal()).await;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// On each SIGHUP: loads the configuration again (the same file and
+/// variables), applies `log.level` and the API keys, and names the sections
+/// whose changes need a restart. A configuration that no longer loads
+/// changes nothing.
+async fn reload_on_hangup(
+    mut hangups: Signal,
+    file: Option<PathBuf>,
+    mut config: Config,
+    node: Arc<Node>,
+    set_level: SetLevel,
+) {
+    while hangups.recv().await.is_some() {
+        let new = match Config::load(file.as_deref(), std::env::vars()) {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::warn!("SIGHUP: configuration not reloaded: {e}");
+                continue;
+            }
+        };
+        if new.log.level != config.log.level {
+            match set_level(&new.log.level) {
+                Ok(()) => {
+                    tracing::info!(level = %new.log.level, "SIGHUP: log level changed");
+                    config.log.level.clone_from(&new.log.level);
+                }
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+            }
+        }
+        node.api_keys.reload(Some(&new.http));
+        config.http.api_keys.clone_from(&new.http.api_keys);
+        let restart = reload::needs_restart(&config, &new);
+        if restart.is_empty() {
+            tracing::info!("SIGHUP: configuration reloaded");
+        } else {
+            tracing::warn!(
+                sections = %restart.join(", "),
+                "SIGHUP: these changes need a restart; not applied"
+            );
+        }
+    }
 }
 
 /// Says so at start when what is open could be reached by anyone.
@@ -194,7 +325,7 @@ fn warn_if_exposed(config: &Config, api: std::net::SocketAddr, grpc: std::net::S
              allows (open mode; see docs/security.md)"
         );
     }
-    if config.http.api_keys.is_empty() {
+    if config.http.api_keys.is_empty() && config.http.api_keys_file.is_empty() {
         for (what, addr) in [("HTTP API and metrics", api), ("gRPC API", grpc)] {
             if !addr.ip().is_loopback() {
                 tracing::warn!(
@@ -215,7 +346,6 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// SIGTERM (Kubernetes) or SIGINT (a terminal).
 async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -227,4 +357,76 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = int.recv() => tracing::info!("SIGINT"),
     }
+}
+
+/// Longest `herald status` waits for the pod.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest status answer read.
+const STATUS_MAX_BYTES: u64 = 1024 * 1024;
+
+/// `herald status`: prints the pod's status, or why it could not be read
+/// (exit 1).
+fn print_status(args: &StatusArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("herald status: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let fetched = runtime.block_on(async {
+        tokio::time::timeout(STATUS_TIMEOUT, fetch_status(args))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {STATUS_TIMEOUT:?}")))
+    });
+    match fetched {
+        Ok(status) => {
+            print!("{}", status.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("herald status: {}: {e:#}", args.url);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `GET /v1/admin/status` over plain HTTP/1.1: one request, so a few lines
+/// of our own rather than an HTTP client.
+async fn fetch_status(args: &StatusArgs) -> anyhow::Result<Status> {
+    let uri: hyper::Uri = args.url.parse().context("not a URL")?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("http"),
+        "only http:// URLs (the API listener speaks plain HTTP)"
+    );
+    let authority = uri.authority().context("no host in the URL")?;
+    let port = authority.port_u16().unwrap_or(80);
+    let mut stream = TcpStream::connect((authority.host(), port))
+        .await
+        .context("connecting")?;
+    let key = args
+        .key
+        .as_deref()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "GET /v1/admin/status HTTP/1.1\r\nHost: {authority}\r\n{key}Connection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream
+        .take(STATUS_MAX_BYTES)
+        .read_to_end(&mut response)
+        .await?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").context("not an HTTP answer")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .context("not an HTTP answer")?;
+    anyhow::ensure!(code == "200", "HTTP {code}: {}", body.trim());
+    serde_json::from_str(body).context("not a status")
 }

@@ -292,6 +292,12 @@ impl Metrics {
         metrics
     }
 
+    /// Announcements held aside on this pod while topics' history is read
+    /// (`herald_redis_pubsub_backlog`), for the admin status.
+    pub fn pubsub_backlog(&self) -> i64 {
+        self.redis_pubsub_backlog.get()
+    }
+
     /// Creates every known label value at 0, so that the first increment is a
     /// visible change (`rate` ignores a series' first sample).
     fn start_at_zero(&self) {
@@ -301,6 +307,7 @@ impl Metrics {
             "origin",
             "at_capacity",
             "per_ip",
+            "not_ready",
         ] {
             self.upgrades_rejected.with_label_values(&[reason]);
         }

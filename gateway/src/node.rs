@@ -24,6 +24,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
 use crate::rebalance;
+use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry};
 
 pub struct Node {
@@ -45,6 +46,10 @@ pub struct Node {
     pub slots: Arc<Slots>,
     /// Slots for API requests served at once (`http.max_concurrent_requests`).
     api_requests: Semaphore,
+    /// The API keys, reloaded without a restart ([`crate::reload`]).
+    pub api_keys: Arc<ApiKeys>,
+    /// This pod's name among the pods that rebalance.
+    pub pod_name: Arc<str>,
 }
 
 /// Why the pod could not start.
@@ -79,8 +84,9 @@ impl Deliver for Sink {
 }
 
 impl Node {
-    /// Builds the pod's state and connects its broker (for Redis: failing
-    /// when Redis cannot be reached now).
+    /// Builds the pod's state and starts its broker. For Redis, only
+    /// credentials that Redis refuses fail it: while Redis cannot be reached
+    /// the pod runs, not ready ([`Node::not_ready`]), and keeps trying.
     pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
         let slots = Arc::new(Slots::new(&config.websocket, metrics.clone()));
@@ -98,7 +104,7 @@ impl Node {
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
             BrokerKind::Redis => {
-                let redis = RedisBroker::connect(
+                let redis = RedisBroker::start(
                     config.redis.settings(),
                     namespaces.clone(),
                     sink,
@@ -111,6 +117,8 @@ impl Node {
         let shared_sessions = config.broker != BrokerKind::Memory;
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
+        let api_keys = Arc::new(ApiKeys::new(&config.http));
+        let pod_name = pod_name(std::env::vars());
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
@@ -141,7 +149,16 @@ impl Node {
             pod,
             slots,
             api_requests,
+            api_keys,
+            pod_name,
         });
+        if !node.config.http.api_keys_file.is_empty() {
+            let path = node.config.http.api_keys_file.clone();
+            tokio::spawn(reload::watch_keys_file(
+                Arc::downgrade(&node.api_keys),
+                path,
+            ));
+        }
         // A pod-local store loses sessions with the pod anyway; a shared one
         // gets what changed, in batches, so that a pod killed without warning
         // loses at most one interval of acks.
@@ -155,8 +172,7 @@ impl Node {
             tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
         }
         if node.config.rebalance.enabled {
-            // Random, not the host name: two pods may share a host.
-            let pod: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+            let pod = node.pod_name.clone();
             tracing::info!(%pod, "rebalancing with the other pods");
             let interval = node.config.rebalance.interval;
             tokio::spawn(every(Arc::downgrade(&node), interval, None, move |node| {
@@ -180,6 +196,12 @@ impl Node {
         self.drain.is_cancelled()
     }
 
+    /// Why the pod cannot serve clients yet (its broker has not reached
+    /// Redis since the start); `None`: it can.
+    pub fn not_ready(&self) -> Option<String> {
+        self.broker.status().not_ready
+    }
+
     /// One of the pod's API request slots (HTTP and gRPC share them), held
     /// for the request; `None`, counted as `busy`, when all are taken.
     pub fn api_slot(&self) -> Option<SemaphorePermit<'_>> {
@@ -192,6 +214,29 @@ impl Node {
         }
         slot
     }
+}
+
+/// The variables that name the pod: `HERALD_POD_NAME`, or `POD_NAME` (the
+/// chart sets it from the downward API's `metadata.name`).
+pub const POD_NAME_VARS: [&str; 2] = ["HERALD_POD_NAME", "POD_NAME"];
+
+/// The pod's name: the first of [`POD_NAME_VARS`] set in `env`, else the host
+/// name and a random suffix (two processes may share a host). It names the
+/// pod in Redis's load table (`<prefix>:pods`) and in the admin status, so
+/// that an operator can tell which pod is which.
+pub fn pod_name(env: impl IntoIterator<Item = (String, String)>) -> Arc<str> {
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    for var in POD_NAME_VARS {
+        if let Some((_, name)) = env.iter().find(|(k, v)| k == var && !v.trim().is_empty()) {
+            return Arc::from(name.trim());
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "herald".to_owned());
+    Arc::from(format!("{host}-{:08x}", rand::random::<u32>()))
 }
 
 /// Calls `job` every `interval`, and whenever `soon` is notified, until the
@@ -222,5 +267,36 @@ where
         if !job(node).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_is_named_as_kubernetes_names_it_else_by_its_host() {
+        let both = env(&[
+            ("POD_NAME", "herald-7d9f-x2k4p"),
+            ("HERALD_POD_NAME", "mine"),
+        ]);
+        assert_eq!(&*pod_name(both), "mine");
+        let downward = env(&[("POD_NAME", "herald-7d9f-x2k4p")]);
+        assert_eq!(&*pod_name(downward), "herald-7d9f-x2k4p");
+        // Outside Kubernetes: the host and a suffix, so that two processes
+        // on one host differ.
+        let (a, b) = (pod_name(env(&[("POD_NAME", " ")])), pod_name(env(&[])));
+        assert_ne!(a, b);
+        assert_eq!(
+            a.as_bytes().get(a.len().saturating_sub(9)),
+            Some(&b'-'),
+            "{a}"
+        );
     }
 }

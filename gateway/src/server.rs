@@ -205,13 +205,18 @@ async fn route(
         (&Method::GET, "/readyz") if node.is_draining() => {
             http::text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
         }
-        (&Method::GET, "/readyz") => http::text(StatusCode::OK, "ready\n"),
+        (&Method::GET, "/readyz") => match node.not_ready() {
+            Some(why) => http::text(StatusCode::SERVICE_UNAVAILABLE, &format!("{why}\n")),
+            None => http::text(StatusCode::OK, "ready\n"),
+        },
         (_, "/healthz" | "/readyz") => {
             http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
-        (_, "/v1/publish" | "/v1/disconnect" | "/metrics") if api_here => limited(req, &node).await,
+        (_, "/v1/publish" | "/v1/disconnect" | "/v1/admin/status" | "/metrics") if api_here => {
+            limited(req, &node).await
+        }
         _ => http::text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(response)
@@ -241,6 +246,7 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
             (&Method::POST, "/v1/publish") => http::publish(req, node).await,
             (&Method::POST, "/v1/disconnect") => http::disconnect(req, node).await,
             (&Method::GET, "/metrics") => http::metrics(node),
+            (&Method::GET, "/v1/admin/status") => http::admin_status(&req, node),
             _ => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         }
     };
@@ -276,6 +282,20 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
     }
     if node.is_draining() {
         return reject("draining", StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+    }
+    // Refused before the upgrade, as a draining pod refuses: a client that
+    // got a session here could not be served (4003 is for a resume that
+    // cannot be restored now, on a pod that otherwise works).
+    if let Some(why) = node.not_ready() {
+        let mut response = reject(
+            "not_ready",
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("not ready: {why}\n"),
+        );
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
     }
     if !origin_allowed(
         &node.config.websocket.allowed_origins,

@@ -83,6 +83,8 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(config.session.resume_window, Duration::from_secs(120));
     assert_eq!(config.session.max_subscriptions, 1000);
     assert!(config.http.api_keys.is_empty());
+    assert_eq!(config.http.api_keys_file, "");
+    assert_eq!(config.redis.prefix, "herald");
     assert_eq!(config.http.max_body_bytes, 65536);
     assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(10));
     assert_eq!(config.log.level, "info");
@@ -526,4 +528,67 @@ fn redis_passwords_certificates_and_sentinels_are_read_checked_and_never_shown()
         ("HERALD_REDIS__TLS_CA", ca),
     ])
     .expect("a CA file for a rediss:// URL");
+}
+
+#[test]
+fn log_levels_are_levels_or_target_directives_and_a_typo_is_refused() {
+    for good in [
+        "info",
+        "WARN",
+        "gateway=debug,info",
+        "gateway=debug,hyper=warn",
+        "off",
+    ] {
+        let config = load_env(&[("HERALD_LOG__LEVEL", good)]).expect(good);
+        assert_eq!(config.log.level, good);
+    }
+    // EnvFilter would take `debgu` for a target, and log next to nothing.
+    for bad in ["debgu", "verbose", "info,loud", "gateway=loud"] {
+        assert_names(load_env(&[("HERALD_LOG__LEVEL", bad)]), "log.level");
+    }
+    let output = herald(&["--check"], &[("HERALD_LOG__LEVEL", "debgu")]);
+    assert_eq!(output.status.code(), Some(EXIT_BAD_CONFIG));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("`log.level`") && stderr.contains("`debgu`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_redis_prefix_keeps_to_the_characters_of_a_key_without_braces() {
+    let config = load_env(&[("HERALD_REDIS__PREFIX", "team-a.prod")]).expect("loads");
+    assert_eq!(config.redis.settings().prefix, "team-a.prod");
+    for bad in ["", "a{b}", "with space", "tag}"] {
+        assert_names(
+            load_env(&[("HERALD_BROKER", "redis"), ("HERALD_REDIS__PREFIX", bad)]),
+            "redis.prefix",
+        );
+    }
+}
+
+#[test]
+fn an_api_keys_file_adds_its_keys_and_must_hold_one() {
+    let file = TempToml::new("# rotated by the Secret\nk-file-1\n\n  k-file-2  \n");
+    let path = file.0.to_str().expect("a UTF-8 path");
+    let config = load_env(&[
+        ("HERALD_HTTP__API_KEYS", "k-inline"),
+        ("HERALD_HTTP__API_KEYS_FILE", path),
+    ])
+    .expect("loads");
+    assert_eq!(
+        config.http.keys().expect("keys"),
+        ["k-inline", "k-file-1", "k-file-2"]
+    );
+    // An emptied file must not open the API.
+    let empty = TempToml::new("# nothing yet\n\n");
+    let empty_path = empty.0.to_str().expect("a UTF-8 path");
+    assert_names(
+        load_env(&[("HERALD_HTTP__API_KEYS_FILE", empty_path)]),
+        "http.api_keys_file",
+    );
+    assert_names(
+        load_env(&[("HERALD_HTTP__API_KEYS_FILE", "/nonexistent/keys")]),
+        "http.api_keys_file",
+    );
 }

@@ -73,6 +73,8 @@ async fn a_pod_says_at_start_what_it_leaves_open() {
     open.wait_exit(Duration::from_secs(10)).await;
     let log = open.log();
     assert!(log.contains("no [auth] key is configured"), "{log}");
+    // Its stderr is a file here: no colour codes in it.
+    assert!(!log.contains('\u{1b}'), "ANSI codes off a terminal:\n{log}");
     assert!(
         log.contains("the HTTP API and metrics has no http.api_keys"),
         "{log}"

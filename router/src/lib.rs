@@ -155,9 +155,29 @@ pub enum BrokerError {
     Unavailable(String),
 }
 
+/// What an engine says of its state: for `/readyz` and the admin status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerStatus {
+    /// `memory` or `redis`.
+    pub kind: &'static str,
+    /// Why the pod cannot serve yet (Redis not reached since the start);
+    /// `None` once it can. A later outage does not make it `Some` again:
+    /// then clients are refused one by one (4003, 503), and the pod stays in
+    /// its Service, so that one Redis blink does not empty every Service.
+    pub not_ready: Option<String>,
+    /// Whether the connection that delivers publications is up now.
+    pub connected: bool,
+    /// The highest lineage clock this pod has seen (Redis): how far the
+    /// dataset's history has advanced, as far as it knows.
+    pub lineage_clock: Option<u64>,
+}
+
 /// Topics, sequence numbers, history and fan-out across pods.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
+    /// Whether it can serve, and how its connection stands.
+    fn status(&self) -> BrokerStatus;
+
     /// Gives `data` the topic's next seq, keeps it in history as the namespace
     /// says, and delivers it to every pod that watches the topic. A retry with
     /// the same `idempotency_key` within [`IDEMPOTENCY_WINDOW`] returns the

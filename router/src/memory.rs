@@ -16,8 +16,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::{
-    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, Namespaces, Position, Publication,
-    Recovery, SessionSnapshot, SessionStore, Since, Stored, Topic,
+    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Position,
+    Publication, Recovery, SessionSnapshot, SessionStore, Since, Stored, Topic,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -153,6 +153,15 @@ async fn sweep_forever(inner: Weak<Inner>) {
 
 #[async_trait]
 impl Broker for MemoryBroker {
+    fn status(&self) -> BrokerStatus {
+        BrokerStatus {
+            kind: "memory",
+            not_ready: None,
+            connected: true,
+            lineage_clock: None,
+        }
+    }
+
     async fn publish(
         &self,
         topic: &Topic,

@@ -38,8 +38,9 @@ async fn engine(redis: &Redis) -> RedisBroker {
         sentinel: None,
         command_timeout: Duration::from_millis(300),
         linger: Duration::from_millis(100),
+        prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
-    RedisBroker::connect(
+    RedisBroker::start(
         settings,
         Arc::new(namespaces),
         Arc::new(Nobody),

@@ -91,8 +91,9 @@ async fn engine(
         sentinel: None,
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
+        prefix: router::redis::DEFAULT_PREFIX.to_owned(),
     };
-    let broker = RedisBroker::connect(
+    let broker = RedisBroker::start(
         settings,
         Arc::new(namespaces),
         sink.clone(),

@@ -45,13 +45,22 @@ impl Herald {
     /// `HERALD_GRPC__LISTEN` on free loopback ports) and `args`, and waits
     /// until `GET /readyz` answers 200.
     pub async fn start(bin: impl AsRef<Path>, env: &[(&str, &str)], args: &[&str]) -> Self {
-        let bin = bin.as_ref();
+        Self::start_until(bin.as_ref(), env, args, "/readyz").await
+    }
+
+    /// [`Herald::start`], waiting only until it serves (`GET /healthz` answers
+    /// 200): for a pod that is to start not ready (its Redis is away).
+    pub async fn start_live(bin: impl AsRef<Path>, env: &[(&str, &str)], args: &[&str]) -> Self {
+        Self::start_until(bin.as_ref(), env, args, "/healthz").await
+    }
+
+    async fn start_until(bin: &Path, env: &[(&str, &str)], args: &[&str], probe: &str) -> Self {
         let mut last_log = String::new();
         for _ in 0..ATTEMPTS {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let mut herald = Self::spawn(bin, addr, grpc_addr, env, args);
-            match herald.wait_ready().await {
+            match herald.wait_ready(probe).await {
                 Ready::Yes => return herald,
                 Ready::Exited(status) => {
                     last_log = herald.log();
@@ -117,13 +126,13 @@ impl Herald {
         }
     }
 
-    async fn wait_ready(&mut self) -> Ready {
+    async fn wait_ready(&mut self, probe: &str) -> Ready {
         let deadline = Instant::now() + READY_WAIT;
         loop {
             if let Some(status) = self.try_wait() {
                 return Ready::Exited(status);
             }
-            if let Ok((200, _)) = get(self.addr, "/readyz").await {
+            if let Ok((200, _)) = get(self.addr, probe).await {
                 return Ready::Yes;
             }
             assert!(
@@ -159,6 +168,15 @@ impl Herald {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// SIGHUP: reload what can change without a restart.
+    pub fn sighup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP failed: {status}");
     }
 
     /// SIGKILL: the pod dies with no chance to drain or save anything.

@@ -70,6 +70,15 @@ impl Registry {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sessions served by this pod's connections now.
+    pub fn len(&self) -> usize {
+        self.live().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live().is_empty()
+    }
+
     /// Records that a connection now serves session `id`.
     pub fn register(&self, id: Arc<str>, session: LiveSession) {
         self.live().insert(id, session);

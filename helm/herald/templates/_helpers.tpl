@@ -278,6 +278,7 @@ Secret. */}}
 {{- $_ = set $cfg "shutdown" (dict "drain_timeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds))) }}
 {{- $redis := default dict $cfg.redis }}
 {{- $_ = set $redis "url" (include "herald.redisUrl" .) }}
+{{- $_ = set $redis "prefix" (default .Release.Name .Values.redis.prefix) }}
 {{- with .Values.redis.tls }}
 {{- if .secretName }}
 {{- $dir := include "herald.redisTlsDir" $ }}

@@ -396,19 +396,25 @@ struct Current {
 type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
 
 impl Commands {
-    /// Connects now (failing, after the retries, if Redis cannot be reached).
-    pub async fn connect(connector: Connector) -> RedisResult<Self> {
+    /// Tries once to connect, bounded by the timeout; what failed is
+    /// returned beside a `Commands` that connects when a command first needs
+    /// it, so that a pod can start while Redis is away.
+    pub async fn start(connector: Connector) -> (Self, Option<RedisError>) {
+        let first = connector.command_connection().await;
+        let (connection, failed) = match first {
+            Ok(conn) => (futures_util::future::ready(Ok(conn)).boxed().shared(), None),
+            Err(e) => (establish(connector.clone()), Some(e)),
+        };
         let commands = Self {
             shared: Arc::new(Slot {
                 current: Mutex::new(Current {
                     generation: 0,
-                    connection: establish(connector.clone()),
+                    connection,
                 }),
                 connector,
             }),
         };
-        commands.current().await?;
-        Ok(commands)
+        (commands, failed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Current> {
@@ -472,6 +478,12 @@ fn establish(connector: Connector) -> Connecting {
     }
     .boxed()
     .shared()
+}
+
+/// Whether Redis refused who the pod says it is (a wrong password, a user
+/// without the rights): waiting will not help, a corrected Secret will.
+pub fn refused(e: &RedisError) -> bool {
+    !worth_retrying(e)
 }
 
 /// A wrong password or a bad address will not get better in a second.

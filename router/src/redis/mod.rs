@@ -9,10 +9,15 @@
 //! - Commands go over one multiplexed connection (pipelined, with timeouts,
 //!   reconnecting by itself, to the current master with Sentinel:
 //!   [`connection`]); session saves are batched ([`sessions`]).
+//! - Every key and channel starts with the deployment's prefix
+//!   ([`scripts::Keys`]), so that deployments can share a Redis.
+//! - A pod starts while Redis is away: not ready, saying why ([`reach`]),
+//!   until its pub/sub connection first comes up.
 
 mod connection;
 mod lineage;
 mod pubsub;
+mod reach;
 mod scripts;
 mod sessions;
 
@@ -26,14 +31,18 @@ use tokio::sync::{mpsc, oneshot};
 
 use connection::{Commands, Connector};
 pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
+pub use scripts::DEFAULT_PREFIX;
+use scripts::Keys;
 
 use crate::observe::Observer;
 use crate::session::unix_ms;
 use crate::{
-    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW, Namespaces, Position,
-    Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Stored, Topic,
+    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW,
+    Namespaces, Position, Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since,
+    Stored, Topic,
 };
 use lineage::Lineage;
+use reach::Reach;
 
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
 /// sensible history age: losing them starts a new epoch, which subscribers
@@ -57,6 +66,9 @@ pub struct RedisSettings {
     /// How long a pod stays subscribed to a topic after its last local
     /// subscriber left, so that a quick resubscribe costs nothing.
     pub linger: Duration,
+    /// What every key and channel starts with ([`scripts::check_prefix`]):
+    /// deployments sharing a Redis are isolated by theirs.
+    pub prefix: String,
 }
 
 /// The Redis [`Broker`] and [`SessionStore`].
@@ -74,12 +86,19 @@ struct Inner {
     lineage: Arc<Lineage>,
     command_timeout: Duration,
     redis_clock: sessions::RedisClock,
+    keys: Keys,
+    /// Whether Redis was reached since the start.
+    reach: Arc<Reach>,
 }
 
 impl RedisSettings {
     /// Checks what can be checked before connecting: the URL, the
     /// certificate files, the sentinels' addresses.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
+        scripts::check_prefix(&self.prefix).map_err(|reason| InvalidSetting {
+            key: "redis.prefix",
+            reason,
+        })?;
         self.connector().map(drop)
     }
 
@@ -103,6 +122,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("sentinel", &self.sentinel)
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
+            .field("prefix", &self.prefix)
             .finish()
     }
 }
@@ -122,9 +142,13 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl RedisBroker {
-    /// Connects (failing if Redis cannot be reached now) and starts the
-    /// pub/sub and session-writer tasks, which end when the broker is dropped.
-    pub async fn connect(
+    /// Starts the pub/sub and session-writer tasks (which end when the broker
+    /// is dropped) and waits for a first connection, bounded by the command
+    /// timeout. Only a Redis that refuses the pod's credentials fails the
+    /// start: while Redis cannot be reached the broker keeps trying (about
+    /// once a second), [`Broker::status`] says why it is not ready, and every
+    /// call fails at once with [`BrokerError::Unavailable`].
+    pub async fn start(
         settings: RedisSettings,
         namespaces: Arc<Namespaces>,
         sink: Arc<dyn Deliver>,
@@ -133,10 +157,18 @@ impl RedisBroker {
         let client = settings
             .connector()
             .map_err(|e| BrokerError::Unavailable(format!("redis: `{}`: {e}", e.key)))?;
-        let conn = Commands::connect(client.clone()).await.map_err(|e| {
-            BrokerError::Unavailable(format!("redis: connecting to {}: {e}", client.describe()))
-        })?;
+        let target = client.describe();
+        let (conn, failed) = Commands::start(client.clone()).await;
+        if let Some(e) = &failed {
+            let why = format!("redis: connecting to {target}: {e}");
+            if connection::refused(e) {
+                return Err(BrokerError::Unavailable(why));
+            }
+            tracing::warn!("{why}; not ready until it answers");
+        }
+        let reach = Reach::new(target);
         let command_timeout = settings.command_timeout;
+        let keys = Keys::new(&settings.prefix);
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
         let lineage = Arc::new(Lineage::new(observer.clone()));
@@ -149,6 +181,7 @@ impl RedisBroker {
                 lineage.clone(),
                 namespaces.clone(),
                 settings,
+                reach.clone(),
             ),
             commands,
         ));
@@ -157,6 +190,11 @@ impl RedisBroker {
             pending_saves,
             observer.clone(),
         ));
+        if failed.is_none() {
+            // Reachable a moment ago: ready as soon as pub/sub is, so that a
+            // pod whose Redis is there starts ready, as before.
+            let _ = tokio::time::timeout(command_timeout * 2, reach.first_attempt()).await;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
@@ -167,6 +205,8 @@ impl RedisBroker {
                 lineage,
                 command_timeout,
                 redis_clock: sessions::RedisClock::default(),
+                keys,
+                reach,
             }),
         })
     }
@@ -245,6 +285,7 @@ pub(crate) enum Vouch {
 
 /// One topic's [`scripts::RECOVER`] call.
 fn recover_invocation(
+    keys: &Keys,
     lineage: &Lineage,
     topic: &Topic,
     since: Option<&Since>,
@@ -258,9 +299,9 @@ fn recover_invocation(
     };
     let mut invocation = scripts::RECOVER.prepare_invoke();
     invocation
-        .key(scripts::meta_key(topic))
-        .key(scripts::history_key(topic))
-        .key(scripts::LINEAGE_KEY)
+        .key(keys.meta(topic))
+        .key(keys.history(topic))
+        .key(keys.lineage())
         .arg(new_epoch())
         .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
         .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
@@ -274,6 +315,7 @@ fn recover_invocation(
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
 /// history after it.
 async fn recover_raw(
+    keys: &Keys,
     conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
@@ -281,7 +323,7 @@ async fn recover_raw(
     since: Option<&Since>,
     history_ttl: Duration,
 ) -> Result<Recovered, BrokerError> {
-    let invocation = recover_invocation(lineage, topic, since, Vouch::AsGiven, history_ttl);
+    let invocation = recover_invocation(keys, lineage, topic, since, Vouch::AsGiven, history_ttl);
     let mut conn = conn.clone();
     let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
     recovered(lineage, topic, value)
@@ -290,6 +332,7 @@ async fn recover_raw(
 /// [`recover_raw`] for many topics in one pipeline (the pub/sub task's
 /// reads after a reconnect): `(topic, since, vouch, history ttl)` each.
 async fn read_many(
+    keys: &Keys,
     conn: &Commands,
     observer: &dyn Observer,
     lineage: &Lineage,
@@ -298,7 +341,7 @@ async fn read_many(
     let invocations: Vec<_> = reads
         .iter()
         .map(|(topic, since, vouch, ttl)| {
-            recover_invocation(lineage, topic, since.as_ref(), *vouch, *ttl)
+            recover_invocation(keys, lineage, topic, since.as_ref(), *vouch, *ttl)
         })
         .collect();
     let mut pipe = redis::pipe();
@@ -440,6 +483,15 @@ fn continuous(
 
 #[async_trait]
 impl Broker for RedisBroker {
+    fn status(&self) -> BrokerStatus {
+        BrokerStatus {
+            kind: "redis",
+            not_ready: self.inner.reach.not_ready(),
+            connected: self.inner.reach.connected(),
+            lineage_clock: Some(self.inner.lineage.known()),
+        }
+    }
+
     async fn publish(
         &self,
         topic: &Topic,
@@ -448,21 +500,23 @@ impl Broker for RedisBroker {
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let ns = self.inner.namespaces.require(topic)?;
+        self.inner.reach.check()?;
         let lineage = &self.inner.lineage;
+        let keys = &self.inner.keys;
         let mut invocation = scripts::PUBLISH.prepare_invoke();
         invocation
-            .key(scripts::meta_key(topic))
-            .key(scripts::history_key(topic))
-            .key(scripts::LINEAGE_KEY);
+            .key(keys.meta(topic))
+            .key(keys.history(topic))
+            .key(keys.lineage());
         if let Some(key) = idempotency_key {
-            invocation.key(scripts::idempotency_key(topic, key));
+            invocation.key(keys.idempotency(topic, key));
         }
         invocation
             .arg(data.as_ref())
             .arg(ns.history_size)
             .arg(millis(ns.history_ttl).max(1))
             .arg(new_epoch())
-            .arg(scripts::channel(topic))
+            .arg(keys.channel(topic))
             .arg(millis(META_TTL))
             .arg(millis(IDEMPOTENCY_WINDOW))
             .arg(lineage.known())
@@ -530,9 +584,10 @@ impl Broker for RedisBroker {
         connections: u64,
         ttl: Duration,
     ) -> Result<Vec<u64>, BrokerError> {
+        self.inner.reach.check()?;
         let mut invocation = scripts::POD_LOADS.prepare_invoke();
         invocation
-            .key(scripts::PODS_KEY)
+            .key(self.inner.keys.pods())
             .arg(pod)
             .arg(connections)
             .arg(millis(ttl).max(1));
@@ -547,7 +602,9 @@ impl Broker for RedisBroker {
 
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
         let ttl = self.inner.namespaces.require(topic)?.history_ttl;
+        self.inner.reach.check()?;
         let recovered = recover_raw(
+            &self.inner.keys,
             &self.inner.conn,
             &*self.inner.observer,
             &self.inner.lineage,
@@ -636,19 +693,20 @@ impl SessionStore for RedisBroker {
     }
 
     async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
+        self.inner.reach.check()?;
         let user_hex = sessions::hex(user);
         // Twice the window: a pod that missed the announcement may still
         // save a session of the user's for a while.
         let keep = millis(ttl).max(1).saturating_mul(2);
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
-            .arg(scripts::revoked_key(&user_hex))
+            .arg(self.inner.keys.revoked(&user_hex))
             .arg(unix_ms())
             .arg("PX")
             .arg(keep)
             .ignore()
             .cmd("PUBLISH")
-            .arg(scripts::CONTROL_CHANNEL)
+            .arg(self.inner.keys.control_channel())
             .arg(format!("disconnect {user_hex}"))
             .ignore();
         let mut conn = self.inner.conn.clone();
@@ -677,14 +735,15 @@ impl RedisBroker {
         user: Option<&str>,
         keep: Option<(&SessionSnapshot, Duration)>,
     ) -> Result<Claim, BrokerError> {
+        self.inner.reach.check()?;
         let user_hex = user.map(sessions::hex).unwrap_or_default();
         let within = self.inner.command_timeout / 2;
         for _ in 0..2 {
             let mut conn = self.inner.conn.clone();
             let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
-            invocation.key(scripts::session_key(id));
+            invocation.key(self.inner.keys.session(id));
             if user.is_some() {
-                invocation.key(scripts::revoked_key(&user_hex));
+                invocation.key(self.inner.keys.revoked(&user_hex));
             }
             let sent_ms = unix_ms();
             invocation
@@ -735,9 +794,10 @@ impl RedisBroker {
         snapshot: Option<&SessionSnapshot>,
         ttl: Duration,
     ) -> Result<oneshot::Receiver<Result<Stored, BrokerError>>, BrokerError> {
+        self.inner.reach.check()?;
         let (done, saved) = oneshot::channel();
         let save = sessions::Save {
-            key: scripts::session_key(id),
+            key: self.inner.keys.session(id),
             owner: owner.to_owned(),
             value: snapshot.map(|snapshot| sessions::encode(owner, snapshot)),
             ttl_ms: millis(ttl).max(1),

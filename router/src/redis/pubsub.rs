@@ -30,7 +30,9 @@ use tokio::time::Instant;
 
 use super::connection::{Commands, Connector};
 use super::lineage::Lineage;
-use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, scripts, timed};
+use super::reach::Reach;
+use super::scripts::Keys;
+use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Since, Topic};
 
@@ -40,8 +42,14 @@ const SUBSCRIBE_BATCH: usize = 500;
 const READ_BATCH: usize = 500;
 /// Announcements one topic holds aside while its history is read.
 pub const MAX_HELD: usize = 1024;
+/// The wait before the first reconnect; it doubles per failed attempt, up
+/// to [`MAX_BACKOFF`], and each wait is between half of it and all of it, at
+/// random, so that pods do not reconnect in lockstep.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Short, so that a pod that waits for Redis (at start: not ready) is back
+/// within about a second of Redis: an attempt a second per pod costs Redis
+/// nothing.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 pub enum Command {
     Watch(Topic, oneshot::Sender<Result<(), BrokerError>>),
@@ -181,6 +189,11 @@ pub struct Pubsub {
     lineage: Arc<Lineage>,
     namespaces: Arc<Namespaces>,
     settings: RedisSettings,
+    /// The names of this deployment's keys and channels.
+    keys: Keys,
+    /// Told when the connection comes up or fails.
+    reach: Arc<Reach>,
+    control_channel: String,
     topics: HashMap<Topic, Watched>,
     /// Counts connections: which one a [`Done`] belongs to.
     generation: u64,
@@ -199,6 +212,8 @@ enum Ended {
 }
 
 impl Pubsub {
+    // One argument per part it shares with the broker.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Connector,
         conn: Commands,
@@ -207,9 +222,14 @@ impl Pubsub {
         lineage: Arc<Lineage>,
         namespaces: Arc<Namespaces>,
         settings: RedisSettings,
+        reach: Arc<Reach>,
     ) -> Self {
         let (done, reports) = mpsc::unbounded_channel();
+        let keys = Keys::new(&settings.prefix);
         Self {
+            control_channel: keys.control_channel(),
+            keys,
+            reach,
             client,
             conn,
             sink,
@@ -228,6 +248,7 @@ impl Pubsub {
 
 pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>) {
     let mut backoff = MIN_BACKOFF;
+    let mut last_error: Option<String> = None;
     loop {
         let connected = tokio::time::timeout(ps.settings.command_timeout, ps.client.pubsub()).await;
         let (subscriber, mut stream) = match connected {
@@ -237,7 +258,15 @@ pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>)
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_owned(),
                 };
-                tracing::warn!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                // Once a second while Redis is away: said again only when
+                // the reason changes (`/readyz` and the metrics say it meanwhile).
+                if backoff < MAX_BACKOFF || last_error.as_deref() != Some(error.as_str()) {
+                    tracing::warn!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                } else {
+                    tracing::debug!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+                }
+                ps.reach.down(&error);
+                last_error = Some(error);
                 // Keep answering watches (they fail fast) while waiting.
                 let wait = tokio::time::sleep(jitter(backoff));
                 tokio::pin!(wait);
@@ -258,21 +287,23 @@ pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>)
             Ended::Shutdown => return,
             Ended::Lost => {
                 ps.observer.pubsub_up(false);
+                ps.reach.down("the pub/sub connection was lost");
                 ps.lost();
                 tracing::warn!(
                     topics = ps.topics.len(),
                     "redis pub/sub connection lost; reconnecting"
                 );
                 backoff = MIN_BACKOFF;
+                last_error = None;
                 tokio::time::sleep(jitter(backoff)).await;
             }
         }
     }
 }
 
-/// `d` plus up to 50% more, so that pods do not reconnect in lockstep.
+/// Between half of `d` and `d`, so that pods do not reconnect in lockstep.
 fn jitter(d: Duration) -> Duration {
-    d + d.mul_f64(rand::thread_rng().gen_range(0.0..0.5))
+    d.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
 }
 
 impl Pubsub {
@@ -357,8 +388,8 @@ impl Pubsub {
         self.generation += 1;
         // Everything watched before the connection dropped: subscribe again
         // (all batches at once), then read what was published meanwhile.
-        let channels: Vec<String> = std::iter::once(scripts::CONTROL_CHANNEL.to_owned())
-            .chain(self.topics.keys().map(scripts::channel))
+        let channels: Vec<String> = std::iter::once(self.keys.control_channel())
+            .chain(self.topics.keys().map(|topic| self.keys.channel(topic)))
             .collect();
         if subscribe(&mut subscriber, &channels, &self.settings, &*self.observer)
             .await
@@ -367,6 +398,7 @@ impl Pubsub {
             return Ended::Lost;
         }
         self.observer.pubsub_up(true);
+        self.reach.up();
         let mut resync = Vec::new();
         for (topic, watched) in &mut self.topics {
             if let Flow::Live(at) = &watched.flow {
@@ -462,8 +494,9 @@ impl Pubsub {
         let observer = self.observer.clone();
         let done = self.done.clone();
         let generation = self.generation;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
-            let channels: Vec<String> = new.iter().map(scripts::channel).collect();
+            let channels: Vec<String> = new.iter().map(|topic| keys.channel(topic)).collect();
             let result = subscribe(&mut subscriber, &channels, &settings, &*observer)
                 .await
                 .map_err(super::unavailable);
@@ -509,9 +542,10 @@ impl Pubsub {
         let done = self.done.clone();
         let generation = self.generation;
         let bound = self.settings.command_timeout * 2;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let reading = read_many(&conn, &*observer, &lineage, &reads);
+            let reading = read_many(&keys, &conn, &*observer, &lineage, &reads);
             let result = tokio::time::timeout(bound, reading)
                 .await
                 .unwrap_or_else(|_| {
@@ -534,6 +568,7 @@ impl Pubsub {
         let generation = self.generation;
         let topic = topic.clone();
         let epoch = epoch.clone();
+        let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let mut conn = conn;
@@ -541,7 +576,7 @@ impl Pubsub {
                 &*observer,
                 "fill",
                 redis::cmd("XRANGE")
-                    .arg(scripts::history_key(&topic))
+                    .arg(keys.history(&topic))
                     .arg(format!("{}-0", after + 1))
                     .arg(format!("{upto}-0"))
                     .query_async::<redis::Value>(&mut conn),
@@ -874,11 +909,11 @@ impl Pubsub {
     /// A message from the channel: a publication's announcement, or a
     /// control message.
     fn message(&mut self, channel: &str, payload: &[u8]) {
-        if channel == scripts::CONTROL_CHANNEL {
+        if channel == self.control_channel {
             self.control(payload);
             return;
         }
-        let Some(topic) = scripts::topic_of_channel(channel) else {
+        let Some(topic) = self.keys.topic_of_channel(channel) else {
             return;
         };
         let Some(announcement) = parse_payload(payload) else {
@@ -1043,8 +1078,9 @@ impl Pubsub {
         let timeout = self.settings.command_timeout;
         let done = self.done.clone();
         let generation = self.generation;
+        let keys = self.keys.clone();
         tokio::spawn(async move {
-            let channels: Vec<String> = topics.iter().map(scripts::channel).collect();
+            let channels: Vec<String> = topics.iter().map(|topic| keys.channel(topic)).collect();
             let mut result = Ok(());
             for chunk in channels.chunks(SUBSCRIBE_BATCH) {
                 result = tokio::time::timeout(timeout, subscriber.unsubscribe(chunk))
@@ -1143,6 +1179,19 @@ fn parse_payload(payload: &[u8]) -> Option<Announcement<'_>> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_pod_waiting_for_redis_tries_at_least_once_a_second() {
+        // So that a pod that started without Redis is ready within about a
+        // second of Redis coming back, however long it waited.
+        let mut backoff = MIN_BACKOFF;
+        for _ in 0..50 {
+            let wait = jitter(backoff);
+            assert!(wait <= Duration::from_secs(1), "{wait:?}");
+            assert!(wait >= backoff / 2, "{wait:?}");
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
 
     fn announced(epoch: &Epoch, seq: u64, clock: u64) -> Announced {
         Announced {

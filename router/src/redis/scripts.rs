@@ -4,60 +4,121 @@
 //! A topic's keys share the hash tag `{<topic>}`, so that in a Redis Cluster
 //! its seq, history, idempotency keys and channel live on one shard.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
 use crate::Topic;
 
-const PREFIX: &str = "herald";
+/// The prefix of every key and channel unless `redis.prefix` says
+/// otherwise.
+pub const DEFAULT_PREFIX: &str = "herald";
+/// The longest prefix accepted: it is repeated in every key.
+const MAX_PREFIX_LEN: usize = 64;
 
-/// `HASH {seq, epoch}`: the topic's newest seq and its epoch.
-pub fn meta_key(topic: &Topic) -> String {
-    format!("{PREFIX}:{{{topic}}}:meta")
+/// The names of everything a pod keeps in Redis, all under one prefix, so
+/// that two deployments sharing a Redis (pub/sub ignores the database
+/// number) never see each other's topics, sessions or pods.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: Arc<str>,
 }
 
-/// `STREAM`: the history, entry id `<seq>-0`, fields `d` (data), `t` (ms).
-pub fn history_key(topic: &Topic) -> String {
-    format!("{PREFIX}:{{{topic}}}:hist")
+/// Why a prefix cannot be used.
+pub fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        return Err(format!("must be 1 to {MAX_PREFIX_LEN} characters"));
+    }
+    // No braces: a topic's keys are hash-tagged by `{<topic>}`, and a brace
+    // in the prefix would make the prefix the tag (Redis Cluster).
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!(
+            "`{c}` is not allowed: letters, digits, `-`, `_`, `.` and `:` only"
+        ));
+    }
+    Ok(())
 }
 
-/// The pub/sub channel every publication of the topic is announced on.
-pub fn channel(topic: &Topic) -> String {
-    format!("{PREFIX}:{{{topic}}}")
+impl Default for Keys {
+    fn default() -> Self {
+        Self::new(DEFAULT_PREFIX)
+    }
 }
 
-/// The topic of a channel name, if it is one of ours.
-pub fn topic_of_channel(channel: &str) -> Option<Topic> {
-    let inner = channel
-        .strip_prefix(PREFIX)?
-        .strip_prefix(":{")?
-        .strip_suffix('}')?;
-    Topic::parse(inner).ok()
+impl Keys {
+    /// Keys under `prefix`, which [`check_prefix`] accepts.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: Arc::from(prefix),
+        }
+    }
+
+    /// `HASH {seq, epoch}`: the topic's newest seq and its epoch.
+    pub fn meta(&self, topic: &Topic) -> String {
+        format!("{}:{{{topic}}}:meta", self.prefix)
+    }
+
+    /// `STREAM`: the history, entry id `<seq>-0`, fields `d` (data), `t` (ms).
+    pub fn history(&self, topic: &Topic) -> String {
+        format!("{}:{{{topic}}}:hist", self.prefix)
+    }
+
+    /// The pub/sub channel every publication of the topic is announced on.
+    pub fn channel(&self, topic: &Topic) -> String {
+        format!("{}:{{{topic}}}", self.prefix)
+    }
+
+    /// The topic of a channel name, if it is one of this prefix's.
+    pub fn topic_of_channel(&self, channel: &str) -> Option<Topic> {
+        let inner = channel
+            .strip_prefix(&*self.prefix)?
+            .strip_prefix(":{")?
+            .strip_suffix('}')?;
+        Topic::parse(inner).ok()
+    }
+
+    /// The remembered result of a publish with an idempotency key.
+    pub fn idempotency(&self, topic: &Topic, key: &str) -> String {
+        format!("{}:{{{topic}}}:idem:{key}", self.prefix)
+    }
+
+    /// `HASH pod -> "<connections>:<ms>"`: what each pod last reported.
+    pub fn pods(&self) -> String {
+        format!("{}:pods", self.prefix)
+    }
+
+    /// A session's snapshot, its first line naming its owner (`owner <token>`).
+    pub fn session(&self, id: &str) -> String {
+        format!("{}:session:{id}", self.prefix)
+    }
+
+    /// When a user's access was last revoked (Unix ms): their sessions
+    /// started before it cannot be claimed. `user` is hex, as sessions store
+    /// it.
+    pub fn revoked(&self, user_hex: &str) -> String {
+        format!("{}:revoked:{user_hex}", self.prefix)
+    }
+
+    /// The channel every pod listens on for what is not a topic's:
+    /// `disconnect <user hex>`.
+    pub fn control_channel(&self) -> String {
+        format!("{}:control", self.prefix)
+    }
+
+    /// The dataset's lineage: `HASH {id, clock}`. Every publish advances
+    /// `clock`; a pod passes the highest clock it has seen with each script,
+    /// and a Redis whose clock is below it went back in time (restarted from
+    /// an older snapshot, or failed over to a replica that lagged): the
+    /// script then starts a new lineage, and every topic written before it
+    /// gets a new epoch when it is next touched. See docs/protocol.md, "When
+    /// Redis goes back in time".
+    pub fn lineage(&self) -> String {
+        format!("{}:lineage", self.prefix)
+    }
 }
-
-/// The remembered result of a publish with an idempotency key.
-pub fn idempotency_key(topic: &Topic, key: &str) -> String {
-    format!("{PREFIX}:{{{topic}}}:idem:{key}")
-}
-
-/// `HASH pod -> "<connections>:<ms>"`: what each pod last reported.
-pub const PODS_KEY: &str = "herald:pods";
-
-/// A session's snapshot, its first line naming its owner (`owner <token>`).
-pub fn session_key(id: &str) -> String {
-    format!("{PREFIX}:session:{id}")
-}
-
-/// When a user's access was last revoked (Unix ms): their sessions started
-/// before it cannot be claimed. `user` is hex, as sessions store it.
-pub fn revoked_key(user_hex: &str) -> String {
-    format!("{PREFIX}:revoked:{user_hex}")
-}
-
-/// The channel every pod listens on for what is not a topic's: `disconnect
-/// <user hex>`.
-pub const CONTROL_CHANNEL: &str = "herald:control";
 
 /// Lua shared by the session scripts: `rank(owner)` is the rank of an owner
 /// token, `<token>@<rank>` (a token without one ranks 0: a connection that
@@ -183,14 +244,6 @@ return {from, body, owner, now}
 "#
     ))
 });
-
-/// The dataset's lineage: `HASH {id, clock}`. Every publish advances
-/// `clock`; a pod passes the highest clock it has seen with each script, and a
-/// Redis whose clock is below it went back in time (restarted from an older
-/// snapshot, or failed over to a replica that lagged): the script then starts
-/// a new lineage, and every topic written before it gets a new epoch when it
-/// is next touched. See docs/protocol.md, "When Redis goes back in time".
-pub const LINEAGE_KEY: &str = "herald:lineage";
 
 /// Lua shared by [`PUBLISH`] and [`RECOVER`]: `lineage(key, known, fresh)`
 /// returns the lineage id and clock, starting a new lineage (at the known
@@ -389,8 +442,27 @@ mod tests {
     #[test]
     fn channel_names_round_trip() {
         let topic = Topic::parse("chat:room-1/a").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(channel(&topic), "herald:{chat:room-1/a}");
-        assert_eq!(topic_of_channel(&channel(&topic)), Some(topic));
-        assert_eq!(topic_of_channel("other:{x}"), None);
+        let keys = Keys::default();
+        assert_eq!(keys.channel(&topic), "herald:{chat:room-1/a}");
+        assert_eq!(
+            keys.topic_of_channel(&keys.channel(&topic)),
+            Some(topic.clone())
+        );
+        assert_eq!(keys.topic_of_channel("other:{x}"), None);
+        // Another release's channel is not ours, even where one prefix
+        // starts the other.
+        let staging = Keys::new("herald-staging");
+        assert_eq!(keys.topic_of_channel(&staging.channel(&topic)), None);
+        assert_eq!(staging.topic_of_channel(&keys.channel(&topic)), None);
+    }
+
+    #[test]
+    fn prefixes_keep_the_hash_tag_the_topic() {
+        assert!(check_prefix("herald").is_ok());
+        assert!(check_prefix("team-a.prod:v2").is_ok());
+        assert!(check_prefix("").is_err());
+        assert!(check_prefix("a{b}").is_err());
+        assert!(check_prefix("a b").is_err());
+        assert!(check_prefix(&"x".repeat(65)).is_err());
     }
 }

@@ -1,0 +1,172 @@
+//! What changes without a restart, so that raising the log level or rotating
+//! an API key does not roll every client off the fleet: the API keys (the
+//! `http.api_keys_file` is read again when it changes, and everything on
+//! SIGHUP), and the log level (the binary's SIGHUP handler applies it). Any
+//! other key changed on SIGHUP is named in a warning and not applied.
+
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use crate::config::{Config, HttpConfig};
+
+/// How often the keys file is read for changes. Its content is compared,
+/// not its mtime: a Secret's volume swaps a symlink, and a rewrite within
+/// the same second keeps the mtime.
+pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
+
+/// The API keys in use (`http.api_keys` and the keys file's); none: the API
+/// is open.
+#[derive(Debug)]
+pub struct ApiKeys {
+    state: RwLock<Keys>,
+}
+
+#[derive(Debug)]
+struct Keys {
+    /// Where they come from: `http.api_keys` as last configured, and the
+    /// file's path.
+    http: HttpConfig,
+    current: Arc<[String]>,
+}
+
+impl ApiKeys {
+    /// `http`'s keys, read and checked by [`HttpConfig::keys`] at load: a
+    /// file that fails now leaves none until it is read again.
+    pub fn new(http: &HttpConfig) -> Self {
+        let current = http.keys().unwrap_or_default().into();
+        Self {
+            state: RwLock::new(Keys {
+                http: http.clone(),
+                current,
+            }),
+        }
+    }
+
+    /// The keys a request is checked against now.
+    pub fn current(&self) -> Arc<[String]> {
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .current
+            .clone()
+    }
+
+    /// Reads the keys again, the file as it is now, with `http.api_keys`
+    /// from `http` when given (a SIGHUP's new configuration); keeps those in
+    /// use when the file cannot be read or holds none. Whether they changed.
+    pub fn reload(&self, http: Option<&HttpConfig>) -> bool {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut source = state.http.clone();
+        if let Some(http) = http {
+            // The file's path is the one the pod started with: a new path
+            // needs a restart ([`needs_restart`] says so).
+            source.api_keys.clone_from(&http.api_keys);
+        }
+        match source.keys() {
+            Ok(keys) => {
+                state.http = source;
+                if *state.current == *keys {
+                    return false;
+                }
+                state.current = keys.into();
+                tracing::info!(keys = state.current.len(), "API keys reloaded");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "API keys not reloaded: the keys in use stay");
+                false
+            }
+        }
+    }
+}
+
+/// Reads the keys file every [`KEYS_FILE_POLL`] and reloads `keys` when
+/// its content changed, until the keys (their pod) are gone.
+pub async fn watch_keys_file(keys: Weak<ApiKeys>, path: String) {
+    let mut last = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(KEYS_FILE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(keys) = keys.upgrade() else {
+            return;
+        };
+        let now = std::fs::read(&path).ok();
+        if now != last {
+            keys.reload(None);
+            last = now;
+        }
+    }
+}
+
+/// The sections of `new` that differ from `old` in what a reload does not
+/// apply (anything but `log.level`, `http.api_keys` and the keys file's
+/// content): they need a restart.
+pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut new = new.clone();
+    new.log.level.clone_from(&old.log.level);
+    new.http.api_keys.clone_from(&old.http.api_keys);
+    // Compared as they print: every section is `Debug`, and a password
+    // prints redacted, so a changed password is not noticed here.
+    let sections: [(&'static str, String, String); 14] = [
+        (
+            "listen",
+            format!("{:?}", old.listen),
+            format!("{:?}", new.listen),
+        ),
+        (
+            "broker",
+            format!("{:?}", old.broker),
+            format!("{:?}", new.broker),
+        ),
+        (
+            "redis",
+            format!("{:?}", old.redis),
+            format!("{:?}", new.redis),
+        ),
+        (
+            "websocket",
+            format!("{:?}", old.websocket),
+            format!("{:?}", new.websocket),
+        ),
+        (
+            "queue",
+            format!("{:?}", old.queue),
+            format!("{:?}", new.queue),
+        ),
+        (
+            "session",
+            format!("{:?}", old.session),
+            format!("{:?}", new.session),
+        ),
+        ("http", format!("{:?}", old.http), format!("{:?}", new.http)),
+        ("grpc", format!("{:?}", old.grpc), format!("{:?}", new.grpc)),
+        (
+            "shutdown",
+            format!("{:?}", old.shutdown),
+            format!("{:?}", new.shutdown),
+        ),
+        (
+            "rebalance",
+            format!("{:?}", old.rebalance),
+            format!("{:?}", new.rebalance),
+        ),
+        ("log", format!("{:?}", old.log), format!("{:?}", new.log)),
+        (
+            "telemetry",
+            format!("{:?}", old.telemetry),
+            format!("{:?}", new.telemetry),
+        ),
+        ("auth", format!("{:?}", old.auth), format!("{:?}", new.auth)),
+        (
+            "namespaces",
+            format!("{:?}", old.namespaces),
+            format!("{:?}", new.namespaces),
+        ),
+    ];
+    sections
+        .into_iter()
+        .filter(|(_, old, new)| old != new)
+        .map(|(name, ..)| name)
+        .collect()
+}

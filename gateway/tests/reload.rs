@@ -1,0 +1,140 @@
+//! Changes without a rollout: the API keys rotate (a keys file that changes,
+//! or SIGHUP) and the log level rises (SIGHUP) while every client stays
+//! connected. Before, both were read once at start, and the config checksum
+//! rolled the whole fleet for either.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use testkit::{Client, Herald, WAIT, eventually};
+
+/// The binary under test (Cargo builds it for this package's tests).
+const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+
+/// A directory of its own under the temp dir, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("herald-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    /// Replaces `name` at once, as a Secret's volume or an editor does.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        let next = self.0.join(format!(".{name}.next"));
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+/// Publishes with `key`; the HTTP status.
+async fn publish(addr: SocketAddr, topic: &str, key: &str, n: u64) -> u16 {
+    let body = json!({"topic": topic, "data": n}).to_string();
+    let auth = format!("Bearer {key}");
+    let headers = [("authorization", auth.as_str())];
+    testkit::http(addr, "POST", "/v1/publish", &headers, body.as_bytes())
+        .await
+        .0
+}
+
+/// Waits until `old` is refused and `new` accepted (probing a topic nobody
+/// subscribes to).
+async fn rotated(herald: &Herald, old: &str, new: &str) {
+    eventually(WAIT, || async {
+        let statuses = (
+            publish(herald.addr, "probe", old, 0).await,
+            publish(herald.addr, "probe", new, 0).await,
+        );
+        (statuses == (401, 200))
+            .then_some(())
+            .ok_or(format!("{old}, {new}: {statuses:?}"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_keys_file_applies_without_a_restart_and_clients_stay() {
+    let dir = Dir::new("keys-file");
+    let keys = dir.write("keys", "# the backend's key\nk1\n");
+    let herald = Herald::start(HERALD, &[("HERALD_HTTP__API_KEYS_FILE", path(&keys))], &[]).await;
+    let mut client = Client::subscriber(&herald.ws_url(), "news").await;
+    assert_eq!(publish(herald.addr, "news", "k1", 1).await, 200);
+    assert_eq!(client.msg().await.1, 1);
+    assert_eq!(publish(herald.addr, "news", "k2", 0).await, 401);
+
+    dir.write("keys", "k2\n");
+    rotated(&herald, "k1", "k2").await;
+    assert_eq!(publish(herald.addr, "news", "k2", 2).await, 200);
+    // The same connection: nobody reconnected.
+    assert_eq!(client.msg().await.1, 2);
+    assert_eq!(
+        testkit::metric(herald.addr, "herald_connections_opened_total").await,
+        1.0
+    );
+
+    // An emptied file does not open the API: the keys in use stay.
+    dir.write("keys", "\n");
+    eventually(WAIT, || async {
+        herald.log().contains("API keys not reloaded")
+    })
+    .await;
+    assert_eq!(publish(herald.addr, "probe", "k2", 0).await, 200);
+    assert_eq!(publish(herald.addr, "probe", "anything", 0).await, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_the_log_level_and_keys_and_names_what_needs_a_restart() {
+    let dir = Dir::new("sighup");
+    let config = dir.write(
+        "herald.toml",
+        "[http]\napi_keys = [\"k1\"]\n[log]\nlevel = \"info\"\n",
+    );
+    let herald = Herald::start(HERALD, &[], &["--config", path(&config)]).await;
+    let mut client = Client::subscriber(&herald.ws_url(), "news").await;
+    assert_eq!(publish(herald.addr, "news", "k1", 1).await, 200);
+    assert_eq!(client.msg().await.1, 1);
+    // A rejected command is logged at debug only: not yet.
+    let bad = json!({"op": "sub", "id": 9, "topic": "not a topic!"});
+    client.send(bad.clone()).await;
+    client.expect("err").await;
+
+    dir.write(
+        "herald.toml",
+        "[http]\napi_keys = [\"k2\"]\n[log]\nlevel = \"debug\"\n[websocket]\nmax_connections = 5\n",
+    );
+    herald.sighup();
+    eventually(WAIT, || async { herald.log().contains("need a restart") }).await;
+    let log = herald.log();
+    assert!(log.contains("SIGHUP: log level changed"), "{log}");
+    assert!(log.contains("sections=websocket"), "{log}");
+    assert!(!log.contains("command rejected"), "at info:\n{log}");
+    rotated(&herald, "k1", "k2").await;
+    assert_eq!(publish(herald.addr, "news", "k2", 2).await, 200);
+    assert_eq!(client.msg().await.1, 2);
+
+    // At debug now, on the connection that was open all along.
+    client.send(bad).await;
+    client.expect("err").await;
+    eventually(WAIT, || async { herald.log().contains("command rejected") }).await;
+    assert_eq!(
+        testkit::metric(herald.addr, "herald_connections_opened_total").await,
+        1.0
+    );
+}
