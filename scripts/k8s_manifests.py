@@ -41,6 +41,9 @@ BACKEND_PORTS = {"api", "grpc"}
 # Credentials: environment variables from a Secret, never values in the
 # Deployment or keys in herald.toml (a ConfigMap).
 API_KEYS_ENV = "HERALD_HTTP__API_KEYS"
+# Or, as the chart mounts them, a file from a Secret volume (re-read when the
+# kubelet updates it: a rotation restarts nothing).
+API_KEYS_FILE_ENV = "HERALD_HTTP__API_KEYS_FILE"
 TOKEN_KEY_ENVS = ("HERALD_AUTH__HMAC_SECRET", "HERALD_AUTH__PUBLIC_KEY")
 SECRET_TOML_KEYS = (("http", "api_keys"), ("auth", "hmac_secret"), ("auth", "public_key"))
 # Stand-ins of the right form for what a Secret the user manages holds, so
@@ -286,18 +289,31 @@ def check_memory_budget(name, c, config):
           f"{worst / quantity(limit):.0%} of the {limit} limit")
 
 
-def check_credentials(name, c, config, open_ok):
+def secret_mount(c, volumes, path):
+    """The Secret volume the container mounts `path` from, or None."""
+    for m in c.get("volumeMounts", []):
+        if path.startswith(m["mountPath"].rstrip("/") + "/"):
+            volume = volumes.get(m["name"], {})
+            return volume.get("secret", {}).get("secretName")
+    return None
+
+
+def check_credentials(name, c, volumes, config, open_ok):
     """Keys come from a Secret, and unless the render is meant to be open,
     there are API keys and a way to check clients' tokens."""
     env = {e["name"]: e for e in c.get("env", [])}
     for var in (API_KEYS_ENV,) + TOKEN_KEY_ENVS:
         if var in env and "secretKeyRef" not in env[var].get("valueFrom", {}):
             raise CheckFailed(f"{name}: {var} is not read from a Secret")
+    if API_KEYS_FILE_ENV in env:
+        path = env[API_KEYS_FILE_ENV].get("value", "")
+        if not secret_mount(c, volumes, path):
+            raise CheckFailed(f"{name}: {API_KEYS_FILE_ENV} = {path} is on no Secret volume the pod mounts")
     for table, key in SECRET_TOML_KEYS:
         if key in config.get(table, {}):
             raise CheckFailed(f"{name}: herald.toml (a ConfigMap) holds {table}.{key}: it belongs in a Secret")
     missing = []
-    if API_KEYS_ENV not in env:
+    if API_KEYS_ENV not in env and API_KEYS_FILE_ENV not in env:
         missing.append("API keys")
     if not any(v in env for v in TOKEN_KEY_ENVS) and not config.get("auth", {}).get("jwks_url"):
         missing.append("token key")
@@ -307,8 +323,10 @@ def check_credentials(name, c, config, open_ok):
         raise CheckFailed(f"{name}: expected an open render, but it has its keys")
     print(f"   {name}: " + (f"open as meant (no {' and no '.join(missing)})" if missing else
                             "API keys and token key from Secrets: "
-                            + ", ".join(f"{v} <- {env[v]['valueFrom']['secretKeyRef']['name']}"
-                                        for v in (API_KEYS_ENV,) + TOKEN_KEY_ENVS if v in env)
+                            + ", ".join([f"{v} <- {env[v]['valueFrom']['secretKeyRef']['name']}"
+                                         for v in (API_KEYS_ENV,) + TOKEN_KEY_ENVS if v in env]
+                                        + [f"API keys file <- {secret_mount(c, volumes, env[v]['value'])}"
+                                           for v in (API_KEYS_FILE_ENV,) if v in env])
                             + (f", jwks_url {config['auth']['jwks_url']}" if config.get("auth", {}).get("jwks_url") else "")))
 
 
@@ -380,7 +398,8 @@ def check_gateway(deploy, objects, herald, open_ok=False):
     # Services, the Ingress, the ServiceMonitor and NetworkPolicies: each
     # port reaches whom it should; the PDB and the HPA point at these pods.
     check_exposure(name, labels, ports, objects)
-    check_credentials(name, c, config, open_ok)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    check_credentials(name, c, volumes, config, open_ok)
     for o in objects.values():
         if o["kind"] == "PodDisruptionBudget" and not selects(o["spec"]["selector"]["matchLabels"], labels):
             raise CheckFailed(f"{ref(o)} does not select {name}'s pods")
@@ -396,6 +415,9 @@ def check_gateway(deploy, objects, herald, open_ok=False):
     for e in c.get("env", []):
         if "value" in e:
             run_env[e["name"]] = e["value"]
+        elif "fieldRef" in e.get("valueFrom", {}):
+            # The downward API (the pod's name): a stand-in.
+            run_env[e["name"]] = "herald-stand-in-0"
         else:
             value = secret_value(objects, e.get("valueFrom", {}).get("secretKeyRef", {}))
             # A Secret the user manages: a stand-in of the right form.
@@ -409,6 +431,12 @@ def check_gateway(deploy, objects, herald, open_ok=False):
         with open(path, "w") as f:
             f.write(toml_text)
         run_env["HERALD_CONFIG"] = path
+        if API_KEYS_FILE_ENV in run_env:
+            # The API keys file the Secret volume holds: a stand-in.
+            stand_in = os.path.join(tmp, "api-keys")
+            with open(stand_in, "w") as f:
+                f.write(STAND_INS[API_KEYS_ENV].replace(",", "\n") + "\n")
+            run_env[API_KEYS_FILE_ENV] = stand_in
         # Files from a mounted Secret: stand-ins at the same keys.
         for key, value in config.get("redis", {}).items():
             if not key.startswith("tls_") or not value:

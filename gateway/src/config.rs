@@ -335,10 +335,15 @@ impl HttpConfig {
         let text = std::fs::read_to_string(&self.api_keys_file)
             .map_err(|e| format!("{}: {e}", self.api_keys_file))?;
         let before = keys.len();
+        // One per line, or comma-separated as `HERALD_HTTP__API_KEYS` takes
+        // them (a key holds no comma either way).
         keys.extend(
             text.lines()
                 .map(str::trim)
-                .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                .filter(|line| !line.starts_with('#'))
+                .flat_map(|line| line.split(','))
+                .map(str::trim)
+                .filter(|key| !key.is_empty())
                 .map(str::to_owned),
         );
         if keys.len() == before {
