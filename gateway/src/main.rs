@@ -1,7 +1,7 @@
 //! `herald`: loads the configuration, sets up logging and (if configured)
 //! trace export, binds, and runs the gateway until SIGTERM or SIGINT, then
-//! drains and flushes the traces. SIGHUP reloads what can change without a
-//! restart ([`gateway::reload`]). `herald status` asks a running pod for its
+//! drains and flushes the traces. SIGHUP, or an edit of the configuration
+//! file, reloads what can change without a restart ([`gateway::reload`]). `herald status` asks a running pod for its
 //! [`gateway::admin::Status`].
 
 use std::path::PathBuf;
@@ -41,7 +41,8 @@ listener): connections, sessions, topics, its broker's state.
       --url <url>      the pod's API, default http://127.0.0.1:8080
       --key <key>      an API key (http.api_keys), if the pod has any
 
-SIGHUP re-reads the configuration: log.level and the API keys (and the
+SIGHUP, or a change of the configuration file (looked at every 2s),
+re-reads the configuration: log.level and the API keys (and the
 http.api_keys_file, also read again whenever it changes) apply at once;
 other changes are logged as needing a restart.
 
@@ -275,10 +276,12 @@ fn serve(
     })
 }
 
-/// On each SIGHUP: loads the configuration again (the same file and
-/// variables), applies `log.level` and the API keys, and names the sections
-/// whose changes need a restart. A configuration that no longer loads
-/// changes nothing.
+/// On each SIGHUP, and when the configuration file's content changes (read
+/// every [`reload::KEYS_FILE_POLL`]: a ConfigMap's volume is updated in place,
+/// and a pod cannot be sent a signal easily): loads the configuration again
+/// (the same file and variables), applies `log.level` and the API keys, and
+/// names the sections whose changes need a restart. A configuration that no
+/// longer loads changes nothing.
 async fn reload_on_hangup(
     mut hangups: Signal,
     file: Option<PathBuf>,
@@ -286,32 +289,54 @@ async fn reload_on_hangup(
     node: Arc<Node>,
     set_level: SetLevel,
 ) {
-    while hangups.recv().await.is_some() {
+    let read = |file: &Option<PathBuf>| file.as_ref().and_then(|f| std::fs::read(f).ok());
+    let mut content = read(&file);
+    let mut poll = tokio::time::interval(reload::KEYS_FILE_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let why = tokio::select! {
+            hangup = hangups.recv() => match hangup {
+                Some(()) => {
+                    content = read(&file);
+                    "SIGHUP"
+                }
+                None => return,
+            },
+            _ = poll.tick(), if file.is_some() => {
+                let now = read(&file);
+                if now == content {
+                    continue;
+                }
+                content = now;
+                "configuration file changed"
+            }
+        };
         let new = match Config::load(file.as_deref(), std::env::vars()) {
             Ok(new) => new,
             Err(e) => {
-                tracing::warn!("SIGHUP: configuration not reloaded: {e}");
+                tracing::warn!(why, "configuration not reloaded: {e}");
                 continue;
             }
         };
         if new.log.level != config.log.level {
             match set_level(&new.log.level) {
                 Ok(()) => {
-                    tracing::info!(level = %new.log.level, "SIGHUP: log level changed");
+                    tracing::info!(why, level = %new.log.level, "log level changed");
                     config.log.level.clone_from(&new.log.level);
                 }
-                Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+                Err(e) => tracing::warn!(why, error = %e, "log level not changed"),
             }
         }
         node.api_keys.reload(Some(&new.http));
         config.http.api_keys.clone_from(&new.http.api_keys);
         let restart = reload::needs_restart(&config, &new);
         if restart.is_empty() {
-            tracing::info!("SIGHUP: configuration reloaded");
+            tracing::info!(why, "configuration reloaded");
         } else {
             tracing::warn!(
+                why,
                 sections = %restart.join(", "),
-                "SIGHUP: these changes need a restart; not applied"
+                "these changes need a restart; not applied"
             );
         }
     }

@@ -1,8 +1,9 @@
 //! What changes without a restart, so that raising the log level or rotating
 //! an API key does not roll every client off the fleet: the API keys (the
 //! `http.api_keys_file` is read again when it changes, and everything on
-//! SIGHUP), and the log level (the binary's SIGHUP handler applies it). Any
-//! other key changed on SIGHUP is named in a warning and not applied.
+//! SIGHUP), and the log level (the binary applies it on SIGHUP and when its
+//! configuration file changes). Any other key changed is named in a warning
+//! and not applied.
 
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
