@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::until;
-use herald_client::{Client, Error, Event, State};
+use herald_client::{Client, Cut, Error, ErrorCode, Event, State};
 use serde_json::json;
 use testkit::{Gateway, WAIT};
 use tokio::sync::watch;
@@ -24,6 +24,14 @@ const AUDIENCE: &str = "herald";
 
 async fn gateway() -> Gateway {
     let mut config = Gateway::config();
+    // Topics of `prices` only for tokens that grant them.
+    config.namespaces.insert(
+        "prices".to_owned(),
+        router::NamespaceSettings {
+            subscribe: router::Subscribe::Granted,
+            ..Default::default()
+        },
+    );
     config.auth.hmac_secret = SECRET.to_owned();
     config.auth.issuer = ISSUER.to_owned();
     config.auth.audience = AUDIENCE.to_owned();
@@ -33,16 +41,20 @@ async fn gateway() -> Gateway {
 
 /// An HS256 token for `alice` that expires `exp_in` seconds from now.
 async fn mint(exp_in: i64) -> String {
+    mint_with(exp_in, json!({})).await
+}
+
+/// [`mint`] with more claims (`extra`, e.g. the topics it grants).
+async fn mint_with(exp_in: i64, extra: serde_json::Value) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
-    let spec = json!({
-        "alg": "HS256",
-        "secret": SECRET,
-        "claims": {"sub": "alice", "exp": now + exp_in, "iss": ISSUER, "aud": AUDIENCE},
-    })
-    .to_string();
+    let mut claims = json!({"sub": "alice", "exp": now + exp_in, "iss": ISSUER, "aud": AUDIENCE});
+    if let (Some(claims), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
+        claims.extend(extra.clone());
+    }
+    let spec = json!({"alg": "HS256", "secret": SECRET, "claims": claims}).to_string();
     let output = tokio::task::spawn_blocking(move || {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/python/mint.py");
         testkit::process::run(
@@ -145,4 +157,67 @@ async fn an_unauthorized_token_stops_the_client() {
     assert!(matches!(e, Error::Unauthorized(_)), "{e:?}");
     let end = tokio::time::timeout(WAIT, events.next()).await.unwrap();
     assert!(end.is_none(), "no reconnect after unauthorized: {end:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_with_a_token_that_grants_less_drops_the_topic_it_names() {
+    let gateway = gateway().await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    // The first token grants every price, the later ones only the euro's.
+    let (client, mut events) = Client::builder([gateway.ws_url()])
+        .token(move || {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            let grants = if first { "prices:*" } else { "prices:eur" };
+            async move { Ok::<_, String>(mint_with(600, json!({"subscribe": [grants]})).await) }
+        })
+        .build()
+        .unwrap();
+    for topic in ["prices:eur", "prices:usd"] {
+        client.subscribe(topic, None).unwrap();
+    }
+    for _ in 0..2 {
+        until(&mut events, |e| {
+            matches!(e, Event::Subscribed { .. }).then_some(())
+        })
+        .await;
+    }
+    client.cut(Cut::Reset).unwrap();
+    // The resumed session keeps the euro; the dollar is named and dropped.
+    let (code, topic) = until(&mut events, |e| match e {
+        Event::Error(Error::Server { code, topic, .. }) => Some((code.clone(), topic.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (code, topic.as_deref()),
+        (ErrorCode::Forbidden, Some("prices:usd"))
+    );
+    // Dropped by the client too: subscribing again is a new `sub`, refused.
+    client.subscribe("prices:usd", None).unwrap();
+    let again = until(&mut events, |e| match e {
+        Event::Error(Error::Server { code, topic, .. }) => Some((code.clone(), topic.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (again.0, again.1.as_deref()),
+        (ErrorCode::Forbidden, Some("prices:usd"))
+    );
+    // The next resume asks for it no more (no error).
+    client.cut(Cut::Reset).unwrap();
+    until(&mut events, |e| match e {
+        Event::State(State::Resumed { .. }) => Some(()),
+        Event::Error(e) => panic!("{e:?}"),
+        _ => None,
+    })
+    .await;
+    let seq = gateway.publish("prices:eur", json!(1)).await;
+    let got = until(&mut events, |e| match e {
+        Event::Message(m) => Some((m.topic.to_string(), m.seq)),
+        Event::Error(e) => panic!("{e:?}"),
+        _ => None,
+    })
+    .await;
+    assert_eq!(got, ("prices:eur".to_owned(), seq));
 }
