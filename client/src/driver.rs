@@ -757,6 +757,12 @@ impl Driver {
                     return Ok(None);
                 };
                 let epoch: Arc<str> = Arc::from(&**epoch);
+                if sub.epoch.as_deref() == Some(&*epoch) && sub.last.is_some_and(|last| seq <= last)
+                {
+                    // Told again of the epoch it is in (a resume repeats a
+                    // reset the client may not have read): nothing skipped.
+                    return Ok(None);
+                }
                 sub.move_to(&epoch, seq);
                 let event = Event::Reset {
                     topic: sub.topic.clone(),

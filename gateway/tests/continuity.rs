@@ -228,7 +228,7 @@ async fn after_a_reset_a_resume_continues_in_the_new_epoch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_is_stored_at_once_so_a_pod_killed_right_after_resumes_in_the_new_epoch() {
+async fn a_reset_is_stored_at_once_and_told_again_on_a_resume_until_acked_in_its_epoch() {
     let mut redis = Redis::start().await;
     // No periodic flush within the test: only what is saved at once is.
     let env = [
@@ -248,6 +248,7 @@ async fn a_reset_is_stored_at_once_so_a_pod_killed_right_after_resumes_in_the_ne
     redis.restart_empty().await;
     let reset = client.expect("reset").await;
     let epoch = reset["epoch"].as_str().expect("epoch").to_owned();
+    let told = reset["seq"].clone();
     // The session, with the new epoch, is in the store before any flush.
     eventually(WAIT, || async {
         let stored = redis.cli(&["GET", &format!("herald:session:{session}")]);
@@ -271,8 +272,32 @@ async fn a_reset_is_stored_at_once_so_a_pod_killed_right_after_resumes_in_the_ne
     a.kill9();
     let mut resumed = Client::connect_url(&b.ws_url()).await;
     assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
+    // The client never acked in the new epoch, so the resume tells it again,
+    // at the same place: a client that read it carries on.
+    let again = resumed.expect("reset").await;
+    assert_eq!((&again["epoch"], &again["seq"]), (&json!(epoch), &told));
     let missed = publish(b.addr, json!("after")).await;
     let next = resumed.recv().await;
-    assert_eq!(next["op"], "msg", "no second reset: {next}");
+    assert_eq!(next["op"], "msg", "{next}");
     assert_eq!(next["seq"], missed);
+    // Acked in the new epoch (and saved as the connection ends), a resume
+    // tells it no more.
+    resumed
+        .send(json!({"op": "ack", "topic": "news", "seq": missed, "epoch": epoch}))
+        .await;
+    drop(resumed);
+    eventually(WAIT, || async {
+        let stored = redis.cli(&["GET", &format!("herald:session:{session}")]);
+        stored.contains(&format!("\n{missed} {epoch} news\n"))
+    })
+    .await;
+    let mut last = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(last.hello(Some(&session)).await["resumed"], true);
+    let seq = publish(b.addr, json!("last")).await;
+    let next = last.recv().await;
+    assert_eq!(
+        (&next["op"], &next["seq"]),
+        (&json!("msg"), &json!(seq)),
+        "no reset: {next}"
+    );
 }

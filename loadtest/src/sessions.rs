@@ -10,7 +10,7 @@
 //! messages both ways.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use herald_client::Backoff;
@@ -63,6 +63,10 @@ pub struct Plan {
     /// Per gateway, until when it is left out of the pick (µs since `epoch`).
     down_until: Vec<AtomicU64>,
     epoch: Instant,
+    /// Clients coming back after a lost connection right now: a drain waits
+    /// for them, so that a cut just before the end is not taken for a
+    /// client that could not resume.
+    pub resuming: AtomicUsize,
 }
 
 impl Plan {
@@ -76,6 +80,7 @@ impl Plan {
             token: None,
             down_until,
             epoch: Instant::now(),
+            resuming: AtomicUsize::new(0),
         }
     }
 

@@ -529,6 +529,7 @@ mod tests {
                 topic: topic("chat:x"),
                 epoch: Arc::from("e"),
                 acked: 1,
+                told: false,
             }],
         };
         assert!(b.save("s", "a", old.clone(), ttl).await?);

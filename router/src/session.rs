@@ -36,6 +36,10 @@ pub struct SubscriptionState {
     /// if it acked nothing since: a resume replays everything after it. (Not
     /// a [`crate::Position`], which is where the topic stands.)
     pub acked: u64,
+    /// The client was sent a `reset` to `epoch` and `acked`, and has not
+    /// acked in that epoch since: it may never have read it (its connection
+    /// was dying), so a resume sends the reset again before the replay.
+    pub told: bool,
 }
 
 /// Keeps session snapshots for the resume window.

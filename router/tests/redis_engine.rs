@@ -276,6 +276,7 @@ fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
             topic: Topic::parse(topic).expect("topic"),
             epoch: Arc::from("e1"),
             acked: position,
+            told: false,
         }],
     }
 }
@@ -289,6 +290,28 @@ async fn saves(store: &RedisBroker, id: &str, owner: &str, position: u64) -> boo
         .expect("save")
 }
 
+/// What `claim` took: its snapshot and previous owner, and the owner the
+/// claimant saves with, which must be `token` ranked (`@<rank>`).
+fn taken(claim: Claim, token: &str) -> (SessionSnapshot, Option<String>, Arc<str>) {
+    let Claim::Taken(Claimed {
+        snapshot,
+        from,
+        owner,
+    }) = claim
+    else {
+        panic!("not taken: {claim:?}");
+    };
+    assert!(owner.starts_with(&format!("{token}@")), "{owner}");
+    (snapshot, from, owner)
+}
+
+/// The rank of an owner token, `<token>@<rank>`.
+fn rank(owner: &str) -> u64 {
+    owner
+        .rsplit_once('@')
+        .map_or(0, |(_, r)| r.parse().expect("rank"))
+}
+
 #[tokio::test]
 async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
     let redis = Redis::start().await;
@@ -297,15 +320,10 @@ async fn a_session_claimed_by_a_resume_refuses_saves_from_its_former_owner() {
     assert!(saves(&pod_a, "s1", "conn-a", 2).await);
     // The client resumes on pod b while its connection to pod a lives on.
     let claimed = pod_b.claim("s1", "conn-b", None).await.expect("claim");
-    assert_eq!(
-        claimed,
-        Claim::Taken(Claimed {
-            snapshot: snapshot("news", 2),
-            from: Some("conn-a".to_owned()),
-            owner: Arc::from("conn-b@1"),
-        })
-    );
-    assert!(saves(&pod_b, "s1", "conn-b@1", 9).await);
+    let (taken_snapshot, from, conn_b) = taken(claimed, "conn-b");
+    assert_eq!(taken_snapshot, snapshot("news", 2));
+    assert_eq!(from.as_deref(), Some("conn-a"));
+    assert!(saves(&pod_b, "s1", &conn_b, 9).await);
     // Pod a's connection ends at last: its older acks are not written.
     assert!(!saves(&pod_a, "s1", "conn-a", 2).await);
     let claimed = pod_a.claim("s1", "conn-c", None).await.expect("claim");
@@ -331,29 +349,19 @@ async fn a_session_taken_over_before_it_was_ever_saved_is_adopted_by_the_new_con
         .adopt("s1", "conn-b", None, &live, ttl)
         .await
         .expect("adopt");
-    assert_eq!(
-        adopted,
-        Claim::Taken(Claimed {
-            snapshot: live,
-            from: None,
-            owner: Arc::from("conn-b@1"),
-        })
-    );
+    let (taken_snapshot, from, conn_b) = taken(adopted, "conn-b");
+    assert_eq!((taken_snapshot, from), (live, None));
     assert!(!saves(&broker, "s1", "conn-a", 1).await);
-    assert!(saves(&broker, "s1", "conn-b@1", 3).await);
+    assert!(saves(&broker, "s1", &conn_b, 3).await);
     // With a copy, adopting is claiming it.
     let adopted = broker
         .adopt("s1", "conn-c", None, &snapshot("news", 0), ttl)
         .await
         .expect("adopt");
-    assert_eq!(
-        adopted,
-        Claim::Taken(Claimed {
-            snapshot: snapshot("news", 3),
-            from: Some("conn-b@1".to_owned()),
-            owner: Arc::from("conn-c@2"),
-        })
-    );
+    let (taken_snapshot, from, conn_c) = taken(adopted, "conn-c");
+    assert_eq!(taken_snapshot, snapshot("news", 3));
+    assert_eq!(from.as_deref(), Some(&*conn_b));
+    assert!(rank(&conn_c) > rank(&conn_b));
     // A revoked user's session is not kept.
     let mut alices = snapshot("news", 1);
     alices.user = Some(SessionUser {
@@ -408,15 +416,9 @@ async fn sessions_saved_before_owners_and_after_a_script_flush_still_work() {
     redis.cli(&["SET", "herald:session:old", "3 e1 news\n", "PX", "60000"]);
     redis.cli(&["SCRIPT", "FLUSH"]);
     let claimed = broker.claim("old", "conn-x", None).await.expect("claim");
-    assert_eq!(
-        claimed,
-        Claim::Taken(Claimed {
-            snapshot: snapshot("news", 3),
-            from: None,
-            owner: Arc::from("conn-x@1"),
-        })
-    );
-    assert!(saves(&broker, "old", "conn-x@1", 4).await);
+    let (taken_snapshot, from, conn_x) = taken(claimed, "conn-x");
+    assert_eq!((taken_snapshot, from), (snapshot("news", 3), None));
+    assert!(saves(&broker, "old", &conn_x, 4).await);
     assert!(!saves(&broker, "old", "conn-y", 1).await);
     assert_eq!(
         broker
@@ -471,14 +473,9 @@ async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
         .claim("s1", "conn-b", Some("alice w."))
         .await
         .expect("claim");
-    assert_eq!(
-        claimed,
-        Claim::Taken(Claimed {
-            snapshot: alices,
-            from: Some("conn-a".to_owned()),
-            owner: Arc::from("conn-b@1"),
-        })
-    );
+    let (taken_snapshot, from, _) = taken(claimed, "conn-b");
+    assert_eq!(taken_snapshot, alices);
+    assert_eq!(from.as_deref(), Some("conn-a"));
     // A backend ends alice's access through pod a: pod b is told, and her
     // session is gone for good; anonymous sessions are not touched.
     pod_a.revoke("alice w.", ttl).await.expect("revoke");
@@ -689,7 +686,12 @@ async fn a_connection_whose_claim_redis_forgot_by_going_back_in_time_still_saves
         panic!("not claimed");
     };
     assert_eq!(next.snapshot, snapshot("news", 7));
-    assert_eq!(&*next.owner, "conn-c@2", "ranked above conn-b@1");
+    assert!(
+        rank(&next.owner) > rank(&claimed.owner),
+        "{} above {}",
+        next.owner,
+        claimed.owner
+    );
 }
 
 #[tokio::test]
@@ -733,4 +735,31 @@ async fn a_claim_that_reaches_redis_after_its_pod_gave_up_takes_nothing() {
         panic!("not claimed");
     };
     assert_eq!(claimed.from.as_deref(), Some("conn-a"));
+}
+
+#[tokio::test]
+async fn a_resume_after_redis_went_back_in_time_outranks_the_connection_whose_claim_it_lost() {
+    let mut redis = Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    assert!(saves(&pod_a, "s1", "conn-a", 2).await);
+    redis.save();
+    let (_, _, conn_b) = taken(
+        pod_a.claim("s1", "conn-b", None).await.expect("claim"),
+        "conn-b",
+    );
+    redis.restart_from_save().await;
+    // The client, its connection to conn-b cut, resumes: conn-c's claim
+    // must outrank conn-b's, which Redis no longer has.
+    let claimed = eventually(WAIT, || async {
+        pod_a
+            .claim("s1", "conn-c", None)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let (_, _, conn_c) = taken(claimed, "conn-c");
+    assert!(rank(&conn_c) > rank(&conn_b), "{conn_c} above {conn_b}");
+    // conn-b's end, saved late, does not overwrite the resumed session.
+    assert!(!saves(&pod_a, "s1", &conn_b, 9).await);
+    assert!(saves(&pod_a, "s1", &conn_c, 3).await);
 }

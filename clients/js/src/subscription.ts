@@ -164,6 +164,12 @@ export class Subscription extends Emitter<SubscriptionEvents> {
 
   /** @internal A `reset`, or a `sub` with `since` that could not be recovered. */
   _reset(epoch: string | undefined, seq: number): void {
+    if (epoch !== undefined && epoch === this.epoch && this.seq !== undefined && seq <= this.seq) {
+      // Told again of the epoch we are in (a resume repeats a reset we may
+      // not have read): nothing was skipped, carry on.
+      this._wire = Math.max(this._wire ?? 0, seq);
+      return;
+    }
     this.epoch = epoch;
     this.seq = seq;
     this._processed = seq;

@@ -662,8 +662,7 @@ impl Session {
         // they are restored one by one, then a resume elsewhere, must not
         // find only part of them.
         for state in &states {
-            self.subscriptions
-                .insert(state.topic.clone(), state.epoch.clone(), state.acked);
+            self.subscriptions.restore(state);
         }
         // Registered after `welcome` is queued, so that a `reconnect` from
         // the rebalancer never comes before it.
@@ -846,9 +845,18 @@ impl Session {
             Some(since) if recovery.recovered => since.seq,
             _ => restart,
         };
+        // A restored subscription is sent `reset` where continuity was
+        // lost, and again where it was told of one before and never acked
+        // in its epoch (it may not have read it): a client that had it
+        // carries on (a reset at or below what it processed in its epoch).
+        let tell = id.is_none() && (!recovery.recovered || self.subscriptions.is_told(&topic));
         // Before going live: a reset among the held frames moves it on.
-        self.subscriptions
-            .insert(topic.clone(), position.epoch.clone(), start);
+        if tell {
+            self.subscriptions.told(&topic, &position.epoch, start);
+        } else {
+            self.subscriptions
+                .insert(topic.clone(), position.epoch.clone(), start);
+        }
         match id {
             Some(id) => {
                 if let Err(e) = self.store_subscriptions(id).await {
@@ -866,11 +874,11 @@ impl Session {
                 })
                 .await;
             }
-            None if !recovery.recovered => {
+            None if tell => {
                 self.reply(ServerMessage::Reset {
                     topic: topic.as_str(),
                     epoch: &position.epoch,
-                    seq: restart,
+                    seq: start,
                 })
                 .await;
             }

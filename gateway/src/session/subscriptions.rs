@@ -57,10 +57,12 @@ struct Subscription {
     epoch: Epoch,
     /// The newest seq acked, or the seq the subscription started after.
     acked: u64,
-    /// A `reset` moved it to `epoch` while the connection lived: an ack
-    /// without an epoch may be of the old one (sent before the client read
-    /// the reset), so only acks that name the epoch count.
-    reset: bool,
+    /// The client was sent a `reset` to `epoch` after `acked` and has not
+    /// acked in that epoch since. Until it does, it may not have read the
+    /// reset (its connection dying meanwhile), so a resume sends the reset
+    /// again; and an ack without an epoch may be of the old one, so only
+    /// acks that name the epoch count.
+    told: bool,
 }
 
 /// What a flush owes the store for a session.
@@ -107,24 +109,49 @@ impl Subscriptions {
         self.inner().by_topic.len()
     }
 
+    /// A new subscription, after `acked` in `epoch`.
     pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64) {
         let mut inner = self.inner();
-        // A restored subscription whose epoch is gone.
-        let moved = inner
-            .by_topic
-            .get(&topic)
-            .is_some_and(|old| old.epoch != epoch);
         let subscription = Subscription {
             epoch,
             acked,
-            reset: false,
+            told: false,
         };
         inner.by_topic.insert(topic, subscription);
-        if moved {
+        inner.touch();
+    }
+
+    /// A subscription as a resumed session stored it.
+    pub fn restore(&self, state: &SubscriptionState) {
+        let mut inner = self.inner();
+        let subscription = Subscription {
+            epoch: state.epoch.clone(),
+            acked: state.acked,
+            told: state.told,
+        };
+        inner.by_topic.insert(state.topic.clone(), subscription);
+        inner.touch();
+    }
+
+    /// The client was sent `reset` for `topic`: its stream goes on in
+    /// `epoch` after `seq`, where a resume continues too, telling it again
+    /// until it acks in that epoch.
+    pub fn told(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
+        let mut inner = self.inner();
+        if let Some(subscription) = inner.by_topic.get_mut(topic) {
+            *subscription = Subscription {
+                epoch: epoch.clone(),
+                acked: seq,
+                told: true,
+            };
             inner.moved();
-        } else {
-            inner.touch();
         }
+    }
+
+    /// Whether the client may not know of the topic's epoch yet (see
+    /// [`Self::told`]).
+    pub fn is_told(&self, topic: &Topic) -> bool {
+        self.inner().by_topic.get(topic).is_some_and(|s| s.told)
     }
 
     /// Whether the topic was subscribed.
@@ -147,10 +174,13 @@ impl Subscriptions {
         };
         let counts = match epoch {
             Some(epoch) => *subscription.epoch == *epoch,
-            None => !subscription.reset,
+            None => !subscription.told,
         };
-        if counts && seq > subscription.acked {
-            subscription.acked = seq;
+        // An ack naming the epoch it was told of: the client has the reset.
+        let confirms = counts && subscription.told;
+        if counts && (seq > subscription.acked || confirms) {
+            subscription.acked = subscription.acked.max(seq);
+            subscription.told = false;
             inner.touch();
         }
         true
@@ -175,6 +205,7 @@ impl Subscriptions {
                     topic: topic.clone(),
                     epoch: s.epoch.clone(),
                     acked: s.acked,
+                    told: s.told,
                 })
                 .collect(),
         }
@@ -240,18 +271,8 @@ impl Subscriptions {
 }
 
 impl Resets for Subscriptions {
-    /// The client was sent `reset` for `topic`: its stream goes on in
-    /// `epoch` after `seq`, where a resume must continue too.
     fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
-        let mut inner = self.inner();
-        if let Some(subscription) = inner.by_topic.get_mut(topic) {
-            *subscription = Subscription {
-                epoch: epoch.clone(),
-                acked: seq,
-                reset: true,
-            };
-            inner.moved();
-        }
+        self.told(topic, epoch, seq);
     }
 }
 
@@ -317,7 +338,13 @@ mod tests {
         assert!(!woken(), "nothing moved");
         s.reset(&news(), &Arc::from("f"), 7);
         assert!(woken(), "a reset");
-        s.insert(news(), Arc::from("g"), 9);
-        assert!(woken(), "restored into a new epoch");
+        // Acks without an epoch do not count until one names it.
+        s.ack(&news(), 9, None);
+        assert!(s.is_told(&news()));
+        s.ack(&news(), 8, Some("f"));
+        assert!(!s.is_told(&news()), "confirmed");
+        assert!(!woken(), "a confirmation is no move");
+        let acked = s.snapshot().subscriptions[0].acked;
+        assert_eq!(acked, 8);
     }
 }

@@ -122,11 +122,12 @@ impl Keys {
 
 /// Lua shared by the session scripts: `rank(owner)` is the rank of an owner
 /// token, `<token>@<rank>` (a token without one ranks 0: a connection that
-/// started its session and never claimed one). Every claim ranks its owner
-/// above the one it took the session from, so a stored owner ranked below a
-/// saver is one whose claim Redis has since forgotten: Redis went back in
-/// time (an older snapshot, a lagging replica) and lost the saver's claim.
-/// The saver wins then; an owner ranked equal or above claimed after it.
+/// started its session and never claimed one). A claim ranks its owner at
+/// Redis's time in ms, and above the owner it takes the session from: so a
+/// claim made after Redis went back in time (an older snapshot, a lagging
+/// replica) still ranks above every claim made before, and a stored owner
+/// ranked below a saver is one whose claim Redis has since forgotten. The
+/// saver wins then; an owner ranked equal or above claimed after it.
 const RANK: &str = r#"
 local function rank(owner)
   return tonumber(string.match(owner, '@(%d+)$') or '0')
@@ -184,8 +185,8 @@ return 0
     ))
 });
 
-/// Makes `ARGV[1]@<rank>` the session's owner, ranked above the owner it
-/// takes it from, keeping its expiry, and returns `{previous owner or "",
+/// Makes `ARGV[1]@<rank>` the session's owner, ranked at Redis's time and
+/// above the owner it takes it from, keeping its expiry, and returns `{previous owner or "",
 /// snapshot without the owner line, new owner, Redis's time in ms}`; nil when
 /// there is none (or it was started before its user's access was revoked:
 /// then it is deleted); 0, taking nothing, when it belongs to another user
@@ -233,7 +234,7 @@ if KEYS[2] then
     return false
   end
 end
-local owner = ARGV[1] .. '@' .. (rank(from) + 1)
+local owner = ARGV[1] .. '@' .. string.format('%d', math.max(rank(from) + 1, now))
 local value = 'owner ' .. owner .. '\n' .. body
 if kept then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[5])

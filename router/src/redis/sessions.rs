@@ -163,7 +163,8 @@ impl RedisClock {
 }
 
 /// The owner's line, the user's (`user <hex id> <since ms>`) if the session
-/// has one, then one line per subscription: `<position> <epoch> <topic>`.
+/// has one, then one line per subscription: `<acked> <epoch> <topic>`, and
+/// ` told` after it while the client has not acked the reset it was sent.
 pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
     let mut out = format!("owner {owner}\n").into_bytes();
     out.extend(encode_body(snapshot));
@@ -177,7 +178,8 @@ pub fn encode_body(snapshot: &SessionSnapshot) -> Vec<u8> {
         out.push_str(&format!("user {} {}\n", hex(&user.id), user.since_ms));
     }
     for s in &snapshot.subscriptions {
-        out.push_str(&format!("{} {} {}\n", s.acked, s.epoch, s.topic));
+        let told = if s.told { " told" } else { "" };
+        out.push_str(&format!("{} {} {}{told}\n", s.acked, s.epoch, s.topic));
     }
     out.into_bytes()
 }
@@ -198,13 +200,19 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
         .lines()
         .filter(|line| !line.starts_with("owner ") && !line.starts_with("user "))
         .filter_map(|line| {
-            let mut parts = line.splitn(3, ' ');
+            let mut parts = line.split(' ');
             let parsed = (|| {
-                Some(SubscriptionState {
+                let state = SubscriptionState {
                     acked: parts.next()?.parse().ok()?,
                     epoch: Arc::from(parts.next()?),
                     topic: Topic::parse(parts.next()?).ok()?,
-                })
+                    told: match parts.next() {
+                        None => false,
+                        Some("told") => true,
+                        Some(_) => return None,
+                    },
+                };
+                parts.next().is_none().then_some(state)
             })();
             if parsed.is_none() {
                 tracing::warn!(line, "unreadable line in a stored session");
@@ -247,11 +255,20 @@ mod tests {
                 id: Arc::from("alice smith\n"),
                 since_ms: 1_700_000_000_000,
             }),
-            subscriptions: vec![SubscriptionState {
-                topic: Topic::parse("chat:a/b").unwrap_or_else(|e| panic!("{e}")),
-                epoch: Arc::from("9f3c"),
-                acked: 42,
-            }],
+            subscriptions: vec![
+                SubscriptionState {
+                    topic: Topic::parse("chat:a/b").unwrap_or_else(|e| panic!("{e}")),
+                    epoch: Arc::from("9f3c"),
+                    acked: 42,
+                    told: false,
+                },
+                SubscriptionState {
+                    topic: Topic::parse("news").unwrap_or_else(|e| panic!("{e}")),
+                    epoch: Arc::from("77aa"),
+                    acked: 7,
+                    told: true,
+                },
+            ],
         };
         assert_eq!(decode(&encode("a1", &snapshot)), snapshot);
     }

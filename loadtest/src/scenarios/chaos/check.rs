@@ -323,6 +323,12 @@ pub fn check(
                 // A `sub` with `since` that the history bridged: no break.
                 continue;
             }
+            if !recovered && **new_epoch == *old && seq <= last {
+                // Told again of the epoch it is in, at or below what it
+                // processed (the reset it may not have read, sent again on
+                // a resume): the client carries on, nothing skipped.
+                continue;
+            }
             // A break: is it explained?
             let fault = lossy
                 .iter()
@@ -482,6 +488,28 @@ mod tests {
         assert_eq!((v.checked, v.processed, v.lost), (2, 2, 0), "{v:?}");
         assert_eq!((v.mismatched, v.duplicated, v.resets_unexpected), (0, 0, 0));
         assert_eq!(v.finals, vec![Some(("A".to_owned(), 2))]);
+    }
+
+    #[test]
+    fn a_reset_told_again_into_the_epoch_the_client_is_in_is_no_break() {
+        let attempts: Vec<_> = (1..=3).map(|s| ack(s, "A", s, s as u32 * 10)).collect();
+        let logs = [log(vec![
+            start("A", 0),
+            msg(1, 1, 11),
+            msg(2, 2, 21),
+            // A resume repeats a reset to A at 1 the client had read: it
+            // carries on, and 2 comes again as a redelivery.
+            reset("A", 1, 25),
+            msg(2, 2, 26),
+            msg(3, 3, 31),
+        ])];
+        let v = run(&attempts, &mut [], &logs);
+        assert_eq!(
+            (v.lost, v.duplicated, v.resets_unexpected),
+            (0, 0, 0),
+            "{v:?}"
+        );
+        assert_eq!((v.processed, v.redelivered), (3, 1));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! and all, which a client that applies the seq rule would hide.
 
 use std::borrow::Cow;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -111,6 +112,9 @@ struct Sub {
     /// The newest fresh seq this connection delivered: what may be acked on it.
     ackable: Option<u64>,
     acked: u64,
+    /// A `reset` came: ack in its epoch even if nothing is newer, so that
+    /// the session stops telling it again.
+    confirm: bool,
 }
 
 /// A server frame, as far as this client cares.
@@ -199,6 +203,7 @@ impl Client {
                             last: seq,
                             ackable: None,
                             acked: seq,
+                            confirm: false,
                         });
                     }
                     _ => return Err(format!("sub refused: {text}")),
@@ -410,12 +415,20 @@ impl Client {
                     at,
                 });
                 let sub = &mut self.subs[i];
+                if *sub.epoch == *epoch && seq <= sub.last {
+                    // Told again of the epoch it is in: carry on, and say
+                    // so with an ack that names the epoch.
+                    sub.ackable = Some(sub.ackable.map_or(seq, |a| a.max(seq)));
+                    sub.confirm = true;
+                    return true;
+                }
                 sub.epoch = epoch;
                 sub.last = seq;
                 sub.acked = seq;
-                sub.ackable = None;
+                sub.ackable = Some(seq);
+                sub.confirm = true;
                 self.moved(i);
-                false
+                true
             }
             ("ok", Some(i), Some(seq)) => {
                 // The answer to a `sub` sent after a session was lost.
@@ -467,9 +480,10 @@ impl Client {
     /// Acks, with its epoch, every topic this connection delivered fresh seqs of.
     async fn ack(&mut self, ws: &mut Socket) -> Result<(), ()> {
         for sub in &mut self.subs {
-            let Some(seq) = sub.ackable.filter(|&s| s > sub.acked) else {
+            let Some(seq) = sub.ackable.filter(|&s| s > sub.acked || sub.confirm) else {
                 continue;
             };
+            sub.confirm = false;
             let ack = serde_json::json!({"op": "ack", "topic": &*sub.name, "seq": seq, "epoch": &*sub.epoch});
             ws.send(Message::text(ack.to_string()))
                 .await
@@ -484,6 +498,19 @@ impl Client {
     /// picked at random and resumes. A session that is gone is recorded and
     /// replaced: a fresh one subscribes again with `since` and `epoch`.
     async fn resume(
+        &mut self,
+        plan: &Plan,
+        phase: &mut watch::Receiver<Phase>,
+        advised: Option<Duration>,
+        clock: &Clock,
+    ) -> Result<Socket, String> {
+        plan.resuming.fetch_add(1, Ordering::SeqCst);
+        let resumed = self.resume_attempts(plan, phase, advised, clock).await;
+        plan.resuming.fetch_sub(1, Ordering::SeqCst);
+        resumed
+    }
+
+    async fn resume_attempts(
         &mut self,
         plan: &Plan,
         phase: &mut watch::Receiver<Phase>,

@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -484,8 +485,9 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
                     None => true,
                 })
         });
-        if all || Instant::now() >= drain_until {
-            break all;
+        let settled = all && plan.resuming.load(Ordering::SeqCst) == 0;
+        if settled || Instant::now() >= drain_until {
+            break settled;
         }
         tokio::time::sleep(DRAIN_POLL).await;
     };
