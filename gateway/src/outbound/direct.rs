@@ -16,7 +16,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::queue::Outbound;
+use super::queue::{Outbound, Socket, counted};
 use crate::metrics::Metrics;
 
 /// Slices handed to one direct `writev`: an idle connection's queue seldom
@@ -53,19 +53,11 @@ impl Outbound {
             self.wake_writer();
             return None;
         }
-        // `send` on the socket itself: tokio's readiness needs no update, as
-        // a writer task that takes over finds out for itself whether there
-        // is room; and the kernel's socket call is cheaper than `writev`.
-        let socket = SockRef::from(AsRef::<TcpStream>::as_ref(socket));
         let mut frames = 0;
         let done = loop {
             let mut slices = [IoSlice::new(&[]); DIRECT_IOV];
             let count = fill(&mut slices, &state.frames);
-            let sent = match &slices[..count] {
-                [one] => socket.send(one),
-                many => socket.send_vectored(many),
-            };
-            match sent {
+            match socket.send(&slices[..count]) {
                 Ok(0) => break false,
                 Ok(n) => {
                     frames += state.consume(n);
@@ -148,11 +140,9 @@ pub(super) fn fill<'a>(
 pub struct SocketWriter(pub(super) Outbound);
 
 impl SocketWriter {
-    fn tcp(&self) -> io::Result<&TcpStream> {
+    fn socket(&self) -> io::Result<&Socket> {
         let socket = self.0.shared.socket.as_ref();
-        socket
-            .map(AsRef::as_ref)
-            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+        socket.ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
 }
 
@@ -170,7 +160,10 @@ impl AsyncWrite for SocketWriter {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let tcp = self.tcp()?;
+        let tcp: &TcpStream = match self.socket()? {
+            Socket::Tcp(tcp) => tcp.as_ref(),
+            Socket::Counting(count) => return Poll::Ready(Ok(counted(count, bufs))),
+        };
         loop {
             ready!(tcp.poll_write_ready(cx))?;
             match tcp.try_write_vectored(bufs) {
@@ -189,8 +182,12 @@ impl AsyncWrite for SocketWriter {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let tcp = self.tcp()?;
-        Poll::Ready(SockRef::from(tcp).shutdown(std::net::Shutdown::Write))
+        match self.socket()? {
+            Socket::Tcp(tcp) => Poll::Ready(
+                SockRef::from(AsRef::<TcpStream>::as_ref(tcp)).shutdown(std::net::Shutdown::Write),
+            ),
+            Socket::Counting(_) => Poll::Ready(Ok(())),
+        }
     }
 }
 

@@ -14,9 +14,13 @@
 //! two never interleave bytes.
 
 use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, Bytes};
+use socket2::SockRef;
+use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -87,7 +91,42 @@ pub(super) struct Shared {
     pub(super) room: Notify,
     limits: Limits,
     /// For direct writes; without it, the writer task writes everything.
-    pub(super) socket: Option<OwnedWriteHalf>,
+    pub(super) socket: Option<Socket>,
+}
+
+/// Where a queue's frames go.
+pub(super) enum Socket {
+    Tcp(OwnedWriteHalf),
+    /// Counts the bytes it is given and takes them all: the fan-out's own
+    /// cost without the kernel's, for the benchmarks.
+    Counting(AtomicU64),
+}
+
+impl Socket {
+    /// One non-blocking send of `slices`, as far as the socket takes them.
+    pub(super) fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            // `send` on the socket itself: tokio's readiness needs no update,
+            // as a writer task that takes over finds out for itself whether
+            // there is room; and the kernel's socket call is cheaper than
+            // `writev`.
+            Socket::Tcp(tcp) => {
+                let socket = SockRef::from(AsRef::<TcpStream>::as_ref(tcp));
+                match slices {
+                    [one] => socket.send(one),
+                    many => socket.send_vectored(many),
+                }
+            }
+            Socket::Counting(count) => Ok(counted(count, slices)),
+        }
+    }
+}
+
+/// Adds the length of `slices` to `count`; returns it.
+pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
+    let len: usize = slices.iter().map(|s| s.len()).sum();
+    count.fetch_add(len as u64, Ordering::Relaxed);
+    len
 }
 
 #[derive(Default)]
@@ -162,11 +201,29 @@ impl Outbound {
     /// A queue that fan-outs may also write straight to `socket`, and the
     /// writer task's handle on that socket.
     pub fn with_socket(limits: Limits, socket: OwnedWriteHalf) -> (Self, SocketWriter) {
-        let out = Self::build(limits, Some(socket));
+        let out = Self::build(limits, Some(Socket::Tcp(socket)));
         (out.clone(), SocketWriter(out))
     }
 
-    fn build(limits: Limits, socket: Option<OwnedWriteHalf>) -> Self {
+    /// A queue whose socket is a counter that takes every byte at once:
+    /// for benchmarks of the fan-out's own cost, without the kernel's.
+    #[doc(hidden)]
+    pub fn with_counting_sink(limits: Limits) -> (Self, SocketWriter) {
+        let out = Self::build(limits, Some(Socket::Counting(AtomicU64::new(0))));
+        (out.clone(), SocketWriter(out))
+    }
+
+    /// Bytes a counting sink ([`with_counting_sink`](Self::with_counting_sink))
+    /// was given; `None` for a real socket.
+    #[doc(hidden)]
+    pub fn sink_bytes(&self) -> Option<u64> {
+        match &self.shared.socket {
+            Some(Socket::Counting(count)) => Some(count.load(Ordering::Relaxed)),
+            _ => None,
+        }
+    }
+
+    fn build(limits: Limits, socket: Option<Socket>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
