@@ -71,11 +71,12 @@ impl Outbound {
             }
         };
         let oldest = if done { state.oldest.take() } else { None };
+        let room_waiters = state.room_waiters > 0;
         drop(state);
         if !done {
             self.wake_writer();
         }
-        if frames > 0 {
+        if frames > 0 && room_waiters {
             self.shared.room.notify_waiters();
         }
         Some(Direct { frames, oldest })

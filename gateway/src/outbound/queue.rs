@@ -148,6 +148,10 @@ pub(super) struct State {
     /// When the oldest queued fan-out frame was handed over, for the fan-out
     /// latency (one timestamp per queue, not per frame).
     pub(super) oldest: Option<Instant>,
+    /// `send`s waiting for room: a direct write, which frees room once per
+    /// delivery, wakes them only when there are some (`Notify` takes a lock
+    /// even when nobody waits).
+    pub(super) room_waiters: usize,
 }
 
 impl State {
@@ -302,7 +306,7 @@ impl Outbound {
             tokio::pin!(room);
             room.as_mut().enable();
             {
-                let state = self.state();
+                let mut state = self.state();
                 if state.is_closing() {
                     return false;
                 }
@@ -312,8 +316,12 @@ impl Outbound {
                     self.enqueue(state, frame);
                     return true;
                 }
+                state.room_waiters += 1;
             }
+            // Counted until woken, or until this future is dropped.
+            let waiting = RoomWaiter(self);
             room.await;
+            drop(waiting);
         }
     }
 
@@ -495,6 +503,16 @@ impl Outbound {
     }
 }
 
+/// A `send` counted in [`State::room_waiters`] while it waits.
+struct RoomWaiter<'a>(&'a Outbound);
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.room_waiters = state.room_waiters.saturating_sub(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
@@ -579,6 +597,31 @@ mod tests {
             tokio::time::timeout(STEP, waiting).await,
             Ok(Ok(true))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_direct_write_wakes_a_send_waiting_for_room() -> io::Result<()> {
+        let (q, mut client) = connected(limits(Overflow::Disconnect)).await?;
+        let mut idle = IdleSockets::default();
+        q.push(Bytes::from(vec![1; 60]), Instant::now(), &mut idle);
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.send(Bytes::from(vec![2; 10])).await })
+        };
+        let deadline = Instant::now() + STEP;
+        while q.state().room_waiters == 0 {
+            assert!(Instant::now() < deadline, "the send never waited");
+            tokio::task::yield_now().await;
+        }
+        idle.write(&Metrics::new());
+        assert!(matches!(
+            tokio::time::timeout(STEP, waiting).await,
+            Ok(Ok(true))
+        ));
+        assert_eq!(q.state().room_waiters, 0, "no longer counted");
+        let mut got = [0; 60];
+        tokio::time::timeout(STEP, client.read_exact(&mut got)).await??;
+        Ok(())
     }
 
     #[tokio::test]
