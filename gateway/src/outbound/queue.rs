@@ -83,15 +83,20 @@ pub struct Outbound {
     pub(super) shared: Arc<Shared>,
 }
 
+/// `repr(C)`, in this order: what a fan-out's push and direct write touch
+/// (the reference counts before it, the socket, the bounds, the lock and
+/// the queue's head) lies together at the front, a cache line or two, not
+/// spread over five (issue #16). The `Notify`s are seldom used.
+#[repr(C)]
 pub(super) struct Shared {
+    /// For direct writes; without it, the writer task writes everything.
+    pub(super) socket: Option<Socket>,
+    limits: Limits,
     state: Mutex<State>,
     /// Wakes the writer.
     writer: Notify,
     /// Wakes a `send` waiting for room.
     pub(super) room: Notify,
-    limits: Limits,
-    /// For direct writes; without it, the writer task writes everything.
-    pub(super) socket: Option<Socket>,
 }
 
 /// Where a queue's frames go.
@@ -129,29 +134,32 @@ pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
     len
 }
 
+/// `repr(C)`: the fields a push and a direct write read first (see
+/// [`Shared`]).
 #[derive(Default)]
+#[repr(C)]
 pub(super) struct State {
     pub(super) frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
     bytes: usize,
+    /// When the oldest queued fan-out frame was handed over, for the fan-out
+    /// latency (one timestamp per queue, not per frame).
+    pub(super) oldest: Option<Instant>,
     /// The front frame is partly written: its rest goes before anything else.
     partial: bool,
     /// The writer task is writing a batch: direct writes wait their turn.
     pub(super) writing: bool,
-    pub(super) pong: Option<Bytes>,
-    pub(super) ping: Option<Bytes>,
-    pub(super) close: Option<Close>,
     /// Set once the writer took the close request: nothing more goes out.
     pub(super) closed: bool,
-    /// Why the connection ended, first cause wins.
-    reason: Option<CloseReason>,
-    /// When the oldest queued fan-out frame was handed over, for the fan-out
-    /// latency (one timestamp per queue, not per frame).
-    pub(super) oldest: Option<Instant>,
     /// `send`s waiting for room: a direct write, which frees room once per
     /// delivery, wakes them only when there are some (`Notify` takes a lock
     /// even when nobody waits).
-    pub(super) room_waiters: usize,
+    pub(super) room_waiters: u32,
+    pub(super) close: Option<Close>,
+    pub(super) pong: Option<Bytes>,
+    pub(super) ping: Option<Bytes>,
+    /// Why the connection ended, first cause wins.
+    reason: Option<CloseReason>,
 }
 
 impl State {
@@ -597,6 +605,41 @@ mod tests {
             tokio::time::timeout(STEP, waiting).await,
             Ok(Ok(true))
         ));
+    }
+
+    /// What an idle connection's outgoing side holds, and where the fields
+    /// a direct write touches lie (issue #16): printed with `--nocapture`.
+    #[test]
+    fn sizes_of_the_outgoing_side() {
+        use std::mem::{offset_of, size_of};
+        let writer = super::super::writer::run(
+            SocketWriter(Outbound::new(limits(Overflow::Disconnect))),
+            Outbound::new(limits(Overflow::Disconnect)),
+            tokio_util::sync::CancellationToken::new(),
+            Arc::new(super::super::Writing {
+                ping_interval: Duration::from_secs(25),
+                write_timeout: Duration::from_secs(5),
+                close_timeout: Duration::from_secs(2),
+                drain_timeout: Duration::from_secs(10),
+                metrics: Arc::new(Metrics::new()),
+                drain: tokio_util::sync::CancellationToken::new(),
+                clock: Instant::now(),
+            }),
+        );
+        println!(
+            "Shared {} (state at {}, socket at {}, writer at {}, room at {}), State {} \
+             (frames at {}, pong at {}, close at {}), writer task future {}",
+            size_of::<Shared>(),
+            offset_of!(Shared, state),
+            offset_of!(Shared, socket),
+            offset_of!(Shared, writer),
+            offset_of!(Shared, room),
+            size_of::<State>(),
+            offset_of!(State, frames),
+            offset_of!(State, pong),
+            offset_of!(State, close),
+            std::mem::size_of_val(&writer),
+        );
     }
 
     #[tokio::test]
