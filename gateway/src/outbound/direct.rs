@@ -8,6 +8,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus::local::LocalHistogram;
@@ -112,8 +113,13 @@ impl<'a> Deliveries<'a> {
             self.batches.observe(frames as f64);
         }
         if let Some(oldest) = oldest {
-            self.latency.observe(oldest.elapsed().as_secs_f64());
+            self.latency(oldest.elapsed());
         }
+    }
+
+    /// A fan-out frame written `after` it was handed over.
+    pub(super) fn latency(&mut self, after: Duration) {
+        self.latency.observe(after.as_secs_f64());
     }
 }
 
@@ -227,9 +233,20 @@ impl IdleSockets {
 
     pub(super) fn write(mut self, metrics: &Metrics) {
         let mut deliveries = Deliveries::new(metrics);
+        // The clock is read once per chunk, after its writes, not once per
+        // connection: a latency then runs to the chunk's last write, at
+        // most a chunk of sends later than its own.
+        let mut oldest = Vec::with_capacity(self.0.len());
         for out in self.0.drain(..) {
             if let Some(direct) = out.write_now() {
-                deliveries.wrote(direct.frames, direct.oldest);
+                deliveries.wrote(direct.frames, None);
+                oldest.extend(direct.oldest);
+            }
+        }
+        if !oldest.is_empty() {
+            let now = Instant::now();
+            for at in oldest {
+                deliveries.latency(now.saturating_duration_since(at));
             }
         }
     }
