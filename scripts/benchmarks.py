@@ -117,6 +117,12 @@ def fanout_section():
         ["delivered / lost / duplicated", f"{res['deliveries']} / {res['lost']} / {res['duplicated']}", "0 lost, 0 duplicated", ""],
     ]
     out.append(table(["figure", "Herald", "target", "reference"], rows))
+    split = res.get("gateway_cpu")
+    if split:
+        out.append(f"herald user-space cost per delivery: {split['user_ns_per_delivery']:.0f} ns; "
+                   f"kernel {split['system_ns_per_delivery']:.0f} ns "
+                   f"(gateway CPU per round: user {split['user_per_round_s'] * 1000:.1f} ms, "
+                   f"kernel {split['system_per_round_s'] * 1000:.1f} ms; from /proc, 10 ms ticks).")
     out.append(cpu_line(res))
     return "\n\n".join(out)
 

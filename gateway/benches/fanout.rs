@@ -1,6 +1,12 @@
 //! The publish path's cost: one 1 KiB publication handed to the hub, encoded
 //! once and pushed to 10,000 local subscriber queues. Queues are drained
 //! between iterations, outside the measurement.
+//!
+//! And the direct-write path without the kernel: the same publication
+//! fanned out to 10,000 connections whose sockets are counting sinks, the
+//! direct writes run to the end. What it measures is Herald's own cost per
+//! delivery (queue, lock, task per chunk, metrics), which a loopback
+//! `send` hides in a real run; divide by 10,000 for the cost of one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -79,5 +85,79 @@ fn publish_to_local_queues(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, publish_to_local_queues);
+fn direct_writes_to_counting_sinks(c: &mut Criterion) {
+    // One thread: the figure is the CPU of the fan-out, not of a spread
+    // over cores that varies from machine to machine.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let metrics = Arc::new(Metrics::new());
+    let hub = Hub::new(metrics.clone(), 1024);
+    let topic = Topic::parse("bench").expect("topic");
+    let limits = Limits {
+        frames: 1024,
+        bytes: 1 << 20,
+        overflow: Overflow::Disconnect,
+    };
+    let queues: Vec<Outbound> = (0..SUBSCRIBERS as u64)
+        .map(|conn| {
+            let (out, _writer) = Outbound::with_counting_sink(limits);
+            hub.join(&topic, conn, out.clone(), Subscriptions::default());
+            hub.go_live(
+                &topic,
+                conn,
+                &router::Position {
+                    epoch: Arc::from("bench"),
+                    seq: 0,
+                },
+            );
+            out
+        })
+        .collect();
+    let data = Bytes::from(format!("\"{}\"", "x".repeat(1022)));
+    let mut seq = 0;
+
+    let mut group = c.benchmark_group("publish");
+    group.throughput(Throughput::Elements(SUBSCRIBERS as u64));
+    group.bench_function("1KiB_direct_writes_to_10k_counting_sinks", |b| {
+        b.iter_custom(|iterations| {
+            let start = Instant::now();
+            for _ in 0..iterations {
+                seq += 1;
+                let publication = Publication {
+                    topic: topic.clone(),
+                    epoch: Arc::from("bench"),
+                    seq,
+                    data: data.clone(),
+                };
+                let delivered = metrics.delivered.get() + SUBSCRIBERS as u64;
+                runtime.block_on(async {
+                    hub.deliver(&publication, None);
+                    // The direct writes run in tasks of their own.
+                    while metrics.delivered.get() < delivered {
+                        tokio::task::yield_now().await;
+                    }
+                });
+            }
+            start.elapsed()
+        })
+    });
+    group.finish();
+    assert!(
+        queues.iter().all(|q| !q.is_closing()),
+        "no queue overflowed"
+    );
+    let given = queues[0].sink_bytes().expect("a counting sink");
+    assert!(given > 1024 * seq, "{given} bytes for {seq} frames");
+    assert!(
+        queues.iter().all(|q| q.sink_bytes() == Some(given)),
+        "every sink was given every frame"
+    );
+}
+
+criterion_group!(
+    benches,
+    publish_to_local_queues,
+    direct_writes_to_counting_sinks
+);
 criterion_main!(benches);

@@ -13,6 +13,13 @@ const TICKS_PER_SECOND: f64 = 100.0;
 
 /// CPU seconds used by process `pid` so far (user + system), if it exists.
 pub fn process_seconds(pid: u32) -> Option<f64> {
+    process_split(pid).map(|(user, system)| user + system)
+}
+
+/// CPU seconds used by process `pid` so far, split: (user space, kernel).
+/// The kernel's share of a fan-out is the sends themselves; the user-space
+/// share is what the gateway adds to them.
+pub fn process_split(pid: u32) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces: count fields after its `)`.
     let after_name = &stat[stat.rfind(')')? + 1..];
@@ -20,7 +27,7 @@ pub fn process_seconds(pid: u32) -> Option<f64> {
     // Fields 3.. follow; utime and stime are fields 14 and 15.
     let utime: f64 = fields.nth(11)?.parse().ok()?;
     let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) / TICKS_PER_SECOND)
+    Some((utime / TICKS_PER_SECOND, stime / TICKS_PER_SECOND))
 }
 
 /// CPU seconds the calling thread has run so far, to the nanosecond
@@ -61,7 +68,7 @@ pub struct Meter {
     started: Instant,
     machine: Option<(f64, f64)>,
     own: Option<f64>,
-    watched: Vec<(u32, Option<f64>)>,
+    watched: Vec<(u32, Option<(f64, f64)>)>,
 }
 
 /// The CPU spent between [`Meter::start`] and [`Meter::stop`].
@@ -87,6 +94,12 @@ pub struct Watched {
     pub name: String,
     /// CPU seconds in the window (absent if the process was gone).
     pub cpu_s: Option<f64>,
+    /// The user-space part of `cpu_s`.
+    #[serde(default)]
+    pub user_s: Option<f64>,
+    /// The kernel's part of `cpu_s`.
+    #[serde(default)]
+    pub system_s: Option<f64>,
 }
 
 impl Meter {
@@ -95,7 +108,7 @@ impl Meter {
             started: Instant::now(),
             machine: machine_seconds(),
             own: process_seconds(std::process::id()),
-            watched: watch.iter().map(|&p| (p, process_seconds(p))).collect(),
+            watched: watch.iter().map(|&p| (p, process_split(p))).collect(),
         }
     }
 
@@ -113,10 +126,18 @@ impl Meter {
         let watched: Vec<Watched> = self
             .watched
             .iter()
-            .map(|&(pid, before)| Watched {
-                pid,
-                name: process_name(pid),
-                cpu_s: delta(before, process_seconds(pid)),
+            .map(|&(pid, before)| {
+                let split = match (before, process_split(pid)) {
+                    (Some((u0, s0)), Some((u1, s1))) => Some((u1 - u0, s1 - s0)),
+                    _ => None,
+                };
+                Watched {
+                    pid,
+                    name: process_name(pid),
+                    cpu_s: split.map(|(user, system)| user + system),
+                    user_s: split.map(|(user, _)| user),
+                    system_s: split.map(|(_, system)| system),
+                }
             })
             .collect();
         let ours = loadtest_cpu_s + watched.iter().filter_map(|w| w.cpu_s).sum::<f64>();
@@ -186,6 +207,9 @@ mod tests {
             usage.watched[0].cpu_s.is_some_and(|s| s >= 0.2),
             "{usage:?}"
         );
+        let burnt = &usage.watched[0];
+        assert!(burnt.user_s.is_some_and(|s| s >= 0.1), "{usage:?}");
+        assert!(burnt.system_s.is_some(), "{usage:?}");
         assert_eq!(usage.watched[1].cpu_s, None, "no such process");
         assert!(usage.brief().contains("gone"), "{}", usage.brief());
     }

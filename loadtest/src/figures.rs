@@ -124,6 +124,12 @@ fn fanout(r: &Fanout) -> Value {
             "cpu_per_round_s": p.cpu_per_round_s,
             "rss_bytes": p.rss_bytes,
         })).collect::<Vec<_>>(),
+        "gateway_cpu": r.gateway_cpu.map(|c| json!({
+            "user_per_round_s": c.user_per_round_s,
+            "system_per_round_s": c.system_per_round_s,
+            "user_ns_per_delivery": c.user_ns_per_delivery,
+            "system_ns_per_delivery": c.system_ns_per_delivery,
+        })),
         "deliveries": r.deliveries,
         "lost": r.lost,
         "duplicated": r.duplicated,

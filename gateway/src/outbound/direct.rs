@@ -8,6 +8,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus::local::LocalHistogram;
@@ -16,7 +17,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::queue::Outbound;
+use super::queue::{Outbound, Socket, counted};
 use crate::metrics::Metrics;
 
 /// Slices handed to one direct `writev`: an idle connection's queue seldom
@@ -53,19 +54,11 @@ impl Outbound {
             self.wake_writer();
             return None;
         }
-        // `send` on the socket itself: tokio's readiness needs no update, as
-        // a writer task that takes over finds out for itself whether there
-        // is room; and the kernel's socket call is cheaper than `writev`.
-        let socket = SockRef::from(AsRef::<TcpStream>::as_ref(socket));
         let mut frames = 0;
         let done = loop {
             let mut slices = [IoSlice::new(&[]); DIRECT_IOV];
             let count = fill(&mut slices, &state.frames);
-            let sent = match &slices[..count] {
-                [one] => socket.send(one),
-                many => socket.send_vectored(many),
-            };
-            match sent {
+            match socket.send(&slices[..count]) {
                 Ok(0) => break false,
                 Ok(n) => {
                     frames += state.consume(n);
@@ -79,11 +72,12 @@ impl Outbound {
             }
         };
         let oldest = if done { state.oldest.take() } else { None };
+        let room_waiters = state.room_waiters > 0;
         drop(state);
         if !done {
             self.wake_writer();
         }
-        if frames > 0 {
+        if frames > 0 && room_waiters {
             self.shared.room.notify_waiters();
         }
         Some(Direct { frames, oldest })
@@ -119,8 +113,13 @@ impl<'a> Deliveries<'a> {
             self.batches.observe(frames as f64);
         }
         if let Some(oldest) = oldest {
-            self.latency.observe(oldest.elapsed().as_secs_f64());
+            self.latency(oldest.elapsed());
         }
+    }
+
+    /// A fan-out frame written `after` it was handed over.
+    pub(super) fn latency(&mut self, after: Duration) {
+        self.latency.observe(after.as_secs_f64());
     }
 }
 
@@ -148,11 +147,9 @@ pub(super) fn fill<'a>(
 pub struct SocketWriter(pub(super) Outbound);
 
 impl SocketWriter {
-    fn tcp(&self) -> io::Result<&TcpStream> {
+    fn socket(&self) -> io::Result<&Socket> {
         let socket = self.0.shared.socket.as_ref();
-        socket
-            .map(AsRef::as_ref)
-            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+        socket.ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
 }
 
@@ -170,7 +167,10 @@ impl AsyncWrite for SocketWriter {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let tcp = self.tcp()?;
+        let tcp: &TcpStream = match self.socket()? {
+            Socket::Tcp(tcp) => tcp.as_ref(),
+            Socket::Counting(count) => return Poll::Ready(Ok(counted(count, bufs))),
+        };
         loop {
             ready!(tcp.poll_write_ready(cx))?;
             match tcp.try_write_vectored(bufs) {
@@ -189,8 +189,12 @@ impl AsyncWrite for SocketWriter {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let tcp = self.tcp()?;
-        Poll::Ready(SockRef::from(tcp).shutdown(std::net::Shutdown::Write))
+        match self.socket()? {
+            Socket::Tcp(tcp) => Poll::Ready(
+                SockRef::from(AsRef::<TcpStream>::as_ref(tcp)).shutdown(std::net::Shutdown::Write),
+            ),
+            Socket::Counting(_) => Poll::Ready(Ok(())),
+        }
     }
 }
 
@@ -229,9 +233,20 @@ impl IdleSockets {
 
     pub(super) fn write(mut self, metrics: &Metrics) {
         let mut deliveries = Deliveries::new(metrics);
+        // The clock is read once per chunk, after its writes, not once per
+        // connection: a latency then runs to the chunk's last write, at
+        // most a chunk of sends later than its own.
+        let mut oldest = Vec::with_capacity(self.0.len());
         for out in self.0.drain(..) {
             if let Some(direct) = out.write_now() {
-                deliveries.wrote(direct.frames, direct.oldest);
+                deliveries.wrote(direct.frames, None);
+                oldest.extend(direct.oldest);
+            }
+        }
+        if !oldest.is_empty() {
+            let now = Instant::now();
+            for at in oldest {
+                deliveries.latency(now.saturating_duration_since(at));
             }
         }
     }

@@ -14,9 +14,13 @@
 //! two never interleave bytes.
 
 use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, Bytes};
+use socket2::SockRef;
+use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -79,36 +83,83 @@ pub struct Outbound {
     pub(super) shared: Arc<Shared>,
 }
 
+/// `repr(C)`, in this order: what a fan-out's push and direct write touch
+/// (the reference counts before it, the socket, the bounds, the lock and
+/// the queue's head) lies together at the front, a cache line or two, not
+/// spread over five (issue #16). The `Notify`s are seldom used.
+#[repr(C)]
 pub(super) struct Shared {
+    /// For direct writes; without it, the writer task writes everything.
+    pub(super) socket: Option<Socket>,
+    limits: Limits,
     state: Mutex<State>,
     /// Wakes the writer.
     writer: Notify,
     /// Wakes a `send` waiting for room.
     pub(super) room: Notify,
-    limits: Limits,
-    /// For direct writes; without it, the writer task writes everything.
-    pub(super) socket: Option<OwnedWriteHalf>,
 }
 
+/// Where a queue's frames go.
+pub(super) enum Socket {
+    Tcp(OwnedWriteHalf),
+    /// Counts the bytes it is given and takes them all: the fan-out's own
+    /// cost without the kernel's, for the benchmarks.
+    Counting(AtomicU64),
+}
+
+impl Socket {
+    /// One non-blocking send of `slices`, as far as the socket takes them.
+    pub(super) fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            // `send` on the socket itself: tokio's readiness needs no update,
+            // as a writer task that takes over finds out for itself whether
+            // there is room; and the kernel's socket call is cheaper than
+            // `writev`.
+            Socket::Tcp(tcp) => {
+                let socket = SockRef::from(AsRef::<TcpStream>::as_ref(tcp));
+                match slices {
+                    [one] => socket.send(one),
+                    many => socket.send_vectored(many),
+                }
+            }
+            Socket::Counting(count) => Ok(counted(count, slices)),
+        }
+    }
+}
+
+/// Adds the length of `slices` to `count`; returns it.
+pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
+    let len: usize = slices.iter().map(|s| s.len()).sum();
+    count.fetch_add(len as u64, Ordering::Relaxed);
+    len
+}
+
+/// `repr(C)`: the fields a push and a direct write read first (see
+/// [`Shared`]).
 #[derive(Default)]
+#[repr(C)]
 pub(super) struct State {
     pub(super) frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
     bytes: usize,
+    /// When the oldest queued fan-out frame was handed over, for the fan-out
+    /// latency (one timestamp per queue, not per frame).
+    pub(super) oldest: Option<Instant>,
     /// The front frame is partly written: its rest goes before anything else.
     partial: bool,
     /// The writer task is writing a batch: direct writes wait their turn.
     pub(super) writing: bool,
-    pub(super) pong: Option<Bytes>,
-    pub(super) ping: Option<Bytes>,
-    pub(super) close: Option<Close>,
     /// Set once the writer took the close request: nothing more goes out.
     pub(super) closed: bool,
+    /// `send`s waiting for room: a direct write, which frees room once per
+    /// delivery, wakes them only when there are some (`Notify` takes a lock
+    /// even when nobody waits).
+    pub(super) room_waiters: u32,
+    pub(super) close: Option<Close>,
+    pub(super) pong: Option<Bytes>,
+    pub(super) ping: Option<Bytes>,
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
-    /// When the oldest queued fan-out frame was handed over, for the fan-out
-    /// latency (one timestamp per queue, not per frame).
-    pub(super) oldest: Option<Instant>,
 }
 
 impl State {
@@ -162,11 +213,29 @@ impl Outbound {
     /// A queue that fan-outs may also write straight to `socket`, and the
     /// writer task's handle on that socket.
     pub fn with_socket(limits: Limits, socket: OwnedWriteHalf) -> (Self, SocketWriter) {
-        let out = Self::build(limits, Some(socket));
+        let out = Self::build(limits, Some(Socket::Tcp(socket)));
         (out.clone(), SocketWriter(out))
     }
 
-    fn build(limits: Limits, socket: Option<OwnedWriteHalf>) -> Self {
+    /// A queue whose socket is a counter that takes every byte at once:
+    /// for benchmarks of the fan-out's own cost, without the kernel's.
+    #[doc(hidden)]
+    pub fn with_counting_sink(limits: Limits) -> (Self, SocketWriter) {
+        let out = Self::build(limits, Some(Socket::Counting(AtomicU64::new(0))));
+        (out.clone(), SocketWriter(out))
+    }
+
+    /// Bytes a counting sink ([`with_counting_sink`](Self::with_counting_sink))
+    /// was given; `None` for a real socket.
+    #[doc(hidden)]
+    pub fn sink_bytes(&self) -> Option<u64> {
+        match &self.shared.socket {
+            Some(Socket::Counting(count)) => Some(count.load(Ordering::Relaxed)),
+            _ => None,
+        }
+    }
+
+    fn build(limits: Limits, socket: Option<Socket>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
@@ -245,7 +314,7 @@ impl Outbound {
             tokio::pin!(room);
             room.as_mut().enable();
             {
-                let state = self.state();
+                let mut state = self.state();
                 if state.is_closing() {
                     return false;
                 }
@@ -255,8 +324,12 @@ impl Outbound {
                     self.enqueue(state, frame);
                     return true;
                 }
+                state.room_waiters += 1;
             }
+            // Counted until woken, or until this future is dropped.
+            let waiting = RoomWaiter(self);
             room.await;
+            drop(waiting);
         }
     }
 
@@ -438,6 +511,16 @@ impl Outbound {
     }
 }
 
+/// A `send` counted in [`State::room_waiters`] while it waits.
+struct RoomWaiter<'a>(&'a Outbound);
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.room_waiters = state.room_waiters.saturating_sub(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
@@ -522,6 +605,66 @@ mod tests {
             tokio::time::timeout(STEP, waiting).await,
             Ok(Ok(true))
         ));
+    }
+
+    /// What an idle connection's outgoing side holds, and where the fields
+    /// a direct write touches lie (issue #16): printed with `--nocapture`.
+    #[test]
+    fn sizes_of_the_outgoing_side() {
+        use std::mem::{offset_of, size_of};
+        let writer = super::super::writer::run(
+            SocketWriter(Outbound::new(limits(Overflow::Disconnect))),
+            Outbound::new(limits(Overflow::Disconnect)),
+            tokio_util::sync::CancellationToken::new(),
+            Arc::new(super::super::Writing {
+                ping_interval: Duration::from_secs(25),
+                write_timeout: Duration::from_secs(5),
+                close_timeout: Duration::from_secs(2),
+                drain_timeout: Duration::from_secs(10),
+                metrics: Arc::new(Metrics::new()),
+                drain: tokio_util::sync::CancellationToken::new(),
+                clock: Instant::now(),
+            }),
+        );
+        println!(
+            "Shared {} (state at {}, socket at {}, writer at {}, room at {}), State {} \
+             (frames at {}, pong at {}, close at {}), writer task future {}",
+            size_of::<Shared>(),
+            offset_of!(Shared, state),
+            offset_of!(Shared, socket),
+            offset_of!(Shared, writer),
+            offset_of!(Shared, room),
+            size_of::<State>(),
+            offset_of!(State, frames),
+            offset_of!(State, pong),
+            offset_of!(State, close),
+            std::mem::size_of_val(&writer),
+        );
+    }
+
+    #[tokio::test]
+    async fn a_direct_write_wakes_a_send_waiting_for_room() -> io::Result<()> {
+        let (q, mut client) = connected(limits(Overflow::Disconnect)).await?;
+        let mut idle = IdleSockets::default();
+        q.push(Bytes::from(vec![1; 60]), Instant::now(), &mut idle);
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.send(Bytes::from(vec![2; 10])).await })
+        };
+        let deadline = Instant::now() + STEP;
+        while q.state().room_waiters == 0 {
+            assert!(Instant::now() < deadline, "the send never waited");
+            tokio::task::yield_now().await;
+        }
+        idle.write(&Metrics::new());
+        assert!(matches!(
+            tokio::time::timeout(STEP, waiting).await,
+            Ok(Ok(true))
+        ));
+        assert_eq!(q.state().room_waiters, 0, "no longer counted");
+        let mut got = [0; 60];
+        tokio::time::timeout(STEP, client.read_exact(&mut got)).await??;
+        Ok(())
     }
 
     #[tokio::test]

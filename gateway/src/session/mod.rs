@@ -1066,3 +1066,30 @@ fn random_id() -> Arc<str> {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     Arc::from(hex)
 }
+
+#[cfg(test)]
+mod sizes {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn returns<A, B, C, F, Fut>(_: F) -> usize
+    where
+        F: Fn(A, B, C) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// What an idle connection's own task holds, by part (issue #16):
+    /// printed with `--nocapture`.
+    #[test]
+    fn sizes_of_a_connections_task() {
+        println!(
+            "connection task future {} (Session {}, Reader {})",
+            returns(serve_upgraded),
+            std::mem::size_of::<Session>(),
+            std::mem::size_of::<
+                Reader<tokio::io::Chain<Cursor<Bytes>, tokio::net::tcp::OwnedReadHalf>>,
+            >(),
+        );
+    }
+}

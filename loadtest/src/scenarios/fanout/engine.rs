@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::{Fanout, GatewayLatency, Options, ProcessRounds, Round, Stats};
+use super::{CpuSplit, Fanout, GatewayLatency, Options, ProcessRounds, Round, Stats};
 use crate::clients::{self, End, FD_MARGIN, MISSING, Received};
 use crate::cpu::{self, Meter, Usage};
 use crate::latency::{Stamp, Summary, micros};
@@ -272,6 +272,7 @@ impl Engine {
                 &self.end_sample,
             ),
             cpu: self.cpu.unwrap_or_default(),
+            gateway_cpu: None,
             floor: None,
             vs_floor: None,
         };
@@ -338,6 +339,11 @@ impl Finished {
         }
         result.stats = stats(&self.received, options.warmup..total, expected);
         result.per_round = per_round(&self.received, total, options.warmup, expected);
+        result.gateway_cpu = CpuSplit::of(
+            &result.cpu,
+            total.saturating_sub(options.warmup),
+            result.stats.latency.count,
+        );
         for (g, samples) in per_gateway.iter_mut().enumerate() {
             result.by_gateway.push(GatewayLatency {
                 gateway: options.gateways[g].ws_url(),

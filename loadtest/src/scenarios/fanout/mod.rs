@@ -203,6 +203,10 @@ pub struct Fanout {
     pub processes: Vec<ProcessRounds>,
     /// CPU from the first measured round to the end of the drain.
     pub cpu: Usage,
+    /// The first watched process's CPU in that window, user space against
+    /// kernel, per round and per delivery.
+    #[serde(default)]
+    pub gateway_cpu: Option<CpuSplit>,
     /// The floor of the same run (`--floor`).
     pub floor: Option<floor::Floor>,
     /// This run's last client as multiples of the floor's.
@@ -257,6 +261,33 @@ pub struct ProcessRounds {
     pub cpu_s: Vec<Option<f64>>,
     /// Resident memory at each round's start, and at the end.
     pub rss_bytes: Vec<Option<u64>>,
+}
+
+/// A gateway's CPU over the measured rounds, split: the kernel's part is
+/// mostly the sends, the user-space part what Herald adds to each.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CpuSplit {
+    pub user_per_round_s: f64,
+    pub system_per_round_s: f64,
+    /// Over the measured rounds' deliveries (every client's, every round).
+    pub user_ns_per_delivery: f64,
+    pub system_ns_per_delivery: f64,
+}
+
+impl CpuSplit {
+    /// From the first watched process's `usage` over `rounds` rounds that
+    /// made `deliveries` deliveries; `None` without a watched process.
+    pub(crate) fn of(usage: &Usage, rounds: usize, deliveries: u64) -> Option<Self> {
+        let watched = usage.watched.first()?;
+        let (user, system) = (watched.user_s?, watched.system_s?);
+        let (rounds, deliveries) = (rounds.max(1) as f64, deliveries.max(1) as f64);
+        Some(Self {
+            user_per_round_s: user / rounds,
+            system_per_round_s: system / rounds,
+            user_ns_per_delivery: user * 1e9 / deliveries,
+            system_ns_per_delivery: system * 1e9 / deliveries,
+        })
+    }
 }
 
 /// This run against the floor of the same run.
@@ -401,6 +432,18 @@ impl Fanout {
                     mib(rss.first()),
                     mib(rss.iter().max()),
                     mib(rss.last()),
+                ),
+            ));
+        }
+        if let Some(split) = &self.gateway_cpu {
+            rows.push(Row::new(
+                "gateway CPU user / kernel",
+                format!(
+                    "{:.1} / {:.1} ms per round; {:.0} / {:.0} ns per delivery",
+                    split.user_per_round_s * 1000.0,
+                    split.system_per_round_s * 1000.0,
+                    split.user_ns_per_delivery,
+                    split.system_ns_per_delivery,
                 ),
             ));
         }
