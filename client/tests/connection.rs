@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{messages, seqs, until};
 use futures_util::{SinkExt, StreamExt};
 use gateway::config::BrokerKind;
-use herald_client::{Cause, Client, Error, Event, State};
+use herald_client::{Acks, Cause, Client, Cut, Error, Event, State};
 use serde_json::json;
 use testkit::{Gateway, Redis, WAIT};
 use tokio::net::TcpListener;
@@ -155,4 +155,65 @@ async fn a_connection_whose_pings_stop_is_taken_for_dead() {
     })
     .await;
     server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_told_again_on_a_resume_reaches_the_application_once() {
+    let mut redis = Redis::start().await;
+    let pod = pod(&redis).await;
+    // Acks are the application's, and it sends none: the session cannot
+    // know the client read the reset, and tells it again on a resume.
+    let manual = Acks::Manual {
+        interval: Duration::ZERO,
+    };
+    let (client, mut events) = Client::builder([pod.ws_url()])
+        .acks(manual)
+        .build()
+        .unwrap();
+    client.subscribe("feed", None).unwrap();
+    until(&mut events, |e| {
+        matches!(e, Event::Subscribed { .. }).then_some(())
+    })
+    .await;
+    pod.publish("feed", json!(1)).await;
+    until(&mut events, |e| {
+        matches!(e, Event::Message(_)).then_some(())
+    })
+    .await;
+
+    redis.restart_empty().await;
+    until(&mut events, |e| {
+        matches!(e, Event::Reset { .. }).then_some(())
+    })
+    .await;
+    // (The pod's first call after the restart may meet the broken connection.)
+    let body = json!({"topic": "feed", "data": 2}).to_string();
+    testkit::eventually(WAIT, || async {
+        testkit::http(pod.addr, "POST", "/v1/publish", &[], body.as_bytes())
+            .await
+            .0
+            == 200
+    })
+    .await;
+    let seq = until(&mut events, |e| match e {
+        Event::Message(m) => Some(m.seq),
+        _ => None,
+    })
+    .await;
+
+    client.cut(Cut::Reset).unwrap();
+    until(&mut events, |e| match e {
+        Event::State(State::Resumed { .. }) => Some(()),
+        Event::Reset { .. } => panic!("the reset a second time: {e:?}"),
+        _ => None,
+    })
+    .await;
+    let next = pod.publish("feed", json!(3)).await;
+    let got = until(&mut events, |e| match e {
+        Event::Message(m) => Some(m.seq),
+        Event::Reset { .. } => panic!("the reset a second time: {e:?}"),
+        _ => None,
+    })
+    .await;
+    assert_eq!((got, next), (next, seq + 1));
 }

@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { ForbiddenError, HeraldClient } from '../dist/index.js';
-import { Events, cleanups, config, hs256, publish, startHerald } from './harness.mjs';
+import { Events, STEP, cleanups, config, hs256, poll, pod, publish, startHerald, startRedis } from './harness.mjs';
 
 /** A client on `urls` whose events go to `events`; closed at cleanup. */
 function client(cleanup, events, urls, options = {}) {
@@ -66,6 +66,30 @@ test('Node: manual acks: a resumed session replays what the app did not ack, and
   await events.wait('seq 5', (e) => e.t === 'msg' && e.seq === 5);
   assert.deepEqual(events.filter((e) => e.t === 'msg').map((m) => m.seq), [1, 2, 3, 4, 5]);
   assert.equal(sub.duplicates, 2, 'seqs 3 and 4 were replayed (not acked) and dropped');
+});
+
+test('Node: a reset the app never acked is told again on a resume, and reaches the app once', async (t) => {
+  const cleanup = cleanups(t);
+  const redis = await startRedis(cleanup);
+  const herald = await pod(cleanup, redis);
+  const events = new Events();
+  // Manual acks the app never sends: the session cannot know the reset was read.
+  const c = client(cleanup, events, [herald.ws], { acks: 'manual', ackIntervalMs: 10 });
+  follow(c.subscribe('quotes'), events);
+  await c.connect();
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  await publish(herald, 'quotes', { n: 1 });
+  await events.wait('seq 1', (e) => e.t === 'msg' && e.seq === 1);
+  await redis.restartEmpty();
+  const next = await poll('a publish after the restart', STEP, () => publish(herald, 'quotes', { n: 'after' }), 100);
+  await events.wait('reset', (e) => e.t === 'reset');
+  await events.wait('the message after it', (e) => e.t === 'msg' && e.seq === next.seq && e.epoch === next.epoch);
+  c.close();
+  c.connect();
+  await events.wait('resumed', (e) => e.t === 'state' && e.state === 'connected' && e.resumed);
+  const later = await publish(herald, 'quotes', { n: 'later' });
+  await events.wait('the message after the resume', (e) => e.t === 'msg' && e.seq === later.seq);
+  assert.equal(events.filter((e) => e.t === 'reset').length, 1, 'the repeated reset is not handed over');
 });
 
 test('Node: a resume whose token grants less: the subscription it lost gets `error` (the `err` names it), the others go on', async (t) => {
