@@ -23,22 +23,20 @@ use router::{Deliver, Publication, Topic};
 
 const SUBSCRIBERS: usize = 10_000;
 
-fn publish_to_local_queues(c: &mut Criterion) {
-    // No runtime: the queues have no sockets, and the fan-out wakes their
-    // (absent) writer tasks instead of spawning direct writes.
-    let hub = Hub::new(Arc::new(Metrics::new()), 1024);
-    let topic = Topic::parse("bench").expect("topic");
+/// `SUBSCRIBERS` live subscribers of `topic`, each with the queue `queue`
+/// makes.
+fn subscribers(hub: &Hub, topic: &Topic, queue: impl Fn(Limits) -> Outbound) -> Vec<Outbound> {
     let limits = Limits {
         frames: 1024,
         bytes: 1 << 20,
         overflow: Overflow::Disconnect,
     };
-    let queues: Vec<Outbound> = (0..SUBSCRIBERS as u64)
+    (0..SUBSCRIBERS as u64)
         .map(|conn| {
-            let out = Outbound::new(limits);
-            hub.join(&topic, conn, out.clone(), Subscriptions::default());
+            let out = queue(limits);
+            hub.join(topic, conn, out.clone(), Subscriptions::default());
             hub.go_live(
-                &topic,
+                topic,
                 conn,
                 &router::Position {
                     epoch: Arc::from("bench"),
@@ -47,7 +45,15 @@ fn publish_to_local_queues(c: &mut Criterion) {
             );
             out
         })
-        .collect();
+        .collect()
+}
+
+fn publish_to_local_queues(c: &mut Criterion) {
+    // No runtime: the queues have no sockets, and the fan-out wakes their
+    // (absent) writer tasks instead of spawning direct writes.
+    let hub = Hub::new(Arc::new(Metrics::new()), 1024);
+    let topic = Topic::parse("bench").expect("topic");
+    let queues = subscribers(&hub, &topic, Outbound::new);
     let data = Bytes::from(format!("\"{}\"", "x".repeat(1022)));
     let mut seq = 0;
     let mut batch = Vec::new();
@@ -94,26 +100,9 @@ fn direct_writes_to_counting_sinks(c: &mut Criterion) {
     let metrics = Arc::new(Metrics::new());
     let hub = Hub::new(metrics.clone(), 1024);
     let topic = Topic::parse("bench").expect("topic");
-    let limits = Limits {
-        frames: 1024,
-        bytes: 1 << 20,
-        overflow: Overflow::Disconnect,
-    };
-    let queues: Vec<Outbound> = (0..SUBSCRIBERS as u64)
-        .map(|conn| {
-            let (out, _writer) = Outbound::with_counting_sink(limits);
-            hub.join(&topic, conn, out.clone(), Subscriptions::default());
-            hub.go_live(
-                &topic,
-                conn,
-                &router::Position {
-                    epoch: Arc::from("bench"),
-                    seq: 0,
-                },
-            );
-            out
-        })
-        .collect();
+    let queues = subscribers(&hub, &topic, |limits| {
+        Outbound::with_counting_sink(limits).0
+    });
     let data = Bytes::from(format!("\"{}\"", "x".repeat(1022)));
     let mut seq = 0;
 

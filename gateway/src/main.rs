@@ -277,7 +277,7 @@ fn serve(
 }
 
 /// On each SIGHUP, and when the configuration file's content changes (read
-/// every [`reload::KEYS_FILE_POLL`]: a ConfigMap's volume is updated in place,
+/// every [`reload::FILE_POLL`]: a ConfigMap's volume is updated in place,
 /// and a pod cannot be sent a signal easily): loads the configuration again
 /// (the same file and variables), applies `log.level` and the API keys, and
 /// names the sections whose changes need a restart. A configuration that no
@@ -289,25 +289,22 @@ async fn reload_on_hangup(
     node: Arc<Node>,
     set_level: SetLevel,
 ) {
-    let read = |file: &Option<PathBuf>| file.as_ref().and_then(|f| std::fs::read(f).ok());
-    let mut content = read(&file);
-    let mut poll = tokio::time::interval(reload::KEYS_FILE_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watched = file.clone().map(reload::WatchedFile::new);
     loop {
         let why = tokio::select! {
             hangup = hangups.recv() => match hangup {
                 Some(()) => {
-                    content = read(&file);
+                    if let Some(watched) = &mut watched {
+                        watched.seen();
+                    }
                     "SIGHUP"
                 }
                 None => return,
             },
-            _ = poll.tick(), if file.is_some() => {
-                let now = read(&file);
-                if now == content {
+            changed = file_changed(&mut watched) => {
+                if !changed {
                     continue;
                 }
-                content = now;
                 "configuration file changed"
             }
         };
@@ -339,6 +336,14 @@ async fn reload_on_hangup(
                 "these changes need a restart; not applied"
             );
         }
+    }
+}
+
+/// [`reload::WatchedFile::changed`]; never, without a configuration file.
+async fn file_changed(watched: &mut Option<reload::WatchedFile>) -> bool {
+    match watched {
+        Some(watched) => watched.changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -5,15 +5,58 @@
 //! configuration file changes). Any other key changed is named in a warning
 //! and not applied.
 
+use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
+use tokio::time::{Interval, MissedTickBehavior};
+
 use crate::config::{Config, HttpConfig};
 
-/// How often the keys file is read for changes. Its content is compared,
-/// not its mtime: a Secret's volume swaps a symlink, and a rewrite within
-/// the same second keeps the mtime.
-pub const KEYS_FILE_POLL: Duration = Duration::from_secs(2);
+/// How often a watched file (the keys file, the configuration file) is read
+/// for changes. Its content is compared, not its mtime: a Secret's or
+/// ConfigMap's volume swaps a symlink, and a rewrite within the same second
+/// keeps the mtime.
+pub const FILE_POLL: Duration = Duration::from_secs(2);
+
+/// A file read every [`FILE_POLL`] for a change of its content (one that
+/// cannot be read reads as nothing).
+pub struct WatchedFile {
+    path: PathBuf,
+    content: Option<Vec<u8>>,
+    poll: Interval,
+}
+
+impl WatchedFile {
+    /// Takes the content as it is now as the one seen.
+    pub fn new(path: PathBuf) -> Self {
+        let mut poll = tokio::time::interval(FILE_POLL);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let content = std::fs::read(&path).ok();
+        Self {
+            path,
+            content,
+            poll,
+        }
+    }
+
+    /// Waits for the next look at the file; whether its content changed
+    /// since the last one. Cancel-safe: nothing is recorded across an await.
+    pub async fn changed(&mut self) -> bool {
+        self.poll.tick().await;
+        let now = std::fs::read(&self.path).ok();
+        if now == self.content {
+            return false;
+        }
+        self.content = now;
+        true
+    }
+
+    /// Takes the content as it is now as seen: it was just read otherwise.
+    pub fn seen(&mut self) {
+        self.content = std::fs::read(&self.path).ok();
+    }
+}
 
 /// The API keys in use (`http.api_keys` and the keys file's); none: the API
 /// is open.
@@ -81,21 +124,17 @@ impl ApiKeys {
     }
 }
 
-/// Reads the keys file every [`KEYS_FILE_POLL`] and reloads `keys` when
-/// its content changed, until the keys (their pod) are gone.
+/// Reads the keys file every [`FILE_POLL`] and reloads `keys` when its
+/// content changed, until the keys (their pod) are gone.
 pub async fn watch_keys_file(keys: Weak<ApiKeys>, path: String) {
-    let mut last = std::fs::read(&path).ok();
-    let mut tick = tokio::time::interval(KEYS_FILE_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut file = WatchedFile::new(path.into());
     loop {
-        tick.tick().await;
+        let changed = file.changed().await;
         let Some(keys) = keys.upgrade() else {
             return;
         };
-        let now = std::fs::read(&path).ok();
-        if now != last {
+        if changed {
             keys.reload(None);
-            last = now;
         }
     }
 }
