@@ -828,14 +828,6 @@ impl Session {
             let label = if recovery.recovered { "true" } else { "false" };
             node.metrics.replays.with_label_values(&[label]).inc();
         }
-        // A client's own `sub` that is not recovered starts at the topic's
-        // seq, as its `ok` says; a restored one at its `reset`, which may be
-        // where the topic's new epoch began, all of that epoch following.
-        let restart = if id.is_none() {
-            recovery.restart
-        } else {
-            position.seq
-        };
         let publications = if recovery.recovered || id.is_none() {
             &recovery.publications[..]
         } else {
@@ -843,7 +835,12 @@ impl Session {
         };
         let start = match &since {
             Some(since) if recovery.recovered => since.seq,
-            _ => restart,
+            // A restored subscription not recovered starts at its `reset`,
+            // which may be where the topic's new epoch began, all of that
+            // epoch following; a client's own `sub` at the topic's seq, as
+            // its `ok` says.
+            _ if id.is_none() => recovery.restart,
+            _ => position.seq,
         };
         // A restored subscription is sent `reset` where continuity was
         // lost, and again where it was told of one before and never acked

@@ -745,12 +745,12 @@ impl Pubsub {
             }
             Flow::Catching { at, held, .. } => {
                 let ttl = self.history_ttl(topic);
-                match recovered.entries {
+                match &recovered.entries {
                     _ if at.epoch == position.epoch && at.seq == position.seq => {}
                     Some(entries)
                         if at.epoch == position.epoch
                             && super::continuous(
-                                &entries,
+                                entries,
                                 at.seq,
                                 position.seq,
                                 recovered.now_ms,
@@ -758,19 +758,15 @@ impl Pubsub {
                             ) =>
                     {
                         self.observer.gap_filled(entries.len() as u64);
-                        for (publication, _) in &entries {
+                        for (publication, _) in entries {
                             self.sink.deliver(publication, None);
                         }
                     }
-                    entries if at.epoch != position.epoch => {
+                    _ if at.epoch != position.epoch => {
                         // Back to where the new epoch began, and all of it
                         // after: a subscriber that is in it already (its
                         // own resume got there first) skips nothing.
-                        let restarted = Recovered {
-                            entries,
-                            ..recovered
-                        }
-                        .restart_at_epoch_start(ttl);
+                        let restarted = recovered.restart_at_epoch_start(ttl);
                         let restart = Position {
                             epoch: position.epoch.clone(),
                             seq: restarted.restart,
