@@ -778,7 +778,8 @@ impl RedisBroker {
                     owner: Arc::from(taken.owner),
                 }));
             }
-            tracing::debug!(session = id, "a claim ran after its deadline: trying again");
+            // (No session id in the log: it is what resumes the session.)
+            tracing::debug!("a claim ran after its deadline: trying again");
         }
         Err(BrokerError::Unavailable(format!(
             "redis: claims run later than {within:?} after they are sent: Redis or the network holds them back, or Redis's clock is ahead of this pod's"
