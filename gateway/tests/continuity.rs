@@ -260,15 +260,8 @@ async fn a_reset_is_stored_at_once_and_told_again_on_a_resume_until_acked_in_its
     })
     .await;
     // Pod b has found its connection to Redis broken by the restart, and
-    // made a new one (a resume that meets the broken one is told 4003).
-    let body = json!({"topic": "warm-up", "data": 0}).to_string();
-    eventually(WAIT, || async {
-        testkit::http(b.addr, "POST", "/v1/publish", &[], body.as_bytes())
-            .await
-            .0
-            == 200
-    })
-    .await;
+    // made a new one.
+    b.reconnected_to_redis().await;
     a.kill9();
     let mut resumed = Client::connect_url(&b.ws_url()).await;
     assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);

@@ -325,6 +325,7 @@ async fn a_connection_whose_resume_redis_forgot_keeps_saving_its_session() {
     }
     saved(&redis, &session, "sport").await;
     saved(&redis, &session, "weather").await;
+    a.reconnected_to_redis().await;
     b.kill9();
 
     let mut client = Client::connect_url(&a.ws_url()).await;

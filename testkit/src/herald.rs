@@ -144,6 +144,20 @@ impl Herald {
         }
     }
 
+    /// Waits until this pod publishes through Redis again after Redis
+    /// restarted: it has found its connection broken and made a new one (a
+    /// resume that meets the broken one is told 4003, and comes back).
+    pub async fn reconnected_to_redis(&self) {
+        let body = br#"{"topic":"warm-up","data":0}"#;
+        crate::eventually(crate::WAIT, || async {
+            match crate::http(self.addr, "POST", "/v1/publish", &[], body).await {
+                (200, _) => Ok(()),
+                (status, answer) => Err(format!("publish on {}: {status} {answer}", self.addr)),
+            }
+        })
+        .await;
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("child").id()
     }
