@@ -13,8 +13,8 @@
 //!   client is and what it may do, what a resume needs (its subscriptions
 //!   and acks); the registry of the pod's live sessions.
 //! - [`outbound`]: a connection's outgoing side: its bounded queue, the
-//!   fan-out's direct writes to it, and the writer task (replies, pings, and
-//!   what a socket did not take at once).
+//!   fan-out's direct writes to it, and the writer (replies, pings, and what
+//!   a socket did not take at once), which runs in the connection's task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes.
@@ -47,7 +47,7 @@
 //!    was writing in an [`outbound::IdleSockets`];
 //! 5. once the lock is released, [`outbound::IdleSockets::spawn`] writes
 //!    those straight to their sockets, a chunk of connections per task. What
-//!    a socket does not take at once is left to the connection's writer task.
+//!    a socket does not take at once is left to the connection's writer.
 //!
 //! ## A `sub` with `since`, through replay
 //!

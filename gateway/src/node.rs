@@ -40,7 +40,7 @@ pub struct Node {
     /// Every connection task, upgraded or not: shutdown waits for them.
     pub tasks: TaskTracker,
     /// What its sessions use of the pod: the same handles as above, with
-    /// the token verifier, the namespaces and the writer tasks' settings.
+    /// the token verifier, the namespaces and the writers' settings.
     pub pod: Arc<Pod>,
     /// The WebSocket connection slots.
     pub slots: Arc<Slots>,
@@ -133,7 +133,6 @@ impl Node {
             verifier,
             namespaces,
             metrics: metrics.clone(),
-            tasks: tasks.clone(),
             writing,
             flush_soon: flush_soon.clone(),
         });

@@ -344,10 +344,17 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
     };
     let tasks = node.tasks.clone();
     tasks.spawn(async move {
-        match upgrading.await {
-            Ok(ws) => session::serve_upgraded(ws, node.pod.clone(), admission).await,
-            Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
-        }
+        // The socket alone, out of its `WebSocket` (and this `match`) before
+        // the connection's long await: what is kept across it stays in the
+        // task's state for the connection's whole life.
+        let upgraded = match upgrading.await {
+            Ok(ws) => ws.into_inner().into_inner(),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade did not complete");
+                return;
+            }
+        };
+        session::serve_upgraded(upgraded, node.pod.clone(), admission).await;
     });
     response.map(|_| Body::default())
 }

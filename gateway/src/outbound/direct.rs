@@ -2,7 +2,7 @@
 //! idle straight to their sockets, once its topic's lock is released, a
 //! chunk of connections per task, as far as each socket takes it without
 //! waiting: a frame then costs one `send` and no task wake-up. What a socket
-//! does not take is left to the connection's writer task.
+//! does not take is left to the connection's writer.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -38,7 +38,7 @@ struct Direct {
 impl Outbound {
     /// Writes what is queued straight to the socket, as far as it takes it
     /// without waiting; whatever is left (or a control frame, or a close) is
-    /// handed to the writer task. Nothing is done while the writer writes: it
+    /// handed to the writer. Nothing is done while the writer writes: it
     /// looks at the queue again when its batch is done.
     fn write_now(&self) -> Option<Direct> {
         let Some(socket) = &self.shared.socket else {
@@ -85,7 +85,7 @@ impl Outbound {
 }
 
 /// Writes to clients as they are counted, by the fan-out's direct writes and
-/// by writer tasks alike: into local copies of the histograms (so that one
+/// by writers alike: into local copies of the histograms (so that one
 /// core's writes do not contend for another's cache lines), recorded when
 /// dropped.
 pub(super) struct Deliveries<'a> {
@@ -142,7 +142,7 @@ pub(super) fn fill<'a>(
     count
 }
 
-/// The writer task's handle on a socket that direct writes share: writes
+/// The writer's handle on a socket that direct writes share: writes
 /// through a shared reference, waiting for room as any `AsyncWrite` does.
 pub struct SocketWriter(pub(super) Outbound);
 
@@ -200,7 +200,7 @@ impl AsyncWrite for SocketWriter {
 
 /// Connections a fan-out queued frames to while nobody was writing to them.
 /// [`spawn`](Self::spawn) writes to them directly once the fan-out released
-/// its lock; dropped unwritten, an `IdleSockets` wakes their writer tasks instead.
+/// its lock; dropped unwritten, an `IdleSockets` wakes their writers instead.
 #[derive(Default)]
 pub struct IdleSockets(pub(super) Vec<Outbound>);
 

@@ -1,6 +1,7 @@
 //! A connection's outgoing side: its bounded queue ([`queue`]), the
 //! fan-out's direct writes to a socket it finds idle ([`direct`]), and the
-//! writer task ([`writer`]) that writes the rest, the pings and the close.
+//! writer ([`writer`], in the connection's task) that writes the rest, the
+//! pings and pongs, and the close.
 //! The hub pushes publications to it; the session sends its replies and
 //! replays through it.
 

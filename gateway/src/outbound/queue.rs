@@ -30,7 +30,7 @@ use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame;
 
-/// Slices handed to one `writev` by the writer task (Linux allows 1024).
+/// Slices handed to one `writev` by the writer (Linux allows 1024).
 pub(crate) const MAX_IOV: usize = 256;
 
 /// The result of [`Outbound::push`].
@@ -89,7 +89,7 @@ pub struct Outbound {
 /// spread over five (issue #16). The `Notify`s are seldom used.
 #[repr(C)]
 pub(super) struct Shared {
-    /// For direct writes; without it, the writer task writes everything.
+    /// For direct writes; without it, the writer writes everything.
     pub(super) socket: Option<Socket>,
     limits: Limits,
     state: Mutex<State>,
@@ -112,7 +112,7 @@ impl Socket {
     pub(super) fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             // `send` on the socket itself: tokio's readiness needs no update,
-            // as a writer task that takes over finds out for itself whether
+            // as a writer that takes over finds out for itself whether
             // there is room; and the kernel's socket call is cheaper than
             // `writev`.
             Socket::Tcp(tcp) => {
@@ -147,7 +147,7 @@ pub(super) struct State {
     pub(super) oldest: Option<Instant>,
     /// The front frame is partly written: its rest goes before anything else.
     partial: bool,
-    /// The writer task is writing a batch: direct writes wait their turn.
+    /// The writer is writing a batch: direct writes wait their turn.
     pub(super) writing: bool,
     /// Set once the writer took the close request: nothing more goes out.
     pub(super) closed: bool,
@@ -205,13 +205,13 @@ impl State {
 }
 
 impl Outbound {
-    /// A queue written by its writer task alone.
+    /// A queue written by its writer alone.
     pub fn new(limits: Limits) -> Self {
         Self::build(limits, None)
     }
 
     /// A queue that fan-outs may also write straight to `socket`, and the
-    /// writer task's handle on that socket.
+    /// writer's handle on that socket.
     pub fn with_socket(limits: Limits, socket: OwnedWriteHalf) -> (Self, SocketWriter) {
         let out = Self::build(limits, Some(Socket::Tcp(socket)));
         (out.clone(), SocketWriter(out))
@@ -472,7 +472,9 @@ impl Outbound {
         let state = &mut *state;
         let frames = state.frames.len() as u64;
         let bytes = state.frames.iter().map(Bytes::len).sum();
-        let mut queued = state.frames.drain(..);
+        // Taken whole, allocation and all: a queue that the writer empties
+        // holds no memory until it has frames again.
+        let mut queued = std::mem::take(&mut state.frames).into_iter();
         // Nothing may come between the bytes of one frame.
         if state.partial {
             batch.extend(queued.next());
@@ -617,7 +619,6 @@ mod tests {
             Outbound::new(limits(Overflow::Disconnect)),
             tokio_util::sync::CancellationToken::new(),
             Arc::new(super::super::Writing {
-                ping_interval: Duration::from_secs(25),
                 write_timeout: Duration::from_secs(5),
                 close_timeout: Duration::from_secs(2),
                 drain_timeout: Duration::from_secs(10),
@@ -628,7 +629,7 @@ mod tests {
         );
         println!(
             "Shared {} (state at {}, socket at {}, writer at {}, room at {}), State {} \
-             (frames at {}, pong at {}, close at {}), writer task future {}",
+             (frames at {}, pong at {}, close at {}), writer future {}",
             size_of::<Shared>(),
             offset_of!(Shared, state),
             offset_of!(Shared, socket),

@@ -1,10 +1,11 @@
-//! The writer task: writes what direct writes from the fan-out could not.
+//! The writer: writes what direct writes from the fan-out could not. It runs
+//! in its connection's task, next to the reader.
 //!
 //! It wakes when its queue has something for it (a reply, a replay, the rest
-//! of what a socket did not take at once, a pong, a close), takes all of it,
-//! and writes it with vectored writes, each batch under the write timeout. It
-//! also sends the heartbeat pings and, when the pod drains, the `reconnect`
-//! advice and the 1012 close.
+//! of what a socket did not take at once, a ping or pong, a close), takes all
+//! of it, and writes it with vectored writes, each batch under the write
+//! timeout. When the pod drains, it sends the `reconnect` advice and the 1012
+//! close.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -25,9 +26,8 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::metrics::Metrics;
 
-/// What a writer task needs of its pod, and no more: made once per pod.
+/// What a writer needs of its pod, and no more: made once per pod.
 pub struct Writing {
-    pub ping_interval: Duration,
     pub write_timeout: Duration,
     pub close_timeout: Duration,
     /// The window `reconnect` advice spreads clients over when the pod drains.
@@ -47,7 +47,6 @@ impl Writing {
         clock: Instant,
     ) -> Self {
         Self {
-            ping_interval: config.websocket.ping_interval,
             write_timeout: config.websocket.write_timeout,
             close_timeout: config.websocket.close_timeout,
             drain_timeout: config.shutdown.drain_timeout,
@@ -59,62 +58,65 @@ impl Writing {
 }
 
 /// Runs until the connection ends; cancels `stop` when it returns.
-pub async fn run<W: AsyncWrite + Unpin>(
+///
+/// A plain function that returns the writer's future, which holds what it
+/// is given once (an `async fn` would keep its arguments as well).
+pub fn run<W: AsyncWrite + Unpin>(
     mut io: W,
     out: Outbound,
     stop: CancellationToken,
     pod: Arc<Writing>,
-) {
-    let mut ping = tokio::time::interval_at(Instant::now() + pod.ping_interval, pod.ping_interval);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut batch: Vec<Bytes> = Vec::new();
-    let mut draining = false;
+) -> impl Future<Output = ()> {
     // Watched through a child token of this connection's own, and both
     // futures made once: polled on every wake-up, the pod-wide token's lock
     // and waiter list would be shared by every writer on every core.
     let drain = pod.drain.child_token();
-    let stopped = stop.cancelled();
-    let drained = drain.cancelled();
-    tokio::pin!(stopped, drained);
-    'connection: loop {
-        tokio::select! {
-            biased;
-            _ = &mut stopped => break,
-            _ = out.ready() => {}
-            _ = &mut drained, if !draining => {
-                draining = true;
-                advise_reconnect(&out, pod.drain_timeout);
-            }
-            _ = ping.tick() => {
-                let stamp = pod.clock.elapsed().as_micros() as u64;
-                out.ping(frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]));
-            }
-        }
-        // Direct writes may add to the queue meanwhile without waking us.
-        while let Some(taken) = out.take(&mut batch) {
-            let result = write_timed(&mut io, &batch, pod.write_timeout).await;
-            batch.clear();
-            if let Err(reason) = result {
-                // The batch is not given back: until `finish`, the socket
-                // stays ours, as a direct write would land after the bytes
-                // of a partly written frame.
-                out.note_reason(reason);
-                break 'connection;
-            }
-            out.written(taken.bytes);
-            Deliveries::new(&pod.metrics).wrote(taken.frames, taken.oldest);
-            if let Some(close) = taken.close {
-                if close.lingers() {
-                    // The client answers our close with its own; the reader sees it.
-                    let _ = tokio::time::timeout(pod.close_timeout, stop.cancelled()).await;
+    async move {
+        let mut draining = false;
+        let stopped = stop.cancelled();
+        let drained = drain.cancelled();
+        tokio::pin!(stopped, drained);
+        'connection: loop {
+            tokio::select! {
+                biased;
+                _ = &mut stopped => break,
+                _ = out.ready() => {}
+                _ = &mut drained, if !draining => {
+                    draining = true;
+                    advise_reconnect(&out, pod.drain_timeout);
                 }
-                break 'connection;
+            }
+            // Direct writes may add to the queue meanwhile without waking us.
+            // The batch, and the write's future (with its timer), are made on
+            // each wake-up and dropped before the next wait: an idle connection
+            // holds neither.
+            let mut batch: Vec<Bytes> = Vec::new();
+            while let Some(taken) = out.take(&mut batch) {
+                let result = Box::pin(write_timed(&mut io, &batch, pod.write_timeout)).await;
+                batch.clear();
+                if let Err(reason) = result {
+                    // The batch is not given back: until `finish`, the socket
+                    // stays ours, as a direct write would land after the bytes
+                    // of a partly written frame.
+                    out.note_reason(reason);
+                    break 'connection;
+                }
+                out.written(taken.bytes);
+                Deliveries::new(&pod.metrics).wrote(taken.frames, taken.oldest);
+                if let Some(close) = taken.close {
+                    if close.lingers() {
+                        // The client answers our close with its own; the reader sees it.
+                        let _ = Box::pin(tokio::time::timeout(pod.close_timeout, stop.cancelled()))
+                            .await;
+                    }
+                    break 'connection;
+                }
             }
         }
+        out.finish();
+        let _ = io.shutdown().await;
+        stop.cancel();
     }
-    out.finish();
-    let _ = io.shutdown().await;
-    stop.cancel();
 }
 
 /// Queues `reconnect` with a random delay within the drain window, so that
@@ -187,7 +189,6 @@ mod tests {
 
     fn pod() -> Arc<Writing> {
         Arc::new(Writing {
-            ping_interval: Duration::from_secs(25),
             write_timeout: Duration::from_secs(5),
             close_timeout: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
@@ -208,24 +209,21 @@ mod tests {
     /// Paused time: the runtime jumps to the writer's next timer whenever
     /// everything waits, so the assertions are about the timers, exactly.
     #[tokio::test(start_paused = true)]
-    async fn the_writer_pings_every_interval_and_gives_up_on_a_client_that_stops_reading() {
+    async fn the_writer_sends_a_ping_at_once_and_gives_up_on_a_client_that_stops_reading() {
         let (server, mut client) = tokio::io::duplex(64);
         let (out, stop) = (queue(), CancellationToken::new());
         let start = Instant::now();
         let writer = tokio::spawn(run(server, out.clone(), stop.clone(), pod()));
-        let mut head = [0u8; 2];
         // Virtual time: a hang fails at once, when this much of it has passed.
         let bound = Duration::from_secs(600);
-        for n in 1..=2u32 {
-            tokio::time::timeout(bound, client.read_exact(&mut head))
-                .await
-                .expect("a ping in time")
-                .expect("a frame");
-            assert_eq!(head[0], 0x80 | frame::OP_PING, "a ping");
-            let mut stamp = vec![0; usize::from(head[1])];
-            client.read_exact(&mut stamp).await.expect("its payload");
-            assert_eq!(start.elapsed(), Duration::from_secs(25) * n);
-        }
+        out.ping(frame::encode(frame::OP_PING, &[b"stamp"]));
+        let mut ping = [0u8; 7];
+        tokio::time::timeout(bound, client.read_exact(&mut ping))
+            .await
+            .expect("the ping in time")
+            .expect("a frame");
+        assert_eq!(ping[..2], [0x80 | frame::OP_PING, 5], "a ping");
+        assert_eq!(start.elapsed(), Duration::ZERO, "written at once");
         // The client stops reading: a frame larger than the pipe sticks.
         assert!(out.send(Bytes::from(vec![b'x'; 4096])).await);
         let stuck = Instant::now();

@@ -5,7 +5,7 @@
 //!
 //! It is a session without the protocol: the same split of the upgraded
 //! socket, [`Reader`] (and its parser), outgoing queue ([`Outbound`]) and
-//! writer task ([`writer::run`]) as [`super::serve_upgraded`]; each text
+//! writer ([`writer::run`]) as [`super::serve_upgraded`]; each text
 //! message goes back as it came, pings are answered, closes are echoed (by
 //! the reader, as in a session). Binary messages are refused with 1003, as
 //! Herald refuses them: its parser reads text only, by design, and the echo
@@ -106,27 +106,21 @@ impl Echo {
     /// Echoes an upgraded connection until it ends.
     pub async fn serve_upgraded(self: Arc<Self>, ws: WebSocket<TokioIo<Upgraded>>) {
         let limits = self.limits;
-        split(ws, limits, self).await;
+        split(ws.into_inner().into_inner(), limits, self).await;
     }
 }
 
 impl Serve for Arc<Echo> {
-    async fn serve<R, W>(self, read: R, write: W, out: Outbound)
+    async fn serve<R, W>(self, read: R, early: Bytes, write: W, out: Outbound)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let stop = CancellationToken::new();
-        let writer = tokio::spawn(writer::run(
-            write,
-            out.clone(),
-            stop.clone(),
-            self.writing.clone(),
-        ));
-        let mut reader = Reader::new(read, self.max_message_bytes, self.message_timeout);
-        echo(&mut reader, &out, &stop).await;
-        drop(reader);
-        let _ = writer.await;
+        let writing = writer::run(write, out.clone(), stop.clone(), self.writing.clone());
+        let mut reader =
+            Reader::new(read, self.max_message_bytes, self.message_timeout).after_handshake(&early);
+        tokio::join!(writing, echo(&mut reader, &out, &stop));
     }
 }
 
@@ -190,7 +184,7 @@ mod tests {
         let (read, write) = tokio::io::split(server);
         let echo = Echo::new(&Config::default());
         let out = Outbound::new(echo.limits);
-        let served = tokio::spawn(echo.serve(read, write, out));
+        let served = tokio::spawn(echo.serve(read, Bytes::new(), write, out));
         let (mut from, mut to) = tokio::io::split(client);
         to.write_all(wire).await.expect("write");
         let mut got = Vec::new();

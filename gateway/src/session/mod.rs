@@ -1,4 +1,4 @@
-//! One WebSocket connection: a reader (this task) and a writer task (in
+//! One WebSocket connection, in one task: a reader and a writer (in
 //! [`crate::outbound`], with the connection's outgoing queue).
 //!
 //! The reader decodes commands and acts on them: subscriptions go through the
@@ -23,12 +23,11 @@ pub use registry::{LiveSession, Registry, TakeOver};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};
-use std::io::Cursor;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
-use fastwebsockets::WebSocket;
+use futures_util::future::Either;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
@@ -36,12 +35,11 @@ use rand::RngCore;
 use router::{
     Broker, BrokerError, Claim, Namespaces, SessionStore, SessionUser, Since, Stored, Topic,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Refused, Verifier};
@@ -70,9 +68,7 @@ pub struct Pod {
     pub verifier: Option<Verifier>,
     pub namespaces: Arc<Namespaces>,
     pub metrics: Arc<Metrics>,
-    /// Every connection task: shutdown waits for them.
-    pub tasks: TaskTracker,
-    /// What every connection's writer task needs of the pod.
+    /// What every connection's writer needs of the pod.
     pub writing: Arc<Writing>,
     /// Wakes the session flusher before its interval (a shared store's:
     /// `None` with a pod-local one); see [`Subscriptions::new`].
@@ -80,19 +76,32 @@ pub struct Pod {
 }
 
 /// Serves an upgraded connection until it ends.
-pub async fn serve_upgraded(
-    ws: WebSocket<TokioIo<Upgraded>>,
+///
+/// This and [`split`] are plain functions that return the connection's
+/// future: an `async fn` keeps its arguments (the upgraded socket) in its
+/// state for as long as it runs, next to what it made of them, and an idle
+/// connection's task is mostly that state (issue #16).
+pub fn serve_upgraded(
+    upgraded: Upgraded,
     node: Arc<Pod>,
     admission: Admission,
-) {
+) -> impl Future<Output = ()> {
     let limits = node.config.queue_limits();
-    split(ws, limits, Herald { node, admission }).await;
+    split(upgraded, limits, Herald { node, admission })
 }
 
 /// What runs over an upgraded connection once it is split: a Herald session,
 /// or the conformance echo ([`echo`]), over the same reader and writer.
 trait Serve {
-    async fn serve<R, W>(self, read: R, write: W, out: Outbound)
+    /// Serves `read` (after `early`, bytes read with the handshake), `write`
+    /// and `out`.
+    fn serve<R, W>(
+        self,
+        read: R,
+        early: Bytes,
+        write: W,
+        out: Outbound,
+    ) -> impl Future<Output = ()>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static;
@@ -104,61 +113,60 @@ struct Herald {
 }
 
 impl Serve for Herald {
-    async fn serve<R, W>(self, read: R, write: W, out: Outbound)
+    fn serve<R, W>(self, read: R, early: Bytes, write: W, out: Outbound) -> impl Future<Output = ()>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        serve(read, write, out, self.node, self.admission).await;
+        let ws = &self.node.config.websocket;
+        let reader =
+            Reader::new(read, ws.max_message_bytes, ws.message_timeout).after_handshake(&early);
+        serve(reader, write, out, self.node, self.admission)
     }
 }
 
-/// Splits `ws` into the halves its reader and writer own, with its outgoing
-/// queue, and serves it with `conn`.
-async fn split(ws: WebSocket<TokioIo<Upgraded>>, limits: Limits, conn: impl Serve) {
-    let upgraded = ws.into_inner().into_inner();
+/// Splits `upgraded` into the halves its reader and writer own, with its
+/// outgoing queue, and serves it with `conn`.
+fn split(upgraded: Upgraded, limits: Limits, conn: impl Serve) -> impl Future<Output = ()> {
     // Own the TCP stream's halves directly: no lock between reader and writer.
     match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             let (read, write) = parts.io.into_inner().into_split();
-            // Bytes the client sent right behind its handshake come first.
-            // Copied: the slice would keep hyper's whole read buffer alive.
-            let early = Bytes::copy_from_slice(&parts.read_buf);
-            // And dropped now: a partly moved `parts` would keep it (8 KiB)
-            // until the connection ends.
-            drop(parts.read_buf);
-            let read = Cursor::new(early).chain(read);
             // Shared with the fan-out, which writes to an idle socket itself.
             let (out, write) = Outbound::with_socket(limits, write);
-            conn.serve(read, write, out).await;
+            // Bytes the client sent right behind its handshake come first
+            // (copied: hyper's read buffer, 8 KiB, is dropped here).
+            Either::Left(conn.serve(read, parts.read_buf, write, out))
         }
         Err(upgraded) => {
             let (read, write) = tokio::io::split(TokioIo::new(upgraded));
             let out = Outbound::new(limits);
-            conn.serve(read, write, out).await;
+            Either::Right(conn.serve(read, Bytes::new(), write, out))
         }
     }
 }
 
-async fn serve<R, W>(read: R, write: W, out: Outbound, node: Arc<Pod>, admission: Admission)
+/// The connection's future, with its session and reader made up front: the
+/// future holds them once, where an `async fn` would hold its arguments too.
+fn serve<R, W>(
+    mut reader: Reader<R>,
+    write: W,
+    out: Outbound,
+    node: Arc<Pod>,
+    admission: Admission,
+) -> impl Future<Output = ()>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let stop = CancellationToken::new();
-    let writer = node.tasks.spawn(writer::run(
-        write,
-        out.clone(),
-        stop.clone(),
-        node.writing.clone(),
-    ));
     let ws = &node.config.websocket;
     let mut session = Session {
         conn: admission.conn,
         owner: random_id(),
         id: None,
         resumed: false,
-        out: out.clone(),
+        out,
         subscriptions: Subscriptions::new(node.flush_soon.clone()),
         claims: None,
         token_expires: None,
@@ -168,14 +176,26 @@ where
         bad_in_a_row: 0,
         takeover: CancellationToken::new(),
         ended: CancellationToken::new(),
-        node: node.clone(),
+        node,
     };
-    let mut reader = Reader::new(read, ws.max_message_bytes, ws.message_timeout);
-    session.read(&mut reader, &stop).await;
-    drop(reader);
-    let _ = writer.await;
-    session.end().await;
-    drop(admission);
+    async move {
+        let writing = writer::run(
+            write,
+            session.out.clone(),
+            stop.clone(),
+            session.node.writing.clone(),
+        );
+        // The writer in the reader's task, not a task of its own: an idle
+        // connection is one task's state (issue #16). Each runs until the
+        // other tells it to stop (`stop`, or a close through the queue);
+        // direct writes from the fan-out never wake this task.
+        tokio::join!(writing, session.read(&mut reader, &stop));
+        drop(reader);
+        // Boxed: it runs once, at the end; carried inline, every idle
+        // connection would hold its room all along.
+        Box::pin(session.end()).await;
+        drop(admission);
+    }
 }
 
 struct Session {
@@ -207,32 +227,50 @@ struct Session {
 }
 
 impl Session {
+    /// Reads and acts on the client's frames until the connection ends.
+    /// This loop's one timer also sends the heartbeat pings.
     async fn read<R: AsyncRead + Unpin>(
         &mut self,
         reader: &mut Reader<R>,
         stop: &CancellationToken,
     ) {
-        let ws = &self.node.config.websocket;
+        let node = self.node.clone();
+        let ws = &node.config.websocket;
         let idle = ws.ping_interval + ws.pong_timeout;
+        let mut ping_at = Instant::now() + ws.ping_interval;
         loop {
-            // One timer per connection: whichever comes first of the
-            // dead-peer deadline and the session's own (its first command,
-            // its token's expiry).
+            // Whichever comes first of the dead-peer deadline (counted from
+            // the last frame) and the session's own (its first command, its
+            // token's expiry).
             let silent = Instant::now() + idle;
             let (due, expired) = match self.deadline() {
                 Some((at, reason)) if at < silent => (at, reason),
                 _ => (silent, CloseReason::DeadPeer),
             };
-            // Every branch but the read ends the connection, so dropping an
-            // unfinished read (which is not cancel-safe) is harmless.
-            let next = tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                _ = self.takeover.cancelled() => {
-                    self.out.close(CloseReason::TakenOver, false);
-                    return;
+            let next = {
+                // Not dropped for a ping: a read is not cancel-safe.
+                let read = reader.next(&self.out);
+                tokio::pin!(read);
+                loop {
+                    // Every branch but the read and the ping ends the
+                    // connection, so dropping an unfinished read is harmless.
+                    tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        _ = self.takeover.cancelled() => {
+                            self.out.close(CloseReason::TakenOver, false);
+                            return;
+                        }
+                        next = &mut read => break Ok(next),
+                        _ = tokio::time::sleep_until(due.min(ping_at)) => {
+                            if Instant::now() < ping_at {
+                                break Err(());
+                            }
+                            self.ping();
+                            ping_at = Instant::now() + ws.ping_interval;
+                        }
+                    }
                 }
-                next = tokio::time::timeout_at(due, reader.next(&self.out)) => next,
             };
             match next {
                 Err(_) if expired == CloseReason::DeadPeer => {
@@ -271,7 +309,9 @@ impl Session {
                 }
                 Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
                 Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => self.late_ack(&text),
-                Ok(Ok(Parsed::Text(text))) => self.command(text).await,
+                // Boxed, as this loop is as large as the largest future it
+                // awaits, for as long as the connection lives.
+                Ok(Ok(Parsed::Text(text))) => Box::pin(self.command(text)).await,
             }
         }
     }
@@ -305,6 +345,14 @@ impl Session {
         self.node.hub.head(topic).filter(|&head| seq > head)
     }
 
+    /// Queues a heartbeat ping, stamped with when it was sent: its pong
+    /// gives the round trip.
+    fn ping(&self) {
+        let stamp = self.node.writing.clock.elapsed().as_micros() as u64;
+        self.out
+            .ping(frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]));
+    }
+
     fn observe_pong(&self, payload: &[u8]) {
         if let Ok(stamp) = <[u8; 8]>::try_from(payload) {
             let sent = u64::from_be_bytes(stamp);
@@ -326,18 +374,21 @@ impl Session {
         // not counted. A `ping` is cheap too, but it is answered: counted, so
         // that a flood of them is refused like any other.
         let counted = !matches!(command, Ok(Command::Ack { .. }));
+        // Boxed, here and below: a connection's read loop is as large as the
+        // largest future it awaits, for as long as it lives, and an idle
+        // connection's task is mostly that (issue #16). Only an ack, the one
+        // command that comes with the messages, is handled inline.
         if counted && !self.commands.take() {
-            self.rate_limited(command.as_ref().ok()).await;
+            Box::pin(self.rate_limited(command.as_ref().ok())).await;
             return;
         }
         self.limited_in_a_row = 0;
         let result = match command {
             Err(e) => Err(e),
+            Ok(Command::Ack { topic, seq, epoch }) if self.id.is_some() => {
+                self.ack(&topic, seq, epoch.as_deref())
+            }
             Ok(Command::Hello { token, resume }) if self.id.is_none() => {
-                // Boxed, here and below: a connection's read loop is as
-                // large as the largest future it awaits, for as long as it
-                // lives; `hello` and `refresh` (a token check, a resume)
-                // come once or rarely, so they are not carried inline.
                 Box::pin(self.hello(token.as_deref(), resume.as_deref())).await;
                 Ok(())
             }
@@ -354,12 +405,12 @@ impl Session {
                         return;
                     }
                 }
-                self.act(command, &text).await
+                Box::pin(self.act(command, &text)).await
             }
         };
         match result {
             Ok(()) => self.bad_in_a_row = 0,
-            Err(e) => self.reject(e).await,
+            Err(e) => Box::pin(self.reject(e)).await,
         }
     }
 
@@ -480,24 +531,25 @@ impl Session {
                 .await;
                 Ok(())
             }
-            Command::Ack { topic, seq, epoch } => {
-                let topic = self.topic(None, &topic)?;
-                if let Some(head) = self.never_sent(&topic, seq) {
-                    return Err(CommandError::new(
-                        None,
-                        ErrorCode::Malformed,
-                        format!(
-                            "ack of seq {seq} of `{topic}`, which is newer than any sent ({head})"
-                        ),
-                    )
-                    .about(topic.as_str()));
-                }
-                if !self.subscriptions.ack(&topic, seq, epoch.as_deref()) {
-                    return Err(not_subscribed(None, &topic));
-                }
-                Ok(())
-            }
+            Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
         }
+    }
+
+    /// Records how far the client acked `topic`.
+    fn ack(&self, topic: &str, seq: u64, epoch: Option<&str>) -> Result<(), CommandError> {
+        let topic = self.topic(None, topic)?;
+        if let Some(head) = self.never_sent(&topic, seq) {
+            return Err(CommandError::new(
+                None,
+                ErrorCode::Malformed,
+                format!("ack of seq {seq} of `{topic}`, which is newer than any sent ({head})"),
+            )
+            .about(topic.as_str()));
+        }
+        if !self.subscriptions.ack(&topic, seq, epoch) {
+            return Err(not_subscribed(None, &topic));
+        }
+        Ok(())
     }
 
     /// Parses a topic and checks that its namespace exists.
@@ -1084,9 +1136,7 @@ mod sizes {
             "connection task future {} (Session {}, Reader {})",
             returns(serve_upgraded),
             std::mem::size_of::<Session>(),
-            std::mem::size_of::<
-                Reader<tokio::io::Chain<Cursor<Bytes>, tokio::net::tcp::OwnedReadHalf>>,
-            >(),
+            std::mem::size_of::<Reader<tokio::net::tcp::OwnedReadHalf>>(),
         );
     }
 }

@@ -61,6 +61,14 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         }
     }
 
+    /// Reads `early`, bytes that came with the handshake, before the socket.
+    pub fn after_handshake(mut self, early: &[u8]) -> Self {
+        if !early.is_empty() {
+            self.carry = BytesMut::from(early);
+        }
+        self
+    }
+
     /// The next event. Every partial frame lives in `self`, so dropping the
     /// future between polls loses no bytes; a session drops it only to end
     /// the connection anyway.
