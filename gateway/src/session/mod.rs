@@ -174,8 +174,6 @@ where
         commands: Bucket::new(ws.commands_per_second, ws.commands_burst),
         limited_in_a_row: 0,
         bad_in_a_row: 0,
-        takeover: CancellationToken::new(),
-        ended: CancellationToken::new(),
         node,
     };
     async move {
@@ -218,10 +216,6 @@ struct Session {
     commands: Bucket,
     limited_in_a_row: u32,
     bad_in_a_row: u32,
-    /// Cancelled when another connection resumes this session.
-    takeover: CancellationToken,
-    /// Cancelled once this session is saved and gone.
-    ended: CancellationToken,
     /// The pod's parts this session uses.
     node: Arc<Pod>,
 }
@@ -257,7 +251,7 @@ impl Session {
                     tokio::select! {
                         biased;
                         _ = stop.cancelled() => return,
-                        _ = self.takeover.cancelled() => {
+                        _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);
                             return;
                         }
@@ -725,8 +719,6 @@ impl Session {
                 owner: self.owner.clone(),
                 out: self.out.clone(),
                 subscriptions: self.subscriptions.clone(),
-                takeover: self.takeover.clone(),
-                ended: self.ended.clone(),
             },
         );
         for state in states {
@@ -1019,7 +1011,7 @@ impl Session {
             }
             self.node.live.deregister(id, self.conn);
         }
-        self.ended.cancel();
+        self.subscriptions.end();
         self.node.metrics.closed(reason);
         let session = self.id.as_deref().map_or_else(|| "-".to_owned(), tag);
         match reason {

@@ -9,7 +9,6 @@ use proto::ServerMessage;
 use rand::Rng;
 use router::{Claim, SessionSave, SessionSnapshot, SessionStore};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::Subscriptions;
 use crate::admission::ConnId;
@@ -32,12 +31,9 @@ pub struct LiveSession {
     /// The connection's token as the session's owner in the store.
     pub owner: Arc<str>,
     pub out: Outbound,
-    /// Its subscriptions and acks, and whose session it is.
+    /// Its subscriptions and acks, and whose session it is; through it, a
+    /// resume tells the connection to stop and waits for it to end.
     pub subscriptions: Subscriptions,
-    /// Cancelled when a newer connection resumes the session.
-    pub takeover: CancellationToken,
-    /// Cancelled by the connection once it has saved the session.
-    pub ended: CancellationToken,
 }
 
 /// What [`Registry::take_over`] found.
@@ -103,9 +99,9 @@ impl Registry {
         if !Claim::belongs(current.subscriptions.user().as_ref(), user) {
             return TakeOver::OtherUser;
         }
-        current.takeover.cancel();
+        current.subscriptions.take_over();
         // Its reader stops between commands: wait for that, briefly.
-        let _ = tokio::time::timeout(TAKEOVER_WAIT, current.ended.cancelled()).await;
+        let _ = tokio::time::timeout(TAKEOVER_WAIT, current.subscriptions.ended()).await;
         let taken = current.subscriptions.snapshot();
         // Whatever it would save from now on is older than what the new
         // connection holds, even where the store cannot tell (its copy was
