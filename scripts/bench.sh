@@ -13,11 +13,14 @@
 # the run; more than a few seconds means the figures are noisy).
 #
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
-#        scripts/bench.sh fanout ... only these parts (micro fanout slow
+#        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    idle-pods stall chaos),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
+#   BEFORE=<an older herald binary>: `fanout` and `profile` measure it as well,
+#                                    in the same run, for a before/after
+#                                    (BEFORE_LABEL names it in BENCHMARKS.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +28,9 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall chaos)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall chaos)
+BEFORE=${BEFORE:-}
+HERALD=target/release/herald
 # A gateway may hold up to its hard fd limit; leave room for everything else.
 MAX_CONNECTIONS=$(( $(ulimit -Hn) - 500 ))
 
@@ -91,7 +96,7 @@ start_herald() {
         HERALD_WEBSOCKET__MAX_CONNECTIONS="$MAX_CONNECTIONS" \
         HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP=0 \
         HERALD_LOG__LEVEL=warn \
-        "$@" target/release/herald >"$OUT/$name.log" 2>&1 &
+        "$@" "$HERALD" >"$OUT/$name.log" 2>&1 &
     pid=$!
     pids+=("$pid")
     wait_until 20 "$name" "$pid" curl -sf "http://127.0.0.1:$port/readyz"
@@ -142,11 +147,53 @@ if wants micro; then
     # Criterion keeps its estimates under target/criterion; benchmarks.py reads them there.
 fi
 
+# before <name> <command...>: runs the command again against $BEFORE, with
+# "-before" appended to the result's name, when $BEFORE is set.
+before() {
+    [ -n "$BEFORE" ] || return 0
+    local name=$1
+    shift
+    say "$name, again with the build before: $BEFORE"
+    printf '%s\n' "${BEFORE_LABEL:-$BEFORE}" >"$OUT/before-label.txt"
+    HERALD=$BEFORE "$@" "$name-before"
+    HERALD=target/release/herald
+}
+
+fanout_run() {
+    start_herald "$1"
+    loadtest "$1" fanout --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --floor "${fanout[@]}"
+    stop_all
+}
+
+# profile_run <name>: the gateway's CPU during the fan-out, sampled by perf
+# (cpu-clock, 999 Hz), by shared object and symbol, into $OUT/<name>.txt.
+profile_run() {
+    local name=$1 perf_pid
+    start_herald "$name"
+    perf record -e cpu-clock -F 999 -o "$OUT/$name.data" -p "$pid" >"$OUT/$name-perf.log" 2>&1 &
+    perf_pid=$!
+    loadtest "$name-load" fanout --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" "${fanout[@]}"
+    kill -INT "$perf_pid" 2>/dev/null || true
+    wait "$perf_pid" || true
+    stop_all
+    perf report -i "$OUT/$name.data" --stdio --no-children --sort dso,sym --percent-limit 0.2 \
+        >"$OUT/$name.txt" 2>/dev/null || failed=1
+}
+
 if wants fanout; then
     say "fanout: $CLIENTS clients, 1 topic, 1 KiB, $ROUNDS rounds 500 ms apart, against the floor"
-    start_herald fanout
-    loadtest fanout fanout --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" --floor "${fanout[@]}"
-    stop_all
+    fanout_run fanout
+    before fanout fanout_run
+fi
+
+if wants profile; then
+    say "profile: where the gateway's CPU goes during the fan-out (perf)"
+    if perf record -e cpu-clock -o /dev/null -- true >/dev/null 2>&1; then
+        profile_run profile
+        before profile profile_run
+    else
+        echo "perf cannot sample here (not installed, or perf_event_paranoid): no profile"
+    fi
 fi
 
 if wants slow; then
@@ -161,12 +208,17 @@ if wants slow; then
     stop_all
 fi
 
-if wants throughput; then
-    say "throughput: 64-byte messages, 200 clients on 50 of 100 topics each"
-    start_herald throughput
-    loadtest throughput throughput --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" \
+throughput_run() {
+    start_herald "$1"
+    loadtest "$1" throughput --gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid" \
         --clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 64
     stop_all
+}
+
+if wants throughput; then
+    say "throughput: 64-byte messages, 200 clients on 50 of 100 topics each"
+    throughput_run throughput
+    before throughput throughput_run
 fi
 
 if wants wire; then

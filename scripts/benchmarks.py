@@ -125,6 +125,62 @@ def fanout_section():
                    f"(gateway CPU per round: user {split['user_per_round_s'] * 1000:.1f} ms, "
                    f"kernel {split['system_per_round_s'] * 1000:.1f} ms; from /proc, 10 ms ticks).")
     out.append(cpu_line(res))
+    before = load("fanout-before")
+    if before:
+        b = before["result"]
+        bvs = b.get("vs_floor") or {}
+        bsplit = b.get("gateway_cpu") or {}
+        out.append(f"The build before ({before_label()}), measured right after in the same run: gateway CPU per "
+                   f"round {x(bvs.get('cpu_per_round_x'))} its floor writer's, last client median "
+                   f"{x(bvs.get('last_client_p50_x'))} and p99 {x(bvs.get('last_client_p99_x'))} its floor; "
+                   f"user-space cost per delivery {bsplit.get('user_ns_per_delivery', 0):.0f} ns, kernel "
+                   f"{bsplit.get('system_ns_per_delivery', 0):.0f} ns.")
+    return "\n\n".join(out)
+
+
+def before_label():
+    label = OUT / "before-label.txt"
+    return label.read_text().strip() if label.exists() else "an older build"
+
+
+def perf_profile(name):
+    """A `perf report --sort dso,sym` text: [(percent, object, symbol)], or None."""
+    path = OUT / f"{name}.txt"
+    if not path.exists():
+        return None
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[0].endswith("%") and not line.startswith("#"):
+            try:
+                percent = float(parts[0].rstrip("%"))
+            except ValueError:
+                continue
+            symbol = parts[3].split("] ", 1)[-1]
+            # Rust's legacy mangling leaves a hash: `::h0123456789abcdef`.
+            if "::h" in symbol and len(symbol.rsplit("::h", 1)[1]) == 16:
+                symbol = symbol.rsplit("::h", 1)[0]
+            rows.append((percent, parts[1], symbol))
+    return rows
+
+
+def profile_section():
+    out = ["## profile: where the gateway's CPU goes during the fan-out",
+           "`perf record -e cpu-clock` on the gateway during the `fanout` scenario above (no floor run), "
+           "`perf report --sort dso,sym`: shares of the gateway's samples."]
+    runs = [(name, label) for name, label in (("profile", "this build"), ("profile-before", before_label()))
+            if perf_profile(name)]
+    if not runs:
+        return "\n\n".join(out + ["Not run (perf unavailable, or the part was not asked for)."])
+    rows = []
+    for name, label in runs:
+        prof = perf_profile(name)
+        kernel = sum(p for p, obj, _ in prof if obj.startswith("[kernel"))
+        herald = sum(p for p, obj, _ in prof if obj == "herald")
+        libc = sum(p for p, obj, _ in prof if obj.startswith("libc"))
+        top = [f"{s} {p:.1f}%" for p, obj, s in sorted(prof, reverse=True) if obj == "herald"][:8]
+        rows.append([label, f"{kernel:.0f}%", f"{herald:.0f}%", f"{libc:.0f}%", "; ".join(f"`{t}`" for t in top)])
+    out.append(table(["build", "kernel", "herald", "libc", "top symbols in herald (share of all samples)"], rows))
     return "\n\n".join(out)
 
 
@@ -328,6 +384,12 @@ def throughput_section():
     out.append(table(["figure", "Herald", "target"], rows))
     out.append(f"{res['clients']} clients, each on {res['subscriptions_per_client']} of {res['topics']} topics "
                f"({res['fanout']:.0f} subscribers per topic), {res['concurrency']} publishing connections. " + cpu_line(res))
+    before = load("throughput-before")
+    if before:
+        b = before["result"]
+        out.append(f"The build before ({before_label()}), measured right after in the same run: "
+                   f"{b.get('deliveries_per_gateway_cpu_s') or 0:,.0f} deliveries per gateway CPU-second, "
+                   f"{b['deliveries_per_s']:,.0f} per second.")
     return "\n\n".join(out)
 
 
@@ -410,8 +472,8 @@ def misses_section():
 
 - **fanout against the floor.** The hub fills each subscriber's queue under its topic's lock, then
   writes straight to the sockets it found idle, from tasks of 128 connections each, so that both
-  cores write at once; only what a socket does not take at once is left to the connection's writer
-  task. Profiled with `perf record -g` on the gateway during `fanout` (10,000 clients, 1 KiB;
+  cores write at once; only what a socket does not take at once is left to the connection's writer.
+  Profiled with `perf record -g` on the gateway during `fanout` (10,000 clients, 1 KiB;
   2026-12-01): 86% of the gateway's CPU is the kernel's `send` path (TCP, the loopback receive,
   the wake-up of the reading client), the path the floor's writer spends its time in too; most of
   the rest is cache misses on 10,000 connections' queues and sockets, which a loop over plain
@@ -423,6 +485,16 @@ def misses_section():
   publications already arriving are queued first and one `send` carries several frames. Without
   that, a run on the same machine gave 169,192 deliveries per gateway CPU-second; the build before
   direct writes, 194,613.
+- **idle, ≤ 4 KiB per connection.** What an idle subscribed connection holds, by allocation
+  (heaptrack on `gateway/examples/idle_memory`, 5,000 connections, bytes asked of malloc;
+  2026-12-01): its one task 1.83 KiB (reader, writer, session and socket halves in one future, with
+  one timer for heartbeats and deadlines; commands and the session's end are boxed while they run);
+  its entries in the maps it belongs to (its subscriptions, the topic's subscribers, the pod's live
+  sessions) 0.44 KiB; the outgoing queue's shared state 0.31 KiB; tokio's registration of the socket
+  0.26 KiB; the session's shared state 0.22 KiB; two cancellation tokens (stop, drain) 0.23 KiB; ids
+  0.1 KiB; malloc's own headers make up the rest of the RSS. Before issue #16 the reader and the
+  writer were two tasks (2.8 KiB and 0.7 KiB of future) with a second timer for pings, two more
+  tokens, and an emptied queue kept its buffer: 6.7 KiB here.
 - **slow, healthy p99 within 10%.** Within the run-to-run spread of the fan-out itself. At 1 KiB ×
   40 rounds the slow client is never closed, because the kernel buffers all it is sent; the
   large-frame run shows the close.
@@ -441,6 +513,6 @@ def floor_send_cost():
     return f"{cpu / clients * 1e6:.1f} µs" if cpu and clients else "(not measured)"
 
 
-print("\n\n".join([header(), fanout_section(), slow_section(), idle_section(), storm_section(), identity_section(),
+print("\n\n".join([header(), fanout_section(), profile_section(), slow_section(), idle_section(), storm_section(), identity_section(),
                    chaos_section(), pods_section(), stall_section(), throughput_section(), wire_section(),
                    micro_section(), misses_section()]) + "\n")

@@ -50,7 +50,7 @@ fn subscribers(hub: &Hub, topic: &Topic, queue: impl Fn(Limits) -> Outbound) -> 
 
 fn publish_to_local_queues(c: &mut Criterion) {
     // No runtime: the queues have no sockets, and the fan-out wakes their
-    // (absent) writer tasks instead of spawning direct writes.
+    // (absent) writers instead of spawning direct writes.
     let hub = Hub::new(Arc::new(Metrics::new()), 1024);
     let topic = Topic::parse("bench").expect("topic");
     let queues = subscribers(&hub, &topic, Outbound::new);

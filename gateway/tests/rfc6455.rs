@@ -331,8 +331,9 @@ async fn server_frames_are_final_and_unmasked() {
 /// answers it (RFC 6455 5.5.1), after the replies queued before it.
 ///
 /// The test's runtime has one thread, and the gateway runs on it: the
-/// session reads all the client's bytes before its writer task runs once, so
-/// the client's close always comes before the server's went out.
+/// session's reader takes all the client's bytes in one go, before its
+/// writer (in the same task) writes anything, so the client's close always
+/// comes before the server's went out.
 #[tokio::test]
 async fn a_client_close_crossing_the_servers_is_answered() {
     let gw = Gateway::start().await;
