@@ -39,7 +39,8 @@ Options:
 status: prints what a running pod holds (GET /v1/admin/status on its API
 listener): connections, sessions, topics, its broker's state.
       --url <url>      the pod's API, default http://127.0.0.1:8080
-      --key <key>      an API key (http.api_keys), if the pod has any
+      --key <key>      an API key (http.api_keys), if the pod has any;
+                       HERALD_API_KEY gives it where `ps` cannot see it
 
 SIGHUP, or a change of the configuration file (looked at every 2s),
 re-reads the configuration: log.level and the API keys (and the
@@ -68,6 +69,10 @@ struct StatusArgs {
 /// Where `herald status` asks by default: a pod on this host, API on `listen`.
 const DEFAULT_STATUS_URL: &str = "http://127.0.0.1:8080";
 
+/// The variable `herald status` takes its API key from. (Not a configuration
+/// key: the configuration ignores `HERALD_*` variables it does not know.)
+const API_KEY_VAR: &str = "HERALD_API_KEY";
+
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         config: None,
@@ -79,7 +84,9 @@ fn parse_args() -> Result<Option<Args>, String> {
         it.next();
         let mut status = StatusArgs {
             url: DEFAULT_STATUS_URL.to_owned(),
-            key: None,
+            // From the environment unless `--key` says otherwise: a key on
+            // the command line is in every `ps` listing.
+            key: std::env::var(API_KEY_VAR).ok().filter(|k| !k.is_empty()),
         };
         while let Some(arg) = it.next() {
             let mut value = |name: &str| {

@@ -23,12 +23,18 @@ async fn status(herald: &Herald, key: Option<&str>) -> (u16, String) {
     testkit::http(herald.addr, "GET", "/v1/admin/status", &headers, b"").await
 }
 
-/// Runs `herald status` with `args`: exit code, stdout, stderr.
-async fn herald_status(args: Vec<String>) -> (Option<i32>, String, String) {
+/// Runs `herald status` with `args` and `env`: exit code, stdout, stderr.
+async fn herald_status(
+    args: Vec<String>,
+    env: &[(&'static str, &'static str)],
+) -> (Option<i32>, String, String) {
+    let env = env.to_vec();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(HERALD)
             .arg("status")
             .args(&args)
+            .env_remove("HERALD_API_KEY")
+            .envs(env)
             .output()
             .expect("run herald status")
     })
@@ -82,12 +88,10 @@ async fn a_pod_tells_what_it_holds_to_a_backend_with_a_key_and_to_herald_status(
 
     // The same, for a person.
     let url = herald.http_url();
-    let (code, stdout, stderr) = herald_status(vec![
-        "--url".into(),
-        url.clone(),
-        "--key".into(),
-        "k1".into(),
-    ])
+    let (code, stdout, stderr) = herald_status(
+        vec!["--url".into(), url.clone(), "--key".into(), "k1".into()],
+        &[],
+    )
     .await;
     assert_eq!(code, Some(0), "{stderr}");
     for line in [
@@ -101,7 +105,22 @@ async fn a_pod_tells_what_it_holds_to_a_backend_with_a_key_and_to_herald_status(
     ] {
         assert!(stdout.contains(line), "`{line}` in:\n{stdout}");
     }
-    let (code, _, stderr) = herald_status(vec!["--url".into(), url]).await;
+    let (code, _, stderr) = herald_status(vec!["--url".into(), url.clone()], &[]).await;
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("HTTP 401"), "{stderr}");
+    // The key from the environment, out of `ps`'s sight; `--key` wins.
+    let (code, stdout, stderr) = herald_status(
+        vec!["--url".into(), url.clone()],
+        &[("HERALD_API_KEY", "k1")],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("connections    1"), "{stdout}");
+    let (code, _, stderr) = herald_status(
+        vec!["--url".into(), url, "--key".into(), "k2".into()],
+        &[("HERALD_API_KEY", "k1")],
+    )
+    .await;
     assert_eq!(code, Some(1));
     assert!(stderr.contains("HTTP 401"), "{stderr}");
 
