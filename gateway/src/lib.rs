@@ -17,7 +17,8 @@
 //!   a socket did not take at once), which runs in the connection's task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`frame`]: server frames, encoded once per publication.
-//! - [`disconnect`]: close reasons and codes.
+//! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
+//!   between a connection's parts.
 //! - [`node`]: builds the pod's parts and wires them together (sessions
 //!   get theirs as a [`session::Pod`]); [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
@@ -27,8 +28,8 @@
 //!
 //! Dependencies between these modules run one way, as a message does: the
 //! edges (server, http, grpc) use the node, which builds the rest; session
-//! -> hub -> outbound; config, auth, metrics, frame and disconnect are
-//! below them all. `scripts/module-deps.py` prints the graph and fails the
+//! -> hub -> outbound; config, auth, metrics, frame, disconnect and signal
+//! are below them all. `scripts/module-deps.py` prints the graph and fails the
 //! lints on a cycle.
 //!
 //! ## A publish, to a subscriber's socket
@@ -78,6 +79,7 @@ pub mod rebalance;
 pub mod reload;
 pub mod server;
 pub mod session;
+pub mod signal;
 pub mod telemetry;
 
 pub use config::Config;

@@ -29,6 +29,7 @@ use super::direct::{IdleSockets, SocketWriter};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::signal::Signal;
 
 /// Slices handed to one `writev` by the writer (Linux allows 1024).
 pub(crate) const MAX_IOV: usize = 256;
@@ -97,6 +98,9 @@ pub(super) struct Shared {
     writer: Notify,
     /// Wakes a `send` waiting for room.
     pub(super) room: Notify,
+    /// The connection is over: its reader or its writer ended it, and the
+    /// other stops too.
+    stopped: Signal,
 }
 
 /// Where a queue's frames go.
@@ -241,6 +245,7 @@ impl Outbound {
                 state: Mutex::new(State::default()),
                 writer: Notify::new(),
                 room: Notify::new(),
+                stopped: Signal::default(),
                 limits,
                 socket,
             }),
@@ -254,6 +259,21 @@ impl Outbound {
 
     pub(super) fn wake_writer(&self) {
         self.shared.writer.notify_one();
+    }
+
+    /// Ends the connection for its reader and its writer: whichever of them
+    /// is done says so, and the other stops.
+    pub fn stop(&self) {
+        self.shared.stopped.set();
+    }
+
+    /// Resolves once [`stop`](Self::stop) was called.
+    pub async fn stopped(&self) {
+        self.shared.stopped.wait().await;
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stopped.is_set()
     }
 
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
@@ -617,7 +637,6 @@ mod tests {
         let writer = super::super::writer::run(
             SocketWriter(Outbound::new(limits(Overflow::Disconnect))),
             Outbound::new(limits(Overflow::Disconnect)),
-            tokio_util::sync::CancellationToken::new(),
             Arc::new(super::super::Writing {
                 write_timeout: Duration::from_secs(5),
                 close_timeout: Duration::from_secs(2),

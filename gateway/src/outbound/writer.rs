@@ -57,14 +57,14 @@ impl Writing {
     }
 }
 
-/// Runs until the connection ends; cancels `stop` when it returns.
+/// Runs until the connection ends ([`Outbound::stop`], or a close written);
+/// stops the connection when it returns.
 ///
 /// A plain function that returns the writer's future, which holds what it
 /// is given once (an `async fn` would keep its arguments as well).
 pub fn run<W: AsyncWrite + Unpin>(
     mut io: W,
     out: Outbound,
-    stop: CancellationToken,
     pod: Arc<Writing>,
 ) -> impl Future<Output = ()> {
     // Watched through a child token of this connection's own, and both
@@ -73,7 +73,7 @@ pub fn run<W: AsyncWrite + Unpin>(
     let drain = pod.drain.child_token();
     async move {
         let mut draining = false;
-        let stopped = stop.cancelled();
+        let stopped = out.stopped();
         let drained = drain.cancelled();
         tokio::pin!(stopped, drained);
         'connection: loop {
@@ -106,8 +106,8 @@ pub fn run<W: AsyncWrite + Unpin>(
                 if let Some(close) = taken.close {
                     if close.lingers() {
                         // The client answers our close with its own; the reader sees it.
-                        let _ = Box::pin(tokio::time::timeout(pod.close_timeout, stop.cancelled()))
-                            .await;
+                        let _ =
+                            Box::pin(tokio::time::timeout(pod.close_timeout, out.stopped())).await;
                     }
                     break 'connection;
                 }
@@ -115,7 +115,7 @@ pub fn run<W: AsyncWrite + Unpin>(
         }
         out.finish();
         let _ = io.shutdown().await;
-        stop.cancel();
+        out.stop();
     }
 }
 
@@ -211,9 +211,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_writer_sends_a_ping_at_once_and_gives_up_on_a_client_that_stops_reading() {
         let (server, mut client) = tokio::io::duplex(64);
-        let (out, stop) = (queue(), CancellationToken::new());
+        let out = queue();
         let start = Instant::now();
-        let writer = tokio::spawn(run(server, out.clone(), stop.clone(), pod()));
+        let writer = tokio::spawn(run(server, out.clone(), pod()));
         // Virtual time: a hang fails at once, when this much of it has passed.
         let bound = Duration::from_secs(600);
         out.ping(frame::encode(frame::OP_PING, &[b"stamp"]));
@@ -237,7 +237,7 @@ mod tests {
             "after write_timeout"
         );
         assert_eq!(out.reason(), Some(CloseReason::WriteTimeout));
-        assert!(stop.is_cancelled(), "the reader is told");
+        assert!(out.is_stopped(), "the reader is told");
     }
 
     /// What a fan-out on another core does when it finds the connection
@@ -303,8 +303,7 @@ mod tests {
         // More than loopback buffers hold while the client does not read.
         let big = Bytes::from(vec![b'a'; 32 << 20]);
         assert!(out.send(big.clone()).await);
-        let stop = CancellationToken::new();
-        let writer = tokio::spawn(run(socket, out.clone(), stop, pod()));
+        let writer = tokio::spawn(run(socket, out.clone(), pod()));
         for _ in 0..100 {
             if out.state().writing {
                 break;

@@ -111,32 +111,31 @@ impl Echo {
 }
 
 impl Serve for Arc<Echo> {
-    async fn serve<R, W>(self, read: R, early: Bytes, write: W, out: Outbound)
+    fn serve<R, W>(self, read: R, early: Bytes, write: W, out: Outbound) -> impl Future<Output = ()>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let stop = CancellationToken::new();
-        let writing = writer::run(write, out.clone(), stop.clone(), self.writing.clone());
+        let writing = writer::run(write, out.clone(), self.writing.clone());
+        // Made here, so that `early` (a slice of hyper's read buffer) is not
+        // kept for as long as the connection lives.
         let mut reader =
             Reader::new(read, self.max_message_bytes, self.message_timeout).after_handshake(&early);
-        tokio::join!(writing, echo(&mut reader, &out, &stop));
+        async move {
+            tokio::join!(writing, echo(&mut reader, &out));
+        }
     }
 }
 
 /// The read loop: what a session's does with each event, with commands
 /// replaced by their echo.
-async fn echo<R: AsyncRead + Unpin>(
-    reader: &mut Reader<R>,
-    out: &Outbound,
-    stop: &CancellationToken,
-) {
+async fn echo<R: AsyncRead + Unpin>(reader: &mut Reader<R>, out: &Outbound) {
     loop {
         // Dropping an unfinished read (not cancel-safe) only when the
         // connection ends anyway.
         let next = tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
+            _ = out.stopped() => return,
             next = reader.next(out) => next,
         };
         match next {
@@ -151,7 +150,7 @@ async fn echo<R: AsyncRead + Unpin>(
                 // The reader queued the echo of the client's close; if ours
                 // went first, this completes the handshake.
                 if out.reason() != Some(CloseReason::ClientClosed) {
-                    stop.cancel();
+                    out.stop();
                 }
                 return;
             }
@@ -160,7 +159,7 @@ async fn echo<R: AsyncRead + Unpin>(
                     out.close(reason, false);
                 } else {
                     out.note_reason(reason);
-                    stop.cancel();
+                    out.stop();
                 }
                 return;
             }

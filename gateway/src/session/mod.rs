@@ -39,7 +39,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Refused, Verifier};
@@ -159,7 +158,6 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let stop = CancellationToken::new();
     let ws = &node.config.websocket;
     let mut session = Session {
         conn: admission.conn,
@@ -177,17 +175,12 @@ where
         node,
     };
     async move {
-        let writing = writer::run(
-            write,
-            session.out.clone(),
-            stop.clone(),
-            session.node.writing.clone(),
-        );
+        let writing = writer::run(write, session.out.clone(), session.node.writing.clone());
         // The writer in the reader's task, not a task of its own: an idle
         // connection is one task's state (issue #16). Each runs until the
-        // other tells it to stop (`stop`, or a close through the queue);
+        // other tells it to stop (`Outbound::stop`, or a close queued);
         // direct writes from the fan-out never wake this task.
-        tokio::join!(writing, session.read(&mut reader, &stop));
+        tokio::join!(writing, session.read(&mut reader));
         drop(reader);
         // Boxed: it runs once, at the end; carried inline, every idle
         // connection would hold its room all along.
@@ -223,11 +216,7 @@ struct Session {
 impl Session {
     /// Reads and acts on the client's frames until the connection ends.
     /// This loop's one timer also sends the heartbeat pings.
-    async fn read<R: AsyncRead + Unpin>(
-        &mut self,
-        reader: &mut Reader<R>,
-        stop: &CancellationToken,
-    ) {
+    async fn read<R: AsyncRead + Unpin>(&mut self, reader: &mut Reader<R>) {
         let node = self.node.clone();
         let ws = &node.config.websocket;
         let idle = ws.ping_interval + ws.pong_timeout;
@@ -250,7 +239,7 @@ impl Session {
                     // connection, so dropping an unfinished read is harmless.
                     tokio::select! {
                         biased;
-                        _ = stop.cancelled() => return,
+                        _ = self.out.stopped() => return,
                         _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);
                             return;
@@ -283,7 +272,7 @@ impl Session {
                         self.out.close(reason, false);
                     } else {
                         self.out.note_reason(reason);
-                        stop.cancel();
+                        self.out.stop();
                     }
                     return;
                 }
@@ -294,7 +283,7 @@ impl Session {
                     // echo, or ours asked for earlier) answers the client's;
                     // stopping now would leave it unwritten.
                     if self.out.close_taken() {
-                        stop.cancel();
+                        self.out.stop();
                     }
                     return;
                 }

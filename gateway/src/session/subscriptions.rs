@@ -11,19 +11,20 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::hub::Resets;
+use crate::signal::Signal;
 
 #[derive(Clone, Default)]
 pub struct Subscriptions(Arc<Shared>);
 
 /// One allocation per session, with the signals between its connection and
-/// the registry: cheaper than a cancellation token each (issue #16).
+/// the registry.
 #[derive(Default)]
 struct Shared {
     inner: Mutex<Inner>,
-    /// Wakes the connection when another one resumes its session.
-    taken_over: Notify,
-    /// Wakes a takeover waiting for the connection to have saved.
-    ended: Notify,
+    /// Another connection resumes the session: this one stops.
+    taken_over: Signal,
+    /// The connection saved the session and is gone: a takeover goes on.
+    ended: Signal,
 }
 
 #[derive(Default)]
@@ -45,10 +46,6 @@ struct Inner {
     superseded: bool,
     /// Wakes the pod's flusher (a shared store's): see [`Inner::moved`].
     flush_soon: Option<Arc<Notify>>,
-    /// Another connection resumes the session ([`Subscriptions::take_over`]).
-    taken_over: bool,
-    /// The connection saved the session and is gone ([`Subscriptions::end`]).
-    ended: bool,
 }
 
 impl Inner {
@@ -89,18 +86,6 @@ pub struct Due {
     pub changes: u64,
 }
 
-/// Waits for `notify` unless `set` says it was signalled already: the
-/// waiter is registered before the flag is read, so no signal is missed (a
-/// signal sets the flag, then notifies).
-async fn signalled(notify: &Notify, set: impl Fn() -> bool) {
-    let notified = notify.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    if !set() {
-        notified.await;
-    }
-}
-
 impl Subscriptions {
     /// Subscriptions whose move to another epoch wakes `flush_soon` (the
     /// flusher of a shared store; `None` for a pod-local one).
@@ -121,24 +106,22 @@ impl Subscriptions {
     /// Tells the connection serving the session to stop between commands:
     /// another connection resumes it.
     pub fn take_over(&self) {
-        self.inner().taken_over = true;
-        self.0.taken_over.notify_waiters();
+        self.0.taken_over.set();
     }
 
     /// Resolves once [`take_over`](Self::take_over) was called.
     pub async fn taken_over(&self) {
-        signalled(&self.0.taken_over, || self.inner().taken_over).await;
+        self.0.taken_over.wait().await;
     }
 
     /// Marks the connection gone, its session saved.
     pub fn end(&self) {
-        self.inner().ended = true;
-        self.0.ended.notify_waiters();
+        self.0.ended.set();
     }
 
     /// Resolves once [`end`](Self::end) was called.
     pub async fn ended(&self) {
-        signalled(&self.0.ended, || self.inner().ended).await;
+        self.0.ended.wait().await;
     }
 
     /// Records whose session this is (from the token at `hello`, or as the
