@@ -494,11 +494,11 @@ def misses_section():
   2026-12-01): its one task 1.83 KiB (reader, writer, session and socket halves in one future, with
   one timer for heartbeats and deadlines; commands and the session's end are boxed while they run);
   its entries in the maps it belongs to (its subscriptions, the topic's subscribers, the pod's live
-  sessions) 0.44 KiB; the outgoing queue's shared state 0.31 KiB; tokio's registration of the socket
-  0.26 KiB; the session's shared state 0.22 KiB; the drain token 0.11 KiB; ids
-  0.1 KiB; malloc's own headers make up the rest of the RSS. Before issue #16 the reader and the
-  writer were two tasks (3.0 KiB and 0.7 KiB of future) with a second timer for pings, two more
-  tokens, and an emptied queue kept its buffer: 6.7 KiB here.
+  sessions) 0.44 KiB; the outgoing queue's shared state 0.35 KiB; tokio's registration of the
+  socket 0.26 KiB; the session's shared state 0.24 KiB; the drain token 0.11 KiB; ids 0.1 KiB; the
+  socket's halves 0.05 KiB; malloc's own headers make up the rest of the RSS. Before issue #16 the
+  reader and the writer were two tasks (3.0 KiB and 0.7 KiB of future) with a second timer for
+  pings, three more cancellation tokens, and an emptied queue kept its buffer: 6.7 KiB here.
 - **slow, healthy p99 within 10%.** Within the run-to-run spread of the fan-out itself. At 1 KiB ×
   40 rounds the slow client is never closed, because the kernel buffers all it is sent; the
   large-frame run shows the close.
