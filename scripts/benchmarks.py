@@ -477,11 +477,11 @@ def misses_section():
 - **fanout against the floor.** The hub fills each subscriber's queue under its topic's lock, then
   writes straight to the sockets it found idle, from tasks of 128 connections each, so that both
   cores write at once; only what a socket does not take at once is left to the connection's writer.
-  Profiled with `perf record -g` on the gateway during `fanout` (10,000 clients, 1 KiB;
-  2026-12-01): 86% of the gateway's CPU is the kernel's `send` path (TCP, the loopback receive,
-  the wake-up of the reading client), the path the floor's writer spends its time in too; most of
-  the rest is cache misses on 10,000 connections' queues and sockets, which a loop over plain
-  sockets does not have. So the gateway's CPU per round stays a little above the floor writer's,
+  The profile section shows where the gateway's CPU goes: about three quarters in the kernel's
+  `send` path (TCP, the loopback receive, the wake-up of the reading client), the path the floor's
+  writer spends its time in too; most of Herald's own share is cache misses on 10,000 connections'
+  queues and sockets (`write_now`, `push`, the socket's `as_fd`), which a loop over plain sockets
+  does not have. So the gateway's CPU per round stays a little above the floor writer's,
   and the last client beats the floor because the writes are spread over both cores while the
   floor's one thread writes alone. Before, every frame woke the connection's writer task: on the
   same machine 173 ms of gateway CPU per round, and the last client at 1.00× (p99 1.06×) the floor.
