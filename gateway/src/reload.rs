@@ -148,65 +148,18 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     new.http.api_keys.clone_from(&old.http.api_keys);
     // Compared as they print: every section is `Debug`, and a password
     // prints redacted, so a changed password is not noticed here.
-    let sections: [(&'static str, String, String); 14] = [
-        (
-            "listen",
-            format!("{:?}", old.listen),
-            format!("{:?}", new.listen),
-        ),
-        (
-            "broker",
-            format!("{:?}", old.broker),
-            format!("{:?}", new.broker),
-        ),
-        (
-            "redis",
-            format!("{:?}", old.redis),
-            format!("{:?}", new.redis),
-        ),
-        (
-            "websocket",
-            format!("{:?}", old.websocket),
-            format!("{:?}", new.websocket),
-        ),
-        (
-            "queue",
-            format!("{:?}", old.queue),
-            format!("{:?}", new.queue),
-        ),
-        (
-            "session",
-            format!("{:?}", old.session),
-            format!("{:?}", new.session),
-        ),
-        ("http", format!("{:?}", old.http), format!("{:?}", new.http)),
-        ("grpc", format!("{:?}", old.grpc), format!("{:?}", new.grpc)),
-        (
-            "shutdown",
-            format!("{:?}", old.shutdown),
-            format!("{:?}", new.shutdown),
-        ),
-        (
-            "rebalance",
-            format!("{:?}", old.rebalance),
-            format!("{:?}", new.rebalance),
-        ),
-        ("log", format!("{:?}", old.log), format!("{:?}", new.log)),
-        (
-            "telemetry",
-            format!("{:?}", old.telemetry),
-            format!("{:?}", new.telemetry),
-        ),
-        ("auth", format!("{:?}", old.auth), format!("{:?}", new.auth)),
-        (
-            "namespaces",
-            format!("{:?}", old.namespaces),
-            format!("{:?}", new.namespaces),
-        ),
-    ];
+    macro_rules! changed {
+        ($($section:ident),*) => {
+            [$((stringify!($section), format!("{:?}", old.$section) != format!("{:?}", new.$section))),*]
+        };
+    }
+    let sections = changed!(
+        listen, broker, redis, websocket, queue, session, http, grpc, shutdown, rebalance, log,
+        telemetry, auth, namespaces
+    );
     sections
         .into_iter()
-        .filter(|(_, old, new)| old != new)
-        .map(|(name, ..)| name)
+        .filter(|&(_, changed)| changed)
+        .map(|(name, _)| name)
         .collect()
 }
