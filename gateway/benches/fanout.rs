@@ -48,6 +48,16 @@ fn subscribers(hub: &Hub, topic: &Topic, queue: impl Fn(Limits) -> Outbound) -> 
         .collect()
 }
 
+/// The `seq`th publication of `data` to `topic`.
+fn publication(topic: &Topic, seq: u64, data: &Bytes) -> Publication {
+    Publication {
+        topic: topic.clone(),
+        epoch: Arc::from("bench"),
+        seq,
+        data: data.clone(),
+    }
+}
+
 fn publish_to_local_queues(c: &mut Criterion) {
     // No runtime: the queues have no sockets, and the fan-out wakes their
     // (absent) writers instead of spawning direct writes.
@@ -65,12 +75,7 @@ fn publish_to_local_queues(c: &mut Criterion) {
             let mut spent = Duration::ZERO;
             for _ in 0..iterations {
                 seq += 1;
-                let publication = Publication {
-                    topic: topic.clone(),
-                    epoch: Arc::from("bench"),
-                    seq,
-                    data: data.clone(),
-                };
+                let publication = publication(&topic, seq, &data);
                 let start = Instant::now();
                 hub.deliver(&publication, None);
                 spent += start.elapsed();
@@ -113,12 +118,7 @@ fn direct_writes_to_counting_sinks(c: &mut Criterion) {
             let start = Instant::now();
             for _ in 0..iterations {
                 seq += 1;
-                let publication = Publication {
-                    topic: topic.clone(),
-                    epoch: Arc::from("bench"),
-                    seq,
-                    data: data.clone(),
-                };
+                let publication = publication(&topic, seq, &data);
                 let delivered = metrics.delivered.get() + SUBSCRIBERS as u64;
                 runtime.block_on(async {
                     hub.deliver(&publication, None);

@@ -159,13 +159,13 @@ fn require(tool: &str) {
     }
 }
 
-#[test]
-fn promtool_accepts_the_alerting_rules() {
+/// Runs `promtool <command> rules <file>`, which must succeed and say so.
+fn promtool_rules(command: &str, file: impl AsRef<std::ffi::OsStr>) {
     require("promtool");
     let output = Command::new("promtool")
-        .arg("check")
+        .arg(command)
         .arg("rules")
-        .arg(rules_path())
+        .arg(file)
         .output()
         .expect("run promtool");
     let said = format!(
@@ -173,8 +173,16 @@ fn promtool_accepts_the_alerting_rules() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "promtool check rules:\n{said}");
-    assert!(said.contains("SUCCESS"), "promtool check rules:\n{said}");
+    assert!(output.status.success(), "promtool {command} rules:\n{said}");
+    assert!(
+        said.contains("SUCCESS"),
+        "promtool {command} rules:\n{said}"
+    );
+}
+
+#[test]
+fn promtool_accepts_the_alerting_rules() {
+    promtool_rules("check", rules_path());
 }
 
 /// Every alert fires in one case and stays quiet in another, as
@@ -182,20 +190,7 @@ fn promtool_accepts_the_alerting_rules() {
 /// series of herald-rules.test.yaml; and no alert lacks either case.
 #[test]
 fn every_alert_fires_in_one_case_and_stays_quiet_in_another() {
-    require("promtool");
-    let output = Command::new("promtool")
-        .arg("test")
-        .arg("rules")
-        .arg(rule_tests_path())
-        .output()
-        .expect("run promtool");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "promtool test rules:\n{said}");
-    assert!(said.contains("SUCCESS"), "promtool test rules:\n{said}");
+    promtool_rules("test", rule_tests_path());
 
     let rules = std::fs::read_to_string(rules_path()).expect("the rule file");
     let alerts: BTreeSet<&str> = rules
