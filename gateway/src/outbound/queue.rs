@@ -272,7 +272,8 @@ impl Outbound {
         self.shared.stopped.wait().await;
     }
 
-    pub fn is_stopped(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_stopped(&self) -> bool {
         self.shared.stopped.is_set()
     }
 
