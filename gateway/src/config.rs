@@ -148,6 +148,10 @@ pub struct RedisConfig {
     pub linger: Duration,
     /// Redis under Sentinel: the master is asked for on every (re)connect.
     pub sentinel: SentinelConfig,
+    /// Redis Cluster: `redis://host:port` of some of its nodes (the others
+    /// are found from them); empty: not a cluster. The user, password and
+    /// TLS settings above apply to every node.
+    pub cluster: Vec<String>,
     /// What every key and channel starts with: deployments sharing a Redis
     /// need one each (pub/sub ignores the database number). Letters,
     /// digits, `-`, `_`, `.`, `:`.
@@ -180,6 +184,7 @@ impl Default for RedisConfig {
             command_timeout: DEFAULT_REDIS_COMMAND_TIMEOUT,
             linger: DEFAULT_REDIS_LINGER,
             sentinel: SentinelConfig::default(),
+            cluster: Vec::new(),
             prefix: router::redis::DEFAULT_PREFIX.to_owned(),
         }
     }
@@ -205,6 +210,7 @@ impl RedisConfig {
                 password: text(&sentinel.password),
                 tls: sentinel.tls,
             }),
+            cluster: self.cluster.clone(),
             command_timeout: self.command_timeout,
             linger: self.linger,
             prefix: self.prefix.clone(),
@@ -224,6 +230,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("sentinel", &self.sentinel)
+            .field("cluster", &self.cluster)
             .field("prefix", &self.prefix)
             .finish()
     }
@@ -613,12 +620,13 @@ const TOP_LEVEL_KEYS: [&str; 14] = [
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 4] = [
+const LIST_VARS: [(&str, &str); 5] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
     (
         "HERALD_REDIS__SENTINEL__ADDRESSES",
         "redis.sentinel.addresses",
     ),
+    ("HERALD_REDIS__CLUSTER", "redis.cluster"),
     ("HERALD_HTTP__TRUSTED_PROXIES", "http.trusted_proxies"),
     (
         "HERALD_WEBSOCKET__ALLOWED_ORIGINS",

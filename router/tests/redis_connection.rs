@@ -36,6 +36,7 @@ async fn engine(redis: &Redis) -> RedisBroker {
         password: None,
         tls: Default::default(),
         sentinel: None,
+        cluster: Vec::new(),
         command_timeout: Duration::from_millis(300),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),

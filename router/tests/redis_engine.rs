@@ -89,6 +89,7 @@ async fn engine(
         password: None,
         tls: Default::default(),
         sentinel: None,
+        cluster: Vec::new(),
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),

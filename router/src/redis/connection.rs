@@ -480,6 +480,18 @@ fn establish(connector: Connector) -> Connecting {
     .shared()
 }
 
+/// Why a cluster node's URL (`redis://host:port`, `rediss://` for TLS)
+/// cannot be used, if it cannot.
+pub fn check_node_url(url: &str) -> Result<(), String> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| format!("`{url}`: {e}"))?;
+    match info.addr() {
+        ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. } => Ok(()),
+        _ => Err(format!("`{url}`: a cluster node is reached over TCP")),
+    }
+}
+
 /// Whether Redis refused who the pod says it is (a wrong password, a user
 /// without the rights): waiting will not help, a corrected Secret will.
 pub fn refused(e: &RedisError) -> bool {

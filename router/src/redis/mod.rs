@@ -61,6 +61,10 @@ pub struct RedisSettings {
     pub tls: TlsFiles,
     /// Where to ask for the master, if Redis runs under Sentinel.
     pub sentinel: Option<SentinelSettings>,
+    /// Redis Cluster: some of its nodes (`redis://host:port` URLs; the
+    /// rest are found from them). Empty: not a cluster. The user, password
+    /// and TLS of `url` apply to every node.
+    pub cluster: Vec<String>,
     /// Longest a command (or a connection attempt) may take before it fails.
     pub command_timeout: Duration,
     /// How long a pod stays subscribed to a topic after its last local
@@ -99,6 +103,21 @@ impl RedisSettings {
             key: "redis.prefix",
             reason,
         })?;
+        if !self.cluster.is_empty() {
+            if self.sentinel.is_some() {
+                return Err(InvalidSetting {
+                    key: "redis.cluster",
+                    reason: "cannot be used with `redis.sentinel`: a cluster fails over by itself"
+                        .into(),
+                });
+            }
+            for node in &self.cluster {
+                connection::check_node_url(node).map_err(|reason| InvalidSetting {
+                    key: "redis.cluster",
+                    reason,
+                })?;
+            }
+        }
         self.connector().map(drop)
     }
 
@@ -120,6 +139,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("sentinel", &self.sentinel)
+            .field("cluster", &self.cluster)
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("prefix", &self.prefix)
