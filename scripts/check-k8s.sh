@@ -225,6 +225,32 @@ grep -q 'name: HERALD_REDIS__SENTINEL__PASSWORD' "$WORK/redis-ha-values.yaml" \
     || die "redis-ha-values: no sentinel password from its Secret"
 grep -q 'port: 26379' "$WORK/redis-ha-values.yaml" || die "redis-ha-values: no egress to the sentinels"
 
+render redis-cluster-values -f "$CHART/ci/redis-cluster-values.yaml"
+validate redis-cluster-values "$WORK/redis-cluster-values.yaml" \
+    --expect Deployment/herald --expect HorizontalPodAutoscaler/herald --expect NetworkPolicy/herald \
+    --absent Secret --absent Deployment/herald-redis
+"$PY" - "$WORK/redis-cluster-values.yaml" <<'PY' || die "redis-cluster-values: not a herald on the cluster's nodes"
+import sys, tomllib, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+config = tomllib.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["herald.toml"])
+redis = config["redis"]
+assert config["broker"] == "redis", config["broker"]
+assert len(redis["cluster"]) == 3 and all(u.startswith("rediss://") for u in redis["cluster"]), redis
+assert "sentinel" not in redis, redis
+policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+ports = [p.get("port") for rule in policy["spec"]["egress"] for p in rule.get("ports", [])]
+assert 6379 in ports and 26379 not in ports, ports
+print(f"   broker redis, {len(redis['cluster'])} cluster seeds, no sentinel; egress ports {ports}")
+PY
+# Nodes on another port than redisPort: the NetworkPolicy opens that one too.
+"$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" -f "$CHART/ci/redis-cluster-values.yaml" \
+    --set 'redis.cluster={rediss://node-0:7000,rediss://node-1:7000}' \
+    > "$WORK/redis-cluster-ports.yaml" 2> "$WORK/redis-cluster-ports.template.txt" \
+    || { cat "$WORK/redis-cluster-ports.template.txt" >&2; die "redis-cluster-ports: helm template"; }
+grep -q 'port: 7000' "$WORK/redis-cluster-ports.yaml" || die "redis-cluster-ports: no egress to the nodes' port 7000"
+step "redis-cluster-ports: egress to the nodes' port 7000"
+checked+=("redis-cluster-ports")
+
 render full-values -f "$CHART/ci/full-values.yaml"
 validate full-values "$WORK/full-values.yaml" \
     --expect Deployment/herald --expect Deployment/herald-redis --expect Service/herald-redis \
@@ -302,6 +328,13 @@ refuses "Sentinel with the in-chart Redis" "exclude each other" "${DEFAULTS[@]}"
     --set redis.inChart.enabled=true --set redis.sentinel.masterName=m --set 'redis.sentinel.addresses={s:26379}'
 refuses "Sentinel without sentinels" "needs redis.sentinel.addresses" "${DEFAULTS[@]}" \
     --set redis.sentinel.masterName=m
+refuses "Redis Cluster with Sentinel" "redis.cluster and redis.sentinel.masterName exclude each other" \
+    "${DEFAULTS[@]}" --set 'redis.cluster={redis://node-0:6379}' \
+    --set redis.sentinel.masterName=m --set 'redis.sentinel.addresses={s:26379}'
+refuses "Redis Cluster with the in-chart Redis" "redis.cluster and redis.inChart.enabled exclude each other" \
+    "${DEFAULTS[@]}" --set 'redis.cluster={redis://node-0:6379}' --set redis.inChart.enabled=true
+refuses "a Redis Cluster node that is not a redis:// URL (schema)" "redis/cluster" "${DEFAULTS[@]}" \
+    --set 'redis.cluster={http://node-0:6379}'
 refuses "a client certificate without its key" "go together" "${DEFAULTS[@]}" \
     --set redis.url=rediss://redis:6379 --set redis.tls.secretName=redis-tls --set redis.tls.certKey=tls.crt
 refuses "a replica count beside the HPA" "the HPA owns the count" "${DEFAULTS[@]}" \

@@ -24,15 +24,13 @@ use tracing::Instrument;
 
 use crate::listener;
 use crate::node::Node;
-use crate::publish::{self, ApiError, JsonData, Refusal};
+use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
 
-/// Items one `PublishBatch` may carry; more is `RESOURCE_EXHAUSTED`.
-pub const MAX_BATCH_ITEMS: usize = 1000;
 /// Largest request the server decodes, in bytes (tonic's default): bounds a
 /// batch. It grows to hold one `data` of `http.max_body_bytes` where that
 /// is larger. A request over it is refused by tonic with `OUT_OF_RANGE`.
-pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_REQUEST_BYTES: usize = publish::MAX_BATCH_BYTES;
 /// Room in a `Publish` request for its topic, key and framing, besides `data`.
 const REQUEST_OVERHEAD_BYTES: usize = 1024;
 /// The metadata key that carries a refusal's code from the error table.
@@ -112,21 +110,33 @@ impl Publisher {
                 format!("a batch is limited to {MAX_BATCH_ITEMS} items"),
             ));
         }
-        // In order, one after another: items for one topic get their seqs in
-        // the order of the batch.
-        let mut results = Vec::with_capacity(items.len());
-        for item in items {
-            let result = match self.publish_one(item).await {
-                Ok(response) => publish_result::Result::Published(response),
-                Err(e) => publish_result::Result::Error(PublishError {
-                    code: e.code.as_str().to_owned(),
-                    message: e.message,
-                }),
-            };
-            results.push(PublishResult {
-                result: Some(result),
-            });
-        }
+        let limit = self.node.config.http.max_body_bytes;
+        let items = items
+            .into_iter()
+            .map(|item| {
+                Ok(publish::BatchItem {
+                    data: JsonData::parse(Bytes::from(item.data), limit)?,
+                    topic: item.topic,
+                    idempotency_key: item.idempotency_key,
+                })
+            })
+            .collect();
+        let answers = publish::publish_batch(&*self.node.broker, &self.node.metrics, items).await;
+        let results = answers
+            .into_iter()
+            .map(|answer| {
+                let result = match answer {
+                    Ok(position) => publish_result::Result::Published(published(position)),
+                    Err(e) => publish_result::Result::Error(PublishError {
+                        code: e.code.as_str().to_owned(),
+                        message: e.message,
+                    }),
+                };
+                PublishResult {
+                    result: Some(result),
+                }
+            })
+            .collect();
         Ok(PublishBatchResponse { results })
     }
 

@@ -1,5 +1,5 @@
 //! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/disconnect`, `GET /v1/admin/status`, `GET /metrics`, and the plain
+//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/admin/status`, `GET /metrics`, and the plain
 //! answers every route shares.
 //! The checks and errors are [`crate::publish`]'s.
 
@@ -11,13 +11,16 @@ use hyper::header::{
 };
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
-use proto::json::{DisconnectRequest, PublishRequest, PublishResponse};
+use proto::json::{
+    DisconnectRequest, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
+    PublishResponse, PublishResult,
+};
 use serde::Serialize;
 use tracing::Instrument;
 
 use crate::admin::Status;
 use crate::node::Node;
-use crate::publish::{self, ApiError, JsonData, Refusal};
+use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
 
 pub type Body = Full<Bytes>;
@@ -50,10 +53,19 @@ struct ErrorBody<'a> {
 pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let span = telemetry::publish_span(Api::Http, Headers(req.headers()));
     let answer = publish_inner(req, node).instrument(span.clone()).await;
+    publish_answer(node, &span, answer)
+}
+
+/// The answer to a publish request, counted by status.
+fn publish_answer(
+    node: &Node,
+    span: &tracing::Span,
+    answer: Result<impl Serialize, ApiError>,
+) -> Response<Body> {
     let response = match answer {
         Ok(answer) => json(StatusCode::OK, &answer),
         Err(e) => {
-            telemetry::failed(&span, &e);
+            telemetry::failed(span, &e);
             refused(&e)
         }
     };
@@ -64,16 +76,80 @@ pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
     response
 }
 
+/// `POST /v1/publish/batch` with `{"items":[<a publish body>, ...]}` (at
+/// most [`MAX_BATCH_ITEMS`]): `{"results":[...]}`, one per item in order,
+/// each a publish answer (`{"seq":42,"epoch":"9f3c"}`) or `{"error":{"code",
+/// "message"}}` with what `/v1/publish` would have refused it with; or 400,
+/// 401, 413, 503 for the whole batch. Traced as one `herald.publish` span.
+pub async fn publish_batch(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let span = telemetry::publish_span(Api::HttpBatch, Headers(req.headers()));
+    let answer = publish_batch_inner(req, node)
+        .instrument(span.clone())
+        .await;
+    publish_answer(node, &span, answer)
+}
+
+async fn publish_batch_inner(
+    req: Request<Incoming>,
+    node: &Node,
+) -> Result<PublishBatchResponse, ApiError> {
+    authorize(&req, node)?;
+    // As large as gRPC takes a batch; each item's data within the limit of
+    // one publish.
+    let limit = node.config.http.max_body_bytes;
+    let body = body(req, publish::MAX_BATCH_BYTES.max(limit)).await?;
+    let request =
+        PublishBatchRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
+    if request.items.len() > MAX_BATCH_ITEMS {
+        return Err(ApiError::new(
+            Refusal::TooLarge,
+            ErrorCode::Malformed,
+            format!("a batch is limited to {MAX_BATCH_ITEMS} items"),
+        ));
+    }
+    let items = request
+        .items
+        .into_iter()
+        .map(|item| {
+            let item = item.map_err(|e| ApiError::invalid(e.code, e.message))?;
+            if item.data.get().len() > limit {
+                return Err(ApiError::new(
+                    Refusal::TooLarge,
+                    ErrorCode::Malformed,
+                    format!("`data` is limited to {limit} bytes"),
+                ));
+            }
+            Ok(publish::BatchItem {
+                data: JsonData::within(&body, item.data),
+                topic: item.topic.into_owned(),
+                idempotency_key: item.idempotency_key.map(|k| k.into_owned()),
+            })
+        })
+        .collect();
+    let answers = publish::publish_batch(&*node.broker, &node.metrics, items).await;
+    let results = answers
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(position) => PublishResult::Published(PublishResponse {
+                seq: position.seq,
+                epoch: position.epoch.to_string(),
+            }),
+            Err(e) => PublishResult::Error {
+                error: PublishError {
+                    code: e.code.as_str().to_owned(),
+                    message: e.message,
+                },
+            },
+        })
+        .collect();
+    Ok(PublishBatchResponse { results })
+}
+
 /// `POST /v1/disconnect` with `{"user":"alice"}`: `{}`, or 400, 401, 503
 /// with an error body.
 pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let answer = async {
-        publish::authorize(
-            &node.api_keys.current(),
-            req.headers()
-                .get(AUTHORIZATION)
-                .and_then(|h| h.to_str().ok()),
-        )?;
+        authorize(&req, node)?;
         let body = body(req, node.config.http.max_body_bytes).await?;
         let request =
             DisconnectRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
@@ -88,6 +164,15 @@ pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
         Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
         Err(e) => refused(&e),
     }
+}
+
+/// Checks the request's API key (`http.api_keys`).
+fn authorize(req: &Request<Incoming>, node: &Node) -> Result<(), ApiError> {
+    let authorization = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    publish::authorize(&node.api_keys.current(), authorization)
 }
 
 /// The answer to a refused request.
@@ -132,12 +217,8 @@ async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
 }
 
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
-    let headers = req.headers();
-    publish::authorize(
-        &node.api_keys.current(),
-        headers.get(AUTHORIZATION).and_then(|h| h.to_str().ok()),
-    )?;
-    let header_key = headers.get(IDEMPOTENCY_KEY).cloned();
+    authorize(&req, node)?;
+    let header_key = req.headers().get(IDEMPOTENCY_KEY).cloned();
     let limit = node.config.http.max_body_bytes;
     let body = body(req, limit).await?;
     let request =
@@ -179,11 +260,7 @@ async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishRes
 /// `GET /v1/admin/status`: the pod's [`Status`], with an API key like
 /// every `/v1` route; 401 without one.
 pub fn admin_status(req: &Request<Incoming>, node: &Node) -> Response<Body> {
-    let authorization = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|h| h.to_str().ok());
-    match publish::authorize(&node.api_keys.current(), authorization) {
+    match authorize(req, node) {
         Ok(()) => json(StatusCode::OK, &Status::of(node)),
         Err(e) => refused(&e),
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ErrorCode;
-use router::{Broker, BrokerError, Position, SessionStore, Topic};
+use router::{Broker, BrokerError, Outgoing, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
@@ -127,14 +127,7 @@ pub async fn publish_data(
     idempotency_key: Option<&str>,
 ) -> Result<Position, ApiError> {
     let topic = topic(topic_name)?;
-    if let Some(key) = idempotency_key
-        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES)
-    {
-        return Err(ApiError::invalid(
-            ErrorCode::Malformed,
-            format!("an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
-        ));
-    }
+    check_idempotency_key(idempotency_key)?;
     let span = telemetry::router_span(topic.as_str());
     // Only a sampled trace travels with the publication (through Redis).
     let traceparent = telemetry::traceparent(&span);
@@ -142,16 +135,104 @@ pub async fn publish_data(
         .publish(&topic, data.0, idempotency_key, traceparent.as_deref())
         .instrument(span.clone())
         .await;
-    match &published {
+    record(&span, &published);
+    let position = published?;
+    metrics.published.inc();
+    Ok(position)
+}
+
+/// The most items one batch may carry (HTTP and gRPC); more is refused as
+/// too large.
+pub const MAX_BATCH_ITEMS: usize = 1000;
+
+/// The largest batch request, in bytes (gRPC's default, which HTTP
+/// follows), unless one `data` of `http.max_body_bytes` is larger.
+pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// One item of a batch, as the API read it.
+pub struct BatchItem {
+    pub topic: String,
+    pub data: JsonData,
+    pub idempotency_key: Option<String>,
+}
+
+/// A batch of publishes, as both APIs do it: each item checked as
+/// [`publish_data`] checks one (a bad item, or one the API refused already,
+/// fails alone), the others handed to the broker together, in order, so
+/// that Redis gets them in one pipeline and items for one topic get their
+/// seqs in the batch's order. Each item has its `herald.router.publish` span.
+pub async fn publish_batch(
+    broker: &dyn Broker,
+    metrics: &Metrics,
+    items: Vec<Result<BatchItem, ApiError>>,
+) -> Vec<Result<Position, ApiError>> {
+    let mut answers: Vec<Option<Result<Position, ApiError>>> = Vec::with_capacity(items.len());
+    let mut outgoing = Vec::new();
+    let mut spans = Vec::new();
+    for item in items {
+        let checked = item.and_then(|item| {
+            check_idempotency_key(item.idempotency_key.as_deref())?;
+            Ok((topic(&item.topic)?, item))
+        });
+        match checked {
+            Ok((topic, item)) => {
+                let span = telemetry::router_span(topic.as_str());
+                outgoing.push(Outgoing {
+                    traceparent: telemetry::traceparent(&span),
+                    topic,
+                    data: item.data.0,
+                    idempotency_key: item.idempotency_key,
+                    span: span.clone(),
+                });
+                spans.push(span);
+                answers.push(None);
+            }
+            Err(e) => answers.push(Some(Err(e))),
+        }
+    }
+    let mut published = broker.publish_many(outgoing).await.into_iter().zip(spans);
+    for answer in answers.iter_mut().filter(|a| a.is_none()) {
+        *answer = published.next().map(|(result, span)| {
+            record(&span, &result);
+            if result.is_ok() {
+                metrics.published.inc();
+            }
+            result.map_err(ApiError::from)
+        });
+    }
+    answers
+        .into_iter()
+        .map(|answer| {
+            answer.unwrap_or_else(|| {
+                Err(ApiError::from(BrokerError::Unavailable(
+                    "the broker left an item of the batch unanswered".into(),
+                )))
+            })
+        })
+        .collect()
+}
+
+fn check_idempotency_key(key: Option<&str>) -> Result<(), ApiError> {
+    match key {
+        Some(key) if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES => {
+            Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                format!("an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Records a publish's outcome on its span.
+fn record(span: &tracing::Span, published: &Result<Position, BrokerError>) {
+    match published {
         Ok(position) => {
             span.record("herald.seq", telemetry::int(position.seq));
             span.record("herald.epoch", &*position.epoch);
         }
-        Err(e) => telemetry::failed(&span, e),
+        Err(e) => telemetry::failed(span, e),
     }
-    let position = published?;
-    metrics.published.inc();
-    Ok(position)
 }
 
 /// Longest user id a disconnect names, in bytes (a token's `sub` is no longer).

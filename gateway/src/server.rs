@@ -214,9 +214,11 @@ async fn route(
         }
         (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
-        (_, "/v1/publish" | "/v1/disconnect" | "/v1/admin/status" | "/metrics") if api_here => {
-            limited(req, &node).await
-        }
+        (
+            _,
+            "/v1/publish" | "/v1/publish/batch" | "/v1/disconnect" | "/v1/admin/status"
+            | "/metrics",
+        ) if api_here => limited(req, &node).await,
         _ => http::text(StatusCode::NOT_FOUND, "not found\n"),
     };
     Ok(response)
@@ -244,6 +246,7 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
     let handled = async {
         match (req.method(), req.uri().path()) {
             (&Method::POST, "/v1/publish") => http::publish(req, node).await,
+            (&Method::POST, "/v1/publish/batch") => http::publish_batch(req, node).await,
             (&Method::POST, "/v1/disconnect") => http::disconnect(req, node).await,
             (&Method::GET, "/metrics") => http::metrics(node),
             (&Method::GET, "/v1/admin/status") => http::admin_status(&req, node),

@@ -112,6 +112,7 @@ impl Tracing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     Http,
+    HttpBatch,
     GrpcPublish,
     GrpcPublishBatch,
 }
@@ -120,6 +121,7 @@ impl Api {
     fn name(self) -> &'static str {
         match self {
             Self::Http => "POST /v1/publish",
+            Self::HttpBatch => "POST /v1/publish/batch",
             Self::GrpcPublish => "herald.v1.Publisher/Publish",
             Self::GrpcPublishBatch => "herald.v1.Publisher/PublishBatch",
         }
@@ -136,7 +138,7 @@ pub fn publish_span<'a>(api: Api, headers: impl Extractor + 'a) -> Span {
         herald.method = api.name(),
         otel.status_code = tracing::field::Empty,
         otel.status_message = tracing::field::Empty,
-        herald.api = if api == Api::Http { "http" } else { "grpc" },
+        herald.api = if matches!(api, Api::Http | Api::HttpBatch) { "http" } else { "grpc" },
     );
     if !span.is_disabled() {
         let parent = TraceContextPropagator::new().extract(&headers);

@@ -525,3 +525,47 @@ async fn a_subscription_that_cannot_come_back_for_good_is_refused_and_the_rest_r
     assert_eq!(publish(b.addr, "news", json!(2), None).await.0, 200);
     assert_eq!(client.msg().await.1, 2, "news resumed after seq 1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_through_redis_reaches_the_other_pod_in_its_order() {
+    const PER_TOPIC: u64 = 100;
+    let redis = Redis::start().await;
+    let (a, b) = (pod(&redis, &[]).await, pod(&redis, &[]).await);
+    let topics = ["t0", "t1", "t2"];
+    let mut subscribers = Vec::new();
+    for topic in topics {
+        subscribers.push(Client::subscriber(&b.ws_url(), topic).await);
+    }
+    // Interleaved over the topics, in two batches at once: one pipeline
+    // carries items of several topics, and the topics' orders hold.
+    let batch = |half: u64| {
+        let items: Vec<Value> = (half * PER_TOPIC / 2..(half + 1) * PER_TOPIC / 2)
+            .flat_map(|i| topics.map(|t| json!({"topic": t, "data": {"i": i}})))
+            .collect();
+        json!({ "items": items }).to_string()
+    };
+    let (first, second) = (batch(0), batch(1));
+    let (status, answer) =
+        testkit::http(a.addr, "POST", "/v1/publish/batch", &[], first.as_bytes()).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) =
+        testkit::http(a.addr, "POST", "/v1/publish/batch", &[], second.as_bytes()).await;
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).expect("JSON");
+    let last: Vec<&Value> = answer["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .rev()
+        .take(3)
+        .collect();
+    assert!(last.iter().all(|r| r["seq"] == PER_TOPIC), "{answer}");
+    for (topic, subscriber) in topics.iter().zip(&mut subscribers) {
+        for i in 0..PER_TOPIC {
+            assert_eq!(
+                subscriber.msg().await,
+                (topic.to_string(), i + 1, json!({"i": i}))
+            );
+        }
+    }
+}

@@ -531,6 +531,113 @@ fn redis_passwords_certificates_and_sentinels_are_read_checked_and_never_shown()
 }
 
 #[test]
+fn redis_cluster_nodes_are_read_from_a_file() {
+    let config = load_file(
+        r#"
+broker = "redis"
+
+[redis]
+cluster = [
+  "redis://redis-cluster-0.redis-cluster-headless:6379",
+  "rediss://10.0.0.2:6380",
+]
+"#,
+    )
+    .expect("a cluster in a file loads");
+    let nodes = [
+        "redis://redis-cluster-0.redis-cluster-headless:6379",
+        "rediss://10.0.0.2:6380",
+    ];
+    assert_eq!(config.redis.cluster, nodes);
+    let settings = config.redis.settings();
+    assert_eq!(settings.cluster, nodes);
+    assert!(settings.sentinel.is_none());
+    // Off by default.
+    assert!(
+        load_env(&[("HERALD_BROKER", "redis")])
+            .expect("loads")
+            .redis
+            .settings()
+            .cluster
+            .is_empty()
+    );
+}
+
+#[test]
+fn redis_cluster_nodes_are_read_from_the_environment_comma_separated() {
+    let config = load_env(&[
+        ("HERALD_BROKER", "redis"),
+        ("HERALD_REDIS__CLUSTER", "redis://a:1,redis://b:2"),
+    ])
+    .expect("a cluster from the environment loads");
+    assert_eq!(config.redis.cluster, ["redis://a:1", "redis://b:2"]);
+    assert_eq!(config.redis.settings().cluster.len(), 2);
+    // The variable wins over the file's list.
+    let file = TempToml::new("broker = \"redis\"\n[redis]\ncluster = [\"redis://file:6379\"]\n");
+    let config = Config::load(
+        Some(&file.0),
+        env(&[("HERALD_REDIS__CLUSTER", "redis://env:6379")]),
+    )
+    .expect("loads");
+    assert_eq!(config.redis.cluster, ["redis://env:6379"]);
+}
+
+#[test]
+fn redis_cluster_with_sentinel_is_refused_naming_redis_cluster() {
+    let result = load_env(&[
+        ("HERALD_BROKER", "redis"),
+        ("HERALD_REDIS__CLUSTER", "redis://a:1,redis://b:2"),
+        ("HERALD_REDIS__SENTINEL__MASTER_NAME", "mymaster"),
+        ("HERALD_REDIS__SENTINEL__ADDRESSES", "s0:26379"),
+    ]);
+    assert_names(result, "redis.cluster");
+    let file = TempToml::new(
+        r#"
+broker = "redis"
+
+[redis]
+cluster = ["redis://a:1"]
+
+[redis.sentinel]
+master_name = "mymaster"
+addresses = ["s0:26379"]
+"#,
+    );
+    let result = Config::load(Some(&file.0), std::iter::empty());
+    match result {
+        Ok(config) => panic!("a cluster under Sentinel loaded: {config:?}"),
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("redis.cluster") && text.contains("sentinel"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_redis_cluster_node_that_is_not_a_redis_url_is_refused_naming_redis_cluster() {
+    for bad in [
+        "http://x",
+        "redis://a:1,http://x",
+        "a:6379",
+        "redis://a:1,",
+        "redis+unix:///run/redis.sock",
+    ] {
+        let result = load_env(&[("HERALD_BROKER", "redis"), ("HERALD_REDIS__CLUSTER", bad)]);
+        match result {
+            Ok(config) => panic!("`{bad}` loaded: {config:?}"),
+            Err(e) => assert!(e.to_string().contains("redis.cluster"), "`{bad}`: {e}"),
+        }
+    }
+    assert_names(
+        load_file("broker = \"redis\"\n[redis]\ncluster = [\"http://x\"]\n"),
+        "redis.cluster",
+    );
+}
+
+#[test]
 fn log_levels_are_levels_or_target_directives_and_a_typo_is_refused() {
     for good in [
         "info",

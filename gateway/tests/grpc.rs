@@ -406,7 +406,7 @@ async fn data_over_the_limit_is_resource_exhausted() {
     );
 
     // And a batch has a bounded number of items.
-    let items = (0..=gateway::grpc::MAX_BATCH_ITEMS)
+    let items = (0..=gateway::publish::MAX_BATCH_ITEMS)
         .map(|_| item("news", b"1"))
         .collect();
     let refused = client.publish_batch(PublishBatchRequest { items }).await;

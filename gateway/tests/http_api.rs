@@ -383,3 +383,100 @@ async fn the_same_idempotency_key_publishes_once() {
     assert_eq!(gw.metric("herald_messages_published_total").await, 5.0);
     gw.shutdown().await;
 }
+
+async fn publish_batch(addr: SocketAddr, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+    let (status, _, body) = testkit::http_with_headers(
+        addr,
+        "POST",
+        "/v1/publish/batch",
+        headers,
+        body.to_string().as_bytes(),
+    )
+    .await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_batch_answers_each_item_in_order_and_a_bad_item_fails_alone() {
+    let gw = Gateway::with(small_body_config()).await;
+    let mut client = testkit::Client::subscriber(&gw.ws_url(), "news").await;
+    let items = json!({"items": [
+        {"topic": "news", "data": 1},
+        {"topic": "news"},
+        {"topic": "bad topic", "data": 2},
+        {"topic": "news", "data": "x".repeat(LIMIT)},
+        {"topic": "news", "data": 3, "idempotency_key": "k"},
+        {"topic": "other", "data": 4},
+        {"topic": "news", "data": 5},
+    ]});
+    let (status, answer) = publish_batch(gw.addr, &[], &items).await;
+    assert_eq!(status, 200, "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    let codes: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            r.get("seq")
+                .cloned()
+                .unwrap_or_else(|| r["error"]["code"].clone())
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            json!(1),
+            json!("missing_field"),
+            json!("bad_topic"),
+            json!("malformed"),
+            json!(2),
+            json!(1),
+            json!(3)
+        ],
+        "{answer}"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.get("seq").is_none() || r["epoch"].is_string())
+    );
+    // The subscriber gets the published ones, in the batch's order.
+    for (seq, data) in [(1, json!(1)), (2, json!(3)), (3, json!(5))] {
+        assert_eq!(client.msg().await, ("news".to_owned(), seq, data));
+    }
+    // The keyed item again: the same answer, nothing published.
+    let again = json!({"items": [{"topic": "news", "data": 3, "idempotency_key": "k"}]});
+    let (_, answer) = publish_batch(gw.addr, &[], &again).await;
+    assert_eq!(answer["results"][0]["seq"], 2, "{answer}");
+    // (A retry answered from its key counts as accepted, as docs/metrics.md says.)
+    assert_eq!(gw.metric("herald_messages_published_total").await, 5.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_batch_is_refused_whole_without_a_key_over_the_item_limit_or_without_items() {
+    let mut config = Gateway::config();
+    config.http.api_keys = vec!["secret".into()];
+    let gw = Gateway::with(config).await;
+    let one = json!({"items": [{"topic": "news", "data": 1}]});
+    let (status, answer) = publish_batch(gw.addr, &[], &one).await;
+    assert_eq!((status, answer["code"].as_str()), (401, Some("forbidden")));
+    let key = [("authorization", "Bearer secret")];
+    let too_many = json!({"items": vec![json!({"topic": "news", "data": 1}); gateway::publish::MAX_BATCH_ITEMS + 1]});
+    let (status, answer) = publish_batch(gw.addr, &key, &too_many).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (413, Some("malformed")),
+        "{answer}"
+    );
+    for body in [json!({}), json!({"items": 1}), json!([1])] {
+        let (status, answer) = publish_batch(gw.addr, &key, &body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+    }
+    // Nothing of them was published.
+    let (status, answer) = publish_batch(gw.addr, &key, &one).await;
+    assert_eq!(
+        (status, &answer["results"][0]["seq"]),
+        (200, &json!(1)),
+        "{answer}"
+    );
+    gw.shutdown().await;
+}

@@ -430,6 +430,9 @@ pub struct PublishArgs {
     /// Payload bytes.
     #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
     pub size: usize,
+    /// Publishes per request: above 1, batches to /v1/publish/batch.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = 1)]
+    pub batch: usize,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -443,6 +446,7 @@ impl PublishArgs {
         options.topics = self.topics;
         options.duration = self.duration.into();
         options.size = self.size;
+        options.batch = self.batch;
         options.watch = self.watch.watch_pid.clone();
         options
     }

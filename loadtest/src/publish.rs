@@ -75,6 +75,20 @@ impl Connection {
         })
     }
 
+    /// A JSON `POST` of `body` to `path`.
+    fn post(&self, path: &str, body: Bytes) -> Result<Request<Full<Bytes>>, Error> {
+        Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(HOST, &self.host)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| Error::Publish {
+                target: self.target,
+                reason: format!("request: {e}"),
+            })
+    }
+
     /// Posts `body` (see [`body`]) and waits for the answer, at most [`PUBLISH_TIMEOUT`].
     pub async fn publish(&mut self, body: Bytes) -> Result<Published, Error> {
         // The gateway closes a keep-alive connection left idle longer than
@@ -85,13 +99,7 @@ impl Connection {
         }
         let target = self.target;
         let fail = |reason: String| Error::Publish { target, reason };
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri("/v1/publish")
-            .header(HOST, &self.host)
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| fail(format!("request: {e}")))?;
+        let request = self.post("/v1/publish", body)?;
         let exchange = async {
             let (status, body) = round_trip(&mut self.sender, request).await.map_err(fail)?;
             if status != StatusCode::OK {
@@ -106,6 +114,62 @@ impl Connection {
                     String::from_utf8_lossy(&body)
                 ))
             })
+        };
+        tokio::time::timeout(PUBLISH_TIMEOUT, exchange)
+            .await
+            .map_err(|_| fail(format!("no answer within {PUBLISH_TIMEOUT:?}")))?
+    }
+}
+
+/// The body of a batch publish, `{"items":[<body>, ...]}` of [`body`]s.
+pub fn batch_body(items: impl IntoIterator<Item = Bytes>) -> Bytes {
+    let mut out = b"{\"items\":[".to_vec();
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item);
+    }
+    out.extend_from_slice(b"]}");
+    Bytes::from(out)
+}
+
+#[derive(Deserialize)]
+struct BatchAnswer {
+    results: Vec<serde_json::Value>,
+}
+
+impl Connection {
+    /// Posts a [`batch_body`] of `items` publishes to `/v1/publish/batch`
+    /// and waits for the answer, at most [`PUBLISH_TIMEOUT`]: an error
+    /// unless every item was published.
+    pub async fn publish_batch(&mut self, body: Bytes, items: usize) -> Result<(), Error> {
+        if self.sender.is_closed() {
+            *self = Self::open(self.target).await?;
+        }
+        let target = self.target;
+        let fail = |reason: String| Error::Publish { target, reason };
+        let request = self.post("/v1/publish/batch", body)?;
+        let exchange = async {
+            let (status, body) = round_trip(&mut self.sender, request).await.map_err(fail)?;
+            let text = || String::from_utf8_lossy(&body).into_owned();
+            if status != StatusCode::OK {
+                return Err(fail(format!("{status}: {}", text())));
+            }
+            let answer: BatchAnswer = serde_json::from_slice(&body)
+                .map_err(|e| fail(format!("answer not understood ({e}): {}", text())))?;
+            let published = answer
+                .results
+                .iter()
+                .filter(|r| r.get("seq").is_some())
+                .count();
+            if published != items {
+                return Err(fail(format!(
+                    "{published} of {items} published: {}",
+                    text()
+                )));
+            }
+            Ok(())
         };
         tokio::time::timeout(PUBLISH_TIMEOUT, exchange)
             .await

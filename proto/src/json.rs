@@ -442,6 +442,59 @@ impl<'a> PublishRequest<'a> {
     }
 }
 
+/// The HTTP batch publish body: `{"items":[<publish body>, ...]}`. Each item
+/// is decoded alone, so that a bad one fails alone.
+#[derive(Debug)]
+pub struct PublishBatchRequest<'a> {
+    pub items: Vec<Result<PublishRequest<'a>, CommandError>>,
+}
+
+#[derive(Deserialize)]
+struct RawPublishBatchRequest<'a> {
+    #[serde(borrow)]
+    items: Option<Vec<&'a RawValue>>,
+}
+
+impl<'a> PublishBatchRequest<'a> {
+    /// Decodes a request body: only a body that is no object with an
+    /// `items` array fails as a whole.
+    pub fn decode(body: &'a [u8]) -> Result<Self, CommandError> {
+        let raw: RawPublishBatchRequest<'a> = from_object(body)?;
+        let items = raw.items.ok_or_else(|| {
+            CommandError::new(None, ErrorCode::MissingField, "`items` is required")
+        })?;
+        Ok(Self {
+            items: items
+                .into_iter()
+                .map(|item| PublishRequest::decode(item.get().as_bytes()))
+                .collect(),
+        })
+    }
+}
+
+/// One item of the HTTP batch publish answer: the position, or why the item
+/// was refused.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum PublishResult {
+    Published(PublishResponse),
+    Error { error: PublishError },
+}
+
+/// Why a batch item was refused: what `POST /v1/publish` would have
+/// answered it with.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PublishError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The HTTP batch publish answer, one result per item, in order.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PublishBatchResponse {
+    pub results: Vec<PublishResult>,
+}
+
 /// `Some` for any value that is present, `null` included (a plain
 /// `Option<&RawValue>` reads `null` as absent).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {

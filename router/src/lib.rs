@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use tracing::Instrument;
 
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
@@ -172,6 +173,19 @@ pub struct BrokerStatus {
     pub lineage_clock: Option<u64>,
 }
 
+/// One publication of a [`Broker::publish_many`], as [`Broker::publish`]
+/// takes it.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub topic: Topic,
+    pub data: Bytes,
+    pub idempotency_key: Option<String>,
+    pub traceparent: Option<String>,
+    /// The span the publish is traced in: a broker that delivers on this
+    /// pod (the embedded one) delivers within it.
+    pub span: tracing::Span,
+}
+
 /// Topics, sequence numbers, history and fan-out across pods.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
@@ -191,6 +205,26 @@ pub trait Broker: Send + Sync + 'static {
         idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError>;
+
+    /// [`Broker::publish`] for several at once, answered in their order: each
+    /// succeeds or fails alone, and items for one topic get their seqs in
+    /// the order given. Redis sends them in one pipeline.
+    async fn publish_many(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
+        let mut answers = Vec::with_capacity(items.len());
+        for item in items {
+            let published = self
+                .publish(
+                    &item.topic,
+                    item.data,
+                    item.idempotency_key.as_deref(),
+                    item.traceparent.as_deref(),
+                )
+                .instrument(item.span)
+                .await;
+            answers.push(published);
+        }
+        answers
+    }
 
     /// Starts delivering the topic's publications to this pod's sink. The
     /// gateway calls this once per topic, when its first local subscriber comes.

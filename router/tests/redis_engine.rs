@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Claim, Claimed, Deliver, NamespaceSettings, Namespaces, Position, Publication,
-    RedisBroker, RedisSettings, SessionSave, SessionSnapshot, SessionStore, SessionUser, Since,
-    Stored, SubscriptionState, Topic,
+    Broker, BrokerError, Claim, Claimed, Deliver, NamespaceSettings, Namespaces, Outgoing,
+    Position, Publication, RedisBroker, RedisSettings, SessionSave, SessionSnapshot, SessionStore,
+    SessionUser, Since, Stored, SubscriptionState, Topic,
 };
 use testkit::{Redis, WAIT, eventually};
 
@@ -208,6 +208,106 @@ async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
         "1",
         "old entries were removed"
     );
+}
+
+#[tokio::test]
+async fn a_batch_gives_seqs_in_its_order_and_each_item_succeeds_or_fails_alone() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 100, Duration::from_secs(60)).await;
+    let item = |topic: &str, data: &'static str, key: Option<&str>| Outgoing {
+        topic: Topic::parse(topic).expect("topic"),
+        data: Bytes::from_static(data.as_bytes()),
+        idempotency_key: key.map(str::to_owned),
+        traceparent: None,
+        span: tracing::Span::none(),
+    };
+    let seqs = |answers: Vec<Result<Position, BrokerError>>| {
+        answers
+            .into_iter()
+            .map(|a| a.map(|p| p.seq).map_err(|e| e.to_string()))
+            .collect::<Vec<_>>()
+    };
+    let first = broker
+        .publish_many(vec![
+            item("a", "1", None),
+            item("b", "1", None),
+            item("a", "2", None),
+            item("b", "2", Some("k")),
+            item("nowhere:x", "1", None),
+            item("a", "3", None),
+        ])
+        .await;
+    let first = seqs(first);
+    assert_eq!(first[..4], [Ok(1), Ok(1), Ok(2), Ok(2)]);
+    assert!(
+        first[4].as_ref().is_err_and(|e| e.contains("nowhere")),
+        "{first:?}"
+    );
+    assert_eq!(first[5], Ok(3));
+    // The retry of the keyed item publishes nothing; the rest go on.
+    let again = seqs(
+        broker
+            .publish_many(vec![item("b", "2", Some("k")), item("b", "3", None)])
+            .await,
+    );
+    assert_eq!(again, [Ok(2), Ok(3)]);
+    // An item Redis fails (its key holds something else) fails alone, in
+    // the middle of a script call that publishes the others.
+    redis.cli(&["SET", "herald:{broken}:meta", "x"]);
+    let mixed = seqs(
+        broker
+            .publish_many(vec![
+                item("a", "4", None),
+                item("broken", "1", None),
+                item("a", "5", None),
+            ])
+            .await,
+    );
+    assert_eq!((&mixed[0], &mixed[2]), (&Ok(4), &Ok(5)));
+    assert!(
+        mixed[1].as_ref().is_err_and(|e| e.contains("WRONGTYPE")),
+        "{mixed:?}"
+    );
+    let history = broker
+        .recover(&Topic::parse("a").expect("topic"), since(0, None))
+        .await
+        .expect("recover");
+    let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.data[..]).collect();
+    assert_eq!(data, [b"1", b"2", b"3", b"4", b"5"]);
+}
+
+#[tokio::test]
+async fn a_busy_topic_drops_history_past_its_age_every_few_publishes() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 100, Duration::from_millis(500)).await;
+    let topic = Topic::parse("busy").expect("topic");
+    let publish = |n| {
+        let broker = broker.clone();
+        let topic = topic.clone();
+        async move {
+            for _ in 0..n {
+                broker
+                    .publish(&topic, Bytes::from_static(b"1"), None, None)
+                    .await
+                    .expect("publish");
+            }
+        }
+    };
+    let xlen = || redis.cli(&["XLEN", "herald:{busy}:hist"]).trim().to_owned();
+    // 1..=10, then 11..=20 while they are young (each publish keeps the
+    // history key alive), then 21..=32 once 1..=10 are past the age.
+    publish(10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish(10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish(11).await;
+    assert_eq!(
+        xlen(),
+        "31",
+        "nothing trimmed before the 16th publish after"
+    );
+    publish(1).await;
+    assert_eq!(xlen(), "22", "seq 32 dropped the ten past the age");
 }
 
 #[tokio::test]

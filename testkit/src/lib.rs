@@ -8,7 +8,9 @@
 //!   in the gateway package's own tests).
 //! - [`redis`]: a `redis-server` of the test's own ([`Redis`]), over TCP or
 //!   TLS (with certificates from [`pki`]); [`sentinel`]: a master, a replica
-//!   and three sentinels that fail over quickly.
+//!   and three sentinels that fail over quickly; [`redis_cluster`]: a Redis
+//!   Cluster of three masters and three replicas ([`RedisCluster`]) that
+//!   fails over quickly and moves slots on demand.
 //! - [`faults`]: a `redis-server` behind a network path whose latency,
 //!   loss and partitions the test controls ([`FaultyRedis`]).
 //! - [`client`]: a WebSocket client the project did not write
@@ -42,6 +44,7 @@ pub mod pki;
 pub mod process;
 pub mod raw;
 pub mod redis;
+pub mod redis_cluster;
 pub mod sentinel;
 
 use std::time::Duration;
@@ -53,6 +56,7 @@ pub use faults::FaultyRedis;
 pub use herald::Herald;
 pub use http::{grpc_client, http, http_with_headers, metric, metric_sum};
 pub use redis::Redis;
+pub use redis_cluster::RedisCluster;
 
 /// Longest any single expected event may take before a test fails.
 pub const WAIT: Duration = Duration::from_secs(10);

@@ -175,7 +175,26 @@ settings that contradict each other. */}}
 {{- if and $r.sentinel.masterName (not $r.sentinel.addresses) }}
 {{- fail "redis.sentinel.masterName needs redis.sentinel.addresses (host:port of each sentinel)" }}
 {{- end }}
-{{- if or (gt $sources 0) $r.sentinel.masterName }}redis{{ else }}memory{{ end }}
+{{- if and $r.cluster $r.sentinel.masterName }}
+{{- fail "redis.cluster and redis.sentinel.masterName exclude each other: a Redis Cluster fails over by itself, without sentinels. Set redis.cluster for a cluster, redis.sentinel for Redis under Sentinel" }}
+{{- end }}
+{{- if and $r.cluster $r.inChart.enabled }}
+{{- fail "redis.cluster and redis.inChart.enabled exclude each other: the in-chart Redis is a single node, not a cluster. Point redis.cluster at your Redis Cluster's nodes, or drop it" }}
+{{- end }}
+{{- if or (gt $sources 0) $r.sentinel.masterName $r.cluster }}redis{{ else }}memory{{ end }}
+{{- end }}
+
+{{/* The ports of redis.cluster's node URLs, as a JSON list without
+repeats (6379 for a URL that gives none, as herald takes it). */}}
+{{- define "herald.redisClusterPorts" -}}
+{{- $ports := list }}
+{{- range .Values.redis.cluster }}
+{{- $host := (urlParse .).host }}
+{{- $port := 6379 }}
+{{- if regexMatch ":[0-9]+$" $host }}{{ $port = regexFind "[0-9]+$" $host | atoi }}{{ end }}
+{{- $ports = append $ports $port }}
+{{- end }}
+{{- toJson ($ports | uniq) }}
 {{- end }}
 
 {{/* Where the Secret redis.tls names is mounted. */}}
@@ -296,6 +315,9 @@ Secret. */}}
 {{- if .masterName }}
 {{- $_ = set $redis "sentinel" (dict "master_name" .masterName "addresses" .addresses "tls" .tls) }}
 {{- end }}
+{{- end }}
+{{- with .Values.redis.cluster }}
+{{- $_ = set $redis "cluster" . }}
 {{- end }}
 {{- $_ = set $cfg "redis" $redis }}
 {{- if and (eq (include "herald.broker" .) "redis") .Values.rebalance.enabled }}

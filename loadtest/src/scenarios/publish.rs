@@ -13,7 +13,7 @@ use super::{DEFAULT_SIZE, check_bounds, unique_topic};
 use crate::clients::{self, FD_MARGIN};
 use crate::cpu::{Meter, Usage};
 use crate::latency::{Stamp, Summary, micros};
-use crate::publish::{Connection, back_to_back, body};
+use crate::publish::{Connection, back_to_back, batch_body, body};
 use crate::report::{Outcome, Row};
 use crate::{Error, Target};
 
@@ -25,6 +25,8 @@ pub const DEFAULT_TOPICS: usize = 100;
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 /// Most connections.
 pub const MAX_CONCURRENCY: usize = 1024;
+/// Most publishes per request (the gateway's batch limit).
+pub const MAX_BATCH: usize = 1000;
 /// Most topics.
 pub const MAX_TOPICS: usize = 100_000;
 /// Latency samples kept over all workers (4 bytes each); publishes past
@@ -38,6 +40,8 @@ pub struct Options {
     pub topics: usize,
     pub duration: Duration,
     pub size: usize,
+    /// Publishes per request: above 1, each goes to `/v1/publish/batch`.
+    pub batch: usize,
     /// Local processes (gateways, redis) whose CPU time to report.
     pub watch: Vec<u32>,
 }
@@ -50,6 +54,7 @@ impl Options {
             topics: DEFAULT_TOPICS,
             duration: DEFAULT_DURATION,
             size: DEFAULT_SIZE,
+            batch: 1,
             watch: Vec::new(),
         }
     }
@@ -60,6 +65,9 @@ impl Options {
             return Err(Error::Options(format!(
                 "--concurrency must be 1 to {MAX_CONCURRENCY}"
             )));
+        }
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            return Err(Error::Options(format!("--batch must be 1 to {MAX_BATCH}")));
         }
         if self.topics == 0 || self.topics > MAX_TOPICS {
             return Err(Error::Options(format!(
@@ -76,6 +84,9 @@ pub struct Publish {
     pub publish_to: String,
     pub concurrency: usize,
     pub topics: usize,
+    /// Publishes per request.
+    #[serde(default = "one")]
+    pub batch: usize,
     pub duration_s: f64,
     pub size_bytes: usize,
     /// Publishes the gateway accepted.
@@ -115,29 +126,44 @@ pub async fn run(options: Options) -> Result<Publish, Error> {
     let deadline = started + options.duration;
     let samples_each = MAX_SAMPLES / options.concurrency;
     let size = options.size;
-    let sent = back_to_back(
-        connections,
-        deadline,
-        Tally::default(),
-        move |n| {
-            body(
-                &topics[n % topics.len()],
-                &Stamp::now(n as u64).encode(size),
-            )
-        },
-        move |tally: &mut Tally, _, _, took| {
-            tally.publishes += 1;
-            if tally.latency_us.len() < samples_each {
-                tally.latency_us.push(micros(took));
-            }
-        },
-    )
-    .await;
-    let mut total = Tally::default();
-    for tally in sent.tallies {
-        total.publishes += tally.publishes;
-        total.latency_us.extend(tally.latency_us);
-    }
+    let make = move |n: usize| {
+        body(
+            &topics[n % topics.len()],
+            &Stamp::now(n as u64).encode(size),
+        )
+    };
+    let total = if options.batch > 1 {
+        batches(connections, deadline, options.batch, make, samples_each).await
+    } else {
+        let sent = back_to_back(
+            connections,
+            deadline,
+            Tally::default(),
+            make,
+            move |tally: &mut Tally, _, _, took| {
+                tally.publishes += 1;
+                if tally.latency_us.len() < samples_each {
+                    tally.latency_us.push(micros(took));
+                }
+            },
+        )
+        .await;
+        let mut total = Sent {
+            errors: sent.errors,
+            first_error: sent.first_error,
+            ..Sent::default()
+        };
+        for tally in sent.tallies {
+            total.tally.publishes += tally.publishes;
+            total.tally.latency_us.extend(tally.latency_us);
+        }
+        total
+    };
+    let Sent {
+        tally: mut total,
+        errors,
+        first_error,
+    } = total;
     let elapsed = started.elapsed();
     let cpu = meter.stop();
     Ok(Publish {
@@ -146,14 +172,84 @@ pub async fn run(options: Options) -> Result<Publish, Error> {
         topics: options.topics,
         duration_s: options.duration.as_secs_f64(),
         size_bytes: Stamp::now(0).encode(options.size).len(),
+        batch: options.batch,
         publishes: total.publishes,
-        errors: sent.errors,
-        first_error: sent.first_error,
+        errors,
+        first_error,
         elapsed_s: elapsed.as_secs_f64(),
         per_second: total.publishes as f64 / elapsed.as_secs_f64(),
         latency: Summary::of(&mut total.latency_us),
         cpu,
     })
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What all workers did.
+#[derive(Default)]
+struct Sent {
+    tally: Tally,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// Each connection posts batches of `batch` publishes back to back until
+/// `deadline`; the latency is a batch's. A failed batch counts its
+/// publishes as errors, and the connection is opened again.
+async fn batches(
+    connections: Vec<Connection>,
+    deadline: Instant,
+    batch: usize,
+    make: impl Fn(usize) -> bytes::Bytes + Clone + Send + 'static,
+    samples_each: usize,
+) -> Sent {
+    let step = connections.len() * batch;
+    let workers: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(w, mut connection)| {
+            let make = make.clone();
+            tokio::spawn(async move {
+                let mut sent = Sent::default();
+                let mut number = w * batch;
+                while Instant::now() < deadline {
+                    let body = batch_body((number..number + batch).map(&make));
+                    let started = Instant::now();
+                    match connection.publish_batch(body, batch).await {
+                        Ok(()) => {
+                            sent.tally.publishes += batch as u64;
+                            if sent.tally.latency_us.len() < samples_each {
+                                sent.tally.latency_us.push(micros(started.elapsed()));
+                            }
+                        }
+                        Err(e) => {
+                            sent.errors += batch as u64;
+                            sent.first_error.get_or_insert(e.to_string());
+                            tokio::time::sleep(crate::publish::RECONNECT_PAUSE).await;
+                        }
+                    }
+                    number += step;
+                }
+                sent
+            })
+        })
+        .collect();
+    let mut total = Sent::default();
+    for worker in workers {
+        let sent = match worker.await {
+            Ok(sent) => sent,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        total.tally.publishes += sent.tally.publishes;
+        total.tally.latency_us.extend(sent.tally.latency_us);
+        total.errors += sent.errors;
+        if total.first_error.is_none() {
+            total.first_error = sent.first_error;
+        }
+    }
+    total
 }
 
 impl Outcome for Publish {
@@ -165,8 +261,8 @@ impl Outcome for Publish {
             Row::new(
                 "target",
                 format!(
-                    "{} over {} keep-alive connections, {} topics, {} B payload",
-                    self.publish_to, self.concurrency, self.topics, self.size_bytes
+                    "{} over {} keep-alive connections, {} topics, {} B payload, {} per request",
+                    self.publish_to, self.concurrency, self.topics, self.size_bytes, self.batch
                 ),
             ),
             Row::new(

@@ -16,6 +16,7 @@
 
 mod connection;
 mod lineage;
+mod publisher;
 mod pubsub;
 mod reach;
 mod scripts;
@@ -37,9 +38,9 @@ use scripts::Keys;
 use crate::observe::Observer;
 use crate::session::unix_ms;
 use crate::{
-    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, IDEMPOTENCY_WINDOW,
-    Namespaces, Position, Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since,
-    Stored, Topic,
+    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Outgoing,
+    Position, Publication, Recovery, SessionSave, SessionSnapshot, SessionStore, Since, Stored,
+    Topic,
 };
 use lineage::Lineage;
 use reach::Reach;
@@ -86,6 +87,7 @@ struct Inner {
     namespaces: Arc<Namespaces>,
     watches: mpsc::UnboundedSender<pubsub::Command>,
     saves: mpsc::Sender<sessions::Save>,
+    publishes: mpsc::Sender<publisher::Pending>,
     observer: Arc<dyn Observer>,
     lineage: Arc<Lineage>,
     command_timeout: Duration,
@@ -191,6 +193,7 @@ impl RedisBroker {
         let keys = Keys::new(&settings.prefix);
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
+        let (publishes, pending_publishes) = mpsc::channel(publisher::QUEUE);
         let lineage = Arc::new(Lineage::new(observer.clone()));
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(
@@ -210,6 +213,15 @@ impl RedisBroker {
             pending_saves,
             observer.clone(),
         ));
+        tokio::spawn(
+            publisher::Publisher {
+                conn: conn.clone(),
+                keys: keys.clone(),
+                lineage: lineage.clone(),
+                observer: observer.clone(),
+            }
+            .run(pending_publishes),
+        );
         if failed.is_none() {
             // Reachable a moment ago: ready as soon as pub/sub is, so that a
             // pod whose Redis is there starts ready, as before.
@@ -221,6 +233,7 @@ impl RedisBroker {
                 namespaces,
                 watches,
                 saves,
+                publishes,
                 observer,
                 lineage,
                 command_timeout,
@@ -519,58 +532,34 @@ impl Broker for RedisBroker {
         idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
-        let ns = self.inner.namespaces.require(topic)?;
-        self.inner.reach.check()?;
-        let lineage = &self.inner.lineage;
-        let keys = &self.inner.keys;
-        let mut invocation = scripts::PUBLISH.prepare_invoke();
-        invocation
-            .key(keys.meta(topic))
-            .key(keys.history(topic))
-            .key(keys.lineage());
-        if let Some(key) = idempotency_key {
-            invocation.key(keys.idempotency(topic, key));
+        let item = self.publish_item(topic, &data, idempotency_key, traceparent)?;
+        let reply = self.queue_publish(item).await?;
+        self.published(reply.await.unwrap_or_else(|_| Err(publisher_ended())))
+    }
+
+    async fn publish_many(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
+        // Queued together, in order: the writer sends them in one pipeline.
+        let mut queued = Vec::with_capacity(items.len());
+        for item in &items {
+            let item = self.publish_item(
+                &item.topic,
+                &item.data,
+                item.idempotency_key.as_deref(),
+                item.traceparent.as_deref(),
+            );
+            queued.push(match item {
+                Ok(item) => self.queue_publish(item).await,
+                Err(e) => Err(e),
+            });
         }
-        invocation
-            .arg(data.as_ref())
-            .arg(ns.history_size)
-            .arg(millis(ns.history_ttl).max(1))
-            .arg(new_epoch())
-            .arg(keys.channel(topic))
-            .arg(millis(META_TTL))
-            .arg(millis(IDEMPOTENCY_WINDOW))
-            .arg(lineage.known())
-            .arg(lineage::fresh());
-        // Only a traced publish has the argument: the announcement of an
-        // untraced one stays as it was, byte for byte.
-        if let Some(traceparent) = traceparent.filter(|t| scripts::is_traceparent(t)) {
-            invocation.arg(traceparent);
+        let mut answers = Vec::with_capacity(queued.len());
+        for reply in queued {
+            answers.push(match reply {
+                Ok(reply) => self.published(reply.await.unwrap_or_else(|_| Err(publisher_ended()))),
+                Err(e) => Err(e),
+            });
         }
-        let mut conn = self.inner.conn.clone();
-        let reply: String = timed(
-            &*self.inner.observer,
-            "publish",
-            invocation.invoke_async(&mut conn),
-        )
-        .await?;
-        let mut parts = reply.split(':');
-        let (seq, epoch) = parts
-            .next()
-            .and_then(|seq| seq.parse().ok())
-            .zip(parts.next())
-            .ok_or_else(|| {
-                BrokerError::Unavailable(format!("redis: unexpected publish reply {reply:?}"))
-            })?;
-        // The repeat of an idempotent publish stored by an older version
-        // has no lineage.
-        if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
-        {
-            lineage.saw(line, clock);
-        }
-        Ok(Position {
-            epoch: Arc::from(epoch),
-            seq,
-        })
+        answers
     }
 
     async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
@@ -740,6 +729,80 @@ impl SessionStore for RedisBroker {
 }
 
 impl RedisBroker {
+    /// One publish, as the publisher sends it.
+    fn publish_item(
+        &self,
+        topic: &Topic,
+        data: &Bytes,
+        idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
+    ) -> Result<publisher::Item, BrokerError> {
+        let ns = self.inner.namespaces.require(topic)?;
+        self.inner.reach.check()?;
+        let keys = &self.inner.keys;
+        Ok(publisher::Item {
+            meta: keys.meta(topic),
+            history: keys.history(topic),
+            idempotency: idempotency_key.map(|key| keys.idempotency(topic, key)),
+            data: data.clone(),
+            history_size: ns.history_size,
+            history_ttl_ms: millis(ns.history_ttl).max(1),
+            channel: keys.channel(topic),
+            // Only a traced publish has one: the announcement of an untraced
+            // one stays as it was, byte for byte.
+            traceparent: traceparent
+                .filter(|t| scripts::is_traceparent(t))
+                .map(str::to_owned),
+        })
+    }
+
+    /// Hands a publish to the pipelining writer; the receiver gets Redis's
+    /// reply.
+    async fn queue_publish(
+        &self,
+        item: publisher::Item,
+    ) -> Result<oneshot::Receiver<Result<Value, BrokerError>>, BrokerError> {
+        let (done, reply) = oneshot::channel();
+        self.inner
+            .publishes
+            .send(publisher::Pending { item, done })
+            .await
+            .map_err(|_| publisher_ended())?;
+        Ok(reply)
+    }
+
+    /// The position [`scripts::PUBLISH`] answered,
+    /// `"<seq>:<epoch>:<clock>:<lineage>"`.
+    fn published(&self, reply: Result<Value, BrokerError>) -> Result<Position, BrokerError> {
+        let reply = match reply? {
+            Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+            Value::SimpleString(text) => Some(text),
+            Value::ServerError(e) => return Err(unavailable(e.into())),
+            _ => None,
+        }
+        .ok_or_else(|| BrokerError::Unavailable("redis: an unreadable publish reply".into()))?;
+        let mut parts = reply.split(':');
+        let (seq, epoch) = parts
+            .next()
+            .and_then(|seq| seq.parse().ok())
+            .zip(parts.next())
+            .ok_or_else(|| {
+                BrokerError::Unavailable(format!("redis: unexpected publish reply {reply:?}"))
+            })?;
+        // The repeat of an idempotent publish stored by an older version
+        // has no lineage.
+        if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
+        {
+            self.inner.lineage.saw(line, clock);
+        }
+        Ok(Position {
+            epoch: Arc::from(epoch),
+            seq,
+        })
+    }
+}
+
+impl RedisBroker {
     /// Runs [`scripts::CLAIM_SESSION`]; with `keep`, a session that is not
     /// there is stored as that snapshot, for that long, and claimed.
     ///
@@ -831,6 +894,10 @@ impl RedisBroker {
             .map_err(|_| writer_ended())?;
         Ok(saved)
     }
+}
+
+fn publisher_ended() -> BrokerError {
+    BrokerError::Unavailable("redis: publish writer ended".into())
 }
 
 fn writer_ended() -> BrokerError {

@@ -255,8 +255,8 @@ return {from, body, owner, now}
 /// lineage to a new epoch (its seqs may be issued a second time).
 const PRELUDE: &str = r#"
 local function lineage(key, known, fresh)
-  local id = redis.call('HGET', key, 'id')
-  local clock = tonumber(redis.call('HGET', key, 'clock') or '0')
+  local l = redis.call('HMGET', key, 'id', 'clock')
+  local id, clock = l[1], tonumber(l[2] or '0')
   if not id or clock < known then
     -- Past anything any pod may have seen (up to 2^32 writes lost), so that
     -- no pod takes what comes next for old announcements.
@@ -294,51 +294,89 @@ local function now_ms()
 end
 "#;
 
-/// Assigns the next seq, appends to history (trimmed to the namespace's size
-/// and, a few entries per publish, to its age; reads check the age too),
-/// announces on the channel, remembers an idempotency key. Returns
-/// `"<seq>:<epoch>:<clock>:<lineage>"`.
+/// Publishes a batch: for each item, assigns the topic's next seq, appends
+/// to history (trimmed to the namespace's size and, every few publishes, to
+/// its age; reads check the age too), announces on the channel, remembers an
+/// idempotency key. Returns one reply per item, in order:
+/// `"<seq>:<epoch>:<clock>:<lineage>"`, or an error for an item that failed
+/// (alone: the items are independent).
+///
+/// One call for many items shares what every publish needs (the lineage,
+/// Redis's time, the script's own start), which is most of a publish's cost
+/// in Redis. The items of one call may be of any topics (of one hash slot,
+/// in a cluster); items of one topic get their seqs in the batch's order.
 ///
 /// The announcement is `<seq>:<epoch>:<stamp>:<data>`, the stamp being
 /// `<ms>[;<traceparent>];c<clock>` (the traceparent for a traced publish
 /// only).
 ///
-/// KEYS: meta, history, lineage, \[idempotency\]. ARGV: data, history size,
-/// history ttl ms, a fresh epoch (used if the topic needs one), channel, meta
-/// ttl ms, idempotency ttl ms, the pod's known clock, a fresh lineage id,
-/// \[traceparent\].
+/// KEYS: lineage, then per item: meta, history, \[idempotency\]. ARGV: the
+/// pod's known clock, a fresh lineage id, meta ttl ms, idempotency ttl ms, a
+/// fresh epoch (used by a topic that needs one), then six per item: data, history size, history ttl ms, channel, `1` if it has an
+/// idempotency key (else `0`), traceparent (`''`: none).
 pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{PRELUDE}{}",
         r#"
-if KEYS[4] then
-  local first = redis.call('GET', KEYS[4])
-  if first then return first end
-end
-local line = lineage(KEYS[3], tonumber(ARGV[8]), ARGV[9])
-local epoch = position(KEYS[1], KEYS[2], line, ARGV[4], nil)
-local clock = redis.call('HINCRBY', KEYS[3], 'clock', 1)
-local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local line, clock = lineage(KEYS[1], tonumber(ARGV[1]), ARGV[2])
 local now = now_ms()
-if tonumber(ARGV[2]) > 0 then
-  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], seq .. '-0', 'd', ARGV[1], 't', now)
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  -- Drop what is older than the history age, a few entries per publish.
-  local oldest = now - tonumber(ARGV[3])
-  for _ = 1, 8 do
-    local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
-    if not first or tonumber(first[2][4]) >= oldest then break end
-    redis.call('XDEL', KEYS[2], first[1])
+local now_s = string.format('%d', now)
+local function publish(meta, history, idem, data, size, ttl, channel, traceparent, clock)
+  local epoch = position(meta, history, line, ARGV[5], nil)
+  local seq = redis.call('HINCRBY', meta, 'seq', 1)
+  if tonumber(size) > 0 then
+    redis.call('XADD', history, 'MAXLEN', size, string.format('%d-0', seq), 'd', data, 't', now_s)
+    redis.call('PEXPIRE', history, ttl)
+    if seq % 16 == 0 then
+      -- Every 16th publish drops up to 32 entries older than the history
+      -- age: reading the stream's head on every publish would walk the
+      -- entries its length trim left deleted there.
+      local oldest = now - tonumber(ttl)
+      local last
+      for _, entry in ipairs(redis.call('XRANGE', history, '-', '+', 'COUNT', 32)) do
+        if tonumber(entry[2][4]) >= oldest then break end
+        last = entry[1]
+      end
+      if last then
+        redis.call('XTRIM', history, 'MINID', string.format('%d-0', tonumber(string.match(last, '^%d+')) + 1))
+      end
+    end
+  end
+  redis.call('PEXPIRE', meta, ARGV[3])
+  -- string.format('%d'): Lua prints a number with `..` through the C
+  -- library's float formatting, a large part of a publish's cost.
+  local stamp = now_s
+  if traceparent ~= '' then stamp = stamp .. ';' .. traceparent end
+  stamp = string.format('%s;c%d', stamp, clock)
+  redis.call('PUBLISH', channel, string.format('%d:%s:%s:', seq, epoch, stamp) .. data)
+  local result = string.format('%d:%s:%d:%s', seq, epoch, clock, line)
+  if idem then redis.call('SET', idem, result, 'PX', ARGV[4]) end
+  return result
+end
+local replies = {}
+local k = 2
+for a = 6, #ARGV, 6 do
+  local meta, history, idem = KEYS[k], KEYS[k + 1], nil
+  k = k + 2
+  if ARGV[a + 4] == '1' then
+    idem = KEYS[k]
+    k = k + 1
+  end
+  local first = idem and redis.call('GET', idem)
+  if first then
+    replies[#replies + 1] = first
+  else
+    clock = clock + 1
+    local ok, reply = pcall(publish, meta, history, idem, ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 5], clock)
+    if ok then
+      replies[#replies + 1] = reply
+    else
+      replies[#replies + 1] = redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+    end
   end
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-local stamp = now
-if ARGV[10] then stamp = stamp .. ';' .. ARGV[10] end
-stamp = stamp .. ';c' .. clock
-redis.call('PUBLISH', ARGV[5], seq .. ':' .. epoch .. ':' .. stamp .. ':' .. ARGV[1])
-local result = seq .. ':' .. epoch .. ':' .. clock .. ':' .. line
-if KEYS[4] then redis.call('SET', KEYS[4], result, 'PX', ARGV[7]) end
-return result
+redis.call('HSET', KEYS[1], 'clock', string.format('%d', clock))
+return replies
 "#
     ))
 });
