@@ -6,7 +6,7 @@
 # `herald` processes on free loopback ports (and a redis-server where pods
 # share work), and renders BENCHMARKS.md with scripts/benchmarks.py. The
 # JSON results and logs stay in $OUT. Everything it starts is stopped when
-# it exits, however it exits. Takes about 18 minutes on 2 cores.
+# it exits, however it exits. Takes about 21 minutes on 2 cores.
 #
 # Load generator and servers share this machine's cores: run it on a quiet
 # machine, and read each run's CPU line ("others": CPU of processes not in
@@ -15,12 +15,19 @@
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
-#                                    idle-pods stall chaos),
+#                                    publish idle-pods idle-pods-cluster stall chaos),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
-#   BEFORE=<an older herald binary>: `fanout` and `profile` measure it as well,
-#                                    in the same run, for a before/after
-#                                    (BEFORE_LABEL names it in BENCHMARKS.md)
+#   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
+#                                    `publish` (single publishes through Redis)
+#                                    measure it as well, in the same run, for a
+#                                    before/after (BEFORE_LABEL names it in
+#                                    BENCHMARKS.md)
+#
+# `publish` and `idle-pods-cluster` start a Redis Cluster of 3 masters (no
+# replicas) on loopback; each of their runs is on its own: one that fails
+# (a process that does not start, a run that does not pass) is reported in
+# the exit status, and the runs after it still run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +35,9 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods idle-pods stall chaos)
+ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
+           idle-pods-cluster stall chaos)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 HERALD=target/release/herald
 # A gateway may hold up to its hard fd limit; leave room for everything else.
@@ -41,10 +50,14 @@ wants() { local p; for p in "${PARTS[@]}"; do [ "$p" = "$1" ] && return 0; done;
 while read -r var; do unset "$var"; done < <(compgen -e | grep '^HERALD_' || true)
 
 pids=()
+# Directories to remove once what uses them has stopped (a cluster's node files).
+scratch=()
 stop_all() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     pids=()
+    for dir in "${scratch[@]}"; do rm -rf "$dir"; done
+    scratch=()
 }
 trap stop_all EXIT
 trap 'exit 130' INT TERM
@@ -118,12 +131,101 @@ start_redis() {
     echo "redis: $redis_url (pid $redis_pid)"
 }
 
+# free_cluster_port <var>: as free_port, for a cluster node: its bus port
+# (the port + 10000) free too, and below the ephemeral range as well.
+free_cluster_port() {
+    local node_candidate bus
+    while :; do
+        free_port node_candidate
+        bus=$(( node_candidate + 10000 ))
+        [ "$bus" -lt 32768 ] || continue
+        case "$used_ports" in *" $bus "*) continue ;; esac
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$bus") 2>/dev/null; then
+            used_ports+="$bus "
+            printf -v "$1" '%s' "$node_candidate"
+            return
+        fi
+    done
+}
+
+# start_redis_cluster: a Redis Cluster of 3 masters and no replicas, each a
+# redis-server on a free loopback port without persistence, its node file in
+# a scratch directory; returns once every node says cluster_state:ok. Sets
+# $cluster_urls (for HERALD_REDIS__CLUSTER), $cluster_ports and $cluster_pids.
+start_redis_cluster() {
+    local dir n node_port node_pid ok
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/herald-bench-cluster.XXXXXX")
+    scratch+=("$dir")
+    cluster_ports=() cluster_pids=() cluster_urls=""
+    for n in 1 2 3; do
+        free_cluster_port node_port
+        redis-server --port "$node_port" --bind 127.0.0.1 --protected-mode no --dir "$dir" \
+            --cluster-enabled yes --cluster-config-file "$dir/nodes-$node_port.conf" --cluster-node-timeout 2000 \
+            --save '' --appendonly no >"$OUT/redis-cluster-$n.log" 2>&1 &
+        node_pid=$!
+        pids+=("$node_pid")
+        node_up() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
+        wait_until 10 "redis-cluster-$n" "$node_pid" node_up "$node_port"
+        cluster_ports+=("$node_port")
+        cluster_pids+=("$node_pid")
+        cluster_urls+="${cluster_urls:+,}redis://127.0.0.1:$node_port"
+    done
+    if ! redis-cli --cluster create "${cluster_ports[@]/#/127.0.0.1:}" --cluster-yes \
+        >"$OUT/redis-cluster-create.log" 2>&1; then
+        echo "redis-cli --cluster create failed; its output:" >&2
+        cat "$OUT/redis-cluster-create.log" >&2
+        exit 1
+    fi
+    for _ in $(seq 600); do   # 30 s
+        ok=0
+        for n in 0 1 2; do
+            if ! kill -0 "${cluster_pids[$n]}" 2>/dev/null; then
+                echo "redis-cluster-$(( n + 1 )) exited; its log:" >&2
+                cat "$OUT/redis-cluster-$(( n + 1 )).log" >&2 || true
+                exit 1
+            fi
+            if redis-cli -p "${cluster_ports[$n]}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then
+                ok=$(( ok + 1 ))
+            fi
+        done
+        if [ "$ok" = 3 ]; then
+            echo "redis cluster: $cluster_urls (pids ${cluster_pids[*]})"
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "redis cluster not ok within 30 s" >&2
+    for n in 0 1 2; do redis-cli -p "${cluster_ports[$n]}" cluster info >&2 || true; done
+    exit 1
+}
+
 failed=0
 # loadtest <name> <scenario> <flags...>: one run; a failed run is reported at the end.
 loadtest() {
     local name=$1
     shift
     target/release/herald-loadtest "$@" --out "$OUT/$name.json" || failed=1
+}
+
+# isolated <command...>: runs the command in a subshell that stops what it
+# started when it ends, however it ends; if anything in it fails (a process
+# that does not start exits the subshell, a failed run sets failed), that is
+# reported at the end and what follows still runs.
+isolated() {
+    local status
+    set +e
+    (
+        set -e
+        trap stop_all EXIT
+        trap 'exit 130' INT TERM
+        pids=() scratch=()
+        "$@"
+        exit "$failed"
+    )
+    status=$?
+    set -e
+    [ "$status" != 130 ] || exit 130
+    [ "$status" = 0 ] || { echo "failed: $* (exit status $status)" >&2; failed=1; }
 }
 
 # Python (scripts/benchmarks.py, PyJWT for storm-auth's token) is the
@@ -135,7 +237,21 @@ export PATH="$VENV/bin:$PATH"
 say "build (release)"
 cargo build --release -p gateway -p herald-loadtest --bins --example idle_memory
 mkdir -p "$OUT"
-for part in "${PARTS[@]}"; do rm -f "$OUT/$part".json "$OUT/$part"-*.json; done
+# A part's results are <part>.json and <part>-*.json, except those of a part
+# whose name starts with its own (idle-pods-cluster.json is not idle-pods',
+# nor idle's).
+owner() {
+    local file=$1 p best=""
+    for p in "${ALL_PARTS[@]}"; do
+        case "$file" in "$p".json | "$p"-*.json) if [ ${#p} -gt ${#best} ]; then best=$p; fi ;; esac
+    done
+    printf '%s' "$best"
+}
+for part in "${PARTS[@]}"; do
+    for file in "$OUT/$part".json "$OUT/$part"-*.json; do
+        if [ -e "$file" ] && [ "$(owner "${file##*/}")" = "$part" ]; then rm -f "$file"; fi
+    done
+done
 printf 'machine: %s cores, %s, kernel %s\n' "$(nproc)" \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$(uname -r)"
 
@@ -273,24 +389,103 @@ if wants pods; then
     pods=(--clients 1000 --rate 100 --duration 10s --size 256)
     loadtest pods-one-pod pods --gateway "ws://127.0.0.1:$a/ws" --publish-to "http://127.0.0.1:$a" "${pods[@]}" "${watch[@]}"
     loadtest pods-cross-pod pods --gateway "ws://127.0.0.1:$b/ws" --publish-to "http://127.0.0.1:$a" "${pods[@]}" "${watch[@]}"
-    loadtest publish-redis publish --publish-to "http://127.0.0.1:$a" --concurrency 16 --topics 100 --duration 10s "${watch[@]}"
     stop_all
     start_herald memory
     loadtest pods-memory pods --gateway "ws://127.0.0.1:$port/ws" "${pods[@]}" --watch-pid "$pid"
-    loadtest publish-memory publish --publish-to "http://127.0.0.1:$port" --concurrency 16 --topics 100 --duration 10s --watch-pid "$pid"
     stop_all
 fi
+
+# Publishes back to back over 16 keep-alive HTTP connections for 10 s; nobody
+# subscribes. Each run against a fresh herald (and fresh Redis).
+publish=(--concurrency 16 --duration 10s)
+
+# publish_memory_run <name>: one herald, embedded broker, single publishes.
+publish_memory_run() {
+    start_herald "$1"
+    loadtest "$1" publish --publish-to "http://127.0.0.1:$port" "${publish[@]}" --topics 100 --watch-pid "$pid"
+    stop_all
+}
+
+# publish_redis_run <name> [--batch N] [--topics N]: one herald, one
+# redis-server; 100 topics unless told.
+publish_redis_run() {
+    local name=$1
+    shift
+    local flags=("$@")
+    case " ${flags[*]} " in *" --topics "*) ;; *) flags+=(--topics 100) ;; esac
+    start_redis
+    start_herald "$name" HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url"
+    loadtest "$name" publish --publish-to "http://127.0.0.1:$port" "${publish[@]}" "${flags[@]}" \
+        --watch-pid "$pid" --watch-pid "$redis_pid"
+    stop_all
+}
+
+# publish_cluster_run <name> [flags...]: one herald on a Redis Cluster of 3
+# masters; its CPU and every node's are watched.
+publish_cluster_run() {
+    local name=$1 node
+    shift
+    start_redis_cluster
+    start_herald "$name" HERALD_BROKER=redis HERALD_REDIS__CLUSTER="$cluster_urls"
+    local watch=(--watch-pid "$pid")
+    for node in "${cluster_pids[@]}"; do watch+=(--watch-pid "$node"); done
+    loadtest "$name" publish --publish-to "http://127.0.0.1:$port" "${publish[@]}" "$@" "${watch[@]}"
+    # Every node holds some of the topics' keys, or the publishes did not
+    # spread over the shards (or went to some other Redis).
+    local keys=()
+    for node in "${cluster_ports[@]}"; do keys+=("$(redis-cli -p "$node" dbsize 2>/dev/null || echo '?')"); done
+    echo "$name: keys on each cluster node: ${keys[*]}"
+    case " ${keys[*]} " in
+        *" 0 "* | *" ? "*) echo "$name: a cluster node holds no key: the publishes did not spread over it" >&2; failed=1 ;;
+    esac
+    stop_all
+}
+
+if wants publish; then
+    say "publish: 16 connections back to back, 10 s; embedded broker, one Redis, a Redis Cluster of 3 masters"
+    isolated publish_memory_run publish-memory
+    isolated publish_redis_run publish-redis
+    # The build before has no batch endpoint: single publishes only.
+    isolated before publish-redis publish_redis_run
+    say "publish through one Redis, 100 per request"
+    isolated publish_redis_run publish-redis-batch --batch 100
+    say "publish through one Redis, 100 per request, 1,000 topics"
+    isolated publish_redis_run publish-redis-batch-1000t --batch 100 --topics 1000
+    say "publish through a Redis Cluster of 3 masters, 100 per request, 1,000 topics"
+    isolated publish_cluster_run publish-cluster-batch --batch 100 --topics 1000
+fi
+
+# idle_pods_run <name> <pod log prefix> <VAR=value...> -- <redis pid...>:
+# 60,000 connections over 4 pods with the broker settings given, held 60 s
+# with heartbeats every 5 s; the redis pids are watched.
+idle_pods_run() {
+    local name=$1 prefix=$2 n settings=() watch=() gateways=()
+    shift 2
+    while [ "$1" != -- ]; do settings+=("$1"); shift; done
+    shift
+    for n in "$@"; do watch+=(--watch-pid "$n"); done
+    for n in 1 2 3 4; do
+        start_herald "$prefix-$n" "${settings[@]}" HERALD_WEBSOCKET__PING_INTERVAL=5s
+        gateways+=(--gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid")
+    done
+    loadtest "$name" idle "${gateways[@]}" --clients 60000 --duration 60s "${watch[@]}"
+    stop_all
+}
 
 if wants idle-pods; then
     say "idle over 4 pods: 60,000 connections, Redis, 60 s"
     start_redis
-    gateways=()
-    for n in 1 2 3 4; do
-        start_herald "idle-pod-$n" HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url" HERALD_WEBSOCKET__PING_INTERVAL=5s
-        gateways+=(--gateway "ws://127.0.0.1:$port/ws" --gateway-pid "$pid")
-    done
-    loadtest idle-pods idle "${gateways[@]}" --clients 60000 --duration 60s --watch-pid "$redis_pid"
-    stop_all
+    idle_pods_run idle-pods idle-pod HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url" -- "$redis_pid"
+fi
+
+idle_pods_cluster_run() {
+    start_redis_cluster
+    idle_pods_run "$1" idle-cluster-pod HERALD_BROKER=redis HERALD_REDIS__CLUSTER="$cluster_urls" -- "${cluster_pids[@]}"
+}
+
+if wants idle-pods-cluster; then
+    say "idle over 4 pods: 60,000 connections, a Redis Cluster of 3 masters, 60 s"
+    isolated idle_pods_cluster_run idle-pods-cluster
 fi
 
 if wants stall; then

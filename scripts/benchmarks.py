@@ -7,7 +7,9 @@ says so; nothing here is typed in by hand but the targets and references.
 
 The JSON files are read by `herald-loadtest report <dir>`, through the types
 that wrote them: a result field renamed in the tool fails its build (or the
-report), not this page.
+report), not this page. The one exception: what `report` does not carry of a
+`publish` run (publishes, batch size, each watched process's CPU, whether it
+passed) is read from its file (`publish_result`), and shows as "n/a" if gone.
 
 Usage: scripts/benchmarks.py <results dir>  (writes Markdown to stdout)
   HERALD_LOADTEST=target/release/herald-loadtest  (optional, default shown)
@@ -226,11 +228,15 @@ def slow_section():
 def idle_section():
     out = ["## idle: connections held with heartbeats running"]
     rows = []
-    for name, label in (("idle", "19,000 on one gateway, 60 s, ping every 5 s"),
-                        ("idle-pods", "60,000 over 4 gateways with Redis, 60 s")):
+    # With the log bench.sh leaves of the run's (first) herald: there and no result means the run failed.
+    for name, label, log in (("idle", "19,000 on one gateway, 60 s, ping every 5 s", "idle"),
+                             ("idle-pods", "60,000 over 4 gateways with Redis, 60 s", "idle-pod-1"),
+                             ("idle-pods-cluster", "60,000 over 4 gateways with a Redis Cluster (3 masters), 60 s",
+                              "idle-cluster-pod-1")):
         r = load(name)
         if not r:
-            rows.append([label, "not run", "", ""])
+            failed = (OUT / f"{log}.log").exists()
+            rows.append([label, f"**failed**: no result (`{log}.log` in the results)" if failed else "not run", "", ""])
             continue
         res = r["result"]
         per = res.get("rss_per_connection_bytes") or 0
@@ -356,15 +362,109 @@ def pods_section():
         delta = (cross["result"]["latency"]["p99_us"] - one["result"]["latency"]["p99_us"]) / 1000
         out.append(f"Cross-pod p99 minus same-pod p99: {delta:+.1f} ms (target ≤ 2 ms: {verdict(delta <= 2)}). "
                    + cpu_line(cross["result"]))
+    out.append("Publish throughput, through one Redis and through a cluster, is the `publish` section's.")
+    return "\n\n".join(out)
+
+
+def publish_result(name):
+    """A `publish` run's figures: `report`'s, and what it does not carry, read from the result file itself:
+    publishes, batch, topics, errors, passed and failures, and the CPU of each watched process
+    (`cpu.watched`: pid, name, cpu_s). None if the run left no file."""
+    r = load(name)
+    if not r:
+        return None
+    res = dict(r["result"])
+    path = OUT / f"{name}.json"
+    envelope = json.loads(path.read_text()) if path.exists() else {}
+    raw = envelope.get("result") or {}
+    for key in ("publishes", "batch", "topics", "concurrency", "errors", "first_error"):
+        res.setdefault(key, raw.get(key))
+    cpu = dict(raw.get("cpu") or {})
+    cpu.update(res.get("cpu") or {})
+    res["cpu"] = cpu
+    res["passed"] = envelope.get("passed", True)
+    res["failures"] = envelope.get("failures") or []
+    return res
+
+
+def cpu_per_publish(res, redis):
+    """Microseconds of CPU per accepted publish, of the watched Redis processes (redis=True: summed, and each
+    node's) or of the others (the gateway): (total, [each]), or (None, []) if not measured."""
+    watched = [w for w in (res.get("cpu") or {}).get("watched") or []
+               if (w.get("name") or "").startswith("redis") == redis]
+    publishes = res.get("publishes")
+    if not watched or not publishes or any(w.get("cpu_s") is None for w in watched):
+        return None, []
+    each = [w["cpu_s"] / publishes * 1e6 for w in watched]
+    return sum(each), each
+
+
+def us(v):
+    return "n/a" if v is None else f"{v:.1f} µs"
+
+
+def fine_ms(v):
+    """Microseconds as milliseconds, two decimals below 10 ms (a publish's round trip is a fraction of one)."""
+    return "n/a" if v is None else f"{v / 1000:.2f} ms" if v < 10_000 else ms(v)
+
+
+def publish_section():
+    out = ["## publish: through one Redis and through a cluster",
+           "`herald-loadtest publish`: 16 keep-alive HTTP connections publish back to back for 10 s, nobody "
+           "subscribed; single publishes go to `/v1/publish`, batches (`--batch`) to `/v1/publish/batch`, one "
+           "request each; latency is a request's (a whole batch's). Every run against a fresh herald and a fresh "
+           "Redis: one `redis-server`, or a Redis Cluster of 3 masters without replicas (`HERALD_REDIS__CLUSTER`), "
+           "all on this machine. CPU per publish: a process's CPU seconds over the run divided by the publishes "
+           "accepted; the cluster's is its three nodes' summed (each node's in brackets)."]
+    runs = (("publish-memory", "embedded broker, single publishes, 100 topics"),
+            ("publish-redis", "one Redis, single publishes, 100 topics"),
+            ("publish-redis-batch", "one Redis, 100 per request, 100 topics"),
+            ("publish-redis-batch-1000t", "one Redis, 100 per request, 1,000 topics"),
+            ("publish-cluster-batch", "Redis Cluster (3 masters), 100 per request, 1,000 topics"))
     rows = []
-    for name, label in (("publish-memory", "memory broker"), ("publish-redis", "Redis")):
-        r = load(name)
-        if r:
-            res = r["result"]
-            rows.append([label, f"{res['per_second']:,.0f}", ms(res["latency"]["p50_us"]), ms(res["latency"]["p99_us"])])
-    if rows:
-        out.append("Publishes over keep-alive HTTP (16 connections, 100 topics, 256 B):")
-        out.append(table(["broker", "publishes/s", "p50", "p99"], rows))
+    for name, label in runs:
+        res = publish_result(name)
+        if not res:
+            # bench.sh names the run's herald log after it: there and no result means it did not get to run.
+            failed = (OUT / f"{name}.log").exists()
+            rows.append([label, f"**failed**: no result (`{name}.log` in the results)" if failed else "not run",
+                         "", "", "", "", ""])
+            continue
+        herald, _ = cpu_per_publish(res, redis=False)
+        redis, each = cpu_per_publish(res, redis=True)
+        if name == "publish-memory":
+            redis_cell = "(none)"
+        elif len(each) > 1:
+            redis_cell = f"{us(redis)} ({' + '.join(f'{e:.1f}' for e in each)})"
+        else:
+            redis_cell = us(redis)
+        rate = f"{res['per_second']:,.0f}"
+        if not res["passed"]:
+            rate += f" (**failed**: {'; '.join(res['failures'])})"
+        cpu = res.get("cpu") or {}
+        busy = f"{cpu['machine_busy_cores']:.2f} of {cpu.get('cores')}" if "machine_busy_cores" in cpu else "n/a"
+        rows.append([label, rate, fine_ms(res["latency"]["p50_us"]), fine_ms(res["latency"]["p99_us"]), us(herald),
+                     redis_cell, busy])
+    out.append(table(["run", "publishes/s", "p50", "p99", "herald CPU per publish", "Redis CPU per publish",
+                      "machine busy (cores)"], rows))
+    one, cluster = publish_result("publish-redis-batch-1000t"), publish_result("publish-cluster-batch")
+    if one and cluster and one["per_second"]:
+        r1, _ = cpu_per_publish(one, redis=True)
+        rc, _ = cpu_per_publish(cluster, redis=True)
+        out.append(f"At 1,000 topics and 100 per request, three masters against one Redis: "
+                   f"{cluster['per_second'] / one['per_second']:.2f}× the publishes/s, "
+                   + (f"{rc / r1:.2f}× Redis's CPU per publish" if r1 and rc else "Redis CPU per publish n/a")
+                   + ". Load generator, herald and every Redis share this machine's cores: where the machine "
+                     "is busy on all of them, publishes/s is bounded by the cores, not by Redis, and the CPU "
+                     "per publish is the figure to compare.")
+    before = publish_result("publish-redis-before")
+    if before:
+        herald, _ = cpu_per_publish(before, redis=False)
+        redis, _ = cpu_per_publish(before, redis=True)
+        out.append(f"The build before ({before_label()}), measured right after in the same run, single publishes "
+                   f"through one Redis: {before['per_second']:,.0f} publishes/s, p50 {fine_ms(before['latency']['p50_us'])}, "
+                   f"p99 {fine_ms(before['latency']['p99_us'])}; CPU per publish: herald {us(herald)}, Redis {us(redis)}"
+                   + ("" if before["passed"] else f" (**failed**: {'; '.join(before['failures'])})") + ".")
     return "\n\n".join(out)
 
 
@@ -518,5 +618,5 @@ def floor_send_cost():
 
 
 print("\n\n".join([header(), fanout_section(), profile_section(), slow_section(), idle_section(), storm_section(), identity_section(),
-                   chaos_section(), pods_section(), stall_section(), throughput_section(), wire_section(),
+                   chaos_section(), pods_section(), publish_section(), stall_section(), throughput_section(), wire_section(),
                    micro_section(), misses_section()]) + "\n")

@@ -309,6 +309,12 @@ async fn a_connection_whose_resume_redis_forgot_keeps_saving_its_session() {
     client.sub(2, "sport").await;
     redis.restart_from_save().await;
     saved(&redis, &session, "news").await;
+    // b's pub/sub connection comes back (a watch meanwhile is refused).
+    eventually(WAIT, || async {
+        metric(b.addr, "herald_redis_pubsub_reconnects_total").await >= 1.0
+            && metric(b.addr, "herald_redis_pubsub_up").await == 1.0
+    })
+    .await;
     // The connection that serves the session still saves it, whole.
     // (The first call after the restart may meet the broken connection
     // and answer `unavailable`: a client tries again.)

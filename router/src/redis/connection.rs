@@ -11,7 +11,8 @@
 //!   socket, a timeout, `READONLY` from a master that was demoted), with the
 //!   bounded retries and backoff `ConnectionManager` had. It is a
 //!   `ConnectionLike`, so scripts and pipelines run on it unchanged.
-//! - [`Connector::pubsub`] opens a fresh pub/sub connection on the master.
+//! - [`Connector::pubsub_link`] opens a fresh pub/sub connection on the
+//!   master (or a cluster's node, [`Connector::node`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use rand::Rng;
-use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::{
@@ -114,6 +115,10 @@ struct Target {
     /// connections made) each command.
     timeout: Duration,
     db: i64,
+    /// The URL's scheme, user, password and database, and the TLS
+    /// certificates: how any node is reached (a cluster's, from its address).
+    node: ConnectionInfo,
+    certificates: Option<TlsCertificates>,
 }
 
 enum Place {
@@ -168,13 +173,48 @@ impl Connector {
         let db = node.redis_settings().db();
         let place = match sentinel {
             None => Place::Direct(
-                client(node, certificates.as_ref()).map_err(|e| invalid("redis.url", e))?,
+                client(node.clone(), certificates.as_ref()).map_err(|e| invalid("redis.url", e))?,
             ),
-            Some(sentinel) => Place::Sentinel(Sentinels::new(sentinel, node, certificates)?),
+            Some(sentinel) => Place::Sentinel(Sentinels::new(
+                sentinel,
+                node.clone(),
+                certificates.clone(),
+            )?),
         };
         Ok(Self {
-            inner: Arc::new(Target { place, timeout, db }),
+            inner: Arc::new(Target {
+                place,
+                timeout,
+                db,
+                node,
+                certificates,
+            }),
         })
+    }
+
+    /// A connector to one node (of a cluster) at `host:port`, reached as
+    /// this one reaches its own.
+    pub fn node(&self, host: &str, port: u16) -> RedisResult<Self> {
+        let target = &self.inner;
+        let tls = matches!(target.node.addr(), ConnectionAddr::TcpTls { .. });
+        let info = target
+            .node
+            .clone()
+            .set_addr(address_of(host.to_owned(), port, tls));
+        Ok(Self {
+            inner: Arc::new(Target {
+                place: Place::Direct(client(info.clone(), target.certificates.as_ref())?),
+                timeout: target.timeout,
+                db: target.db,
+                node: info,
+                certificates: target.certificates.clone(),
+            }),
+        })
+    }
+
+    /// Whether the URL's database is the first: a cluster has no other.
+    pub fn first_database(&self) -> bool {
+        self.inner.db == 0
     }
 
     /// Where this connects, for messages: `127.0.0.1:6379`, or the master's
@@ -193,20 +233,39 @@ impl Connector {
         }
     }
 
-    /// A fresh pub/sub connection to the master (RESP2).
-    pub async fn pubsub(&self) -> RedisResult<PubSub> {
+    /// A fresh pub/sub connection to the master: RESP3, every push (the
+    /// messages of its subscriptions, a `sunsubscribe` Redis sends by itself,
+    /// the connection's end) handed to `pushes`. Its commands (`SUBSCRIBE`,
+    /// `SSUBSCRIBE`, ...) are answered by their confirmations.
+    pub async fn pubsub_link(
+        &self,
+        pushes: impl redis::aio::AsyncPushSender,
+    ) -> RedisResult<MultiplexedConnection> {
         let client = self.master().await?;
+        let mut conn = {
+            let info = client.get_connection_info().clone().set_redis_settings(
+                client
+                    .get_connection_info()
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3),
+            );
+            let resp3 = self::client(info, self.inner.certificates.as_ref())?;
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.inner.timeout))
+                .set_response_timeout(Some(self.inner.timeout))
+                .set_push_sender(pushes);
+            resp3
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|e| self.at(&client, e))?
+        };
         if matches!(self.inner.place, Place::Sentinel(_)) {
-            // A short command connection only to ask: pub/sub on a replica
-            // would hear the master's publishes, but not on a demoted master
-            // that sentinels have not reconfigured yet.
-            let mut conn = self.open(&client).await?;
+            // Pub/sub on a replica would hear the master's publishes, but not
+            // on a demoted master that sentinels have not reconfigured yet.
             expect_master(&mut conn, &client).await?;
         }
-        tokio::time::timeout(self.inner.timeout, client.get_async_pubsub())
-            .await
-            .unwrap_or_else(|_| Err(timed_out()))
-            .map_err(|e| self.at(&client, e))
+        Ok(conn)
     }
 
     /// A client for the master: the URL's, or the one the sentinels name now.
@@ -417,6 +476,19 @@ impl Commands {
         (commands, failed)
     }
 
+    /// A `Commands` that connects when a command first needs it.
+    pub fn lazy(connector: Connector) -> Self {
+        Self {
+            shared: Arc::new(Slot {
+                current: Mutex::new(Current {
+                    generation: 0,
+                    connection: establish(connector.clone()),
+                }),
+                connector,
+            }),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Current> {
         self.shared
             .current
@@ -478,6 +550,25 @@ fn establish(connector: Connector) -> Connecting {
     }
     .boxed()
     .shared()
+}
+
+/// `host:port` of each cluster node URL, which [`check_node_url`] accepts.
+pub fn seeds(urls: &[String]) -> Result<Vec<(String, u16)>, String> {
+    urls.iter()
+        .map(|url| {
+            check_node_url(url)?;
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| format!("`{url}`: {e}"))?;
+            match info.addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    Ok((host.clone(), *port))
+                }
+                _ => Err(format!("`{url}`: a cluster node is reached over TCP")),
+            }
+        })
+        .collect()
 }
 
 /// Why a cluster node's URL (`redis://host:port`, `rediss://` for TLS)

@@ -21,19 +21,22 @@ mod pubsub;
 mod reach;
 mod scripts;
 mod sessions;
+mod shards;
+mod slots;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use connection::{Commands, Connector};
 pub use connection::{InvalidSetting, SentinelSettings, TlsFiles};
 pub use scripts::DEFAULT_PREFIX;
 use scripts::Keys;
+use shards::Shards;
 
 use crate::observe::Observer;
 use crate::session::unix_ms;
@@ -83,7 +86,7 @@ pub struct RedisBroker {
 }
 
 struct Inner {
-    conn: Commands,
+    shards: Shards,
     namespaces: Arc<Namespaces>,
     watches: mpsc::UnboundedSender<pubsub::Command>,
     saves: mpsc::Sender<sessions::Save>,
@@ -118,6 +121,12 @@ impl RedisSettings {
                     key: "redis.cluster",
                     reason,
                 })?;
+            }
+            if !self.connector()?.first_database() {
+                return Err(InvalidSetting {
+                    key: "redis.url",
+                    reason: "a Redis Cluster has only database 0".into(),
+                });
             }
         }
         self.connector().map(drop)
@@ -179,8 +188,16 @@ impl RedisBroker {
         let client = settings
             .connector()
             .map_err(|e| BrokerError::Unavailable(format!("redis: `{}`: {e}", e.key)))?;
-        let target = client.describe();
-        let (conn, failed) = Commands::start(client.clone()).await;
+        let (target, shards, failed) = if settings.cluster.is_empty() {
+            let (conn, failed) = Commands::start(client.clone()).await;
+            (client.describe(), Shards::one(conn), failed)
+        } else {
+            let seeds = connection::seeds(&settings.cluster)
+                .map_err(|e| BrokerError::Unavailable(format!("redis: `redis.cluster`: {e}")))?;
+            let target = format!("the redis cluster at {}", settings.cluster.join(", "));
+            let (shards, failed) = Shards::cluster(client.clone(), seeds).await;
+            (target, shards, failed)
+        };
         if let Some(e) = &failed {
             let why = format!("redis: connecting to {target}: {e}");
             if connection::refused(e) {
@@ -190,15 +207,15 @@ impl RedisBroker {
         }
         let reach = Reach::new(target);
         let command_timeout = settings.command_timeout;
-        let keys = Keys::new(&settings.prefix);
+        let keys = Keys::new(&settings.prefix, shards.is_cluster());
         let (watches, commands) = mpsc::unbounded_channel();
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
         let (publishes, pending_publishes) = mpsc::channel(publisher::QUEUE);
-        let lineage = Arc::new(Lineage::new(observer.clone()));
+        let lineage = Arc::new(Lineage::new(observer.clone(), shards.is_cluster()));
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(
                 client,
-                conn.clone(),
+                shards.clone(),
                 sink,
                 observer.clone(),
                 lineage.clone(),
@@ -209,13 +226,13 @@ impl RedisBroker {
             commands,
         ));
         tokio::spawn(sessions::write(
-            conn.clone(),
+            shards.clone(),
             pending_saves,
             observer.clone(),
         ));
         tokio::spawn(
             publisher::Publisher {
-                conn: conn.clone(),
+                shards: shards.clone(),
                 keys: keys.clone(),
                 lineage: lineage.clone(),
                 observer: observer.clone(),
@@ -229,7 +246,7 @@ impl RedisBroker {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                conn,
+                shards,
                 namespaces,
                 watches,
                 saves,
@@ -268,6 +285,22 @@ async fn timed<T>(
     let result = call.await;
     observer.redis_call(op, start.elapsed().as_secs_f64(), result.is_ok());
     result.map_err(unavailable)
+}
+
+/// Runs many calls at once ([`Shards::scripts`]), reporting their time, and
+/// an error if any of them failed.
+async fn timed_each(
+    observer: &dyn Observer,
+    op: &'static str,
+    calls: impl Future<Output = Vec<redis::RedisResult<Value>>>,
+) -> Vec<redis::RedisResult<Value>> {
+    let start = Instant::now();
+    let replies = calls.await;
+    let ok = replies
+        .iter()
+        .all(|r| matches!(r, Ok(value) if !matches!(value, Value::ServerError(_))));
+    observer.redis_call(op, start.elapsed().as_secs_f64(), ok);
+    replies
 }
 
 /// What [`scripts::RECOVER`] answered.
@@ -330,16 +363,17 @@ fn recover_invocation(
         (Vouch::AsGiven, Some(since)) if since.vouched => "1",
         _ => "0",
     };
+    let slot = keys.slot(topic);
     let mut invocation = scripts::RECOVER.prepare_invoke();
     invocation
         .key(keys.meta(topic))
         .key(keys.history(topic))
-        .key(keys.lineage())
+        .key(keys.lineage(slot))
         .arg(new_epoch())
         .arg(since.map_or(-1, |s| i64::try_from(s.seq).unwrap_or(i64::MAX)))
         .arg(since.and_then(|s| s.epoch.as_deref()).unwrap_or(""))
         .arg(millis(history_ttl.min(META_TTL)).max(1))
-        .arg(lineage.known())
+        .arg(lineage.known(slot))
         .arg(lineage::fresh())
         .arg(vouched);
     invocation
@@ -349,7 +383,7 @@ fn recover_invocation(
 /// history after it.
 async fn recover_raw(
     keys: &Keys,
-    conn: &Commands,
+    shards: &Shards,
     observer: &dyn Observer,
     lineage: &Lineage,
     topic: &Topic,
@@ -357,54 +391,58 @@ async fn recover_raw(
     history_ttl: Duration,
 ) -> Result<Recovered, BrokerError> {
     let invocation = recover_invocation(keys, lineage, topic, since, Vouch::AsGiven, history_ttl);
-    let mut conn = conn.clone();
-    let value: Value = timed(observer, "recover", invocation.invoke_async(&mut conn)).await?;
-    recovered(lineage, topic, value)
+    let meta = keys.meta(topic);
+    let reading = shards.script(&meta, &scripts::RECOVER, &invocation);
+    let value: Value = timed(observer, "recover", reading).await?;
+    recovered(keys, lineage, topic, value)
 }
 
-/// [`recover_raw`] for many topics in one pipeline (the pub/sub task's
-/// reads after a reconnect): `(topic, since, vouch, history ttl)` each.
+/// [`recover_raw`] for many topics at once, in a pipeline per master (the
+/// pub/sub task's reads after a reconnect): `(topic, since, vouch, history
+/// ttl)` each.
 async fn read_many(
     keys: &Keys,
-    conn: &Commands,
+    shards: &Shards,
     observer: &dyn Observer,
     lineage: &Lineage,
     reads: &[(Topic, Option<Since>, Vouch, Duration)],
 ) -> Result<Vec<Recovered>, BrokerError> {
-    let invocations: Vec<_> = reads
+    let calls: Vec<_> = reads
         .iter()
         .map(|(topic, since, vouch, ttl)| {
-            recover_invocation(keys, lineage, topic, since.as_ref(), *vouch, *ttl)
+            let invocation = recover_invocation(keys, lineage, topic, since.as_ref(), *vouch, *ttl);
+            shards::Call {
+                slot: slots::slot(keys.meta(topic).as_bytes()),
+                script: &scripts::RECOVER,
+                invocation,
+            }
         })
         .collect();
-    let mut pipe = redis::pipe();
-    for invocation in &invocations {
-        pipe.invoke_script(invocation);
-    }
-    let mut conn = conn.clone();
-    let reading = async {
-        match pipe.query_async(&mut conn).await {
-            // Redis forgot its scripts (it restarted): a pipeline does not
-            // load them, so load this one and send the batch again.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                scripts::RECOVER.load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await
-            }
-            other => other,
-        }
-    };
-    let values: Vec<Value> = timed(observer, "recover", reading).await?;
+    let values = timed_each(observer, "recover", shards.scripts(&calls))
+        .await
+        .into_iter()
+        .map(|reply| match reply {
+            Ok(Value::ServerError(e)) => Err(unavailable(e.into())),
+            Ok(value) => Ok(value),
+            Err(e) => Err(unavailable(e)),
+        })
+        .collect::<Result<Vec<Value>, BrokerError>>()?;
     reads
         .iter()
         .zip(values)
-        .map(|((topic, ..), value)| recovered(lineage, topic, value))
+        .map(|((topic, ..), value)| recovered(keys, lineage, topic, value))
         .collect()
 }
 
-fn recovered(lineage: &Lineage, topic: &Topic, value: Value) -> Result<Recovered, BrokerError> {
+fn recovered(
+    keys: &Keys,
+    lineage: &Lineage,
+    topic: &Topic,
+    value: Value,
+) -> Result<Recovered, BrokerError> {
     let (recovered, line) = parse_recovered(topic, value)
         .ok_or_else(|| BrokerError::Unavailable("redis: unexpected recover reply".into()))?;
-    lineage.saw(&line, recovered.clock);
+    lineage.saw(keys.slot(topic), &line, recovered.clock);
     Ok(recovered)
 }
 
@@ -521,7 +559,7 @@ impl Broker for RedisBroker {
             kind: "redis",
             not_ready: self.inner.reach.not_ready(),
             connected: self.inner.reach.connected(),
-            lineage_clock: Some(self.inner.lineage.known()),
+            lineage_clock: Some(self.inner.lineage.highest()),
         }
     }
 
@@ -533,12 +571,15 @@ impl Broker for RedisBroker {
         traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let item = self.publish_item(topic, &data, idempotency_key, traceparent)?;
+        let slot = item.slot;
+        let deadline = Instant::now() + self.inner.command_timeout;
         let reply = self.queue_publish(item).await?;
-        self.published(reply.await.unwrap_or_else(|_| Err(publisher_ended())))
+        self.published(slot, self.answer(reply, deadline).await)
     }
 
     async fn publish_many(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         // Queued together, in order: the writer sends them in one pipeline.
+        let deadline = Instant::now() + self.inner.command_timeout;
         let mut queued = Vec::with_capacity(items.len());
         for item in &items {
             let item = self.publish_item(
@@ -548,14 +589,17 @@ impl Broker for RedisBroker {
                 item.traceparent.as_deref(),
             );
             queued.push(match item {
-                Ok(item) => self.queue_publish(item).await,
+                Ok(item) => {
+                    let slot = item.slot;
+                    self.queue_publish(item).await.map(|reply| (slot, reply))
+                }
                 Err(e) => Err(e),
             });
         }
         let mut answers = Vec::with_capacity(queued.len());
-        for reply in queued {
-            answers.push(match reply {
-                Ok(reply) => self.published(reply.await.unwrap_or_else(|_| Err(publisher_ended()))),
+        for queued in queued {
+            answers.push(match queued {
+                Ok((slot, reply)) => self.published(slot, self.answer(reply, deadline).await),
                 Err(e) => Err(e),
             });
         }
@@ -594,19 +638,18 @@ impl Broker for RedisBroker {
         ttl: Duration,
     ) -> Result<Vec<u64>, BrokerError> {
         self.inner.reach.check()?;
+        let key = self.inner.keys.pods();
         let mut invocation = scripts::POD_LOADS.prepare_invoke();
         invocation
-            .key(self.inner.keys.pods())
+            .key(&key)
             .arg(pod)
             .arg(connections)
             .arg(millis(ttl).max(1));
-        let mut conn = self.inner.conn.clone();
-        timed(
-            &*self.inner.observer,
-            "pod_loads",
-            invocation.invoke_async(&mut conn),
-        )
-        .await
+        let loads = self
+            .inner
+            .shards
+            .script(&key, &scripts::POD_LOADS, &invocation);
+        timed(&*self.inner.observer, "pod_loads", loads).await
     }
 
     async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
@@ -614,7 +657,7 @@ impl Broker for RedisBroker {
         self.inner.reach.check()?;
         let recovered = recover_raw(
             &self.inner.keys,
-            &self.inner.conn,
+            &self.inner.shards,
             &*self.inner.observer,
             &self.inner.lineage,
             topic,
@@ -707,24 +750,21 @@ impl SessionStore for RedisBroker {
         // Twice the window: a pod that missed the announcement may still
         // save a session of the user's for a while.
         let keep = millis(ttl).max(1).saturating_mul(2);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(self.inner.keys.revoked(&user_hex))
-            .arg(unix_ms())
-            .arg("PX")
-            .arg(keep)
-            .ignore()
-            .cmd("PUBLISH")
-            .arg(self.inner.keys.control_channel())
-            .arg(format!("disconnect {user_hex}"))
-            .ignore();
-        let mut conn = self.inner.conn.clone();
-        timed(
-            &*self.inner.observer,
-            "revoke",
-            pipe.query_async::<()>(&mut conn),
-        )
-        .await
+        let key = self.inner.keys.revoked(&user_hex);
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(unix_ms()).arg("PX").arg(keep);
+        // Stored first, then told: a claim reads it from then on, and every
+        // pod drops the user's connections (in a cluster, a `PUBLISH`
+        // reaches every node's subscribers).
+        let channel = self.inner.keys.control_channel();
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&channel).arg(format!("disconnect {user_hex}"));
+        let shards = &self.inner.shards;
+        let revoking = async {
+            shards.command::<()>(&key, &set).await?;
+            shards.command::<()>(&channel, &publish).await
+        };
+        timed(&*self.inner.observer, "revoke", revoking).await
     }
 }
 
@@ -741,6 +781,7 @@ impl RedisBroker {
         self.inner.reach.check()?;
         let keys = &self.inner.keys;
         Ok(publisher::Item {
+            slot: keys.slot(topic),
             meta: keys.meta(topic),
             history: keys.history(topic),
             idempotency: idempotency_key.map(|key| keys.idempotency(topic, key)),
@@ -771,9 +812,28 @@ impl RedisBroker {
         Ok(reply)
     }
 
+    /// The publisher's reply, waited for until `deadline`: a publish that
+    /// waits longer (Redis does not answer, and the pipelines before it
+    /// wait out their timeouts) fails as its own command would have, and
+    /// the writer drops it if it has not sent it yet.
+    async fn answer(
+        &self,
+        reply: oneshot::Receiver<Result<Value, BrokerError>>,
+        deadline: Instant,
+    ) -> Result<Value, BrokerError> {
+        match tokio::time::timeout_at(deadline.into(), reply).await {
+            Ok(reply) => reply.unwrap_or_else(|_| Err(publisher_ended())),
+            Err(_) => Err(BrokerError::Unavailable("redis: publish timed out".into())),
+        }
+    }
+
     /// The position [`scripts::PUBLISH`] answered,
     /// `"<seq>:<epoch>:<clock>:<lineage>"`.
-    fn published(&self, reply: Result<Value, BrokerError>) -> Result<Position, BrokerError> {
+    fn published(
+        &self,
+        slot: u16,
+        reply: Result<Value, BrokerError>,
+    ) -> Result<Position, BrokerError> {
         let reply = match reply? {
             Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
             Value::SimpleString(text) => Some(text),
@@ -793,7 +853,7 @@ impl RedisBroker {
         // has no lineage.
         if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
         {
-            self.inner.lineage.saw(line, clock);
+            self.inner.lineage.saw(slot, line, clock);
         }
         Ok(Position {
             epoch: Arc::from(epoch),
@@ -821,29 +881,39 @@ impl RedisBroker {
         self.inner.reach.check()?;
         let user_hex = user.map(sessions::hex).unwrap_or_default();
         let within = self.inner.command_timeout / 2;
+        let key = self.inner.keys.session(id);
+        let shards = &self.inner.shards;
+        // In a cluster the user's revocation is in another slot than the
+        // session: read just before the claim, instead of by it.
+        let revoked: Option<String> = match user {
+            Some(_) if shards.is_cluster() => {
+                let revocation = self.inner.keys.revoked(&user_hex);
+                let mut get = redis::cmd("GET");
+                get.arg(&revocation);
+                let reading = shards.command(&revocation, &get);
+                timed(&*self.inner.observer, "session_load", reading).await?
+            }
+            _ => None,
+        };
         for _ in 0..2 {
-            let mut conn = self.inner.conn.clone();
             let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
-            invocation.key(self.inner.keys.session(id));
-            if user.is_some() {
+            invocation.key(&key);
+            if user.is_some() && !shards.is_cluster() {
                 invocation.key(self.inner.keys.revoked(&user_hex));
             }
             let sent_ms = unix_ms();
             invocation
                 .arg(owner)
                 .arg(&user_hex)
-                .arg(self.inner.redis_clock.deadline(sent_ms, within));
+                .arg(self.inner.redis_clock.deadline(sent_ms, within))
+                .arg(revoked.as_deref().unwrap_or(""));
             if let Some((snapshot, ttl)) = keep {
                 invocation
                     .arg(sessions::encode_body(snapshot))
                     .arg(millis(ttl).max(1));
             }
-            let value: Value = timed(
-                &*self.inner.observer,
-                "session_load",
-                invocation.invoke_async(&mut conn),
-            )
-            .await?;
+            let claiming = shards.script(&key, &scripts::CLAIM_SESSION, &invocation);
+            let value: Value = timed(&*self.inner.observer, "session_load", claiming).await?;
             let claimed = match value {
                 Value::Nil => return Ok(Claim::NotFound),
                 Value::Int(0) => return Ok(Claim::OtherUser),

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
-use redis::{ServerErrorKind, Value};
+use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::connection::Commands;
 use super::lineage::{self, Lineage};
 use super::scripts::{self, Keys};
-use super::{META_TTL, millis, new_epoch, timed};
+use super::shards::{Call, Shards};
+use super::{META_TTL, millis, new_epoch, timed_each};
 use crate::observe::Observer;
 use crate::{BrokerError, IDEMPOTENCY_WINDOW};
 
@@ -37,6 +37,9 @@ const PER_CALL: usize = 64;
 
 /// One publish: its keys and arguments, as [`scripts::PUBLISH`] takes an item.
 pub struct Item {
+    /// The slot of the topic's keys in a cluster (0 otherwise): which
+    /// items may share a call, and which lineage is theirs.
+    pub slot: u16,
     pub meta: String,
     pub history: String,
     pub idempotency: Option<String>,
@@ -54,7 +57,7 @@ pub struct Pending {
 }
 
 pub struct Publisher {
-    pub conn: Commands,
+    pub shards: Shards,
     pub keys: Keys,
     pub lineage: Arc<Lineage>,
     pub observer: Arc<dyn Observer>,
@@ -72,9 +75,15 @@ impl Publisher {
                 Some((batch, replies)) = in_flight.next(), if !in_flight.is_empty() => {
                     answer(batch, replies);
                 }
-                n = queue.recv_many(&mut gathered, BATCH), if in_flight.len() < IN_FLIGHT => {
+                n = queue.recv_many(&mut gathered, BATCH), if in_flight.len() < self.in_flight() => {
                     if n == 0 {
                         break;
+                    }
+                    // What nobody waits for any more (its caller timed out)
+                    // is not sent.
+                    gathered.retain(|pending| !pending.done.is_closed());
+                    if gathered.is_empty() {
+                        continue;
                     }
                     let batch = std::mem::replace(&mut gathered, Vec::with_capacity(BATCH));
                     let this = &self;
@@ -90,56 +99,89 @@ impl Publisher {
         }
     }
 
-    /// One pipeline of calls of up to [`PER_CALL`] publishes: a reply per
-    /// publish, in order.
-    async fn send(&self, batch: &[Pending]) -> Result<Vec<Value>, BrokerError> {
-        let mut pipe = redis::pipe();
-        for call in batch.chunks(PER_CALL) {
-            pipe.invoke_script(&self.invocation(call));
+    /// Pipelines at once: one in a cluster, where a publish redirected is
+    /// sent again after its pipeline came back, and must not be overtaken
+    /// by the next pipeline's publishes of its topic.
+    fn in_flight(&self) -> usize {
+        if self.shards.is_cluster() {
+            1
+        } else {
+            IN_FLIGHT
         }
-        let mut conn = self.conn.clone();
-        // Each call's error is its own.
-        pipe.ignore_errors();
-        let sending = async {
-            let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
-            // Redis forgot its scripts (it restarted): a pipeline does not
-            // load them, so load it and send the batch again (none of it
-            // ran: every call failed the same way).
-            if replies.iter().any(no_script) {
-                scripts::PUBLISH.load_async(&mut conn).await?;
-                return pipe.query_async(&mut conn).await;
-            }
-            Ok(replies)
-        };
-        let calls: Vec<Value> = timed(&*self.observer, "publish", sending).await?;
-        let mut replies = Vec::with_capacity(batch.len());
-        for (call, reply) in batch.chunks(PER_CALL).zip(calls) {
-            match reply {
-                Value::Array(items) if items.len() == call.len() => replies.extend(items),
-                // An error for the whole call (it did not run).
-                Value::ServerError(e) => {
-                    replies.extend(std::iter::repeat_n(Value::ServerError(e), call.len()))
+    }
+
+    /// The batch in calls of up to [`PER_CALL`] publishes of one slot, in
+    /// one pipeline per master: a reply per publish, in order.
+    async fn send(&self, batch: &[Pending]) -> Result<Vec<Value>, BrokerError> {
+        // Each call's publishes, as indices into the batch, in order.
+        let mut calls: Vec<Vec<usize>> = Vec::new();
+        let mut open: Vec<(u16, usize)> = Vec::new();
+        for (i, pending) in batch.iter().enumerate() {
+            let slot = pending.item.slot;
+            match open.iter().position(|(s, _)| *s == slot) {
+                Some(at) if calls[open[at].1].len() < PER_CALL => calls[open[at].1].push(i),
+                Some(at) => {
+                    open[at].1 = calls.len();
+                    calls.push(vec![i]);
                 }
-                other => {
+                None => {
+                    open.push((slot, calls.len()));
+                    calls.push(vec![i]);
+                }
+            }
+        }
+        let invocations: Vec<_> = calls
+            .iter()
+            .map(|call| {
+                let items: Vec<&Item> = call.iter().map(|&i| &batch[i].item).collect();
+                Call {
+                    slot: items[0].slot,
+                    script: &scripts::PUBLISH,
+                    invocation: self.invocation(&items),
+                }
+            })
+            .collect();
+        let sending = self.shards.scripts(&invocations);
+        let replies = timed_each(&*self.observer, "publish", sending).await;
+        let mut answers: Vec<Option<Value>> = (0..batch.len()).map(|_| None).collect();
+        for (call, reply) in calls.iter().zip(replies) {
+            let replies: Vec<Value> = match reply {
+                Ok(Value::Array(items)) if items.len() == call.len() => items,
+                // An error for the whole call (it did not run).
+                Ok(Value::ServerError(e)) => vec![Value::ServerError(e); call.len()],
+                Ok(other) => {
                     return Err(BrokerError::Unavailable(format!(
                         "redis: an unexpected publish reply {other:?}"
                     )));
                 }
+                Err(e) => return Err(super::unavailable(e)),
+            };
+            for (&i, reply) in call.iter().zip(replies) {
+                answers[i] = Some(reply);
             }
         }
-        Ok(replies)
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Value::Nil))
+            .collect())
     }
 
-    fn invocation(&self, call: &[Pending]) -> redis::ScriptInvocation<'static> {
+    fn invocation(&self, call: &[&Item]) -> redis::ScriptInvocation<'static> {
+        let slot = call.first().map_or(0, |item| item.slot);
         let mut invocation = scripts::PUBLISH.prepare_invoke();
         invocation
-            .key(self.keys.lineage())
-            .arg(self.lineage.known())
+            .key(self.keys.lineage(slot))
+            .arg(self.lineage.known(slot))
             .arg(lineage::fresh())
             .arg(millis(META_TTL))
             .arg(millis(IDEMPOTENCY_WINDOW))
-            .arg(new_epoch());
-        for Pending { item, .. } in call {
+            .arg(new_epoch())
+            .arg(if self.shards.is_cluster() {
+                "SPUBLISH"
+            } else {
+                "PUBLISH"
+            });
+        for item in call {
             invocation.key(&item.meta).key(&item.history);
             if let Some(key) = &item.idempotency {
                 invocation.key(key);
@@ -174,8 +216,4 @@ fn answer(batch: Vec<Pending>, replies: Result<Vec<Value>, BrokerError>) {
             }
         }
     }
-}
-
-fn no_script(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
 }

@@ -1,42 +1,60 @@
-//! The pod's one pub/sub connection, and the order of what it delivers.
+//! The pod's pub/sub connections, and the order of what they deliver.
 //!
-//! One task owns the connection and, per watched topic, where delivery
-//! stands ([`Flow`]). It never waits for Redis itself: reading the channel is
-//! separate from every round trip. Subscribing, reading a new topic's
-//! position, filling a gap from history and resyncing after a reconnect run
-//! as their own tasks and report back ([`Done`]); meanwhile that topic's
-//! announcements are held aside (at most [`MAX_HELD`]; past that they are
-//! read from history afterwards), and every other topic keeps flowing.
+//! One task owns the connections and, per watched topic, where delivery
+//! stands ([`Flow`]). It never waits for Redis itself: reading the
+//! connections is separate from every round trip. Subscribing, reading a new
+//! topic's position, filling a gap from history and resyncing after a
+//! reconnect run as their own tasks and report back ([`Done`]); meanwhile
+//! that topic's announcements are held aside (at most [`MAX_HELD`]; past that
+//! they are read from history afterwards), and every other topic keeps
+//! flowing.
 //!
 //! A publication arrives in seq order; one already delivered is dropped; a
 //! jump is filled from history (or, where history cannot, the topic's
 //! subscribers get `reset`); a seq issued a second time in its epoch proves
-//! that Redis went back in time, and moves the topic to a new epoch. When the
-//! connection drops, for whatever reason (Redis restarted, failed over,
-//! `CLIENT KILL`, the output buffer limit), the task reconnects with backoff
-//! and jitter, subscribes every topic again, and reads what was published
-//! meanwhile in pipelines of [`READ_BATCH`] topics.
+//! that Redis went back in time, and moves the topic to a new epoch.
+//!
+//! **Links.** One Redis (or Sentinel's master) is one connection, a
+//! [`Link`], with `SUBSCRIBE`. A Redis Cluster is a link per master, each
+//! with `SSUBSCRIBE` (sharded pub/sub, Redis 7) of only the topics of its
+//! slots that the pod watches, so that a publication reaches only the pods
+//! that watch it. Links speak RESP3: every message is a push, taken from
+//! the parser without a copy. When a link drops, for whatever reason (Redis
+//! restarted, failed over, `CLIENT KILL`, the output buffer limit), the task
+//! reconnects it with backoff and jitter, subscribes its topics again and
+//! reads what was published meanwhile, in pipelines of [`READ_BATCH`]
+//! topics.
+//!
+//! **Following a cluster.** Every [`MAP_CHECK`], after a link drops and when
+//! a master unsubscribes a topic by itself (its slot migrated away), the task
+//! reads the slot map again; a topic whose slot has another master now moves
+//! to that master's link: subscribed there, then read (a catch-up from where
+//! it stood, so nothing published meanwhile is lost and nothing delivered
+//! twice), and unsubscribed at the old one. A reset comes only where the
+//! cluster really lost data (a failover to a replica that lagged: the slot's
+//! lineage tells).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use rand::Rng;
-use redis::aio::{PubSubSink, PubSubStream};
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::connection::{Commands, Connector};
+use super::connection::Connector;
 use super::lineage::Lineage;
 use super::reach::Reach;
 use super::scripts::Keys;
-use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, timed};
+use super::shards::Shards;
+use super::{Recovered, RedisSettings, Vouch, parse_entries, read_many, slots, timed};
 use crate::observe::Observer;
 use crate::{BrokerError, Deliver, Epoch, Namespaces, Position, Publication, Since, Topic};
 
-/// Channels per SUBSCRIBE or UNSUBSCRIBE command.
+/// Channels per pipeline of `SUBSCRIBE` or `UNSUBSCRIBE` commands.
 const SUBSCRIBE_BATCH: usize = 500;
 /// Topics per pipeline of position reads.
 const READ_BATCH: usize = 500;
@@ -50,6 +68,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// within about a second of Redis: an attempt a second per pod costs Redis
 /// nothing.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How often a cluster's slot map is read again, besides when something
+/// says it changed.
+const MAP_CHECK: Duration = Duration::from_secs(1);
 
 pub enum Command {
     Watch(Topic, oneshot::Sender<Result<(), BrokerError>>),
@@ -63,6 +84,8 @@ struct Watched {
     count: usize,
     /// When `count` fell to 0: unsubscribed once the linger has passed.
     idle_since: Option<Instant>,
+    /// The link it is (to be) subscribed on.
+    link: usize,
     flow: Flow,
 }
 
@@ -72,6 +95,10 @@ enum Flow {
     Starting { waiters: Vec<Reply>, held: Held },
     /// Delivered up to `at`: announcements go straight to the sink.
     Live(At),
+    /// Subscribing again (its link came back, or it moved to another
+    /// master's), then reading what came after `at`; `sent` while the
+    /// subscribe is under way.
+    Resubscribing { at: At, held: Held, sent: bool },
     /// Reading history after `at` (a gap, a reconnect, a seq issued twice:
     /// `reissued`, and the read tells Redis that it went back in time).
     Catching { at: At, held: Held, reissued: bool },
@@ -79,6 +106,17 @@ enum Flow {
     /// for the unsubscribe to be confirmed before it subscribes again:
     /// sent in the other order, the two would leave the topic unsubscribed.
     Leaving { waiters: Vec<Reply> },
+}
+
+impl Flow {
+    fn held(&mut self) -> Option<&mut Held> {
+        match self {
+            Self::Starting { held, .. }
+            | Self::Resubscribing { held, .. }
+            | Self::Catching { held, .. } => Some(held),
+            Self::Live(_) | Self::Leaving { .. } => None,
+        }
+    }
 }
 
 /// How far a topic was delivered on this pod.
@@ -105,7 +143,6 @@ pub struct Announced {
     pub traceparent: Option<Box<str>>,
     pub data: Bytes,
 }
-
 /// What to do with an announcement, given where the topic stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -155,35 +192,78 @@ struct Held {
     overflow: Option<Announced>,
 }
 
-/// What a task that talked to Redis reports back. `generation` names the
-/// connection it was started on: a report about an earlier one is ignored.
+/// What a task that talked to Redis reports back. `link` and `generation`
+/// name the connection it was started on: a report about an earlier one (or
+/// about a topic that has moved to another link) is ignored.
 enum Done {
+    Connected {
+        link: usize,
+        generation: u64,
+        result: redis::RedisResult<MultiplexedConnection>,
+    },
     Subscribed {
+        link: usize,
         generation: u64,
         topics: Vec<Topic>,
-        result: Result<(), BrokerError>,
+        result: Result<Vec<Subscription>, BrokerError>,
     },
     Read {
+        link: usize,
         generation: u64,
         topics: Vec<Topic>,
         result: Result<Vec<Recovered>, BrokerError>,
     },
     Filled {
+        link: usize,
         generation: u64,
         topic: Topic,
         upto: u64,
         result: Result<Vec<Publication>, BrokerError>,
     },
     Unsubscribed {
+        link: usize,
         generation: u64,
         topics: Vec<Topic>,
         result: Result<(), BrokerError>,
     },
+    /// The cluster's slot map was read.
+    Mapped(Result<(), BrokerError>),
 }
+
+/// How Redis answered the subscribe of one channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Subscription {
+    Confirmed,
+    /// Another master serves its slot now (`MOVED`): read the map again.
+    Elsewhere,
+}
+
+/// One pub/sub connection: to the one Redis, or to a cluster's master.
+struct Link {
+    /// `host:port` of its master; empty for the one Redis.
+    address: String,
+    /// Counts its connections: which one a [`Done`] or a push belongs to.
+    generation: u64,
+    state: LinkState,
+    backoff: Duration,
+    last_error: Option<String>,
+}
+
+enum LinkState {
+    /// Connecting again at `retry_at` (or when a topic needs it).
+    Down {
+        retry_at: Instant,
+    },
+    Connecting,
+    Up(MultiplexedConnection),
+}
+
+/// A push from a link's connection, with where it came from.
+type Push = (usize, u64, PushInfo);
 
 pub struct Pubsub {
     client: Connector,
-    conn: Commands,
+    shards: Shards,
     sink: Arc<dyn Deliver>,
     observer: Arc<dyn Observer>,
     lineage: Arc<Lineage>,
@@ -194,21 +274,20 @@ pub struct Pubsub {
     /// Told when the connection comes up or fails.
     reach: Arc<Reach>,
     control_channel: String,
+    /// The link the control channel is subscribed on (`SUBSCRIBE`: in a
+    /// cluster, every node hears every `PUBLISH`).
+    control: Option<usize>,
     topics: HashMap<Topic, Watched>,
-    /// Counts connections: which one a [`Done`] belongs to.
-    generation: u64,
+    links: Vec<Link>,
     done: mpsc::UnboundedSender<Done>,
     reports: mpsc::UnboundedReceiver<Done>,
+    push_sender: mpsc::UnboundedSender<Push>,
+    pushes: mpsc::UnboundedReceiver<Push>,
+    /// A read of the cluster's map is under way, or wanted.
+    mapping: bool,
+    map_wanted: bool,
     /// Announcements held over all topics.
     held: usize,
-}
-
-/// Why the connected loop ended.
-enum Ended {
-    /// The broker was dropped.
-    Shutdown,
-    /// The connection failed; reconnect.
-    Lost,
 }
 
 impl Pubsub {
@@ -216,7 +295,7 @@ impl Pubsub {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Connector,
-        conn: Commands,
+        shards: Shards,
         sink: Arc<dyn Deliver>,
         observer: Arc<dyn Observer>,
         lineage: Arc<Lineage>,
@@ -225,77 +304,66 @@ impl Pubsub {
         reach: Arc<Reach>,
     ) -> Self {
         let (done, reports) = mpsc::unbounded_channel();
-        let keys = Keys::new(&settings.prefix);
+        let (push_sender, pushes) = mpsc::unbounded_channel();
+        let keys = Keys::new(&settings.prefix, shards.is_cluster());
         Self {
             control_channel: keys.control_channel(),
             keys,
             reach,
             client,
-            conn,
+            shards,
             sink,
             observer,
             lineage,
             namespaces,
             settings,
+            control: None,
             topics: HashMap::new(),
-            generation: 0,
+            links: Vec::new(),
             done,
             reports,
+            push_sender,
+            pushes,
+            mapping: false,
+            map_wanted: false,
             held: 0,
         }
     }
 }
 
 pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>) {
-    let mut backoff = MIN_BACKOFF;
-    let mut last_error: Option<String> = None;
+    // The control channel's link first: its connection decides readiness.
+    let control = ps.link_for(&ps.control_channel.clone());
+    ps.control = control;
+    let mut ticks = tokio::time::interval(MIN_BACKOFF);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_linger = Instant::now();
+    let mut last_map = Instant::now();
     loop {
-        let connected = tokio::time::timeout(ps.settings.command_timeout, ps.client.pubsub()).await;
-        let (subscriber, mut stream) = match connected {
-            Ok(Ok(pubsub)) => pubsub.split(),
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                // Once a second while Redis is away: said again only when
-                // the reason changes (`/readyz` and the metrics say it meanwhile).
-                if backoff < MAX_BACKOFF || last_error.as_deref() != Some(error.as_str()) {
-                    tracing::warn!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
-                } else {
-                    tracing::debug!(%error, retry_in = ?backoff, "redis pub/sub connection failed");
+        tokio::select! {
+            command = commands.recv() => {
+                let Some(command) = command else { return };
+                let mut batch = vec![command];
+                while let Ok(more) = commands.try_recv() {
+                    batch.push(more);
                 }
-                ps.reach.down(&error);
-                last_error = Some(error);
-                // Keep answering watches (they fail fast) while waiting.
-                let wait = tokio::time::sleep(jitter(backoff));
-                tokio::pin!(wait);
-                loop {
-                    tokio::select! {
-                        _ = &mut wait => break,
-                        command = commands.recv() => match command {
-                            Some(command) => ps.refuse(command),
-                            None => return,
-                        },
-                    }
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+                ps.command(batch);
             }
-        };
-        match ps.serve(subscriber, &mut stream, &mut commands).await {
-            Ended::Shutdown => return,
-            Ended::Lost => {
-                ps.observer.pubsub_up(false);
-                ps.reach.down("the pub/sub connection was lost");
-                ps.lost();
-                tracing::warn!(
-                    topics = ps.topics.len(),
-                    "redis pub/sub connection lost; reconnecting"
-                );
-                backoff = MIN_BACKOFF;
-                last_error = None;
-                tokio::time::sleep(jitter(backoff)).await;
+            Some(push) = ps.pushes.recv() => ps.push(push),
+            Some(done) = ps.reports.recv() => ps.done(done),
+            _ = ticks.tick() => {
+                let now = Instant::now();
+                ps.reconnect_due(now);
+                let linger = ps.settings.linger.max(MIN_BACKOFF);
+                if now.duration_since(last_linger) >= linger {
+                    last_linger = now;
+                    ps.unsubscribe_idle();
+                }
+                if ps.shards.is_cluster() && now.duration_since(last_map) >= MAP_CHECK {
+                    last_map = now;
+                    ps.read_map();
+                }
+                ps.resubscribe_waiting();
             }
         }
     }
@@ -307,146 +375,400 @@ fn jitter(d: Duration) -> Duration {
 }
 
 impl Pubsub {
-    /// A watch while disconnected fails at once; an unwatch is recorded.
-    fn refuse(&mut self, command: Command) {
-        match command {
-            Command::Watch(_, reply) => {
-                let _ = reply.send(Err(BrokerError::Unavailable(
-                    "redis pub/sub is reconnecting".into(),
-                )));
-            }
-            Command::Unwatch(topic) => self.release(&topic, true),
+    /// The link for `channel`: the one Redis's, or its slot's master's
+    /// (made, and connecting, if new); `None` while the cluster's map has no
+    /// master for it.
+    fn link_for(&mut self, channel: &str) -> Option<usize> {
+        let address = if self.shards.is_cluster() {
+            let slot = slots::slot(channel.as_bytes());
+            self.shards.map().master(slot)?.to_owned()
+        } else {
+            String::new()
+        };
+        if let Some(i) = self.links.iter().position(|l| l.address == address) {
+            return Some(i);
         }
+        Some(self.add_link(address))
     }
 
-    /// One watch fewer; `forget` drops an idle topic at once (there is no
-    /// subscription to end).
-    fn release(&mut self, topic: &Topic, forget: bool) {
-        if let Some(watched) = self.topics.get_mut(topic) {
-            watched.count = watched.count.saturating_sub(1);
-            if watched.count == 0 {
-                if forget {
-                    self.forget(topic);
-                } else {
-                    watched.idle_since = Some(Instant::now());
+    /// A new link to `address`, connecting.
+    fn add_link(&mut self, address: String) -> usize {
+        self.links.push(Link {
+            address,
+            generation: 0,
+            state: LinkState::Down {
+                retry_at: Instant::now(),
+            },
+            backoff: MIN_BACKOFF,
+            last_error: None,
+        });
+        let link = self.links.len() - 1;
+        self.connect(link);
+        link
+    }
+
+    /// Connects `link` in the background (a [`Done::Connected`] follows).
+    fn connect(&mut self, link: usize) {
+        let Some(l) = self.links.get_mut(link) else {
+            return;
+        };
+        if !matches!(l.state, LinkState::Down { .. }) {
+            return;
+        }
+        l.generation += 1;
+        l.state = LinkState::Connecting;
+        let generation = l.generation;
+        let connector = if l.address.is_empty() {
+            Some(self.client.clone())
+        } else {
+            self.shards.connector(Some(&l.address))
+        };
+        let pushes = self.push_sender.clone();
+        let done = self.done.clone();
+        let timeout = self.settings.command_timeout;
+        tokio::spawn(async move {
+            let result = match connector {
+                Some(connector) => {
+                    let sender = move |info: PushInfo| pushes.send((link, generation, info));
+                    tokio::time::timeout(timeout, connector.pubsub_link(sender))
+                        .await
+                        .unwrap_or_else(|_| Err(timed_out()))
                 }
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "a cluster node address that is not host:port",
+                ))),
+            };
+            let _ = done.send(Done::Connected {
+                link,
+                generation,
+                result,
+            });
+        });
+    }
+
+    /// Connects again the links whose backoff has passed, and those that
+    /// topics wait for.
+    fn reconnect_due(&mut self, now: Instant) {
+        let map = self.shards.map();
+        let due: Vec<usize> = (0..self.links.len())
+            .filter(
+                |&i| matches!(self.links[i].state, LinkState::Down { retry_at } if retry_at <= now),
+            )
+            // A link still of use: the control channel's, a master's (a
+            // former master's only while topics wait on it).
+            .filter(|&i| {
+                Some(i) == self.control
+                    || map.masters.contains(&self.links[i].address)
+                    || self.topics.values().any(|w| w.link == i)
+            })
+            .collect();
+        for link in due {
+            self.connect(link);
+        }
+    }
+
+    /// The connection of `link` and its generation, while it is up.
+    fn up(&self, link: usize) -> Option<(MultiplexedConnection, u64)> {
+        match self.links.get(link)? {
+            Link {
+                state: LinkState::Up(conn),
+                generation,
+                ..
+            } => Some((conn.clone(), *generation)),
+            _ => None,
+        }
+    }
+
+    fn is_up(&self, link: usize) -> bool {
+        matches!(
+            self.links.get(link).map(|l| &l.state),
+            Some(LinkState::Up(_))
+        )
+    }
+
+    /// A link connected, or failed to.
+    fn connected(&mut self, link: usize, result: redis::RedisResult<MultiplexedConnection>) {
+        let is_control = Some(link) == self.control;
+        let Some(l) = self.links.get_mut(link) else {
+            return;
+        };
+        let conn = match result {
+            Ok(conn) => conn,
+            Err(e) => {
+                let error = e.to_string();
+                // Once a second while Redis is away: said again only when
+                // the reason changes (`/readyz` and the metrics say it meanwhile).
+                if l.backoff < MAX_BACKOFF || l.last_error.as_deref() != Some(error.as_str()) {
+                    tracing::warn!(%error, node = %l.address, retry_in = ?l.backoff, "redis pub/sub connection failed");
+                } else {
+                    tracing::debug!(%error, node = %l.address, retry_in = ?l.backoff, "redis pub/sub connection failed");
+                }
+                l.state = LinkState::Down {
+                    retry_at: Instant::now() + jitter(l.backoff),
+                };
+                l.backoff = (l.backoff * 2).min(MAX_BACKOFF);
+                l.last_error = Some(error.clone());
+                if is_control {
+                    self.reach.down(&error);
+                }
+                self.want_map();
+                return;
+            }
+        };
+        l.state = LinkState::Up(conn);
+        l.backoff = MIN_BACKOFF;
+        l.last_error = None;
+        // Everything this link had: subscribed again (all batches at once),
+        // then read from where it stood.
+        let mut again = Vec::new();
+        for (topic, watched) in &mut self.topics {
+            if watched.link != link {
+                continue;
+            }
+            let flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+            watched.flow = match flow {
+                Flow::Live(at) => Flow::Resubscribing {
+                    at,
+                    held: Held::default(),
+                    sent: true,
+                },
+                Flow::Resubscribing { at, held, .. } => Flow::Resubscribing {
+                    at,
+                    held,
+                    sent: true,
+                },
+                other => other,
+            };
+            // Starting: watched while the link was connecting.
+            if matches!(
+                watched.flow,
+                Flow::Resubscribing { .. } | Flow::Starting { .. }
+            ) {
+                again.push(topic.clone());
             }
         }
+        let control = is_control.then(|| self.control_channel.clone());
+        self.subscribe(link, again, control);
     }
 
-    fn forget(&mut self, topic: &Topic) {
-        if let Some(Watched {
-            flow: Flow::Starting { held, .. } | Flow::Catching { held, .. },
-            ..
-        }) = self.topics.remove(topic)
-        {
-            self.held -= held.items.len();
+    /// A link's connection is gone: watches still starting on it fail
+    /// (their callers may try again), its other topics are subscribed and
+    /// read again once it is back (or at their slot's new master).
+    fn link_lost(&mut self, link: usize, why: &str) {
+        let is_control = Some(link) == self.control;
+        let Some(l) = self.links.get_mut(link) else {
+            return;
+        };
+        if !matches!(l.state, LinkState::Up(_)) {
+            return;
         }
-    }
-
-    /// The connection is gone: watches still starting fail (their callers
-    /// may try again), the others are read again once reconnected.
-    fn lost(&mut self) {
-        let starting: Vec<Topic> = self
+        l.generation += 1;
+        l.state = LinkState::Down {
+            retry_at: Instant::now() + jitter(MIN_BACKOFF),
+        };
+        let node = l.address.clone();
+        let on_link: Vec<Topic> = self
             .topics
             .iter()
-            .filter(|(_, w)| matches!(w.flow, Flow::Starting { .. } | Flow::Leaving { .. }))
-            .map(|(topic, _)| topic.clone())
+            .filter(|(_, w)| w.link == link)
+            .map(|(t, _)| t.clone())
             .collect();
-        for topic in starting {
-            let waiters = match self.topics.remove(&topic).map(|w| w.flow) {
-                Some(Flow::Starting { waiters, held }) => {
-                    self.held -= held.items.len();
-                    waiters
-                }
-                Some(Flow::Leaving { waiters }) => waiters,
-                _ => Vec::new(),
-            };
-            {
-                for reply in waiters {
-                    let _ = reply.send(Err(BrokerError::Unavailable(
-                        "redis pub/sub connection lost".into(),
-                    )));
-                }
-            }
+        tracing::warn!(
+            topics = on_link.len(),
+            %node,
+            "redis pub/sub connection lost ({why}); reconnecting"
+        );
+        for topic in on_link {
+            self.drop_pending(&topic, "redis pub/sub connection lost");
         }
-        for watched in self.topics.values_mut() {
-            if let Flow::Catching { at, held, .. } = &mut watched.flow {
-                self.held -= held.items.len();
-                watched.flow = Flow::Live(at.clone());
-            }
+        if is_control {
+            self.observer.pubsub_up(false);
+            self.reach.down("the pub/sub connection was lost");
         }
         self.observer.pubsub_backlog(self.held);
+        self.want_map();
     }
 
-    async fn serve(
-        &mut self,
-        mut subscriber: PubSubSink,
-        stream: &mut PubSubStream,
-        commands: &mut mpsc::UnboundedReceiver<Command>,
-    ) -> Ended {
-        self.generation += 1;
-        // Everything watched before the connection dropped: subscribe again
-        // (all batches at once), then read what was published meanwhile.
-        let channels: Vec<String> = std::iter::once(self.keys.control_channel())
-            .chain(self.topics.keys().map(|topic| self.keys.channel(topic)))
-            .collect();
-        if subscribe(&mut subscriber, &channels, &self.settings, &*self.observer)
-            .await
-            .is_err()
-        {
-            return Ended::Lost;
+    /// A topic whose link went away (or whose slot moved): a start or a
+    /// leave fails (the topic is forgotten), anything else waits to be
+    /// subscribed again and to catch up from where it stood.
+    fn drop_pending(&mut self, topic: &Topic, why: &str) {
+        let Some(watched) = self.topics.get_mut(topic) else {
+            return;
+        };
+        let mut flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+        if let Some(held) = flow.held() {
+            self.held -= held.items.len();
         }
-        self.observer.pubsub_up(true);
-        self.reach.up();
-        let mut resync = Vec::new();
-        for (topic, watched) in &mut self.topics {
-            if let Flow::Live(at) = &watched.flow {
-                watched.flow = Flow::Catching {
-                    at: at.clone(),
+        match flow {
+            Flow::Live(at) | Flow::Resubscribing { at, .. } | Flow::Catching { at, .. } => {
+                watched.flow = Flow::Resubscribing {
+                    at,
                     held: Held::default(),
-                    reissued: false,
+                    sent: false,
                 };
-                resync.push(topic.clone());
+            }
+            Flow::Starting { waiters, .. } | Flow::Leaving { waiters } => {
+                self.topics.remove(topic);
+                for reply in waiters {
+                    let _ = reply.send(Err(BrokerError::Unavailable(why.into())));
+                }
             }
         }
-        for batch in resync.chunks(READ_BATCH) {
-            self.read(batch.to_vec(), Duration::ZERO);
+    }
+
+    /// A push from a link: a message, an unsubscribe Redis sent by itself,
+    /// the connection's end.
+    fn push(&mut self, (link, generation, push): Push) {
+        if self
+            .links
+            .get(link)
+            .is_none_or(|l| l.generation != generation)
+        {
+            return;
         }
-        let mut linger =
-            tokio::time::interval(self.settings.linger.max(Duration::from_millis(100)));
-        linger.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                command = commands.recv() => {
-                    let Some(command) = command else { return Ended::Shutdown };
-                    let mut batch = vec![command];
-                    while let Ok(more) = commands.try_recv() {
-                        batch.push(more);
-                    }
-                    self.command(&subscriber, batch);
+        let PushInfo { kind, mut data } = push;
+        match kind {
+            PushKind::Message | PushKind::SMessage => {
+                let (Some(Value::BulkString(payload)), Some(Value::BulkString(channel))) =
+                    (data.pop(), data.pop())
+                else {
+                    return;
+                };
+                match std::str::from_utf8(&channel) {
+                    Ok(channel) => self.message(channel, Bytes::from(payload)),
+                    Err(_) => tracing::warn!("a message on a channel whose name is not UTF-8"),
                 }
-                message = stream.next() => {
-                    let Some(message) = message else { return Ended::Lost };
-                    self.message(message.get_channel_name(), message.get_payload_bytes());
-                }
-                Some(done) = self.reports.recv() => {
-                    if self.done(done, &subscriber).is_err() {
-                        return Ended::Lost;
-                    }
-                }
-                _ = linger.tick() => self.unsubscribe_idle(&subscriber),
             }
+            PushKind::Disconnection => self.link_lost(link, "disconnected"),
+            PushKind::SUnsubscribe | PushKind::Unsubscribe => {
+                // Our own unsubscribes are confirmed here too (a topic that
+                // is leaving); any other is Redis's: the topic's slot moved
+                // to another master.
+                let Some(Value::BulkString(channel)) = data.first() else {
+                    return;
+                };
+                let Some(topic) = std::str::from_utf8(channel)
+                    .ok()
+                    .and_then(|c| self.keys.topic_of_channel(c))
+                else {
+                    return;
+                };
+                if let Some(watched) = self.topics.get(&topic)
+                    && watched.link == link
+                    && !matches!(watched.flow, Flow::Leaving { .. } | Flow::Starting { .. })
+                {
+                    tracing::info!(%topic, "redis unsubscribed a topic (its slot moved); following it");
+                    self.drop_pending(&topic, "its slot moved");
+                    self.want_map();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Asks for the cluster's map to be read again (soon, once).
+    fn want_map(&mut self) {
+        if self.shards.is_cluster() {
+            self.map_wanted = true;
+            self.read_map();
+        }
+    }
+
+    /// Reads the cluster's map in the background (a [`Done::Mapped`]
+    /// follows), unless a read is under way.
+    fn read_map(&mut self) {
+        if self.mapping || !self.shards.is_cluster() {
+            return;
+        }
+        self.mapping = true;
+        self.map_wanted = false;
+        let shards = self.shards.clone();
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            let result = shards.refresh().await.map_err(super::unavailable);
+            let _ = done.send(Done::Mapped(result));
+        });
+    }
+
+    /// The map was read: every topic (and the control channel) whose slot
+    /// has another master now moves to that master's link.
+    fn mapped(&mut self) {
+        // A link to every master, before any topic needs it.
+        for master in &self.shards.map().masters {
+            if !self.links.iter().any(|l| l.address == *master) {
+                self.add_link(master.clone());
+            }
+        }
+        let control = self.control_channel.clone();
+        if let Some(link) = self.link_for(&control)
+            && Some(link) != self.control
+        {
+            let old = self.control.replace(link);
+            tracing::info!(node = %self.links[link].address, "the control channel moves");
+            if let Some(old) = old {
+                self.unsubscribe_channels(old, vec![control.clone()]);
+            }
+            if self.is_up(link) {
+                self.subscribe(link, Vec::new(), Some(control));
+            }
+        }
+        let topics: Vec<Topic> = self.topics.keys().cloned().collect();
+        let mut moved: HashMap<usize, Vec<Topic>> = HashMap::new();
+        for topic in topics {
+            let Some(link) = self.link_for(&self.keys.channel(&topic)) else {
+                continue;
+            };
+            let Some(watched) = self.topics.get_mut(&topic) else {
+                continue;
+            };
+            if watched.link == link
+                || matches!(watched.flow, Flow::Starting { .. } | Flow::Leaving { .. })
+            {
+                continue;
+            }
+            let old = std::mem::replace(&mut watched.link, link);
+            tracing::info!(%topic, node = %self.links[link].address, "a topic moves to its slot's new master");
+            moved.entry(old).or_default().push(topic.clone());
+            self.drop_pending(&topic, "its slot moved");
+        }
+        for (old, topics) in moved {
+            let channels = topics.iter().map(|t| self.keys.channel(t)).collect();
+            self.unsubscribe_channels(old, channels);
+        }
+        self.resubscribe_waiting();
+    }
+
+    /// Subscribes the topics that wait for it on links that are up (the
+    /// others are subscribed when their link comes back: see
+    /// [`Pubsub::reconnect_due`]).
+    fn resubscribe_waiting(&mut self) {
+        let mut by_link: HashMap<usize, Vec<Topic>> = HashMap::new();
+        for (topic, watched) in &mut self.topics {
+            if let Flow::Resubscribing { sent, .. } = &mut watched.flow
+                && !*sent
+                && matches!(
+                    self.links.get(watched.link).map(|l| &l.state),
+                    Some(LinkState::Up(_))
+                )
+            {
+                *sent = true;
+                by_link.entry(watched.link).or_default().push(topic.clone());
+            }
+        }
+        for (link, topics) in by_link {
+            self.subscribe(link, topics, None);
         }
     }
 
     /// Handles watches and unwatches that arrived together: new topics are
-    /// subscribed in one command, then their positions read in one pipeline.
-    fn command(&mut self, subscriber: &PubSubSink, batch: Vec<Command>) {
-        let mut new = Vec::new();
+    /// subscribed in one pipeline per link, then their positions read.
+    fn command(&mut self, batch: Vec<Command>) {
+        let mut new: HashMap<usize, Vec<Topic>> = HashMap::new();
         for command in batch {
             match command {
-                Command::Unwatch(topic) => self.release(&topic, false),
+                Command::Unwatch(topic) => self.release(&topic),
                 Command::Watch(topic, reply) => match self.topics.get_mut(&topic) {
                     Some(watched) => {
                         watched.count += 1;
@@ -455,63 +777,118 @@ impl Pubsub {
                             Flow::Starting { waiters, .. } | Flow::Leaving { waiters } => {
                                 waiters.push(reply)
                             }
-                            // Subscribed: what is published from now on
-                            // reaches the sink.
-                            Flow::Live(_) | Flow::Catching { .. } => {
+                            // Subscribed, or being subscribed again: what is
+                            // published from now on reaches the sink.
+                            Flow::Live(_) | Flow::Catching { .. } | Flow::Resubscribing { .. } => {
                                 if reply.send(Ok(())).is_err() {
-                                    self.release(&topic, false);
+                                    self.release(&topic);
                                 }
                             }
                         }
                     }
                     None => {
+                        let channel = self.keys.channel(&topic);
+                        // A link that is connecting subscribes it when it is
+                        // up; one that failed to connect refuses it.
+                        let link = match self.link_for(&channel) {
+                            Some(link)
+                                if !matches!(self.links[link].state, LinkState::Down { .. }) =>
+                            {
+                                link
+                            }
+                            _ => {
+                                self.want_map();
+                                let _ = reply.send(Err(BrokerError::Unavailable(
+                                    "redis pub/sub is reconnecting".into(),
+                                )));
+                                continue;
+                            }
+                        };
                         self.topics.insert(
                             topic.clone(),
                             Watched {
                                 count: 1,
                                 idle_since: None,
+                                link,
                                 flow: Flow::Starting {
                                     waiters: vec![reply],
                                     held: Held::default(),
                                 },
                             },
                         );
-                        new.push(topic);
+                        if self.is_up(link) {
+                            new.entry(link).or_default().push(topic);
+                        }
                     }
                 },
             }
         }
-        self.subscribe(subscriber, new);
+        for (link, topics) in new {
+            self.subscribe(link, topics, None);
+        }
     }
 
-    /// Subscribes topics that are starting, in the background.
-    fn subscribe(&self, subscriber: &PubSubSink, new: Vec<Topic>) {
-        if new.is_empty() {
+    /// One watch fewer.
+    fn release(&mut self, topic: &Topic) {
+        if let Some(watched) = self.topics.get_mut(topic) {
+            watched.count = watched.count.saturating_sub(1);
+            if watched.count == 0 {
+                watched.idle_since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Subscribes `topics` (and `control`, the control channel) on `link`,
+    /// in the background.
+    fn subscribe(&self, link: usize, topics: Vec<Topic>, control: Option<String>) {
+        let Some((mut conn, generation)) = self.up(link) else {
+            return;
+        };
+        if topics.is_empty() && control.is_none() {
             return;
         }
-        let mut subscriber = subscriber.clone();
-        let settings = self.settings.clone();
-        let observer = self.observer.clone();
-        let done = self.done.clone();
-        let generation = self.generation;
-        let keys = self.keys.clone();
+        let sharded = self.shards.is_cluster();
+        let channels: Vec<String> = topics.iter().map(|t| self.keys.channel(t)).collect();
+        let (observer, done) = (self.observer.clone(), self.done.clone());
+        let timeout = self.settings.command_timeout;
         tokio::spawn(async move {
-            let channels: Vec<String> = new.iter().map(|topic| keys.channel(topic)).collect();
-            let result = subscribe(&mut subscriber, &channels, &settings, &*observer)
+            let start = std::time::Instant::now();
+            let subscribing = async {
+                if let Some(control) = &control {
+                    // The control channel is not a shard channel.
+                    let confirmed =
+                        confirm(&mut conn, "SUBSCRIBE", std::slice::from_ref(control)).await?;
+                    if confirmed.first() != Some(&Subscription::Confirmed) {
+                        return Err(broken("the control channel's subscribe was not confirmed"));
+                    }
+                }
+                let command = if sharded { "SSUBSCRIBE" } else { "SUBSCRIBE" };
+                let mut outcomes = Vec::with_capacity(channels.len());
+                for chunk in channels.chunks(SUBSCRIBE_BATCH) {
+                    outcomes.extend(confirm(&mut conn, command, chunk).await?);
+                }
+                Ok(outcomes)
+            };
+            let result = tokio::time::timeout(timeout, subscribing)
                 .await
-                .map_err(super::unavailable);
+                .unwrap_or_else(|_| Err(timed_out()));
+            observer.redis_call("subscribe", start.elapsed().as_secs_f64(), result.is_ok());
             let _ = done.send(Done::Subscribed {
+                link,
                 generation,
-                topics: new,
-                result,
+                topics,
+                result: result.map_err(super::unavailable),
             });
         });
     }
 
-    /// Reads the positions of `topics` (each as its flow needs: a start
-    /// without `since`, a catch-up after where it stands), in one pipeline,
-    /// after `delay`.
-    fn read(&self, topics: Vec<Topic>, delay: Duration) {
+    /// Reads the positions of `topics` on `link` (each as its flow needs: a
+    /// start without `since`, a catch-up after where it stands), in one
+    /// pipeline per master, after `delay`.
+    fn read(&self, link: usize, topics: Vec<Topic>, delay: Duration) {
+        let Some(generation) = self.links.get(link).map(|l| l.generation) else {
+            return;
+        };
         if topics.is_empty() {
             return;
         }
@@ -536,16 +913,15 @@ impl Pubsub {
                 (topic.clone(), since, vouch, self.history_ttl(topic))
             })
             .collect();
-        let conn = self.conn.clone();
+        let shards = self.shards.clone();
         let observer = self.observer.clone();
         let lineage = self.lineage.clone();
         let done = self.done.clone();
-        let generation = self.generation;
         let bound = self.settings.command_timeout * 2;
         let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let reading = read_many(&keys, &conn, &*observer, &lineage, &reads);
+            let reading = read_many(&keys, &shards, &*observer, &lineage, &reads);
             let result = tokio::time::timeout(bound, reading)
                 .await
                 .unwrap_or_else(|_| {
@@ -553,6 +929,7 @@ impl Pubsub {
                     Err(BrokerError::Unavailable("redis: timed out".into()))
                 });
             let _ = done.send(Done::Read {
+                link,
                 generation,
                 topics,
                 result,
@@ -562,24 +939,30 @@ impl Pubsub {
 
     /// Reads `after+1 ..= upto` of `epoch` from history.
     fn fill(&self, topic: &Topic, epoch: &Epoch, after: u64, upto: u64, delay: Duration) {
-        let conn = self.conn.clone();
+        let Some(link) = self.topics.get(topic).map(|w| w.link) else {
+            return;
+        };
+        let Some(generation) = self.links.get(link).map(|l| l.generation) else {
+            return;
+        };
+        let shards = self.shards.clone();
         let observer = self.observer.clone();
         let done = self.done.clone();
-        let generation = self.generation;
         let topic = topic.clone();
         let epoch = epoch.clone();
         let keys = self.keys.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let mut conn = conn;
+            let history = keys.history(&topic);
+            let mut range = redis::cmd("XRANGE");
+            range
+                .arg(&history)
+                .arg(format!("{}-0", after + 1))
+                .arg(format!("{upto}-0"));
             let result = timed(
                 &*observer,
                 "fill",
-                redis::cmd("XRANGE")
-                    .arg(keys.history(&topic))
-                    .arg(format!("{}-0", after + 1))
-                    .arg(format!("{upto}-0"))
-                    .query_async::<redis::Value>(&mut conn),
+                shards.command::<Value>(&history, &range),
             )
             .await
             .map(|reply| {
@@ -590,6 +973,7 @@ impl Pubsub {
                     .collect()
             });
             let _ = done.send(Done::Filled {
+                link,
                 generation,
                 topic,
                 upto,
@@ -598,20 +982,82 @@ impl Pubsub {
         });
     }
 
-    /// A report from Redis work. `Err` when the connection must be made
-    /// again (a subscribe failed).
-    fn done(&mut self, done: Done, subscriber: &PubSubSink) -> Result<(), ()> {
+    /// Whether `generation` is no longer `link`'s connection.
+    fn stale(&self, link: usize, generation: u64) -> bool {
+        self.links
+            .get(link)
+            .is_none_or(|l| l.generation != generation)
+    }
+
+    /// Whether a report from `link`'s connection `generation` about `topic`
+    /// still applies: the link has not reconnected since, and the topic is
+    /// still on it.
+    fn current(&self, link: usize, generation: u64, topic: &Topic) -> bool {
+        self.links
+            .get(link)
+            .is_some_and(|l| l.generation == generation)
+            && self.topics.get(topic).is_some_and(|w| w.link == link)
+    }
+
+    /// A report from Redis work.
+    fn done(&mut self, done: Done) {
         match done {
-            Done::Subscribed { generation, .. }
-            | Done::Read { generation, .. }
-            | Done::Filled { generation, .. }
-            | Done::Unsubscribed { generation, .. }
-                if generation != self.generation => {}
-            Done::Unsubscribed { topics, result, .. } => {
+            Done::Connected {
+                link,
+                generation,
+                result,
+            } => {
+                if self
+                    .links
+                    .get(link)
+                    .is_some_and(|l| l.generation == generation)
+                {
+                    self.connected(link, result);
+                }
+            }
+            Done::Mapped(result) => {
+                self.mapping = false;
+                match result {
+                    Ok(()) => self.mapped(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the redis cluster's slot map failed")
+                    }
+                }
+                if self.map_wanted {
+                    self.read_map();
+                }
+            }
+            Done::Subscribed {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                if self.stale(link, generation) {
+                    return;
+                }
+                match result {
+                    Ok(outcomes) => self.subscribed(link, topics, outcomes),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis subscribe failed");
+                        self.drop_link(link, "a subscribe failed");
+                    }
+                }
+            }
+            Done::Unsubscribed {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                if self.stale(link, generation) {
+                    return;
+                }
                 tracing::debug!(?topics, ?result, "unsubscribed");
                 if let Err(e) = result {
                     tracing::warn!(error = %e, "redis unsubscribe failed");
-                    return Err(());
+                    self.drop_link(link, "an unsubscribe failed");
+                    return;
                 }
                 let mut again = Vec::new();
                 for topic in topics {
@@ -632,87 +1078,137 @@ impl Pubsub {
                         _ => {}
                     }
                 }
-                self.subscribe(subscriber, again);
+                self.subscribe(link, again, None);
             }
-            Done::Subscribed { topics, result, .. } => {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "redis subscribe failed");
-                    return Err(());
-                }
-                tracing::debug!(?topics, "subscribed");
-                let starting = topics
+            Done::Read {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                let topics: Vec<Topic> = topics
                     .into_iter()
-                    .filter(|t| {
-                        self.topics
-                            .get(t)
-                            .is_some_and(|w| matches!(w.flow, Flow::Starting { .. }))
-                    })
+                    .filter(|t| self.current(link, generation, t))
                     .collect();
-                self.read(starting, Duration::ZERO);
-            }
-            Done::Read { topics, result, .. } => match result {
-                Ok(reads) => {
-                    for (topic, recovered) in topics.into_iter().zip(reads) {
-                        self.positioned(&topic, recovered);
+                match result {
+                    Ok(reads) => {
+                        for (topic, recovered) in topics.into_iter().zip(reads) {
+                            self.positioned(&topic, recovered);
+                        }
                     }
+                    Err(e) => self.read_failed(link, topics, e),
                 }
-                Err(e) => self.read_failed(topics, e, subscriber),
-            },
+            }
             Done::Filled {
+                link,
+                generation,
                 topic,
                 upto,
                 result,
-                ..
-            } => match result {
-                Ok(publications) => self.filled(&topic, upto, publications),
-                Err(e) => {
-                    tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
-                    if let Some(Watched {
-                        flow: Flow::Catching { at, .. },
-                        ..
-                    }) = self.topics.get(&topic)
-                    {
-                        let (epoch, after) = (at.epoch.clone(), at.seq);
-                        self.fill(&topic, &epoch, after, upto, MIN_BACKOFF);
+            } => {
+                if !self.current(link, generation, &topic) {
+                    return;
+                }
+                match result {
+                    Ok(publications) => self.filled(&topic, upto, publications),
+                    Err(e) => {
+                        tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
+                        if let Some(Watched {
+                            flow: Flow::Catching { at, .. },
+                            ..
+                        }) = self.topics.get(&topic)
+                        {
+                            let (epoch, after) = (at.epoch.clone(), at.seq);
+                            self.fill(&topic, &epoch, after, upto, MIN_BACKOFF);
+                        }
                     }
                 }
-            },
+            }
         }
-        Ok(())
+    }
+
+    /// Drops a link's connection (a failed subscribe or unsubscribe): it is
+    /// made again, as after any loss.
+    fn drop_link(&mut self, link: usize, why: &str) {
+        self.link_lost(link, why);
+    }
+
+    /// A subscribe was answered: starting topics read their position, those
+    /// subscribed again catch up; a topic whose slot moved waits for the map.
+    fn subscribed(&mut self, link: usize, topics: Vec<Topic>, outcomes: Vec<Subscription>) {
+        if Some(link) == self.control && !self.reach.connected() {
+            self.observer.pubsub_up(true);
+            self.reach.up();
+        }
+        tracing::debug!(?topics, "subscribed");
+        let mut reads = Vec::new();
+        let mut elsewhere = false;
+        for (topic, outcome) in topics.into_iter().zip(outcomes) {
+            let Some(watched) = self.topics.get_mut(&topic) else {
+                continue;
+            };
+            if watched.link != link {
+                continue;
+            }
+            if outcome == Subscription::Elsewhere {
+                elsewhere = true;
+                self.drop_pending(&topic, "its slot moved");
+                continue;
+            }
+            let flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+            watched.flow = match flow {
+                Flow::Resubscribing { at, held, .. } => {
+                    reads.push(topic);
+                    Flow::Catching {
+                        at,
+                        held,
+                        reissued: false,
+                    }
+                }
+                flow @ Flow::Starting { .. } => {
+                    reads.push(topic);
+                    flow
+                }
+                other => other,
+            };
+        }
+        for batch in reads.chunks(READ_BATCH) {
+            self.read(link, batch.to_vec(), Duration::ZERO);
+        }
+        if elsewhere {
+            self.want_map();
+        }
     }
 
     /// A read failed: new watches fail (their callers may try again), a
     /// catch-up is tried again.
-    fn read_failed(&mut self, topics: Vec<Topic>, e: BrokerError, subscriber: &PubSubSink) {
+    fn read_failed(&mut self, link: usize, topics: Vec<Topic>, e: BrokerError) {
         let mut retry = Vec::new();
         let mut abandoned = Vec::new();
         for topic in topics {
-            match self.topics.get(&topic).map(|w| &w.flow) {
-                Some(Flow::Starting { .. }) => {
-                    if let Some(watched) = self.topics.get_mut(&topic) {
-                        watched.count = 0;
-                        if let Flow::Starting { waiters, .. } = &mut watched.flow {
-                            for reply in waiters.drain(..) {
-                                let _ = reply.send(Err(e.clone()));
-                            }
-                        }
+            match self
+                .topics
+                .get_mut(&topic)
+                .map(|w| (&mut w.count, &mut w.flow))
+            {
+                Some((count, Flow::Starting { waiters, .. })) => {
+                    *count = 0;
+                    for reply in waiters.drain(..) {
+                        let _ = reply.send(Err(e.clone()));
                     }
                     abandoned.push(topic);
                 }
-                Some(Flow::Catching { .. }) => retry.push(topic),
+                Some((_, Flow::Catching { .. })) => retry.push(topic),
                 _ => {}
             }
         }
         if !retry.is_empty() {
             tracing::warn!(error = %e, topics = retry.len(), "reading topics after a reconnect failed; retrying");
-            self.read(retry, MIN_BACKOFF);
+            self.read(link, retry, MIN_BACKOFF);
         }
-        if !abandoned.is_empty() {
-            self.leave(subscriber, abandoned);
-        }
+        self.leave(abandoned);
         self.observer.pubsub_backlog(self.held);
     }
-
     /// A topic's position was read: a new watch starts from it, a catch-up
     /// delivers what history holds after where the topic stood (or resets).
     fn positioned(&mut self, topic: &Topic, recovered: Recovered) {
@@ -739,7 +1235,7 @@ impl Pubsub {
                     }
                 }
                 for _ in 0..given_up {
-                    self.release(topic, false);
+                    self.release(topic);
                 }
                 self.replay_held(topic, held);
             }
@@ -781,7 +1277,7 @@ impl Pubsub {
                 self.replay_held(topic, held);
             }
             // Read twice (a retry crossed a report): the first one won.
-            flow @ (Flow::Live(_) | Flow::Leaving { .. }) => {
+            flow @ (Flow::Live(_) | Flow::Leaving { .. } | Flow::Resubscribing { .. }) => {
                 if let Some(watched) = self.topics.get_mut(topic) {
                     watched.flow = flow;
                 }
@@ -852,7 +1348,9 @@ impl Pubsub {
         match &mut watched.flow {
             // Catching up again: whatever it reads next covers it, or the
             // next announcement shows the gap.
-            Flow::Starting { held, .. } | Flow::Catching { held, .. } => {
+            Flow::Starting { held, .. }
+            | Flow::Resubscribing { held, .. }
+            | Flow::Catching { held, .. } => {
                 held.overflow = Some(last);
             }
             Flow::Leaving { .. } => {}
@@ -904,29 +1402,31 @@ impl Pubsub {
 
     /// A message from the channel: a publication's announcement, or a
     /// control message.
-    fn message(&mut self, channel: &str, payload: &[u8]) {
+    fn message(&mut self, channel: &str, payload: Bytes) {
         if channel == self.control_channel {
-            self.control(payload);
+            self.control(&payload);
             return;
         }
         let Some(topic) = self.keys.topic_of_channel(channel) else {
             return;
         };
-        let Some(announcement) = parse_payload(payload) else {
+        let Some(announcement) = parse_payload(&payload) else {
             tracing::warn!(channel, "unreadable publication on a herald channel");
             return;
         };
         let lag_ms = now_ms().saturating_sub(announcement.at_ms);
         self.observer.pubsub_lag(lag_ms as f64 / 1000.0);
         if let Some(clock) = announcement.clock {
-            self.lineage.saw_clock(clock);
+            self.lineage.saw_clock(self.keys.slot(&topic), clock);
         }
         let Some(watched) = self.topics.get(&topic) else {
             return;
         };
         // One epoch string per topic, not one per announcement.
         let epoch = match &watched.flow {
-            Flow::Live(at) | Flow::Catching { at, .. } if *at.epoch == *announcement.epoch => {
+            Flow::Live(at) | Flow::Catching { at, .. } | Flow::Resubscribing { at, .. }
+                if *at.epoch == *announcement.epoch =>
+            {
                 at.epoch.clone()
             }
             _ => Arc::from(announcement.epoch),
@@ -938,7 +1438,8 @@ impl Pubsub {
                 seq: announcement.seq,
                 clock: announcement.clock,
                 traceparent: announcement.traceparent.map(Box::from),
-                data: Bytes::copy_from_slice(announcement.data),
+                // A view into the payload the parser read: no copy.
+                data: payload.slice_ref(announcement.data),
             },
         );
     }
@@ -950,7 +1451,9 @@ impl Pubsub {
             return;
         };
         let at = match &mut watched.flow {
-            Flow::Starting { held, .. } | Flow::Catching { held, .. } => {
+            Flow::Starting { held, .. }
+            | Flow::Resubscribing { held, .. }
+            | Flow::Catching { held, .. } => {
                 if held.items.len() < MAX_HELD {
                     held.items.push(a);
                     self.held += 1;
@@ -1005,12 +1508,13 @@ impl Pubsub {
                 tracing::warn!(%topic, epoch = %at.epoch, seq = a.seq, delivered = at.seq, "a seq was issued twice: redis went back in time");
                 // Read again, vouching that Redis went back: the topic
                 // moves to a new epoch, and its subscribers are reset.
+                let link = watched.link;
                 watched.flow = Flow::Catching {
                     at: at.clone(),
                     held: Held::default(),
                     reissued: true,
                 };
-                self.read(vec![topic.clone()], Duration::ZERO);
+                self.read(link, vec![topic.clone()], Duration::ZERO);
             }
         }
     }
@@ -1032,7 +1536,7 @@ impl Pubsub {
     }
 
     /// Ends the subscriptions nobody watched for the linger time.
-    fn unsubscribe_idle(&mut self, subscriber: &PubSubSink) {
+    fn unsubscribe_idle(&mut self) {
         let linger = self.settings.linger;
         let now = Instant::now();
         let idle: Vec<Topic> = self
@@ -1046,77 +1550,163 @@ impl Pubsub {
             })
             .map(|(topic, _)| topic.clone())
             .collect();
-        self.leave(subscriber, idle);
+        self.leave(idle);
     }
 
     /// Unsubscribes `topics` in the background; they are `Leaving` until
-    /// Redis confirms it.
-    fn leave(&mut self, subscriber: &PubSubSink, topics: Vec<Topic>) {
+    /// Redis confirms it. A topic on a link that is down is forgotten at
+    /// once (there is no subscription to end).
+    fn leave(&mut self, topics: Vec<Topic>) {
         if topics.is_empty() {
             return;
         }
         tracing::debug!(?topics, "leaving");
-        for topic in &topics {
-            if let Some(watched) = self.topics.get_mut(topic) {
-                let flow = std::mem::replace(
-                    &mut watched.flow,
-                    Flow::Leaving {
-                        waiters: Vec::new(),
-                    },
-                );
-                if let Flow::Starting { held, .. } | Flow::Catching { held, .. } = flow {
-                    self.held -= held.items.len();
-                }
+        let mut by_link: HashMap<usize, Vec<Topic>> = HashMap::new();
+        for topic in topics {
+            let Some(watched) = self.topics.get_mut(&topic) else {
+                continue;
+            };
+            let link = watched.link;
+            let mut flow = std::mem::replace(
+                &mut watched.flow,
+                Flow::Leaving {
+                    waiters: Vec::new(),
+                },
+            );
+            if let Some(held) = flow.held() {
+                self.held -= held.items.len();
+            }
+            if self.is_up(link) {
+                by_link.entry(link).or_default().push(topic);
+            } else {
+                self.topics.remove(&topic);
             }
         }
         self.observer.pubsub_backlog(self.held);
-        let mut subscriber = subscriber.clone();
-        let timeout = self.settings.command_timeout;
-        let done = self.done.clone();
-        let generation = self.generation;
-        let keys = self.keys.clone();
-        tokio::spawn(async move {
-            let channels: Vec<String> = topics.iter().map(|topic| keys.channel(topic)).collect();
-            let mut result = Ok(());
-            for chunk in channels.chunks(SUBSCRIBE_BATCH) {
-                result = tokio::time::timeout(timeout, subscriber.unsubscribe(chunk))
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out()))
-                    .map_err(super::unavailable);
-                if result.is_err() {
-                    break;
+        for (link, topics) in by_link {
+            let Some((mut conn, generation)) = self.up(link) else {
+                continue;
+            };
+            let command = self.unsubscribe_command();
+            let channels: Vec<String> = topics.iter().map(|t| self.keys.channel(t)).collect();
+            let (done, timeout) = (self.done.clone(), self.settings.command_timeout);
+            tokio::spawn(async move {
+                let mut result = Ok(());
+                for chunk in channels.chunks(SUBSCRIBE_BATCH) {
+                    let unsubscribing = confirm(&mut conn, command, chunk);
+                    result = tokio::time::timeout(timeout, unsubscribing)
+                        .await
+                        .unwrap_or_else(|_| Err(timed_out()))
+                        .map(drop)
+                        .map_err(super::unavailable);
+                    if result.is_err() {
+                        break;
+                    }
                 }
-            }
-            let _ = done.send(Done::Unsubscribed {
-                generation,
-                topics,
-                result,
+                let _ = done.send(Done::Unsubscribed {
+                    link,
+                    generation,
+                    topics,
+                    result,
+                });
             });
+        }
+    }
+
+    /// Unsubscribes channels that moved away from `link`, in the
+    /// background; how it went matters to nobody (the node may be gone).
+    fn unsubscribe_channels(&self, link: usize, channels: Vec<String>) {
+        let Some((mut conn, _)) = self.up(link) else {
+            return;
+        };
+        let command = self.unsubscribe_command();
+        let timeout = self.settings.command_timeout;
+        tokio::spawn(async move {
+            for chunk in channels.chunks(SUBSCRIBE_BATCH) {
+                let _ = tokio::time::timeout(timeout, confirm(&mut conn, command, chunk)).await;
+            }
         });
+    }
+
+    fn unsubscribe_command(&self) -> &'static str {
+        if self.shards.is_cluster() {
+            "SUNSUBSCRIBE"
+        } else {
+            "UNSUBSCRIBE"
+        }
     }
 }
 
-/// Subscribes `channels`, all batches at once.
-async fn subscribe(
-    subscriber: &mut PubSubSink,
+/// Sends `command` (`SUBSCRIBE`, `SSUBSCRIBE`, or their unsubscribes) for
+/// each channel, one command each in one pipeline, and checks each answer.
+/// A channel whose slot another master serves now is
+/// [`Subscription::Elsewhere`]. Any other answer than the command's
+/// confirmation (an unsubscribe Redis sent by itself, taken for an answer)
+/// fails the whole: the link is then made again, which leaves no doubt
+/// about what it is subscribed to.
+async fn confirm(
+    conn: &mut MultiplexedConnection,
+    command: &'static str,
     channels: &[String],
-    settings: &RedisSettings,
-    observer: &dyn Observer,
-) -> redis::RedisResult<()> {
-    let start = std::time::Instant::now();
-    let batches = channels.chunks(SUBSCRIBE_BATCH).map(|chunk| {
-        let mut subscriber = subscriber.clone();
-        async move { subscriber.subscribe(chunk).await }
-    });
-    let result = tokio::time::timeout(
-        settings.command_timeout,
-        futures_util::future::try_join_all(batches),
-    )
-    .await
-    .unwrap_or_else(|_| Err(timed_out()))
-    .map(drop);
-    observer.redis_call("subscribe", start.elapsed().as_secs_f64(), result.is_ok());
-    result
+) -> redis::RedisResult<Vec<Subscription>> {
+    let kind = match command {
+        "SUBSCRIBE" => PushKind::Subscribe,
+        "SSUBSCRIBE" => PushKind::SSubscribe,
+        "UNSUBSCRIBE" => PushKind::Unsubscribe,
+        _ => PushKind::SUnsubscribe,
+    };
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for channel in channels {
+        pipe.cmd(command).arg(channel);
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    channels
+        .iter()
+        .zip(replies)
+        .map(|(channel, reply)| match reply {
+            Value::Push { kind: k, data }
+                if k == kind
+                    && matches!(data.first(), Some(Value::BulkString(c)) if c == channel.as_bytes()) =>
+            {
+                Ok(Subscription::Confirmed)
+            }
+            Value::ServerError(e)
+                if matches!(
+                    e.kind(),
+                    Some(
+                        redis::ServerErrorKind::Moved
+                            | redis::ServerErrorKind::Ask
+                            | redis::ServerErrorKind::ClusterDown
+                            | redis::ServerErrorKind::TryAgain
+                    )
+                ) =>
+            {
+                Ok(Subscription::Elsewhere)
+            }
+            other => Err(broken(&format!(
+                "{command} {channel} was answered with {other:?}"
+            ))),
+        })
+        .collect()
+}
+
+fn broken(what: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "an unexpected pub/sub answer",
+        what.to_owned(),
+    ))
+}
+
+/// A stand-in while a flow is being replaced.
+fn placeholder() -> At {
+    At {
+        epoch: Arc::from(""),
+        seq: 0,
+        read_seq: 0,
+        read_clock: 0,
+    }
 }
 
 fn timed_out() -> redis::RedisError {

@@ -8,6 +8,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
+use super::slots;
 use crate::Topic;
 
 /// The prefix of every key and channel unless `redis.prefix` says
@@ -22,6 +23,8 @@ const MAX_PREFIX_LEN: usize = 64;
 #[derive(Debug, Clone)]
 pub struct Keys {
     prefix: Arc<str>,
+    /// A cluster: a lineage per slot.
+    cluster: bool,
 }
 
 /// Why a prefix cannot be used.
@@ -44,15 +47,27 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
 
 impl Default for Keys {
     fn default() -> Self {
-        Self::new(DEFAULT_PREFIX)
+        Self::new(DEFAULT_PREFIX, false)
     }
 }
 
 impl Keys {
-    /// Keys under `prefix`, which [`check_prefix`] accepts.
-    pub fn new(prefix: &str) -> Self {
+    /// Keys under `prefix`, which [`check_prefix`] accepts; in a `cluster`,
+    /// lineages per slot.
+    pub fn new(prefix: &str, cluster: bool) -> Self {
         Self {
             prefix: Arc::from(prefix),
+            cluster,
+        }
+    }
+
+    /// The slot of the topic's keys in a cluster (0 otherwise): which
+    /// lineage is the topic's.
+    pub fn slot(&self, topic: &Topic) -> u16 {
+        if self.cluster {
+            slots::slot(topic.as_str().as_bytes())
+        } else {
+            0
         }
     }
 
@@ -115,8 +130,16 @@ impl Keys {
     /// script then starts a new lineage, and every topic written before it
     /// gets a new epoch when it is next touched. See docs/protocol.md, "When
     /// Redis goes back in time".
-    pub fn lineage(&self) -> String {
-        format!("{}:lineage", self.prefix)
+    ///
+    /// In a cluster, each slot has its own (`<prefix>:lineage:{<tag>}`, in
+    /// the slot): a script's keys must share a slot, and the lineage moves
+    /// with the slot's keys.
+    pub fn lineage(&self, slot: u16) -> String {
+        if self.cluster {
+            format!("{}:lineage:{{{}}}", self.prefix, slots::tag(slot))
+        } else {
+            format!("{}:lineage", self.prefix)
+        }
     }
 }
 
@@ -198,11 +221,15 @@ return 0
 /// the connection that serves it now (Redis was frozen, or the network held
 /// the claim back).
 ///
-/// Given a snapshot (`ARGV[4]`, without an owner line), a session that is not
-/// there is stored as that, for `ARGV[5]` ms, and claimed (from "").
+/// Given a snapshot (`ARGV[5]`, without an owner line), a session that is not
+/// there is stored as that, for `ARGV[6]` ms, and claimed (from "").
+///
+/// The user's revocation is read from `KEYS[2]`, or (in a cluster, where it
+/// is in another slot) given as `ARGV[4]`, read just before.
 ///
 /// KEYS: session, \[the user's revocation\]. ARGV: owner token, user hex (''
-/// for anonymous), not after, \[snapshot, ttl ms\].
+/// for anonymous), not after, the revocation's time ('' for none or
+/// `KEYS[2]`), \[snapshot, ttl ms\].
 pub static CLAIM_SESSION: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{RANK}{}",
@@ -215,10 +242,10 @@ end
 local current = redis.call('GET', KEYS[1])
 local kept = false
 if not current then
-  if not ARGV[4] then
+  if not ARGV[5] then
     return false
   end
-  current = ARGV[4]
+  current = ARGV[5]
   kept = true
 end
 local from = stored_owner(current) or ''
@@ -227,17 +254,18 @@ local user, since = string.match(body, '^user (%x+) (%d+)\n')
 if (user or '') ~= ARGV[2] then
   return 0
 end
+local revoked = ARGV[4] ~= '' and ARGV[4] or nil
 if KEYS[2] then
-  local revoked = redis.call('GET', KEYS[2])
-  if revoked and tonumber(since) <= tonumber(revoked) then
-    redis.call('DEL', KEYS[1])
-    return false
-  end
+  revoked = redis.call('GET', KEYS[2])
+end
+if revoked and tonumber(since) <= tonumber(revoked) then
+  redis.call('DEL', KEYS[1])
+  return false
 end
 local owner = ARGV[1] .. '@' .. string.format('%d', math.max(rank(from) + 1, now))
 local value = 'owner ' .. owner .. '\n' .. body
 if kept then
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[5])
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[6])
 else
   redis.call('SET', KEYS[1], value, 'KEEPTTL')
 end
@@ -312,7 +340,9 @@ end
 ///
 /// KEYS: lineage, then per item: meta, history, \[idempotency\]. ARGV: the
 /// pod's known clock, a fresh lineage id, meta ttl ms, idempotency ttl ms, a
-/// fresh epoch (used by a topic that needs one), then six per item: data, history size, history ttl ms, channel, `1` if it has an
+/// fresh epoch (used by a topic that needs one), the command that announces
+/// (`PUBLISH`; in a cluster `SPUBLISH`, to the shard's subscribers only),
+/// then six per item: data, history size, history ttl ms, channel, `1` if it has an
 /// idempotency key (else `0`), traceparent (`''`: none).
 pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -348,14 +378,14 @@ local function publish(meta, history, idem, data, size, ttl, channel, traceparen
   local stamp = now_s
   if traceparent ~= '' then stamp = stamp .. ';' .. traceparent end
   stamp = string.format('%s;c%d', stamp, clock)
-  redis.call('PUBLISH', channel, string.format('%d:%s:%s:', seq, epoch, stamp) .. data)
+  redis.call(ARGV[6], channel, string.format('%d:%s:%s:', seq, epoch, stamp) .. data)
   local result = string.format('%d:%s:%d:%s', seq, epoch, clock, line)
   if idem then redis.call('SET', idem, result, 'PX', ARGV[4]) end
   return result
 end
 local replies = {}
 local k = 2
-for a = 6, #ARGV, 6 do
+for a = 7, #ARGV, 6 do
   local meta, history, idem = KEYS[k], KEYS[k + 1], nil
   k = k + 2
   if ARGV[a + 4] == '1' then
@@ -490,7 +520,7 @@ mod tests {
         assert_eq!(keys.topic_of_channel("other:{x}"), None);
         // Another release's channel is not ours, even where one prefix
         // starts the other.
-        let staging = Keys::new("herald-staging");
+        let staging = Keys::new("herald-staging", false);
         assert_eq!(keys.topic_of_channel(&staging.channel(&topic)), None);
         assert_eq!(staging.topic_of_channel(&keys.channel(&topic)), None);
     }

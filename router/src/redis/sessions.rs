@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::connection::Commands;
-use super::{scripts, timed};
+use super::shards::{Call, Shards};
+use super::{scripts, slots, timed_each};
 use crate::observe::Observer;
 use crate::{BrokerError, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
 
@@ -29,57 +29,54 @@ pub struct Save {
     pub done: oneshot::Sender<Result<Stored, BrokerError>>,
 }
 
-pub async fn write(conn: Commands, mut saves: mpsc::Receiver<Save>, observer: Arc<dyn Observer>) {
+pub async fn write(shards: Shards, mut saves: mpsc::Receiver<Save>, observer: Arc<dyn Observer>) {
     let mut batch = Vec::with_capacity(BATCH);
     while saves.recv_many(&mut batch, BATCH).await > 0 {
-        let invocations: Vec<_> = batch
+        let calls: Vec<_> = batch
             .iter()
-            .map(|save| match &save.value {
-                Some(value) => {
-                    let mut invocation = scripts::SAVE_SESSION.prepare_invoke();
-                    invocation
-                        .key(&save.key)
-                        .arg(&save.owner)
-                        .arg(value)
-                        .arg(save.ttl_ms);
-                    invocation
-                }
-                None => {
-                    let mut invocation = scripts::EXTEND_SESSION.prepare_invoke();
-                    invocation.key(&save.key).arg(&save.owner).arg(save.ttl_ms);
-                    invocation
+            .map(|save| {
+                let slot = slots::slot(save.key.as_bytes());
+                match &save.value {
+                    Some(value) => {
+                        let mut invocation = scripts::SAVE_SESSION.prepare_invoke();
+                        invocation
+                            .key(&save.key)
+                            .arg(&save.owner)
+                            .arg(value)
+                            .arg(save.ttl_ms);
+                        Call {
+                            slot,
+                            script: &scripts::SAVE_SESSION,
+                            invocation,
+                        }
+                    }
+                    None => {
+                        let mut invocation = scripts::EXTEND_SESSION.prepare_invoke();
+                        invocation.key(&save.key).arg(&save.owner).arg(save.ttl_ms);
+                        Call {
+                            slot,
+                            script: &scripts::EXTEND_SESSION,
+                            invocation,
+                        }
+                    }
                 }
             })
             .collect();
-        let mut pipe = redis::pipe();
-        for invocation in &invocations {
-            pipe.invoke_script(invocation);
-        }
-        let mut conn = conn.clone();
-        let saving = async {
-            match pipe.query_async(&mut conn).await {
-                // Redis forgot its scripts (it restarted): a pipeline does
-                // not load them, so load these and send the batch again.
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    scripts::SAVE_SESSION.load_async(&mut conn).await?;
-                    scripts::EXTEND_SESSION.load_async(&mut conn).await?;
-                    pipe.query_async(&mut conn).await
-                }
-                other => other,
-            }
-        };
-        let result: Result<Vec<i64>, BrokerError> = timed(&*observer, "session_save", saving).await;
-        for (i, save) in batch.drain(..).enumerate() {
-            let saved = match &result {
-                Ok(replies) => match replies.get(i) {
-                    Some(1) => Ok(Stored::Kept),
-                    Some(-1) => Ok(Stored::Gone),
-                    Some(_) => Ok(Stored::Refused),
-                    None => Err(BrokerError::Unavailable(
-                        "redis: a session save went unanswered".into(),
-                    )),
-                },
-                Err(e) => Err(e.clone()),
+        let replies = timed_each(&*observer, "session_save", shards.scripts(&calls)).await;
+        let mut replies = replies.into_iter();
+        for save in batch.drain(..) {
+            let saved = match replies.next() {
+                Some(Ok(Value::Int(1))) => Ok(Stored::Kept),
+                Some(Ok(Value::Int(-1))) => Ok(Stored::Gone),
+                Some(Ok(Value::Int(_))) => Ok(Stored::Refused),
+                Some(Ok(Value::ServerError(e))) => Err(super::unavailable(e.into())),
+                Some(Ok(_)) => Err(BrokerError::Unavailable(
+                    "redis: an unreadable session save reply".into(),
+                )),
+                Some(Err(e)) => Err(super::unavailable(e)),
+                None => Err(BrokerError::Unavailable(
+                    "redis: a session save went unanswered".into(),
+                )),
             };
             let _ = save.done.send(saved);
         }

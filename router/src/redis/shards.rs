@@ -1,0 +1,629 @@
+//! Where a key lives: on the one Redis (or the master Sentinel names), or
+//! in a Redis Cluster on the master of its hash slot.
+//!
+//! - [`Shards`] keeps a command connection ([`Commands`]) per master and the
+//!   cluster's slot map, read with `CLUSTER SLOTS` from any node it knows
+//!   (the configured seeds first known, then every master seen).
+//! - [`Shards::script`] and [`Shards::command`] run one call where its key
+//!   lives and follow the cluster when it moves: `MOVED` reads the map again
+//!   and goes where it says, `ASK` (a slot being migrated) sends the call to
+//!   the slot's new node after `ASKING`, `TRYAGAIN` (a migration between two
+//!   of the call's keys), `CLUSTERDOWN` and a lost connection (a failover
+//!   under way) wait a moment, read the map again and retry, within
+//!   [`ATTEMPTS`].
+//! - Pipelines over many keys are sent per master ([`Shards::by_node`]);
+//!   their callers send what came back redirected again through
+//!   [`Shards::script`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation,
+    ServerErrorKind, Value,
+};
+
+use super::connection::{Commands, Connector};
+use super::slots::{self, SLOTS};
+
+/// Tries of one call (the first and the retries) before its error is the
+/// answer: enough for a redirect and a failover's few seconds with
+/// [`RETRY_DELAY`] doubling.
+const ATTEMPTS: u32 = 8;
+/// The first wait before a retry that waits (`TRYAGAIN`, `CLUSTERDOWN`, a
+/// lost connection); it doubles per retry.
+const RETRY_DELAY: Duration = Duration::from_millis(25);
+
+/// See the module's docs.
+#[derive(Clone)]
+pub struct Shards {
+    inner: Arc<Inner>,
+}
+
+enum Inner {
+    One(Commands),
+    Cluster(Cluster),
+}
+
+struct Cluster {
+    /// How any node is reached: the URL's user, password and TLS.
+    connector: Connector,
+    seeds: Vec<(String, u16)>,
+    map: RwLock<Arc<Map>>,
+    /// A command connection per node, made when first needed.
+    nodes: Mutex<HashMap<String, Commands>>,
+    /// One reading of the map at a time; the others wait for it.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// The cluster's slot map: the master of each slot.
+pub struct Map {
+    /// `host:port` of each master.
+    pub masters: Vec<String>,
+    /// For each slot, its master's index in `masters` (`u16::MAX`: none).
+    owners: Vec<u16>,
+    /// Counts the readings that changed the map.
+    pub version: u64,
+}
+
+impl Map {
+    fn empty() -> Self {
+        Self {
+            masters: Vec::new(),
+            owners: vec![u16::MAX; SLOTS],
+            version: 0,
+        }
+    }
+
+    /// `host:port` of the master of `slot`, if the map has one.
+    pub fn master(&self, slot: u16) -> Option<&str> {
+        let owner = *self.owners.get(usize::from(slot))?;
+        self.masters.get(usize::from(owner)).map(String::as_str)
+    }
+
+    /// Reads a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id, ..],
+    /// replicas..], ..]`.
+    fn parse(reply: &Value, version: u64) -> Option<Self> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut map = Self::empty();
+        map.version = version;
+        for range in ranges {
+            let Value::Array(parts) = range else {
+                return None;
+            };
+            let (start, end) = (int(parts.first()?)?, int(parts.get(1)?)?);
+            let Value::Array(master) = parts.get(2)? else {
+                return None;
+            };
+            let host = match master.first()? {
+                Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
+                Value::SimpleString(host) => host.clone(),
+                _ => return None,
+            };
+            let address = format!("{host}:{}", int(master.get(1)?)?);
+            let index = match map.masters.iter().position(|m| *m == address) {
+                Some(index) => index,
+                None => {
+                    map.masters.push(address);
+                    map.masters.len() - 1
+                }
+            };
+            let index = u16::try_from(index).ok()?;
+            for slot in start..=end.min(SLOTS as i64 - 1) {
+                *map.owners.get_mut(usize::try_from(slot).ok()?)? = index;
+            }
+        }
+        Some(map)
+    }
+
+    fn same_owners(&self, other: &Self) -> bool {
+        self.owners
+            .iter()
+            .zip(&other.owners)
+            .all(|(a, b)| self.masters.get(usize::from(*a)) == other.masters.get(usize::from(*b)))
+    }
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
+
+impl Shards {
+    /// One Redis (or Sentinel's master), over `commands`.
+    pub fn one(commands: Commands) -> Self {
+        Self {
+            inner: Arc::new(Inner::One(commands)),
+        }
+    }
+
+    /// A Redis Cluster, found from `seeds` (`host:port`); reads the slot map
+    /// once now. What failed is returned beside it: the map is read again
+    /// when a call needs it, so that a pod can start while the cluster is away.
+    pub async fn cluster(
+        connector: Connector,
+        seeds: Vec<(String, u16)>,
+    ) -> (Self, Option<RedisError>) {
+        let shards = Self {
+            inner: Arc::new(Inner::Cluster(Cluster {
+                connector,
+                seeds,
+                map: RwLock::new(Arc::new(Map::empty())),
+                nodes: Mutex::new(HashMap::new()),
+                refreshing: tokio::sync::Mutex::new(()),
+            })),
+        };
+        let failed = shards.refresh().await.err();
+        (shards, failed)
+    }
+
+    /// Whether this is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(*self.inner, Inner::Cluster(_))
+    }
+
+    /// The slot map (of a single Redis: one with no masters).
+    pub fn map(&self) -> Arc<Map> {
+        match &*self.inner {
+            Inner::One(_) => Arc::new(Map::empty()),
+            Inner::Cluster(cluster) => cluster.map(),
+        }
+    }
+
+    /// A connector to the node at `host:port` (cluster) or to the master.
+    pub fn connector(&self, address: Option<&str>) -> Option<Connector> {
+        match &*self.inner {
+            Inner::One(_) => None,
+            Inner::Cluster(cluster) => {
+                let (host, port) = split_address(address?)?;
+                cluster.connector.node(host, port).ok()
+            }
+        }
+    }
+
+    /// Reads the cluster's slot map again (nothing for a single Redis): from
+    /// the masters it knows, then the seeds, the first that answers.
+    pub async fn refresh(&self) -> RedisResult<()> {
+        let Inner::Cluster(cluster) = &*self.inner else {
+            return Ok(());
+        };
+        let seen = cluster.map().version;
+        let _one_at_a_time = cluster.refreshing.lock().await;
+        if cluster.map().version != seen {
+            // Another call read it meanwhile.
+            return Ok(());
+        }
+        let known = cluster.map().masters.clone();
+        let seeds = cluster.seeds.iter().map(|(h, p)| format!("{h}:{p}"));
+        let mut last_error = None;
+        for address in known.into_iter().chain(seeds) {
+            let reply = match cluster.node(&address) {
+                Ok(mut conn) => {
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query_async::<Value>(&mut conn)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match reply {
+                Ok(reply) => {
+                    let Some(map) = Map::parse(&reply, seen + 1) else {
+                        last_error = Some(unexpected("an unreadable CLUSTER SLOTS reply"));
+                        continue;
+                    };
+                    if map.masters.is_empty() {
+                        last_error = Some(unexpected("the cluster has no slots assigned"));
+                        continue;
+                    }
+                    cluster.set_map(map);
+                    return Ok(());
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| unexpected("no cluster node is known")))
+    }
+
+    /// Runs `invocation` of `script` where `key` lives (see the module's
+    /// docs for how it follows the cluster).
+    pub async fn script<T: FromRedisValue>(
+        &self,
+        key: &str,
+        script: &Script,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
+        self.script_at(slots::slot(key.as_bytes()), script, invocation)
+            .await
+    }
+
+    /// [`Shards::script`] for a call whose keys are in `slot`.
+    async fn script_at<T: FromRedisValue>(
+        &self,
+        slot: u16,
+        script: &Script,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
+        let mut attempt = Attempt::new(slot);
+        loop {
+            let result = match self.connection(&mut attempt) {
+                Ok((mut conn, asking)) => run_script(&mut conn, script, invocation, asking).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if self.again(&mut attempt, &e).await => {}
+                done => return done,
+            }
+        }
+    }
+
+    /// Runs `cmd` where `key` lives, as [`Shards::script`] does.
+    pub async fn command<T: FromRedisValue>(&self, key: &str, cmd: &Cmd) -> RedisResult<T> {
+        let mut attempt = Attempt::new(slots::slot(key.as_bytes()));
+        loop {
+            let result = match self.connection(&mut attempt) {
+                Ok((mut conn, asking)) => run_command(&mut conn, cmd, asking).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if self.again(&mut attempt, &e).await => {}
+                done => return done,
+            }
+        }
+    }
+
+    /// The connection for the attempt's next try, and whether it follows an
+    /// `ASK`.
+    fn connection(&self, attempt: &mut Attempt) -> RedisResult<(Commands, bool)> {
+        let cluster = match &*self.inner {
+            Inner::One(commands) => return Ok((commands.clone(), false)),
+            Inner::Cluster(cluster) => cluster,
+        };
+        if let Some(address) = attempt.asked.take() {
+            return Ok((cluster.node(&address)?, true));
+        }
+        let map = cluster.map();
+        let master = map
+            .master(attempt.slot)
+            .ok_or_else(|| unexpected("no master serves the slot"))?;
+        Ok((cluster.node(master)?, false))
+    }
+
+    /// Whether to try again after `e`, having done what it asks for (read
+    /// the map, wait a moment), within [`ATTEMPTS`].
+    async fn again(&self, attempt: &mut Attempt, e: &RedisError) -> bool {
+        if !self.is_cluster() || attempt.tries >= ATTEMPTS {
+            return false;
+        }
+        attempt.tries += 1;
+        match Redirect::of(e) {
+            Some(Redirect::Moved) => self.refresh_quietly().await,
+            Some(Redirect::Ask(address)) => attempt.asked = Some(address),
+            Some(Redirect::Wait) => {
+                tokio::time::sleep(attempt.delay).await;
+                attempt.delay *= 2;
+                self.refresh_quietly().await;
+            }
+            None => return false,
+        }
+        true
+    }
+
+    async fn refresh_quietly(&self) {
+        if let Err(e) = self.refresh().await {
+            tracing::debug!(error = %e, "reading the cluster's slot map failed");
+        }
+    }
+
+    /// Runs many script calls, each given with the slot of its keys: in
+    /// one pipeline per master, all at once; in a cluster, a call that came
+    /// back redirected (or whose master could not be reached) is run again
+    /// alone, following the cluster, in the calls' order. A reply per call,
+    /// in order; a call's own error (a script error) is its reply.
+    pub async fn scripts(&self, calls: &[Call<'_>]) -> Vec<RedisResult<Value>> {
+        let groups = self.by_node(calls.iter().enumerate().map(|(i, call)| (call.slot, i)));
+        let sent = groups.into_iter().map(|(conn, indices)| async move {
+            let replies = match conn {
+                Some(mut conn) => pipelined(&mut conn, &indices, calls).await,
+                None => Err(unexpected("no master serves the slot")),
+            };
+            (indices, replies)
+        });
+        let mut replies: Vec<Option<RedisResult<Value>>> = (0..calls.len()).map(|_| None).collect();
+        for (indices, group) in futures_util::future::join_all(sent).await {
+            match group {
+                Ok(values) => {
+                    for (i, value) in indices.into_iter().zip(values) {
+                        replies[i] = Some(Ok(value));
+                    }
+                }
+                Err(e) => {
+                    for i in indices {
+                        replies[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        if !self.is_cluster() {
+            return replies
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(unexpected("a call went unanswered"))))
+                .collect();
+        }
+        let mut answers = Vec::with_capacity(calls.len());
+        for (call, reply) in calls.iter().zip(replies) {
+            let again = match &reply {
+                Some(Ok(value)) => Redirect::of_reply(value).is_some(),
+                Some(Err(e)) => Redirect::of(e).is_some(),
+                None => true,
+            };
+            answers.push(match reply {
+                Some(reply) if !again => reply,
+                // A script's error is a reply like any other.
+                _ => self
+                    .script_at(call.slot, call.script, &call.invocation)
+                    .await
+                    .or_else(|e| redis::ServerError::try_from(e).map(Value::ServerError)),
+            });
+        }
+        answers
+    }
+
+    /// Groups `items` by the master of each one's slot, keeping their order
+    /// within a group; the connection of each group (`None`: no master
+    /// known for those slots now).
+    pub fn by_node<T>(
+        &self,
+        items: impl IntoIterator<Item = (u16, T)>,
+    ) -> Vec<(Option<Commands>, Vec<T>)> {
+        let cluster = match &*self.inner {
+            Inner::One(commands) => {
+                let items: Vec<T> = items.into_iter().map(|(_, item)| item).collect();
+                return vec![(Some(commands.clone()), items)];
+            }
+            Inner::Cluster(cluster) => cluster,
+        };
+        let map = cluster.map();
+        let mut groups: Vec<(Option<&str>, Vec<T>)> = Vec::new();
+        for (slot, item) in items {
+            let master = map.master(slot);
+            match groups.iter_mut().find(|(m, _)| *m == master) {
+                Some((_, group)) => group.push(item),
+                None => groups.push((master, vec![item])),
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(master, items)| (master.and_then(|m| cluster.node(m).ok()), items))
+            .collect()
+    }
+}
+
+impl Cluster {
+    fn map(&self) -> Arc<Map> {
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_map(&self, map: Map) {
+        let mut current = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if current.same_owners(&map) && current.masters.len() == map.masters.len() {
+            return;
+        }
+        tracing::info!(
+            masters = ?map.masters,
+            "redis cluster: slot map read"
+        );
+        *current = Arc::new(map);
+    }
+
+    /// The command connection to `address` (`host:port`).
+    fn node(&self, address: &str) -> RedisResult<Commands> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(commands) = nodes.get(address) {
+            return Ok(commands.clone());
+        }
+        let (host, port) = split_address(address)
+            .ok_or_else(|| unexpected("a node address that is not host:port"))?;
+        let commands = Commands::lazy(self.connector.node(host, port)?);
+        nodes.insert(address.to_owned(), commands.clone());
+        Ok(commands)
+    }
+}
+
+/// One call's way through the cluster so far.
+struct Attempt {
+    slot: u16,
+    /// Where an `ASK` sent it.
+    asked: Option<String>,
+    /// The next wait before a retry that waits.
+    delay: Duration,
+    tries: u32,
+}
+
+impl Attempt {
+    fn new(slot: u16) -> Self {
+        Self {
+            slot,
+            asked: None,
+            delay: RETRY_DELAY,
+            tries: 1,
+        }
+    }
+}
+
+/// Runs a script call; after an `ASK`, as `ASKING` and the call in one go.
+async fn run_script<T: FromRedisValue>(
+    conn: &mut Commands,
+    script: &Script,
+    invocation: &ScriptInvocation<'_>,
+    asking: bool,
+) -> RedisResult<T> {
+    if !asking {
+        return invocation.invoke_async(conn).await;
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore().invoke_script(invocation);
+    let (reply,): (T,) = match pipe.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            pipe.query_async(conn).await?
+        }
+        other => other?,
+    };
+    Ok(reply)
+}
+
+/// Runs a command; after an `ASK`, as `ASKING` and the command in one go.
+async fn run_command<T: FromRedisValue>(
+    conn: &mut Commands,
+    cmd: &Cmd,
+    asking: bool,
+) -> RedisResult<T> {
+    if !asking {
+        return cmd.query_async(conn).await;
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+    let (reply,): (T,) = pipe.query_async(conn).await?;
+    Ok(reply)
+}
+
+/// One script call of [`Shards::scripts`], with the slot of its keys.
+pub struct Call<'a> {
+    pub slot: u16,
+    pub script: &'a Script,
+    pub invocation: ScriptInvocation<'a>,
+}
+
+/// What a failed call asks for.
+pub enum Redirect {
+    /// The slot is served elsewhere now: read the map again.
+    Moved,
+    /// The slot is being migrated, its key to `host:port` already.
+    Ask(String),
+    /// Wait a moment and read the map again: a migration between two of the
+    /// call's keys, a cluster without a master for the slot yet, a failover.
+    Wait,
+}
+
+impl Redirect {
+    pub fn of(e: &RedisError) -> Option<Self> {
+        match e.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => Some(Self::Moved),
+            ErrorKind::Server(ServerErrorKind::Ask) => {
+                let (address, _) = e.redirect_node()?;
+                Some(Self::Ask(address.to_owned()))
+            }
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            ) => Some(Self::Wait),
+            _ if e.is_unrecoverable_error() || e.is_timeout() || e.is_connection_refusal() => {
+                Some(Self::Wait)
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Redirect::of`] for a reply value of a pipeline.
+    pub fn of_reply(reply: &Value) -> Option<Self> {
+        match reply {
+            Value::ServerError(e) => Self::of(&RedisError::from(e.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// The calls at `indices` of `calls` in one pipeline on `conn`, each
+/// call's error its own reply.
+async fn pipelined(
+    conn: &mut Commands,
+    indices: &[usize],
+    calls: &[Call<'_>],
+) -> RedisResult<Vec<Value>> {
+    let calls: Vec<&Call<'_>> = indices.iter().filter_map(|&i| calls.get(i)).collect();
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for call in &calls {
+        pipe.invoke_script(&call.invocation);
+    }
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    // Redis forgot its scripts (it restarted): a pipeline does not load
+    // them, so load the ones that were missed and send the calls that missed
+    // them again (only those: the others ran).
+    let missed: Vec<usize> = (0..replies.len())
+        .filter(|&i| no_script(&replies[i]))
+        .collect();
+    if missed.is_empty() {
+        return Ok(replies);
+    }
+    let mut loaded: Vec<&str> = Vec::new();
+    let mut again = redis::pipe();
+    again.ignore_errors();
+    for &i in &missed {
+        let call = calls[i];
+        if !loaded.contains(&call.script.get_hash()) {
+            call.script.load_async(conn).await?;
+            loaded.push(call.script.get_hash());
+        }
+        again.invoke_script(&call.invocation);
+    }
+    let retried: Vec<Value> = again.query_async(conn).await?;
+    for (i, reply) in missed.into_iter().zip(retried) {
+        replies[i] = reply;
+    }
+    Ok(replies)
+}
+
+fn no_script(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}
+
+fn split_address(address: &str) -> Option<(&str, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
+}
+
+fn unexpected(what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Io, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_slot_map_is_read_from_cluster_slots() {
+        let node = |port| Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]);
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node(7000),
+                node(7003),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(10922), node(7001)]),
+            Value::Array(vec![Value::Int(10923), Value::Int(16383), node(7002)]),
+        ]);
+        let map = Map::parse(&reply, 1).expect("a map");
+        assert_eq!(map.master(0), Some("127.0.0.1:7000"));
+        assert_eq!(map.master(5461), Some("127.0.0.1:7001"));
+        assert_eq!(map.master(16383), Some("127.0.0.1:7002"));
+        assert_eq!(map.masters.len(), 3);
+        assert!(Map::parse(&Value::Int(1), 1).is_none());
+    }
+}

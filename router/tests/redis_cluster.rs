@@ -1,0 +1,393 @@
+//! The Redis engine on a real Redis Cluster (six `redis-server`s: three
+//! masters, three replicas): topics spread over every master's slots, pods
+//! watching them over sharded pub/sub, and the cluster changing under them:
+//! a master killed while publishing, a slot migrated while subscribed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is the failure report
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use router::observe::Ignore;
+use router::{
+    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, Position, Publication, RedisBroker,
+    RedisSettings, Since, Topic,
+};
+use testkit::{RedisCluster, WAIT, eventually};
+
+/// Per topic, in order: `(epoch, seq, data)` delivered, or a reset to
+/// `(epoch, seq)`.
+#[derive(Default)]
+struct Streams(Mutex<BTreeMap<String, Vec<Event>>>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Delivered(String, u64, Bytes),
+    Reset(String, u64),
+}
+
+impl Deliver for Streams {
+    fn deliver(&self, p: &Publication, _: Option<&str>) {
+        let event = Event::Delivered(p.epoch.to_string(), p.seq, p.data.clone());
+        self.0
+            .lock()
+            .expect("lock")
+            .entry(p.topic.to_string())
+            .or_default()
+            .push(event);
+    }
+    fn reset(&self, topic: &Topic, position: &Position) {
+        let event = Event::Reset(position.epoch.to_string(), position.seq);
+        self.0
+            .lock()
+            .expect("lock")
+            .entry(topic.to_string())
+            .or_default()
+            .push(event);
+    }
+    fn disconnect(&self, _: &str) {}
+}
+
+impl Streams {
+    fn deliveries(&self) -> usize {
+        let streams = self.0.lock().expect("lock");
+        streams
+            .values()
+            .flatten()
+            .filter(|e| matches!(e, Event::Delivered(..)))
+            .count()
+    }
+
+    fn of(&self, topic: &str) -> Vec<Event> {
+        self.0
+            .lock()
+            .expect("lock")
+            .get(topic)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    async fn wait_for(&self, n: usize) {
+        eventually(WAIT, || async {
+            let got = self.deliveries();
+            if got >= n {
+                Ok(())
+            } else {
+                Err(format!("{got} of {n} deliveries"))
+            }
+        })
+        .await;
+    }
+}
+
+async fn pod(cluster: &RedisCluster) -> (RedisBroker, Arc<Streams>) {
+    let namespaces = Namespaces::new(&BTreeMap::from([(
+        "default".to_owned(),
+        NamespaceSettings {
+            history_size: 10_000,
+            history_ttl: Duration::from_secs(600),
+            ..NamespaceSettings::default()
+        },
+    )]))
+    .expect("namespaces");
+    let sink = Arc::new(Streams::default());
+    let settings = RedisSettings {
+        url: "redis://127.0.0.1".into(),
+        password: None,
+        tls: Default::default(),
+        sentinel: None,
+        cluster: cluster.urls(),
+        command_timeout: Duration::from_secs(1),
+        linger: Duration::from_millis(100),
+        prefix: router::redis::DEFAULT_PREFIX.to_owned(),
+    };
+    let broker = RedisBroker::start(
+        settings,
+        Arc::new(namespaces),
+        sink.clone(),
+        Arc::new(Ignore),
+    )
+    .await
+    .expect("start on the cluster");
+    (broker, sink)
+}
+
+/// `n` topics whose keys are spread over every master.
+fn topics(cluster: &RedisCluster, n: usize) -> Vec<Topic> {
+    let topics: Vec<Topic> = (0..n)
+        .map(|i| Topic::parse(&format!("t{i}")).expect("topic"))
+        .collect();
+    let masters: BTreeSet<u16> = topics
+        .iter()
+        .map(|t| cluster.master_of_slot(RedisCluster::slot_of(t.as_str())))
+        .collect();
+    assert_eq!(masters.len(), 3, "the topics cover every master");
+    topics
+}
+
+fn item(topic: &Topic, data: String) -> Outgoing {
+    Outgoing {
+        topic: topic.clone(),
+        data: Bytes::from(data),
+        idempotency_key: None,
+        traceparent: None,
+        span: tracing::Span::none(),
+    }
+}
+
+async fn watch_all(broker: &RedisBroker, topics: &[Topic]) {
+    for topic in topics {
+        broker.watch(topic).await.expect("watch");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_on_every_master_reach_the_pods_that_watch_them_in_order() {
+    const EACH: u64 = 20;
+    let cluster = RedisCluster::start().await;
+    let topics = topics(&cluster, 30);
+    let (a, a_got) = pod(&cluster).await;
+    let (b, b_got) = pod(&cluster).await;
+    // a watches all of them, b the first half: a publication reaches a pod
+    // only through the shard its topic is on, and only if it watches it.
+    watch_all(&a, &topics).await;
+    watch_all(&b, &topics[..15]).await;
+    for n in 1..=EACH {
+        // Half single publishes from a, half one batch from b.
+        if n % 2 == 1 {
+            for topic in &topics {
+                a.publish(topic, Bytes::from(n.to_string()), None, None)
+                    .await
+                    .expect("publish");
+            }
+        } else {
+            let items = topics.iter().map(|t| item(t, n.to_string())).collect();
+            for published in b.publish_many(items).await {
+                assert_eq!(published.expect("publish").seq, n);
+            }
+        }
+    }
+    a_got.wait_for(topics.len() * EACH as usize).await;
+    b_got.wait_for(15 * EACH as usize).await;
+    for (i, topic) in topics.iter().enumerate() {
+        let expected: Vec<(u64, Bytes)> = (1..=EACH)
+            .map(|n| (n, Bytes::from(n.to_string())))
+            .collect();
+        for (got, watching) in [(&a_got, true), (&b_got, i < 15)] {
+            let stream: Vec<(u64, Bytes)> = got
+                .of(topic.as_str())
+                .into_iter()
+                .map(|e| match e {
+                    Event::Delivered(_, seq, data) => (seq, data),
+                    reset => panic!("{topic}: {reset:?}"),
+                })
+                .collect();
+            if watching {
+                assert_eq!(stream, expected, "{topic}");
+            } else {
+                assert!(stream.is_empty(), "{topic} is not watched");
+            }
+        }
+    }
+    // Each topic's history is on its slot's master, and a recovery reads it.
+    let recovered = a
+        .recover(&topics[7], Some(Since::claimed(5, None)))
+        .await
+        .expect("recover");
+    assert!(recovered.recovered);
+    assert_eq!(recovered.publications.len(), (EACH - 5) as usize);
+    let master = cluster.master_of_slot(RedisCluster::slot_of("t7"));
+    assert_eq!(
+        cluster.cli(master, &["XLEN", "herald:{t7}:hist"]).trim(),
+        EACH.to_string()
+    );
+}
+
+/// Per topic, `(epoch, seq, data)` of each publish acknowledged.
+type Acknowledged = BTreeMap<String, Vec<(String, u64, Bytes)>>;
+
+/// Checks every topic's stream: within an epoch, seqs contiguous from the
+/// reset (or the start) and never twice. Returns the resets.
+fn check_streams(streams: &Streams, topics: &[Topic]) -> usize {
+    let mut resets = 0;
+    for topic in topics {
+        let mut at: Option<(String, u64)> = None;
+        for event in streams.of(topic.as_str()) {
+            match event {
+                Event::Reset(epoch, seq) => {
+                    resets += 1;
+                    at = Some((epoch, seq));
+                }
+                Event::Delivered(epoch, seq, _) => {
+                    if let Some((e, s)) = &at
+                        && *e == epoch
+                    {
+                        assert_eq!(seq, s + 1, "{topic}: {seq} after {s}");
+                    }
+                    at = Some((epoch, seq));
+                }
+            }
+        }
+    }
+    resets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_while_publishing_loses_nothing_it_acknowledged_and_nothing_comes_twice() {
+    let mut cluster = RedisCluster::start().await;
+    let topics = topics(&cluster, 24);
+    let (watcher, got) = pod(&cluster).await;
+    let (publisher, _) = pod(&cluster).await;
+    watch_all(&watcher, &topics).await;
+    let victim = cluster.master_of_slot(RedisCluster::slot_of(topics[0].as_str()));
+
+    // Publish round after round until the kill is over; keep what each
+    // publish was acknowledged with.
+    let acknowledged: Arc<Mutex<Acknowledged>> = Arc::default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let publishing = {
+        let (publisher, topics, acknowledged) =
+            (publisher.clone(), topics.clone(), acknowledged.clone());
+        tokio::spawn(async move {
+            let mut failed = 0;
+            for round in 0u64.. {
+                if *stopped.borrow() {
+                    break;
+                }
+                for topic in &topics {
+                    let data = Bytes::from(format!("{round}"));
+                    match publisher.publish(topic, data.clone(), None, None).await {
+                        Ok(p) => acknowledged
+                            .lock()
+                            .expect("lock")
+                            .entry(topic.to_string())
+                            .or_default()
+                            .push((p.epoch.to_string(), p.seq, data)),
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+            failed
+        })
+    };
+    let count = || {
+        acknowledged
+            .lock()
+            .expect("lock")
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+    };
+    eventually(WAIT, || async {
+        (count() >= 500).then_some(()).ok_or("500 published")
+    })
+    .await;
+    cluster.kill_master(victim);
+    let promoted = cluster
+        .wait_for_failover(victim, Duration::from_secs(20))
+        .await;
+    // Publishes go on through the new master.
+    let before = count();
+    eventually(Duration::from_secs(20), || async {
+        (count() >= before + 500)
+            .then_some(())
+            .ok_or("500 more after the failover")
+    })
+    .await;
+    stop.send(true).expect("stop");
+    let failed = publishing.await.expect("publisher");
+
+    // Every acknowledged publish is delivered (in its epoch) unless the
+    // failover lost it (then the topic's stream has a reset past it).
+    let acknowledged = acknowledged.lock().expect("lock").clone();
+    let total: usize = acknowledged.values().map(Vec::len).sum();
+    eventually(WAIT, || async {
+        let missing: usize = acknowledged
+            .iter()
+            .map(|(topic, acked)| {
+                let stream = got.of(topic);
+                acked
+                    .iter()
+                    .filter(|(epoch, seq, data)| {
+                        let delivered =
+                            stream.contains(&Event::Delivered(epoch.clone(), *seq, data.clone()));
+                        let reset_past = stream.iter().any(|e| matches!(e, Event::Reset(..)));
+                        !delivered && !reset_past
+                    })
+                    .count()
+            })
+            .sum();
+        if missing == 0 {
+            Ok(())
+        } else {
+            Err(format!("{missing} of {total} acknowledged not delivered"))
+        }
+    })
+    .await;
+    let resets = check_streams(&got, &topics);
+    // Only topics on the killed master's slots may have lost anything.
+    for topic in &topics {
+        let on_victim = cluster.master_of_slot(RedisCluster::slot_of(topic.as_str())) == promoted;
+        let reset = got
+            .of(topic.as_str())
+            .iter()
+            .any(|e| matches!(e, Event::Reset(..)));
+        assert!(
+            on_victim || !reset,
+            "{topic} was reset, but its master was not killed"
+        );
+    }
+    eprintln!(
+        "failover: {total} acknowledged publishes checked, {failed} refused during it, {resets} resets, 0 lost, 0 duplicated"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_while_subscribed_keeps_its_topic_flowing_without_a_reset() {
+    let cluster = RedisCluster::start().await;
+    let topic = Topic::parse("moving").expect("topic");
+    let slot = RedisCluster::slot_of("moving");
+    let from = cluster.master_of_slot(slot);
+    let to = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != from)
+        .expect("another master");
+    let (watcher, got) = pod(&cluster).await;
+    let (publisher, _) = pod(&cluster).await;
+    watcher.watch(&topic).await.expect("watch");
+    let mut n = 0u64;
+    let mut publish = async |count: u64| {
+        for _ in 0..count {
+            n += 1;
+            let p = publisher
+                .publish(&topic, Bytes::from(n.to_string()), None, None)
+                .await
+                .expect("publish");
+            assert_eq!(p.seq, n);
+        }
+    };
+    publish(10).await;
+    got.wait_for(10).await;
+    // Half-way: the keys have moved, the slot is still the old master's.
+    cluster.begin_migration(slot, to);
+    publish(10).await;
+    cluster.finish_migration(slot, to).await;
+    publish(10).await;
+    got.wait_for(30).await;
+    let stream = got.of("moving");
+    let seqs: Vec<u64> = stream
+        .iter()
+        .map(|e| match e {
+            Event::Delivered(_, seq, _) => *seq,
+            reset => panic!("a reset: {reset:?}"),
+        })
+        .collect();
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+    assert_eq!(
+        cluster.cli(to, &["XLEN", "herald:{moving}:hist"]).trim(),
+        "30"
+    );
+}
