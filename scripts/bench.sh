@@ -270,7 +270,7 @@ before() {
     local name=$1
     shift
     say "$name, again with the build before: $BEFORE"
-    printf '%s\n' "${BEFORE_LABEL:-$BEFORE}" >"$OUT/before-label.txt"
+    printf '%s\n' "${BEFORE_LABEL:-$BEFORE}" >"$OUT/$name-before.label"
     HERALD=$BEFORE "$@" "$name-before"
     HERALD=target/release/herald
 }

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::http::get;
@@ -157,9 +158,23 @@ async fn an_acl_user_with_the_documented_rights_is_all_a_pod_needs() {
             ("HERALD_REDIS__PASSWORD", "s3cret"),
             ("HERALD_REBALANCE__ENABLED", "true"),
             ("HERALD_REBALANCE__INTERVAL", "100ms"),
+            ("HERALD_NAMESPACES__BRIEF__HISTORY_TTL", "300ms"),
         ],
     )
     .await;
+    // A topic whose history outlives its age: every 16th publish trims it
+    // (a publish every 100 ms keeps the history itself alive meanwhile).
+    for _ in 0..16 {
+        let (status, answer) = publish(herald.addr, "brief:x", json!(0), None).await;
+        assert_eq!(status, 200, "{answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept: u64 = redis
+        .cli(&["XLEN", "herald:{brief:x}:hist"])
+        .trim()
+        .parse()
+        .expect("a length");
+    assert!(kept < 16, "{kept} entries: the old ones were trimmed");
 
     // Every path: watch and publish, an idempotent retry, a resumed session,
     // a revocation, pods comparing loads.

@@ -276,6 +276,44 @@ async fn a_batch_gives_seqs_in_its_order_and_each_item_succeeds_or_fails_alone()
     assert_eq!(data, [b"1", b"2", b"3", b"4", b"5"]);
 }
 
+/// `PUBLISH` commands Redis ran so far (scripts' included).
+fn publishes(redis: &Redis) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_publish:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
+#[tokio::test]
+async fn several_publishes_of_a_topic_at_once_are_one_announcement() {
+    let redis = Redis::start().await;
+    let (_watcher, sink, other, topic) = watcher_and_publisher(&redis).await;
+    let before = publishes(&redis);
+    let items = (1..=10)
+        .map(|n: u64| Outgoing {
+            topic: topic.clone(),
+            data: Bytes::from(n.to_string()),
+            idempotency_key: None,
+            traceparent: None,
+            span: tracing::Span::none(),
+        })
+        .collect();
+    for (n, published) in (1..).zip(other.publish_many(items).await) {
+        assert_eq!(published.expect("published").seq, n);
+    }
+    sink.wait_for(10).await;
+    let delivered = sink.0.lock().expect("lock").clone();
+    let expected: Vec<(u64, Bytes)> = (1..=10).map(|n| (n, Bytes::from(n.to_string()))).collect();
+    assert_eq!(delivered, expected);
+    assert_eq!(
+        publishes(&redis) - before,
+        1,
+        "one announcement for the ten"
+    );
+}
+
 #[tokio::test]
 async fn a_busy_topic_drops_history_past_its_age_every_few_publishes() {
     let redis = Redis::start().await;

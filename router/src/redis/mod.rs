@@ -1,16 +1,23 @@
-//! The Redis engine: topics, seqs, history and sessions shared by every pod.
+//! The Redis engine: topics, seqs, history and sessions shared by every pod,
+//! on one Redis (or Sentinel's master) or a Redis Cluster.
 //!
-//! - A publish is one Lua script ([`scripts::PUBLISH`]): next seq, history
-//!   append and trim, announcement on the topic's channel, idempotency key.
-//!   Seq order is therefore the order every pod delivers in.
-//! - Each pod keeps one pub/sub connection ([`pubsub`]): it subscribes to a
-//!   topic's channel while the pod has subscribers, delivers in seq order,
-//!   fills gaps from history and tells subscribers (`reset`) where it cannot.
-//! - Commands go over one multiplexed connection (pipelined, with timeouts,
+//! - A publish is one item of a Lua script ([`scripts::PUBLISH`]): next seq,
+//!   history append and trim, announcement on the topic's channel,
+//!   idempotency key. Seq order is therefore the order every pod delivers
+//!   in. Publishes are batched and pipelined ([`publisher`]): many per
+//!   script call, many calls per round trip.
+//! - Each pod keeps a pub/sub connection per Redis master ([`pubsub`]): it
+//!   subscribes to a topic's channel while the pod has subscribers (sharded,
+//!   at the topic's master, in a cluster), delivers in seq order, fills gaps
+//!   from history and tells subscribers (`reset`) where it cannot.
+//! - Commands go to the master of their key's slot ([`shards`]) over one
+//!   multiplexed connection per master (pipelined, with timeouts,
 //!   reconnecting by itself, to the current master with Sentinel:
-//!   [`connection`]); session saves are batched ([`sessions`]).
+//!   [`connection`]), following the cluster's redirects and failovers;
+//!   session saves are batched ([`sessions`]).
 //! - Every key and channel starts with the deployment's prefix
-//!   ([`scripts::Keys`]), so that deployments can share a Redis.
+//!   ([`scripts::Keys`]), so that deployments can share a Redis; a topic's
+//!   keys share its hash slot.
 //! - A pod starts while Redis is away: not ready, saying why ([`reach`]),
 //!   until its pub/sub connection first comes up.
 

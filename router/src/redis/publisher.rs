@@ -10,6 +10,7 @@
 //! batch's order.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -20,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::lineage::{self, Lineage};
 use super::scripts::{self, Keys};
 use super::shards::{Call, Shards};
-use super::{META_TTL, millis, new_epoch, timed_each};
+use super::{META_TTL, millis, new_epoch};
 use crate::observe::Observer;
 use crate::{BrokerError, IDEMPOTENCY_WINDOW};
 
@@ -29,7 +30,9 @@ pub const QUEUE: usize = 8192;
 /// Publishes in one pipeline, at most.
 const BATCH: usize = 1024;
 /// Pipelines in flight at once: while Redis runs one, the pod reads the
-/// answers of the one before, so Redis does not wait for the pod.
+/// answers of the one before, so Redis does not wait for the pod. (What a
+/// cluster redirects is sent again in the pipelines' order: see
+/// [`Publisher::finish`].)
 const IN_FLIGHT: usize = 2;
 /// Publishes in one script call, at most: a call holds Redis for its
 /// duration (about 10 µs a publish).
@@ -56,6 +59,16 @@ pub struct Pending {
     pub done: oneshot::Sender<Result<Value, BrokerError>>,
 }
 
+/// A batch on its way: its calls, and what Redis answered so far.
+struct Sent {
+    batch: Vec<Pending>,
+    /// Each call's publishes, as indices into the batch.
+    plan: Vec<Vec<usize>>,
+    calls: Vec<Call<'static>>,
+    replies: Vec<redis::RedisResult<Value>>,
+    started: Instant,
+}
+
 pub struct Publisher {
     pub shards: Shards,
     pub keys: Keys,
@@ -72,10 +85,10 @@ impl Publisher {
                 // First: a pipeline just pushed is polled, and so sent,
                 // before the next one is.
                 biased;
-                Some((batch, replies)) = in_flight.next(), if !in_flight.is_empty() => {
-                    answer(batch, replies);
+                Some(sent) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finish(sent).await;
                 }
-                n = queue.recv_many(&mut gathered, BATCH), if in_flight.len() < self.in_flight() => {
+                n = queue.recv_many(&mut gathered, BATCH), if in_flight.len() < IN_FLIGHT => {
                     if n == 0 {
                         break;
                     }
@@ -86,51 +99,37 @@ impl Publisher {
                         continue;
                     }
                     let batch = std::mem::replace(&mut gathered, Vec::with_capacity(BATCH));
-                    let this = &self;
-                    in_flight.push_back(async move {
-                        let replies = this.send(&batch).await;
-                        (batch, replies)
-                    });
+                    in_flight.push_back(self.send(batch));
                 }
             }
         }
-        while let Some((batch, replies)) = in_flight.next().await {
-            answer(batch, replies);
+        while let Some(sent) = in_flight.next().await {
+            self.finish(sent).await;
         }
     }
 
-    /// Pipelines at once: one in a cluster, where a publish redirected is
-    /// sent again after its pipeline came back, and must not be overtaken
-    /// by the next pipeline's publishes of its topic.
-    fn in_flight(&self) -> usize {
-        if self.shards.is_cluster() {
-            1
-        } else {
-            IN_FLIGHT
-        }
-    }
-
-    /// The batch in calls of up to [`PER_CALL`] publishes of one slot, in
-    /// one pipeline per master: a reply per publish, in order.
-    async fn send(&self, batch: &[Pending]) -> Result<Vec<Value>, BrokerError> {
+    /// Sends the batch in calls of up to [`PER_CALL`] publishes of one slot,
+    /// in one pipeline per master.
+    async fn send(&self, batch: Vec<Pending>) -> Sent {
+        let started = Instant::now();
         // Each call's publishes, as indices into the batch, in order.
-        let mut calls: Vec<Vec<usize>> = Vec::new();
+        let mut plan: Vec<Vec<usize>> = Vec::new();
         let mut open: Vec<(u16, usize)> = Vec::new();
         for (i, pending) in batch.iter().enumerate() {
             let slot = pending.item.slot;
             match open.iter().position(|(s, _)| *s == slot) {
-                Some(at) if calls[open[at].1].len() < PER_CALL => calls[open[at].1].push(i),
+                Some(at) if plan[open[at].1].len() < PER_CALL => plan[open[at].1].push(i),
                 Some(at) => {
-                    open[at].1 = calls.len();
-                    calls.push(vec![i]);
+                    open[at].1 = plan.len();
+                    plan.push(vec![i]);
                 }
                 None => {
-                    open.push((slot, calls.len()));
-                    calls.push(vec![i]);
+                    open.push((slot, plan.len()));
+                    plan.push(vec![i]);
                 }
             }
         }
-        let invocations: Vec<_> = calls
+        let calls: Vec<Call<'static>> = plan
             .iter()
             .map(|call| {
                 let items: Vec<&Item> = call.iter().map(|&i| &batch[i].item).collect();
@@ -141,29 +140,63 @@ impl Publisher {
                 }
             })
             .collect();
-        let sending = self.shards.scripts(&invocations);
-        let replies = timed_each(&*self.observer, "publish", sending).await;
-        let mut answers: Vec<Option<Value>> = (0..batch.len()).map(|_| None).collect();
-        for (call, reply) in calls.iter().zip(replies) {
-            let replies: Vec<Value> = match reply {
-                Ok(Value::Array(items)) if items.len() == call.len() => items,
+        let replies = self.shards.send(&calls).await;
+        Sent {
+            batch,
+            plan,
+            calls,
+            replies,
+            started,
+        }
+    }
+
+    /// Follows the cluster for what came back redirected, and hands each
+    /// publish its reply. Run in the pipelines' order, one at a time: a
+    /// publish sent again reaches Redis before any later pipeline built
+    /// after it, so the publishes of a topic keep their order.
+    async fn finish(&self, sent: Sent) {
+        let Sent {
+            batch,
+            plan,
+            calls,
+            replies,
+            started,
+        } = sent;
+        let replies = self.shards.follow(&calls, replies).await;
+        let ok = replies
+            .iter()
+            .all(|r| matches!(r, Ok(value) if !matches!(value, Value::ServerError(_))));
+        self.observer
+            .redis_call("publish", started.elapsed().as_secs_f64(), ok);
+        let mut answers: Vec<Option<Result<Value, BrokerError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        for (call, reply) in plan.iter().zip(replies) {
+            let replies: Vec<Result<Value, BrokerError>> = match reply {
+                Ok(Value::Array(items)) if items.len() == call.len() => {
+                    items.into_iter().map(Ok).collect()
+                }
                 // An error for the whole call (it did not run).
-                Ok(Value::ServerError(e)) => vec![Value::ServerError(e); call.len()],
-                Ok(other) => {
-                    return Err(BrokerError::Unavailable(format!(
+                Ok(Value::ServerError(e)) => vec![Ok(Value::ServerError(e)); call.len()],
+                Ok(other) => vec![
+                    Err(BrokerError::Unavailable(format!(
                         "redis: an unexpected publish reply {other:?}"
                     )));
-                }
-                Err(e) => return Err(super::unavailable(e)),
+                    call.len()
+                ],
+                Err(e) => vec![Err(super::unavailable(e)); call.len()],
             };
             for (&i, reply) in call.iter().zip(replies) {
                 answers[i] = Some(reply);
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| a.unwrap_or(Value::Nil))
-            .collect())
+        for (pending, answer) in batch.into_iter().zip(answers) {
+            let answer = answer.unwrap_or_else(|| {
+                Err(BrokerError::Unavailable(
+                    "redis: a publish went unanswered".into(),
+                ))
+            });
+            let _ = pending.done.send(answer);
+        }
     }
 
     fn invocation(&self, call: &[&Item]) -> redis::ScriptInvocation<'static> {
@@ -195,25 +228,5 @@ impl Publisher {
                 .arg(item.traceparent.as_deref().unwrap_or(""));
         }
         invocation
-    }
-}
-
-/// Hands each publish of a batch its reply.
-fn answer(batch: Vec<Pending>, replies: Result<Vec<Value>, BrokerError>) {
-    match replies {
-        Ok(replies) => {
-            let mut replies = replies.into_iter();
-            for pending in batch {
-                let reply = replies.next().ok_or_else(|| {
-                    BrokerError::Unavailable("redis: a publish went unanswered".into())
-                });
-                let _ = pending.done.send(reply);
-            }
-        }
-        Err(e) => {
-            for pending in batch {
-                let _ = pending.done.send(Err(e.clone()));
-            }
-        }
     }
 }

@@ -1410,6 +1410,24 @@ impl Pubsub {
         let Some(topic) = self.keys.topic_of_channel(channel) else {
             return;
         };
+        if payload.first() == Some(&b'+') {
+            let Some(records) = split_batch(&payload) else {
+                tracing::warn!(
+                    channel,
+                    "unreadable batch of publications on a herald channel"
+                );
+                return;
+            };
+            for record in records {
+                self.announcement(channel, &topic, payload.slice_ref(record));
+            }
+        } else {
+            self.announcement(channel, &topic, payload);
+        }
+    }
+
+    /// One announcement of `topic`'s, parsed and run through the merge rule.
+    fn announcement(&mut self, channel: &str, topic: &Topic, payload: Bytes) {
         let Some(announcement) = parse_payload(&payload) else {
             tracing::warn!(channel, "unreadable publication on a herald channel");
             return;
@@ -1417,9 +1435,9 @@ impl Pubsub {
         let lag_ms = now_ms().saturating_sub(announcement.at_ms);
         self.observer.pubsub_lag(lag_ms as f64 / 1000.0);
         if let Some(clock) = announcement.clock {
-            self.lineage.saw_clock(self.keys.slot(&topic), clock);
+            self.lineage.saw_clock(self.keys.slot(topic), clock);
         }
-        let Some(watched) = self.topics.get(&topic) else {
+        let Some(watched) = self.topics.get(topic) else {
             return;
         };
         // One epoch string per topic, not one per announcement.
@@ -1432,7 +1450,7 @@ impl Pubsub {
             _ => Arc::from(announcement.epoch),
         };
         self.arrive(
-            &topic,
+            topic,
             Announced {
                 epoch,
                 seq: announcement.seq,
@@ -1736,6 +1754,27 @@ struct Announcement<'a> {
     data: &'a [u8],
 }
 
+/// Splits a batch of announcements, `+<n>` and `:<length>:<announcement>`
+/// for each, into the announcements.
+fn split_batch(payload: &[u8]) -> Option<Vec<&[u8]>> {
+    fn number(bytes: &[u8]) -> Option<(usize, &[u8])> {
+        let end = bytes.iter().position(|b| *b == b':')?;
+        let n = std::str::from_utf8(&bytes[..end]).ok()?.parse().ok()?;
+        Some((n, &bytes[end + 1..]))
+    }
+    let (count, mut rest) = number(payload.strip_prefix(b"+")?)?;
+    let mut records = Vec::with_capacity(count.min(MAX_HELD));
+    for i in 0..count {
+        let (len, after) = number(rest)?;
+        records.push(after.get(..len)?);
+        rest = &after[len..];
+        if i + 1 < count {
+            rest = rest.strip_prefix(b":")?;
+        }
+    }
+    rest.is_empty().then_some(records)
+}
+
 /// Splits `<seq>:<epoch>:<ms>[;<traceparent>][;c<clock>]:<data>`.
 fn parse_payload(payload: &[u8]) -> Option<Announcement<'_>> {
     let mut parts = payload.splitn(4, |b| *b == b':');
@@ -1888,6 +1927,22 @@ mod tests {
             ..announced(&old, 9, 0)
         };
         assert_eq!(decide(&at, &unknown_clock), Decision::NewEpoch);
+    }
+
+    #[test]
+    fn a_batch_of_announcements_splits_by_length() {
+        let records: [&[u8]; 2] = [b"1:e:5;c1:{\"a\":\"x:y\"}", b"2:e:5;c2:[]"];
+        let batch = format!(
+            "+2:{}:{}:{}:{}",
+            records[0].len(),
+            String::from_utf8_lossy(records[0]),
+            records[1].len(),
+            String::from_utf8_lossy(records[1])
+        );
+        assert_eq!(split_batch(batch.as_bytes()), Some(records.to_vec()));
+        assert_eq!(split_batch(b"+2:3:abc"), None);
+        assert_eq!(split_batch(b"+1:3:abcd"), None);
+        assert_eq!(split_batch(b"+1:9:abc"), None);
     }
 
     #[test]

@@ -336,7 +336,8 @@ end
 ///
 /// The announcement is `<seq>:<epoch>:<stamp>:<data>`, the stamp being
 /// `<ms>[;<traceparent>];c<clock>` (the traceparent for a traced publish
-/// only).
+/// only). Several items of one topic in a call are one announcement,
+/// `+<n>` followed by `:<length>:<announcement>` for each, in seq order.
 ///
 /// KEYS: lineage, then per item: meta, history, \[idempotency\]. ARGV: the
 /// pod's known clock, a fresh lineage id, meta ttl ms, idempotency ttl ms, a
@@ -351,6 +352,8 @@ pub static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
 local line, clock = lineage(KEYS[1], tonumber(ARGV[1]), ARGV[2])
 local now = now_ms()
 local now_s = string.format('%d', now)
+-- Each channel's announcements, in order, sent once every item is done.
+local channels, announced = {}, {}
 local function publish(meta, history, idem, data, size, ttl, channel, traceparent, clock)
   local epoch = position(meta, history, line, ARGV[5], nil)
   local seq = redis.call('HINCRBY', meta, 'seq', 1)
@@ -378,7 +381,13 @@ local function publish(meta, history, idem, data, size, ttl, channel, traceparen
   local stamp = now_s
   if traceparent ~= '' then stamp = stamp .. ';' .. traceparent end
   stamp = string.format('%s;c%d', stamp, clock)
-  redis.call(ARGV[6], channel, string.format('%d:%s:%s:', seq, epoch, stamp) .. data)
+  local records = announced[channel]
+  if not records then
+    records = {}
+    announced[channel] = records
+    channels[#channels + 1] = channel
+  end
+  records[#records + 1] = string.format('%d:%s:%s:', seq, epoch, stamp) .. data
   local result = string.format('%d:%s:%d:%s', seq, epoch, clock, line)
   if idem then redis.call('SET', idem, result, 'PX', ARGV[4]) end
   return result
@@ -406,6 +415,21 @@ for a = 7, #ARGV, 6 do
   end
 end
 redis.call('HSET', KEYS[1], 'clock', string.format('%d', clock))
+for _, channel in ipairs(channels) do
+  local records = announced[channel]
+  if #records == 1 then
+    redis.call(ARGV[6], channel, records[1])
+  else
+    -- Several of one topic: one announcement, `+<n>` and each record after
+    -- its length, so that every pod receives and reads them at once.
+    local parts = {'+' .. #records}
+    for _, record in ipairs(records) do
+      parts[#parts + 1] = string.format('%d', #record)
+      parts[#parts + 1] = record
+    end
+    redis.call(ARGV[6], channel, table.concat(parts, ':'))
+  end
+end
 return replies
 "#
     ))

@@ -326,6 +326,13 @@ impl Shards {
     /// alone, following the cluster, in the calls' order. A reply per call,
     /// in order; a call's own error (a script error) is its reply.
     pub async fn scripts(&self, calls: &[Call<'_>]) -> Vec<RedisResult<Value>> {
+        let sent = self.send(calls).await;
+        self.follow(calls, sent).await
+    }
+
+    /// The first half of [`Shards::scripts`]: the pipelines, a reply per
+    /// call as they came back (redirects included).
+    pub async fn send(&self, calls: &[Call<'_>]) -> Vec<RedisResult<Value>> {
         let groups = self.by_node(calls.iter().enumerate().map(|(i, call)| (call.slot, i)));
         let sent = groups.into_iter().map(|(conn, indices)| async move {
             let replies = match conn {
@@ -334,41 +341,50 @@ impl Shards {
             };
             (indices, replies)
         });
-        let mut replies: Vec<Option<RedisResult<Value>>> = (0..calls.len()).map(|_| None).collect();
+        let mut replies: Vec<RedisResult<Value>> = (0..calls.len())
+            .map(|_| Err(unexpected("a call went unanswered")))
+            .collect();
         for (indices, group) in futures_util::future::join_all(sent).await {
             match group {
                 Ok(values) => {
                     for (i, value) in indices.into_iter().zip(values) {
-                        replies[i] = Some(Ok(value));
+                        replies[i] = Ok(value);
                     }
                 }
                 Err(e) => {
                     for i in indices {
-                        replies[i] = Some(Err(e.clone()));
+                        replies[i] = Err(e.clone());
                     }
                 }
             }
         }
+        replies
+    }
+
+    /// The second half of [`Shards::scripts`]: in a cluster, each call that
+    /// came back redirected (or whose master could not be reached) is run
+    /// again alone, following the cluster, in the calls' order.
+    pub async fn follow(
+        &self,
+        calls: &[Call<'_>],
+        replies: Vec<RedisResult<Value>>,
+    ) -> Vec<RedisResult<Value>> {
         if !self.is_cluster() {
-            return replies
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(unexpected("a call went unanswered"))))
-                .collect();
+            return replies;
         }
         let mut answers = Vec::with_capacity(calls.len());
         for (call, reply) in calls.iter().zip(replies) {
             let again = match &reply {
-                Some(Ok(value)) => Redirect::of_reply(value).is_some(),
-                Some(Err(e)) => Redirect::of(e).is_some(),
-                None => true,
+                Ok(value) => Redirect::of_reply(value).is_some(),
+                Err(e) => Redirect::of(e).is_some(),
             };
-            answers.push(match reply {
-                Some(reply) if !again => reply,
+            answers.push(if again {
                 // A script's error is a reply like any other.
-                _ => self
-                    .script_at(call.slot, call.script, &call.invocation)
+                self.script_at(call.slot, call.script, &call.invocation)
                     .await
-                    .or_else(|e| redis::ServerError::try_from(e).map(Value::ServerError)),
+                    .or_else(|e| redis::ServerError::try_from(e).map(Value::ServerError))
+            } else {
+                reply
             });
         }
         answers
