@@ -409,11 +409,24 @@ publish_memory_run() {
 # publish_redis_run <name> [--batch N] [--topics N]: one herald, one
 # redis-server; 100 topics unless told.
 publish_redis_run() {
-    local name=$1
+    local name=$1 n
     shift
     local flags=("$@")
     case " ${flags[*]} " in *" --topics "*) ;; *) flags+=(--topics 100) ;; esac
     start_redis
+    # SUBSCRIBERS=<n>: that many connections (standing for pods) subscribed
+    # to every publish's channel, reading all: what announcements cost Redis.
+    for ((n = 0; n < ${SUBSCRIBERS:-0}; n++)); do
+        python3 -c '
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+pattern = b"herald:{loadtest.publish.*"
+s.sendall(b"*2\r\n$10\r\nPSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(pattern), pattern))
+while s.recv(1 << 20):
+    pass
+' "${redis_url##*:}" &
+        pids+=("$!")
+    done
     start_herald "$name" HERALD_BROKER=redis HERALD_REDIS__URL="$redis_url"
     loadtest "$name" publish --publish-to "http://127.0.0.1:$port" "${publish[@]}" "${flags[@]}" \
         --watch-pid "$pid" --watch-pid "$redis_pid"
@@ -451,6 +464,8 @@ if wants publish; then
     isolated publish_redis_run publish-redis-batch --batch 100
     say "publish through one Redis, 100 per request, 1,000 topics"
     isolated publish_redis_run publish-redis-batch-1000t --batch 100 --topics 1000
+    say "publish through one Redis, 100 per request, 4 subscribers reading every announcement"
+    SUBSCRIBERS=4 isolated publish_redis_run publish-redis-batch-4subs --batch 100
     say "publish through a Redis Cluster of 3 masters, 100 per request, 1,000 topics"
     isolated publish_cluster_run publish-cluster-batch --batch 100 --topics 1000
 fi
