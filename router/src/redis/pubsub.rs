@@ -512,6 +512,17 @@ impl Pubsub {
                 if is_control {
                     self.reach.down(&error);
                 }
+                // Watches that waited for it fail (their callers may try
+                // again); the link is tried again after its backoff.
+                let waiting: Vec<Topic> = self
+                    .topics
+                    .iter()
+                    .filter(|(_, w)| w.link == link && matches!(w.flow, Flow::Starting { .. }))
+                    .map(|(topic, _)| topic.clone())
+                    .collect();
+                for topic in waiting {
+                    self.drop_pending(&topic, "redis pub/sub is reconnecting");
+                }
                 self.want_map();
                 return;
             }
@@ -1020,7 +1031,11 @@ impl Pubsub {
                 match result {
                     Ok(()) => self.mapped(),
                     Err(e) => {
-                        tracing::warn!(error = %e, "reading the redis cluster's slot map failed")
+                        tracing::warn!(error = %e, "reading the redis cluster's slot map failed");
+                        if self.control.is_none() {
+                            // Not even the map yet: `/readyz` says why.
+                            self.reach.down(&e.to_string());
+                        }
                     }
                 }
                 if self.map_wanted {
