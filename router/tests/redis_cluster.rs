@@ -391,3 +391,105 @@ async fn a_slot_migrated_while_subscribed_keeps_its_topic_flowing_without_a_rese
         "30"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_writes_resets_only_that_masters_topics() {
+    let mut cluster = RedisCluster::start().await;
+    let lost = Topic::parse("lost").expect("topic");
+    let master = cluster.master_of_slot(RedisCluster::slot_of("lost"));
+    let kept = (0..)
+        .map(|i| format!("kept{i}"))
+        .find(|t| cluster.master_of_slot(RedisCluster::slot_of(t)) != master)
+        .map(|t| Topic::parse(&t).expect("topic"))
+        .expect("a topic on another master");
+    let (watcher, got) = pod(&cluster).await;
+    let (publisher, _) = pod(&cluster).await;
+    watch_all(&watcher, &[lost.clone(), kept.clone()]).await;
+    let publish = async |topic: &Topic, data: &str| {
+        publisher
+            .publish(topic, Bytes::from(data.to_owned()), None, None)
+            .await
+    };
+    for n in 1..=5 {
+        publish(&lost, &n.to_string()).await.expect("publish");
+        publish(&kept, &n.to_string()).await.expect("publish");
+    }
+    assert_eq!(cluster.cli(master, &["WAIT", "1", "1000"]).trim(), "1");
+    // Its replica frozen, the master takes 6..=8 that the replica never
+    // gets; then the master dies, and the replica that lacks them takes over.
+    let replica = cluster.replicas_of(master)[0];
+    cluster.freeze(replica);
+    // Cut while frozen, the replica cannot take the link up again: what
+    // follows stays on the master (a frozen replica's socket would still
+    // buffer it).
+    cluster.cli(master, &["CLIENT", "KILL", "TYPE", "replica"]);
+    for n in 6..=8 {
+        publish(&lost, &n.to_string()).await.expect("publish");
+    }
+    got.wait_for(13).await;
+    cluster.kill_master(master);
+    cluster.thaw(replica);
+    let promoted = cluster
+        .wait_for_failover(master, Duration::from_secs(20))
+        .await;
+    assert_eq!(promoted, replica);
+    eventually(WAIT, || async {
+        publish(&lost, "after")
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    publish(&kept, "6").await.expect("publish");
+
+    // `lost`: 1..=8, then a reset (Redis went back to 5), then the new
+    // publish, in the new epoch; each once.
+    eventually(WAIT, || async {
+        let stream = got.of("lost");
+        match stream.last() {
+            Some(Event::Delivered(_, _, data)) if data == "after" => Ok(()),
+            _ => Err(format!("{stream:?}")),
+        }
+    })
+    .await;
+    let stream = got.of("lost");
+    let resets = stream
+        .iter()
+        .filter(|e| matches!(e, Event::Reset(..)))
+        .count();
+    assert_eq!(resets, 1, "{stream:?}");
+    let seqs: Vec<u64> = stream
+        .iter()
+        .take(8)
+        .map(|e| match e {
+            Event::Delivered(_, seq, _) => *seq,
+            reset => panic!("{reset:?} before the failover"),
+        })
+        .collect();
+    assert_eq!(seqs, (1..=8).collect::<Vec<_>>());
+    // The promoted replica had 5: the new publish is 6 again, in a new epoch.
+    match (stream.first(), stream.last()) {
+        (Some(Event::Delivered(old, ..)), Some(Event::Delivered(new, 6, _))) => {
+            assert_ne!(old, new, "{stream:?}")
+        }
+        _ => panic!("{stream:?}"),
+    }
+    check_streams(&got, &[lost.clone(), kept.clone()]);
+    // `kept`'s master lost nothing: no reset, 1..=6.
+    eventually(WAIT, || async {
+        let seqs: Vec<u64> = got
+            .of(kept.as_str())
+            .iter()
+            .map(|e| match e {
+                Event::Delivered(_, seq, _) => *seq,
+                reset => panic!("{kept}: {reset:?}"),
+            })
+            .collect();
+        if seqs == (1..=6).collect::<Vec<_>>() {
+            Ok(())
+        } else {
+            Err(format!("{kept}: {seqs:?}"))
+        }
+    })
+    .await;
+}

@@ -135,6 +135,40 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Ports of the replicas of the master on `port`.
+    pub fn replicas_of(&self, port: u16) -> Vec<u16> {
+        self.view()
+            .into_iter()
+            .filter_map(|(p, role)| (role == Role::Replica(port)).then_some(p))
+            .collect()
+    }
+
+    /// Stops the node on `port` where it stands (SIGSTOP): a replica frozen
+    /// so misses what its master writes meanwhile.
+    pub fn freeze(&self, port: u16) {
+        self.signal(port, "-STOP");
+    }
+
+    /// Lets a [`RedisCluster::freeze`]d node go on (SIGCONT).
+    pub fn thaw(&self, port: u16) {
+        self.signal(port, "-CONT");
+    }
+
+    fn signal(&self, port: u16, signal: &str) {
+        let pid = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .and_then(|n| n.child.as_ref())
+            .map(Child::id)
+            .unwrap_or_else(|| panic!("no live node on {port}"));
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// The port of the master of `slot`, as the first live node sees it.
     pub fn master_of_slot(&self, slot: u16) -> u16 {
         let view = self.view();

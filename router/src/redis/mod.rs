@@ -55,6 +55,11 @@ use crate::{
 use lineage::Lineage;
 use reach::Reach;
 
+/// How much longer than the command timeout a publish waits for the
+/// publisher: a pipeline that times out says so itself (and its connection
+/// is replaced) before its publishes give up on it.
+const ANSWER_GRACE: Duration = Duration::from_millis(100);
+
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
 /// sensible history age: losing them starts a new epoch, which subscribers
 /// are told about.
@@ -579,14 +584,14 @@ impl Broker for RedisBroker {
     ) -> Result<Position, BrokerError> {
         let item = self.publish_item(topic, &data, idempotency_key, traceparent)?;
         let slot = item.slot;
-        let deadline = Instant::now() + self.inner.command_timeout;
+        let deadline = Instant::now() + self.inner.command_timeout + ANSWER_GRACE;
         let reply = self.queue_publish(item).await?;
         self.published(slot, self.answer(reply, deadline).await)
     }
 
     async fn publish_many(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         // Queued together, in order: the writer sends them in one pipeline.
-        let deadline = Instant::now() + self.inner.command_timeout;
+        let deadline = Instant::now() + self.inner.command_timeout + ANSWER_GRACE;
         let mut queued = Vec::with_capacity(items.len());
         for item in &items {
             let item = self.publish_item(
