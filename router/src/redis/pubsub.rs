@@ -537,7 +537,12 @@ impl Pubsub {
             if watched.link != link {
                 continue;
             }
-            let flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+            let flow = std::mem::replace(
+                &mut watched.flow,
+                Flow::Leaving {
+                    waiters: Vec::new(),
+                },
+            );
             watched.flow = match flow {
                 Flow::Live(at) => Flow::Resubscribing {
                     at,
@@ -563,9 +568,10 @@ impl Pubsub {
         self.subscribe(link, again, control);
     }
 
-    /// A link's connection is gone: watches still starting on it fail
-    /// (their callers may try again), its other topics are subscribed and
-    /// read again once it is back (or at their slot's new master).
+    /// A link's connection is gone (or is dropped: a subscribe or unsubscribe
+    /// failed): watches still starting on it fail (their callers may try
+    /// again), its other topics are subscribed and read again once it is
+    /// back (or at their slot's new master).
     fn link_lost(&mut self, link: usize, why: &str) {
         let is_control = Some(link) == self.control;
         let Some(l) = self.links.get_mut(link) else {
@@ -608,7 +614,12 @@ impl Pubsub {
         let Some(watched) = self.topics.get_mut(topic) else {
             return;
         };
-        let mut flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+        let mut flow = std::mem::replace(
+            &mut watched.flow,
+            Flow::Leaving {
+                waiters: Vec::new(),
+            },
+        );
         if let Some(held) = flow.held() {
             self.held -= held.items.len();
         }
@@ -1055,7 +1066,7 @@ impl Pubsub {
                     Ok(outcomes) => self.subscribed(link, topics, outcomes),
                     Err(e) => {
                         tracing::warn!(error = %e, "redis subscribe failed");
-                        self.drop_link(link, "a subscribe failed");
+                        self.link_lost(link, "a subscribe failed");
                     }
                 }
             }
@@ -1071,7 +1082,7 @@ impl Pubsub {
                 tracing::debug!(?topics, ?result, "unsubscribed");
                 if let Err(e) = result {
                     tracing::warn!(error = %e, "redis unsubscribe failed");
-                    self.drop_link(link, "an unsubscribe failed");
+                    self.link_lost(link, "an unsubscribe failed");
                     return;
                 }
                 let mut again = Vec::new();
@@ -1142,12 +1153,6 @@ impl Pubsub {
         }
     }
 
-    /// Drops a link's connection (a failed subscribe or unsubscribe): it is
-    /// made again, as after any loss.
-    fn drop_link(&mut self, link: usize, why: &str) {
-        self.link_lost(link, why);
-    }
-
     /// A subscribe was answered: starting topics read their position, those
     /// subscribed again catch up; a topic whose slot moved waits for the map.
     fn subscribed(&mut self, link: usize, topics: Vec<Topic>, outcomes: Vec<Subscription>) {
@@ -1170,7 +1175,12 @@ impl Pubsub {
                 self.drop_pending(&topic, "its slot moved");
                 continue;
             }
-            let flow = std::mem::replace(&mut watched.flow, Flow::Live(placeholder()));
+            let flow = std::mem::replace(
+                &mut watched.flow,
+                Flow::Leaving {
+                    waiters: Vec::new(),
+                },
+            );
             watched.flow = match flow {
                 Flow::Resubscribing { at, held, .. } => {
                     reads.push(topic);
@@ -1730,16 +1740,6 @@ fn broken(what: &str) -> redis::RedisError {
         "an unexpected pub/sub answer",
         what.to_owned(),
     ))
-}
-
-/// A stand-in while a flow is being replaced.
-fn placeholder() -> At {
-    At {
-        epoch: Arc::from(""),
-        seq: 0,
-        read_seq: 0,
-        read_clock: 0,
-    }
 }
 
 fn timed_out() -> redis::RedisError {
