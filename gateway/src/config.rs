@@ -230,7 +230,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("sentinel", &self.sentinel)
-            .field("cluster", &self.cluster)
+            .field("cluster", &router::redis::redact_urls(&self.cluster))
             .field("prefix", &self.prefix)
             .finish()
     }

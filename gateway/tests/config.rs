@@ -638,6 +638,41 @@ fn a_redis_cluster_node_that_is_not_a_redis_url_is_refused_naming_redis_cluster(
 }
 
 #[test]
+fn a_redis_cluster_nodes_password_is_shown_nowhere() {
+    let config = load_env(&[
+        ("HERALD_BROKER", "redis"),
+        (
+            "HERALD_REDIS__CLUSTER",
+            "redis://herald:c1uster@a:6379,redis://b:6379",
+        ),
+    ])
+    .expect("loads");
+    let settings = config.redis.settings();
+    for shown in [format!("{config:?}"), format!("{settings:?}")] {
+        assert!(!shown.contains("c1uster"), "{shown}");
+        assert!(
+            shown.contains("redis://herald:<redacted>@a:6379"),
+            "{shown}"
+        );
+    }
+    // Nor in the refusal of a node that cannot be used.
+    let refused = load_env(&[
+        ("HERALD_BROKER", "redis"),
+        (
+            "HERALD_REDIS__CLUSTER",
+            "redis+unix://herald:c1uster@/run/redis.sock",
+        ),
+    ]);
+    match refused {
+        Ok(config) => panic!("loaded: {config:?}"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("redis.cluster") && !e.contains("c1uster"), "{e}");
+        }
+    }
+}
+
+#[test]
 fn log_levels_are_levels_or_target_directives_and_a_typo_is_refused() {
     for good in [
         "info",

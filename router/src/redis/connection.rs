@@ -552,35 +552,24 @@ fn establish(connector: Connector) -> Connecting {
     .shared()
 }
 
-/// `host:port` of each cluster node URL, which [`check_node_url`] accepts.
+/// `host:port` of each cluster node URL (`redis://host:port`, `rediss://`
+/// for TLS), or why one cannot be used (its password left out).
 pub fn seeds(urls: &[String]) -> Result<Vec<(String, u16)>, String> {
     urls.iter()
         .map(|url| {
-            check_node_url(url)?;
+            let shown = super::redact_url(url);
             let info = url
                 .as_str()
                 .into_connection_info()
-                .map_err(|e| format!("`{url}`: {e}"))?;
+                .map_err(|e| format!("`{shown}`: {e}"))?;
             match info.addr() {
                 ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                     Ok((host.clone(), *port))
                 }
-                _ => Err(format!("`{url}`: a cluster node is reached over TCP")),
+                _ => Err(format!("`{shown}`: a cluster node is reached over TCP")),
             }
         })
         .collect()
-}
-
-/// Why a cluster node's URL (`redis://host:port`, `rediss://` for TLS)
-/// cannot be used, if it cannot.
-pub fn check_node_url(url: &str) -> Result<(), String> {
-    let info = url
-        .into_connection_info()
-        .map_err(|e| format!("`{url}`: {e}"))?;
-    match info.addr() {
-        ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. } => Ok(()),
-        _ => Err(format!("`{url}`: a cluster node is reached over TCP")),
-    }
 }
 
 /// Whether Redis refused who the pod says it is (a wrong password, a user

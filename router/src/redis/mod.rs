@@ -128,20 +128,19 @@ impl RedisSettings {
                         .into(),
                 });
             }
-            for node in &self.cluster {
-                connection::check_node_url(node).map_err(|reason| InvalidSetting {
-                    key: "redis.cluster",
-                    reason,
-                })?;
-            }
-            if !self.connector()?.first_database() {
-                return Err(InvalidSetting {
-                    key: "redis.url",
-                    reason: "a Redis Cluster has only database 0".into(),
-                });
-            }
+            connection::seeds(&self.cluster).map_err(|reason| InvalidSetting {
+                key: "redis.cluster",
+                reason,
+            })?;
         }
-        self.connector().map(drop)
+        let connector = self.connector()?;
+        if !self.cluster.is_empty() && !connector.first_database() {
+            return Err(InvalidSetting {
+                key: "redis.url",
+                reason: "a Redis Cluster has only database 0".into(),
+            });
+        }
+        Ok(())
     }
 
     fn connector(&self) -> Result<Connector, InvalidSetting> {
@@ -162,12 +161,17 @@ impl std::fmt::Debug for RedisSettings {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("sentinel", &self.sentinel)
-            .field("cluster", &self.cluster)
+            .field("cluster", &redact_urls(&self.cluster))
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("prefix", &self.prefix)
             .finish()
     }
+}
+
+/// [`redact_url`] of each.
+pub fn redact_urls(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact_url(url)).collect()
 }
 
 /// The URL without the password it may hold (`redis://user:<redacted>@host`).
@@ -206,7 +210,10 @@ impl RedisBroker {
         } else {
             let seeds = connection::seeds(&settings.cluster)
                 .map_err(|e| BrokerError::Unavailable(format!("redis: `redis.cluster`: {e}")))?;
-            let target = format!("the redis cluster at {}", settings.cluster.join(", "));
+            let target = format!(
+                "the redis cluster at {}",
+                redact_urls(&settings.cluster).join(", ")
+            );
             let (shards, failed) = Shards::cluster(client.clone(), seeds).await;
             (target, shards, failed)
         };
