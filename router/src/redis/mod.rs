@@ -315,11 +315,15 @@ async fn timed_each(
 ) -> Vec<redis::RedisResult<Value>> {
     let start = Instant::now();
     let replies = calls.await;
-    let ok = replies
-        .iter()
-        .all(|r| matches!(r, Ok(value) if !matches!(value, Value::ServerError(_))));
-    observer.redis_call(op, start.elapsed().as_secs_f64(), ok);
+    observer.redis_call(op, start.elapsed().as_secs_f64(), all_ok(&replies));
     replies
+}
+
+/// Whether every call succeeded: no error, and no error reply.
+fn all_ok(replies: &[redis::RedisResult<Value>]) -> bool {
+    replies
+        .iter()
+        .all(|r| matches!(r, Ok(value) if !matches!(value, Value::ServerError(_))))
 }
 
 /// What [`scripts::RECOVER`] answered.

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::lineage::{self, Lineage};
 use super::scripts::{self, Keys};
 use super::shards::{Call, Shards};
-use super::{META_TTL, millis, new_epoch};
+use super::{META_TTL, all_ok, millis, new_epoch};
 use crate::observe::Observer;
 use crate::{BrokerError, IDEMPOTENCY_WINDOW};
 
@@ -163,11 +163,8 @@ impl Publisher {
             started,
         } = sent;
         let replies = self.shards.follow(&calls, replies).await;
-        let ok = replies
-            .iter()
-            .all(|r| matches!(r, Ok(value) if !matches!(value, Value::ServerError(_))));
         self.observer
-            .redis_call("publish", started.elapsed().as_secs_f64(), ok);
+            .redis_call("publish", started.elapsed().as_secs_f64(), all_ok(&replies));
         let mut answers: Vec<Option<Result<Value, BrokerError>>> =
             (0..batch.len()).map(|_| None).collect();
         for (call, reply) in plan.iter().zip(replies) {

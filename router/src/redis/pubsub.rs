@@ -109,6 +109,16 @@ enum Flow {
 }
 
 impl Flow {
+    /// The flow, leaving a stand-in (that allocates nothing) to be replaced.
+    fn take(&mut self) -> Self {
+        std::mem::replace(
+            self,
+            Self::Leaving {
+                waiters: Vec::new(),
+            },
+        )
+    }
+
     fn held(&mut self) -> Option<&mut Held> {
         match self {
             Self::Starting { held, .. }
@@ -421,7 +431,7 @@ impl Pubsub {
         let connector = if l.address.is_empty() {
             Some(self.client.clone())
         } else {
-            self.shards.connector(Some(&l.address))
+            self.shards.connector(&l.address)
         };
         let pushes = self.push_sender.clone();
         let done = self.done.clone();
@@ -537,12 +547,7 @@ impl Pubsub {
             if watched.link != link {
                 continue;
             }
-            let flow = std::mem::replace(
-                &mut watched.flow,
-                Flow::Leaving {
-                    waiters: Vec::new(),
-                },
-            );
+            let flow = watched.flow.take();
             watched.flow = match flow {
                 Flow::Live(at) => Flow::Resubscribing {
                     at,
@@ -614,12 +619,7 @@ impl Pubsub {
         let Some(watched) = self.topics.get_mut(topic) else {
             return;
         };
-        let mut flow = std::mem::replace(
-            &mut watched.flow,
-            Flow::Leaving {
-                waiters: Vec::new(),
-            },
-        );
+        let mut flow = watched.flow.take();
         if let Some(held) = flow.held() {
             self.held -= held.items.len();
         }
@@ -1175,12 +1175,7 @@ impl Pubsub {
                 self.drop_pending(&topic, "its slot moved");
                 continue;
             }
-            let flow = std::mem::replace(
-                &mut watched.flow,
-                Flow::Leaving {
-                    waiters: Vec::new(),
-                },
-            );
+            let flow = watched.flow.take();
             watched.flow = match flow {
                 Flow::Resubscribing { at, held, .. } => {
                     reads.push(topic);

@@ -16,7 +16,7 @@
 //!   [`Shards::script`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::{
@@ -169,18 +169,21 @@ impl Shards {
 
     /// The slot map (of a single Redis: one with no masters).
     pub fn map(&self) -> Arc<Map> {
+        /// A single Redis's, made once (it is asked for on every tick).
+        static NONE: LazyLock<Arc<Map>> = LazyLock::new(|| Arc::new(Map::empty()));
         match &*self.inner {
-            Inner::One(_) => Arc::new(Map::empty()),
+            Inner::One(_) => NONE.clone(),
             Inner::Cluster(cluster) => cluster.map(),
         }
     }
 
-    /// A connector to the node at `host:port` (cluster) or to the master.
-    pub fn connector(&self, address: Option<&str>) -> Option<Connector> {
+    /// A connector to the cluster's node at `host:port` (`None` for a single
+    /// Redis, or an address that is not `host:port`).
+    pub fn connector(&self, address: &str) -> Option<Connector> {
         match &*self.inner {
             Inner::One(_) => None,
             Inner::Cluster(cluster) => {
-                let (host, port) = split_address(address?)?;
+                let (host, port) = split_address(address)?;
                 cluster.connector.node(host, port).ok()
             }
         }
