@@ -9,6 +9,7 @@
 //! connection, so the items of a batch for one topic get their seqs in the
 //! batch's order.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -114,17 +115,15 @@ impl Publisher {
         let started = Instant::now();
         // Each call's publishes, as indices into the batch, in order.
         let mut plan: Vec<Vec<usize>> = Vec::new();
-        let mut open: Vec<(u16, usize)> = Vec::new();
+        // Each slot's call still taking publishes: a batch of a cluster's
+        // may hold as many slots as publishes.
+        let mut open: HashMap<u16, usize> = HashMap::new();
         for (i, pending) in batch.iter().enumerate() {
-            let slot = pending.item.slot;
-            match open.iter().position(|(s, _)| *s == slot) {
-                Some(at) if plan[open[at].1].len() < PER_CALL => plan[open[at].1].push(i),
-                Some(at) => {
-                    open[at].1 = plan.len();
-                    plan.push(vec![i]);
-                }
-                None => {
-                    open.push((slot, plan.len()));
+            let call = open.entry(pending.item.slot).or_insert(plan.len());
+            match plan.get_mut(*call) {
+                Some(publishes) if publishes.len() < PER_CALL => publishes.push(i),
+                _ => {
+                    *call = plan.len();
                     plan.push(vec![i]);
                 }
             }
