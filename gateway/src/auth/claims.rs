@@ -29,10 +29,37 @@ pub struct Claims {
     pub publish: Grants,
 }
 
+impl Claims {
+    /// When a connection on this token must close: its `exp` plus `leeway`,
+    /// on the pod's monotonic clock (`now` and `now_instant` read together).
+    /// `None` where that lies beyond what the clocks can hold: `exp` is
+    /// checked only to be a whole number of seconds, and a "never expires"
+    /// `i64::MAX` is common; such a token lives as long as its connection.
+    pub fn deadline(
+        &self,
+        leeway: Duration,
+        now: SystemTime,
+        now_instant: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        let at = self.expires?.checked_add(leeway)?;
+        match at.duration_since(now) {
+            Ok(left) => now_instant.checked_add(left),
+            Err(_) => Some(now_instant),
+        }
+    }
+}
+
 /// Topic patterns: an exact topic name, or a prefix ending in `*`
 /// (`"prices:*"`; `"*"` is every topic). A `*` anywhere else is refused, as
 /// topic names cannot contain one. At most 256 patterns of at most 256 bytes
 /// each; a token with more is refused as unauthorized.
+///
+/// A prefix never crosses a namespace's border: its `*` stands for the rest
+/// of a topic's name, never for part of its namespace. `"chat:*"` and
+/// `"chat:room-*"` cover topics of namespace `chat`; `"room-*"` (no `:`)
+/// covers topics of the default namespace only; so `"chat*"` covers `chat`
+/// and `chat-2` but not `chat:lobby`, nor `chatops:deploy-keys`. Only `"*"`
+/// alone reaches every namespace.
 ///
 /// The default grants nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,7 +79,7 @@ impl Grants {
             || self
                 .prefixes
                 .iter()
-                .any(|prefix| topic.starts_with(&**prefix))
+                .any(|prefix| prefix_covers(prefix, topic))
     }
 
     /// Whether nothing is granted.
@@ -87,6 +114,18 @@ impl Grants {
             prefixes: prefixes.into(),
         })
     }
+}
+
+/// Whether the pattern `prefix*` covers `topic`: the topic starts with the
+/// prefix, within the prefix's own namespace (the part before the first
+/// `:`, or the default namespace where it has none).
+fn prefix_covers(prefix: &str, topic: &str) -> bool {
+    let Some(rest) = topic.strip_prefix(prefix) else {
+        return false;
+    };
+    // A prefix with a `:` has fixed the namespace already; one without may
+    // only go on within the default namespace's names, which hold no `:`.
+    prefix.contains(':') || !rest.contains(':')
 }
 
 /// The claims Herald reads, as raw JSON: jsonwebtoken has checked `exp`,

@@ -399,6 +399,19 @@ fn a_grant_is_an_exact_topic_or_a_prefix_ending_in_a_star() {
 }
 
 #[test]
+fn a_prefix_grant_never_crosses_a_namespaces_border() {
+    // Issue #21: `chat*` granted `chatops:deploy-keys`.
+    let g = grants(&["chat*"]);
+    assert!(g.allows("chat") && g.allows("chat-2"));
+    assert!(!g.allows("chatops:deploy-keys") && !g.allows("chat:lobby"));
+    let g = grants(&["chat:room-*"]);
+    assert!(g.allows("chat:room-1") && !g.allows("chat:lobby"));
+    assert!(!g.allows("chat") && !g.allows("chatops:room-1"));
+    let g = grants(&["chat:*"]);
+    assert!(g.allows("chat:lobby") && !g.allows("chatops:lobby"));
+}
+
+#[test]
 fn a_lone_star_grants_every_topic_and_nothing_grants_nothing() {
     assert!(grants(&["*"]).allows("anything:at-all"));
     let none = grants(&[]);
