@@ -85,6 +85,9 @@ pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a draining pod waits for its clients to leave.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest any duration setting may be: far beyond any sensible one, and
+/// short enough to add to the clock anywhere.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The `service.name` of exported traces.
 pub const DEFAULT_TELEMETRY_SERVICE_NAME: &str = "herald";
 /// Fraction of publishes traced when the publisher sent no sampling decision.
@@ -328,6 +331,12 @@ pub struct HttpConfig {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub max_concurrent_requests: usize,
+    /// Whether the API may be open to anyone, with no key. Without a key
+    /// it is open from the start either way (a warning says so when it
+    /// listens beyond loopback); what this changes is a reload: one that
+    /// would remove every key is refused unless it says `open_api = true`,
+    /// so that a half-written file never opens the API by accident.
+    pub open_api: bool,
 }
 
 impl HttpConfig {
@@ -515,6 +524,7 @@ impl Default for HttpConfig {
             trusted_proxies: Vec::new(),
             request_timeout: DEFAULT_HTTP_REQUEST_TIMEOUT,
             max_concurrent_requests: DEFAULT_HTTP_MAX_CONCURRENT_REQUESTS,
+            open_api: false,
         }
     }
 }
@@ -713,6 +723,34 @@ impl Config {
         ] {
             if d.is_zero() {
                 return invalid(key, "must be longer than 0s");
+            }
+        }
+        // Every duration is added to the clock somewhere (a deadline, a
+        // timer): one too long for it would panic there, in a connection's
+        // task, instead of being refused here.
+        for (key, d) in [
+            ("websocket.ping_interval", ws.ping_interval),
+            ("websocket.pong_timeout", ws.pong_timeout),
+            ("websocket.write_timeout", ws.write_timeout),
+            ("websocket.handshake_timeout", ws.handshake_timeout),
+            ("websocket.close_timeout", ws.close_timeout),
+            ("websocket.hello_timeout", ws.hello_timeout),
+            ("websocket.message_timeout", ws.message_timeout),
+            ("http.request_timeout", self.http.request_timeout),
+            ("session.resume_window", self.session.resume_window),
+            ("session.flush_interval", self.session.flush_interval),
+            ("redis.command_timeout", self.redis.command_timeout),
+            ("redis.linger", self.redis.linger),
+            ("shutdown.drain_timeout", self.shutdown.drain_timeout),
+            ("rebalance.interval", self.rebalance.interval),
+            (
+                "auth.jwks_refresh_interval",
+                self.auth.jwks_refresh_interval,
+            ),
+            ("auth.jwks_min_refetch", self.auth.jwks_min_refetch),
+        ] {
+            if d > MAX_DURATION {
+                return invalid(key, "must be at most 365 days");
             }
         }
         if ws.max_connections == 0 {

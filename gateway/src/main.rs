@@ -315,13 +315,23 @@ async fn reload_on_hangup(
                 "configuration file changed"
             }
         };
-        let new = match Config::load(file.as_deref(), std::env::vars()) {
+        let new = match reload::load(file.as_deref(), std::env::vars(), &node.api_keys) {
             Ok(new) => new,
-            Err(e) => {
-                tracing::warn!(why, "configuration not reloaded: {e}");
+            Err(refusal) => {
+                let reloads = &node.metrics.config_reloads;
+                reloads.with_label_values(&[refusal.label()]).inc();
+                tracing::error!(
+                    why,
+                    error = &refusal as &dyn std::error::Error,
+                    "configuration not reloaded: the running one stays"
+                );
                 continue;
             }
         };
+        node.metrics
+            .config_reloads
+            .with_label_values(&["applied"])
+            .inc();
         if new.log.level != config.log.level {
             match set_level(&new.log.level) {
                 Ok(()) => {
@@ -354,8 +364,12 @@ async fn file_changed(watched: &mut Option<reload::WatchedFile>) -> bool {
     }
 }
 
-/// Says so at start when what is open could be reached by anyone.
+/// Says so at start when what is open could be reached by anyone, and what
+/// else in the configuration is allowed but risky.
 fn warn_if_exposed(config: &Config, api: std::net::SocketAddr, grpc: std::net::SocketAddr) {
+    for caution in config.auth.cautions() {
+        tracing::warn!("{caution}");
+    }
     if !config.auth.enabled() {
         tracing::warn!(
             "no [auth] key is configured: any client may subscribe to any topic its namespace \

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub connections: IntGauge,
     pub connections_opened: IntCounter,
     connections_closed: IntCounterVec,
+    pub connection_panics: IntCounter,
+    pub config_reloads: IntCounterVec,
     pub upgrades_rejected: IntCounterVec,
     pub subscriptions: IntGauge,
     pub topics: IntGauge,
@@ -147,6 +149,17 @@ impl Metrics {
                 "Frames written to clients (messages, replies and replays).",
             ),
             dropped_queue_full: dropped.with_label_values(&["queue_full"]),
+            connection_panics: counter(
+                r,
+                "herald_connection_panics_total",
+                "Connection tasks that panicked (a bug): each released what it held, and its client was disconnected.",
+            ),
+            config_reloads: counter_vec(
+                r,
+                "herald_config_reloads_total",
+                "Reloads of the configuration (SIGHUP, its file changed): applied, or refused and the running one kept (`unreadable`: it did not load; `empty`: the file was empty; `opens_api`: it would remove every API key without `http.open_api`).",
+                &["result"],
+            ),
             bad_commands: counter(
                 r,
                 "herald_bad_commands_total",

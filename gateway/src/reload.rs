@@ -5,13 +5,13 @@
 //! configuration file changes). Any other key changed is named in a warning
 //! and not applied.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::time::{Interval, MissedTickBehavior};
 
-use crate::config::{Config, HttpConfig};
+use crate::config::{Config, ConfigError, HttpConfig};
 
 /// How often a watched file (the keys file, the configuration file) is read
 /// for changes. Its content is compared, not its mtime: a Secret's or
@@ -58,6 +58,56 @@ impl WatchedFile {
     }
 }
 
+/// Why a reload was refused: the running configuration stays, whole.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The configuration does not load (a file cut mid-write may not parse).
+    #[error("it does not load")]
+    Unreadable(#[source] ConfigError),
+    /// The file is empty: most likely being written. An empty file is a
+    /// valid all-defaults configuration at start, never on a reload.
+    #[error("the configuration file is empty")]
+    Empty,
+    /// It would leave the API with no key, i.e. open to anyone, without
+    /// saying so (`http.open_api = true`).
+    #[error(
+        "it would remove every API key and so open the API; a configuration that means it says \
+         http.open_api = true"
+    )]
+    OpensApi,
+}
+
+impl Refusal {
+    /// Its `result` label on `herald_config_reloads_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::Unreadable(_) => "unreadable",
+            Refusal::Empty => "empty",
+            Refusal::OpensApi => "opens_api",
+        }
+    }
+}
+
+/// Loads the configuration again for a reload, from `file` and `env` as at
+/// start, unless it must not replace the running one: it does not load, the
+/// file is empty, or it would open the API that `keys` guard now.
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    keys: &ApiKeys,
+) -> Result<Config, Refusal> {
+    if let Some(path) = file
+        && std::fs::read(path).is_ok_and(|text| text.iter().all(u8::is_ascii_whitespace))
+    {
+        return Err(Refusal::Empty);
+    }
+    let new = Config::load(file, env).map_err(Refusal::Unreadable)?;
+    if keys.would_open(&new.http) {
+        return Err(Refusal::OpensApi);
+    }
+    Ok(new)
+}
+
 /// The API keys in use (`http.api_keys` and the keys file's); none: the API
 /// is open.
 #[derive(Debug)]
@@ -93,6 +143,19 @@ impl ApiKeys {
             .unwrap_or_else(PoisonError::into_inner)
             .current
             .clone()
+    }
+
+    /// Whether reloading with `http` (a reload's new configuration) would
+    /// leave no key where there is one now, without `http.open_api`.
+    pub fn would_open(&self, http: &HttpConfig) -> bool {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        if state.current.is_empty() || http.open_api {
+            return false;
+        }
+        let mut source = state.http.clone();
+        source.api_keys.clone_from(&http.api_keys);
+        // A keys file that fails keeps the keys in use (see `reload`).
+        source.keys().is_ok_and(|keys| keys.is_empty())
     }
 
     /// Reads the keys again, the file as it is now, with `http.api_keys`
@@ -146,6 +209,8 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut new = new.clone();
     new.log.level.clone_from(&old.log.level);
     new.http.api_keys.clone_from(&old.http.api_keys);
+    // Read by each reload itself (see [`load`]).
+    new.http.open_api = old.http.open_api;
     // Compared as they print: every section is `Debug`, and a password
     // prints redacted, so a changed password is not noticed here.
     macro_rules! changed {

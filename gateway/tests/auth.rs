@@ -412,6 +412,43 @@ async fn a_token_for_another_audience_is_refused_with_4502() {
     .await;
 }
 
+/// Issue #21: without `auth.audience`, a public key accepts what its issuer
+/// signed for any other service, silently. It is allowed (a key of
+/// Herald's own needs no audience), and said at start, with the issuer too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_key_without_audience_or_issuer_is_warned_of_at_start() {
+    let key = pem("rsa.pub.pem");
+    let env = [
+        ("HERALD_AUTH__PUBLIC_KEY", key.as_str()),
+        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
+    ];
+    let open = Herald::start(HERALD, &env, &[]).await;
+    let log = open.log();
+    assert!(log.contains("auth.audience is not set"), "{log}");
+    assert!(log.contains("auth.issuer is not set"), "{log}");
+    let mut other = claims("alice", 600, json!({"aud": "billing"}));
+    other["iss"] = json!("https://elsewhere.test");
+    let token =
+        mint(json!({"alg": "RS256", "key_file": testdata("rsa.key.pem"), "claims": other})).await;
+    let (_, welcome) = welcome_on(&open.ws_url(), &token, None).await;
+    assert_eq!(welcome["resumed"], false, "accepted, as warned: {welcome}");
+
+    // Both set: no warning, and that token is refused.
+    let env = [
+        ("HERALD_AUTH__PUBLIC_KEY", key.as_str()),
+        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+        ("HERALD_AUTH__ISSUER", ISSUER),
+    ];
+    let checked = Herald::start(HERALD, &env, &[]).await;
+    let log = checked.log();
+    assert!(!log.contains("is not set"), "{log}");
+    let mut client = Client::connect_url(&checked.ws_url()).await;
+    assert_err(
+        &hello(&mut client, Some(&token), None).await,
+        "unauthorized",
+    );
+}
+
 #[tokio::test]
 async fn a_token_over_8_kib_is_refused_unread_with_4502() {
     let padding = "x".repeat(9 * 1024);
@@ -505,7 +542,90 @@ async fn a_refreshed_token_keeps_the_connection_open_past_the_first_expiry() {
     gateway.shutdown().await;
 }
 
+/// Issue #21: an `exp` of i64::MAX, a common "never expires", overflowed the
+/// clock: the connection's task panicked at `hello`, and after a `refresh`
+/// the panic left its session registered for the life of the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_never_expires_is_welcomed_refreshed_and_its_connection_released() {
+    let env = [
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_AUTH__ISSUER", ISSUER),
+        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
+    ];
+    let pod = Herald::start(HERALD, &env, &[]).await;
+    let never = json!({"exp": i64::MAX});
+    let tokens = mint_lines(json!([
+        hs256(claims("alice", 600, json!({}))),
+        hs256(claims("alice", 600, never.clone())),
+        hs256(claims("bob", 600, never)),
+    ]))
+    .await;
+
+    let (mut alice, _) = welcome_on(&pod.ws_url(), &tokens[0], None).await;
+    assert_eq!(sub(&mut alice, 1, "chat:room").await["op"], "ok");
+    alice
+        .send(json!({"op": "refresh", "id": 2, "token": tokens[1]}))
+        .await;
+    let ok = alice.expect("ok").await;
+    assert_eq!(ok["expires"], i64::MAX, "{ok}");
+    let (_bob, welcome) = welcome_on(&pod.ws_url(), &tokens[2], None).await;
+    assert_eq!(welcome["expires"], i64::MAX, "{welcome}");
+    // Both connections still serve.
+    let body = json!({"topic": "chat:room", "data": 1}).to_string();
+    let (status, _) = testkit::http(pod.addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+    assert_eq!(status, 200);
+    assert_eq!(alice.msg().await.1, 1);
+
+    drop(alice);
+    testkit::eventually(testkit::WAIT, || async {
+        let status = testkit::http(pod.addr, "GET", "/v1/admin/status", &[], b"")
+            .await
+            .1;
+        let status: Value = serde_json::from_str(&status).expect("status JSON");
+        (status["sessions"] == 1 && status["subscriptions"] == 0)
+            .then_some(())
+            .ok_or(format!("{status}"))
+    })
+    .await;
+    assert_eq!(
+        testkit::metric(pod.addr, "herald_connection_panics_total").await,
+        0.0
+    );
+}
+
 // ---------------------------------------------------------------- namespaces
+
+/// Issue #21: `chat*` granted `chatops:deploy-keys`. A prefix stays within
+/// its namespace; only `*` alone crosses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_grant_stays_within_its_namespace() {
+    let env = [
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_AUTH__ISSUER", ISSUER),
+        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "granted"),
+        ("HERALD_NAMESPACES__CHATOPS__SUBSCRIBE", "granted"),
+    ];
+    let pod = Herald::start(HERALD, &env, &[]).await;
+    let tokens = mint_lines(json!([
+        hs256(claims("alice", 600, json!({"subscribe": ["chat*"]}))),
+        hs256(claims("bob", 600, json!({"subscribe": ["chat:*"]}))),
+        hs256(claims("root", 600, json!({"subscribe": ["*"]}))),
+    ]))
+    .await;
+    let (mut alice, _) = welcome_on(&pod.ws_url(), &tokens[0], None).await;
+    assert_err(
+        &sub(&mut alice, 1, "chatops:deploy-keys").await,
+        "forbidden",
+    );
+    assert_err(&sub(&mut alice, 2, "chat:lobby").await, "forbidden");
+    let (mut bob, _) = welcome_on(&pod.ws_url(), &tokens[1], None).await;
+    assert_eq!(sub(&mut bob, 1, "chat:lobby").await["op"], "ok");
+    assert_err(&sub(&mut bob, 2, "chatops:deploy-keys").await, "forbidden");
+    let (mut root, _) = welcome_on(&pod.ws_url(), &tokens[2], None).await;
+    assert_eq!(sub(&mut root, 1, "chatops:deploy-keys").await["op"], "ok");
+}
 
 #[tokio::test]
 async fn a_granted_namespace_admits_only_the_topics_the_token_lists() {
@@ -887,6 +1007,66 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
         assert_eq!(welcome["resumed"], false, "{welcome}");
         assert_eq!(welcome["reason"], "not_found", "{welcome}");
     }
+}
+
+/// Issue #21: two resumes of one session that raced were both served, the
+/// second registration hiding the first, which then outlived a disconnect.
+/// The race is forced: the connection they take over is stuck writing (its
+/// client reads nothing), so both wait out the takeover's 2 s together, and
+/// both claim the session from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_racing_resumes_of_one_session_leave_one_connection_and_a_disconnect_reaches_it() {
+    let redis = Redis::start().await;
+    let env = [
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_AUTH__ISSUER", ISSUER),
+        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "5s"),
+    ];
+    let pod = Herald::pod(HERALD, &redis.url(), &env).await;
+    let alice = token_for("alice", json!({})).await;
+
+    let mut stuck = Client::with_receive_buffer(&pod.ws_url(), 4096).await;
+    let welcome = hello(&mut stuck, Some(&alice), None).await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    assert_eq!(sub(&mut stuck, 1, "chat:bulk").await["op"], "ok");
+    // More than the kernel's buffers and the queue: its writer blocks.
+    let pad = "x".repeat(48 * 1024);
+    for n in 1..=120 {
+        let body = json!({"topic": "chat:bulk", "data": {"n": n, "pad": pad}}).to_string();
+        let (status, answer) =
+            testkit::http(pod.addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    let mut first = Client::connect_url(&pod.ws_url()).await;
+    let mut second = Client::connect_url(&pod.ws_url()).await;
+    let resume = json!({"op": "hello", "token": alice, "resume": session});
+    first.send(resume.clone()).await;
+    second.send(resume).await;
+    for client in [&mut first, &mut second] {
+        let welcome = client.recv().await;
+        assert_eq!(welcome["resumed"], true, "{welcome}");
+    }
+
+    // One of them was taken over by the other as it registered.
+    let ((taken, first_closed), mut serving) = tokio::select! {
+        code = first.closed() => ((code, true), second),
+        code = second.closed() => ((code, false), first),
+    };
+    assert_eq!(taken, Some(4501), "first closed: {first_closed}");
+    let (status, body) = testkit::http(
+        pod.addr,
+        "POST",
+        "/v1/disconnect",
+        &[("content-type", "application/json")],
+        json!({"user": "alice"}).to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serving.closed().await, Some(4503));
+    drop(stuck);
 }
 
 #[tokio::test]

@@ -353,6 +353,23 @@ fn the_binary_refuses_a_bad_value_with_exit_64_naming_the_key() {
 }
 
 #[test]
+fn a_duration_too_long_for_the_clock_is_refused_naming_its_key() {
+    // Issue #21's class of defect: a deadline added to the clock panics in
+    // a connection's task when the setting is beyond what it can hold.
+    for (var, key) in [
+        ("HERALD_WEBSOCKET__PING_INTERVAL", "websocket.ping_interval"),
+        ("HERALD_WEBSOCKET__HELLO_TIMEOUT", "websocket.hello_timeout"),
+        ("HERALD_SESSION__RESUME_WINDOW", "session.resume_window"),
+    ] {
+        match load_env(&[(var, "1000000000years")]) {
+            Err(e) => assert!(e.to_string().contains(key), "{var}: {e}"),
+            Ok(_) => panic!("{var}=1000000000years was taken"),
+        }
+        assert!(load_env(&[(var, "300days")]).is_ok(), "{var}=300days");
+    }
+}
+
+#[test]
 fn the_binary_refuses_an_unknown_argument_with_exit_64() {
     let output = herald(&["--confg", "x.toml"], &[]);
     assert_eq!(output.status.code(), Some(64));

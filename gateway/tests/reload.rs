@@ -168,3 +168,65 @@ async fn an_edited_config_file_applies_its_log_level_without_a_signal() {
     client.expect("err").await;
     eventually(WAIT, || async { herald.log().contains("command rejected") }).await;
 }
+
+/// Waits for the `n`th refused reload whose reason reads `why`, and checks
+/// it was counted under `result`.
+async fn refused(herald: &Herald, why: &str, result: &str, n: usize) {
+    eventually(WAIT, || async {
+        let log = herald.log();
+        let seen = log
+            .lines()
+            .filter(|l| l.contains("configuration not reloaded") && l.contains(why))
+            .count();
+        (seen >= n).then_some(()).ok_or(format!("{seen} of {n}"))
+    })
+    .await;
+    let metric = format!("herald_config_reloads_total{{result=\"{result}\"}}");
+    assert!(
+        testkit::metric(herald.addr, &metric).await >= 1.0,
+        "{metric}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_or_half_written_config_file_never_opens_the_api() {
+    let dir = Dir::new("truncated");
+    let text = "[log]\nlevel = \"info\"\n[http]\napi_keys = [\"k1\"]\n";
+    let config = dir.write("herald.toml", text);
+    let herald = Herald::start(HERALD, &[], &["--config", path(&config)]).await;
+    assert_eq!(publish(herald.addr, "probe", "k1", 0).await, 200);
+    assert_eq!(publish(herald.addr, "probe", "", 0).await, 401);
+
+    // Truncated in place, as a writer does before it writes: an empty file
+    // is all defaults (no key) at start, and refused on a reload.
+    std::fs::write(&config, "").unwrap();
+    refused(&herald, "the configuration file is empty", "empty", 1).await;
+    assert_eq!(publish(herald.addr, "probe", "", 0).await, 401);
+    assert_eq!(publish(herald.addr, "probe", "k1", 0).await, 200);
+
+    // Cut mid-write: it does not parse.
+    std::fs::write(&config, "[log]\nlevel = \"info\"\n[http]\napi_keys = [\"k").unwrap();
+    refused(&herald, "it does not load", "unreadable", 1).await;
+    assert_eq!(publish(herald.addr, "probe", "", 0).await, 401);
+
+    // Cut at a line's end: it parses, with no key left.
+    std::fs::write(&config, "[log]\nlevel = \"info\"\n").unwrap();
+    refused(&herald, "would remove every API key", "opens_api", 1).await;
+    assert_eq!(publish(herald.addr, "probe", "", 0).await, 401);
+    assert_eq!(publish(herald.addr, "probe", "k1", 0).await, 200);
+
+    // Meant: said so.
+    std::fs::write(
+        &config,
+        "[log]\nlevel = \"info\"\n[http]\nopen_api = true\n",
+    )
+    .unwrap();
+    eventually(WAIT, || async {
+        (publish(herald.addr, "probe", "", 0).await == 200)
+            .then_some(())
+            .ok_or("still keyed")
+    })
+    .await;
+    let applied = "herald_config_reloads_total{result=\"applied\"}";
+    assert!(testkit::metric(herald.addr, applied).await >= 1.0);
+}

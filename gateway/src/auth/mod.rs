@@ -187,6 +187,38 @@ impl AuthConfig {
         Ok(())
     }
 
+    /// What is allowed but risky in this configuration, each said as a
+    /// warning at start (the binary logs them):
+    /// - a public key or JWKS without `audience`: the issuer's tokens for
+    ///   any other service are accepted here too (an HMAC secret is
+    ///   Herald's alone, so its tokens are minted for Herald);
+    /// - the same without `issuer`: any issuer the key signs for is;
+    /// - a JWKS fetched over plain `http://`: whoever is on the path can
+    ///   swap the keys, and so mint any token.
+    pub fn cautions(&self) -> Vec<&'static str> {
+        let mut cautions = Vec::new();
+        let public = self.has_public_key() || !self.jwks_url.is_empty();
+        if public && self.audience.is_empty() {
+            cautions.push(
+                "auth.audience is not set: tokens its issuer made for any other audience are \
+                 accepted (set auth.audience; see docs/security.md)",
+            );
+        }
+        if public && self.issuer.is_empty() {
+            cautions.push(
+                "auth.issuer is not set: tokens from any issuer the key signs for are accepted \
+                 (set auth.issuer; see docs/security.md)",
+            );
+        }
+        if self.jwks_url.starts_with("http://") {
+            cautions.push(
+                "auth.jwks_url is plain http: anyone on the path to it can replace the keys \
+                 and so mint tokens (use https)",
+            );
+        }
+        cautions
+    }
+
     fn rules(&self) -> Rules {
         let set = |s: &str| (!s.is_empty()).then(|| s.to_owned());
         Rules {

@@ -17,9 +17,11 @@ mod rate;
 mod reader;
 mod registry;
 mod subscriptions;
+#[cfg(test)]
+mod tests;
 
 pub use crate::config::{Limits, Overflow};
-pub use registry::{LiveSession, Registry, TakeOver};
+pub use registry::{Arrival, LiveSession, Registry, TakeOver, Unregistered};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};
@@ -158,22 +160,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let ws = &node.config.websocket;
-    let mut session = Session {
-        conn: admission.conn,
-        owner: random_id(),
-        id: None,
-        resumed: false,
-        out,
-        subscriptions: Subscriptions::new(node.flush_soon.clone()),
-        claims: None,
-        token_expires: None,
-        hello_by: Instant::now() + ws.hello_timeout,
-        commands: Bucket::new(ws.commands_per_second, ws.commands_burst),
-        limited_in_a_row: 0,
-        bad_in_a_row: 0,
-        node,
-    };
+    let mut session = Session::new(node, admission.conn, out);
     async move {
         let writing = writer::run(write, session.out.clone(), session.node.writing.clone());
         // The writer in the reader's task, not a task of its own: an idle
@@ -211,9 +198,68 @@ struct Session {
     bad_in_a_row: u32,
     /// The pod's parts this session uses.
     node: Arc<Pod>,
+    /// [`Session::end`] has run to its end: nothing is left to release.
+    ended: bool,
+}
+
+/// Whatever ends a connection's task, what it holds in the pod's shared
+/// state is given back: its hub memberships (and the watches they keep),
+/// its registry entry (which the flusher would keep extending in the store)
+/// and, with both, the last handles on its socket's write half. Normally
+/// [`Session::end`] has done it, with the session saved; this covers a panic
+/// anywhere in the task, so that a bug costs one connection and leaks
+/// nothing (issue #21: a token's `exp` once overflowed the clock).
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if std::thread::panicking() {
+            self.node.metrics.connection_panics.inc();
+            tracing::error!(
+                conn = self.conn,
+                "a connection's task panicked: its client is disconnected, what it held released, its session not saved"
+            );
+        }
+        for topic in self.subscriptions.topics() {
+            if self.node.hub.leave(&topic, self.conn) {
+                let broker = self.node.broker.clone();
+                // Dropped with its runtime, there is nothing to unwatch.
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move { broker.unwatch(&topic).await });
+                }
+            }
+        }
+        if let Some(id) = &self.id {
+            self.node.live.deregister(id, self.conn);
+        }
+        self.subscriptions.end();
+        self.out.finish();
+        self.out.stop();
+    }
 }
 
 impl Session {
+    fn new(node: Arc<Pod>, conn: ConnId, out: Outbound) -> Self {
+        let ws = &node.config.websocket;
+        Session {
+            conn,
+            owner: random_id(),
+            id: None,
+            resumed: false,
+            out,
+            subscriptions: Subscriptions::new(node.flush_soon.clone()),
+            claims: None,
+            token_expires: None,
+            hello_by: Instant::now() + ws.hello_timeout,
+            commands: Bucket::new(ws.commands_per_second, ws.commands_burst),
+            limited_in_a_row: 0,
+            bad_in_a_row: 0,
+            node,
+            ended: false,
+        }
+    }
+
     /// Reads and acts on the client's frames until the connection ends.
     /// This loop's one timer also sends the heartbeat pings.
     async fn read<R: AsyncRead + Unpin>(&mut self, reader: &mut Reader<R>) {
@@ -627,12 +673,9 @@ impl Session {
     /// token expires, with the same leeway the verifier allowed.
     fn adopt(&mut self, claims: Option<Claims>) {
         let leeway = self.node.config.auth.leeway;
-        self.token_expires = claims.as_ref().and_then(|c| c.expires).map(|at| {
-            match (at + leeway).duration_since(std::time::SystemTime::now()) {
-                Ok(left) => Instant::now() + left,
-                Err(_) => Instant::now(),
-            }
-        });
+        self.token_expires = claims
+            .as_ref()
+            .and_then(|c| c.deadline(leeway, std::time::SystemTime::now(), Instant::now()));
         self.claims = claims.map(Box::new);
     }
 
@@ -641,6 +684,9 @@ impl Session {
     /// 4003, leaving the stored session as it was: the client comes back
     /// and resumes, rather than losing what it missed to a fresh session.
     async fn hello(&mut self, token: Option<&str>, resume: Option<&str>) {
+        // Before the store is asked: a disconnect from now on reaches this
+        // connection, whether or not the claim saw it.
+        let arrived = self.node.live.arrival();
         let Ok(claims) = self.authenticate(token).await else {
             return;
         };
@@ -701,15 +747,25 @@ impl Session {
         }
         // Registered after `welcome` is queued, so that a `reconnect` from
         // the rebalancer never comes before it.
-        self.node.live.register(
-            id.clone(),
-            LiveSession {
-                conn: self.conn,
-                owner: self.owner.clone(),
-                out: self.out.clone(),
-                subscriptions: self.subscriptions.clone(),
-            },
-        );
+        let live = LiveSession {
+            conn: self.conn,
+            owner: self.owner.clone(),
+            out: self.out.clone(),
+            subscriptions: self.subscriptions.clone(),
+        };
+        if let Err(refused) = self.node.live.register(id.clone(), live, arrived) {
+            let reason = match refused {
+                Unregistered::Disconnected => CloseReason::Disconnected,
+                Unregistered::Late => CloseReason::Unavailable,
+            };
+            tracing::info!(
+                conn = self.conn,
+                reason = reason.as_str(),
+                "a connection was refused its session as it registered"
+            );
+            self.out.close(reason, true);
+            return;
+        }
         for state in states {
             // The token may grant less than the one the session began with.
             if let Err(e) = self.may(None, &state.topic, Access::Subscribe) {
@@ -987,7 +1043,7 @@ impl Session {
 
     /// Leaves every topic, saves the session (unless a backend ended the
     /// user's access), logs and counts the close.
-    async fn end(self) {
+    async fn end(mut self) {
         for topic in self.subscriptions.topics() {
             self.leave(&topic).await;
         }
@@ -1019,6 +1075,7 @@ impl Session {
                 "connection closed"
             ),
         }
+        self.ended = true;
     }
 
     /// Saves the session for the resume window, unless a newer connection

@@ -19,6 +19,12 @@ use crate::outbound::Outbound;
 /// How long a resume waits for the connection it takes over to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a disconnect of a user is remembered, for the connections of
+/// that user that were between their `hello` and their registration then;
+/// a `hello` that takes longer than this to register is refused (4003,
+/// come back), so that none can outlast what is remembered.
+const DISCONNECT_MEMORY: Duration = Duration::from_secs(60);
+
 /// A live session's stored copy is extended once it is older than the
 /// resume window divided by this: it must not expire while its connection
 /// lives, and half the window is left for flushes that fail meanwhile.
@@ -58,32 +64,104 @@ struct Pending {
 
 #[derive(Default)]
 pub struct Registry {
-    live: Mutex<HashMap<Arc<str>, LiveSession>>,
+    live: Mutex<Live>,
+}
+
+#[derive(Default)]
+struct Live {
+    sessions: HashMap<Arc<str>, LiveSession>,
+    /// Counts disconnects: what an [`Arrival`] is ordered against.
+    disconnects: u64,
+    /// Users disconnected within [`DISCONNECT_MEMORY`]: the count of that
+    /// disconnect, and when.
+    disconnected: HashMap<Arc<str>, (u64, Instant)>,
+}
+
+/// When a connection's `hello` began, as the registry orders it against
+/// disconnects: taken before the token is checked and the session claimed.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    disconnects: u64,
+    at: Instant,
+}
+
+/// Why a connection could not register its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unregistered {
+    /// Its user was disconnected after its `hello` began: it passed the
+    /// store's revocation check before the revocation was there, and the
+    /// disconnect's sweep before it was registered. It ends as if swept.
+    Disconnected,
+    /// Its `hello` began longer ago than disconnects are remembered.
+    Late,
 }
 
 impl Registry {
-    fn live(&self) -> MutexGuard<'_, HashMap<Arc<str>, LiveSession>> {
+    fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sessions served by this pod's connections now.
     pub fn len(&self) -> usize {
-        self.live().len()
+        self.live().sessions.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.live().is_empty()
+        self.live().sessions.is_empty()
     }
 
-    /// Records that a connection now serves session `id`.
-    pub fn register(&self, id: Arc<str>, session: LiveSession) {
-        self.live().insert(id, session);
+    /// A `hello` begins: see [`Registry::register`].
+    pub fn arrival(&self) -> Arrival {
+        Arrival {
+            disconnects: self.live().disconnects,
+            at: Instant::now(),
+        }
+    }
+
+    /// Records that a connection now serves session `id`, unless its user
+    /// was disconnected since its `hello` began (`arrived`). Registration is
+    /// where two resumes of one session meet however they raced: the later
+    /// one serves it, and one registered before it for the same session (it
+    /// took over the same connection, or none) is taken over in turn, so
+    /// that one connection per session is ever listed, and reached by a
+    /// disconnect.
+    pub fn register(
+        &self,
+        id: Arc<str>,
+        session: LiveSession,
+        arrived: Arrival,
+    ) -> Result<(), Unregistered> {
+        let now = Instant::now();
+        let mut live = self.live();
+        if !live.disconnected.is_empty() {
+            live.disconnected
+                .retain(|_, (_, at)| now.duration_since(*at) < DISCONNECT_MEMORY);
+        }
+        if now.duration_since(arrived.at) >= DISCONNECT_MEMORY {
+            return Err(Unregistered::Late);
+        }
+        if let Some(user) = session.subscriptions.user()
+            && live
+                .disconnected
+                .get(&*user.id)
+                .is_some_and(|&(count, _)| count > arrived.disconnects)
+        {
+            return Err(Unregistered::Disconnected);
+        }
+        let conn = session.conn;
+        if let Some(before) = live.sessions.insert(id, session)
+            && before.conn != conn
+        {
+            before.subscriptions.take_over();
+            before.subscriptions.supersede();
+        }
+        Ok(())
     }
 
     pub fn deregister(&self, id: &str, conn: ConnId) {
         let mut live = self.live();
-        if live.get(id).is_some_and(|l| l.conn == conn) {
-            live.remove(id);
+        if live.sessions.get(id).is_some_and(|l| l.conn == conn) {
+            live.sessions.remove(id);
         }
     }
 
@@ -93,7 +171,7 @@ impl Registry {
     /// yet (with the memory broker a session is stored only when its
     /// connection ends, which a half-open connection may take long to do).
     pub async fn take_over(&self, id: &str, user: Option<&str>) -> TakeOver {
-        let Some(current) = self.live().get(id).cloned() else {
+        let Some(current) = self.live().sessions.get(id).cloned() else {
             return TakeOver::None;
         };
         if !Claim::belongs(current.subscriptions.user().as_ref(), user) {
@@ -115,7 +193,7 @@ impl Registry {
     pub fn ask_to_move(&self, count: usize, spread: Duration) -> usize {
         let spread_ms = spread.as_millis().max(1) as u64;
         let mut asked = 0;
-        for live in self.live().values() {
+        for live in self.live().sessions.values() {
             if asked == count {
                 break;
             }
@@ -162,6 +240,7 @@ impl Registry {
     /// Every live session the store lacks at `now` ([`Subscriptions::due`]).
     fn due(&self, now: Instant, refresh: Duration) -> Vec<Pending> {
         self.live()
+            .sessions
             .iter()
             .filter_map(|(id, live)| {
                 let due = live.subscriptions.due(now, refresh)?;
@@ -179,7 +258,9 @@ impl Registry {
     }
 
     /// Closes every connection of `user` on this pod and forgets their
-    /// sessions at once; returns how many.
+    /// sessions at once; returns how many. A connection of the user's that
+    /// is between its `hello` and its registration is refused when it
+    /// registers ([`Unregistered::Disconnected`]).
     ///
     /// Forgotten now, not when each connection has finished closing (which
     /// waits up to `websocket.close_timeout` for the client's close): until
@@ -187,7 +268,12 @@ impl Registry {
     /// without asking the store, which knows it is revoked.
     pub fn disconnect(&self, user: &str) -> usize {
         let mut closed = 0;
-        self.live().retain(|_, live| {
+        let mut live = self.live();
+        live.disconnects += 1;
+        let count = live.disconnects;
+        live.disconnected
+            .insert(Arc::from(user), (count, Instant::now()));
+        live.sessions.retain(|_, live| {
             let theirs = Claim::belongs(live.subscriptions.user().as_ref(), Some(user));
             if theirs {
                 live.out.close(CloseReason::Disconnected, true);
