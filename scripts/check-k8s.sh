@@ -320,6 +320,12 @@ refuses "a token key without API keys" "refusing to render an open herald: no AP
 refuses "an existing Secret said to hold no API keys" "refusing to render an open herald: no API keys" \
     "${DEFAULTS[@]}" --set auth.existingSecretKeys.apiKeys=
 refuses "an existing Secret and keys in values" "not both" "${DEFAULTS[@]}" --set 'auth.apiKeys={k1}'
+refuses "a public key without audience or issuer" "without auth.audience and auth.issuer" \
+    --set 'auth.apiKeys={k1}' --set "auth.publicKey=-----BEGIN PUBLIC KEY-----
+x
+-----END PUBLIC KEY-----"
+refuses "a JWKS without an issuer" "without auth.audience and auth.issuer" \
+    --set 'auth.apiKeys={k1}' --set auth.jwksUrl=https://login.example/jwks.json --set auth.audience=herald
 refuses "open with a namespace granted by token" "namespace chat grants by token" \
     --set auth.open=true --set config.namespaces.chat.subscribe=granted
 refuses "two replicas with the memory broker" "needs a shared broker" "${DEFAULTS[@]}" --set replicaCount=2

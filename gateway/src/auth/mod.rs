@@ -17,6 +17,8 @@
 //! yields the claims.
 
 mod claims;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 mod jwks;
 mod key;
 mod refused;

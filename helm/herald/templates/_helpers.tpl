@@ -135,6 +135,12 @@ something (above), and only auth.open=true says that is meant. */}}
 {{- if and $why (not $a.open) }}
 {{- fail (printf "refusing to render an open herald: %s. To run it open anyway, set auth.open=true: any client may then read any topic, and anyone who can reach the API port may publish" (join "; " $why)) }}
 {{- end }}
+{{- /* A public key or a JWKS signs for other services too: without aud
+(and iss) checked, their tokens would be taken here (herald warns). */}}
+{{- $keys := include "herald.authSecretKeys" . | fromJson }}
+{{- if and (or (hasKey $keys "HERALD_AUTH__PUBLIC_KEY") $a.jwksUrl) (or (not $a.audience) (not $a.issuer)) (not $a.anyAudience) }}
+{{- fail "auth.publicKey or auth.jwksUrl is set without auth.audience and auth.issuer: tokens its issuer made for any other service (or any issuer the key signs for) would be accepted. Set both, or auth.anyAudience=true to accept that" }}
+{{- end }}
 {{- /* herald refuses these at start; better said here than in a crash loop. */}}
 {{- if has "tokenKey" $missing }}
 {{- range $name, $ns := .Values.config.namespaces }}
