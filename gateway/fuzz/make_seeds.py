@@ -7,6 +7,7 @@ also replay in `cargo test` (gateway/src/session/fuzzing.rs). Run it from
 anywhere after changing a seed here; it rewrites seeds/ whole.
 """
 
+import json
 import os
 import shutil
 import struct
@@ -197,6 +198,35 @@ def decoder_seeds():
     return commands
 
 
+# claims: the first byte picks the clock (low 2 bits, an index into NOWS) and
+# the leeway (next 2 bits, into LEEWAYS); see gateway/src/auth/fuzzing.rs.
+I64_MAX = 2**63 - 1
+
+
+def claims_seeds():
+    def seed(pick, claims):
+        text = claims if isinstance(claims, str) else json.dumps(claims, separators=(",", ":"))
+        return bytes([pick]) + text.encode()
+
+    far = 4102444800  # 2100-01-01
+    return {
+        "never_expires": seed(0x01, {"sub": "alice", "exp": I64_MAX}),
+        "never_expires_at_max_clock": seed(0x0E, {"sub": "alice", "exp": I64_MAX, "iat": I64_MAX}),
+        "u64_max_exp": seed(0x0D, '{"sub":"a","exp":18446744073709551615}'),
+        "huge_float_exp": seed(0x05, '{"sub":"a","exp":1e300}'),
+        "fractional_exp": seed(0x01, '{"sub":"a","exp":1700000600.5}'),
+        "negative_exp": seed(0x01, '{"sub":"a","exp":-1}'),
+        "string_exp": seed(0x01, '{"sub":"a","exp":"never"}'),
+        "prefix_grants": seed(0x01, {"sub": "a", "exp": far,
+                                     "subscribe": ["chat*", "chat:room-*", "*"],
+                                     "publish": ["chatops:*", "news"]}),
+        "bad_grants": seed(0x01, {"sub": "a", "exp": far, "subscribe": ["pri*es", "**", ""]}),
+        "no_sub": seed(0x01, {"exp": far}),
+        "not_json": seed(0x00, "not json at all"),
+        "max_leeway": seed(0x0F, {"sub": "a", "exp": 0, "iat": 0}),
+    }
+
+
 def write(target, seeds):
     folder = os.path.join(SEEDS, target)
     shutil.rmtree(folder, ignore_errors=True)
@@ -210,3 +240,4 @@ if __name__ == "__main__":
     write("frames", frames_seeds())
     write("frame_script", script_seeds())
     write("decoders", decoder_seeds())
+    write("claims", claims_seeds())
