@@ -62,7 +62,10 @@ fn check(claims: &Claims, payload: &[u8], now: u64, leeway: u64) {
     let Ok(Value::Object(raw)) = serde_json::from_slice::<Value>(payload) else {
         return;
     };
-    for (claim, grants) in [("subscribe", &claims.subscribe), ("publish", &claims.publish)] {
+    for (claim, grants) in [
+        ("subscribe", &claims.subscribe),
+        ("publish", &claims.publish),
+    ] {
         let patterns: Vec<&str> = raw
             .get(claim)
             .and_then(Value::as_array)
@@ -70,7 +73,11 @@ fn check(claims: &Claims, payload: &[u8], now: u64, leeway: u64) {
             .unwrap_or_default();
         for topic in topics(&patterns) {
             let expected = patterns.iter().any(|p| covers(p, &topic));
-            assert_eq!(grants.allows(&topic), expected, "{claim} {patterns:?} on {topic}");
+            assert_eq!(
+                grants.allows(&topic),
+                expected,
+                "{claim} {patterns:?} on {topic}"
+            );
         }
     }
 }
