@@ -25,6 +25,7 @@ use std::time::Duration;
 use gateway::Config;
 use router::{NamespaceSettings, Subscribe};
 use serde_json::{Value, json};
+use testkit::raw::{CLOSE, RawClient};
 use testkit::{Client, Gateway, Herald, Redis};
 
 /// The binary under test (Cargo builds it for this package's tests).
@@ -235,6 +236,49 @@ async fn a_user_s_subscriptions_are_budgeted_across_its_connections_wherever_the
     accepted(&mut home, "unsub", 3, "chat:a").await;
     accepted(&mut work, "sub", 2, "chat:c").await;
     assert_eq!(gw.metric(&limit("subscriptions_per_user")).await, 1.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_refused_at_hello_gets_no_ledger_and_a_principal_s_goes_with_its_last_connection()
+{
+    const PRINCIPALS: &str = "herald_budget_principals";
+    let mut config = config();
+    config.auth.hmac_secret = SECRET.to_owned();
+    // Long enough to look while the refused connection waits for the
+    // client's close.
+    config.websocket.close_timeout = Duration::from_secs(5);
+    let gw = Gateway::with(config).await;
+    let url = gw.ws_url();
+
+    // A bad token: `err`, then the close, which this client does not answer.
+    let mut refused = RawClient::connect(gw.addr).await;
+    refused
+        .send_text(&json!({"op": "hello", "token": "not.a.token"}).to_string())
+        .await;
+    assert_eq!(refused.read_frame().await.json()["code"], "unauthorized");
+    assert_eq!(refused.read_frame().await.close_code(), 4502);
+    // The session has done all it does for this client (the close frame is
+    // queued after it): no ledger.
+    assert_eq!(gw.metric(PRINCIPALS).await, 0.0);
+    refused
+        .send_frame(true, CLOSE, &4502u16.to_be_bytes(), true)
+        .await;
+    refused.expect_tcp_end().await;
+
+    // Two users, one of them on two connections: two ledgers...
+    let (alice, bob) = (token("alice"), token("bob"));
+    let a1 = client_from(&url, loopback(2), Some(&alice)).await;
+    let a2 = client_from(&url, loopback(3), Some(&alice)).await;
+    let b = client_from(&url, loopback(2), Some(&bob)).await;
+    assert_eq!(gw.metric(PRINCIPALS).await, 2.0);
+    // ...and alice's lasts as long as one of her connections.
+    leave(&gw, a1, 2.0).await;
+    assert_eq!(gw.metric(PRINCIPALS).await, 2.0);
+    leave(&gw, a2, 1.0).await;
+    assert_eq!(gw.metric(PRINCIPALS).await, 1.0);
+    leave(&gw, b, 0.0).await;
+    assert_eq!(gw.metric(PRINCIPALS).await, 0.0);
     gw.shutdown().await;
 }
 

@@ -550,8 +550,12 @@ impl Session {
 
     /// Opens the connection's account once `hello` said who the client is
     /// (its user, or else its address), and charges it with the
-    /// subscriptions as a resume or a `refresh` left them.
+    /// subscriptions as a resume or a `refresh` left them. Nothing for a
+    /// client `hello` refused: it spends nothing of the pod's.
     fn settle_account(&mut self) {
+        if self.id.is_none() {
+            return;
+        }
         let account = self.account.get_or_insert_with(|| {
             let principal = match &self.claims {
                 Some(claims) => Principal::User(claims.user.clone()),
