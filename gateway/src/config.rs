@@ -52,6 +52,12 @@ pub const DEFAULT_COMMANDS_BURST: u32 = 100;
 /// Behind a proxy, the address is the proxy's unless it is listed in
 /// `http.trusted_proxies`.
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
+/// Leading bits of an IPv4 client address that key the per-address caps and
+/// budgets: 32, each address apart (one NAT's users share theirs).
+pub const DEFAULT_IPV4_PREFIX: u8 = 32;
+/// Leading bits of an IPv6 client address that key them: 64, as one host or
+/// home is commonly given a whole /64 (2^64 addresses to rotate through).
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// Longest an HTTP API request's body may take (else 408), and on the API
 /// listener (`http.api_listen`) its head too (else the connection is closed);
 /// on the shared listener a head is bounded by `websocket.handshake_timeout`.
@@ -81,6 +87,20 @@ pub const DEFAULT_REBALANCE_TOLERANCE: f64 = 0.2;
 pub const DEFAULT_REBALANCE_MAX_MOVE_FRACTION: f64 = 0.05;
 /// Subscriptions one connection may hold.
 pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 1000;
+/// Subscriptions the anonymous clients of one address (prefix) may hold on
+/// one pod, across their connections; 0: no cap. About 1.1 KiB of pod memory
+/// each: 10,000 is ~11 MiB per address.
+pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_IP: usize = 10_000;
+/// Subscriptions one user (token `sub`) may hold on one pod, across its
+/// connections; 0: no cap.
+pub const DEFAULT_MAX_SUBSCRIPTIONS_PER_USER: usize = 10_000;
+/// Distinct topics one user or anonymous address may subscribe or publish
+/// to per minute on one pod (each may create Redis keys that live the
+/// history age); 0: no cap.
+pub const DEFAULT_TOPICS_PER_MINUTE: usize = 1000;
+/// Distinct topics the anonymous clients of one address may hold
+/// subscriptions to at once on one pod; 0: no cap.
+pub const DEFAULT_ANONYMOUS_MAX_TOPICS: usize = 1000;
 /// Largest HTTP publish body, and largest `data` of a gRPC publish.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a draining pod waits for its clients to leave.
@@ -284,6 +304,11 @@ pub struct WebSocketConfig {
     /// ...and holds this many.
     pub commands_burst: u32,
     pub max_connections_per_ip: usize,
+    /// The prefix lengths an address is cut to before it keys the
+    /// per-address caps (`max_connections_per_ip`, the session's per-address
+    /// budgets): 0 to 32 and 0 to 128.
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -300,6 +325,12 @@ pub struct SessionConfig {
     #[serde(with = "humantime_serde")]
     pub resume_window: Duration,
     pub max_subscriptions: usize,
+    /// Budgets across a principal's connections on the pod: a user's (by
+    /// token), or an anonymous address prefix's. See [`crate::budget`].
+    pub max_subscriptions_per_ip: usize,
+    pub max_subscriptions_per_user: usize,
+    pub topics_per_minute: usize,
+    pub anonymous_max_topics: usize,
     /// How often sessions that changed (acks, subscriptions) are saved to the
     /// shared store, so that a pod that dies loses at most this much.
     #[serde(with = "humantime_serde")]
@@ -490,6 +521,8 @@ impl Default for WebSocketConfig {
             commands_per_second: DEFAULT_COMMANDS_PER_SECOND,
             commands_burst: DEFAULT_COMMANDS_BURST,
             max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
+            ipv4_prefix: DEFAULT_IPV4_PREFIX,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 }
@@ -509,6 +542,10 @@ impl Default for SessionConfig {
         Self {
             resume_window: DEFAULT_RESUME_WINDOW,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_subscriptions_per_ip: DEFAULT_MAX_SUBSCRIPTIONS_PER_IP,
+            max_subscriptions_per_user: DEFAULT_MAX_SUBSCRIPTIONS_PER_USER,
+            topics_per_minute: DEFAULT_TOPICS_PER_MINUTE,
+            anonymous_max_topics: DEFAULT_ANONYMOUS_MAX_TOPICS,
             flush_interval: DEFAULT_SESSION_FLUSH_INTERVAL,
         }
     }
@@ -761,6 +798,12 @@ impl Config {
         }
         if ws.commands_burst == 0 {
             return invalid("websocket.commands_burst", "must be at least 1");
+        }
+        if ws.ipv4_prefix > 32 {
+            return invalid("websocket.ipv4_prefix", "must be 0 to 32");
+        }
+        if ws.ipv6_prefix > 128 {
+            return invalid("websocket.ipv6_prefix", "must be 0 to 128");
         }
         if self.http.max_concurrent_requests == 0 {
             return invalid("http.max_concurrent_requests", "must be at least 1");

@@ -3,7 +3,9 @@
 //! - [`server`]: accepts TCP, serves HTTP/1.1, routes, upgrades `/ws`, drains;
 //!   [`listener`]: what every listener does with a connection (socket
 //!   options, the client's address behind a proxy); [`admission`]: the
-//!   WebSocket connection slots, in total and per client address.
+//!   WebSocket connection slots, in total and per client address;
+//!   [`budget`]: what a user or an anonymous address may hold and touch
+//!   across its connections.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`,
@@ -64,6 +66,7 @@
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod disconnect;
 pub mod frame;

@@ -33,6 +33,15 @@ pub const AUTH_FAILURE_REASONS: [&str; 14] = [
     "forbidden",
 ];
 
+/// Every `limit` of `herald_limit_refusals_total`: the budgets of
+/// [`crate::budget::Limit`].
+pub const LIMIT_REFUSALS: [&str; 4] = [
+    "subscriptions_per_user",
+    "subscriptions_per_ip",
+    "topics_per_minute",
+    "anonymous_topics",
+];
+
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
 pub struct Metrics {
@@ -72,6 +81,8 @@ pub struct Metrics {
     resets: IntCounter,
     redis_rewinds: IntCounter,
     redis_pubsub_backlog: IntGauge,
+    limit_refusals: IntCounterVec,
+    pub budget_principals: IntGauge,
 }
 
 impl Metrics {
@@ -121,6 +132,15 @@ impl Metrics {
         );
         for reason in ["busy", "timeout"] {
             http_rejected.with_label_values(&[reason]);
+        }
+        let limit_refusals = counter_vec(
+            r,
+            "herald_limit_refusals_total",
+            "Client `sub` and `pub` refused by a budget across a user's or an anonymous address's connections, by limit.",
+            &["limit"],
+        );
+        for limit in LIMIT_REFUSALS {
+            limit_refusals.with_label_values(&[limit]);
         }
         let metrics = Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
@@ -290,6 +310,12 @@ impl Metrics {
                 "herald_redis_pubsub_backlog",
                 "Announcements held aside while topics' history is read from Redis (a gap, a reconnect): what waits for Redis on this pod.",
             ),
+            limit_refusals,
+            budget_principals: gauge(
+                r,
+                "herald_budget_principals",
+                "Users and anonymous address prefixes with a connection on this pod, whose budgets it keeps.",
+            ),
             registry,
         };
         metrics.start_at_zero();
@@ -348,6 +374,11 @@ impl Metrics {
     /// ([`AUTH_FAILURE_REASONS`]).
     pub fn auth_failed(&self, reason: &str) {
         self.auth_failures.with_label_values(&[reason]).inc();
+    }
+
+    /// A `sub` or `pub` over a budget ([`LIMIT_REFUSALS`]).
+    pub fn limit_refused(&self, limit: &str) {
+        self.limit_refusals.with_label_values(&[limit]).inc();
     }
 
     pub fn closed(&self, reason: CloseReason) {

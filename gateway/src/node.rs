@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Slots;
 use crate::auth::{AuthError, Verifier};
+use crate::budget::Budgets;
 use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -135,6 +136,7 @@ impl Node {
             metrics: metrics.clone(),
             writing,
             flush_soon: flush_soon.clone(),
+            budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
         });
         let node = Arc::new(Self {
             config,

@@ -110,7 +110,10 @@ pub enum Command {
     /// latency, the longest time with no canary delivery, and canary
     /// messages not delivered by the end; every canary seq must arrive once
     /// and in order. The pod needs HERALD_SESSION__MAX_SUBSCRIPTIONS at
-    /// least --topics-per-connection (default 1000).
+    /// least --topics-per-connection (default 1000), and its budgets per
+    /// address off (HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_IP,
+    /// __TOPICS_PER_MINUTE and __ANONYMOUS_MAX_TOPICS at 0): its thousands of
+    /// topics are subscribed from this machine's few addresses.
     Stall(StallArgs),
     /// A TCP proxy on this machine that adds a delay, loss or a partition
     /// between its clients and --upstream (Redis behind a bad network, where

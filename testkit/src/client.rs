@@ -1,11 +1,14 @@
 //! A WebSocket client the project did not write (tokio-tungstenite), with
 //! Herald's JSON protocol on top; every wait bounded by [`WAIT`].
 
+use std::net::{IpAddr, SocketAddr};
+
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::{Gateway, WAIT};
@@ -51,6 +54,52 @@ impl Client {
         .expect("handshake in time")
         .expect("handshake");
         Self { ws }
+    }
+
+    /// A client at `url` (`ws://<ip:port>/…`) from the local address `from`
+    /// (every address of 127.0.0.0/8 is this host's: a test can be many
+    /// clients' addresses), with the extra request `headers`. A refusal
+    /// before the upgrade is its HTTP status.
+    pub async fn connect_from(
+        url: &str,
+        from: IpAddr,
+        headers: &[(&str, &str)],
+    ) -> Result<Self, u16> {
+        let addr: SocketAddr = url
+            .strip_prefix("ws://")
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|addr| addr.parse().ok())
+            .expect("a ws://<ip:port>/ URL");
+        let socket = match from {
+            IpAddr::V4(_) => TcpSocket::new_v4(),
+            IpAddr::V6(_) => TcpSocket::new_v6(),
+        }
+        .expect("socket");
+        socket
+            .bind(SocketAddr::new(from, 0))
+            .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+        let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let mut request = url.into_client_request().expect("a request");
+        for (name, value) in headers {
+            request.headers_mut().insert(
+                tungstenite::http::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+                value.parse().expect("header value"),
+            );
+        }
+        let handshake = tokio::time::timeout(
+            WAIT,
+            tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .expect("an answer in time");
+        match handshake {
+            Ok((ws, _)) => Ok(Self { ws }),
+            Err(tungstenite::Error::Http(response)) => Err(response.status().as_u16()),
+            Err(e) => panic!("connect failed without an HTTP answer: {e}"),
+        }
     }
 
     /// A client at `url` with a session, subscribed to `topic`.

@@ -32,6 +32,7 @@ use bytes::Bytes;
 use futures_util::future::Either;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use ipnet::IpNet;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
 use router::{
@@ -44,6 +45,7 @@ use tokio::time::Instant;
 
 use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Refused, Verifier};
+use crate::budget::{Account, Budgets, Limit, Principal};
 use crate::config::{BrokerKind, Config};
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -74,6 +76,9 @@ pub struct Pod {
     /// Wakes the session flusher before its interval (a shared store's:
     /// `None` with a pod-local one); see [`Subscriptions::new`].
     pub flush_soon: Option<Arc<Notify>>,
+    /// What each user and anonymous address may hold and touch across its
+    /// connections.
+    pub budgets: Arc<Budgets>,
 }
 
 /// Serves an upgraded connection until it ends.
@@ -160,7 +165,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let mut session = Session::new(node, admission.conn, out);
+    let mut session = Session::new(node, &admission, out);
     async move {
         let writing = writer::run(write, session.out.clone(), session.node.writing.clone());
         // The writer in the reader's task, not a task of its own: an idle
@@ -185,6 +190,11 @@ struct Session {
     resumed: bool,
     out: Outbound,
     subscriptions: Subscriptions,
+    /// The client's address prefix: an anonymous client's budgets are its.
+    address: IpNet,
+    /// The budgets this connection draws on, from `hello` on. Boxed: an
+    /// idle connection's task should stay small (issue #16).
+    account: Option<Box<Account>>,
     /// What the client's token says; `None` for an anonymous client.
     /// Boxed: most of a pod's connections may be anonymous.
     claims: Option<Box<Claims>>,
@@ -240,15 +250,17 @@ impl Drop for Session {
 }
 
 impl Session {
-    fn new(node: Arc<Pod>, conn: ConnId, out: Outbound) -> Self {
+    fn new(node: Arc<Pod>, admission: &Admission, out: Outbound) -> Self {
         let ws = &node.config.websocket;
         Session {
-            conn,
+            conn: admission.conn,
             owner: random_id(),
             id: None,
             resumed: false,
             out,
             subscriptions: Subscriptions::new(node.flush_soon.clone()),
+            address: admission.address,
+            account: None,
             claims: None,
             token_expires: None,
             hello_by: Instant::now() + ws.hello_timeout,
@@ -419,6 +431,7 @@ impl Session {
             }
             Ok(Command::Hello { token, resume }) if self.id.is_none() => {
                 Box::pin(self.hello(token.as_deref(), resume.as_deref())).await;
+                self.settle_account();
                 Ok(())
             }
             Ok(Command::Hello { .. }) => Err(CommandError::new(
@@ -433,6 +446,7 @@ impl Session {
                     if self.id.is_none() {
                         return;
                     }
+                    self.settle_account();
                 }
                 Box::pin(self.act(command, &text)).await
             }
@@ -489,7 +503,12 @@ impl Session {
                 .await;
                 Ok(())
             }
-            Command::Refresh { id, token } => Box::pin(self.refresh(id, &token)).await,
+            Command::Refresh { id, token } => {
+                let refreshed = Box::pin(self.refresh(id, &token)).await;
+                // Topics the new token no longer grants were left.
+                self.settle_account();
+                refreshed
+            }
             Command::Sub {
                 id,
                 topic,
@@ -517,13 +536,23 @@ impl Session {
                     )
                     .about(topic.as_str()));
                 }
+                self.draw(id, &topic, Access::Subscribe)?;
                 let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
-                self.subscribe(Some(id), topic, since).await
+                let subscribed = self.subscribe(Some(id), topic.clone(), since).await;
+                if !self.subscriptions.contains(&topic)
+                    && let Some(account) = self.account.as_mut()
+                {
+                    account.unsubscribed(&topic);
+                }
+                subscribed
             }
             Command::Unsub { id, topic } => {
                 let topic = self.topic(Some(id), &topic)?;
                 if !self.subscriptions.remove(&topic) {
                     return Err(not_subscribed(Some(id), &topic));
+                }
+                if let Some(account) = self.account.as_mut() {
+                    account.unsubscribed(&topic);
                 }
                 self.leave(&topic).await;
                 self.reply(ServerMessage::Ok {
@@ -540,6 +569,7 @@ impl Session {
             Command::Pub { id, topic, data } => {
                 let topic = self.topic(Some(id), &topic)?;
                 self.may(Some(id), &topic, Access::Publish)?;
+                self.draw(id, &topic, Access::Publish)?;
                 // `data` points into the frame: publish it without a copy.
                 let data = text.slice_ref(data.get().as_bytes());
                 let position = self
@@ -562,6 +592,40 @@ impl Session {
             }
             Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
         }
+    }
+
+    /// Opens the connection's account once `hello` said who the client is
+    /// (its user, or else its address), and charges it with the
+    /// subscriptions as a resume or a `refresh` left them. Nothing for a
+    /// client `hello` refused: it spends nothing of the pod's.
+    fn settle_account(&mut self) {
+        if self.id.is_none() {
+            return;
+        }
+        let account = self.account.get_or_insert_with(|| {
+            let principal = match &self.claims {
+                Some(claims) => Principal::User(claims.user.clone()),
+                None => Principal::Address(self.address),
+            };
+            Box::new(self.node.budgets.open(principal))
+        });
+        account.settle(&self.subscriptions.topics());
+    }
+
+    /// Draws a `sub` or a `pub` of `topic` on the budgets of the client's
+    /// user or address.
+    fn draw(&mut self, id: u64, topic: &Topic, access: Access) -> Result<(), CommandError> {
+        let Some(account) = self.account.as_mut() else {
+            return Ok(());
+        };
+        let drawn = match access {
+            Access::Subscribe => account.subscribe(topic),
+            Access::Publish => account.publish(topic),
+        };
+        drawn.map_err(|limit: Limit| {
+            let message = limit.message(&self.node.config.session);
+            CommandError::new(Some(id), limit.code(), message).about(topic.as_str())
+        })
     }
 
     /// Records how far the client acked `topic`.

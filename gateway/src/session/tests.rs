@@ -21,7 +21,7 @@ async fn a_panicking_connection_task_releases_its_session_hub_memberships_and_so
     let node = Node::start(config).await.unwrap();
     let admission = node.slots.admit(IpAddr::from([127, 0, 0, 1])).unwrap();
     let out = Outbound::new(limits);
-    let mut session = Session::new(node.pod.clone(), admission.conn, out.clone());
+    let mut session = Session::new(node.pod.clone(), &admission, out.clone());
 
     // As a `hello` and a `sub` leave it: registered, and a subscriber.
     let id: Arc<str> = Arc::from("s1");

@@ -335,6 +335,11 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
         ("HERALD_SESSION__FLUSH_INTERVAL", FLUSH_INTERVAL.to_owned()),
         ("HERALD_LOG__LEVEL", options.log_level.clone()),
         ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "0".to_owned()),
+        // Every client comes from this machine's address: its budgets are off
+        // too (thousands of clients' subscriptions, hundreds of topics).
+        ("HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_IP", "0".to_owned()),
+        ("HERALD_SESSION__TOPICS_PER_MINUTE", "0".to_owned()),
+        ("HERALD_SESSION__ANONYMOUS_MAX_TOPICS", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
