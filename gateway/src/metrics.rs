@@ -33,6 +33,18 @@ pub const AUTH_FAILURE_REASONS: [&str; 14] = [
     "forbidden",
 ];
 
+/// Every `reason` of `herald_grpc_refused_total`: a call without a valid API
+/// key, or over `http.max_concurrent_requests`, or whose message declares
+/// more than its method takes; a connection over `grpc.max_connections` or
+/// `grpc.max_connections_per_ip`.
+pub const GRPC_REFUSAL_REASONS: [&str; 5] = [
+    "unauthenticated",
+    "busy",
+    "too_large",
+    "at_capacity",
+    "per_ip",
+];
+
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
 pub struct Metrics {
@@ -70,6 +82,8 @@ pub struct Metrics {
     resets: IntCounter,
     redis_rewinds: IntCounter,
     redis_pubsub_backlog: IntGauge,
+    pub grpc_refused: IntCounterVec,
+    pub grpc_connections: IntGauge,
 }
 
 impl Metrics {
@@ -119,6 +133,15 @@ impl Metrics {
         );
         for reason in ["busy", "timeout"] {
             http_rejected.with_label_values(&[reason]);
+        }
+        let grpc_refused = counter_vec(
+            r,
+            "herald_grpc_refused_total",
+            "gRPC calls and connections refused by the pod's limits before any body was read, by reason.",
+            &["reason"],
+        );
+        for reason in GRPC_REFUSAL_REASONS {
+            grpc_refused.with_label_values(&[reason]);
         }
         let metrics = Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
@@ -277,6 +300,8 @@ impl Metrics {
                 "herald_redis_pubsub_backlog",
                 "Announcements held aside while topics' history is read from Redis (a gap, a reconnect): what waits for Redis on this pod.",
             ),
+            grpc_refused,
+            grpc_connections: gauge(r, "herald_grpc_connections", "Open gRPC connections."),
             registry,
         };
         metrics.start_at_zero();
