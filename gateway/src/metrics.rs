@@ -137,7 +137,7 @@ impl Metrics {
         let grpc_refused = counter_vec(
             r,
             "herald_grpc_refused_total",
-            "gRPC calls and connections refused by the pod's limits before any body was read, by reason.",
+            "gRPC calls and connections refused by the pod's limits before a message of theirs was buffered, by reason.",
             &["reason"],
         );
         for reason in GRPC_REFUSAL_REASONS {
