@@ -351,6 +351,8 @@ refuses "the api port on the http port" "must differ" "${DEFAULTS[@]}" --set con
 refuses "a key the chart owns (config.listen)" "listen" "${DEFAULTS[@]}" --set config.listen=0.0.0.0:1
 refuses "a key the chart owns (config.http.api_listen)" "api_listen" "${DEFAULTS[@]}" \
     --set config.http.api_listen=0.0.0.0:1
+refuses "a key the chart owns (config.grpc.listen)" "listen" "${DEFAULTS[@]}" \
+    --set config.grpc.listen=0.0.0.0:1
 refuses "the replaced namespace key client_publish (schema)" "client_publish" "${DEFAULTS[@]}" \
     --set config.namespaces.default.client_publish=true
 refuses "a mistyped value (schema)" "replicaCount" "${DEFAULTS[@]}" --set replicaCount=three

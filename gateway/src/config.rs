@@ -112,6 +112,18 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 pub const DEFAULT_TELEMETRY_SERVICE_NAME: &str = "herald";
 /// Fraction of publishes traced when the publisher sent no sampling decision.
 pub const DEFAULT_TELEMETRY_SAMPLE_RATIO: f64 = 1.0;
+/// HTTP/2 streams (calls) one gRPC connection may have open at once; a
+/// stream past it is refused by HTTP/2 (`REFUSED_STREAM`), not queued.
+pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 64;
+/// gRPC connections per pod; more are closed as they are accepted.
+pub const DEFAULT_GRPC_MAX_CONNECTIONS: usize = 1024;
+/// gRPC connections one client address may hold on one pod; 0: no cap.
+pub const DEFAULT_GRPC_MAX_CONNECTIONS_PER_IP: usize = 128;
+/// How long a gRPC connection may be silent before the pod pings it.
+pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long the pod waits for a ping's answer; a connection silent for the
+/// interval and this (one that never spoke HTTP/2 too) is closed.
+pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Exit code for a configuration error (EX_USAGE).
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
@@ -406,6 +418,16 @@ impl HttpConfig {
 pub struct GrpcConfig {
     /// Address the gRPC server listens on.
     pub listen: SocketAddr,
+    /// Calls (HTTP/2 streams) per connection; in total they share
+    /// `http.max_concurrent_requests`.
+    pub max_concurrent_streams: u32,
+    /// Connections per pod, and per client address (0: no cap).
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -572,6 +594,11 @@ impl Default for GrpcConfig {
             listen: DEFAULT_GRPC_LISTEN
                 .parse()
                 .unwrap_or_else(|_| unreachable!()),
+            max_concurrent_streams: DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
+            max_connections: DEFAULT_GRPC_MAX_CONNECTIONS,
+            max_connections_per_ip: DEFAULT_GRPC_MAX_CONNECTIONS_PER_IP,
+            keepalive_interval: DEFAULT_GRPC_KEEPALIVE_INTERVAL,
+            keepalive_timeout: DEFAULT_GRPC_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -757,6 +784,8 @@ impl Config {
             ("websocket.hello_timeout", ws.hello_timeout),
             ("websocket.message_timeout", ws.message_timeout),
             ("http.request_timeout", self.http.request_timeout),
+            ("grpc.keepalive_interval", self.grpc.keepalive_interval),
+            ("grpc.keepalive_timeout", self.grpc.keepalive_timeout),
         ] {
             if d.is_zero() {
                 return invalid(key, "must be longer than 0s");
@@ -807,6 +836,12 @@ impl Config {
         }
         if self.http.max_concurrent_requests == 0 {
             return invalid("http.max_concurrent_requests", "must be at least 1");
+        }
+        if self.grpc.max_concurrent_streams == 0 {
+            return invalid("grpc.max_concurrent_streams", "must be at least 1");
+        }
+        if self.grpc.max_connections == 0 {
+            return invalid("grpc.max_connections", "must be at least 1");
         }
         if let Some(api) = self.http.api_listen
             && api.port() != 0

@@ -5,6 +5,12 @@
 //! checks ([`publish::publish_data`]) and the same errors, answered with the gRPC
 //! code of the HTTP status (see [`status`]). It stops with the drain: the
 //! listener closes, calls in flight finish, and the server ends with them.
+//!
+//! What it spends is bounded before a caller is known: [`connections`] caps
+//! the connections (in total and per address) and closes silent ones; HTTP/2
+//! caps the streams of each (`grpc.max_concurrent_streams`); and [`gate`]
+//! checks each call's API key on its headers, then takes an API request slot
+//! and bounds its message by method, before the body is read.
 
 use std::sync::Arc;
 
@@ -22,45 +28,48 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
-use crate::listener;
 use crate::node::Node;
 use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
 
-/// Largest request the server decodes, in bytes (tonic's default): bounds a
-/// batch. It grows to hold one `data` of `http.max_body_bytes` where that
-/// is larger. A request over it is refused by tonic with `OUT_OF_RANGE`.
-pub const MAX_REQUEST_BYTES: usize = publish::MAX_BATCH_BYTES;
-/// Room in a `Publish` request for its topic, key and framing, besides `data`.
-const REQUEST_OVERHEAD_BYTES: usize = 1024;
+pub mod connections;
+pub mod gate;
+
 /// The metadata key that carries a refusal's code from the error table.
 pub const ERROR_CODE_METADATA: &str = "herald-error-code";
-/// The metadata key of the API key (metadata keys are HTTP/2 header names,
-/// in lower case).
-const AUTHORIZATION: &str = "authorization";
+/// The largest header block (metadata) a call may send, in bytes (hyper's
+/// default, named here so that it cannot grow unnoticed).
+const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 
 /// Serves the `Publisher` service on `listener` until the node drains, then
 /// closes the listener and returns once the calls in flight have finished.
 pub async fn serve(node: Arc<Node>, listener: TcpListener) {
-    let max_request =
-        MAX_REQUEST_BYTES.max(node.config.http.max_body_bytes + REQUEST_OVERHEAD_BYTES);
-    let service =
-        PublisherServer::new(Publisher::new(node.clone())).max_decoding_message_size(max_request);
-    // The HTTP API's deadline: a call that takes longer is cancelled.
+    let config = &node.config.grpc;
+    let limits = gate::Limits::new(node.config.http.max_body_bytes);
+    // The gate bounds each method's messages; tonic's own bound is the
+    // largest of them, and is never the one that refuses.
+    let service = PublisherServer::new(Publisher::new(node.clone()))
+        .max_decoding_message_size(limits.batch.max(gate::MAX_SMALL_REQUEST_BYTES));
+    let service = gate::Gate::new(service, node.clone(), limits);
+    let slots = connections::Slots::new(config, node.metrics.clone());
+    let incoming = connections::Incoming::new(listener, slots, config);
     let result = Server::builder()
+        // The HTTP API's deadline: a call that takes longer is cancelled.
         .timeout(node.config.http.request_timeout)
-        .serve_with_incoming_shutdown(
-            service,
-            listener::Accepted::new(listener),
-            node.drain.clone().cancelled_owned(),
-        )
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .serve_with_incoming_shutdown(service, incoming, node.drain.clone().cancelled_owned())
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "the gRPC server failed");
     }
 }
 
-/// The `Publisher` service over the pod's node.
+/// The `Publisher` service over the pod's node. It is served behind
+/// [`gate::Gate`], which has checked the caller's API key and taken the
+/// call's request slot before a method runs.
 pub struct Publisher {
     node: Arc<Node>,
 }
@@ -70,13 +79,7 @@ impl Publisher {
         Self { node }
     }
 
-    fn authorize(&self, metadata: &MetadataMap) -> Result<(), ApiError> {
-        let authorization = metadata.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-        publish::authorize(&self.node.api_keys.current(), authorization)
-    }
-
     async fn single(&self, request: Request<PublishRequest>) -> Result<PublishResponse, ApiError> {
-        self.authorize(request.metadata())?;
         self.publish_one(request.into_inner()).await
     }
 
@@ -101,7 +104,6 @@ impl Publisher {
         &self,
         request: Request<PublishBatchRequest>,
     ) -> Result<PublishBatchResponse, ApiError> {
-        self.authorize(request.metadata())?;
         let items = request.into_inner().items;
         if items.len() > MAX_BATCH_ITEMS {
             return Err(ApiError::new(
@@ -144,7 +146,6 @@ impl Publisher {
         &self,
         request: Request<TopicInfoRequest>,
     ) -> Result<TopicInfoResponse, ApiError> {
-        self.authorize(request.metadata())?;
         let topic = publish::topic(&request.get_ref().topic)?;
         let position = self.node.broker.recover(&topic, None).await?.position;
         Ok(TopicInfoResponse {
@@ -152,14 +153,6 @@ impl Publisher {
             epoch: position.epoch.to_string(),
             subscribers: self.node.hub.subscribers(&topic) as u64,
         })
-    }
-
-    /// One of the pod's API request slots (shared with HTTP), held for the
-    /// call; none left is `RESOURCE_EXHAUSTED`.
-    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Status> {
-        self.node
-            .api_slot()
-            .ok_or_else(|| Status::resource_exhausted("busy: too many API requests in flight"))
     }
 
     /// Counts the call and turns its error into a status.
@@ -184,7 +177,6 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
-        let _slot = self.slot()?;
         let span = telemetry::publish_span(Api::GrpcPublish, Headers(request.metadata().as_ref()));
         let result = self.single(request).instrument(span.clone()).await;
         if let Err(e) = &result {
@@ -197,7 +189,6 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<PublishBatchRequest>,
     ) -> Result<Response<PublishBatchResponse>, Status> {
-        let _slot = self.slot()?;
         let span =
             telemetry::publish_span(Api::GrpcPublishBatch, Headers(request.metadata().as_ref()));
         let result = self.batch(request).instrument(span.clone()).await;
@@ -211,7 +202,6 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<TopicInfoRequest>,
     ) -> Result<Response<TopicInfoResponse>, Status> {
-        let _slot = self.slot()?;
         self.answer("TopicInfo", self.info(request).await)
     }
 
@@ -219,9 +209,7 @@ impl publisher_server::Publisher for Publisher {
         &self,
         request: Request<DisconnectRequest>,
     ) -> Result<Response<DisconnectResponse>, Status> {
-        let _slot = self.slot()?;
         let result = async {
-            self.authorize(request.metadata())?;
             let node = &self.node;
             let window = node.config.session.resume_window;
             publish::disconnect_user(&*node.sessions, window, &request.get_ref().user).await?;

@@ -10,7 +10,9 @@
 //!   by: who may call it, the checks of a publish, disconnecting a user.
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`,
 //!   and `/v1/admin/status`, whose [`admin::Status`] `herald status` prints).
-//! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener.
+//! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener,
+//!   behind [`grpc::gate`] (the API key on a call's headers, a request slot,
+//!   a bound on its message) and [`grpc::connections`] (connection caps).
 //! - [`session`]: one WebSocket connection: its reader (commands), who the
 //!   client is and what it may do, what a resume needs (its subscriptions
 //!   and acks); the registry of the pod's live sessions.

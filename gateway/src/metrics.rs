@@ -42,6 +42,18 @@ pub const LIMIT_REFUSALS: [&str; 4] = [
     "anonymous_topics",
 ];
 
+/// Every `reason` of `herald_grpc_refused_total`: a call without a valid API
+/// key, or over `http.max_concurrent_requests`, or whose message declares
+/// more than its method takes; a connection over `grpc.max_connections` or
+/// `grpc.max_connections_per_ip`.
+pub const GRPC_REFUSAL_REASONS: [&str; 5] = [
+    "unauthenticated",
+    "busy",
+    "too_large",
+    "at_capacity",
+    "per_ip",
+];
+
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
 pub struct Metrics {
@@ -83,6 +95,8 @@ pub struct Metrics {
     redis_pubsub_backlog: IntGauge,
     limit_refusals: IntCounterVec,
     pub budget_principals: IntGauge,
+    pub grpc_refused: IntCounterVec,
+    pub grpc_connections: IntGauge,
 }
 
 impl Metrics {
@@ -141,6 +155,15 @@ impl Metrics {
         );
         for limit in LIMIT_REFUSALS {
             limit_refusals.with_label_values(&[limit]);
+        }
+        let grpc_refused = counter_vec(
+            r,
+            "herald_grpc_refused_total",
+            "gRPC calls and connections refused by the pod's limits before a message of theirs was buffered, by reason.",
+            &["reason"],
+        );
+        for reason in GRPC_REFUSAL_REASONS {
+            grpc_refused.with_label_values(&[reason]);
         }
         let metrics = Self {
             connections: gauge(r, "herald_connections", "Open WebSocket connections."),
@@ -316,6 +339,8 @@ impl Metrics {
                 "herald_budget_principals",
                 "Users and anonymous address prefixes with a connection on this pod, whose budgets it keeps.",
             ),
+            grpc_refused,
+            grpc_connections: gauge(r, "herald_grpc_connections", "Open gRPC connections."),
             registry,
         };
         metrics.start_at_zero();

@@ -8,6 +8,8 @@ use bytes::Bytes;
 use proto::ErrorCode;
 use router::{Broker, BrokerError, Outgoing, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use subtle::{Choice, ConstantTimeEq};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
@@ -259,7 +261,10 @@ pub async fn disconnect_user(
 }
 
 /// Whether `header` is `Bearer <one of keys>` (the scheme in any case, RFC
-/// 9110 11.1), the key compared in constant time.
+/// 9110 11.1). The SHA-256 digests of the presented key and of every
+/// configured one are compared in constant time, and every key is compared:
+/// neither the time taken nor an early return tells a caller how long a key
+/// is, how much of one they guessed, or which key matched.
 fn authorized(keys: &[String], header: Option<&str>) -> bool {
     let Some((scheme, given)) = header.and_then(|h| h.split_once(' ')) else {
         return false;
@@ -267,14 +272,45 @@ fn authorized(keys: &[String], header: Option<&str>) -> bool {
     if !scheme.eq_ignore_ascii_case("bearer") {
         return false;
     }
-    keys.iter().fold(false, |found, key| {
-        found | constant_time_eq(key.as_bytes(), given.trim().as_bytes())
-    })
+    let given = Sha256::digest(given.trim().as_bytes());
+    let found = keys.iter().fold(Choice::from(0), |found, key| {
+        found
+            | Sha256::digest(key.as_bytes())
+                .as_slice()
+                .ct_eq(given.as_slice())
+    });
+    found.into()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Vec<String> {
+        vec!["secret".to_owned(), "other-key".to_owned()]
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+
+    #[test]
+    fn the_key_compare_accepts_each_key_and_nothing_near_one() {
+        for header in ["Bearer secret", "bearer other-key", "BEARER  secret "] {
+            assert!(authorized(&keys(), Some(header)), "{header}");
+        }
+        for header in [
+            "Bearer secre",
+            "Bearer secrets",
+            "Bearer secretsecret",
+            "Bearer other",
+            "Bearer other-key2",
+            "Bearer ",
+            "Bearer",
+            "Basic secret",
+            "secret",
+            "",
+        ] {
+            assert!(!authorized(&keys(), Some(header)), "{header:?}");
+        }
+        assert!(!authorized(&keys(), None));
+        assert!(!authorized(&[], Some("Bearer ")), "no key matches nothing");
+        assert!(authorize(&[], None).is_ok(), "no keys: open");
+    }
 }

@@ -448,6 +448,43 @@ fn the_grpc_listener_is_configured_like_the_others() {
 }
 
 #[test]
+fn the_grpc_limits_are_read_and_checked() {
+    let defaults = load_env(&[]).expect("the defaults load");
+    assert_eq!(defaults.grpc.max_concurrent_streams, 64);
+    assert_eq!(defaults.grpc.max_connections_per_ip, 128);
+    let config = load_file(
+        "[grpc]\nmax_concurrent_streams = 8\nmax_connections = 10\n\
+         max_connections_per_ip = 0\nkeepalive_interval = \"1m\"\nkeepalive_timeout = \"5s\"\n",
+    )
+    .expect("loads");
+    assert_eq!(config.grpc.max_concurrent_streams, 8);
+    assert_eq!(config.grpc.max_connections, 10);
+    assert_eq!(config.grpc.max_connections_per_ip, 0);
+    assert_eq!(config.grpc.keepalive_interval, Duration::from_secs(60));
+    assert_eq!(config.grpc.keepalive_timeout, Duration::from_secs(5));
+    for (var, value, key) in [
+        (
+            "HERALD_GRPC__MAX_CONCURRENT_STREAMS",
+            "0",
+            "grpc.max_concurrent_streams",
+        ),
+        ("HERALD_GRPC__MAX_CONNECTIONS", "0", "grpc.max_connections"),
+        (
+            "HERALD_GRPC__KEEPALIVE_INTERVAL",
+            "0s",
+            "grpc.keepalive_interval",
+        ),
+        (
+            "HERALD_GRPC__KEEPALIVE_TIMEOUT",
+            "0s",
+            "grpc.keepalive_timeout",
+        ),
+    ] {
+        assert_names(load_env(&[(var, value)]), key);
+    }
+}
+
+#[test]
 fn rebalancing_needs_a_shared_broker_and_sane_bounds() {
     assert_names(
         load_env(&[("HERALD_REBALANCE__ENABLED", "true")]),

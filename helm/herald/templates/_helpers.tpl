@@ -299,7 +299,9 @@ Secret. */}}
 {{- with $a.audience }}{{ $_ = set $auth "audience" . }}{{ end }}
 {{- $_ = set $cfg "auth" $auth }}
 {{- $_ = set $cfg "broker" (include "herald.broker" .) }}
-{{- $_ = set $cfg "grpc" (dict "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc))) }}
+{{- $grpc := default dict $cfg.grpc }}
+{{- $_ = set $grpc "listen" (printf "0.0.0.0:%d" (int .Values.containerPorts.grpc)) }}
+{{- $_ = set $cfg "grpc" $grpc }}
 {{- $_ = set $cfg "shutdown" (dict "drain_timeout" (printf "%ds" (int .Values.shutdown.drainTimeoutSeconds))) }}
 {{- $redis := default dict $cfg.redis }}
 {{- $_ = set $redis "url" (include "herald.redisUrl" .) }}
