@@ -496,31 +496,38 @@ return {seq, epoch, now, clock, line, page_of(KEYS[2], since, ARGV[8], ARGV[9])}
 
 /// Lua shared by [`RECOVER`] and [`PAGE`]: `page_of(history, after, count,
 /// bytes)` returns the entries of `history` after seq `after`, at most
-/// `count` (0 or nil: all) and up to the one whose data reaches `bytes` (0 or
-/// nil: any), so that a replay holds one page at a time, however long the
-/// history.
+/// `count` (0 or nil: any) and up to the one whose data reaches `bytes` (0
+/// or nil: any), so that a replay holds one page at a time, however long the
+/// history. It reads the stream a few entries at a time, as many as the
+/// bytes left hold at the size seen so far: a page of large messages does
+/// not copy (in Redis, where every pod's commands wait) the many more that
+/// `count` alone would allow.
 const PAGE_OF: &str = r#"
 local function page_of(history, after, count, bytes)
-  local from = string.format('%d-0', after + 1)
-  local entries
   count = tonumber(count or '0')
-  if count > 0 then
-    entries = redis.call('XRANGE', history, from, '+', 'COUNT', count)
-  else
-    entries = redis.call('XRANGE', history, from, '+')
-  end
   bytes = tonumber(bytes or '0')
-  if bytes <= 0 then return entries end
-  local kept, total = {}, 0
-  for i, entry in ipairs(entries) do
-    kept[i] = entry
-    local fields = entry[2]
-    for f = 1, #fields - 1, 2 do
-      if fields[f] == 'd' then total = total + #fields[f + 1] end
-    end
-    if total >= bytes then break end
+  if count <= 0 and bytes <= 0 then
+    return redis.call('XRANGE', history, string.format('%d-0', after + 1), '+')
   end
-  return kept
+  if count <= 0 then count = 2147483647 end
+  local kept, total, from, want = {}, 0, after + 1, 1
+  while true do
+    local read = redis.call('XRANGE', history, string.format('%d-0', from), '+', 'COUNT', want)
+    for _, entry in ipairs(read) do
+      kept[#kept + 1] = entry
+      local fields = entry[2]
+      for f = 1, #fields - 1, 2 do
+        if fields[f] == 'd' then total = total + #fields[f + 1] end
+      end
+      if #kept >= count or (bytes > 0 and total >= bytes) then return kept end
+    end
+    if #read < want then return kept end
+    from = tonumber(string.match(read[#read][1], '^%d+')) + 1
+    want = count - #kept
+    if bytes > 0 then
+      want = math.min(want, math.floor((bytes - total) * #kept / math.max(total, 1)) + 1)
+    end
+  end
 end
 "#;
 
