@@ -23,6 +23,7 @@
 
 mod connection;
 mod lineage;
+mod pages;
 mod publisher;
 mod pubsub;
 mod reach;
@@ -46,7 +47,7 @@ use scripts::Keys;
 use shards::Shards;
 
 use crate::observe::Observer;
-use crate::page::{self, Page, PageSize};
+use crate::page::{Page, PageSize};
 use crate::session::unix_ms;
 use crate::{
     Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Outgoing,
@@ -54,6 +55,7 @@ use crate::{
     Topic,
 };
 use lineage::Lineage;
+use pages::{bound, page_of};
 use reach::Reach;
 
 /// How much longer than the command timeout a publish waits for the
@@ -412,14 +414,6 @@ fn recover_invocation(
     invocation
 }
 
-/// A page's bound as the scripts take it: 0 for none.
-fn bound(n: usize) -> u64 {
-    match u64::try_from(n) {
-        Ok(n) if n < i64::MAX as u64 => n,
-        _ => 0,
-    }
-}
-
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
 /// first page of the history after it.
 #[allow(clippy::too_many_arguments)]
@@ -613,44 +607,6 @@ fn continuous(
         && entries.windows(2).all(|w| w[1].0.seq == w[0].0.seq + 1)
 }
 
-/// `entries`, read after `after` from a topic at `seq`, as a page that
-/// continues `after` ([`page::continues`]) and is not older than `ttl` (a
-/// read checks the age too: history is trimmed by age only now and then);
-/// `None` where history no longer continues it.
-fn page_of(
-    entries: Vec<(Publication, u64)>,
-    after: u64,
-    seq: u64,
-    now_ms: u64,
-    ttl: Duration,
-    size: PageSize,
-) -> Option<Vec<Publication>> {
-    let oldest_allowed = now_ms.saturating_sub(millis(ttl));
-    if entries.first().is_some_and(|(_, at)| *at < oldest_allowed) {
-        return None;
-    }
-    let publications: Vec<Publication> = entries.into_iter().map(|(p, _)| p).collect();
-    page::continues(&publications, after, seq, size).then_some(publications)
-}
-
-/// What [`scripts::PAGE`] answered: Redis's time, and the topic's seq and
-/// the entries, unless the topic left the epoch.
-type PageReply = (u64, Option<(u64, Vec<(Publication, u64)>)>);
-
-fn parse_page(topic: &Topic, epoch: &Epoch, value: Value) -> Option<PageReply> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let mut items = items.into_iter();
-    let now_ms = as_u64(&items.next()?)?;
-    let Some(seq) = items.next() else {
-        return Some((now_ms, None));
-    };
-    let seq = as_u64(&seq)?;
-    let entries = parse_entries(topic, epoch, items.next()?)?;
-    Some((now_ms, Some((seq, entries))))
-}
-
 #[async_trait]
 impl Broker for RedisBroker {
     fn status(&self) -> BrokerStatus {
@@ -826,31 +782,14 @@ impl Broker for RedisBroker {
     ) -> Result<Page, BrokerError> {
         let ttl = self.inner.namespaces.require(topic)?.history_ttl;
         self.inner.reach.check()?;
-        let keys = &self.inner.keys;
-        let slot = keys.slot(topic);
-        let meta = keys.meta(topic);
-        let mut invocation = scripts::PAGE.prepare_invoke();
-        invocation
-            .key(&meta)
-            .key(keys.history(topic))
-            .key(keys.lineage(slot))
-            .arg(&**epoch)
-            .arg(after)
-            .arg(bound(size.messages))
-            .arg(bound(size.bytes))
-            .arg(self.inner.lineage.known(slot));
-        let shards = &self.inner.replay_shards;
-        let reading = shards.script(&meta, &scripts::PAGE, &invocation);
-        let value: Value = timed(&*self.inner.observer, "replay", reading).await?;
-        let (now_ms, read) = parse_page(topic, epoch, value)
-            .ok_or_else(|| BrokerError::Unavailable("redis: unexpected page reply".into()))?;
-        let Some((seq, entries)) = read else {
-            return Ok(Page::Lost);
+        let inner = &self.inner;
+        let reader = pages::Reader {
+            keys: &inner.keys,
+            shards: &inner.replay_shards,
+            observer: &*inner.observer,
+            lineage: &inner.lineage,
         };
-        Ok(match page_of(entries, after, seq, now_ms, ttl, size) {
-            Some(publications) => Page::Read { publications, seq },
-            None => Page::Lost,
-        })
+        reader.next(topic, epoch, after, ttl, size).await
     }
 }
 
