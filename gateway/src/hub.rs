@@ -440,6 +440,55 @@ mod tests {
     }
 
     #[test]
+    fn what_outgrows_the_queue_while_replaying_is_dropped_and_left_to_history() {
+        use crate::config::{Limits, Overflow};
+        use crate::session::Subscriptions;
+
+        let hub = Hub::new(Arc::new(Metrics::new()), 4, 1 << 20);
+        let topic = Topic::parse("t").unwrap_or_else(|e| panic!("{e}"));
+        let epoch: Epoch = Arc::from("e");
+        let out = Outbound::new(Limits {
+            frames: 4,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        });
+        let publish = |seq| {
+            hub.deliver(
+                &Publication {
+                    topic: topic.clone(),
+                    epoch: epoch.clone(),
+                    seq,
+                    data: Bytes::from_static(b"1"),
+                },
+                None,
+            )
+        };
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        // Frames queued since the last look.
+        let queued = |out: &Outbound| match out.take(&mut Vec::new()) {
+            Some(taken) => {
+                out.written(taken.bytes);
+                taken.frames
+            }
+            None => 0,
+        };
+        hub.join(&topic, 1, out.clone(), Subscriptions::default());
+        for seq in 1..=5 {
+            publish(seq);
+        }
+        assert!(!hub.go_live(&topic, 1, &at(0)), "five held where four fit");
+        assert_eq!(queued(&out), 0, "nothing of it was sent");
+        assert!(!out.is_closing(), "and the connection goes on");
+        // Held aside again from here: history had 1..=5.
+        publish(6);
+        assert!(hub.go_live(&topic, 1, &at(5)));
+        assert_eq!(queued(&out), 1, "6 only");
+    }
+
+    #[test]
     fn the_next_seq_passes_and_a_reset_behind_the_cursor_does_not() {
         let (a, b): (Epoch, Epoch) = (Arc::from("a"), Arc::from("b"));
         let mut cursor = Position {
