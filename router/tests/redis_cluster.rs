@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, PageSize, Position, Publication,
-    RedisBroker, RedisSettings, Since, Topic,
+    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, Page, PageSize, Position,
+    Publication, RedisBroker, RedisSettings, Since, Topic,
 };
 use testkit::{RedisCluster, WAIT, eventually};
 
