@@ -442,7 +442,11 @@ mod tests {
     #[test]
     fn what_outgrows_the_queue_while_replaying_is_dropped_and_left_to_history() {
         use crate::config::{Limits, Overflow};
-        use crate::session::Subscriptions;
+
+        struct Unsaved;
+        impl Resets for Unsaved {
+            fn reset(&self, _: &Topic, _: &Epoch, _: u64) {}
+        }
 
         let hub = Hub::new(Arc::new(Metrics::new()), 4, 1 << 20);
         let topic = Topic::parse("t").unwrap_or_else(|e| panic!("{e}"));
@@ -475,7 +479,7 @@ mod tests {
             }
             None => 0,
         };
-        hub.join(&topic, 1, out.clone(), Subscriptions::default());
+        hub.join(&topic, 1, out.clone(), Unsaved);
         for seq in 1..=5 {
             publish(seq);
         }
