@@ -251,6 +251,9 @@ def check_exposure(name, labels, ports, objects):
 # herald's defaults (gateway/src/config.rs) where herald.toml leaves a key out.
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_QUEUE_BYTES = 1024 * 1024
+# Each running replay holds a page of history besides its queue.
+DEFAULT_REPLAY_MAX_CONCURRENT = 64
+DEFAULT_REPLAY_PAGE_BYTES = 256 * 1024
 # The state of an idle subscribed connection (BENCHMARKS.md: 5,984 B,
 # rounded up) and an idle pod's RSS with slack (values.yaml, config.queue).
 CONNECTION_STATE_BYTES = 6 * 1024
@@ -278,14 +281,19 @@ def check_memory_budget(name, c, config):
     connections = int(env.get("HERALD_WEBSOCKET__MAX_CONNECTIONS")
                       or config.get("websocket", {}).get("max_connections", DEFAULT_MAX_CONNECTIONS))
     queue = int(env.get("HERALD_QUEUE__BYTES") or config.get("queue", {}).get("bytes", DEFAULT_QUEUE_BYTES))
-    worst = connections * (queue + CONNECTION_STATE_BYTES) + BASELINE_BYTES
+    replay = config.get("replay", {})
+    replays = int(env.get("HERALD_REPLAY__MAX_CONCURRENT")
+                  or replay.get("max_concurrent", DEFAULT_REPLAY_MAX_CONCURRENT))
+    page = int(env.get("HERALD_REPLAY__PAGE_BYTES") or replay.get("page_bytes", DEFAULT_REPLAY_PAGE_BYTES))
+    worst = connections * (queue + CONNECTION_STATE_BYTES) + replays * page + BASELINE_BYTES
     if worst > quantity(limit):
         raise CheckFailed(f"{name}: {connections} connections x ({queue} B queue + "
-                          f"{CONNECTION_STATE_BYTES} B state) + {BASELINE_BYTES >> 20} MiB = "
+                          f"{CONNECTION_STATE_BYTES} B state) + {replays} replays x {page} B page + "
+                          f"{BASELINE_BYTES >> 20} MiB = "
                           f"{worst / 2**20:,.0f} MiB, over the memory limit {limit}: lower "
                           "config.queue.bytes or config.websocket.max_connections, or raise the limit")
     print(f"   {name}: memory budget {connections} x ({queue >> 10} KiB + {CONNECTION_STATE_BYTES >> 10} KiB)"
-          f" + {BASELINE_BYTES >> 20} MiB = {worst / 2**20:,.0f} MiB, "
+          f" + {replays} x {page >> 10} KiB + {BASELINE_BYTES >> 20} MiB = {worst / 2**20:,.0f} MiB, "
           f"{worst / quantity(limit):.0%} of the {limit} limit")
 
 

@@ -35,7 +35,7 @@ fn subscribers(hub: &Hub, topic: &Topic, queue: impl Fn(Limits) -> Outbound) -> 
         .map(|conn| {
             let out = queue(limits);
             hub.join(topic, conn, out.clone(), Subscriptions::default());
-            hub.go_live(
+            let live = hub.go_live(
                 topic,
                 conn,
                 &router::Position {
@@ -43,6 +43,7 @@ fn subscribers(hub: &Hub, topic: &Topic, queue: impl Fn(Limits) -> Outbound) -> 
                     seq: 0,
                 },
             );
+            assert!(live, "nothing was held aside");
             out
         })
         .collect()
@@ -61,7 +62,7 @@ fn publication(topic: &Topic, seq: u64, data: &Bytes) -> Publication {
 fn publish_to_local_queues(c: &mut Criterion) {
     // No runtime: the queues have no sockets, and the fan-out wakes their
     // (absent) writers instead of spawning direct writes.
-    let hub = Hub::new(Arc::new(Metrics::new()), 1024);
+    let hub = Hub::new(Arc::new(Metrics::new()), 1024, 1 << 20);
     let topic = Topic::parse("bench").expect("topic");
     let queues = subscribers(&hub, &topic, Outbound::new);
     let data = Bytes::from(format!("\"{}\"", "x".repeat(1022)));
@@ -103,7 +104,7 @@ fn direct_writes_to_counting_sinks(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let metrics = Arc::new(Metrics::new());
-    let hub = Hub::new(metrics.clone(), 1024);
+    let hub = Hub::new(metrics.clone(), 1024, 1 << 20);
     let topic = Topic::parse("bench").expect("topic");
     let queues = subscribers(&hub, &topic, |limits| {
         Outbound::with_counting_sink(limits).0

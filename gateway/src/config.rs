@@ -69,6 +69,17 @@ pub const DEFAULT_HTTP_MAX_CONCURRENT_REQUESTS: usize = 1024;
 pub const DEFAULT_QUEUE_FRAMES: usize = 1024;
 /// Bytes a client's outgoing queue holds, frames being written included.
 pub const DEFAULT_QUEUE_BYTES: usize = 1024 * 1024;
+/// Replays (a `sub` with `since`, a resumed subscription) a pod runs at
+/// once: each holds a page of history and reads Redis while it runs.
+pub const DEFAULT_REPLAY_MAX_CONCURRENT: usize = 64;
+/// Longest a replay waits for its turn before its `sub` is refused with
+/// `unavailable` (a resume: closed with 4003), for the client to retry.
+pub const DEFAULT_REPLAY_WAIT: Duration = Duration::from_secs(2);
+/// Messages one read of history returns at most.
+pub const DEFAULT_REPLAY_PAGE_MESSAGES: usize = 64;
+/// Bytes of message data one read of history returns at most (a larger
+/// message is read alone).
+pub const DEFAULT_REPLAY_PAGE_BYTES: usize = 256 * 1024;
 /// How long a disconnected session can be resumed.
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(120);
 /// How often changed sessions are saved to a shared (Redis) store.
@@ -137,6 +148,7 @@ pub struct Config {
     pub redis: RedisConfig,
     pub websocket: WebSocketConfig,
     pub queue: QueueConfig,
+    pub replay: ReplayConfig,
     pub session: SessionConfig,
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
@@ -331,6 +343,29 @@ pub struct QueueConfig {
     pub overflow: Overflow,
 }
 
+/// Replays stream history a page at a time, as the client's queue takes it:
+/// a replaying connection holds its queue and one page, whatever it missed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplayConfig {
+    pub max_concurrent: usize,
+    #[serde(with = "humantime_serde")]
+    pub wait: Duration,
+    pub page_messages: usize,
+    pub page_bytes: usize,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: DEFAULT_REPLAY_MAX_CONCURRENT,
+            wait: DEFAULT_REPLAY_WAIT,
+            page_messages: DEFAULT_REPLAY_PAGE_MESSAGES,
+            page_bytes: DEFAULT_REPLAY_PAGE_BYTES,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {
@@ -513,6 +548,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             websocket: WebSocketConfig::default(),
             queue: QueueConfig::default(),
+            replay: ReplayConfig::default(),
             session: SessionConfig::default(),
             http: HttpConfig::default(),
             grpc: GrpcConfig::default(),
@@ -673,12 +709,13 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 14] = [
+const TOP_LEVEL_KEYS: [&str; 15] = [
     "listen",
     "broker",
     "redis",
     "websocket",
     "queue",
+    "replay",
     "session",
     "http",
     "grpc",
@@ -863,6 +900,19 @@ impl Config {
                 "queue.bytes",
                 "must hold at least two of the largest messages (2 x websocket.max_message_bytes)",
             );
+        }
+        let replay = &self.replay;
+        for (key, n) in [
+            ("replay.max_concurrent", replay.max_concurrent),
+            ("replay.page_messages", replay.page_messages),
+            ("replay.page_bytes", replay.page_bytes),
+        ] {
+            if n == 0 {
+                return invalid(key, "must be at least 1");
+            }
+        }
+        if replay.wait.is_zero() {
+            return invalid("replay.wait", "must be longer than 0s");
         }
         if self.http.max_body_bytes == 0 {
             return invalid("http.max_body_bytes", "must be at least 1");

@@ -147,7 +147,12 @@ impl Publisher {
         request: Request<TopicInfoRequest>,
     ) -> Result<TopicInfoResponse, ApiError> {
         let topic = publish::topic(&request.get_ref().topic)?;
-        let position = self.node.broker.recover(&topic, None).await?.position;
+        let position = self
+            .node
+            .broker
+            .recover(&topic, None, router::PageSize::UNBOUNDED)
+            .await?
+            .position;
         Ok(TopicInfoResponse {
             seq: position.seq,
             epoch: position.epoch.to_string(),

@@ -12,6 +12,12 @@
 //! an epoch it has left, is not sent again, however late the broker delivers
 //! it. That is what makes `since` gapless and duplicate-free under
 //! concurrent publishing.
+//!
+//! What a subscriber keeps aside is bounded as its queue is (frames and
+//! bytes): past that, it is all dropped, and its session reads on from
+//! history instead, which holds the same messages ([`Hub::go_live`] says
+//! so). A long replay to a slow client thus costs its queue, not everything
+//! published while it lasts.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -36,8 +42,10 @@ const SHARDS: usize = 64;
 pub struct Hub {
     shards: Box<[Mutex<HashMap<Topic, LocalTopic>>]>,
     metrics: Arc<Metrics>,
-    /// Most publications a buffering subscriber may hold aside.
+    /// Most frames a buffering subscriber may hold aside...
     max_pending: usize,
+    /// ...and most bytes.
+    max_pending_bytes: usize,
 }
 
 struct LocalTopic {
@@ -57,7 +65,17 @@ struct Subscriber {
     /// What it was sent up to (set by `go_live`).
     cursor: Position,
     /// `Some` while the session reads history: frames held aside.
-    pending: Option<Vec<Held>>,
+    pending: Option<Holding>,
+}
+
+/// What a subscriber that reads history holds aside.
+#[derive(Default)]
+struct Holding {
+    frames: Vec<Held>,
+    bytes: usize,
+    /// More came than the bounds hold: everything held was dropped, and
+    /// nothing is held until the session asks again. History has it all.
+    overrun: bool,
 }
 
 /// A frame held aside for a subscriber that reads history.
@@ -118,11 +136,14 @@ pub struct Joined {
 }
 
 impl Hub {
-    pub fn new(metrics: Arc<Metrics>, max_pending: usize) -> Self {
+    /// A buffering subscriber holds aside at most `max_pending` frames and
+    /// `max_pending_bytes` (its queue's bounds).
+    pub fn new(metrics: Arc<Metrics>, max_pending: usize, max_pending_bytes: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             metrics,
             max_pending,
+            max_pending_bytes,
         }
     }
 
@@ -157,7 +178,7 @@ impl Hub {
                 epoch: Epoch::from(""),
                 seq: 0,
             },
-            pending: Some(Vec::new()),
+            pending: Some(Holding::default()),
         };
         if local.subscribers.insert(conn, subscriber).is_none() {
             self.metrics.subscriptions.inc();
@@ -169,19 +190,28 @@ impl Hub {
 
     /// Ends buffering: queues the held-aside frames that [`admit`] lets
     /// past `position` (what the session already sent from history), then
-    /// delivers directly.
-    pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) {
+    /// delivers directly. False when more arrived meanwhile than could be
+    /// held: then nothing was sent, the subscriber holds aside again from
+    /// now, and the session reads on from history past `position` (it holds
+    /// what was dropped) before it calls this again.
+    #[must_use]
+    pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) -> bool {
         let mut idle = IdleSockets::default();
         let mut shard = self.shard(topic);
         let Some(local) = shard.get_mut(topic) else {
-            return;
+            return true;
         };
-        local.head = local.head.max(position.seq);
         let Some(subscriber) = local.subscribers.get_mut(&conn) else {
-            return;
+            return true;
         };
+        if subscriber.pending.as_ref().is_some_and(|h| h.overrun) {
+            subscriber.pending = Some(Holding::default());
+            return false;
+        }
+        local.head = local.head.max(position.seq);
         subscriber.cursor = position.clone();
-        for held in subscriber.pending.take().unwrap_or_default() {
+        let held = subscriber.pending.take().unwrap_or_default();
+        for held in held.frames {
             if admit(&mut subscriber.cursor, held.kind, &held.epoch, held.seq) {
                 if held.kind == Kind::Reset {
                     subscriber.session.reset(topic, &held.epoch, held.seq);
@@ -191,6 +221,21 @@ impl Hub {
         }
         drop(shard);
         idle.spawn(&self.metrics);
+        true
+    }
+
+    /// Drops what a buffering subscriber held aside, and holds aside from
+    /// now: its session starts over from a position it reads after this.
+    pub fn hold_again(&self, topic: &Topic, conn: ConnId) {
+        let mut shard = self.shard(topic);
+        let subscriber = shard
+            .get_mut(topic)
+            .and_then(|local| local.subscribers.get_mut(&conn));
+        if let Some(subscriber) = subscriber
+            && subscriber.pending.is_some()
+        {
+            subscriber.pending = Some(Holding::default());
+        }
     }
 
     /// Removes a subscriber. Returns true when it was the topic's last one on
@@ -272,8 +317,14 @@ impl Hub {
                         self.count(subscriber.out.push(frame.clone(), at, &mut idle));
                     }
                 }
-                Some(pending) if pending.len() < self.max_pending => {
-                    pending.push(Held {
+                // History holds it: the session reads it from there.
+                Some(holding) if holding.overrun => {}
+                Some(holding)
+                    if holding.frames.len() < self.max_pending
+                        && holding.bytes + frame.len() <= self.max_pending_bytes =>
+                {
+                    holding.bytes += frame.len();
+                    holding.frames.push(Held {
                         kind,
                         epoch: position.0.clone(),
                         seq: position.1,
@@ -281,9 +332,14 @@ impl Hub {
                         at,
                     });
                 }
-                // Held aside too much while replaying: the same rule as a
-                // full queue.
-                Some(_) => self.count(subscriber.out.overflow()),
+                // More than its queue would hold: dropped, memory and all;
+                // the session reads on from history instead.
+                Some(holding) => {
+                    *holding = Holding {
+                        overrun: true,
+                        ..Holding::default()
+                    }
+                }
             }
         }
         drop(shard);
@@ -381,6 +437,59 @@ mod tests {
                 prop_assert_eq!((&cursor.epoch, cursor.seq), (&client.0, client.1));
             }
         }
+    }
+
+    #[test]
+    fn what_outgrows_the_queue_while_replaying_is_dropped_and_left_to_history() {
+        use crate::config::{Limits, Overflow};
+
+        struct Unsaved;
+        impl Resets for Unsaved {
+            fn reset(&self, _: &Topic, _: &Epoch, _: u64) {}
+        }
+
+        let hub = Hub::new(Arc::new(Metrics::new()), 4, 1 << 20);
+        let topic = Topic::parse("t").unwrap_or_else(|e| panic!("{e}"));
+        let epoch: Epoch = Arc::from("e");
+        let out = Outbound::new(Limits {
+            frames: 4,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        });
+        let publish = |seq| {
+            hub.deliver(
+                &Publication {
+                    topic: topic.clone(),
+                    epoch: epoch.clone(),
+                    seq,
+                    data: Bytes::from_static(b"1"),
+                },
+                None,
+            )
+        };
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        // Frames queued since the last look.
+        let queued = |out: &Outbound| match out.take(&mut Vec::new()) {
+            Some(taken) => {
+                out.written(taken.bytes);
+                taken.frames
+            }
+            None => 0,
+        };
+        hub.join(&topic, 1, out.clone(), Unsaved);
+        for seq in 1..=5 {
+            publish(seq);
+        }
+        assert!(!hub.go_live(&topic, 1, &at(0)), "five held where four fit");
+        assert_eq!(queued(&out), 0, "nothing of it was sent");
+        assert!(!out.is_closing(), "and the connection goes on");
+        // Held aside again from here: history had 1..=5.
+        publish(6);
+        assert!(hub.go_live(&topic, 1, &at(5)));
+        assert_eq!(queued(&out), 1, "6 only");
     }
 
     #[test]

@@ -57,13 +57,17 @@
 //! ## A `sub` with `since`, through replay
 //!
 //! 1. The connection's session ([`session::serve_upgraded`]) reads the
-//!    command, checks it against the client's grants, and joins the topic:
-//!    [`hub::Hub::join`] holds aside what arrives from now on.
+//!    command, checks it against the client's grants, takes one of the
+//!    pod's replay turns ([`session::Replays`]), and joins the topic:
+//!    [`hub::Hub::join`] holds aside what arrives from now on (within the
+//!    queue's bounds; past them, it is read from history instead).
 //! 2. [`router::Broker::watch`] (once per topic and pod), then
-//!    [`router::Broker::recover`]: the topic's position, and its history
-//!    after `since`.
-//! 3. The replay goes to the client's queue, then [`hub::Hub::go_live`]
-//!    releases what was held aside beyond it, and delivery goes on as above.
+//!    [`router::Broker::recover`]: the topic's position, and the first page
+//!    of its history after `since`.
+//! 3. The replay goes to the client's queue a page at a time, each read
+//!    ([`router::Broker::history`]) once the queue has taken the one before,
+//!    then [`hub::Hub::go_live`] releases what was held aside beyond it, and
+//!    delivery goes on as above.
 
 pub mod admin;
 pub mod admission;

@@ -74,6 +74,10 @@ pub struct Metrics {
     pub rate_limited: IntCounter,
     pub http_rejected: IntCounterVec,
     pub replays: IntCounterVec,
+    pub replays_running: IntGauge,
+    pub replays_refused: IntCounter,
+    pub replays_overrun: IntCounter,
+    pub replays_lost: IntCounter,
     pub resumes: IntCounterVec,
     pub publish_requests: IntCounterVec,
     pub grpc_requests: IntCounterVec,
@@ -220,6 +224,26 @@ impl Metrics {
                 "herald_replays_total",
                 "Subscriptions with `since`, by whether history covered the gap.",
                 &["recovered"],
+            ),
+            replays_running: gauge(
+                r,
+                "herald_replays_running",
+                "Replays streaming history to a client now (at most replay.max_concurrent).",
+            ),
+            replays_refused: counter(
+                r,
+                "herald_replays_refused_total",
+                "Replays refused because replay.max_concurrent were running for all of replay.wait: the `sub` got `unavailable`, a resume 4003.",
+            ),
+            replays_overrun: counter(
+                r,
+                "herald_replays_overrun_total",
+                "Replays whose live messages, held aside meanwhile, outgrew the client's queue bounds: dropped, and read from history instead.",
+            ),
+            replays_lost: counter(
+                r,
+                "herald_replays_lost_total",
+                "Replays cut short because history no longer continued them (trimmed or expired while paging, or a new epoch): the client got `reset`.",
             ),
             resumes: counter_vec(
                 r,
@@ -389,6 +413,7 @@ impl Metrics {
             "subscribe",
             "session_save",
             "session_load",
+            "replay",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);

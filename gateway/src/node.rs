@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::outbound::Writing;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
-use crate::session::{Pod, Registry};
+use crate::session::{Pod, Registry, Replays};
 
 pub struct Node {
     pub config: Arc<Config>,
@@ -91,7 +91,12 @@ impl Node {
     pub async fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new());
         let slots = Arc::new(Slots::new(&config.websocket, metrics.clone()));
-        let hub = Arc::new(Hub::new(metrics.clone(), config.queue.frames));
+        // What a replaying subscriber holds aside is bounded as its queue is.
+        let hub = Arc::new(Hub::new(
+            metrics.clone(),
+            config.queue.frames,
+            config.queue.bytes,
+        ));
         let live = Arc::new(Registry::default());
         let sink = Arc::new(Sink {
             hub: hub.clone(),
@@ -133,6 +138,7 @@ impl Node {
             live: live.clone(),
             verifier,
             namespaces,
+            replays: Replays::new(&config.replay, metrics.clone()),
             metrics: metrics.clone(),
             writing,
             flush_soon: flush_soon.clone(),

@@ -80,6 +80,12 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(ws.max_bad_commands, 10);
     assert!(ws.allowed_origins.is_empty());
     assert_eq!((config.queue.frames, config.queue.bytes), (1024, 1_048_576));
+    let replay = &config.replay;
+    assert_eq!(
+        (replay.max_concurrent, replay.wait),
+        (64, Duration::from_secs(2))
+    );
+    assert_eq!((replay.page_messages, replay.page_bytes), (64, 262_144));
     assert_eq!(config.session.resume_window, Duration::from_secs(120));
     assert_eq!(config.session.max_subscriptions, 1000);
     assert!(config.http.api_keys.is_empty());
@@ -274,6 +280,28 @@ fn unknown_keys_in_a_file_are_refused_by_name() {
     assert_names(
         load_file("[namespaces.chat]\nclient_publsh = true\n"),
         "client_publsh",
+    );
+}
+
+#[test]
+fn replay_bounds_must_let_a_replay_run_and_move_on() {
+    for (var, key) in [
+        ("HERALD_REPLAY__MAX_CONCURRENT", "replay.max_concurrent"),
+        ("HERALD_REPLAY__PAGE_MESSAGES", "replay.page_messages"),
+        ("HERALD_REPLAY__PAGE_BYTES", "replay.page_bytes"),
+    ] {
+        assert_names(load_env(&[(var, "0")]), key);
+    }
+    assert_names(load_env(&[("HERALD_REPLAY__WAIT", "0s")]), "replay.wait");
+    assert_names(load_file("[replay]\npage = 1\n"), "page");
+    let config = load_env(&[
+        ("HERALD_REPLAY__MAX_CONCURRENT", "8"),
+        ("HERALD_REPLAY__WAIT", "250ms"),
+    ])
+    .expect("valid");
+    assert_eq!(
+        (config.replay.max_concurrent, config.replay.wait),
+        (8, Duration::from_millis(250))
     );
 }
 

@@ -4,6 +4,7 @@
 //! - [`topic`]: topic names and their namespaces.
 //! - [`namespace`]: per-namespace settings (history size and age, client publish).
 //! - [`Broker`]: publish, watch a topic for this pod, recover history.
+//! - [`page`]: history read a page at a time.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
@@ -17,6 +18,7 @@
 pub mod memory;
 pub mod namespace;
 pub mod observe;
+pub mod page;
 pub mod redis;
 pub mod session;
 pub mod topic;
@@ -30,6 +32,7 @@ use tracing::Instrument;
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
+pub use page::{Page, PageSize};
 pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, TlsFiles};
 pub use session::{
     Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
@@ -94,8 +97,9 @@ pub struct Recovery {
     /// Whether `publications` continue the subscriber's `since` without a gap.
     /// Always true when no `since` was given.
     pub recovered: bool,
-    /// The publications after `since` up to `position`, oldest first; when
-    /// not recovered, those after `restart`.
+    /// The publications after `since`, oldest first; when not recovered,
+    /// those after `restart`. At most one page ([`PageSize`]): the rest, up
+    /// to `position`, is read with [`Broker::history`].
     pub publications: Vec<Publication>,
     /// Not recovered: the seq of `position.epoch` the subscriber's stream
     /// starts again after (its `reset`). Where the epoch began, when `since`
@@ -246,8 +250,27 @@ pub trait Broker: Send + Sync + 'static {
         Ok(vec![connections])
     }
 
-    /// The topic's position and, given `since`, the publications after it.
-    /// Call after `watch`, so that nothing published meanwhile is missed: the
-    /// caller merges what it receives live by seq.
-    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError>;
+    /// The topic's position and, given `since`, the first page (at most
+    /// `page`) of the publications after it. Call after `watch`, so that
+    /// nothing published meanwhile is missed: the caller merges what it
+    /// receives live by seq.
+    async fn recover(
+        &self,
+        topic: &Topic,
+        since: Option<Since>,
+        page: PageSize,
+    ) -> Result<Recovery, BrokerError>;
+
+    /// The next page of a replay: the topic's publications in `epoch` after
+    /// `after`, at most `page`, or [`Page::Lost`] when history no longer
+    /// continues `after` (trimmed or expired since, or the topic moved to
+    /// another epoch). With Redis, read on connections of their own, so that
+    /// publishes and claims never wait behind a replay's pages.
+    async fn history(
+        &self,
+        topic: &Topic,
+        epoch: &Epoch,
+        after: u64,
+        page: PageSize,
+    ) -> Result<Page, BrokerError>;
 }

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use crate::page::{self, Page, PageSize};
 use crate::{
     Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Position,
     Publication, Recovery, SessionSnapshot, SessionStore, Since, Stored, Topic,
@@ -62,6 +63,12 @@ impl TopicState {
             touched: now,
             keys: HashMap::new(),
         }
+    }
+
+    /// A page of the history after `after`.
+    fn page_after(&self, after: u64, size: PageSize) -> Vec<Publication> {
+        let from = self.history.partition_point(|(_, p)| p.seq <= after);
+        size.take(self.history.range(from..).map(|(_, p)| p))
     }
 
     /// Drops what is older than `ttl`.
@@ -232,7 +239,12 @@ impl Broker for MemoryBroker {
         }
     }
 
-    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
+    async fn recover(
+        &self,
+        topic: &Topic,
+        since: Option<Since>,
+        size: PageSize,
+    ) -> Result<Recovery, BrokerError> {
         let (_, ttl) = self.inner.settings(topic)?;
         let now = Instant::now();
         let mut shard = self.inner.shard(topic);
@@ -249,23 +261,40 @@ impl Broker for MemoryBroker {
             return Ok(Recovery::recovered(position, Vec::new()));
         };
         let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *state.epoch);
-        // The history must hold since+1 (or there must be nothing after since).
-        let reaches_back = since.seq == state.seq
-            || state
-                .history
-                .front()
-                .is_some_and(|(_, p)| p.seq <= since.seq.saturating_add(1));
-        if !same_epoch || since.seq > state.seq || !reaches_back {
+        if !same_epoch {
             return Ok(Recovery::lost(position));
         }
-        let publications = state
-            .history
-            .iter()
-            .map(|(_, p)| p)
-            .filter(|p| p.seq > since.seq)
-            .cloned()
-            .collect();
+        let publications = state.page_after(since.seq, size);
+        if !page::continues(&publications, since.seq, state.seq, size) {
+            return Ok(Recovery::lost(position));
+        }
         Ok(Recovery::recovered(position, publications))
+    }
+
+    async fn history(
+        &self,
+        topic: &Topic,
+        epoch: &Epoch,
+        after: u64,
+        size: PageSize,
+    ) -> Result<Page, BrokerError> {
+        let (_, ttl) = self.inner.settings(topic)?;
+        let mut shard = self.inner.shard(topic);
+        let Some(state) = shard.get_mut(topic) else {
+            return Ok(Page::Lost);
+        };
+        state.expire(Instant::now(), ttl);
+        if *state.epoch != **epoch {
+            return Ok(Page::Lost);
+        }
+        let publications = state.page_after(after, size);
+        if !page::continues(&publications, after, state.seq, size) {
+            return Ok(Page::Lost);
+        }
+        Ok(Page::Read {
+            publications,
+            seq: state.seq,
+        })
     }
 }
 
@@ -434,7 +463,7 @@ mod tests {
         );
 
         let since = |seq, epoch: Option<&str>| Some(Since::claimed(seq, epoch.map(str::to_owned)));
-        let r = b.recover(&t, since(2, None)).await?;
+        let r = b.recover(&t, since(2, None), PageSize::UNBOUNDED).await?;
         assert!(r.recovered);
         assert_eq!(r.position.seq, 5);
         assert_eq!(
@@ -442,11 +471,75 @@ mod tests {
             vec![3, 4, 5]
         );
         let epoch = r.position.epoch.to_string();
-        assert!(b.recover(&t, since(5, Some(&epoch))).await?.recovered);
+        assert!(
+            b.recover(&t, since(5, Some(&epoch)), PageSize::UNBOUNDED)
+                .await?
+                .recovered
+        );
         // History holds 3..=5 only: since 1 would need seq 2.
-        assert!(!b.recover(&t, since(1, None)).await?.recovered);
-        assert!(!b.recover(&t, since(3, Some("other"))).await?.recovered);
-        assert!(!b.recover(&t, since(9, None)).await?.recovered);
+        assert!(
+            !b.recover(&t, since(1, None), PageSize::UNBOUNDED)
+                .await?
+                .recovered
+        );
+        assert!(
+            !b.recover(&t, since(3, Some("other")), PageSize::UNBOUNDED)
+                .await?
+                .recovered
+        );
+        assert!(
+            !b.recover(&t, since(9, None), PageSize::UNBOUNDED)
+                .await?
+                .recovered
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_replay_reads_page_by_page_and_is_lost_once_trimmed() -> Result<(), BrokerError> {
+        let (b, _) = broker(10);
+        let t = topic("news");
+        for _ in 0..8 {
+            b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
+        }
+        let two = PageSize {
+            messages: 2,
+            bytes: usize::MAX,
+        };
+        let r = b.recover(&t, Some(Since::claimed(0, None)), two).await?;
+        assert!(r.recovered);
+        assert_eq!(
+            r.publications.iter().map(|p| p.seq).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        let epoch = r.position.epoch;
+        let seqs = |page: Page| match page {
+            Page::Read { publications, seq } => {
+                Some((publications.iter().map(|p| p.seq).collect::<Vec<_>>(), seq))
+            }
+            Page::Lost => None,
+        };
+        assert_eq!(
+            seqs(b.history(&t, &epoch, 2, two).await?),
+            Some((vec![3, 4], 8))
+        );
+        assert_eq!(
+            seqs(b.history(&t, &epoch, 8, two).await?),
+            Some((vec![], 8))
+        );
+        assert_eq!(
+            seqs(b.history(&t, &Epoch::from("other"), 4, two).await?),
+            None
+        );
+        // Ten more: history holds 9..=18, and seq 5 is gone.
+        for _ in 0..10 {
+            b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
+        }
+        assert_eq!(seqs(b.history(&t, &epoch, 4, two).await?), None);
+        assert_eq!(
+            seqs(b.history(&t, &epoch, 8, two).await?),
+            Some((vec![9, 10], 18))
+        );
         Ok(())
     }
 
@@ -495,7 +588,7 @@ mod tests {
         let t = topic("a");
         b.publish(&t, Bytes::from_static(b"1"), None, None).await?;
         let since = Since::claimed(u64::MAX, None);
-        let recovery = b.recover(&t, Some(since)).await?;
+        let recovery = b.recover(&t, Some(since), PageSize::UNBOUNDED).await?;
         assert!(!recovery.recovered);
         assert!(recovery.publications.is_empty());
         Ok(())

@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, Position, Publication, RedisBroker,
-    RedisSettings, Since, Topic,
+    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, Page, PageSize, Position,
+    Publication, RedisBroker, RedisSettings, Since, Topic,
 };
 use testkit::{RedisCluster, WAIT, eventually};
 
@@ -193,7 +193,11 @@ async fn topics_on_every_master_reach_the_pods_that_watch_them_in_order() {
     }
     // Each topic's history is on its slot's master, and a recovery reads it.
     let recovered = a
-        .recover(&topics[7], Some(Since::claimed(5, None)))
+        .recover(
+            &topics[7],
+            Some(Since::claimed(5, None)),
+            PageSize::UNBOUNDED,
+        )
         .await
         .expect("recover");
     assert!(recovered.recovered);

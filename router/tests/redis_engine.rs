@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, BrokerError, Claim, Claimed, Deliver, NamespaceSettings, Namespaces, Outgoing,
-    Position, Publication, RedisBroker, RedisSettings, SessionSave, SessionSnapshot, SessionStore,
-    SessionUser, Since, Stored, SubscriptionState, Topic,
+    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, NamespaceSettings, Namespaces, Outgoing,
+    Page, PageSize, Position, Publication, RedisBroker, RedisSettings, SessionSave,
+    SessionSnapshot, SessionStore, SessionUser, Since, Stored, SubscriptionState, Topic,
 };
 use testkit::{Redis, WAIT, eventually};
 
@@ -132,7 +132,7 @@ async fn history_is_trimmed_to_its_size_and_recovery_says_so() {
         assert_eq!(position.seq, i);
     }
     let r = broker
-        .recover(&topic, since(5, None))
+        .recover(&topic, since(5, None), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert!(r.recovered);
@@ -144,33 +144,110 @@ async fn history_is_trimmed_to_its_size_and_recovery_says_so() {
     // 4..=8 are kept: since 3 is the oldest that can be served.
     assert!(
         broker
-            .recover(&topic, since(3, Some(&epoch)))
+            .recover(&topic, since(3, Some(&epoch)), PageSize::UNBOUNDED)
             .await
             .expect("recover")
             .recovered
     );
     assert!(
         !broker
-            .recover(&topic, since(2, None))
+            .recover(&topic, since(2, None), PageSize::UNBOUNDED)
             .await
             .expect("recover")
             .recovered
     );
     assert!(
         !broker
-            .recover(&topic, since(7, Some("elsewhere")))
+            .recover(&topic, since(7, Some("elsewhere")), PageSize::UNBOUNDED)
             .await
             .expect("recover")
             .recovered
     );
     assert!(
         !broker
-            .recover(&topic, since(9, None))
+            .recover(&topic, since(9, None), PageSize::UNBOUNDED)
             .await
             .expect("recover")
             .recovered
     );
     assert_eq!(redis.cli(&["XLEN", "herald:{news}:hist"]).trim(), "5");
+}
+
+/// The seqs of a page, `None` for [`Page::Lost`], and the topic's seq.
+fn page_seqs(page: Page) -> Option<(Vec<u64>, u64)> {
+    match page {
+        Page::Read { publications, seq } => {
+            Some((publications.iter().map(|p| p.seq).collect(), seq))
+        }
+        Page::Lost => None,
+    }
+}
+
+#[tokio::test]
+async fn a_replay_reads_history_a_page_at_a_time_and_a_page_trimmed_away_is_lost() {
+    let redis = Redis::start().await;
+    let (broker, _) = engine(&redis, 20, Duration::from_secs(60)).await;
+    let topic = Topic::parse("news").expect("topic");
+    let publish = |n: u64| {
+        let broker = broker.clone();
+        let topic = topic.clone();
+        async move {
+            for _ in 0..n {
+                let data = Bytes::from(format!("\"{}\"", "x".repeat(998)));
+                broker
+                    .publish(&topic, data, None, None)
+                    .await
+                    .expect("publish");
+            }
+        }
+    };
+    publish(12).await;
+    // Bounded by bytes: the third message reaches 2500.
+    let size = PageSize {
+        messages: 5,
+        bytes: 2500,
+    };
+    let r = broker
+        .recover(&topic, since(0, None), size)
+        .await
+        .expect("recover");
+    assert!(r.recovered);
+    assert_eq!(r.position.seq, 12);
+    assert_eq!(
+        r.publications.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    let epoch = r.position.epoch.clone();
+    let read = |after: u64, size: PageSize| {
+        let (broker, topic, epoch) = (broker.clone(), topic.clone(), epoch.clone());
+        async move {
+            page_seqs(
+                broker
+                    .history(&topic, &epoch, after, size)
+                    .await
+                    .expect("history"),
+            )
+        }
+    };
+    assert_eq!(read(3, size).await, Some((vec![4, 5, 6], 12)));
+    assert_eq!(read(12, size).await, Some((vec![], 12)), "caught up");
+    // Twenty more: history holds 13..=32, and 7 is gone.
+    publish(20).await;
+    assert_eq!(read(6, size).await, None, "trimmed while paging");
+    let by_count = PageSize {
+        messages: 2,
+        bytes: usize::MAX,
+    };
+    assert_eq!(read(12, by_count).await, Some((vec![13, 14], 32)));
+    let other = Epoch::from("not-this-one");
+    assert!(matches!(
+        broker.history(&topic, &other, 12, size).await,
+        Ok(Page::Lost)
+    ));
+    // The topic's keys lost: a new epoch, whose seqs are not the old ones.
+    redis.cli(&["DEL", "herald:{news}:meta"]);
+    publish(14).await;
+    assert_eq!(read(12, size).await, None, "another epoch now");
 }
 
 #[tokio::test]
@@ -192,13 +269,13 @@ async fn history_older_than_its_age_is_not_replayed_and_is_trimmed() {
         .expect("publish");
     assert!(
         !broker
-            .recover(&topic, since(0, None))
+            .recover(&topic, since(0, None), PageSize::UNBOUNDED)
             .await
             .expect("recover")
             .recovered
     );
     let r = broker
-        .recover(&topic, since(3, None))
+        .recover(&topic, since(3, None), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert!(r.recovered);
@@ -269,7 +346,11 @@ async fn a_batch_gives_seqs_in_its_order_and_each_item_succeeds_or_fails_alone()
         "{mixed:?}"
     );
     let history = broker
-        .recover(&Topic::parse("a").expect("topic"), since(0, None))
+        .recover(
+            &Topic::parse("a").expect("topic"),
+            since(0, None),
+            PageSize::UNBOUNDED,
+        )
         .await
         .expect("recover");
     let data: Vec<&[u8]> = history.publications.iter().map(|p| &p.data[..]).collect();
@@ -638,7 +719,10 @@ async fn subscribing_to_a_topic_nobody_published_to_leaves_nothing_long_lived() 
     let (broker, _) = engine(&redis, 10, Duration::from_secs(30)).await;
     let topic = Topic::parse("quiet").expect("topic");
     broker.watch(&topic).await.expect("watch");
-    broker.recover(&topic, None).await.expect("recover");
+    broker
+        .recover(&topic, None, PageSize::UNBOUNDED)
+        .await
+        .expect("recover");
     let ttl_ms: i64 = redis
         .cli(&["PTTL", "herald:{quiet}:meta"])
         .trim()
@@ -712,7 +796,7 @@ async fn redis_restarted_from_an_older_dump_moves_topics_to_a_new_epoch_and_rese
     .await;
     // A client that saw seq 6 of the old epoch is told it cannot recover.
     let r = watcher
-        .recover(&topic, since(6, Some(&before.epoch)))
+        .recover(&topic, since(6, Some(&before.epoch)), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert!(!r.recovered);
@@ -736,7 +820,7 @@ async fn a_since_the_pod_vouches_for_above_the_topic_starts_a_new_epoch_and_a_cl
     let position = position.expect("published");
     // A client may claim anything: not recovered, and nothing changes.
     let r = broker
-        .recover(&topic, since(9, Some(&position.epoch)))
+        .recover(&topic, since(9, Some(&position.epoch)), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert!(!r.recovered);
@@ -749,7 +833,7 @@ async fn a_since_the_pod_vouches_for_above_the_topic_starts_a_new_epoch_and_a_cl
         vouched: true,
     };
     let r = broker
-        .recover(&topic, Some(vouched.clone()))
+        .recover(&topic, Some(vouched.clone()), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert!(!r.recovered);
@@ -765,7 +849,7 @@ async fn a_since_the_pod_vouches_for_above_the_topic_starts_a_new_epoch_and_a_cl
     );
     // Once: the same claim again changes nothing more.
     let again = broker
-        .recover(&topic, Some(vouched))
+        .recover(&topic, Some(vouched), PageSize::UNBOUNDED)
         .await
         .expect("recover");
     assert_eq!(again.position, next);

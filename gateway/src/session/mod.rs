@@ -16,12 +16,14 @@ pub(crate) mod parser;
 mod rate;
 mod reader;
 mod registry;
+mod replay;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
 
 pub use crate::config::{Limits, Overflow};
 pub use registry::{Arrival, LiveSession, Registry, TakeOver, Unregistered};
+pub use replay::Replays;
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};
@@ -71,6 +73,8 @@ pub struct Pod {
     pub verifier: Option<Verifier>,
     pub namespaces: Arc<Namespaces>,
     pub metrics: Arc<Metrics>,
+    /// The pod's replay turns and page size.
+    pub replays: Replays,
     /// What every connection's writer needs of the pod.
     pub writing: Arc<Writing>,
     /// Wakes the session flusher before its interval (a shared store's:
@@ -946,6 +950,8 @@ impl Session {
 
     /// Subscribes: live delivery first (buffered), then the topic's position
     /// and history, then the buffered messages the history did not cover.
+    /// With `since`, the replay waits for its turn first ([`Replays`]), and
+    /// streams at the pace the client reads ([`replay`]).
     /// Without `id` this restores a resumed subscription: no `ok`, and a
     /// `reset` when history cannot bridge the gap.
     async fn subscribe(
@@ -955,6 +961,14 @@ impl Session {
         since: Option<Since>,
     ) -> Result<(), CommandError> {
         let node = self.node.clone();
+        // Before anything is held aside or read for it.
+        let _turn = match since {
+            Some(_) => Some(node.replays.turn(&self.out).await.map_err(|refused| {
+                CommandError::new(id, ErrorCode::Unavailable, refused.to_string())
+                    .about(topic.as_str())
+            })?),
+            None => None,
+        };
         let joined = node.hub.join(
             &topic,
             self.conn,
@@ -965,8 +979,9 @@ impl Session {
             .watched
             .get_or_try_init(|| node.broker.watch(&topic))
             .await;
+        let page = node.replays.page();
         let recovery = match watched {
-            Ok(()) => node.broker.recover(&topic, since.clone()).await,
+            Ok(()) => node.broker.recover(&topic, since.clone(), page).await,
             Err(e) => Err(e),
         };
         let recovery = match recovery {
@@ -981,11 +996,6 @@ impl Session {
             let label = if recovery.recovered { "true" } else { "false" };
             node.metrics.replays.with_label_values(&[label]).inc();
         }
-        let publications = if recovery.recovered || id.is_none() {
-            &recovery.publications[..]
-        } else {
-            &[]
-        };
         let start = match &since {
             Some(since) if recovery.recovered => since.seq,
             // A restored subscription not recovered starts at its `reset`,
@@ -994,6 +1004,11 @@ impl Session {
             // its `ok` says.
             _ if id.is_none() => recovery.restart,
             _ => position.seq,
+        };
+        let first = if recovery.recovered || id.is_none() {
+            recovery.publications
+        } else {
+            Vec::new()
         };
         // A restored subscription is sent `reset` where continuity was
         // lost, and again where it was told of one before and never acked
@@ -1034,12 +1049,7 @@ impl Session {
             }
             None => {}
         }
-        for publication in publications {
-            if !self.out.send(frame::publication(publication)).await {
-                break;
-            }
-        }
-        node.hub.go_live(&topic, self.conn, &position);
+        self.replay(&topic, first, start, &position).await;
         Ok(())
     }
 

@@ -489,6 +489,12 @@ impl Commands {
         }
     }
 
+    /// Another connection to where this one connects (made when a command
+    /// first needs it), with its own pipeline: see [`super::shards::Shards::apart`].
+    pub fn apart(&self) -> Self {
+        Self::lazy(self.shared.connector.clone())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Current> {
         self.shared
             .current

@@ -23,6 +23,7 @@
 
 mod connection;
 mod lineage;
+mod pages;
 mod publisher;
 mod pubsub;
 mod reach;
@@ -46,6 +47,7 @@ use scripts::Keys;
 use shards::Shards;
 
 use crate::observe::Observer;
+use crate::page::{Page, PageSize};
 use crate::session::unix_ms;
 use crate::{
     Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Outgoing,
@@ -53,6 +55,7 @@ use crate::{
     Topic,
 };
 use lineage::Lineage;
+use pages::{bound, page_of};
 use reach::Reach;
 
 /// How much longer than the command timeout a publish waits for the
@@ -99,6 +102,11 @@ pub struct RedisBroker {
 
 struct Inner {
     shards: Shards,
+    /// The same Redis over connections of their own, for replays' reads
+    /// (a `recover` with `since`, and [`Broker::history`]): a page is up to
+    /// a few hundred KiB, and publishes, claims and saves on `shards` never
+    /// wait behind one.
+    replay_shards: Shards,
     namespaces: Arc<Namespaces>,
     watches: mpsc::UnboundedSender<pubsub::Command>,
     saves: mpsc::Sender<sessions::Save>,
@@ -265,6 +273,7 @@ impl RedisBroker {
         }
         Ok(Self {
             inner: Arc::new(Inner {
+                replay_shards: shards.apart(),
                 shards,
                 namespaces,
                 watches,
@@ -380,6 +389,7 @@ fn recover_invocation(
     since: Option<&Since>,
     vouch: Vouch,
     history_ttl: Duration,
+    page: PageSize,
 ) -> redis::ScriptInvocation<'static> {
     let vouched = match (vouch, since) {
         (Vouch::Reissued, _) => "2",
@@ -398,12 +408,15 @@ fn recover_invocation(
         .arg(millis(history_ttl.min(META_TTL)).max(1))
         .arg(lineage.known(slot))
         .arg(lineage::fresh())
-        .arg(vouched);
+        .arg(vouched)
+        .arg(bound(page.messages))
+        .arg(bound(page.bytes));
     invocation
 }
 
 /// Runs [`scripts::RECOVER`]: the topic's position, and with `since` the
-/// history after it.
+/// first page of the history after it.
+#[allow(clippy::too_many_arguments)]
 async fn recover_raw(
     keys: &Keys,
     shards: &Shards,
@@ -412,8 +425,17 @@ async fn recover_raw(
     topic: &Topic,
     since: Option<&Since>,
     history_ttl: Duration,
+    page: PageSize,
 ) -> Result<Recovered, BrokerError> {
-    let invocation = recover_invocation(keys, lineage, topic, since, Vouch::AsGiven, history_ttl);
+    let invocation = recover_invocation(
+        keys,
+        lineage,
+        topic,
+        since,
+        Vouch::AsGiven,
+        history_ttl,
+        page,
+    );
     let meta = keys.meta(topic);
     let reading = shards.script(&meta, &scripts::RECOVER, &invocation);
     let value: Value = timed(observer, "recover", reading).await?;
@@ -433,7 +455,17 @@ async fn read_many(
     let calls: Vec<_> = reads
         .iter()
         .map(|(topic, since, vouch, ttl)| {
-            let invocation = recover_invocation(keys, lineage, topic, since.as_ref(), *vouch, *ttl);
+            // Whole: the pub/sub task delivers what it reads to every
+            // subscriber at once, one copy for them all.
+            let invocation = recover_invocation(
+                keys,
+                lineage,
+                topic,
+                since.as_ref(),
+                *vouch,
+                *ttl,
+                PageSize::UNBOUNDED,
+            );
             shards::Call {
                 slot: slots::slot(keys.meta(topic).as_bytes()),
                 script: &scripts::RECOVER,
@@ -675,26 +707,56 @@ impl Broker for RedisBroker {
         timed(&*self.inner.observer, "pod_loads", loads).await
     }
 
-    async fn recover(&self, topic: &Topic, since: Option<Since>) -> Result<Recovery, BrokerError> {
+    async fn recover(
+        &self,
+        topic: &Topic,
+        since: Option<Since>,
+        size: PageSize,
+    ) -> Result<Recovery, BrokerError> {
         let ttl = self.inner.namespaces.require(topic)?.history_ttl;
         self.inner.reach.check()?;
+        // With `since`, the start of a replay: on the replay connections.
+        let shards = match since {
+            Some(_) => &self.inner.replay_shards,
+            None => &self.inner.shards,
+        };
         let recovered = recover_raw(
             &self.inner.keys,
-            &self.inner.shards,
+            shards,
             &*self.inner.observer,
             &self.inner.lineage,
             topic,
             since.as_ref(),
             ttl,
+            size,
         )
         .await?;
         let position = recovered.position.clone();
         let Some(since) = since else {
             return Ok(Recovery::recovered(position, Vec::new()));
         };
+        let now_ms = recovered.now_ms;
         let same_epoch = since.epoch.as_deref().is_none_or(|e| *e == *position.epoch);
         if !same_epoch {
-            return Ok(recovered.restart_at_epoch_start(ttl));
+            // A since of an epoch left behind: the stream starts again where
+            // the current epoch began, with all of it from history, if Redis
+            // still has it all; else at the topic's seq.
+            let restarted = match (recovered.base, recovered.entries) {
+                (Some(base), Some(entries)) => {
+                    page_of(entries, base, position.seq, now_ms, ttl, size)
+                        .map(|publications| (base, publications))
+                }
+                _ => None,
+            };
+            return Ok(match restarted {
+                Some((restart, publications)) => Recovery {
+                    position,
+                    recovered: false,
+                    publications,
+                    restart,
+                },
+                None => Recovery::lost(position),
+            });
         }
         if since.seq > position.seq {
             return Ok(Recovery::lost(position));
@@ -703,11 +765,31 @@ impl Broker for RedisBroker {
             return Ok(Recovery::recovered(position, Vec::new()));
         }
         let entries = recovered.entries.unwrap_or_default();
-        if !continuous(&entries, since.seq, position.seq, recovered.now_ms, ttl) {
-            return Ok(Recovery::lost(position));
-        }
-        let publications = entries.into_iter().map(|(p, _)| p).collect();
-        Ok(Recovery::recovered(position, publications))
+        Ok(
+            match page_of(entries, since.seq, position.seq, now_ms, ttl, size) {
+                Some(publications) => Recovery::recovered(position, publications),
+                None => Recovery::lost(position),
+            },
+        )
+    }
+
+    async fn history(
+        &self,
+        topic: &Topic,
+        epoch: &Epoch,
+        after: u64,
+        size: PageSize,
+    ) -> Result<Page, BrokerError> {
+        let ttl = self.inner.namespaces.require(topic)?.history_ttl;
+        self.inner.reach.check()?;
+        let inner = &self.inner;
+        let reader = pages::Reader {
+            keys: &inner.keys,
+            shards: &inner.replay_shards,
+            observer: &*inner.observer,
+            lineage: &inner.lineage,
+        };
+        reader.next(topic, epoch, after, ttl, size).await
     }
 }
 

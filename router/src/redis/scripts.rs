@@ -447,11 +447,12 @@ pub fn is_traceparent(value: &str) -> bool {
 }
 
 /// The topic's position (creating its epoch if it has none) and, given a
-/// `since`, the history after it. Returns `{seq, epoch, now_ms, clock,
-/// lineage, entries, base}`; `entries` only when `since` is in the same epoch
-/// and before `seq`, or in another epoch: then they are the current epoch's
-/// from its start, after `base` (when the epoch's start is known and it has
-/// any), so that a reset can go back to where the epoch began.
+/// `since`, the first page of the history after it ([`PAGE_OF`]). Returns
+/// `{seq, epoch, now_ms, clock, lineage, entries, base}`; `entries` only when
+/// `since` is in the same epoch and before `seq`, or in another epoch: then
+/// they are the current epoch's from its start, after `base` (when the
+/// epoch's start is known and it has any), so that a reset can go back to
+/// where the epoch began.
 ///
 /// A `since` the pod vouches for (`ARGV[7]` = 1: a stored session's ack, or
 /// what the pod delivered) above the topic's seq in the same epoch proves
@@ -464,10 +465,11 @@ pub fn is_traceparent(value: &str) -> bool {
 ///
 /// KEYS: meta, history, lineage. ARGV: a fresh epoch, since (-1 for none),
 /// the since's epoch ('' for any), ttl ms of a new meta, the pod's known
-/// clock, a fresh lineage id, vouched (0, 1, 2).
+/// clock, a fresh lineage id, vouched (0, 1, 2), the page's most entries
+/// and bytes (0: no bound; absent, as an older pod sends it: none).
 pub static RECOVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{PRELUDE}{}",
+        "{PRELUDE}{PAGE_OF}{}",
         r#"
 local line, clock = lineage(KEYS[3], tonumber(ARGV[5]), ARGV[6])
 local epoch, seq, base = position(KEYS[1], KEYS[2], line, ARGV[1], ARGV[4])
@@ -482,12 +484,74 @@ local now = now_ms()
 local other = ARGV[3] ~= '' and ARGV[3] ~= epoch
 if since >= 0 and other and base and base < seq then
   -- A since of an epoch left behind: the history of this one, from its start.
-  return {seq, epoch, now, clock, line, redis.call('XRANGE', KEYS[2], (base + 1) .. '-0', '+'), base}
+  return {seq, epoch, now, clock, line, page_of(KEYS[2], base, ARGV[8], ARGV[9]), base}
 end
 if since < 0 or since >= seq or other then
   return {seq, epoch, now, clock, line}
 end
-return {seq, epoch, now, clock, line, redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+')}
+return {seq, epoch, now, clock, line, page_of(KEYS[2], since, ARGV[8], ARGV[9])}
+"#
+    ))
+});
+
+/// Lua shared by [`RECOVER`] and [`PAGE`]: `page_of(history, after, count,
+/// bytes)` returns the entries of `history` after seq `after`, at most
+/// `count` (0 or nil: any) and up to the one whose data reaches `bytes` (0
+/// or nil: any), so that a replay holds one page at a time, however long the
+/// history. It reads the stream a few entries at a time, as many as the
+/// bytes left hold at the size seen so far: a page of large messages does
+/// not copy (in Redis, where every pod's commands wait) the many more that
+/// `count` alone would allow.
+const PAGE_OF: &str = r#"
+local function page_of(history, after, count, bytes)
+  count = tonumber(count or '0')
+  bytes = tonumber(bytes or '0')
+  if count <= 0 and bytes <= 0 then
+    return redis.call('XRANGE', history, string.format('%d-0', after + 1), '+')
+  end
+  if count <= 0 then count = 2147483647 end
+  local kept, total, from, want = {}, 0, after + 1, 1
+  while true do
+    local read = redis.call('XRANGE', history, string.format('%d-0', from), '+', 'COUNT', want)
+    for _, entry in ipairs(read) do
+      kept[#kept + 1] = entry
+      local fields = entry[2]
+      for f = 1, #fields - 1, 2 do
+        if fields[f] == 'd' then total = total + #fields[f + 1] end
+      end
+      if #kept >= count or (bytes > 0 and total >= bytes) then return kept end
+    end
+    if #read < want then return kept end
+    from = tonumber(string.match(read[#read][1], '^%d+')) + 1
+    want = count - #kept
+    if bytes > 0 then
+      want = math.min(want, math.floor((bytes - total) * #kept / math.max(total, 1)) + 1)
+    end
+  end
+end
+"#;
+
+/// A replay's next page: the topic's history after a seq, in the epoch the
+/// replay began in. Returns `{now_ms, seq, entries}` (`seq`: the topic's),
+/// or `{now_ms}` when the topic is no longer in that epoch, or is to leave
+/// it when next touched (its lineage is not the current one, or Redis's
+/// clock is behind the pod's: Redis went back in time): then history no
+/// longer continues the replay. It reads only; [`RECOVER`] or a publish
+/// moves the topic.
+///
+/// KEYS: meta, history, lineage. ARGV: the epoch, the seq to read after,
+/// the page's most entries and bytes (0: no bound), the pod's known clock.
+pub static PAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{PRELUDE}{PAGE_OF}{}",
+        r#"
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'seq', 'l')
+local l = redis.call('HMGET', KEYS[3], 'id', 'clock')
+local now = now_ms()
+if m[1] ~= ARGV[1] or (m[3] and m[3] ~= l[1]) or tonumber(l[2] or '0') < tonumber(ARGV[5]) then
+  return {now}
+end
+return {now, tonumber(m[2] or '0'), page_of(KEYS[2], tonumber(ARGV[2]), ARGV[3], ARGV[4])}
 "#
     ))
 });

@@ -162,6 +162,27 @@ impl Shards {
         (shards, failed)
     }
 
+    /// The same Redis (or cluster) over connections of its own, made when
+    /// a call first needs them: for large reads (a replay's pages), so that
+    /// the calls on this one never queue behind them on a connection. In a
+    /// cluster it starts from this one's slot map and follows the cluster
+    /// by itself from there.
+    pub fn apart(&self) -> Self {
+        let inner = match &*self.inner {
+            Inner::One(commands) => Inner::One(commands.apart()),
+            Inner::Cluster(cluster) => Inner::Cluster(Cluster {
+                connector: cluster.connector.clone(),
+                seeds: cluster.seeds.clone(),
+                map: RwLock::new(cluster.map()),
+                nodes: Mutex::new(HashMap::new()),
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// Whether this is a cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(*self.inner, Inner::Cluster(_))

@@ -1,0 +1,231 @@
+//! A replay: what a subscriber missed, streamed from history at the pace its
+//! socket takes it (issue #21, finding 6).
+//!
+//! A `sub` with `since`, or a resumed subscription, first takes one of the
+//! pod's replay turns ([`Replays`]: `replay.max_concurrent`, waited for at
+//! most `replay.wait`, else `unavailable`). The broker's `recover` then
+//! gives the topic's position and a first page of history; the rest is
+//! read a page at a time ([`router::Broker::history`], on Redis connections
+//! of their own), each page once the connection's queue has taken the one
+//! before ([`Outbound::send`](crate::outbound::Outbound::send) waits for
+//! room). A replaying connection holds its queue and one page, however much
+//! it missed and however slowly it reads.
+//!
+//! Meanwhile the hub holds aside what arrives live, within the queue's
+//! bounds; past them it drops it, and the replay reads on from history to
+//! the topic's end before it goes live ([`crate::hub::Hub::go_live`]).
+//! Where history no longer continues the replay (trimmed or expired while
+//! it ran, or the topic moved to a new epoch), the client gets `reset` to
+//! where the topic is now, as for a `since` out of the window: never a
+//! silent gap.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntGauge;
+use proto::ServerMessage;
+use router::{BrokerError, Page, PageSize, Position, Publication, Topic};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use super::Session;
+use crate::config::ReplayConfig;
+use crate::disconnect::CloseReason;
+use crate::frame;
+use crate::metrics::Metrics;
+use crate::outbound::Outbound;
+
+/// The pod's replay turns, and how large a page is.
+pub struct Replays {
+    turns: Semaphore,
+    /// `replay.max_concurrent`, for the log.
+    max: usize,
+    wait: Duration,
+    page: PageSize,
+    metrics: Arc<Metrics>,
+}
+
+/// A replay's turn: its place among the replays running, until dropped.
+pub(super) struct Turn<'a> {
+    _permit: SemaphorePermit<'a>,
+    running: &'a IntGauge,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.running.dec();
+    }
+}
+
+/// Why a replay got no turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NoTurn {
+    /// `replay.max_concurrent` ran for all of `replay.wait`.
+    Busy(Duration),
+    /// The connection ended while it waited.
+    Closed,
+}
+
+impl fmt::Display for NoTurn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Busy(wait) => write!(
+                f,
+                "too many replays on this server for {wait:?}; retry in a moment"
+            ),
+            Self::Closed => f.write_str("the connection ended"),
+        }
+    }
+}
+
+impl Replays {
+    pub fn new(config: &ReplayConfig, metrics: Arc<Metrics>) -> Self {
+        Self {
+            turns: Semaphore::new(config.max_concurrent.min(Semaphore::MAX_PERMITS)),
+            max: config.max_concurrent,
+            wait: config.wait,
+            page: PageSize {
+                messages: config.page_messages,
+                bytes: config.page_bytes,
+            },
+            metrics,
+        }
+    }
+
+    /// At most how much one read of history returns.
+    pub fn page(&self) -> PageSize {
+        self.page
+    }
+
+    /// A turn, in the order they were asked for, within `replay.wait`.
+    pub(super) async fn turn(&self, out: &Outbound) -> Result<Turn<'_>, NoTurn> {
+        let waiting = tokio::time::timeout(self.wait, self.turns.acquire());
+        let permit = tokio::select! {
+            permit = waiting => permit,
+            () = out.stopped() => return Err(NoTurn::Closed),
+        };
+        match permit {
+            Ok(Ok(permit)) => {
+                self.metrics.replays_running.inc();
+                Ok(Turn {
+                    _permit: permit,
+                    running: &self.metrics.replays_running,
+                })
+            }
+            // The semaphore is never closed; its timeout is the refusal.
+            Ok(Err(_)) | Err(_) => {
+                self.metrics.replays_refused.inc();
+                tracing::warn!(
+                    max = self.max,
+                    wait = ?self.wait,
+                    "a replay waited for its turn in vain (replay.max_concurrent); refused with `unavailable`"
+                );
+                Err(NoTurn::Busy(self.wait))
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Streams the replay of `topic` after `start`: `first` (the page that
+    /// `recover` read at `position`), then page after page up to
+    /// `position` as the queue takes them, then live delivery. Returns
+    /// early when the connection closes.
+    pub(super) async fn replay(
+        &mut self,
+        topic: &Topic,
+        first: Vec<Publication>,
+        start: u64,
+        position: &Position,
+    ) {
+        let node = self.node.clone();
+        let size = node.replays.page();
+        let mut epoch = position.epoch.clone();
+        let mut cursor = start;
+        // Where history hands over to what the hub holds aside; `None` once
+        // that was dropped: then the topic's seq at the next read.
+        let mut target = Some(position.seq);
+        let mut page = first;
+        loop {
+            for publication in page.drain(..) {
+                if !self.out.send(frame::publication(&publication)).await {
+                    return;
+                }
+                cursor = publication.seq;
+            }
+            if target.is_some_and(|target| cursor >= target) {
+                let at = Position {
+                    epoch: epoch.clone(),
+                    seq: cursor,
+                };
+                if node.hub.go_live(topic, self.conn, &at) {
+                    return;
+                }
+                node.metrics.replays_overrun.inc();
+                tracing::debug!(
+                    conn = self.conn,
+                    %topic,
+                    "live messages outgrew the queue during a replay; reading them from history"
+                );
+                target = None;
+            }
+            match node.broker.history(topic, &epoch, cursor, size).await {
+                Ok(Page::Read { publications, seq }) => {
+                    target.get_or_insert(seq);
+                    page = publications;
+                }
+                Ok(Page::Lost) => {
+                    let Some(now) = self.reset_replay(topic).await else {
+                        return;
+                    };
+                    cursor = now.seq;
+                    target = Some(now.seq);
+                    epoch = now.epoch;
+                }
+                Err(e) => {
+                    self.replay_failed(topic, &e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// History no longer continues the replay: as for a `since` out of the
+    /// window, a `reset` to where the topic is now, live from there. `None`
+    /// when the broker could not say (the connection closes then).
+    async fn reset_replay(&mut self, topic: &Topic) -> Option<Position> {
+        let node = self.node.clone();
+        // Before the position is read: what comes after it is kept aside.
+        node.hub.hold_again(topic, self.conn);
+        let position = match node.broker.recover(topic, None, PageSize::UNBOUNDED).await {
+            Ok(recovery) => recovery.position,
+            Err(e) => {
+                self.replay_failed(topic, &e);
+                return None;
+            }
+        };
+        node.metrics.replays_lost.inc();
+        tracing::info!(
+            conn = self.conn,
+            "history no longer continues a replay (trimmed or a new epoch); the client gets `reset`"
+        );
+        self.subscriptions
+            .told(topic, &position.epoch, position.seq);
+        self.reply(ServerMessage::Reset {
+            topic: topic.as_str(),
+            epoch: &position.epoch,
+            seq: position.seq,
+        })
+        .await;
+        Some(position)
+    }
+
+    /// Redis did not answer a replay's read. The client has had its `ok`
+    /// (or `welcome`): it is closed with 4003 and comes back, its session
+    /// saved as it was, so that the replay starts again from its acks.
+    fn replay_failed(&self, topic: &Topic, e: &BrokerError) {
+        tracing::warn!(conn = self.conn, error = %e, "a replay's read failed; the client is to come back");
+        tracing::debug!(conn = self.conn, %topic, "the replay that failed");
+        self.out.close(CloseReason::Unavailable, true);
+    }
+}
