@@ -202,6 +202,31 @@ async fn topics_on_every_master_reach_the_pods_that_watch_them_in_order() {
         .expect("recover");
     assert!(recovered.recovered);
     assert_eq!(recovered.publications.len(), (EACH - 5) as usize);
+    // And a replay's pages, read over the replay connections, two at a time
+    // from each topic's own master, come back whole and in order.
+    let two = PageSize {
+        messages: 2,
+        bytes: usize::MAX,
+    };
+    for topic in [&topics[0], &topics[7]] {
+        let first = a
+            .recover(topic, Some(Since::claimed(0, None)), two)
+            .await
+            .expect("recover");
+        let epoch = first.position.epoch.clone();
+        let mut seqs: Vec<u64> = first.publications.iter().map(|p| p.seq).collect();
+        while seqs.last().copied().unwrap_or(0) < first.position.seq {
+            let after = seqs.last().copied().unwrap_or(0);
+            match a.history(topic, &epoch, after, two).await.expect("a page") {
+                Page::Read { publications, .. } => {
+                    assert!(!publications.is_empty() && publications.len() <= 2);
+                    seqs.extend(publications.iter().map(|p| p.seq));
+                }
+                Page::Lost => panic!("{topic}: history lost after {after}"),
+            }
+        }
+        assert_eq!(seqs, (1..=EACH).collect::<Vec<_>>(), "{topic}");
+    }
     let master = cluster.master_of_slot(RedisCluster::slot_of("t7"));
     assert_eq!(
         cluster.cli(master, &["XLEN", "herald:{t7}:hist"]).trim(),
