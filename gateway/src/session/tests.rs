@@ -7,21 +7,67 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router::{Epoch, SessionUser, Topic};
+use router::{Deliver, Epoch, MemoryBroker, Position, Publication, SessionUser, Topic};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::{LiveSession, Registry, Session, Subscriptions, Unregistered};
+use super::{LiveSession, Pod, Registry, Replays, Session, Subscriptions, Unregistered};
+use crate::admission::Slots;
+use crate::budget::Budgets;
 use crate::config::Config;
-use crate::node::Node;
-use crate::outbound::Outbound;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Writing};
+
+/// Publications nobody here reads.
+struct Nowhere;
+
+impl Deliver for Nowhere {
+    fn deliver(&self, _: &Publication, _: Option<&str>) {}
+    fn reset(&self, _: &Topic, _: &Position) {}
+    fn disconnect(&self, _: &str) {}
+}
+
+/// A pod as [`crate::node`] builds it, with the embedded broker (built here:
+/// the session does not depend on the node, tests included).
+fn pod() -> Arc<Pod> {
+    let config = Arc::new(Config::load(None, std::iter::empty()).unwrap());
+    let metrics = Arc::new(Metrics::new());
+    let namespaces = Arc::new(config.namespaces());
+    let memory = MemoryBroker::new(namespaces.clone(), Arc::new(Nowhere));
+    let writing = Writing::new(
+        &config,
+        metrics.clone(),
+        CancellationToken::new(),
+        Instant::now(),
+    );
+    Arc::new(Pod {
+        hub: Arc::new(Hub::new(
+            metrics.clone(),
+            config.queue.frames,
+            config.queue.bytes,
+        )),
+        broker: Arc::new(memory.clone()),
+        sessions: Arc::new(memory),
+        live: Arc::new(Registry::default()),
+        verifier: None,
+        namespaces,
+        replays: Replays::new(&config.replay, metrics.clone()),
+        writing: Arc::new(writing),
+        flush_soon: None,
+        budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
+        metrics,
+        config,
+    })
+}
 
 #[tokio::test]
 async fn a_panicking_connection_task_releases_its_session_hub_memberships_and_socket() {
-    let config = Config::load(None, std::iter::empty()).unwrap();
-    let limits = config.queue_limits();
-    let node = Node::start(config).await.unwrap();
-    let admission = node.slots.admit(IpAddr::from([127, 0, 0, 1])).unwrap();
-    let out = Outbound::new(limits);
-    let mut session = Session::new(node.pod.clone(), &admission, out.clone());
+    let node = pod();
+    let slots = Arc::new(Slots::new(&node.config.websocket, node.metrics.clone()));
+    let admission = slots.admit(IpAddr::from([127, 0, 0, 1])).unwrap();
+    let out = Outbound::new(node.config.queue_limits());
+    let mut session = Session::new(node.clone(), &admission, out.clone());
 
     // As a `hello` and a `sub` leave it: registered, and a subscriber.
     let id: Arc<str> = Arc::from("s1");
