@@ -22,6 +22,9 @@
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
 //! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
 //!   Redis behind a bad network where `tc netem` is not available.
+//! - [`redis_cluster`]: a six-node Redis Cluster on loopback that fails
+//!   over, takes a fresh replica and moves slots on demand (`chaos`'s, and
+//!   the test kit's through a wrapper that panics on error).
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //! - [`figures`]: `herald-loadtest report`: the result files read back
 //!   through their types, as the figures `scripts/benchmarks.py` renders.
@@ -72,6 +75,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod publish;
 pub mod raw;
+pub mod redis_cluster;
 pub mod report;
 pub mod scenarios;
 pub mod sessions;
