@@ -90,6 +90,8 @@ struct Node {
     dir: PathBuf,
     /// `None` once killed.
     child: Option<Child>,
+    /// Stopped by [`RedisCluster::freeze`]: asked nothing until thawed.
+    frozen: bool,
 }
 
 struct Held {
@@ -123,7 +125,7 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// Polls `look` through [`blocking`] until it is `Ok`, at most `within`;
 /// its last reason otherwise.
-async fn poll<T>(
+pub async fn poll<T>(
     within: Duration,
     mut look: impl FnMut() -> Result<T, String>,
 ) -> Result<T, ClusterError> {
@@ -211,13 +213,23 @@ impl RedisCluster {
 
     /// Stops the node on `port` where it stands (SIGSTOP): a replica frozen
     /// so misses what its master writes meanwhile.
-    pub fn freeze(&self, port: u16) -> Result<(), ClusterError> {
-        self.signal(port, "-STOP")
+    pub fn freeze(&mut self, port: u16) -> Result<(), ClusterError> {
+        self.signal(port, "-STOP")?;
+        self.set_frozen(port, true);
+        Ok(())
     }
 
     /// Lets a [`RedisCluster::freeze`]d node go on (SIGCONT).
-    pub fn thaw(&self, port: u16) -> Result<(), ClusterError> {
-        self.signal(port, "-CONT")
+    pub fn thaw(&mut self, port: u16) -> Result<(), ClusterError> {
+        self.signal(port, "-CONT")?;
+        self.set_frozen(port, false);
+        Ok(())
+    }
+
+    fn set_frozen(&mut self, port: u16, frozen: bool) {
+        if let Some(node) = self.nodes.iter_mut().find(|n| n.port == port) {
+            node.frozen = frozen;
+        }
     }
 
     /// The process id of the live node on `port`.
@@ -291,7 +303,9 @@ impl RedisCluster {
     /// is lost), remembering its id, slots and replicas for
     /// [`RedisCluster::wait_for_failover`] and [`RedisCluster::replace`].
     pub fn kill_master(&mut self, port: u16) -> Result<(), ClusterError> {
-        let view = self.view()?;
+        // Its replicas, a frozen one (taken for failing by now) too.
+        let first = self.asked()?;
+        let view = self.topology(first, true)?;
         let Some(Role::Master(slots)) = view.get(&port).cloned() else {
             return Err(state(format!("{port} is not a master: {view:?}")));
         };
@@ -541,20 +555,25 @@ impl RedisCluster {
         ports
     }
 
-    /// The first live node's view.
+    /// The first live node that is not frozen: the one asked.
+    fn asked(&self) -> Result<u16, ClusterError> {
+        self.live()
+            .into_iter()
+            .find(|&p| !self.nodes.iter().any(|n| n.port == p && n.frozen))
+            .ok_or_else(|| state("no live node"))
+    }
+
+    /// The view of the first live node that is not frozen.
     fn view(&self) -> Result<Topology, ClusterError> {
-        let first = *self
-            .live()
-            .first()
-            .ok_or_else(|| state("no live node"))?;
-        self.topology(first)
+        self.topology(self.asked()?, false)
     }
 
     /// The view of the node on `port`, from its `CLUSTER NODES`: `<id>
     /// <ip:port@bus> <flags> <master-id> <ping> <pong> <epoch> <link>
     /// <slots>...`, where a slot is `n`, `a-b`, or (mid-migration, on the two
-    /// masters concerned only) `[n->-id]` / `[n-<-id]`, skipped here.
-    fn topology(&self, port: u16) -> Result<Topology, ClusterError> {
+    /// masters concerned only) `[n->-id]` / `[n-<-id]`, skipped here. Nodes
+    /// it takes for failing are left out, unless `failing`.
+    fn topology(&self, port: u16, failing: bool) -> Result<Topology, ClusterError> {
         let listed = self.cli(port, &["CLUSTER", "NODES"])?;
         let lines: Vec<Vec<&str>> = listed
             .lines()
@@ -569,8 +588,9 @@ impl RedisCluster {
         Ok(lines
             .iter()
             .filter(|f| {
-                !f[2]
-                    .split(',')
+                failing
+                    || !f[2]
+                        .split(',')
                     .any(|flag| flag.starts_with("fail") || flag == "handshake" || flag == "noaddr")
             })
             .map(|f| {
@@ -607,7 +627,7 @@ impl RedisCluster {
             if state.map(str::trim) != Some("cluster_state:ok") {
                 return Err(format!("{port} says {state:?}"));
             }
-            let view = self.topology(port).map_err(|e| e.to_string())?;
+            let view = self.topology(port, false).map_err(|e| e.to_string())?;
             match &shared {
                 Some((first, seen)) if *seen != view => {
                     return Err(format!("{port} sees {view:?}, {first} sees {seen:?}"));
@@ -700,6 +720,7 @@ impl RedisCluster {
             port,
             dir,
             child: Some(child),
+            frozen: false,
         })
     }
 

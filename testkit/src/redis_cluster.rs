@@ -57,12 +57,12 @@ impl RedisCluster {
 
     /// Stops the node on `port` where it stands (SIGSTOP): a replica frozen
     /// so misses what its master writes meanwhile.
-    pub fn freeze(&self, port: u16) {
+    pub fn freeze(&mut self, port: u16) {
         must(self.inner.freeze(port));
     }
 
     /// Lets a [`RedisCluster::freeze`]d node go on (SIGCONT).
-    pub fn thaw(&self, port: u16) {
+    pub fn thaw(&mut self, port: u16) {
         must(self.inner.thaw(port));
     }
 
