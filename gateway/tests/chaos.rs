@@ -5,14 +5,15 @@
 //! killed, and Redis is frozen if time allows. Every client's stream must come out complete and
 //! duplicate-free within each epoch, each message the publish acknowledged
 //! at its seq, and every reset after a fault that lost writes. The full
-//! soak is `scripts/bench.sh chaos`.
+//! soak is `scripts/bench.sh chaos`; on a Redis Cluster (the second test
+//! here, at CI size), `scripts/bench.sh chaos-cluster`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
 use std::time::Duration;
 
 use loadtest::report::{self, Outcome};
-use loadtest::scenarios::chaos::{self, faults::Kind};
+use loadtest::scenarios::chaos::{self, Redis, faults::Kind};
 
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
@@ -47,5 +48,49 @@ async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
         assert!(fault.lost_acked > 0, "{fault:?}");
         assert!(fault.resets > 0, "{fault:?}");
     }
+    assert!(outcome.checked > 0 && outcome.resumes > 0, "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_streams_stay_whole_and_only_the_lagging_masters_topics_reset() {
+    let mut options = chaos::Options::new(HERALD.into());
+    options.redis = Redis::Cluster;
+    options.pods = 2;
+    options.clients = 30;
+    options.topics = 6;
+    options.subscriptions = 2;
+    options.publishers = 1;
+    options.rate = 20.0;
+    options.duration = Duration::from_secs(22);
+    options.churn = Duration::from_secs(5);
+    options.faults = vec![
+        Kind::LaggingFailover,
+        Kind::MasterKill,
+        Kind::Migrate,
+        Kind::ManualFailover,
+        Kind::PodKill,
+    ];
+    options.warmup = Duration::from_secs(2);
+    options.tail = Duration::from_secs(3);
+    options.gap = (Duration::from_secs(1), Duration::from_secs(2));
+    options.seed = Some(11);
+    options.drain = Duration::from_secs(20);
+    let outcome = chaos::run(options).await.expect("the scenario runs");
+    let table = report::table(&outcome);
+    println!("{table}");
+    assert!(outcome.failures().is_empty(), "{table}");
+    let kinds: Vec<Kind> = outcome.faults.iter().map(|f| f.kind).collect();
+    assert!(
+        kinds.starts_with(&[Kind::LaggingFailover, Kind::MasterKill, Kind::Migrate]),
+        "{kinds:?}"
+    );
+    // The master that took writes its frozen replica never got lost them,
+    // and the clients of its topics (two of the six: a reset of any other
+    // would have failed the run) were told.
+    let lagging = &outcome.faults[0];
+    let scope = lagging.topics.clone().unwrap_or_default();
+    assert!(lagging.master.is_some(), "{lagging:?}");
+    assert_eq!(scope.len(), 2, "{lagging:?}");
+    assert!(lagging.lost_acked > 0 && lagging.resets > 0, "{lagging:?}");
     assert!(outcome.checked > 0 && outcome.resumes > 0, "{table}");
 }
