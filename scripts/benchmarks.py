@@ -359,6 +359,14 @@ def chaos_table(name, title, how):
                            f"{f['master']} ({', '.join(map(str, f.get('topics') or [])) or 'none'})" if f.get("master")
                            else "", f"{f['lost_writes']} ({f['lost_acked']})", f["resets"]]
                           for f in faults]))
+        by_kind = {}
+        for f in faults:
+            n, lost, resets = by_kind.get(f["kind"], (0, 0, 0))
+            by_kind[f["kind"]] = (n + 1, lost + f["lost_writes"], resets + f["resets"])
+        out.append("Masters are named by port. Writes lost and resets by kind: "
+                   + "; ".join(f"{k} {lost} lost, {resets} resets in {n}" for k, (n, lost, resets) in by_kind.items())
+                   + ". Publishes that failed, by reason: "
+                   + ("; ".join(res.get("publish_error_reasons") or []) or "none") + ".")
     else:
         out.append(table(["fault", "at", "writes lost (acknowledged)", "resets"],
                          [[f["kind"], f"{f['at_s']:.1f} s", f"{f['lost_writes']} ({f['lost_acked']})", f["resets"]]

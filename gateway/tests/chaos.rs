@@ -17,23 +17,35 @@ use loadtest::scenarios::chaos::{self, Redis, faults::Kind};
 
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
+/// The CI size: two pods, 30 clients on 2 of `topics` topics each, one
+/// publisher at 20/s for 22 s, `faults` in turn a second or two apart.
+fn ci_size(redis: Redis, topics: usize, faults: Vec<Kind>) -> chaos::Options {
     let mut options = chaos::Options::new(HERALD.into());
+    options.redis = redis;
     options.pods = 2;
     options.clients = 30;
-    options.topics = 2;
+    options.topics = topics;
     options.subscriptions = 2;
     options.publishers = 1;
     options.rate = 20.0;
     options.duration = Duration::from_secs(22);
     options.churn = Duration::from_secs(5);
-    options.faults = vec![Kind::Failover, Kind::Restore, Kind::PodKill, Kind::Freeze];
+    options.faults = faults;
     options.warmup = Duration::from_secs(2);
     options.tail = Duration::from_secs(3);
     options.gap = (Duration::from_secs(1), Duration::from_secs(2));
     options.seed = Some(11);
     options.drain = Duration::from_secs(20);
+    options
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
+    let options = ci_size(
+        Redis::One,
+        2,
+        vec![Kind::Failover, Kind::Restore, Kind::PodKill, Kind::Freeze],
+    );
     let outcome = chaos::run(options).await.expect("the scenario runs");
     let table = report::table(&outcome);
     println!("{table}");
@@ -53,28 +65,17 @@ async fn streams_stay_whole_across_failover_restore_pod_kill_and_freeze() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redis_cluster_streams_stay_whole_and_only_the_lagging_masters_topics_reset() {
-    let mut options = chaos::Options::new(HERALD.into());
-    options.redis = Redis::Cluster;
-    options.pods = 2;
-    options.clients = 30;
-    options.topics = 6;
-    options.subscriptions = 2;
-    options.publishers = 1;
-    options.rate = 20.0;
-    options.duration = Duration::from_secs(22);
-    options.churn = Duration::from_secs(5);
-    options.faults = vec![
-        Kind::LaggingFailover,
-        Kind::MasterKill,
-        Kind::Migrate,
-        Kind::ManualFailover,
-        Kind::PodKill,
-    ];
-    options.warmup = Duration::from_secs(2);
-    options.tail = Duration::from_secs(3);
-    options.gap = (Duration::from_secs(1), Duration::from_secs(2));
-    options.seed = Some(11);
-    options.drain = Duration::from_secs(20);
+    let options = ci_size(
+        Redis::Cluster,
+        6,
+        vec![
+            Kind::LaggingFailover,
+            Kind::MasterKill,
+            Kind::Migrate,
+            Kind::ManualFailover,
+            Kind::PodKill,
+        ],
+    );
     let outcome = chaos::run(options).await.expect("the scenario runs");
     let table = report::table(&outcome);
     println!("{table}");

@@ -122,3 +122,10 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+/// A step of the Redis Cluster harness that failed stops `chaos` too.
+impl From<redis_cluster::ClusterError> for Error {
+    fn from(e: redis_cluster::ClusterError) -> Self {
+        Error::Cluster(format!("redis cluster: {e}"))
+    }
+}

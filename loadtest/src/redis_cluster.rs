@@ -147,6 +147,12 @@ impl RedisCluster {
     /// node says `cluster_state:ok`, all see the same masters, replicas and
     /// slots, and every replica is in sync.
     pub async fn start(dir: PathBuf, scratch: bool) -> Result<Self, ClusterError> {
+        // A node moves into its `--dir` before it opens its log and
+        // `nodes.conf`: their paths must not be relative.
+        let dir = std::path::absolute(&dir).map_err(|source| ClusterError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
         let mut cluster = Self {
             nodes: Vec::with_capacity(NODES),
             dir,
@@ -172,7 +178,10 @@ impl RedisCluster {
         let out = blocking(|| run("redis-cli", &args, None, SETTLE))?;
         let said = String::from_utf8_lossy(&out.stdout);
         if !(out.status.success() && said.contains("[OK] All 16384 slots covered")) {
-            return Err(state(format!("redis-cli --cluster create:\n{}", show(&out))));
+            return Err(state(format!(
+                "redis-cli --cluster create:\n{}",
+                show(&out)
+            )));
         }
         poll(SETTLE, || cluster.settled().map(drop)).await?;
         Ok(cluster)
@@ -379,7 +388,10 @@ impl RedisCluster {
             let answer = blocking(|| self.cli(live, &["CLUSTER", "FORGET", &held.id]))?;
             // Told by gossip before: the node is forgotten either way.
             if !matches!(answer.trim(), "OK") && !answer.contains("Unknown node") {
-                return Err(state(format!("CLUSTER FORGET on {live}: {}", answer.trim())));
+                return Err(state(format!(
+                    "CLUSTER FORGET on {live}: {}",
+                    answer.trim()
+                )));
             }
         }
         let node = self.spawn(port)?;
@@ -388,9 +400,8 @@ impl RedisCluster {
         }
         self.wait_ready(port).await?;
         let master_id = blocking(|| self.id(master))?;
-        let meet = blocking(|| {
-            self.cli(port, &["CLUSTER", "MEET", "127.0.0.1", &master.to_string()])
-        })?;
+        let meet =
+            blocking(|| self.cli(port, &["CLUSTER", "MEET", "127.0.0.1", &master.to_string()]))?;
         if meet.trim() != "OK" {
             return Err(state(format!("CLUSTER MEET from {port}: {}", meet.trim())));
         }
@@ -467,7 +478,13 @@ impl RedisCluster {
         let slot_arg = slot.to_string();
         self.ok(
             to,
-            &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &self.id(from)?],
+            &[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_arg,
+                "IMPORTING",
+                &self.id(from)?,
+            ],
         )?;
         self.ok(
             from,
@@ -589,9 +606,9 @@ impl RedisCluster {
             .iter()
             .filter(|f| {
                 failing
-                    || !f[2]
-                        .split(',')
-                    .any(|flag| flag.starts_with("fail") || flag == "handshake" || flag == "noaddr")
+                    || !f[2].split(',').any(|flag| {
+                        flag.starts_with("fail") || flag == "handshake" || flag == "noaddr"
+                    })
             })
             .map(|f| {
                 let role = if f[2].split(',').any(|flag| flag == "master") {
@@ -726,10 +743,18 @@ impl RedisCluster {
 
     /// Waits until the node on `port` answers `PING`.
     async fn wait_ready(&self, port: u16) -> Result<(), ClusterError> {
+        let log = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .map(|n| n.dir.join("redis.log").display().to_string())
+            .unwrap_or_default();
         poll(NODE_READY, || {
             match self.cli(port, &["PING"]).map_err(|e| e.to_string())?.trim() {
                 "PONG" => Ok(()),
-                other => Err(format!("redis-server on {port}: PING says {other:?}")),
+                other => Err(format!(
+                    "redis-server on {port}: PING says {other:?} (its log: {log})"
+                )),
             }
         })
         .await

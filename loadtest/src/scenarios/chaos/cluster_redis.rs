@@ -11,13 +11,14 @@
 //! master is gone: what it holds then is what the new master holds when the
 //! pods first reach it.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Clock;
-use super::faults::{Fault, Position};
+use super::faults::{Fault, Kind, Position};
 use crate::Error;
 use crate::redis_cluster::{ClusterError, RedisCluster, blocking};
 
@@ -31,16 +32,12 @@ const LINK_POLL: Duration = Duration::from_millis(10);
 /// Names tried per topic for one on the master it should be on.
 const NAMES_TRIED: usize = 10_000;
 
-impl From<ClusterError> for Error {
-    fn from(e: ClusterError) -> Self {
-        Error::Cluster(format!("redis cluster: {e}"))
-    }
-}
-
 pub struct ClusterRedis {
     pub cluster: RedisCluster,
-    /// Faults that hit a master so far: the next one hits the next master.
-    master_turn: usize,
+    /// Faults of each kind that hit a master so far: the next one of a
+    /// kind hits the next master (ascending ports), so each kind comes to
+    /// every master.
+    master_turns: HashMap<Kind, usize>,
     /// Migrations so far: the next one moves the next topic.
     topic_turn: usize,
     /// A replica a failed fault may have left frozen.
@@ -52,7 +49,7 @@ impl ClusterRedis {
     pub async fn start(dir: PathBuf) -> Result<Self, Error> {
         Ok(Self {
             cluster: RedisCluster::start(dir, false).await?,
-            master_turn: 0,
+            master_turns: HashMap::new(),
             topic_turn: 0,
             frozen: None,
         })
@@ -124,13 +121,28 @@ impl ClusterRedis {
         }
     }
 
-    /// The next master in turn, and its replica.
-    fn next_master(&mut self) -> Result<(u16, u16), Error> {
+    /// Once the cluster agrees, the next master in turn: it, its replica
+    /// and the topics on it, noted in `fault`.
+    async fn hit(
+        &mut self,
+        fault: &mut Fault,
+        topics: &[String],
+    ) -> Result<(u16, u16, Vec<usize>), Error> {
+        self.cluster.wait_settled(SETTLE_WAIT).await?;
+        let (master, replica) = self.next_master(fault.kind)?;
+        let scope = self.on(master, topics)?;
+        (fault.master, fault.topics) = (Some(master), Some(scope.clone()));
+        Ok((master, replica, scope))
+    }
+
+    /// The next master in turn for a fault of `kind`, and its replica.
+    fn next_master(&mut self, kind: Kind) -> Result<(u16, u16), Error> {
         let masters = blocking(|| self.cluster.masters())?;
+        let turn = self.master_turns.entry(kind).or_default();
         let master = *masters
-            .get(self.master_turn % masters.len().max(1))
+            .get(*turn % masters.len().max(1))
             .ok_or_else(|| Error::Cluster("no master".to_owned()))?;
-        self.master_turn += 1;
+        *turn += 1;
         let replica = blocking(|| self.cluster.replicas_of(master))?
             .first()
             .copied()
@@ -174,7 +186,10 @@ impl ClusterRedis {
         }
         let mut commands = vec!["READONLY".to_owned()];
         for &t in scope {
-            commands.push(format!("HMGET {} epoch seq", Position::meta_key(&topics[t])));
+            commands.push(format!(
+                "HMGET {} epoch seq",
+                Position::meta_key(&topics[t])
+            ));
         }
         commands.push("ROLE".to_owned());
         let answer = blocking(|| self.cluster.script(replica, &commands))?;
@@ -205,10 +220,7 @@ impl ClusterRedis {
         clock: &Clock,
         topics: &[String],
     ) -> Result<(), Error> {
-        self.cluster.wait_settled(SETTLE_WAIT).await?;
-        let (master, replica) = self.next_master()?;
-        let scope = self.on(master, topics)?;
-        (fault.master, fault.topics) = (Some(master), Some(scope.clone()));
+        let (master, replica, scope) = self.hit(fault, topics).await?;
         fault.detail = format!("master {master} killed (-9)");
         let killed = Instant::now();
         blocking(|| self.cluster.kill_master(master))?;
@@ -231,9 +243,7 @@ impl ClusterRedis {
         fault: &mut Fault,
         topics: &[String],
     ) -> Result<(), Error> {
-        self.cluster.wait_settled(SETTLE_WAIT).await?;
-        let (master, replica) = self.next_master()?;
-        (fault.master, fault.topics) = (Some(master), Some(self.on(master, topics)?));
+        let (master, replica, _) = self.hit(fault, topics).await?;
         fault.detail = format!("CLUSTER FAILOVER: replica {replica} took over from {master}");
         self.cluster.promote(replica, false, SETTLE_WAIT).await?;
         Ok(())
@@ -247,20 +257,19 @@ impl ClusterRedis {
         clock: &Clock,
         topics: &[String],
     ) -> Result<(), Error> {
-        self.cluster.wait_settled(SETTLE_WAIT).await?;
-        let (master, replica) = self.next_master()?;
-        let scope = self.on(master, topics)?;
-        (fault.master, fault.topics) = (Some(master), Some(scope.clone()));
+        let (master, replica, scope) = self.hit(fault, topics).await?;
         fault.detail = format!("replica {replica} of {master} frozen and cut off");
-        let no_failover =
-            |on: &'static str| ["CONFIG", "SET", "cluster-replica-no-failover", on];
+        let no_failover = |on: &'static str| ["CONFIG", "SET", "cluster-replica-no-failover", on];
         // Promoted only once read, by hand.
         blocking(|| self.cluster.ok(replica, &no_failover("yes")))?;
         blocking(|| self.cluster.freeze(replica))?;
         self.frozen = Some(replica);
         // A frozen replica's socket would still buffer what the master
         // sends: cut, it gets nothing more.
-        blocking(|| self.cluster.cli(master, &["CLIENT", "KILL", "TYPE", "replica"]))?;
+        blocking(|| {
+            self.cluster
+                .cli(master, &["CLIENT", "KILL", "TYPE", "replica"])
+        })?;
         tokio::time::sleep(hold).await;
         blocking(|| self.cluster.kill_master(master))?;
         blocking(|| self.cluster.thaw(replica))?;

@@ -231,14 +231,16 @@ impl Fault {
 
     /// Whether it could touch topic `t`.
     pub fn covers(&self, t: usize) -> bool {
-        self.topics.as_ref().is_none_or(|topics| topics.contains(&t))
+        self.topics
+            .as_ref()
+            .is_none_or(|topics| topics.contains(&t))
     }
 }
 
 /// The Redis the pods use, which the faults break.
 pub enum Store {
-    One(OneRedis),
-    Cluster(Box<ClusterRedis>),
+    One(Box<OneRedis>),
+    Cluster(ClusterRedis),
 }
 
 impl Store {
@@ -251,7 +253,10 @@ impl Store {
             )],
             Store::Cluster(cluster) => vec![
                 // Only its user, password and TLS would count: there are none.
-                ("HERALD_REDIS__URL".to_owned(), "redis://127.0.0.1".to_owned()),
+                (
+                    "HERALD_REDIS__URL".to_owned(),
+                    "redis://127.0.0.1".to_owned(),
+                ),
                 ("HERALD_REDIS__CLUSTER".to_owned(), cluster.urls()),
             ],
         }

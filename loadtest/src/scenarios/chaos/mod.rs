@@ -111,9 +111,7 @@ const MAX_TOPICS: usize = 1_000;
 
 /// The Redis the pods use: `--redis one` (a master and its replica behind
 /// a proxy) or `--redis cluster` (three masters, a replica each).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Redis {
     #[default]
@@ -390,10 +388,8 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     })?;
     let run_topic = unique_topic("chaos");
     let store = match options.redis {
-        Redis::One => Store::One(OneRedis::start(dir.clone()).await?),
-        Redis::Cluster => Store::Cluster(Box::new(
-            ClusterRedis::start(dir.join("redis-cluster")).await?,
-        )),
+        Redis::One => Store::One(Box::new(OneRedis::start(dir.clone()).await?)),
+        Redis::Cluster => Store::Cluster(ClusterRedis::start(dir.join("redis-cluster")).await?),
     };
     let topics: Arc<[String]> = match &store {
         Store::One(_) => (0..options.topics)
