@@ -53,8 +53,10 @@
 //!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
 //!   of new topics and a pub/sub reconnect.
 //! - [`scenarios::chaos`]: a soak with its own Redis and pods while Redis
-//!   is frozen, delayed, failed over and restored from an old dump; every
-//!   client's stream checked against what the publishers were answered.
+//!   is frozen, delayed, failed over and restored from an old dump (or, on
+//!   a Redis Cluster, while masters are killed, failed over and slots
+//!   migrated); every client's stream checked against what the publishers
+//!   were answered.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the

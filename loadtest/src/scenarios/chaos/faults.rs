@@ -24,8 +24,8 @@ use crate::Error;
 pub const DELAY: Duration = Duration::from_millis(200);
 
 /// A kind of fault; on the command line `--faults freeze,delay,...`. The
-/// first four fit one Redis ([`Kind::ALL`]), the next four a cluster
-/// ([`Kind::CLUSTER`]); `pod-kill` either.
+/// first four fit one Redis, the four after `pod-kill` a cluster;
+/// `pod-kill` either ([`Kind::ALL`], [`Kind::CLUSTER`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
