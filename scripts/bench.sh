@@ -6,7 +6,7 @@
 # `herald` processes on free loopback ports (and a redis-server where pods
 # share work), and renders BENCHMARKS.md with scripts/benchmarks.py. The
 # JSON results and logs stay in $OUT. Everything it starts is stopped when
-# it exits, however it exits. Takes about 21 minutes on 2 cores.
+# it exits, however it exits. Takes about 24 minutes on 2 cores.
 #
 # Load generator and servers share this machine's cores: run it on a quiet
 # machine, and read each run's CPU line ("others": CPU of processes not in
@@ -15,7 +15,8 @@
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
-#                                    publish idle-pods idle-pods-cluster stall chaos),
+#                                    publish idle-pods idle-pods-cluster stall chaos
+#                                    chaos-cluster),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
@@ -36,7 +37,7 @@ CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
-           idle-pods-cluster stall chaos)
+           idle-pods-cluster stall chaos chaos-cluster)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 HERALD=target/release/herald
@@ -539,6 +540,16 @@ if wants chaos; then
     rm -rf "$OUT/chaos"
     loadtest chaos chaos --herald target/release/herald --dir "$OUT/chaos" \
         --pods 3 --clients 200 --topics 4 --subscriptions 2 --publishers 2 --rate 50 --duration 2m
+fi
+
+if wants chaos-cluster; then
+    say "chaos-cluster: 3 pods, a Redis Cluster (3 masters, a replica each), 200 resuming clients, 50 msg/s for 2 min;"
+    say "       masters killed, failed over by hand and to a lagging replica, topics' slots migrated; pods killed"
+    # The same soak on its own Redis Cluster (six redis-servers); 6 topics,
+    # 2 on each master. Logs stay in $OUT/chaos-cluster.
+    rm -rf "$OUT/chaos-cluster"
+    loadtest chaos-cluster chaos --herald target/release/herald --redis cluster --dir "$OUT/chaos-cluster" \
+        --pods 3 --clients 200 --topics 6 --subscriptions 2 --publishers 2 --rate 50 --duration 2m
 fi
 
 say "BENCHMARKS.md"

@@ -545,6 +545,10 @@ pub struct ChaosArgs {
     /// The herald binary the pods run (target/release/herald).
     #[arg(long, value_name = "PATH")]
     pub herald: PathBuf,
+    /// The Redis the pods use: one master and its replica behind a proxy,
+    /// or a Redis Cluster of three masters with a replica each.
+    #[arg(long, value_enum, default_value_t = chaos::Redis::One)]
+    pub redis: chaos::Redis,
     /// Herald pods.
     #[arg(long, value_name = "N", value_parser = number, default_value_t = chaos::DEFAULT_PODS)]
     pub pods: usize,
@@ -569,8 +573,11 @@ pub struct ChaosArgs {
     /// Mean time between a client's own cuts (0s: none).
     #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_CHURN.into())]
     pub churn: humantime::Duration,
-    /// The faults, cycled through in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Kind::ALL)]
+    /// The faults, cycled through in this order [default: every one that
+    /// fits --redis: freeze,delay,failover,restore,pod-kill for one;
+    /// master-kill,migrate,lagging-failover,manual-failover,pod-kill for a
+    /// cluster].
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<Kind>,
     /// From the first publish to the first fault.
     #[arg(long, value_name = "TIME", default_value_t = chaos::DEFAULT_WARMUP.into())]
@@ -607,6 +614,7 @@ pub struct ChaosArgs {
 impl ChaosArgs {
     pub fn options(&self) -> chaos::Options {
         let mut options = chaos::Options::new(self.herald.clone());
+        options.redis = self.redis;
         options.pods = self.pods;
         options.clients = self.clients;
         options.topics = self.topics;
@@ -615,7 +623,11 @@ impl ChaosArgs {
         options.rate = self.rate;
         options.duration = self.duration.into();
         options.churn = self.churn.into();
-        options.faults = self.faults.clone();
+        options.faults = if self.faults.is_empty() {
+            self.redis.faults()
+        } else {
+            self.faults.clone()
+        };
         options.warmup = self.warmup.into();
         options.tail = self.tail.into();
         options.gap = (self.gap_min.into(), self.gap_max.into());

@@ -219,6 +219,7 @@ fn storm(r: &Storm) -> Value {
 fn chaos(r: &Chaos) -> Value {
     json!({
         "seed": r.seed,
+        "redis": r.redis,
         "pods": r.pods,
         "clients": r.clients,
         "topics": r.topics,
@@ -234,6 +235,9 @@ fn chaos(r: &Chaos) -> Value {
             "lost_writes": f.lost_writes,
             "lost_acked": f.lost_acked,
             "resets": f.resets,
+            "master": f.master,
+            "topics": f.topics,
+            "detail": f.detail,
             "error": f.error,
         })).collect::<Vec<_>>(),
         "lost_writes": r.lost_writes,
@@ -241,6 +245,7 @@ fn chaos(r: &Chaos) -> Value {
         "published": r.published,
         "acked": r.acked,
         "publish_errors": r.publish_errors,
+        "publish_error_reasons": r.publish_error_reasons,
         "checked": r.checked,
         "processed": r.processed,
         "redelivered": r.redelivered,

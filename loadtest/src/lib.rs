@@ -22,6 +22,9 @@
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
 //! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
 //!   Redis behind a bad network where `tc netem` is not available.
+//! - [`redis_cluster`]: a six-node Redis Cluster on loopback that fails
+//!   over, takes a fresh replica and moves slots on demand (`chaos`'s, and
+//!   the test kit's through a wrapper that panics on error).
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //! - [`figures`]: `herald-loadtest report`: the result files read back
 //!   through their types, as the figures `scripts/benchmarks.py` renders.
@@ -50,8 +53,10 @@
 //!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
 //!   of new topics and a pub/sub reconnect.
 //! - [`scenarios::chaos`]: a soak with its own Redis and pods while Redis
-//!   is frozen, delayed, failed over and restored from an old dump; every
-//!   client's stream checked against what the publishers were answered.
+//!   is frozen, delayed, failed over and restored from an old dump (or, on
+//!   a Redis Cluster, while masters are killed, failed over and slots
+//!   migrated); every client's stream checked against what the publishers
+//!   were answered.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the
@@ -72,6 +77,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod publish;
 pub mod raw;
+pub mod redis_cluster;
 pub mod report;
 pub mod scenarios;
 pub mod sessions;
@@ -117,4 +123,11 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// A step of the Redis Cluster harness that failed stops `chaos` too.
+impl From<redis_cluster::ClusterError> for Error {
+    fn from(e: redis_cluster::ClusterError) -> Self {
+        Error::Cluster(format!("redis cluster: {e}"))
+    }
 }

@@ -17,13 +17,15 @@
 //! - the last segment must be in the topic's final epoch and reach its
 //!   newest answered seq: what it lacks is lost too;
 //! - every break (a `reset`) must follow a fault that really lost writes
-//!   (between the segment's start and the reset), or be a gap longer than
-//!   the history could bridge (same epoch); any other is **unexpected**.
+//!   (between the segment's start and the reset) where the topic was (on a
+//!   cluster, on the master the fault hit), or be a gap longer than the
+//!   history could bridge (same epoch); any other is **unexpected**.
 //!
 //! A fault lost writes when the Redis the pods came back to holds less of
 //! the topic's epoch than was issued before: seqs above its position that a
 //! publisher was answered, or a client delivered, before the pods could
-//! reach it.
+//! reach it. Only the topics the fault could touch count ([`Fault::covers`]:
+//! all of one Redis's, a cluster master's own).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -222,7 +224,8 @@ pub fn check(
             continue;
         };
         let reopened = u32::try_from(reopened).unwrap_or(u32::MAX);
-        for t in 0..topics {
+        let covered: Vec<usize> = (0..topics).filter(|&t| fault.covers(t)).collect();
+        for t in covered {
             // The topic's epoch before: that of its newest answer before.
             let before = acked
                 .iter()
@@ -330,10 +333,9 @@ pub fn check(
                 continue;
             }
             // A break: is it explained?
-            let fault = lossy
-                .iter()
-                .rev()
-                .find(|&&(reopened, _)| reopened > since && reopened <= at);
+            let fault = lossy.iter().rev().find(|&&(reopened, f)| {
+                reopened > since && reopened <= at && faults[f].covers(topic)
+            });
             if let Some(&(_, f)) = fault {
                 v.resets_expected += 1;
                 faults[f].resets += 1;
@@ -456,6 +458,8 @@ mod tests {
                 epoch: epoch.to_owned(),
                 seq,
             })]),
+            master: None,
+            topics: None,
             lost_writes: 0,
             lost_acked: 0,
             resets: 0,
@@ -589,6 +593,67 @@ mod tests {
             msg(3, 5, 211),
         ])];
         assert_eq!(run(&attempts, &mut faults, &logs).resets_unexpected, 1);
+    }
+
+    #[test]
+    fn on_a_cluster_only_a_fault_on_the_topics_master_explains_its_reset() {
+        // Topic 0 lost 2 and 3 to a master's failover; topic 1, on another
+        // master, lost nothing, yet a client of it got a reset.
+        let mut attempts = lossy_history();
+        attempts.extend([(11, "C", 1, 10), (12, "C", 2, 20), (13, "D", 1, 210)].map(
+            |(id, epoch, seq, at)| Attempt {
+                topic: 1,
+                ..ack(id, epoch, seq, at)
+            },
+        ));
+        let on_master = |topics: Vec<usize>| {
+            let mut fault = restore(100, "A", 1);
+            fault.kind = Kind::LaggingFailover;
+            fault.master = Some(7001);
+            fault.restored = Some(vec![
+                Some(Position {
+                    epoch: "A".to_owned(),
+                    seq: 1,
+                }),
+                None,
+            ]);
+            fault.topics = Some(topics);
+            fault
+        };
+        let logs = [
+            log(vec![
+                start("A", 0),
+                msg(1, 1, 11),
+                reset("B", 1, 150),
+                msg(2, 4, 201),
+                msg(3, 5, 211),
+            ]),
+            Log {
+                topic: 1,
+                events: vec![
+                    start("C", 0),
+                    msg(1, 11, 11),
+                    msg(2, 12, 21),
+                    reset("D", 0, 160),
+                    msg(1, 13, 211),
+                ],
+            },
+        ];
+        let streams: Vec<(usize, &Log)> = logs.iter().enumerate().collect();
+        let mut faults = [on_master(vec![0])];
+        let v = check(2, &attempts, &mut faults, &streams, 100);
+        // Only topic 0's writes count (topic 1's, not on that master, would
+        // all have been "lost": the fault read no position of it).
+        assert_eq!((faults[0].lost_writes, faults[0].resets), (2, 1), "{v:?}");
+        assert_eq!((v.resets_expected, v.resets_unexpected), (1, 1), "{v:?}");
+        assert!(
+            v.problems.iter().any(|p| p.contains("client 1 topic 1")),
+            "{v:?}"
+        );
+        // The same fault on both topics' master explains both.
+        let mut faults = [on_master(vec![0, 1])];
+        let v = check(2, &attempts, &mut faults, &streams, 100);
+        assert_eq!((v.resets_expected, v.resets_unexpected), (2, 0), "{v:?}");
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The faults: a seeded schedule cycling through the kinds, and the [`Rig`]
-//! (Redis master and replica, the proxy the pods reach them through, the
-//! pods) that injects them. Where a fault changes what Redis holds (a
-//! failover, a restart from a dump), the rig reads each topic's position
-//! from the new Redis directly while the proxy still holds the pods back, so
-//! that what Redis lost can be told from what the publishers were answered.
+//! (the Redis the pods use, [`Store`], and the pods) that injects them.
+//! Where a fault changes what Redis holds (a failover, a restart from a
+//! dump), the store reads each topic's position from the new Redis before
+//! the pods can write to it, so that what Redis lost can be told from what
+//! the publishers were answered. On a cluster a fault hits one master, and
+//! only that master's topics may have lost writes (their reset is explained
+//! by it, no other's).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,14 +15,17 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::Clock;
-use super::cluster::{Pod, RedisServer, signal};
-use super::proxy::Proxy;
+use super::cluster::Pod;
+use super::cluster_redis::ClusterRedis;
+use super::one_redis::OneRedis;
 use crate::Error;
 
 /// Latency the `delay` fault adds, each way.
 pub const DELAY: Duration = Duration::from_millis(200);
 
-/// A kind of fault; on the command line `--faults freeze,delay,...`.
+/// A kind of fault; on the command line `--faults freeze,delay,...`. The
+/// first four fit one Redis, the four after `pod-kill` a cluster;
+/// `pod-kill` either ([`Kind::ALL`], [`Kind::CLUSTER`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
@@ -40,14 +43,39 @@ pub enum Kind {
     Restore,
     /// A pod is killed (-9) and started again after the hold.
     PodKill,
+    /// A cluster's master is killed (-9); the cluster promotes its replica
+    /// (after the node timeout): what the replica had not received is
+    /// lost. A fresh replica takes the dead master's place after the hold.
+    MasterKill,
+    /// `CLUSTER FAILOVER` on a master's replica: the master pauses writes
+    /// until the replica has them all, then they swap. Nothing lost.
+    ManualFailover,
+    /// A master's replica is frozen (SIGSTOP) and its replication link
+    /// cut; the master takes writes for the hold, is killed (-9), and the
+    /// replica is thawed and promoted (`CLUSTER FAILOVER FORCE`): what the
+    /// master took meanwhile is lost, on its topics only.
+    LaggingFailover,
+    /// A topic's slot moves to the next master: its keys move at once, the
+    /// slot stays mid-migration (`ASK`) for the hold, then changes owner.
+    /// Nothing lost.
+    Migrate,
 }
 
 impl Kind {
+    /// One Redis's faults.
     pub const ALL: [Kind; 5] = [
         Kind::Freeze,
         Kind::Delay,
         Kind::Failover,
         Kind::Restore,
+        Kind::PodKill,
+    ];
+    /// A cluster's faults.
+    pub const CLUSTER: [Kind; 5] = [
+        Kind::MasterKill,
+        Kind::Migrate,
+        Kind::LaggingFailover,
+        Kind::ManualFailover,
         Kind::PodKill,
     ];
 
@@ -58,18 +86,41 @@ impl Kind {
             Kind::Failover => "failover",
             Kind::Restore => "restore",
             Kind::PodKill => "pod-kill",
+            Kind::MasterKill => "master-kill",
+            Kind::ManualFailover => "manual-failover",
+            Kind::LaggingFailover => "lagging-failover",
+            Kind::Migrate => "migrate",
         }
     }
 
+    /// Whether it can be done to a Redis Cluster (else to one Redis).
+    pub fn fits_cluster(self) -> bool {
+        matches!(
+            self,
+            Kind::PodKill
+                | Kind::MasterKill
+                | Kind::ManualFailover
+                | Kind::LaggingFailover
+                | Kind::Migrate
+        )
+    }
+
+    /// Whether it can be done to one Redis.
+    pub fn fits_one(self) -> bool {
+        Kind::ALL.contains(&self)
+    }
+
     /// The hold's range: the freeze, the delay, the writes the lagging
-    /// replica or the dump miss, the pod's time away.
+    /// replica or the dump miss, the pod's time away, a killed master's
+    /// time away after its failover, the time mid-migration.
     fn hold(self) -> (Duration, Duration) {
         let s = Duration::from_secs;
         match self {
             Kind::Freeze => (s(2), s(5)),
             Kind::Delay => (s(3), s(8)),
-            Kind::Failover | Kind::Restore => (s(2), s(4)),
-            Kind::PodKill => (s(1), s(3)),
+            Kind::Failover | Kind::Restore | Kind::LaggingFailover | Kind::Migrate => (s(2), s(4)),
+            Kind::PodKill | Kind::MasterKill => (s(1), s(3)),
+            Kind::ManualFailover => (s(0), s(0)),
         }
     }
 }
@@ -124,6 +175,21 @@ pub struct Position {
     pub seq: u64,
 }
 
+impl Position {
+    /// The key of `topic`'s position (Herald's default prefix).
+    pub fn meta_key(topic: &str) -> String {
+        format!("herald:{{{topic}}}:meta")
+    }
+
+    /// From `redis-cli`'s answer to `HMGET <meta> epoch seq`, one value a
+    /// line (a nil an empty one): `None` where the topic is not.
+    pub fn parse(epoch: Option<&str>, seq: Option<&str>) -> Option<Self> {
+        let epoch = epoch.unwrap_or("").trim().to_owned();
+        let seq = seq.unwrap_or("").trim().parse().unwrap_or(0);
+        (!epoch.is_empty()).then_some(Self { epoch, seq })
+    }
+}
+
 /// What a fault did, and (filled in by the check) what it cost.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fault {
@@ -139,6 +205,13 @@ pub struct Fault {
     /// Each topic's position in the Redis the pods came back to, read
     /// before they could touch it (`None`: the topic was not there).
     pub restored: Option<Vec<Option<Position>>>,
+    /// On a cluster, the port of the master the fault hit.
+    #[serde(default)]
+    pub master: Option<u16>,
+    /// The topics it could touch, by index (on a cluster, those on that
+    /// master); `None`: all of them.
+    #[serde(default)]
+    pub topics: Option<Vec<usize>>,
     /// Writes Redis lost: seqs of the epoch current before the fault, above
     /// what the new Redis holds, that a publisher was answered or a client
     /// was delivered before the pods came back.
@@ -155,51 +228,75 @@ impl Fault {
     pub fn lossy(&self) -> bool {
         self.lost_writes > 0
     }
+
+    /// Whether it could touch topic `t`.
+    pub fn covers(&self, t: usize) -> bool {
+        self.topics
+            .as_ref()
+            .is_none_or(|topics| topics.contains(&t))
+    }
+}
+
+/// The Redis the pods use, which the faults break.
+pub enum Store {
+    One(Box<OneRedis>),
+    Cluster(ClusterRedis),
+}
+
+impl Store {
+    /// What the pods are told of it: `HERALD_*` variables.
+    pub fn env(&self) -> Vec<(String, String)> {
+        match self {
+            Store::One(one) => vec![(
+                "HERALD_REDIS__URL".to_owned(),
+                format!("redis://{}", one.proxy.addr),
+            )],
+            Store::Cluster(cluster) => vec![
+                // Only its user, password and TLS would count: there are none.
+                (
+                    "HERALD_REDIS__URL".to_owned(),
+                    "redis://127.0.0.1".to_owned(),
+                ),
+                ("HERALD_REDIS__CLUSTER".to_owned(), cluster.urls()),
+            ],
+        }
+    }
+
+    /// For the run's first line.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::One(one) => format!(
+                "redis {} through proxy {}",
+                one.master_addr(),
+                one.proxy.addr
+            ),
+            Store::Cluster(cluster) => cluster.describe(),
+        }
+    }
+
+    /// `GET key`, from the master holding it.
+    pub async fn get(&self, key: &str) -> Result<String, Error> {
+        match self {
+            Store::One(one) => one.get(key).await,
+            Store::Cluster(cluster) => cluster.get(key),
+        }
+    }
 }
 
 /// The processes a fault acts on.
 pub struct Rig {
-    pub redis: [RedisServer; 2],
-    /// Which of `redis` the proxy sends the pods to.
-    pub master: usize,
-    pub proxy: Proxy,
+    pub store: Store,
     pub pods: Vec<Pod>,
     pub topics: Arc<[String]>,
-    /// The run's directory: each Redis started in a directory of its own.
-    pub dir: PathBuf,
-    incarnations: usize,
 }
 
 impl Rig {
-    /// A master, its replica (in sync), and the proxy in front of the master.
-    pub async fn redis(dir: PathBuf) -> Result<([RedisServer; 2], Proxy), Error> {
-        let master = RedisServer::start(dir.join("redis-0"), None, None).await?;
-        let replica = RedisServer::start(dir.join("redis-1"), None, Some(master.port)).await?;
-        replica.synced().await?;
-        let proxy = Proxy::start(master.addr()).await?;
-        Ok(([master, replica], proxy))
-    }
-
-    pub fn new(
-        redis: [RedisServer; 2],
-        proxy: Proxy,
-        pods: Vec<Pod>,
-        topics: Arc<[String]>,
-        dir: PathBuf,
-    ) -> Self {
+    pub fn new(store: Store, pods: Vec<Pod>, topics: Arc<[String]>) -> Self {
         Self {
-            redis,
-            master: 0,
-            proxy,
+            store,
             pods,
             topics,
-            dir,
-            incarnations: 2,
         }
-    }
-
-    pub fn master_addr(&self) -> SocketAddr {
-        self.redis[self.master].addr()
     }
 
     /// Injects `planned`; never fails: an error is recorded in the fault.
@@ -213,149 +310,61 @@ impl Rig {
             detail: String::new(),
             reopened_ms: None,
             restored: None,
+            master: None,
+            topics: None,
             lost_writes: 0,
             lost_acked: 0,
             resets: 0,
             error: None,
         };
-        let done = match planned.kind {
-            Kind::Freeze => self.freeze(planned.hold, &mut fault).await,
-            Kind::Delay => {
-                self.delay(planned.hold, &mut fault).await;
+        let (hold, topics) = (planned.hold, &self.topics);
+        let f = &mut fault;
+        let done = match (&mut self.store, planned.kind) {
+            (_, Kind::PodKill) => Self::pod_kill(&mut self.pods, planned.pod, hold, f).await,
+            (Store::One(one), Kind::Freeze) => one.freeze(hold, f).await,
+            (Store::One(one), Kind::Delay) => {
+                one.delay(hold, f).await;
                 Ok(())
             }
-            Kind::Failover => self.failover(planned.hold, &mut fault, clock).await,
-            Kind::Restore => self.restore(planned.hold, &mut fault, clock).await,
-            Kind::PodKill => self.pod_kill(planned.pod, planned.hold, &mut fault).await,
+            (Store::One(one), Kind::Failover) => one.failover(hold, f, clock, topics).await,
+            (Store::One(one), Kind::Restore) => one.restore(hold, f, clock, topics).await,
+            (Store::Cluster(c), Kind::MasterKill) => c.master_kill(hold, f, clock, topics).await,
+            (Store::Cluster(c), Kind::ManualFailover) => c.manual_failover(f, topics).await,
+            (Store::Cluster(c), Kind::LaggingFailover) => {
+                c.lagging_failover(hold, f, clock, topics).await
+            }
+            (Store::Cluster(c), Kind::Migrate) => c.migrate(hold, f, topics).await,
+            (_, kind) => Err(Error::Options(format!(
+                "{} does not fit this Redis",
+                kind.name()
+            ))),
         };
         if let Err(e) = done {
             fault.error = Some(e.to_string());
             // Whatever happened, the pods must not stay cut off.
-            self.proxy.release();
-            self.proxy.set_delay(Duration::ZERO);
+            match &mut self.store {
+                Store::One(one) => one.release(),
+                Store::Cluster(cluster) => cluster.release(),
+            }
         }
         fault.took_s = (clock.elapsed() - started).as_secs_f64();
         fault
     }
 
-    async fn freeze(&mut self, hold: Duration, fault: &mut Fault) -> Result<(), Error> {
-        let master = &self.redis[self.master];
-        let pid = master.pid()?;
-        fault.detail = format!("SIGSTOP redis {} (pid {pid}), SIGCONT", master.port);
-        signal(pid, "-STOP").await?;
-        tokio::time::sleep(hold).await;
-        signal(pid, "-CONT").await
-    }
-
-    async fn delay(&mut self, hold: Duration, fault: &mut Fault) {
-        fault.detail = format!("proxy adds {} ms each way", DELAY.as_millis());
-        self.proxy.set_delay(DELAY);
-        tokio::time::sleep(hold).await;
-        self.proxy.set_delay(Duration::ZERO);
-    }
-
-    async fn failover(
-        &mut self,
-        hold: Duration,
-        fault: &mut Fault,
-        clock: &Clock,
-    ) -> Result<(), Error> {
-        let (old, new) = (self.master, 1 - self.master);
-        self.redis[new].synced().await?;
-        // From here the replica lags: it gets nothing more.
-        self.redis[new].ok(&["REPLICAOF", "NO", "ONE"]).await?;
-        tokio::time::sleep(hold).await;
-        self.proxy.hold();
-        self.proxy.cut();
-        self.redis[old].kill9().await;
-        let restored = self.positions(new).await?;
-        let clock_line = self.lineage(new).await;
-        fault.detail = format!(
-            "replica {} detached, master {} killed (-9) {:.1} s later, proxy switched; {clock_line}",
-            self.redis[new].port,
-            self.redis[old].port,
-            hold.as_secs_f64()
-        );
-        self.proxy.switch(self.redis[new].addr());
-        fault.reopened_ms = Some(clock.ms());
-        fault.restored = Some(restored);
-        self.proxy.release();
-        self.master = new;
-        // The next failover needs a replica: a fresh one where the old master was.
-        let dir = self.dir.join(format!("redis-{}", self.incarnations));
-        self.incarnations += 1;
-        let port = self.redis[old].port;
-        self.redis[old] = RedisServer::start(dir, Some(port), Some(self.redis[new].port)).await?;
-        Ok(())
-    }
-
-    async fn restore(
-        &mut self,
-        hold: Duration,
-        fault: &mut Fault,
-        clock: &Clock,
-    ) -> Result<(), Error> {
-        let master = self.master;
-        self.redis[master].ok(&["SAVE"]).await?;
-        tokio::time::sleep(hold).await;
-        self.proxy.hold();
-        self.proxy.cut();
-        self.redis[master].kill9().await;
-        self.redis[master].restart(None).await?;
-        let restored = self.positions(master).await?;
-        let clock_line = self.lineage(master).await;
-        fault.detail = format!(
-            "SAVE, {:.1} s of writes, redis {} killed (-9) and restarted from the dump; {clock_line}",
-            hold.as_secs_f64(),
-            self.redis[master].port
-        );
-        fault.reopened_ms = Some(clock.ms());
-        fault.restored = Some(restored);
-        self.proxy.release();
-        Ok(())
-    }
-
     async fn pod_kill(
-        &mut self,
+        pods: &mut [Pod],
         pod: usize,
         hold: Duration,
         fault: &mut Fault,
     ) -> Result<(), Error> {
-        let pod = pod % self.pods.len().max(1);
-        let Some(target) = self.pods.get_mut(pod) else {
+        let pod = pod % pods.len().max(1);
+        let Some(target) = pods.get_mut(pod) else {
             return Err(Error::Cluster("no pod to kill".to_owned()));
         };
         fault.detail = format!("pod {pod} ({}) killed (-9), restarted", target.addr);
         target.kill9().await;
         tokio::time::sleep(hold).await;
         target.restart().await
-    }
-
-    /// Each topic's `(epoch, seq)` in `redis[server]`, read directly.
-    async fn positions(&self, server: usize) -> Result<Vec<Option<Position>>, Error> {
-        let mut positions = Vec::with_capacity(self.topics.len());
-        for topic in self.topics.iter() {
-            let meta = format!("herald:{{{topic}}}:meta");
-            let answer = self.redis[server]
-                .cli(&["HMGET", &meta, "epoch", "seq"])
-                .await?;
-            let mut lines = answer.lines();
-            let epoch = lines.next().unwrap_or("").trim().to_owned();
-            let seq = lines.next().unwrap_or("").trim().parse().unwrap_or(0);
-            positions.push((!epoch.is_empty()).then_some(Position { epoch, seq }));
-        }
-        Ok(positions)
-    }
-
-    /// The lineage clock Redis holds, for the fault's detail.
-    async fn lineage(&self, server: usize) -> String {
-        match self.redis[server]
-            .cli(&["HGET", "herald:lineage", "clock"])
-            .await
-        {
-            Ok(clock) => format!("lineage clock {}", clock.trim()),
-            Err(e) => format!("lineage clock unread: {e}"),
-        }
     }
 }
 

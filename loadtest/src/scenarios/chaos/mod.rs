@@ -17,8 +17,18 @@
 //! message the one its publisher was answered for, and each `reset` where
 //! Redis really lost writes (or where the history could not bridge a gap).
 //!
-//! Layout: [`cluster`] (the processes), [`proxy`], [`faults`] (schedule and
-//! injection), [`client`], [`publisher`], [`check`].
+//! With `--redis cluster` the pods use a Redis Cluster of three masters
+//! with a replica each instead ([`cluster_redis`]), the topics spread over
+//! every master, and the faults fit a cluster: a master killed (its replica
+//! promoted by the cluster, a fresh replica in its place after), a manual
+//! failover, a failover to a replica that lagged (frozen and cut off while
+//! its master took writes), a topic's slot migrated while it is published
+//! to, and a pod killed. A fault hits one master: a reset is explained only
+//! by a fault that lost writes on the master its topic was on.
+//!
+//! Layout: [`cluster`] (the processes), [`one_redis`] and its [`proxy`],
+//! [`cluster_redis`], [`faults`] (schedule and injection), [`client`],
+//! [`publisher`], [`check`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,7 +42,9 @@ use tokio::time::Instant;
 
 use self::client::{Client, Log, Phase, Positions, Record};
 use self::cluster::Pod;
-use self::faults::{Fault, Kind, Rig};
+use self::cluster_redis::ClusterRedis;
+use self::faults::{Fault, Kind, Rig, Store};
+use self::one_redis::OneRedis;
 use self::publisher::{Attempt, Publisher};
 use super::unique_topic;
 use crate::clients::{self, FD_MARGIN};
@@ -46,7 +58,9 @@ use crate::{Error, Target};
 pub mod check;
 pub mod client;
 pub mod cluster;
+pub mod cluster_redis;
 pub mod faults;
+pub mod one_redis;
 pub mod proxy;
 pub mod publisher;
 
@@ -95,6 +109,33 @@ const MAX_CLIENTS: usize = 20_000;
 const MAX_PODS: usize = 16;
 const MAX_TOPICS: usize = 1_000;
 
+/// The Redis the pods use: `--redis one` (a master and its replica behind
+/// a proxy) or `--redis cluster` (three masters, a replica each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Redis {
+    #[default]
+    One,
+    Cluster,
+}
+
+impl Redis {
+    /// The faults that fit it, in the order a schedule cycles through.
+    pub fn faults(self) -> Vec<Kind> {
+        match self {
+            Redis::One => Kind::ALL.to_vec(),
+            Redis::Cluster => Kind::CLUSTER.to_vec(),
+        }
+    }
+
+    fn fits(self, kind: Kind) -> bool {
+        match self {
+            Redis::One => kind.fits_one(),
+            Redis::Cluster => kind.fits_cluster(),
+        }
+    }
+}
+
 /// Milliseconds from the run's start, the time base of every log.
 #[derive(Debug, Clone)]
 pub struct Clock {
@@ -131,6 +172,7 @@ impl Default for Clock {
 pub struct Options {
     /// The `herald` binary the pods run.
     pub herald: PathBuf,
+    pub redis: Redis,
     pub pods: usize,
     pub clients: usize,
     pub topics: usize,
@@ -139,7 +181,8 @@ pub struct Options {
     pub rate: f64,
     pub duration: Duration,
     pub churn: Duration,
-    /// The kinds the schedule cycles through, in order.
+    /// The kinds the schedule cycles through, in order (they must fit
+    /// `redis`: see [`Redis::faults`]).
     pub faults: Vec<Kind>,
     pub warmup: Duration,
     pub tail: Duration,
@@ -160,6 +203,7 @@ impl Options {
     pub fn new(herald: PathBuf) -> Self {
         Self {
             herald,
+            redis: Redis::One,
             pods: DEFAULT_PODS,
             clients: DEFAULT_CLIENTS,
             topics: DEFAULT_TOPICS,
@@ -214,6 +258,22 @@ impl Options {
         if self.faults.is_empty() {
             return bad("--faults names no fault");
         }
+        if let Some(kind) = self.faults.iter().find(|k| !self.redis.fits(**k)) {
+            return Err(Error::Options(format!(
+                "--faults {} does not fit --redis {}: those that do are {}",
+                kind.name(),
+                match self.redis {
+                    Redis::One => "one",
+                    Redis::Cluster => "cluster",
+                },
+                self.redis
+                    .faults()
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         if self.faults.contains(&Kind::PodKill) && self.pods < 2 {
             return bad("pod-kill needs at least two --pods (the clients resume at the others)");
         }
@@ -237,6 +297,9 @@ impl Options {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Chaos {
     pub seed: u64,
+    /// The Redis the pods used.
+    #[serde(default)]
+    pub redis: Redis,
     pub pods: usize,
     pub clients: usize,
     pub topics: usize,
@@ -324,14 +387,18 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
         source: e,
     })?;
     let run_topic = unique_topic("chaos");
-    let topics: Arc<[String]> = (0..options.topics)
-        .map(|t| format!("{run_topic}.{t}"))
-        .collect();
-
-    let (redis, proxy) = Rig::redis(dir.clone()).await?;
-    let env: Vec<(String, String)> = [
+    let store = match options.redis {
+        Redis::One => Store::One(Box::new(OneRedis::start(dir.clone()).await?)),
+        Redis::Cluster => Store::Cluster(ClusterRedis::start(dir.join("redis-cluster")).await?),
+    };
+    let topics: Arc<[String]> = match &store {
+        Store::One(_) => (0..options.topics)
+            .map(|t| format!("{run_topic}.{t}"))
+            .collect(),
+        Store::Cluster(cluster) => cluster.spread(&run_topic, options.topics)?.into(),
+    };
+    let mut env: Vec<(String, String)> = [
         ("HERALD_BROKER", "redis".to_owned()),
-        ("HERALD_REDIS__URL", format!("redis://{}", proxy.addr)),
         ("HERALD_SESSION__FLUSH_INTERVAL", FLUSH_INTERVAL.to_owned()),
         ("HERALD_LOG__LEVEL", options.log_level.clone()),
         ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "0".to_owned()),
@@ -344,12 +411,13 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    env.extend(store.env());
     let mut pods = Vec::with_capacity(options.pods);
     for i in 0..options.pods {
         pods.push(Pod::start(&options.herald, i, env.clone(), &dir).await?);
     }
     let addrs: Vec<_> = pods.iter().map(|p| p.addr).collect();
-    let mut rig = Rig::new(redis, proxy, pods, topics.clone(), dir.clone());
+    let mut rig = Rig::new(store, pods, topics.clone());
     let schedule = faults::schedule(
         seed,
         &options.faults,
@@ -359,10 +427,9 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
         options.duration - options.tail,
     );
     println!(
-        "chaos: seed {seed}, {} pods (redis {} through proxy {}), logs in {}",
+        "chaos: seed {seed}, {} pods ({}), logs in {}",
         options.pods,
-        rig.master_addr(),
-        rig.proxy.addr,
+        rig.store.describe(),
         dir.display()
     );
     for p in &schedule {
@@ -527,10 +594,7 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
                 && !stored.contains_key(&client)
             {
                 let key = format!("herald:session:{}", r.session);
-                let value = rig.redis[rig.master]
-                    .cli(&["GET", &key])
-                    .await
-                    .unwrap_or_default();
+                let value = rig.store.get(&key).await.unwrap_or_default();
                 stored.insert(client, format!("{key} = {value}"));
             }
         }
@@ -753,6 +817,7 @@ fn tally(
         .collect();
     Chaos {
         seed,
+        redis: options.redis,
         pods: options.pods,
         clients: options.clients,
         topics: options.topics,
@@ -838,8 +903,13 @@ impl Outcome for Chaos {
             Row::new(
                 "cluster",
                 format!(
-                    "{} pods, Redis master + replica behind a proxy; seed {}",
-                    self.pods, self.seed
+                    "{} pods, {}; seed {}",
+                    self.pods,
+                    match self.redis {
+                        Redis::One => "Redis master + replica behind a proxy",
+                        Redis::Cluster => "Redis Cluster of 3 masters with a replica each",
+                    },
+                    self.seed
                 ),
             ),
             Row::new(
@@ -874,8 +944,14 @@ impl Outcome for Chaos {
             rows.push(Row::new(
                 format!("  {:.1} s {}", f.at_s, f.kind.name()),
                 format!(
-                    "{:.1} s; lost {} writes ({} acked); {} resets{}",
+                    "{:.1} s;{} lost {} writes ({} acked); {} resets{}",
                     f.took_s,
+                    f.master
+                        .map(|m| format!(
+                            " master {m}, topics {:?};",
+                            f.topics.clone().unwrap_or_default()
+                        ))
+                        .unwrap_or_default(),
                     f.lost_writes,
                     f.lost_acked,
                     f.resets,
