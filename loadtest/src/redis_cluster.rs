@@ -459,6 +459,40 @@ impl RedisCluster {
         poll(within, || self.settled().map(drop)).await
     }
 
+    /// Waits, at most `within`, until every replica of the master on `port`
+    /// has acknowledged all the master has written (its offset in the
+    /// master's `INFO replication` reaches `master_repl_offset`). `WAIT`
+    /// cannot say so from a fresh `redis-cli`: it waits for that
+    /// connection's own writes, of which there are none.
+    pub async fn replicated(&self, port: u16, within: Duration) -> Result<(), ClusterError> {
+        let replicas = self.replicas_of(port)?.len();
+        poll(within, || {
+            let info = self
+                .cli(port, &["INFO", "replication"])
+                .map_err(|e| e.to_string())?;
+            let field = |line: &str, key: &str| -> Option<u64> {
+                line.split(',')
+                    .find_map(|f| f.strip_prefix(key))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            let written = info
+                .lines()
+                .find_map(|l| field(l, "master_repl_offset:"))
+                .ok_or("no master_repl_offset")?;
+            let acked: Vec<u64> = info
+                .lines()
+                .filter(|l| l.starts_with("slave"))
+                .filter_map(|l| field(l.split_once(':')?.1, "offset="))
+                .collect();
+            if acked.len() >= replicas && acked.iter().all(|&o| o >= written) {
+                Ok(())
+            } else {
+                Err(format!("replicas at {acked:?} of {written}"))
+            }
+        })
+        .await
+    }
+
     /// Moves `slot` with all its keys to the master on `to`, as
     /// `redis-cli --cluster reshard` does, and waits until every node agrees.
     pub async fn migrate_slot(&self, slot: u16, to: u16) -> Result<(), ClusterError> {

@@ -84,6 +84,12 @@ impl RedisCluster {
         must(self.inner.cli(port, args))
     }
 
+    /// Waits (at most 10 s) until every replica of the master on `port`
+    /// has all the master wrote.
+    pub async fn replicated(&self, port: u16) {
+        must(self.inner.replicated(port, Duration::from_secs(10)).await);
+    }
+
     /// Kills the master on `port` (SIGKILL: whatever its replica did not get
     /// is lost), remembering its slots and replicas for
     /// [`RedisCluster::wait_for_failover`].

@@ -97,7 +97,7 @@ async fn a_replica_takes_over_a_killed_master_with_what_it_was_sent() {
     let slot = RedisCluster::slot_of(key);
     let old = cluster.master_of_slot(slot);
     assert_eq!(cluster.cli(old, &["SET", key, "42"]).trim(), "OK");
-    assert_eq!(cluster.cli(old, &["WAIT", "1", "1000"]).trim(), "1");
+    cluster.replicated(old).await;
 
     let killed = Instant::now();
     cluster.kill_master(old);
