@@ -144,10 +144,26 @@ impl Herald {
         }
     }
 
-    /// Waits until this pod publishes through Redis again after Redis
-    /// restarted: it has found its connection broken and made a new one (a
-    /// resume that meets the broken one is told 4003, and comes back).
+    /// Waits until this pod is connected to Redis again after Redis
+    /// restarted (once in the test): its pub/sub connection is back (a topic
+    /// new to the pod is refused while its reconnects fail, as they may
+    /// have while Redis was down), and it publishes again (its command
+    /// connection, found broken, replaced: a publish that meets the broken
+    /// one fails).
     pub async fn reconnected_to_redis(&self) {
+        crate::eventually(crate::WAIT, || async {
+            let reconnects = crate::metric(self.addr, "herald_redis_pubsub_reconnects_total").await;
+            let up = crate::metric(self.addr, "herald_redis_pubsub_up").await;
+            if reconnects >= 1.0 && up == 1.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "pub/sub of {}: {reconnects} reconnects, up {up}",
+                    self.addr
+                ))
+            }
+        })
+        .await;
         let body = br#"{"topic":"warm-up","data":0}"#;
         crate::eventually(crate::WAIT, || async {
             match crate::http(self.addr, "POST", "/v1/publish", &[], body).await {
