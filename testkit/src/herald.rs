@@ -100,7 +100,7 @@ impl Herald {
         let log = log_path();
         let out = std::fs::File::create(&log).expect("create the log file");
         let err = out.try_clone().expect("clone the log file");
-        let mut command = Command::new(bin);
+        let mut command = crate::process::command(bin);
         // Only what the test says: no HERALD_* of the environment the tests run in.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("HERALD_") {
@@ -117,7 +117,7 @@ impl Herald {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let child = command.spawn().expect("spawn herald");
+        let child = crate::process::spawn(command).expect("spawn herald");
         Self {
             addr,
             grpc_addr,

@@ -477,7 +477,8 @@ impl Node {
     fn spawn(dir: &Path, port: u16) -> Self {
         let dir = dir.join(port.to_string());
         std::fs::create_dir_all(&dir).expect("a directory for redis-server");
-        let child = Command::new("redis-server")
+        let mut command = crate::process::command("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
@@ -497,9 +498,9 @@ impl Node {
             // A replica's first sync starts at once, not after 5 s.
             .args(["--repl-diskless-sync-delay", "0"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test.sh installs it)");
+            .stderr(Stdio::null());
+        let child =
+            crate::process::spawn(command).expect("redis-server (scripts/test.sh installs it)");
         Self {
             port,
             child: Some(child),
