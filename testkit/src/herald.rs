@@ -61,7 +61,18 @@ impl Herald {
             let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let mut herald = Self::spawn(bin, addr, grpc_addr, env, args);
             match herald.wait_ready(probe).await {
-                Ready::Yes => return herald,
+                Ready::Yes => {
+                    // Shown with the test's output if it fails or times out:
+                    // a test killed for its timeout runs no destructor, and
+                    // its pods' logs stay where this says.
+                    eprintln!(
+                        "herald pid {} on {}: log {}",
+                        herald.pid(),
+                        herald.addr,
+                        herald.log.display()
+                    );
+                    return herald;
+                }
                 Ready::Exited(status) => {
                     last_log = herald.log();
                     assert!(
