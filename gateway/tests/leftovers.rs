@@ -9,7 +9,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use testkit::{Herald, Redis, WAIT, eventually};
 
@@ -122,7 +121,5 @@ impl Drop for Leftovers {
                 .args(["-KILL", &pid.to_string()])
                 .status();
         }
-        // A moment for the kernel, so that the next test finds the ports free.
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
