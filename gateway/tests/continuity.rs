@@ -33,6 +33,12 @@ async fn publish(addr: SocketAddr, data: Value) -> u64 {
     answer["seq"].as_u64().expect("seq")
 }
 
+/// `hello`, and the session id of its `welcome`.
+async fn hello(client: &mut Client) -> String {
+    let welcome = client.hello(None).await;
+    welcome["session"].as_str().expect("session").to_owned()
+}
+
 /// Receives `msg`s `from..=to` in order.
 async fn receive(client: &mut Client, from: u64, to: u64) {
     for seq in from..=to {
@@ -67,10 +73,7 @@ async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into
         .expect("epoch")
         .to_owned();
     let mut resuming = Client::connect_url(&pod.ws_url()).await;
-    let session = resuming.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut resuming).await;
     resuming.sub(1, "news").await;
 
     for n in 1..=10 {
@@ -198,10 +201,7 @@ async fn a_resume_that_meets_the_pods_broken_redis_connection_is_served_on_a_new
     let redis = Redis::start().await;
     let pod = pod(&redis).await;
     let mut client = Client::connect_url(&pod.ws_url()).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut client).await;
     client.sub(1, "news").await;
     let first = publish(pod.addr, json!(1)).await;
     receive(&mut client, first, first).await;
@@ -245,10 +245,7 @@ async fn after_a_reset_a_resume_continues_in_the_new_epoch() {
     let mut redis = Redis::start().await;
     let pod = pod(&redis).await;
     let mut client = Client::connect_url(&pod.ws_url()).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut client).await;
     let old = client.sub(1, "news").await["epoch"].clone();
     for n in 1..=2 {
         publish(pod.addr, json!(n)).await;
@@ -287,10 +284,7 @@ async fn a_reset_is_stored_at_once_and_told_again_on_a_resume_until_acked_in_its
     let mut a = Herald::pod(HERALD, &redis.url(), &env).await;
     let b = Herald::pod(HERALD, &redis.url(), &env).await;
     let mut client = Client::connect_url(&a.ws_url()).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut client).await;
     client.sub(1, "news").await;
     publish(a.addr, json!(1)).await;
     receive(&mut client, 1, 1).await;
