@@ -24,6 +24,10 @@ missing=()
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 { command -v node && command -v npm; } >/dev/null 2>&1 || missing+=(nodejs npm)
+# setpriv (util-linux, essential on Debian): every process a test starts
+# (herald, redis-server, Prometheus) runs under `setpriv --pdeathsig KILL`,
+# so that a test process killed outright takes them with it.
+command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
     $sudo apt-get update -q

@@ -317,20 +317,20 @@ fn a_file_that_is_not_toml_or_not_there_is_an_error() {
 
 /// Runs the binary with `args` and only the `HERALD_*` variables in `vars`.
 fn herald(args: &[&str], vars: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
+    // Killed with the test process too, were it killed first.
+    let mut command = testkit::process::command(env!("CARGO_BIN_EXE_herald"));
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("HERALD_") {
             command.env_remove(key);
         }
     }
-    let child = command
+    command
         .args(args)
         .envs(vars.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn herald");
+        .stderr(Stdio::piped());
+    let child = testkit::process::spawn(command).expect("spawn herald");
     wait_output(child, Duration::from_secs(20))
 }
 

@@ -1,6 +1,8 @@
 //! Continuity under Redis faults, against the real `herald` binary and a
 //! real `redis-server`: a pod's pub/sub that catches up late sends nobody a
-//! message twice; a `reset` carries the session into the new epoch; and when
+//! message twice; a resume or a `sub` that meets the pod's broken Redis
+//! connections waits for new ones instead of sending the client away; a
+//! `reset` carries the session into the new epoch; and when
 //! Redis goes back in time (restarted from an older dump) every client that
 //! saw the lost seqs is told (`reset`, `recovered: false`), none is handed a
 //! seq again in the epoch it already had it in, and the stream goes on in a
@@ -29,6 +31,12 @@ async fn publish(addr: SocketAddr, data: Value) -> u64 {
     .await;
     let answer: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
     answer["seq"].as_u64().expect("seq")
+}
+
+/// `hello`, and the session id of its `welcome`.
+async fn hello(client: &mut Client) -> String {
+    let welcome = client.hello(None).await;
+    welcome["session"].as_str().expect("session").to_owned()
 }
 
 /// Receives `msg`s `from..=to` in order.
@@ -65,10 +73,7 @@ async fn redis_restarted_from_an_older_dump_resets_live_and_resumed_clients_into
         .expect("epoch")
         .to_owned();
     let mut resuming = Client::connect_url(&pod.ws_url()).await;
-    let session = resuming.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut resuming).await;
     resuming.sub(1, "news").await;
 
     for n in 1..=10 {
@@ -192,14 +197,55 @@ async fn a_replay_is_not_sent_again_when_the_pods_pubsub_catches_up_late() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_meets_the_pods_broken_redis_connection_is_served_on_a_new_one() {
+    let redis = Redis::start().await;
+    let pod = pod(&redis).await;
+    let mut client = Client::connect_url(&pod.ws_url()).await;
+    let session = hello(&mut client).await;
+    client.sub(1, "news").await;
+    let first = publish(pod.addr, json!(1)).await;
+    receive(&mut client, first, first).await;
+    drop(client);
+    saved(&redis, &session, 0).await;
+    // Redis drops the pod's command connection (its pub/sub stays): the
+    // pod has not noticed, and the resume's claim is the first command to
+    // meet the dead socket.
+    let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert_ne!(killed.trim(), "0", "the pod's command connection: {killed}");
+    let mut resumed = Client::connect_url(&pod.ws_url()).await;
+    let welcome = resumed.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    // Nothing acked: seq 1 comes again, then what follows.
+    receive(&mut resumed, first, first).await;
+    let next = publish(pod.addr, json!(2)).await;
+    receive(&mut resumed, next, next).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_while_the_pods_pubsub_reconnects_waits_for_it() {
+    let redis = Redis::start().await;
+    let pod = pod(&redis).await;
+    let mut client = Client::connect_url(&pod.ws_url()).await;
+    client.hello(None).await;
+    // The pod's pub/sub connection goes; Redis itself is fine. The pod
+    // reconnects within a tick or two: a topic new to it waits for that.
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    eventually(WAIT, || async {
+        testkit::metric(pod.addr, "herald_redis_pubsub_up").await == 0.0
+    })
+    .await;
+    let ok = client.sub(1, "news").await;
+    assert!(ok["epoch"].is_string(), "{ok}");
+    let seq = publish(pod.addr, json!("after")).await;
+    receive(&mut client, seq, seq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reset_a_resume_continues_in_the_new_epoch() {
     let mut redis = Redis::start().await;
     let pod = pod(&redis).await;
     let mut client = Client::connect_url(&pod.ws_url()).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut client).await;
     let old = client.sub(1, "news").await["epoch"].clone();
     for n in 1..=2 {
         publish(pod.addr, json!(n)).await;
@@ -238,10 +284,7 @@ async fn a_reset_is_stored_at_once_and_told_again_on_a_resume_until_acked_in_its
     let mut a = Herald::pod(HERALD, &redis.url(), &env).await;
     let b = Herald::pod(HERALD, &redis.url(), &env).await;
     let mut client = Client::connect_url(&a.ws_url()).await;
-    let session = client.hello(None).await["session"]
-        .as_str()
-        .expect("session")
-        .to_owned();
+    let session = hello(&mut client).await;
     client.sub(1, "news").await;
     publish(a.addr, json!(1)).await;
     receive(&mut client, 1, 1).await;

@@ -817,7 +817,9 @@ impl Prometheus {
             );
             std::fs::write(dir.join("prometheus.yml"), config).expect("write prometheus.yml");
             let log = std::fs::File::create(dir.join("prometheus.log")).expect("create the log");
-            let child = Command::new("prometheus")
+            // Killed with the test process too, were it killed first.
+            let mut command = testkit::process::command("prometheus");
+            command
                 .arg(format!(
                     "--config.file={}",
                     dir.join("prometheus.yml").display()
@@ -829,9 +831,8 @@ impl Prometheus {
                 .arg(format!("--web.listen-address={addr}"))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("clone the log"))
-                .stderr(log)
-                .spawn()
-                .expect("spawn prometheus");
+                .stderr(log);
+            let child = testkit::process::spawn(command).expect("spawn prometheus");
             let mut prometheus = Self {
                 addr,
                 child: Some(child),

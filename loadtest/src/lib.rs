@@ -74,6 +74,7 @@ pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;
+pub mod process;
 pub mod proxy;
 pub mod publish;
 pub mod raw;

@@ -740,7 +740,8 @@ impl RedisCluster {
             path: dir.display().to_string(),
             source,
         })?;
-        let child = Command::new("redis-server")
+        let mut command = crate::process::command("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
@@ -761,12 +762,11 @@ impl RedisCluster {
             .args(["--repl-diskless-sync-delay", "0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| ClusterError::Spawn {
-                program: "redis-server",
-                source,
-            })?;
+            .stderr(Stdio::null());
+        let child = crate::process::spawn(command).map_err(|source| ClusterError::Spawn {
+            program: "redis-server",
+            source,
+        })?;
         Ok(Node {
             port,
             dir,

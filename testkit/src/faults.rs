@@ -224,14 +224,15 @@ impl Netns {
     }
 
     async fn spawn_redis(&mut self) -> io::Result<()> {
-        let child = Command::new("ip")
+        let mut command = crate::process::command("ip");
+        command
             .args(["netns", "exec", &self.name, "redis-server"])
             .args(["--port", &NETNS_PORT.to_string()])
             .args(["--bind", &self.server.to_string(), "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+            .stderr(Stdio::null());
+        let child = crate::process::spawn(command)?;
         self.redis = Some(child);
         // Across the link, as herald will reach it.
         let (host, port) = (self.server.to_string(), NETNS_PORT.to_string());

@@ -61,7 +61,18 @@ impl Herald {
             let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let mut herald = Self::spawn(bin, addr, grpc_addr, env, args);
             match herald.wait_ready(probe).await {
-                Ready::Yes => return herald,
+                Ready::Yes => {
+                    // Shown with the test's output if it fails or times out:
+                    // a test killed for its timeout runs no destructor, and
+                    // its pods' logs stay where this says.
+                    eprintln!(
+                        "herald pid {} on {}: log {}",
+                        herald.pid(),
+                        herald.addr,
+                        herald.log.display()
+                    );
+                    return herald;
+                }
                 Ready::Exited(status) => {
                     last_log = herald.log();
                     assert!(
@@ -100,7 +111,7 @@ impl Herald {
         let log = log_path();
         let out = std::fs::File::create(&log).expect("create the log file");
         let err = out.try_clone().expect("clone the log file");
-        let mut command = Command::new(bin);
+        let mut command = crate::process::command(bin);
         // Only what the test says: no HERALD_* of the environment the tests run in.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("HERALD_") {
@@ -117,7 +128,7 @@ impl Herald {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let child = command.spawn().expect("spawn herald");
+        let child = crate::process::spawn(command).expect("spawn herald");
         Self {
             addr,
             grpc_addr,
@@ -144,10 +155,26 @@ impl Herald {
         }
     }
 
-    /// Waits until this pod publishes through Redis again after Redis
-    /// restarted: it has found its connection broken and made a new one (a
-    /// resume that meets the broken one is told 4003, and comes back).
+    /// Waits until this pod is connected to Redis again after Redis
+    /// restarted (once in the test): its pub/sub connection is back (a topic
+    /// new to the pod is refused while its reconnects fail, as they may
+    /// have while Redis was down), and it publishes again (its command
+    /// connection, found broken, replaced: a publish that meets the broken
+    /// one fails).
     pub async fn reconnected_to_redis(&self) {
+        crate::eventually(crate::WAIT, || async {
+            let reconnects = crate::metric(self.addr, "herald_redis_pubsub_reconnects_total").await;
+            let up = crate::metric(self.addr, "herald_redis_pubsub_up").await;
+            if reconnects >= 1.0 && up == 1.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "pub/sub of {}: {reconnects} reconnects, up {up}",
+                    self.addr
+                ))
+            }
+        })
+        .await;
         let body = br#"{"topic":"warm-up","data":0}"#;
         crate::eventually(crate::WAIT, || async {
             match crate::http(self.addr, "POST", "/v1/publish", &[], body).await {

@@ -4,14 +4,29 @@
 //! ([`Redis::restart_from_save`]), Redis gone back in time. Each server has a
 //! directory of its own (removed on drop), so that no dump lands in the
 //! tests' working directory. Like the binary, it binds its port itself: the
-//! port was free a moment before ([`crate::herald::free_port`]).
+//! port was free a moment before ([`crate::herald::free_port`]), and another
+//! test's process may take it first. So a server counts as started only
+//! once the one answering on its port says it is this child (`INFO`'s
+//! `process_id`): otherwise two tests could share one Redis, each flushing,
+//! restarting and `CLIENT KILL`ing under the other. A start whose port was
+//! taken tries another; a restart, which must come back on the same port,
+//! fails saying so.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::WAIT;
 use crate::herald::free_port;
 use crate::pki::Pki;
-use crate::{WAIT, eventually};
+
+/// Ports tried before giving up (another process may take the free port
+/// between our look and the server's bind).
+const ATTEMPTS: usize = 5;
+/// Between two looks at a server that is not answering yet.
+const POLL: Duration = Duration::from_millis(20);
 
 pub struct Redis {
     pub port: u16,
@@ -37,35 +52,45 @@ impl Redis {
 
     /// With more `redis-server` arguments (`--replicaof`, `--requirepass`).
     pub async fn start_with(args: &[&str]) -> Self {
-        let port = free_port();
-        let mut redis = Self {
-            port,
-            child: None,
-            args: args.iter().map(|a| (*a).to_owned()).collect(),
-            tls: None,
-            dir: workdir(port),
-        };
-        redis.spawn().await;
-        redis
+        Self::start_on_a_free_port(args.iter().map(|a| (*a).to_owned()).collect(), None).await
     }
 
     /// TLS only (`--port 0`): the server shows `pki`'s server certificate and
     /// requires a client certificate signed by its CA (mTLS).
     pub async fn start_tls(pki: &Pki) -> Self {
-        let port = free_port();
-        let mut redis = Self {
-            port,
-            child: None,
-            args: Vec::new(),
-            dir: workdir(port),
-            tls: Some(Tls {
-                ca: pki.ca(),
-                server: pki.server(),
-                client: pki.client(),
-            }),
+        let tls = Tls {
+            ca: pki.ca(),
+            server: pki.server(),
+            client: pki.client(),
         };
-        redis.spawn().await;
-        redis
+        Self::start_on_a_free_port(Vec::new(), Some(tls)).await
+    }
+
+    async fn start_on_a_free_port(args: Vec<String>, tls: Option<Tls>) -> Self {
+        let mut redis = Self {
+            port: 0,
+            child: None,
+            args,
+            tls,
+            dir: PathBuf::new(),
+        };
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            redis.port = free_port();
+            redis.dir = workdir(redis.port);
+            match redis.spawn().await {
+                Ok(()) => return redis,
+                Err(exited) => {
+                    // The port was taken in the meantime: try another.
+                    let _ = std::fs::remove_dir_all(&redis.dir);
+                    last = Some(exited);
+                }
+            }
+        }
+        panic!(
+            "redis-server did not start on a free port in {ATTEMPTS} attempts (it exited: {last:?}; \
+             is it installed? scripts/test.sh installs it)"
+        );
     }
 
     pub fn url(&self) -> String {
@@ -77,9 +102,11 @@ impl Redis {
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
-    async fn spawn(&mut self) {
+    /// Starts the server on `self.port` and waits until it answers there;
+    /// `Err` if it exited first (its port was taken).
+    async fn spawn(&mut self) -> Result<(), ExitStatus> {
         let port = self.port.to_string();
-        let mut command = Command::new("redis-server");
+        let mut command = crate::process::command("redis-server");
         match &self.tls {
             None => command.args(["--port", &port]),
             Some(tls) => command
@@ -92,22 +119,55 @@ impl Redis {
                 .arg(&tls.ca)
                 .args(["--tls-auth-clients", "yes"]),
         };
-        let child = command
+        command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test.sh installs it)");
+            .stderr(Stdio::null());
+        let child =
+            crate::process::spawn(command).expect("redis-server (scripts/test.sh installs it)");
+        let pid = child.id();
         self.child = Some(child);
-        let answer = |s: String| match s.trim() {
-            "PONG" => Ok(()),
-            other => Err(format!("redis-server did not start: PING says {other:?}")),
-        };
-        eventually(WAIT, || async { answer(self.cli(&["PING"])) }).await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(status);
+            }
+            let info = self.cli(&["INFO", "server"]);
+            let answering = info
+                .lines()
+                .find_map(|line| line.trim().strip_prefix("process_id:")?.parse::<u32>().ok());
+            match answering {
+                Some(answering) if answering == pid => return Ok(()),
+                // Another test's server, until ours fails to bind and exits.
+                Some(_) | None => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server (pid {pid}) not answering on port {port} within {WAIT:?}; \
+                 INFO server says: {info:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Starts the server again on its port, which it must get back.
+    async fn respawn(&mut self) {
+        if let Err(status) = self.spawn().await {
+            panic!(
+                "redis-server could not come back on port {} ({status}): another process took \
+                 the port while it was down",
+                self.port
+            );
+        }
     }
 
     /// Runs `redis-cli` against this server; its output.
@@ -130,6 +190,11 @@ impl Redis {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the server (its data is gone).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -142,7 +207,7 @@ impl Redis {
     pub async fn restart_empty(&mut self) {
         self.stop();
         let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
-        self.spawn().await;
+        self.respawn().await;
     }
 
     /// Writes the dump [`Redis::restart_from_save`] comes back to.
@@ -155,7 +220,7 @@ impl Redis {
     pub async fn restart_from_save(&mut self) {
         assert!(self.dir.join("dump.rdb").exists(), "SAVE first");
         self.stop();
-        self.spawn().await;
+        self.respawn().await;
     }
 
     /// Freezes the server (SIGSTOP): unreachable, data kept.

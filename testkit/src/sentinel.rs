@@ -169,21 +169,18 @@ impl Sentinel {
         )
         .expect("write a sentinel's config");
         let mut command = if has_redis_sentinel() {
-            let mut c = Command::new("redis-sentinel");
+            let mut c = crate::process::command("redis-sentinel");
             c.arg(&config);
             c
         } else {
-            let mut c = Command::new("redis-server");
+            let mut c = crate::process::command("redis-server");
             c.arg(&config).arg("--sentinel");
             c
         };
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect(
-                "redis-sentinel or redis-server --sentinel (scripts/test.sh installs redis-server)",
-            );
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+        let child = crate::process::spawn(command).expect(
+            "redis-sentinel or redis-server --sentinel (scripts/test.sh installs redis-server)",
+        );
         Self { port, child }
     }
 }

@@ -5,12 +5,12 @@
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { test } from 'node:test';
 
 import {
   Events,
   REPO,
   STEP,
+  bounded,
   browser,
   cleanups,
   config,
@@ -22,6 +22,7 @@ import {
   serveStatic,
   startHerald,
   startRedis,
+  test,
 } from './harness.mjs';
 
 /** Checks that `seen` is exactly `first..last`, once each and in order; the figures. */
@@ -79,8 +80,8 @@ test('kill -9 of the pod a page is on while 500 messages are published: every on
   });
   assert.equal(last.seq, N);
   await events.until(`seq ${N} at the page`, () => events.list.some((e) => e.t === 'msg' && e.seq === N), 30_000);
-  const seen = await page.evaluate(() => window.seen);
-  const dropped = await page.evaluate(() => window.sub.duplicates);
+  const seen = await bounded('the page to say what it saw', STEP, page.evaluate(() => window.seen));
+  const dropped = await bounded('the page to say what it dropped', STEP, page.evaluate(() => window.sub.duplicates));
   const figures = exactlyOnce(seen, 1, N);
   const resumes = events.filter((e) => e.t === 'state' && e.state === 'connected' && e.resumed);
   t.diagnostic(`kill -9: ${JSON.stringify({ ...figures, redeliveredAndDropped: dropped, resumes: resumes.length })}`);

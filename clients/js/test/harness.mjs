@@ -2,15 +2,25 @@
 // free loopback ports, HS256 tokens minted with node:crypto, a static server
 // for the SDK and the pages, headless Chromium through playwright-core, and
 // waits that end on an event or a deadline (never a fixed sleep).
+//
+// Every test has a bound of its own (`test` below, not node's
+// `--test-timeout`, which in Node 20 bounds a whole file and kills it with
+// the test in progress, skipping its cleanup). A test that overruns fails,
+// says what it was waiting for, keeps its pods' logs, and is cleaned up;
+// the next test runs. Every process a test starts (herald, redis-server) is
+// ended by its cleanup, by this process's exit or a signal to it, and, if
+// this process is killed outright, by the kernel (`setpriv --pdeathsig`).
+// Chromium, driven through a pipe, exits when the pipe closes.
 
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import { EventEmitter, once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
 import { createServer } from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
-import { dirname, extname, join, normalize, resolve } from 'node:path';
+import { basename, dirname, extname, join, normalize, resolve } from 'node:path';
+import { test as nodeTest } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 export const JS_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -22,15 +32,76 @@ export const HERALD_BIN =
 export const START_WAIT = 20_000;
 /** Longest one step of a story may take (a message to arrive, a client to come back). */
 export const STEP = 15_000;
+/** Longest one test may take, unless it says otherwise: well past the sum of its steps on a loaded machine. */
+export const TEST_TIMEOUT = 90_000;
+/** A wait that lasts this long is said in the output, with what it waits for. */
+const SLOW = 5_000;
+/** Where a failed test's pods' logs are kept: under the cargo target directory, out of the work tree. */
+export const LOGS = join(process.env.CARGO_TARGET_DIR ?? join(REPO, 'target'), 'herald-js', 'logs');
+
+// ------------------------------------------------------------------ tests
+
+const FAILED = Symbol('failed');
+/** What the test in progress waits for now, and since when: said when it times out. */
+const waiting = { what: 'nothing yet', since: Date.now() };
+
+/** Marks the start of a wait for `what`; returns the function that ends it. Says so if it lasts past {@link SLOW}. */
+export function waitingFor(what, bound) {
+  const before = { ...waiting };
+  Object.assign(waiting, { what, since: Date.now() });
+  const slow = setTimeout(() => console.log(`# slow: still waiting for ${what} after ${SLOW} ms (bound: ${bound} ms)`), SLOW);
+  slow.unref();
+  return () => {
+    clearTimeout(slow);
+    Object.assign(waiting, before);
+  };
+}
+
+/** Resolves as `promise` does, or rejects after `ms` naming `what`: for a step with no bound of its own. */
+export async function bounded(what, ms, promise) {
+  const done = waitingFor(what, ms);
+  let timer;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+    done();
+  }
+}
+
+/**
+ * node:test's `test`, bounded by `timeout` (each test its own: one that
+ * overruns fails, its cleanup runs, the file goes on).
+ */
+export function test(name, fn, { timeout = TEST_TIMEOUT } = {}) {
+  return nodeTest(name, { timeout }, async (t) => {
+    try {
+      await fn(t);
+    } catch (e) {
+      t[FAILED] = true;
+      throw e;
+    }
+  });
+}
 
 /** Resolves once `poll()` is truthy (its value), or rejects after `ms`: for what has no event (a port that starts listening). */
 export async function poll(what, ms, fn, every = 20) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await fn().catch(() => undefined);
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms`);
-    await new Promise((r) => setTimeout(r, every));
+  const done = waitingFor(what, ms);
+  try {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const value = await fn().catch(() => undefined);
+      if (value) return value;
+      if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms`);
+      await new Promise((r) => setTimeout(r, every));
+    }
+  } finally {
+    done();
   }
 }
 
@@ -52,10 +123,19 @@ export function tempDir(cleanup, name) {
   return dir;
 }
 
-/** Things to undo when a test ends, last first (a test passes `t.after`). */
+/**
+ * Things to undo when test `t` ends, last first, whether it passed, failed
+ * or timed out. `list.logs` is the directory its pods write their logs to:
+ * removed if it passed, kept (and named) if not.
+ */
 export function cleanups(t) {
   const list = [];
+  const slug = t.name.replace(/[^A-Za-z0-9]+/g, '-').slice(0, 80);
+  list.logs = join(LOGS, basename(process.argv[1] ?? 'test', '.mjs'), slug);
+  rmSync(list.logs, { recursive: true, force: true });
   t.after(async () => {
+    const timedOut = t.signal.aborted;
+    if (timedOut) console.log(`# ${t.name}: timed out while waiting for ${waiting.what} (for ${Date.now() - waiting.since} ms)`);
     for (const fn of list.reverse()) {
       try {
         await fn();
@@ -63,8 +143,48 @@ export function cleanups(t) {
         console.error('cleanup:', e);
       }
     }
+    if (timedOut || t[FAILED]) {
+      if (existsSync(list.logs)) console.log(`# ${t.name}: the pods' logs are in ${list.logs}`);
+    } else {
+      rmSync(list.logs, { recursive: true, force: true });
+    }
   });
   return list;
+}
+
+// ------------------------------------------------------------------ processes
+
+/** The processes started here and not yet exited: killed when this process exits or is told to stop. */
+const children = new Set();
+/** Whether `setpriv --pdeathsig` (util-linux) is here: the kernel then kills a child if this process is killed outright. */
+const SETPRIV = spawnSync('setpriv', ['--pdeathsig', 'KILL', '--', 'true'], { stdio: 'ignore' }).status === 0;
+if (!SETPRIV) console.log('# no `setpriv --pdeathsig` (util-linux): a test process killed outright may leave its processes running');
+
+/** `spawn`, for a process that must not outlive this one (see the top of this file). */
+export function spawnOwned(program, args, options) {
+  const child = SETPRIV
+    ? spawn('setpriv', ['--pdeathsig', 'KILL', '--', program, ...args], options)
+    : spawn(program, args, options);
+  children.add(child);
+  child.on('exit', () => children.delete(child));
+  return child;
+}
+
+function killChildren() {
+  for (const child of children) {
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      // Gone already.
+    }
+  }
+}
+process.on('exit', killChildren);
+for (const [signal, number] of [['SIGINT', 2], ['SIGTERM', 15], ['SIGHUP', 1]]) {
+  process.on(signal, () => {
+    killChildren();
+    process.exit(128 + number);
+  });
 }
 
 // ------------------------------------------------------------------ redis
@@ -87,7 +207,7 @@ export async function startRedis(cleanup) {
   const dir = tempDir(cleanup, 'redis');
   let child;
   const start = async () => {
-    child = spawn(
+    child = spawnOwned(
       'redis-server',
       ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--protected-mode', 'no', '--dir', dir],
       { stdio: 'ignore' },
@@ -105,6 +225,9 @@ export async function startRedis(cleanup) {
   return {
     port,
     url: `redis://127.0.0.1:${port}`,
+    get pid() {
+      return child.pid;
+    },
     async restartEmpty() {
       await stop();
       await start();
@@ -140,7 +263,8 @@ export function config(extra = {}) {
 /**
  * The real `herald` with `settings` (see {@link config}) on a free port
  * (or `port`), ready once `/readyz` says 200. `kill9()`, `sigterm()`,
- * `exited` (a promise of the exit code) and `log()` for a failure.
+ * `exited` (a promise of the exit code) and `log()` for a failure; its log
+ * is written to `cleanup.logs` when the test ends.
  */
 export async function startHerald(cleanup, settings = config(), { port } = {}) {
   if (!existsSync(HERALD_BIN)) throw new Error(`no herald binary at ${HERALD_BIN}: cargo build -p gateway --bin herald`);
@@ -151,9 +275,9 @@ export async function startHerald(cleanup, settings = config(), { port } = {}) {
   for (let attempt = 0; attempt < 5; attempt++) {
     const listen = port ?? (await freePort());
     const grpc = await freePort();
-    const logFile = join(dir, `herald-${attempt}.log`);
+    const logFile = join(cleanup.logs ?? dir, `herald-${listen}-${attempt}.log`);
     const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('HERALD_')));
-    const child = spawn(HERALD_BIN, ['--config', file], {
+    const child = spawnOwned(HERALD_BIN, ['--config', file], {
       env: { ...env, HERALD_LISTEN: `127.0.0.1:${listen}`, HERALD_GRPC__LISTEN: `127.0.0.1:${grpc}`, NO_COLOR: '1' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
@@ -164,14 +288,15 @@ export async function startHerald(cleanup, settings = config(), { port } = {}) {
     let gone = false;
     exited.then(() => (gone = true));
     const http = `http://127.0.0.1:${listen}`;
-    const ready = await poll('herald /readyz', START_WAIT, async () => {
+    const ready = await poll(`herald /readyz on ${listen}`, START_WAIT, async () => {
       if (gone) return 'exited';
-      const res = await fetch(`${http}/readyz`);
+      const res = await fetch(`${http}/readyz`, { signal: AbortSignal.timeout(STEP) });
       return res.status === 200 ? 'ready' : undefined;
     });
     if (ready === 'ready') {
       const pod = {
         port: listen,
+        pid: child.pid,
         http,
         ws: `ws://127.0.0.1:${listen}/ws`,
         exited,
@@ -186,6 +311,7 @@ export async function startHerald(cleanup, settings = config(), { port } = {}) {
         },
       };
       cleanup.push(async () => {
+        mkdirSync(dirname(logFile), { recursive: true });
         writeFileSync(logFile, log);
         if (!gone) {
           child.kill('SIGKILL');
@@ -209,16 +335,22 @@ export function pod(cleanup, redis, extra = {}, options) {
   );
 }
 
-/** `POST /v1/publish`: `{seq, epoch}`. */
+/** `POST /v1/publish`: `{seq, epoch}`; bounded by {@link STEP}. */
 export async function publish(pod, topic, data) {
-  const res = await fetch(`${pod.http}/v1/publish`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ topic, data }),
-  });
-  const body = await res.json();
-  if (res.status !== 200) throw new Error(`publish: ${res.status} ${JSON.stringify(body)}`);
-  return body;
+  const done = waitingFor(`a publish to ${topic} on ${pod.http}`, STEP);
+  try {
+    const res = await fetch(`${pod.http}/v1/publish`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ topic, data }),
+      signal: AbortSignal.timeout(STEP),
+    });
+    const body = await res.json();
+    if (res.status !== 200) throw new Error(`publish: ${res.status} ${JSON.stringify(body)}`);
+    return body;
+  } finally {
+    done();
+  }
 }
 
 // ------------------------------------------------------------------ tokens
@@ -255,6 +387,7 @@ export class Events {
 
   /** Resolves with `check()` once truthy (checked at each event), or rejects after `ms`. */
   until(what, check, ms = STEP) {
+    const waited = waitingFor(what, ms);
     return new Promise((resolve, reject) => {
       const look = () => {
         let value;
@@ -277,6 +410,7 @@ export class Events {
       const done = () => {
         clearTimeout(timer);
         this.#bus.off('event', look);
+        waited();
       };
       this.#bus.on('event', look);
       look();
@@ -329,7 +463,7 @@ export async function browser(cleanup) {
     args: FLAGS,
     timeout: START_WAIT,
   });
-  cleanup.push(() => context.close());
+  cleanup.push(() => bounded('Chromium to close', STEP, context.close()));
   return context;
 }
 

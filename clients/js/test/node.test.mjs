@@ -5,11 +5,10 @@
 
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { test } from 'node:test';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { ForbiddenError, HeraldClient } from '../dist/index.js';
-import { Events, STEP, cleanups, config, hs256, poll, pod, publish, startHerald, startRedis } from './harness.mjs';
+import { Events, STEP, cleanups, config, hs256, poll, pod, publish, startHerald, startRedis, test } from './harness.mjs';
 
 /** A client on `urls` whose events go to `events`; closed at cleanup. */
 function client(cleanup, events, urls, options = {}) {

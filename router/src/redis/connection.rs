@@ -601,6 +601,15 @@ fn needs_new_connection(e: &RedisError) -> bool {
     e.is_unrecoverable_error() || e.is_timeout() || demoted(e.kind())
 }
 
+/// Whether a command failed because its connection was found broken (the
+/// socket closed under it: Redis restarted, `CLIENT KILL`, a reset), rather
+/// than timed out or refused: the connection is being replaced, and the same
+/// command may well go through on the new one. Whether the command ran
+/// before the connection broke is not known.
+pub fn broke_under(e: &RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout()
+}
+
 fn demoted(kind: ErrorKind) -> bool {
     matches!(
         kind,

@@ -309,10 +309,19 @@ async fn timed<T>(
     op: &'static str,
     call: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, BrokerError> {
+    timed_raw(observer, op, call).await.map_err(unavailable)
+}
+
+/// [`timed`], keeping Redis's error: for a caller that decides by its kind.
+async fn timed_raw<T>(
+    observer: &dyn Observer,
+    op: &'static str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
     let start = Instant::now();
     let result = call.await;
     observer.redis_call(op, start.elapsed().as_secs_f64(), result.is_ok());
-    result.map_err(unavailable)
+    result
 }
 
 /// Runs many calls at once ([`Shards::scripts`]), reporting their time, and
@@ -976,6 +985,18 @@ impl RedisBroker {
     /// given up and its client resumed elsewhere, takes nothing. A claim
     /// answered in time that ran too late by that reckoning (the clocks
     /// differ more than learnt so far) is tried again once.
+    ///
+    /// A claim whose connection broke under it (the first command after Redis
+    /// restarted, or after `CLIENT KILL`, meets the pod's stale socket) is
+    /// also tried again once, on the new connection, with a deadline of its
+    /// own: the client should not pay a reconnect for the pod's socket. That
+    /// is safe whether or not the first attempt ran: a claim by the same
+    /// owner only ranks it higher, and the stored snapshot is the same. What
+    /// a first attempt that ran would have said of the previous owner is
+    /// lost, though: `from` is then `None`, and an adopting connection takes
+    /// the stored copy, whose subscriptions are all there (a `sub`'s `ok`
+    /// waits for the store) and whose acks may be a little older (a replay
+    /// the client drops).
     async fn claim_or_keep(
         &self,
         id: &str,
@@ -1000,7 +1021,8 @@ impl RedisBroker {
             }
             _ => None,
         };
-        for _ in 0..2 {
+        let mut retried = false;
+        for attempt in 0..2 {
             let mut invocation = scripts::CLAIM_SESSION.prepare_invoke();
             invocation.key(&key);
             if user.is_some() && !shards.is_cluster() {
@@ -1018,7 +1040,17 @@ impl RedisBroker {
                     .arg(millis(ttl).max(1));
             }
             let claiming = shards.script(&key, &scripts::CLAIM_SESSION, &invocation);
-            let value: Value = timed(&*self.inner.observer, "session_load", claiming).await?;
+            let value: Value = match timed_raw(&*self.inner.observer, "session_load", claiming)
+                .await
+            {
+                Ok(value) => value,
+                Err(e) if attempt == 0 && connection::broke_under(&e) => {
+                    tracing::info!(error = %e, "a claim met a broken Redis connection; trying it on a new one");
+                    retried = true;
+                    continue;
+                }
+                Err(e) => return Err(unavailable(e)),
+            };
             let claimed = match value {
                 Value::Nil => return Ok(Claim::NotFound),
                 Value::Int(0) => return Ok(Claim::OtherUser),
@@ -1030,9 +1062,12 @@ impl RedisBroker {
                 .redis_clock
                 .learn(sent_ms, unix_ms(), claimed.redis_ms);
             if let Some(taken) = claimed.taken {
+                // Taken from this connection's own first attempt, which ran
+                // before its connection broke: who held it before is lost.
+                let own = retried && sessions::is_owned_by(&taken.from, owner);
                 return Ok(Claim::Taken(Claimed {
                     snapshot: sessions::decode(&taken.body),
-                    from: Some(taken.from).filter(|f| !f.is_empty()),
+                    from: Some(taken.from).filter(|f| !f.is_empty() && !own),
                     owner: Arc::from(taken.owner),
                 }));
             }

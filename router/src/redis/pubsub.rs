@@ -23,7 +23,8 @@
 //! restarted, failed over, `CLIENT KILL`, the output buffer limit), the task
 //! reconnects it with backoff and jitter, subscribes its topics again and
 //! reads what was published meanwhile, in pipelines of [`READ_BATCH`]
-//! topics.
+//! topics. A topic watched meanwhile waits for that reconnect; only once an
+//! attempt has failed (Redis is away) is a new watch refused at once.
 //!
 //! **Following a cluster.** Every [`MAP_CHECK`], after a link drops and when
 //! a master unsubscribes a topic by itself (its slot migrated away), the task
@@ -256,7 +257,20 @@ struct Link {
     generation: u64,
     state: LinkState,
     backoff: Duration,
+    /// Why its last attempt to connect failed; `None` once it was up since.
     last_error: Option<String>,
+}
+
+impl Link {
+    /// Whether a new topic may wait for this link: it is up, connecting, or
+    /// down only because its connection was lost (its reconnect is due
+    /// within a tick or two, and nothing says Redis is away: a resume right
+    /// after Redis restarted must not be told to come back for the pod's
+    /// stale socket). A link whose last attempt failed refuses at once:
+    /// Redis is away, and the caller is better told now.
+    fn takes_watches(&self) -> bool {
+        !matches!(self.state, LinkState::Down { .. }) || self.last_error.is_none()
+    }
 }
 
 enum LinkState {
@@ -810,14 +824,11 @@ impl Pubsub {
                     }
                     None => {
                         let channel = self.keys.channel(&topic);
-                        // A link that is connecting subscribes it when it is
-                        // up; one that failed to connect refuses it.
+                        // A link that is connecting, or lost and about to
+                        // reconnect, subscribes it when it is up; one that
+                        // failed to connect refuses it.
                         let link = match self.link_for(&channel) {
-                            Some(link)
-                                if !matches!(self.links[link].state, LinkState::Down { .. }) =>
-                            {
-                                link
-                            }
+                            Some(link) if self.links[link].takes_watches() => link,
                             _ => {
                                 self.want_map();
                                 let _ = reply.send(Err(BrokerError::Unavailable(

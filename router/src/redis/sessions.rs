@@ -159,6 +159,14 @@ impl RedisClock {
     }
 }
 
+/// Whether `stored` (an owner as the store ranks it, `<owner>@<rank>`) is
+/// `owner`'s own claim.
+pub fn is_owned_by(stored: &str, owner: &str) -> bool {
+    stored
+        .strip_prefix(owner)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('@'))
+}
+
 /// The owner's line, the user's (`user <hex id> <since ms>`) if the session
 /// has one, then one line per subscription: `<acked> <epoch> <topic>`, and
 /// ` told` after it while the client has not acked the reset it was sent.
@@ -268,5 +276,14 @@ mod tests {
             ],
         };
         assert_eq!(decode(&encode("a1", &snapshot)), snapshot);
+    }
+
+    #[test]
+    fn an_owner_knows_its_own_ranked_claims_only() {
+        assert!(is_owned_by("3f9a@1700000000000", "3f9a"));
+        assert!(is_owned_by("3f9a", "3f9a"));
+        assert!(!is_owned_by("3f9ab@1700000000000", "3f9a"));
+        assert!(!is_owned_by("77aa@1700000000000", "3f9a"));
+        assert!(!is_owned_by("", "3f9a"));
     }
 }

@@ -123,7 +123,9 @@ impl RedisServer {
 
     async fn spawn(&mut self, replica_of: Option<u16>) -> Result<(), Error> {
         let (out, err) = log_file(&self.log)?;
-        let mut command = Command::new("redis-server");
+        // Killed with this process however it ends (see `process`); started
+        // from a runtime worker, which lives as long as the run.
+        let mut command = Command::from(crate::process::command("redis-server"));
         command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
@@ -291,7 +293,7 @@ impl Pod {
 
     async fn spawn(&mut self) -> Result<(), Error> {
         let (out, err) = log_file(&self.log)?;
-        let mut command = Command::new(&self.bin);
+        let mut command = Command::from(crate::process::command(&self.bin));
         // Only what the scenario says: no HERALD_* of the caller's environment.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("HERALD_") {
