@@ -953,6 +953,19 @@ async fn a_jwks_rotation_is_picked_up_at_the_first_token_with_the_new_kid() {
 // ---------------------------------------------------------------- disconnect
 
 /// The next answer on `client`, which must be a `welcome`.
+/// `POST /v1/disconnect` of `user` at `addr` (a pod without API keys).
+async fn disconnect(addr: SocketAddr, user: &str) {
+    let (status, body) = testkit::http(
+        addr,
+        "POST",
+        "/v1/disconnect",
+        &[("content-type", "application/json")],
+        json!({"user": user}).to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
 async fn welcome_on(url: &str, token: &str, resume: Option<&str>) -> (Client, Value) {
     let mut client = Client::connect_url(url).await;
     let welcome = hello(&mut client, Some(token), resume).await;
@@ -986,15 +999,7 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
     let (mut bob_b, _) = welcome_on(&b.ws_url(), bob, None).await;
     assert_eq!(sub(&mut bob_b, 1, "chat:room").await["op"], "ok");
 
-    let (status, body) = testkit::http(
-        a.addr,
-        "POST",
-        "/v1/disconnect",
-        &[("content-type", "application/json")],
-        json!({"user": "alice"}).to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    disconnect(a.addr, "alice").await;
     assert_eq!(alice_a.closed().await, Some(4503));
     assert_eq!(alice_b.closed().await, Some(4503));
 
@@ -1056,15 +1061,7 @@ async fn two_racing_resumes_of_one_session_leave_one_connection_and_a_disconnect
         code = second.closed() => ((code, false), first),
     };
     assert_eq!(taken, Some(4501), "first closed: {first_closed}");
-    let (status, body) = testkit::http(
-        pod.addr,
-        "POST",
-        "/v1/disconnect",
-        &[("content-type", "application/json")],
-        json!({"user": "alice"}).to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    disconnect(pod.addr, "alice").await;
     assert_eq!(serving.closed().await, Some(4503));
     drop(stuck);
 }
