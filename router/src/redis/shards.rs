@@ -5,8 +5,9 @@
 //!   cluster's slot map, read with `CLUSTER SLOTS` from any node it knows
 //!   (the configured seeds first known, then every master seen).
 //! - [`Shards::script`] and [`Shards::command`] run one call where its key
-//!   lives and follow the cluster when it moves: `MOVED` reads the map again
-//!   and goes where it says, `ASK` (a slot being migrated) sends the call to
+//!   lives and follow the cluster when it moves: `MOVED` sends the call to
+//!   the node it names (a map read at once may still name the old master,
+//!   mid-failover) and reads the map again, `ASK` (a slot being migrated) sends the call to
 //!   the slot's new node after `ASKING`, `TRYAGAIN` (a migration between two
 //!   of the call's keys), `CLUSTERDOWN` and a lost connection (a failover
 //!   under way) wait a moment, read the map again and retry, within
@@ -311,6 +312,12 @@ impl Shards {
         if let Some(address) = attempt.asked.take() {
             return Ok((cluster.node(&address)?, true));
         }
+        // Where `MOVED` said, even if the map read since still names the
+        // old master: during a failover the nodes that answer `CLUSTER
+        // SLOTS` may lag the one that redirected.
+        if let Some(address) = attempt.moved.take() {
+            return Ok((cluster.node(&address)?, false));
+        }
         let map = cluster.map();
         let master = map
             .master(attempt.slot)
@@ -326,7 +333,10 @@ impl Shards {
         }
         attempt.tries += 1;
         match Redirect::of(e) {
-            Some(Redirect::Moved) => self.refresh_quietly().await,
+            Some(Redirect::Moved(address)) => {
+                self.refresh_quietly().await;
+                attempt.moved = Some(address);
+            }
             Some(Redirect::Ask(address)) => attempt.asked = Some(address),
             Some(Redirect::Wait) => {
                 tokio::time::sleep(attempt.delay).await;
@@ -483,6 +493,8 @@ struct Attempt {
     slot: u16,
     /// Where an `ASK` sent it.
     asked: Option<String>,
+    /// Where a `MOVED` sent it, for its next try only.
+    moved: Option<String>,
     /// The next wait before a retry that waits.
     delay: Duration,
     tries: u32,
@@ -493,6 +505,7 @@ impl Attempt {
         Self {
             slot,
             asked: None,
+            moved: None,
             delay: RETRY_DELAY,
             tries: 1,
         }
@@ -545,8 +558,9 @@ pub struct Call<'a> {
 
 /// What a failed call asks for.
 pub enum Redirect {
-    /// The slot is served elsewhere now: read the map again.
-    Moved,
+    /// The slot is served by `host:port` now: go there, and read the map
+    /// again.
+    Moved(String),
     /// The slot is being migrated, its key to `host:port` already.
     Ask(String),
     /// Wait a moment and read the map again: a migration between two of the
@@ -557,7 +571,10 @@ pub enum Redirect {
 impl Redirect {
     pub fn of(e: &RedisError) -> Option<Self> {
         match e.kind() {
-            ErrorKind::Server(ServerErrorKind::Moved) => Some(Self::Moved),
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                let (address, _) = e.redirect_node()?;
+                Some(Self::Moved(address.to_owned()))
+            }
             ErrorKind::Server(ServerErrorKind::Ask) => {
                 let (address, _) = e.redirect_node()?;
                 Some(Self::Ask(address.to_owned()))
