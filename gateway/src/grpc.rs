@@ -51,7 +51,7 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener) {
     let service = PublisherServer::new(Publisher::new(node.clone()))
         .max_decoding_message_size(limits.batch.max(gate::MAX_SMALL_REQUEST_BYTES));
     let service = gate::Gate::new(service, node.clone(), limits);
-    let slots = connections::Slots::new(config, node.metrics.clone());
+    let slots = connections::Slots::new(config, &node.config.websocket, node.metrics.clone());
     let incoming = connections::Incoming::new(listener, slots, config);
     let result = Server::builder()
         // The HTTP API's deadline: a call that takes longer is cancelled.

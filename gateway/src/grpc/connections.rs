@@ -19,12 +19,14 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_core::Stream;
+use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::config::GrpcConfig;
+use crate::admission::address_key;
+use crate::config::{GrpcConfig, WebSocketConfig};
 use crate::listener;
 use crate::metrics::Metrics;
 
@@ -33,17 +35,27 @@ pub struct Slots {
     max: usize,
     /// 0: addresses are not counted.
     max_per_ip: usize,
-    /// Open connections, in total and per client address.
-    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    /// Open connections, in total and per client address prefix (as the
+    /// WebSocket listener counts them: [`address_key`]).
+    open: Mutex<(usize, HashMap<IpNet, usize>)>,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
     metrics: Arc<Metrics>,
 }
 
 impl Slots {
-    pub fn new(config: &GrpcConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// `websocket`'s address prefixes say what one address is, here too.
+    pub fn new(
+        config: &GrpcConfig,
+        websocket: &WebSocketConfig,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             max: config.max_connections,
             max_per_ip: config.max_connections_per_ip,
             open: Mutex::new((0, HashMap::new())),
+            ipv4_prefix: websocket.ipv4_prefix,
+            ipv6_prefix: websocket.ipv6_prefix,
             metrics,
         })
     }
@@ -56,6 +68,7 @@ impl Slots {
         if *total >= self.max {
             return Err("at_capacity");
         }
+        let ip = address_key(ip, self.ipv4_prefix, self.ipv6_prefix);
         if self.max_per_ip > 0 {
             let count = per_ip.entry(ip).or_insert(0);
             if *count >= self.max_per_ip {
@@ -75,7 +88,7 @@ impl Slots {
 /// A connection's slot, given back on drop.
 struct Slot {
     slots: Arc<Slots>,
-    ip: IpAddr,
+    ip: IpNet,
 }
 
 impl Drop for Slot {
@@ -231,5 +244,36 @@ impl Connected for Connection {
 
     fn connect_info(&self) -> TcpConnectInfo {
         self.stream.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test: a failed unwrap is a failed test
+
+    use super::*;
+
+    /// As the WebSocket listener counts them: one IPv6 host's /64 is one
+    /// address, however many of its addresses it connects from.
+    #[test]
+    fn connections_per_address_count_an_ipv6_hosts_64_as_one() {
+        let grpc = GrpcConfig {
+            max_connections_per_ip: 2,
+            ..GrpcConfig::default()
+        };
+        let slots = Slots::new(&grpc, &WebSocketConfig::default(), Arc::new(Metrics::new()));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let first = slots.admit(ip("2001:db8:1:2::1")).unwrap();
+        let _second = slots.admit(ip("2001:db8:1:2::ffff")).unwrap();
+        assert_eq!(
+            slots.admit(ip("2001:db8:1:2:abcd::9")).err(),
+            Some("per_ip")
+        );
+        assert!(slots.admit(ip("2001:db8:1:3::1")).is_ok(), "another /64");
+        drop(first);
+        assert!(
+            slots.admit(ip("2001:db8:1:2::7")).is_ok(),
+            "a slot given back"
+        );
     }
 }
