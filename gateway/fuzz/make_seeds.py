@@ -221,6 +221,8 @@ def claims_seeds():
                                      "subscribe": ["chat*", "chat:room-*", "*"],
                                      "publish": ["chatops:*", "news"]}),
         "bad_grants": seed(0x01, {"sub": "a", "exp": far, "subscribe": ["pri*es", "**", ""]}),
+        # Found by the fuzzer: a pattern naming an empty namespace.
+        "empty_namespace_grant": seed(0x01, {"sub": "a", "exp": far, "subscribe": [":*", "news"]}),
         "no_sub": seed(0x01, {"exp": far}),
         "not_json": seed(0x00, "not json at all"),
         "max_leeway": seed(0x0F, {"sub": "a", "exp": 0, "iat": 0}),

@@ -86,10 +86,12 @@ fn check(claims: &Claims, payload: &[u8], now: u64, leeway: u64) {
 /// `*` alone is every topic; `<p>*` a topic of `<p>`'s namespace whose name
 /// starts with the rest of `<p>`; anything else, that topic.
 fn covers(pattern: &str, topic: &str) -> bool {
-    let split = |s: &str| -> (String, String) {
+    // The default namespace is written without a `:`: a pattern that names
+    // an empty one (`:*`) is of no namespace a topic can be in.
+    let split = |s: &str| -> (Option<String>, String) {
         match s.split_once(':') {
-            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
-            None => (String::new(), s.to_owned()),
+            Some((ns, name)) => (Some(ns.to_owned()), name.to_owned()),
+            None => (None, s.to_owned()),
         }
     };
     match pattern.strip_suffix('*') {
