@@ -106,6 +106,18 @@ fn claims(sub: &str, exp_in: i64, extra: Value) -> Value {
     claims
 }
 
+/// The variables of a pod that checks tokens as [`hmac_config`] does (key,
+/// issuer, audience), and `extra`.
+fn hmac_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut env = vec![
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_AUTH__ISSUER", ISSUER),
+        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
 /// An HS256 token over [`SECRET`].
 fn hs256(claims: Value) -> Value {
     json!({"alg": "HS256", "secret": SECRET, "claims": claims})
@@ -547,12 +559,7 @@ async fn a_refreshed_token_keeps_the_connection_open_past_the_first_expiry() {
 /// the panic left its session registered for the life of the pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_that_never_expires_is_welcomed_refreshed_and_its_connection_released() {
-    let env = [
-        ("HERALD_AUTH__HMAC_SECRET", SECRET),
-        ("HERALD_AUTH__ISSUER", ISSUER),
-        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
-        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
-    ];
+    let env = hmac_env(&[("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated")]);
     let pod = Herald::start(HERALD, &env, &[]).await;
     let never = json!({"exp": i64::MAX});
     let tokens = mint_lines(json!([
@@ -600,13 +607,10 @@ async fn a_token_that_never_expires_is_welcomed_refreshed_and_its_connection_rel
 /// its namespace; only `*` alone crosses them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_grant_stays_within_its_namespace() {
-    let env = [
-        ("HERALD_AUTH__HMAC_SECRET", SECRET),
-        ("HERALD_AUTH__ISSUER", ISSUER),
-        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+    let env = hmac_env(&[
         ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "granted"),
         ("HERALD_NAMESPACES__CHATOPS__SUBSCRIBE", "granted"),
-    ];
+    ]);
     let pod = Herald::start(HERALD, &env, &[]).await;
     let tokens = mint_lines(json!([
         hs256(claims("alice", 600, json!({"subscribe": ["chat*"]}))),
@@ -976,12 +980,7 @@ async fn welcome_on(url: &str, token: &str, resume: Option<&str>) -> (Client, Va
 #[tokio::test]
 async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_4503() {
     let redis = Redis::start().await;
-    let env = [
-        ("HERALD_AUTH__HMAC_SECRET", SECRET),
-        ("HERALD_AUTH__ISSUER", ISSUER),
-        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
-        ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
-    ];
+    let env = hmac_env(&[("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated")]);
     let a = Herald::pod(HERALD, &redis.url(), &env).await;
     let b = Herald::pod(HERALD, &redis.url(), &env).await;
     let tokens = mint_lines(json!([
@@ -1022,13 +1021,10 @@ async fn a_backend_disconnect_closes_the_users_connections_on_every_pod_with_450
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_racing_resumes_of_one_session_leave_one_connection_and_a_disconnect_reaches_it() {
     let redis = Redis::start().await;
-    let env = [
-        ("HERALD_AUTH__HMAC_SECRET", SECRET),
-        ("HERALD_AUTH__ISSUER", ISSUER),
-        ("HERALD_AUTH__AUDIENCE", AUDIENCE),
+    let env = hmac_env(&[
         ("HERALD_NAMESPACES__CHAT__SUBSCRIBE", "authenticated"),
         ("HERALD_REDIS__COMMAND_TIMEOUT", "5s"),
-    ];
+    ]);
     let pod = Herald::pod(HERALD, &redis.url(), &env).await;
     let alice = token_for("alice", json!({})).await;
 
