@@ -123,6 +123,19 @@ struct Keys {
     current: Arc<[String]>,
 }
 
+impl Keys {
+    /// Where a reload reads the keys from: `http.api_keys` from `http` when
+    /// given (a reload's new configuration), the keys file as configured at
+    /// start (a new path needs a restart: [`needs_restart`] says so).
+    fn source(&self, http: Option<&HttpConfig>) -> HttpConfig {
+        let mut source = self.http.clone();
+        if let Some(http) = http {
+            source.api_keys.clone_from(&http.api_keys);
+        }
+        source
+    }
+}
+
 impl ApiKeys {
     /// `http`'s keys, read and checked by [`HttpConfig::keys`] at load: a
     /// file that fails now leaves none until it is read again.
@@ -152,10 +165,11 @@ impl ApiKeys {
         if state.current.is_empty() || http.open_api {
             return false;
         }
-        let mut source = state.http.clone();
-        source.api_keys.clone_from(&http.api_keys);
         // A keys file that fails keeps the keys in use (see `reload`).
-        source.keys().is_ok_and(|keys| keys.is_empty())
+        state
+            .source(Some(http))
+            .keys()
+            .is_ok_and(|keys| keys.is_empty())
     }
 
     /// Reads the keys again, the file as it is now, with `http.api_keys`
@@ -163,12 +177,7 @@ impl ApiKeys {
     /// use when the file cannot be read or holds none. Whether they changed.
     pub fn reload(&self, http: Option<&HttpConfig>) -> bool {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        let mut source = state.http.clone();
-        if let Some(http) = http {
-            // The file's path is the one the pod started with: a new path
-            // needs a restart ([`needs_restart`] says so).
-            source.api_keys.clone_from(&http.api_keys);
-        }
+        let source = state.source(http);
         match source.keys() {
             Ok(keys) => {
                 state.http = source;
