@@ -181,7 +181,7 @@ impl Driver {
                 return;
             }
             let Some(url) = self.s.endpoints.pick(self.url.as_deref()) else {
-                wait = self.s.backoff.random(failures);
+                wait = self.s.backoff.delay(failures);
                 failures = failures.saturating_add(1);
                 continue;
             };
@@ -207,7 +207,7 @@ impl Driver {
                     if self.emit(Event::Error(e)).await.is_err() {
                         return;
                     }
-                    let wait = self.s.backoff.random(failures);
+                    let wait = self.s.backoff.delay(failures);
                     failures = failures.saturating_add(1);
                     End::Again(wait)
                 }
@@ -906,7 +906,7 @@ impl Driver {
                     return Ok(None);
                 }
                 if code.is_transient() {
-                    sub.retry_at = Some(Instant::now() + self.s.backoff.random(sub.retries));
+                    sub.retry_at = Some(Instant::now() + self.s.backoff.delay(sub.retries));
                     sub.retries = sub.retries.saturating_add(1);
                 } else {
                     self.subs.remove(&topic);
@@ -984,7 +984,7 @@ impl Driver {
         self.gone_quietly(conn, close, cause).await?;
         Ok(End::Again(match advice {
             Some(advice) => advice.after,
-            None => self.s.backoff.random(0),
+            None => self.s.backoff.delay(0),
         }))
     }
 

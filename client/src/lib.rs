@@ -62,10 +62,10 @@ pub use event::{Advice, Cause, Event, Message, State};
 pub const DEFAULT_BUFFER: usize = 1024;
 /// Auto acks go out at most this often (acks are cumulative).
 pub const DEFAULT_ACK_INTERVAL: Duration = Duration::from_millis(100);
-/// The first reconnect waits up to this long (at random); then twice as
-/// long per failed attempt, up to [`DEFAULT_BACKOFF_CAP`].
-pub const DEFAULT_BACKOFF_FIRST: Duration = Duration::from_millis(100);
-pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// The first reconnect waits up to 100 ms (at random); then twice as long
+/// per failed attempt, up to 5 s.
+pub const DEFAULT_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Longest one connection attempt may take: TCP, the upgrade, `welcome`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence beyond the server's ping interval after which a connection is
@@ -122,36 +122,9 @@ impl Acks {
 
 /// Exponential backoff with full jitter: attempt `n` (from 0) waits a random
 /// time up to `first × 2^n`, at most `cap`, so that a crowd that lost its
-/// pod at the same instant does not come back in step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub first: Duration,
-    pub cap: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            first: DEFAULT_BACKOFF_FIRST,
-            cap: DEFAULT_BACKOFF_CAP,
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before attempt `attempt`, for a random `unit` in [0, 1).
-    pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
-        let ceiling = self
-            .first
-            .saturating_mul(1u32 << attempt.min(20))
-            .min(self.cap);
-        ceiling.mul_f64(unit.clamp(0.0, 1.0))
-    }
-
-    fn random(&self, attempt: u32) -> Duration {
-        self.delay(attempt, rand::random())
-    }
-}
+/// pod at the same instant does not come back in step. The router's Redis
+/// connections wait by the same rule.
+pub use backoff::Backoff;
 
 /// How [`Client::cut`] drops the connection, as a network failure would
 /// (fault injection for tests and load tools; the client then resumes).
@@ -351,7 +324,7 @@ impl Client {
         Builder {
             endpoints: Urls::new(urls).map(|u| Arc::new(u) as Arc<dyn Endpoints>),
             token: None,
-            backoff: Backoff::default(),
+            backoff: DEFAULT_BACKOFF,
             acks: Acks::Auto {
                 interval: DEFAULT_ACK_INTERVAL,
             },
@@ -497,19 +470,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_to_its_cap_and_is_random_below_it() {
-        let b = Backoff {
-            first: Duration::from_millis(100),
-            cap: Duration::from_secs(2),
-        };
-        assert_eq!(b.delay(0, 0.5), Duration::from_millis(50));
-        assert_eq!(b.delay(3, 1.0), Duration::from_millis(800));
-        assert_eq!(b.delay(10, 1.0), Duration::from_secs(2));
-        assert_eq!(b.delay(u32::MAX, 1.0), Duration::from_secs(2));
-        assert_eq!(b.delay(5, 0.0), Duration::ZERO);
-    }
 
     #[test]
     fn taken_keeps_the_newest_seq_of_the_newest_epoch() {

@@ -9,7 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Gate, messages, seqs, until};
-use herald_client::{Acks, Backoff, Cause, Client, Cut, Error, ErrorCode, Event, Since, State};
+use herald_client::{
+    Acks, Cause, Client, Cut, DEFAULT_BACKOFF, Error, ErrorCode, Event, Since, State,
+};
 use serde_json::json;
 use testkit::Gateway;
 
@@ -205,7 +207,7 @@ async fn publishing_over_the_socket_answers_the_seq_or_a_typed_error() {
 async fn a_refused_subscription_is_an_error_naming_its_topic() {
     let gateway = Gateway::start().await;
     let (client, mut events) = Client::builder([gateway.ws_url()])
-        .backoff(Backoff::default())
+        .backoff(DEFAULT_BACKOFF)
         .build()
         .unwrap();
     client.subscribe("nowhere:x", None).unwrap();

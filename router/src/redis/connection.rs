@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use backoff::Backoff;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
-use rand::Rng;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
@@ -36,11 +36,9 @@ use rustls::pki_types::pem::PemObject;
 /// Connection attempts after a first one failed, before a command fails
 /// (each later command starts a fresh series).
 const RETRIES: u32 = 2;
-/// Wait before the first retry; it doubles per retry, plus up to as much
-/// again at random, so that pods do not reconnect in lockstep.
-const MIN_RETRY_DELAY: Duration = Duration::from_millis(100);
-/// The longest wait between two attempts.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// The waits between those attempts: up to 200 ms, then up to 400 ms, at
+/// random (full jitter), so that pods do not reconnect in lockstep.
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
 /// Idle time before TCP keepalive probes start, the time between them, and
 /// how many go unanswered before the socket fails: a node that vanished (a
 /// partition, a host powered off) is noticed in about 25 s even on an idle
@@ -539,15 +537,12 @@ impl Commands {
 /// Attempts to connect, with [`RETRIES`] retries and backoff.
 fn establish(connector: Connector) -> Connecting {
     async move {
-        let mut delay = MIN_RETRY_DELAY;
         let mut retries = 0;
         loop {
             match connector.command_connection().await {
                 Ok(conn) => return Ok(conn),
                 Err(e) if retries < RETRIES && worth_retrying(&e) => {
-                    let jitter = delay.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
-                    tokio::time::sleep(delay + jitter).await;
-                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    tokio::time::sleep(RETRY_BACKOFF.delay(retries)).await;
                     retries += 1;
                 }
                 Err(e) => return Err(e),

@@ -39,8 +39,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backoff::Backoff;
 use bytes::Bytes;
-use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -61,14 +61,15 @@ const SUBSCRIBE_BATCH: usize = 500;
 const READ_BATCH: usize = 500;
 /// Announcements one topic holds aside while its history is read.
 pub const MAX_HELD: usize = 1024;
-/// The wait before the first reconnect; it doubles per failed attempt, up
-/// to [`MAX_BACKOFF`], and each wait is between half of it and all of it, at
-/// random, so that pods do not reconnect in lockstep.
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-/// Short, so that a pod that waits for Redis (at start: not ready) is back
-/// within about a second of Redis: an attempt a second per pod costs Redis
-/// nothing.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The waits before a link's reconnects: up to 100 ms at first, doubling
+/// per failed attempt, at random (full jitter), so that pods do not
+/// reconnect in lockstep. The cap is short, so that a pod that waits for
+/// Redis (at start: not ready) is back within about a second of Redis: an
+/// attempt a second per pod costs Redis nothing.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+/// The pause before a failed read of history is tried again, and the task's
+/// tick for due reconnects.
+const MIN_BACKOFF: Duration = RECONNECT.first;
 /// How often a cluster's slot map is read again, besides when something
 /// says it changed.
 const MAP_CHECK: Duration = Duration::from_secs(1);
@@ -256,7 +257,9 @@ struct Link {
     /// Counts its connections: which one a [`Done`] or a push belongs to.
     generation: u64,
     state: LinkState,
-    backoff: Duration,
+    /// Failed attempts to connect since it was last up: the next wait's
+    /// attempt number for [`RECONNECT`].
+    failures: u32,
     /// Why its last attempt to connect failed; `None` once it was up since.
     last_error: Option<String>,
 }
@@ -393,11 +396,6 @@ pub async fn run(mut ps: Pubsub, mut commands: mpsc::UnboundedReceiver<Command>)
     }
 }
 
-/// Between half of `d` and `d`, so that pods do not reconnect in lockstep.
-fn jitter(d: Duration) -> Duration {
-    d.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
-}
-
 impl Pubsub {
     /// The link for `channel`: the one Redis's, or its slot's master's
     /// (made, and connecting, if new); `None` while the cluster's map has no
@@ -423,7 +421,7 @@ impl Pubsub {
             state: LinkState::Down {
                 retry_at: Instant::now(),
             },
-            backoff: MIN_BACKOFF,
+            failures: 0,
             last_error: None,
         });
         let link = self.links.len() - 1;
@@ -523,15 +521,17 @@ impl Pubsub {
                 let error = e.to_string();
                 // Once a second while Redis is away: said again only when
                 // the reason changes (`/readyz` and the metrics say it meanwhile).
-                if l.backoff < MAX_BACKOFF || l.last_error.as_deref() != Some(error.as_str()) {
-                    tracing::warn!(%error, node = %l.address, retry_in = ?l.backoff, "redis pub/sub connection failed");
+                let retry_in = RECONNECT.delay(l.failures);
+                if !RECONNECT.capped(l.failures) || l.last_error.as_deref() != Some(error.as_str())
+                {
+                    tracing::warn!(%error, node = %l.address, ?retry_in, "redis pub/sub connection failed");
                 } else {
-                    tracing::debug!(%error, node = %l.address, retry_in = ?l.backoff, "redis pub/sub connection failed");
+                    tracing::debug!(%error, node = %l.address, ?retry_in, "redis pub/sub connection failed");
                 }
                 l.state = LinkState::Down {
-                    retry_at: Instant::now() + jitter(l.backoff),
+                    retry_at: Instant::now() + retry_in,
                 };
-                l.backoff = (l.backoff * 2).min(MAX_BACKOFF);
+                l.failures = l.failures.saturating_add(1);
                 l.last_error = Some(error.clone());
                 if is_control {
                     self.reach.down(&error);
@@ -552,7 +552,7 @@ impl Pubsub {
             }
         };
         l.state = LinkState::Up(conn);
-        l.backoff = MIN_BACKOFF;
+        l.failures = 0;
         l.last_error = None;
         // Everything this link had: subscribed again (all batches at once),
         // then read from where it stood.
@@ -601,7 +601,7 @@ impl Pubsub {
         }
         l.generation += 1;
         l.state = LinkState::Down {
-            retry_at: Instant::now() + jitter(MIN_BACKOFF),
+            retry_at: Instant::now() + RECONNECT.delay(0),
         };
         let node = l.address.clone();
         let on_link: Vec<Topic> = self
@@ -1830,13 +1830,11 @@ mod tests {
     fn a_pod_waiting_for_redis_tries_at_least_once_a_second() {
         // So that a pod that started without Redis is ready within about a
         // second of Redis coming back, however long it waited.
-        let mut backoff = MIN_BACKOFF;
-        for _ in 0..50 {
-            let wait = jitter(backoff);
+        for failures in 0..50 {
+            let wait = RECONNECT.delay(failures);
             assert!(wait <= Duration::from_secs(1), "{wait:?}");
-            assert!(wait >= backoff / 2, "{wait:?}");
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+        assert_eq!(RECONNECT.ceiling(50), Duration::from_secs(1));
     }
 
     fn announced(epoch: &Epoch, seq: u64, clock: u64) -> Announced {

@@ -20,21 +20,27 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use backoff::Backoff;
 use redis::{
     Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation,
     ServerErrorKind, Value,
 };
+use tokio::time::Instant;
 
 use super::connection::{Commands, Connector};
 use super::slots::{self, SLOTS};
 
 /// Tries of one call (the first and the retries) before its error is the
-/// answer: enough for a redirect and a failover's few seconds with
-/// [`RETRY_DELAY`] doubling.
-const ATTEMPTS: u32 = 8;
-/// The first wait before a retry that waits (`TRYAGAIN`, `CLUSTERDOWN`, a
-/// lost connection); it doubles per retry.
-const RETRY_DELAY: Duration = Duration::from_millis(25);
+/// answer, whatever the redirects: a bound on a cluster that sends a call in
+/// circles.
+const ATTEMPTS: u32 = 16;
+/// The waits before a retry that waits (`TRYAGAIN`, `CLUSTERDOWN`, a lost
+/// connection): up to 25 ms, doubling up to 800 ms, at random.
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(25), Duration::from_millis(800));
+/// How long one call keeps waiting for the cluster before its error is the
+/// answer: a failover's few seconds. A time rather than a count of waits,
+/// since jittered waits may all come out short.
+const WAIT_BUDGET: Duration = Duration::from_secs(4);
 
 /// See the module's docs.
 #[derive(Clone)]
@@ -326,7 +332,7 @@ impl Shards {
     }
 
     /// Whether to try again after `e`, having done what it asks for (read
-    /// the map, wait a moment), within [`ATTEMPTS`].
+    /// the map, wait a moment), within [`ATTEMPTS`] and [`WAIT_BUDGET`].
     async fn again(&self, attempt: &mut Attempt, e: &RedisError) -> bool {
         if !self.is_cluster() || attempt.tries >= ATTEMPTS {
             return false;
@@ -339,8 +345,12 @@ impl Shards {
             }
             Some(Redirect::Ask(address)) => attempt.asked = Some(address),
             Some(Redirect::Wait) => {
-                tokio::time::sleep(attempt.delay).await;
-                attempt.delay *= 2;
+                let waiting_since = *attempt.waiting_since.get_or_insert_with(Instant::now);
+                if waiting_since.elapsed() >= WAIT_BUDGET {
+                    return false;
+                }
+                tokio::time::sleep(RETRY_BACKOFF.delay(attempt.waits)).await;
+                attempt.waits += 1;
                 self.refresh_quietly().await;
             }
             None => return false,
@@ -495,8 +505,10 @@ struct Attempt {
     asked: Option<String>,
     /// Where a `MOVED` sent it, for its next try only.
     moved: Option<String>,
-    /// The next wait before a retry that waits.
-    delay: Duration,
+    /// Since when it has been waiting for the cluster (its first wait).
+    waiting_since: Option<Instant>,
+    /// Waits so far: the next one's attempt number for [`RETRY_BACKOFF`].
+    waits: u32,
     tries: u32,
 }
 
@@ -506,7 +518,8 @@ impl Attempt {
             slot,
             asked: None,
             moved: None,
-            delay: RETRY_DELAY,
+            waiting_since: None,
+            waits: 0,
             tries: 1,
         }
     }

@@ -521,7 +521,7 @@ impl Client {
         loop {
             let wait = match (attempt, advised) {
                 (0, Some(after)) => after,
-                _ => plan.backoff.delay(attempt, rand::random()),
+                _ => plan.backoff.delay(attempt),
             };
             attempt += 1;
             self.record.attempts += 1;
