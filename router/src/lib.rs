@@ -9,12 +9,14 @@
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
 //! - [`observe`]: what an engine reports, for the gateway's metrics.
+//! - [`error`]: what fails, with its cause kept for the log.
 //!
 //! A publication flows: `Broker::publish` assigns the topic's next seq, keeps
 //! it in history, and hands it to the pod's [`Deliver`] sink (the gateway's
 //! hub) in seq order. An engine calls the sink for every topic this pod
 //! watches, and for no other.
 
+pub mod error;
 pub mod memory;
 pub mod namespace;
 pub mod observe;
@@ -29,6 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tracing::Instrument;
 
+pub use error::{BrokerError, Causes};
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
@@ -152,13 +155,6 @@ pub trait Deliver: Send + Sync + 'static {
     fn disconnect(&self, user: &str);
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BrokerError {
-    #[error("topic `{0}` is in no configured namespace")]
-    UnknownNamespace(String),
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
-}
 
 /// What an engine says of its state: for `/readyz` and the admin status.
 #[derive(Debug, Clone, PartialEq, Eq)]
