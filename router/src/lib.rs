@@ -155,7 +155,6 @@ pub trait Deliver: Send + Sync + 'static {
     fn disconnect(&self, user: &str);
 }
 
-
 /// What an engine says of its state: for `/readyz` and the admin status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerStatus {
