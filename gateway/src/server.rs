@@ -24,6 +24,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 use crate::admission::Refusal;
 use crate::config::Config;
@@ -153,9 +154,16 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
     if let Err(e) = listener::tune(&stream) {
         tracing::debug!(%peer, error = %e, "socket options not set");
     }
+    // Told of each request as it starts (a permit is kept until the drain
+    // asks), so that the drain knows whether this connection has one yet.
+    let requested = Arc::new(Notify::new());
     let service = {
         let node = node.clone();
-        service_fn(move |req| route(req, node.clone(), peer, port))
+        let requested = requested.clone();
+        service_fn(move |req| {
+            requested.notify_one();
+            route(req, node.clone(), peer, port)
+        })
     };
     // A connection that arrives while the pod drains gets one answer (a
     // probe's 503, say) and is closed.
@@ -181,8 +189,19 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
         tokio::select! {
             result = conn.as_mut() => result,
             _ = node.drain.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
+                // hyper's graceful shutdown closes a connection with no
+                // request in progress at once, unanswered: right for one idle
+                // between requests, wrong for one accepted before the signal
+                // whose first request (a probe's, say) is still on its way.
+                // That one gets its answer first; its head timeout bounds the
+                // wait.
+                tokio::select! {
+                    result = conn.as_mut() => result,
+                    _ = requested.notified() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             }
         }
     };

@@ -165,6 +165,52 @@ async fn a_client_that_never_answers_the_close_does_not_hold_the_process() {
     assert_eq!(mute.closed().await, Some(1012));
 }
 
+/// A connection opened before the signal whose request comes after it (a
+/// probe that raced the SIGTERM, say) still gets its answer: hyper's graceful
+/// shutdown closes a connection that has no request yet, unanswered.
+#[tokio::test]
+async fn a_request_on_a_connection_opened_before_the_drain_is_answered() {
+    // A client that never answers the close keeps the drain open.
+    let mut herald = Herald::start(
+        HERALD,
+        &[DRAIN_ENV, ("HERALD_WEBSOCKET__CLOSE_TIMEOUT", "60s")],
+        &[],
+    )
+    .await;
+    let _mute = subscriber(&herald).await;
+    let mut early = tokio::time::timeout(WAIT, TcpStream::connect(herald.addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    // Served after `early` was accepted (one listener, accepted in order).
+    let (status, _) = testkit::http::get(herald.addr, "/readyz").await.unwrap();
+    assert_eq!(status, 200);
+
+    herald.sigterm();
+    eventually(WAIT, || async {
+        match testkit::http::get(herald.addr, "/readyz").await {
+            Ok((503, _)) => Ok(()),
+            _ => Err("/readyz never turned 503"),
+        }
+    })
+    .await;
+    let answer = testkit::http::request(
+        &mut early,
+        &format!(
+            "GET /readyz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            herald.addr
+        ),
+    )
+    .await
+    .expect("an answer on the connection opened before the drain");
+    assert_eq!(answer, (503, "draining\n".to_owned()));
+    let status = herald
+        .wait_exit(DRAIN + MARGIN)
+        .await
+        .expect("herald exits");
+    assert_eq!(status.code(), Some(0), "exit status {status}");
+}
+
 #[tokio::test]
 async fn a_half_sent_handshake_does_not_hold_the_process() {
     let mut herald = Herald::start(
