@@ -78,12 +78,20 @@ async fn mint_with(exp_in: i64, extra: serde_json::Value) -> String {
 async fn a_token_is_refreshed_before_it_expires_and_the_connection_stays() {
     let gateway = gateway().await;
     let (calls, mut called) = watch::channel(0u32);
-    // Three-second tokens: without `refresh` the pod would close with 4004
-    // before the provider is asked a third time.
+    // Tokens that expire three seconds apart, from six seconds on: without
+    // `refresh` the pod would close with 4004 before the provider is asked a
+    // third time. Minted up front, all at once, so that the provider answers
+    // at once: minting one (starting Python) can take longer on a loaded
+    // machine than the client leaves before a short token expires.
+    let minted = futures_util::future::join_all((2..=5).map(|k| mint(3 * k))).await;
+    let tokens = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+        minted,
+    )));
     let (client, mut events) = Client::builder([gateway.ws_url()])
         .token(move || {
             calls.send_modify(|n| *n += 1);
-            async { Ok::<_, String>(mint(3).await) }
+            let token = tokens.lock().unwrap().pop_front();
+            async move { token.ok_or_else(|| "no token left".to_owned()) }
         })
         .build()
         .unwrap();
