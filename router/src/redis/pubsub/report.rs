@@ -1,0 +1,201 @@
+//! What a task that talked to Redis reports back ([`Done`]), and where each
+//! report goes (if it still applies).
+
+use redis::aio::MultiplexedConnection;
+
+use super::Pubsub;
+use super::flow::{Flow, Held};
+use super::link::MIN_BACKOFF;
+use super::subscription::Subscription;
+use super::watch::Watched;
+use crate::redis::Recovered;
+use crate::{BrokerError, Publication, Topic};
+
+/// What a task that talked to Redis reports back. `link` and `generation`
+/// name the connection it was started on: a report about an earlier one (or
+/// about a topic that has moved to another link) is ignored.
+pub(super) enum Done {
+    Connected {
+        link: usize,
+        generation: u64,
+        result: redis::RedisResult<MultiplexedConnection>,
+    },
+    Subscribed {
+        link: usize,
+        generation: u64,
+        topics: Vec<Topic>,
+        result: Result<Vec<Subscription>, BrokerError>,
+    },
+    Read {
+        link: usize,
+        generation: u64,
+        topics: Vec<Topic>,
+        result: Result<Vec<Recovered>, BrokerError>,
+    },
+    Filled {
+        link: usize,
+        generation: u64,
+        topic: Topic,
+        upto: u64,
+        result: Result<Vec<Publication>, BrokerError>,
+    },
+    Unsubscribed {
+        link: usize,
+        generation: u64,
+        topics: Vec<Topic>,
+        result: Result<(), BrokerError>,
+    },
+    /// The cluster's slot map was read.
+    Mapped(Result<(), BrokerError>),
+}
+
+impl Pubsub {
+    /// Whether `generation` is no longer `link`'s connection.
+    fn stale(&self, link: usize, generation: u64) -> bool {
+        self.links
+            .get(link)
+            .is_none_or(|l| l.generation != generation)
+    }
+
+    /// Whether a report from `link`'s connection `generation` about `topic`
+    /// still applies: the link has not reconnected since, and the topic is
+    /// still on it.
+    fn current(&self, link: usize, generation: u64, topic: &Topic) -> bool {
+        self.links
+            .get(link)
+            .is_some_and(|l| l.generation == generation)
+            && self.topics.get(topic).is_some_and(|w| w.link == link)
+    }
+
+    /// A report from Redis work.
+    pub(super) fn done(&mut self, done: Done) {
+        match done {
+            Done::Connected {
+                link,
+                generation,
+                result,
+            } => {
+                if self
+                    .links
+                    .get(link)
+                    .is_some_and(|l| l.generation == generation)
+                {
+                    self.connected(link, result);
+                }
+            }
+            Done::Mapped(result) => {
+                self.mapping = false;
+                match result {
+                    Ok(()) => self.mapped(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the redis cluster's slot map failed");
+                        if self.control.is_none() {
+                            // Not even the map yet: `/readyz` says why.
+                            self.reach.down(&e.to_string());
+                        }
+                    }
+                }
+                if self.map_wanted {
+                    self.read_map();
+                }
+            }
+            Done::Subscribed {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                if self.stale(link, generation) {
+                    return;
+                }
+                match result {
+                    Ok(outcomes) => self.subscribed(link, topics, outcomes),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis subscribe failed");
+                        self.link_lost(link, "a subscribe failed");
+                    }
+                }
+            }
+            Done::Unsubscribed {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                if self.stale(link, generation) {
+                    return;
+                }
+                tracing::debug!(?topics, ?result, "unsubscribed");
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "redis unsubscribe failed");
+                    self.link_lost(link, "an unsubscribe failed");
+                    return;
+                }
+                let mut again = Vec::new();
+                for topic in topics {
+                    let Some(watched) = self.topics.get_mut(&topic) else {
+                        continue;
+                    };
+                    match &mut watched.flow {
+                        Flow::Leaving { waiters } if waiters.is_empty() => {
+                            self.topics.remove(&topic);
+                        }
+                        Flow::Leaving { waiters } => {
+                            watched.flow = Flow::Starting {
+                                waiters: std::mem::take(waiters),
+                                held: Held::default(),
+                            };
+                            again.push(topic);
+                        }
+                        _ => {}
+                    }
+                }
+                self.subscribe(link, again, None);
+            }
+            Done::Read {
+                link,
+                generation,
+                topics,
+                result,
+            } => {
+                let topics: Vec<Topic> = topics
+                    .into_iter()
+                    .filter(|t| self.current(link, generation, t))
+                    .collect();
+                match result {
+                    Ok(reads) => {
+                        for (topic, recovered) in topics.into_iter().zip(reads) {
+                            self.positioned(&topic, recovered);
+                        }
+                    }
+                    Err(e) => self.read_failed(link, topics, e),
+                }
+            }
+            Done::Filled {
+                link,
+                generation,
+                topic,
+                upto,
+                result,
+            } => {
+                if !self.current(link, generation, &topic) {
+                    return;
+                }
+                match result {
+                    Ok(publications) => self.filled(&topic, upto, publications),
+                    Err(e) => {
+                        tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
+                        if let Some(Watched {
+                            flow: Flow::Catching { at, .. },
+                            ..
+                        }) = self.topics.get(&topic)
+                        {
+                            let (epoch, after) = (at.epoch.clone(), at.seq);
+                            self.fill(&topic, &epoch, after, upto, MIN_BACKOFF);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
