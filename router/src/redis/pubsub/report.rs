@@ -158,17 +158,24 @@ impl Pubsub {
                 topics,
                 result,
             } => {
-                let topics: Vec<Topic> = topics
-                    .into_iter()
-                    .filter(|t| self.current(link, generation, t))
-                    .collect();
                 match result {
+                    // Each read paired with its topic before those that no
+                    // longer apply are left out: the reads are in the order
+                    // of all the topics.
                     Ok(reads) => {
                         for (topic, recovered) in topics.into_iter().zip(reads) {
-                            self.positioned(&topic, recovered);
+                            if self.current(link, generation, &topic) {
+                                self.positioned(&topic, recovered);
+                            }
                         }
                     }
-                    Err(e) => self.read_failed(link, topics, e),
+                    Err(e) => {
+                        let topics: Vec<Topic> = topics
+                            .into_iter()
+                            .filter(|t| self.current(link, generation, t))
+                            .collect();
+                        self.read_failed(link, topics, e);
+                    }
                 }
             }
             Done::Filled {
@@ -197,5 +204,115 @@ impl Pubsub {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::observe::Ignore;
+    use crate::redis::connection::Commands;
+    use crate::redis::lineage::Lineage;
+    use crate::redis::reach::Reach;
+    use crate::redis::shards::Shards;
+    use crate::redis::{DEFAULT_PREFIX, RedisSettings, TlsFiles};
+    use crate::{Deliver, Epoch, Namespaces, Position};
+
+    /// A sink for what nobody here looks at.
+    struct Sink;
+
+    impl Deliver for Sink {
+        fn deliver(&self, _: &Publication, _: Option<&str>) {}
+
+        fn reset(&self, _: &Topic, _: &Position) {}
+
+        fn disconnect(&self, _: &str) {}
+    }
+
+    /// The task's state for one Redis at an address nobody listens on:
+    /// nothing here talks to it.
+    fn pubsub() -> Pubsub {
+        let settings = RedisSettings {
+            url: "redis://127.0.0.1:1".into(),
+            password: None,
+            tls: TlsFiles::default(),
+            sentinel: None,
+            cluster: Vec::new(),
+            command_timeout: Duration::from_secs(1),
+            linger: Duration::from_secs(1),
+            prefix: DEFAULT_PREFIX.into(),
+        };
+        let connector = settings.connector().expect("a valid URL");
+        let shards = Shards::one(Commands::lazy(connector.clone()));
+        Pubsub::new(
+            connector,
+            shards,
+            Arc::new(Sink),
+            Arc::new(Ignore),
+            Arc::new(Lineage::new(Arc::new(Ignore), false)),
+            Arc::new(Namespaces::default()),
+            settings,
+            Reach::new("redis".into()),
+        )
+    }
+
+    fn recovered(epoch: &Epoch, seq: u64) -> Recovered {
+        Recovered {
+            position: Position {
+                epoch: epoch.clone(),
+                seq,
+            },
+            now_ms: 0,
+            clock: 0,
+            entries: None,
+            base: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_topic_of_a_read_starts_from_its_own_position_when_another_left_meanwhile() {
+        let mut ps = pubsub();
+        let link = ps.add_link(String::new());
+        let generation = ps.links[link].generation;
+        let (left, staying) = (
+            Topic::parse("left").unwrap(),
+            Topic::parse("staying").unwrap(),
+        );
+        let (reply, answer) = oneshot::channel();
+        ps.topics.insert(
+            staying.clone(),
+            Watched {
+                count: 1,
+                idle_since: None,
+                link,
+                flow: Flow::Starting {
+                    waiters: vec![reply],
+                    held: Held::default(),
+                },
+            },
+        );
+        // `left` was read beside it, and was let go before the read came
+        // back (unsubscribed after the linger, or moved to another master).
+        let epoch: Epoch = Arc::from("e1");
+        ps.done(Done::Read {
+            link,
+            generation,
+            topics: vec![left, staying.clone()],
+            result: Ok(vec![recovered(&epoch, 7), recovered(&epoch, 42)]),
+        });
+        assert!(matches!(answer.await, Ok(Ok(()))));
+        let Some(Watched {
+            flow: Flow::Live(at),
+            ..
+        }) = ps.topics.get(&staying)
+        else {
+            panic!("the topic did not go live");
+        };
+        assert_eq!((&*at.epoch, at.seq), ("e1", 42));
     }
 }
