@@ -155,6 +155,20 @@ impl Pubsub {
         self.observer.pubsub_backlog(self.held);
     }
 
+    /// A read of a gap failed: tried again after a pause, if the topic still
+    /// waits for it.
+    pub(super) fn fill_failed(&mut self, topic: &Topic, upto: u64, e: BrokerError) {
+        tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
+        if let Some(Watched {
+            flow: Flow::Catching { at, .. },
+            ..
+        }) = self.topics.get(topic)
+        {
+            let (epoch, after) = (at.epoch.clone(), at.seq);
+            self.fill(topic, &epoch, after, upto, MIN_BACKOFF);
+        }
+    }
+
     /// A topic's position was read: a new watch starts from it, a catch-up
     /// delivers what history holds after where the topic stood (or resets).
     pub(super) fn positioned(&mut self, topic: &Topic, recovered: Recovered) {

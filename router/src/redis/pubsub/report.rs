@@ -4,10 +4,7 @@
 use redis::aio::MultiplexedConnection;
 
 use super::Pubsub;
-use super::flow::{Flow, Held};
-use super::link::MIN_BACKOFF;
 use super::subscription::Subscription;
-use super::watch::Watched;
 use crate::redis::Recovered;
 use crate::{BrokerError, Publication, Topic};
 
@@ -126,31 +123,13 @@ impl Pubsub {
                     return;
                 }
                 tracing::debug!(?topics, ?result, "unsubscribed");
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "redis unsubscribe failed");
-                    self.link_lost(link, "an unsubscribe failed");
-                    return;
-                }
-                let mut again = Vec::new();
-                for topic in topics {
-                    let Some(watched) = self.topics.get_mut(&topic) else {
-                        continue;
-                    };
-                    match &mut watched.flow {
-                        Flow::Leaving { waiters } if waiters.is_empty() => {
-                            self.topics.remove(&topic);
-                        }
-                        Flow::Leaving { waiters } => {
-                            watched.flow = Flow::Starting {
-                                waiters: std::mem::take(waiters),
-                                held: Held::default(),
-                            };
-                            again.push(topic);
-                        }
-                        _ => {}
+                match result {
+                    Ok(()) => self.unsubscribed(link, topics),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis unsubscribe failed");
+                        self.link_lost(link, "an unsubscribe failed");
                     }
                 }
-                self.subscribe(link, again, None);
             }
             Done::Read {
                 link,
@@ -190,17 +169,7 @@ impl Pubsub {
                 }
                 match result {
                     Ok(publications) => self.filled(&topic, upto, publications),
-                    Err(e) => {
-                        tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
-                        if let Some(Watched {
-                            flow: Flow::Catching { at, .. },
-                            ..
-                        }) = self.topics.get(&topic)
-                        {
-                            let (epoch, after) = (at.epoch.clone(), at.seq);
-                            self.fill(&topic, &epoch, after, upto, MIN_BACKOFF);
-                        }
-                    }
+                    Err(e) => self.fill_failed(&topic, upto, e),
                 }
             }
         }
@@ -218,6 +187,8 @@ mod tests {
     use crate::observe::Ignore;
     use crate::redis::connection::Commands;
     use crate::redis::lineage::Lineage;
+    use crate::redis::pubsub::flow::{Flow, Held};
+    use crate::redis::pubsub::watch::Watched;
     use crate::redis::reach::Reach;
     use crate::redis::shards::Shards;
     use crate::redis::{DEFAULT_PREFIX, RedisSettings, TlsFiles};

@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{PushKind, Value};
 
 use super::Pubsub;
-use super::flow::Flow;
+use super::flow::{Flow, Held};
 use super::history::READ_BATCH;
 use super::link::LinkState;
 use super::report::Done;
@@ -203,6 +203,31 @@ impl Pubsub {
                 });
             });
         }
+    }
+
+    /// An unsubscribe was confirmed: a topic that nobody watched since is
+    /// forgotten; one watched meanwhile is subscribed again.
+    pub(super) fn unsubscribed(&mut self, link: usize, topics: Vec<Topic>) {
+        let mut again = Vec::new();
+        for topic in topics {
+            let Some(watched) = self.topics.get_mut(&topic) else {
+                continue;
+            };
+            match &mut watched.flow {
+                Flow::Leaving { waiters } if waiters.is_empty() => {
+                    self.topics.remove(&topic);
+                }
+                Flow::Leaving { waiters } => {
+                    watched.flow = Flow::Starting {
+                        waiters: std::mem::take(waiters),
+                        held: Held::default(),
+                    };
+                    again.push(topic);
+                }
+                _ => {}
+            }
+        }
+        self.subscribe(link, again, None);
     }
 
     /// Unsubscribes channels that moved away from `link`, in the
