@@ -15,6 +15,15 @@
 //! - Pipelines over many keys are sent per master ([`Shards::by_node`]);
 //!   their callers send what came back redirected again through
 //!   [`Shards::script`].
+//!
+//! Beside [`Shards`] (the connections, the map it holds, a call's way
+//! through the cluster): the slot map as `CLUSTER SLOTS` tells it
+//! ([`map`]), what a failed call asks for ([`redirect`]), and a call sent
+//! alone or many in a pipeline ([`call`]).
+
+mod call;
+mod map;
+mod redirect;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
@@ -22,13 +31,16 @@ use std::time::Duration;
 
 use backoff::Backoff;
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation,
-    ServerErrorKind, Value,
+    Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation, Value,
 };
 use tokio::time::Instant;
 
 use super::connection::{Commands, Connector};
-use super::slots::{self, SLOTS};
+use super::slots;
+pub use call::Call;
+use call::{pipelined, run_command, run_script};
+use map::Map;
+use redirect::Redirect;
 
 /// Tries of one call (the first and the retries) before its error is the
 /// answer, whatever the redirects: a bound on a cluster that sends a call in
@@ -62,83 +74,6 @@ struct Cluster {
     nodes: Mutex<HashMap<String, Commands>>,
     /// One reading of the map at a time; the others wait for it.
     refreshing: tokio::sync::Mutex<()>,
-}
-
-/// The cluster's slot map: the master of each slot.
-pub struct Map {
-    /// `host:port` of each master.
-    pub masters: Vec<String>,
-    /// For each slot, its master's index in `masters` (`u16::MAX`: none).
-    owners: Vec<u16>,
-    /// Counts the readings that changed the map.
-    pub version: u64,
-}
-
-impl Map {
-    fn empty() -> Self {
-        Self {
-            masters: Vec::new(),
-            owners: vec![u16::MAX; SLOTS],
-            version: 0,
-        }
-    }
-
-    /// `host:port` of the master of `slot`, if the map has one.
-    pub fn master(&self, slot: u16) -> Option<&str> {
-        let owner = *self.owners.get(usize::from(slot))?;
-        self.masters.get(usize::from(owner)).map(String::as_str)
-    }
-
-    /// Reads a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id, ..],
-    /// replicas..], ..]`.
-    fn parse(reply: &Value, version: u64) -> Option<Self> {
-        let Value::Array(ranges) = reply else {
-            return None;
-        };
-        let mut map = Self::empty();
-        map.version = version;
-        for range in ranges {
-            let Value::Array(parts) = range else {
-                return None;
-            };
-            let (start, end) = (int(parts.first()?)?, int(parts.get(1)?)?);
-            let Value::Array(master) = parts.get(2)? else {
-                return None;
-            };
-            let host = match master.first()? {
-                Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
-                Value::SimpleString(host) => host.clone(),
-                _ => return None,
-            };
-            let address = format!("{host}:{}", int(master.get(1)?)?);
-            let index = match map.masters.iter().position(|m| *m == address) {
-                Some(index) => index,
-                None => {
-                    map.masters.push(address);
-                    map.masters.len() - 1
-                }
-            };
-            let index = u16::try_from(index).ok()?;
-            for slot in start..=end.min(SLOTS as i64 - 1) {
-                *map.owners.get_mut(usize::try_from(slot).ok()?)? = index;
-            }
-        }
-        Some(map)
-    }
-
-    fn same_owners(&self, other: &Self) -> bool {
-        self.owners
-            .iter()
-            .zip(&other.owners)
-            .all(|(a, b)| self.masters.get(usize::from(*a)) == other.masters.get(usize::from(*b)))
-    }
-}
-
-fn int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(i) => Some(*i),
-        _ => None,
-    }
 }
 
 impl Shards {
@@ -525,140 +460,6 @@ impl Attempt {
     }
 }
 
-/// Runs a script call; after an `ASK`, as `ASKING` and the call in one go.
-async fn run_script<T: FromRedisValue>(
-    conn: &mut Commands,
-    script: &Script,
-    invocation: &ScriptInvocation<'_>,
-    asking: bool,
-) -> RedisResult<T> {
-    if !asking {
-        return invocation.invoke_async(conn).await;
-    }
-    let mut pipe = redis::pipe();
-    pipe.cmd("ASKING").ignore().invoke_script(invocation);
-    let (reply,): (T,) = match pipe.query_async(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            pipe.query_async(conn).await?
-        }
-        other => other?,
-    };
-    Ok(reply)
-}
-
-/// Runs a command; after an `ASK`, as `ASKING` and the command in one go.
-async fn run_command<T: FromRedisValue>(
-    conn: &mut Commands,
-    cmd: &Cmd,
-    asking: bool,
-) -> RedisResult<T> {
-    if !asking {
-        return cmd.query_async(conn).await;
-    }
-    let mut pipe = redis::pipe();
-    pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-    let (reply,): (T,) = pipe.query_async(conn).await?;
-    Ok(reply)
-}
-
-/// One script call of [`Shards::scripts`], with the slot of its keys.
-pub struct Call<'a> {
-    pub slot: u16,
-    pub script: &'a Script,
-    pub invocation: ScriptInvocation<'a>,
-}
-
-/// What a failed call asks for.
-pub enum Redirect {
-    /// The slot is served by `host:port` now: go there, and read the map
-    /// again.
-    Moved(String),
-    /// The slot is being migrated, its key to `host:port` already.
-    Ask(String),
-    /// Wait a moment and read the map again: a migration between two of the
-    /// call's keys, a cluster without a master for the slot yet, a failover.
-    Wait,
-}
-
-impl Redirect {
-    pub fn of(e: &RedisError) -> Option<Self> {
-        match e.kind() {
-            ErrorKind::Server(ServerErrorKind::Moved) => {
-                let (address, _) = e.redirect_node()?;
-                Some(Self::Moved(address.to_owned()))
-            }
-            ErrorKind::Server(ServerErrorKind::Ask) => {
-                let (address, _) = e.redirect_node()?;
-                Some(Self::Ask(address.to_owned()))
-            }
-            ErrorKind::Server(
-                ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::ReadOnly,
-            ) => Some(Self::Wait),
-            _ if e.is_unrecoverable_error() || e.is_timeout() || e.is_connection_refusal() => {
-                Some(Self::Wait)
-            }
-            _ => None,
-        }
-    }
-
-    /// [`Redirect::of`] for a reply value of a pipeline.
-    pub fn of_reply(reply: &Value) -> Option<Self> {
-        match reply {
-            Value::ServerError(e) => Self::of(&RedisError::from(e.clone())),
-            _ => None,
-        }
-    }
-}
-
-/// The calls at `indices` of `calls` in one pipeline on `conn`, each
-/// call's error its own reply.
-async fn pipelined(
-    conn: &mut Commands,
-    indices: &[usize],
-    calls: &[Call<'_>],
-) -> RedisResult<Vec<Value>> {
-    let calls: Vec<&Call<'_>> = indices.iter().filter_map(|&i| calls.get(i)).collect();
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for call in &calls {
-        pipe.invoke_script(&call.invocation);
-    }
-    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
-    // Redis forgot its scripts (it restarted): a pipeline does not load
-    // them, so load the ones that were missed and send the calls that missed
-    // them again (only those: the others ran).
-    let missed: Vec<usize> = (0..replies.len())
-        .filter(|&i| no_script(&replies[i]))
-        .collect();
-    if missed.is_empty() {
-        return Ok(replies);
-    }
-    let mut loaded: Vec<&str> = Vec::new();
-    let mut again = redis::pipe();
-    again.ignore_errors();
-    for &i in &missed {
-        let call = calls[i];
-        if !loaded.contains(&call.script.get_hash()) {
-            call.script.load_async(conn).await?;
-            loaded.push(call.script.get_hash());
-        }
-        again.invoke_script(&call.invocation);
-    }
-    let retried: Vec<Value> = again.query_async(conn).await?;
-    for (i, reply) in missed.into_iter().zip(retried) {
-        replies[i] = reply;
-    }
-    Ok(replies)
-}
-
-fn no_script(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
-}
-
 fn split_address(address: &str) -> Option<(&str, u16)> {
     let (host, port) = address.rsplit_once(':')?;
     Some((host, port.parse().ok()?))
@@ -666,34 +467,4 @@ fn split_address(address: &str) -> Option<(&str, u16)> {
 
 fn unexpected(what: &'static str) -> RedisError {
     RedisError::from((ErrorKind::Io, what))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn a_slot_map_is_read_from_cluster_slots() {
-        let node = |port| Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]);
-        let reply = Value::Array(vec![
-            Value::Array(vec![
-                Value::Int(0),
-                Value::Int(5460),
-                node(7000),
-                node(7003),
-            ]),
-            Value::Array(vec![Value::Int(5461), Value::Int(10922), node(7001)]),
-            Value::Array(vec![Value::Int(10923), Value::Int(16383), node(7002)]),
-        ]);
-        let map = Map::parse(&reply, 1).expect("a map");
-        assert_eq!(map.master(0), Some("127.0.0.1:7000"));
-        assert_eq!(map.master(5461), Some("127.0.0.1:7001"));
-        assert_eq!(map.master(16383), Some("127.0.0.1:7002"));
-        assert_eq!(map.masters.len(), 3);
-        assert!(Map::parse(&Value::Int(1), 1).is_none());
-    }
 }
