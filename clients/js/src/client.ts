@@ -1,5 +1,16 @@
 import { Emitter } from './emitter.js';
 import { HeraldError, closeError, errorFor, isTerminalClose } from './errors.js';
+import {
+  parseFrame,
+  type Command,
+  type ErrFrame,
+  type HelloCommand,
+  type OkFrame,
+  type PubCommand,
+  type RefreshCommand,
+  type ServerFrame,
+  type WelcomeFrame,
+} from './frame.js';
 import { Subscription, type Owner } from './subscription.js';
 
 /** First reconnect delay cap; doubled per failed attempt up to {@link DEFAULT_BACKOFF_MAX_MS}. */
@@ -99,26 +110,11 @@ interface Socket {
   onerror: (() => void) | null;
 }
 
-// Server messages, as far as the client reads them.
-interface Frame {
-  op?: string;
-  id?: number;
-  topic?: string;
-  seq?: number;
-  epoch?: string;
-  data?: unknown;
-  session?: string;
-  ping_ms?: number;
-  resumed?: boolean;
-  expires?: number;
-  recovered?: boolean;
-  code?: string;
-  message?: string;
-  after_ms?: number;
-}
+/** A command answered by the `ok` or `err` of its `id`, before it is given one. */
+type Request = Omit<PubCommand, 'id'> | Omit<RefreshCommand, 'id'>;
 
 interface Pending {
-  resolve(frame: Frame): void;
+  resolve(frame: OkFrame): void;
   reject(error: HeraldError): void;
   timer: ReturnType<typeof setTimeout>;
 }
@@ -216,11 +212,17 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /**
    * Subscribes to `topic` (now, or once connected). Messages, `subscribed`,
-   * `reset` and `error` are events of the returned subscription.
+   * `reset` and `error` are events of the returned subscription. `T` is the
+   * type of the messages' `data` (not checked: it is what the publishers
+   * send), `unknown` unless given:
+   *
+   * ```ts
+   * client.subscribe<Price>('prices').on('message', (m) => show(m.data.bid));
+   * ```
    */
-  subscribe(topic: string, options: SubscribeOptions = {}): Subscription {
+  subscribe<T = unknown>(topic: string, options: SubscribeOptions = {}): Subscription<T> {
     if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
-    const sub = new Subscription(this, topic, options.since, options.epoch, (e) => this.#fault(e));
+    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e));
     this.#subs.set(topic, sub);
     if (this.#welcomed) this.#subscribe(sub);
     return sub;
@@ -289,7 +291,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#timer('welcome', this.#timeoutMs, () => this.#lost(gen, 1006, 'no welcome in time'));
     ws.onopen = () => {
       if (gen !== this.#gen) return;
-      const hello: Record<string, unknown> = { op: 'hello' };
+      const hello: HelloCommand = { op: 'hello' };
       if (token) hello.token = token;
       if (this.session) hello.resume = this.session;
       this.#send(hello);
@@ -373,39 +375,34 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   // ---------------------------------------------------------------- messages
 
   #frame(data: unknown): void {
-    let m: Frame;
+    let m: ServerFrame | undefined;
     try {
-      m = JSON.parse(String(data)) as Frame;
+      m = parseFrame(String(data));
     } catch {
       return;
     }
+    // Any frame is life, even one this client does not know.
     this.#alive();
-    switch (m.op) {
+    switch (m?.op) {
       case 'welcome':
         return this.#welcome(m);
-      case 'msg': {
-        const sub = this.#sub(m.topic);
-        if (sub && typeof m.seq === 'number') sub._msg(m.seq, m.data);
-        return;
-      }
-      case 'reset': {
-        const sub = this.#sub(m.topic);
-        if (sub && typeof m.seq === 'number') sub._reset(m.epoch, m.seq);
-        return;
-      }
+      case 'msg':
+        return this.#sub(m.topic)?._msg(m.seq, m.data);
+      case 'reset':
+        return this.#sub(m.topic)?._reset(m.epoch, m.seq);
       case 'ok':
         return this.#ok(m);
       case 'err':
         return this.#err(m);
       case 'reconnect':
         // Leave as advised: the server closes next; acks sent now still count.
-        this.#advice = typeof m.after_ms === 'number' ? m.after_ms : undefined;
+        this.#advice = m.after_ms;
         this.#flushAcks();
         return;
     }
   }
 
-  #welcome(m: Frame): void {
+  #welcome(m: WelcomeFrame): void {
     this.#clear('welcome');
     const resumed = m.resumed === true && m.session === this.session;
     this.session = m.session;
@@ -425,8 +422,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     for (const [resolve] of this.#waiters.splice(0)) resolve();
   }
 
-  #ok(m: Frame): void {
-    const id = m.id ?? -1;
+  #ok(m: OkFrame): void {
+    const id = m.id;
     const sub = this.#subIds.get(id);
     if (sub) {
       this.#subIds.delete(id);
@@ -446,8 +443,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  #err(m: Frame): void {
-    const e = errorFor(m.code ?? 'internal', m.message ?? m.code ?? 'error');
+  #err(m: ErrFrame): void {
+    const e = errorFor(m.code, m.message);
     if (m.id !== undefined) {
       const sub = this.#subIds.get(m.id);
       if (sub) {
@@ -512,7 +509,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  #request(command: Record<string, unknown>): Promise<Frame> {
+  #request(command: Request): Promise<OkFrame> {
     return new Promise((resolve, reject) => {
       if (!this.#welcomed) {
         reject(new HeraldError('not_connected', 'not connected'));
@@ -521,14 +518,14 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       const id = ++this.#id;
       const timer = setTimeout(() => {
         this.#pending.delete(id);
-        reject(new HeraldError('timeout', `no answer to \`${String(command.op)}\` in ${this.#timeoutMs} ms`));
+        reject(new HeraldError('timeout', `no answer to \`${command.op}\` in ${this.#timeoutMs} ms`));
       }, this.#timeoutMs);
       this.#pending.set(id, { resolve, reject, timer });
       this.#send({ ...command, id });
     });
   }
 
-  #send(command: Record<string, unknown>): void {
+  #send(command: Command): void {
     const ws = this.#ws;
     if (!ws || ws.readyState !== 1) return;
     try {
