@@ -248,8 +248,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         this.#retry(1006);
         return;
       }
-      if (gen !== this.#gen) return;
     }
+    // Closed meanwhile: by the app (in a `state` listener, say), or for good.
+    if (gen !== this.#gen) return;
     const url = this.#urls[this.#next++ % this.#urls.length]!;
     let ws: Socket;
     try {
@@ -295,8 +296,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #retry(code: number): void {
     const delay = this.#advice ?? backoff(this.#initialMs, this.#maxMs, this.#attempt++);
     this.#advice = undefined;
-    this.#set({ state: 'disconnected', closeCode: code, delayMs: delay });
+    // Before the event: a listener that closes the client ends this generation.
     const gen = this.#gen;
+    this.#set({ state: 'disconnected', closeCode: code, delayMs: delay });
     this.#attemptTimer.set(delay, () => {
       if (gen === this.#gen) void this.#open();
     });
