@@ -127,9 +127,12 @@ export type Command =
  * client does not know (an op of a newer server) or that lacks a field the
  * client reads (or has it of another type): the client ignores it. Only those
  * fields are checked, not every one: the bundle stays small, and what the
- * client does not read cannot hurt it. Throws on text that is not JSON.
+ * client does not read cannot hurt it. (`welcome.ping_ms` is not checked
+ * either: the heartbeat takes anything but a positive number for its
+ * default.) Throws on text that is not JSON.
  */
 export function parseFrame(text: string): ServerFrame | undefined {
+  // `any` until checked: what the cases below let through is the frame its `op` says.
   const f = JSON.parse(text);
   switch (f?.op) {
     case 'welcome':
@@ -137,8 +140,9 @@ export function parseFrame(text: string): ServerFrame | undefined {
     case 'ok':
       return typeof f.id === 'number' ? f : undefined;
     case 'msg':
-    case 'reset':
       return typeof f.topic === 'string' && typeof f.seq === 'number' ? f : undefined;
+    case 'reset':
+      return typeof f.topic === 'string' && typeof f.epoch === 'string' && typeof f.seq === 'number' ? f : undefined;
     case 'err':
       return typeof f.code === 'string' && typeof f.message === 'string' ? f : undefined;
     case 'reconnect':

@@ -28,7 +28,11 @@ export class Heartbeat {
     this.#dead = dead;
   }
 
-  /** Watches the connection that was welcomed: the server pings every `pingMs`. The clock starts at {@link Heartbeat.alive}. */
+  /**
+   * Watches the connection that was welcomed: the server pings every
+   * `pingMs` (`welcome.ping_ms`; anything but a positive number means the
+   * default). The clock starts at {@link Heartbeat.alive}.
+   */
   start(pingMs: number, pingsVisible: boolean): void {
     this.#pingMs = pingMs > 0 ? pingMs : DEFAULT_PING_MS;
     this.#pingsVisible = pingsVisible;
@@ -59,6 +63,7 @@ export class Heartbeat {
     // finds no request of that id and ignores it.
     this.#probing = true;
     this.#probe();
+    // Set: the timer that ran this is armed only while a connection is watched.
     this.#timer.set(Math.min(this.#pingMs!, PONG_GRACE_MAX_MS), () => this.#silent());
   }
 }

@@ -183,6 +183,7 @@ test('the parser: a frame the client knows passes as it came; anything else is u
     '{"op":"msg","seq":42,"data":1}',
     '{"op":"err","message":"no"}',
     '{"op":"reset","topic":"news","epoch":"77ab"}',
+    '{"op":"reset","topic":"news","seq":130}',
     '{"op":"reconnect","after_ms":"soon","reason":"draining"}',
   ];
   for (const text of turnedAway) assert.equal(parseFrame(text), undefined, text);
