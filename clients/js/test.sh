@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The TypeScript SDK's suite: installs its pinned dev dependencies from
 # package-lock.json (npm ci; playwright-core drives the system's Chromium and
-# never downloads a browser), builds it (tsc: ESM and .d.ts), builds the
-# minified browser bundle and prints its gzipped size, then runs the Node and
-# headless-Chromium tests (node --test) against the real `herald` binary.
+# never downloads a browser), builds it (tsc: ESM and .d.ts), compiles the
+# type tests (test/types.ts, against the emitted .d.ts), builds the minified
+# browser bundle and prints its gzipped size, then runs the Node tests (the
+# frame types in step with herald.proto and docs/protocol.md, the parser) and
+# the Node and headless-Chromium tests against the real `herald` binary.
 # Needs Node >= 20, npm, /usr/bin/chromium and redis-server (scripts/test.sh
 # installs them).
 set -euo pipefail
@@ -15,6 +17,7 @@ if [ -z "${HERALD_BIN:-}" ]; then
 fi
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
 npm run --silent build
+npm run --silent test:types
 npm run --silent bundle
 # One file at a time: the browser tests start Chromium and several processes
 # each, on a 2-core machine. Every wait inside is bounded, and so is every

@@ -1,49 +1,28 @@
+import { backoff } from './backoff.js';
 import { Emitter } from './emitter.js';
 import { HeraldError, closeError, errorFor, isTerminalClose } from './errors.js';
+import {
+  parseFrame,
+  type Command,
+  type ErrFrame,
+  type HelloCommand,
+  type OkFrame,
+  type PubCommand,
+  type RefreshCommand,
+  type ServerFrame,
+  type WelcomeFrame,
+} from './frame.js';
+import { Heartbeat } from './heartbeat.js';
+import {
+  DEFAULT_ACK_INTERVAL_MS,
+  DEFAULT_BACKOFF_INITIAL_MS,
+  DEFAULT_BACKOFF_MAX_MS,
+  DEFAULT_TIMEOUT_MS,
+  type HeraldClientOptions,
+} from './options.js';
+import { TokenRefresh, type TokenSource } from './refresh.js';
 import { Subscription, type Owner } from './subscription.js';
-
-/** First reconnect delay cap; doubled per failed attempt up to {@link DEFAULT_BACKOFF_MAX_MS}. */
-export const DEFAULT_BACKOFF_INITIAL_MS = 500;
-/** Largest reconnect delay cap. Each delay is a random fraction of the cap (full jitter). */
-export const DEFAULT_BACKOFF_MAX_MS = 20_000;
-/** Acks are batched: at most one per topic per this interval. */
-export const DEFAULT_ACK_INTERVAL_MS = 100;
-/** Longest the client waits for `welcome`, or for the answer to a `pub` or `refresh`. */
-export const DEFAULT_TIMEOUT_MS = 10_000;
-/** Past the server's ping interval, how long a silent connection may stay silent (at most). */
-const PONG_GRACE_MAX_MS = 10_000;
-/** Refresh the token this long before it expires (at most; a third of its lifetime if shorter). */
-const REFRESH_MARGIN_MAX_MS = 30_000;
-
-/** The options of a {@link HeraldClient}. */
-export interface HeraldClientOptions {
-  /** WebSocket URLs of the pods (`wss://host/ws`); the client moves to the next one on each reconnect. */
-  urls: string | string[];
-  /**
-   * Returns the token for `hello` and `refresh` (`null`: connect without one).
-   * Called before every connection attempt and before each refresh, so a
-   * token that expired is replaced without the app noticing. Cache in it if
-   * fetching is costly.
-   */
-  getToken?: () => string | null | undefined | Promise<string | null | undefined>;
-  /** Reconnect backoff (exponential, full jitter). */
-  backoff?: { initialMs?: number; maxMs?: number };
-  /**
-   * `auto` (default): a message counts as processed once its `message`
-   * listeners return. `manual`: only what the app passes to
-   * {@link HeraldClient.ack}. Either way acks are batched.
-   */
-  acks?: 'auto' | 'manual';
-  /** Default {@link DEFAULT_ACK_INTERVAL_MS}. */
-  ackIntervalMs?: number;
-  /** Default {@link DEFAULT_TIMEOUT_MS}. */
-  timeoutMs?: number;
-  /**
-   * A WebSocket constructor (the `ws` package on Node 20, which has no global
-   * one). Default: `globalThis.WebSocket`.
-   */
-  WebSocket?: new (url: string) => unknown;
-}
+import { Timer } from './timer.js';
 
 /**
  * `connecting` (a socket is opening or `hello` is unanswered), `connected`
@@ -99,31 +78,14 @@ interface Socket {
   onerror: (() => void) | null;
 }
 
-// Server messages, as far as the client reads them.
-interface Frame {
-  op?: string;
-  id?: number;
-  topic?: string;
-  seq?: number;
-  epoch?: string;
-  data?: unknown;
-  session?: string;
-  ping_ms?: number;
-  resumed?: boolean;
-  expires?: number;
-  recovered?: boolean;
-  code?: string;
-  message?: string;
-  after_ms?: number;
-}
+/** A command answered by the `ok` or `err` of its `id`, before it is given one. */
+type Request = Omit<PubCommand, 'id'> | Omit<RefreshCommand, 'id'>;
 
 interface Pending {
-  resolve(frame: Frame): void;
+  resolve(frame: OkFrame): void;
   reject(error: HeraldError): void;
   timer: ReturnType<typeof setTimeout>;
 }
-
-type TimerName = 'reconnect' | 'welcome' | 'live' | 'ack' | 'refresh';
 
 /**
  * A connection to Herald that keeps the delivery contract for the app:
@@ -145,7 +107,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   /** @internal */
   readonly _autoAck: boolean;
 
-  #getToken: HeraldClientOptions['getToken'];
+  #getToken: TokenSource | undefined;
   #urls: string[];
   #next = 0;
   #Socket: new (url: string) => unknown;
@@ -163,17 +125,20 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #subIds = new Map<number, Subscription>();
   #pending = new Map<number, Pending>();
   #id = 0;
+  /** Reconnect attempts since the last `welcome`. */
   #attempt = 0;
   /** `after_ms` of the `reconnect` advice of the current connection. */
   #advice: number | undefined;
   /** The `err` that came before `welcome` (a refused token): the close that follows says whether it is terminal. */
   #helloErr: HeraldError | undefined;
-  #timers: Partial<Record<TimerName, ReturnType<typeof setTimeout>>> = {};
-  #pingMs = 25_000;
-  /** Whether the socket shows the server's pings (the `ws` package does; browsers do not). */
-  #pingsVisible = false;
-  /** A `ping` of ours is unanswered: more silence ends the connection. */
-  #probing = false;
+  /** A connection attempt's timer: the wait before it starts, then (its socket created) for its `welcome`. */
+  #attemptTimer = new Timer();
+  #ackTimer = new Timer();
+  #heartbeat = new Heartbeat(
+    () => this.#send({ op: 'ping', id: ++this.#id }),
+    () => this.#lost(this.#gen, 1006, 'no ping from the server in time'),
+  );
+  #refresh: TokenRefresh;
   #waiters: [() => void, (e: HeraldError) => void][] = [];
   #faulting = false;
 
@@ -187,6 +152,11 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#getToken = options.getToken;
     this.#initialMs = options.backoff?.initialMs ?? DEFAULT_BACKOFF_INITIAL_MS;
     this.#maxMs = options.backoff?.maxMs ?? DEFAULT_BACKOFF_MAX_MS;
+    this.#refresh = new TokenRefresh(
+      options.getToken,
+      (token) => this.#request({ op: 'refresh', token }),
+      (e) => this.#fault(e),
+    );
     this.#ackMs = options.ackIntervalMs ?? DEFAULT_ACK_INTERVAL_MS;
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this._autoAck = (options.acks ?? 'auto') === 'auto';
@@ -216,11 +186,17 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /**
    * Subscribes to `topic` (now, or once connected). Messages, `subscribed`,
-   * `reset` and `error` are events of the returned subscription.
+   * `reset` and `error` are events of the returned subscription. `T` is the
+   * type of the messages' `data` (not checked: it is what the publishers
+   * send), `unknown` unless given:
+   *
+   * ```ts
+   * client.subscribe<Price>('prices').on('message', (m) => show(m.data.bid));
+   * ```
    */
-  subscribe(topic: string, options: SubscribeOptions = {}): Subscription {
+  subscribe<T = unknown>(topic: string, options: SubscribeOptions = {}): Subscription<T> {
     if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
-    const sub = new Subscription(this, topic, options.since, options.epoch, (e) => this.#fault(e));
+    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e));
     this.#subs.set(topic, sub);
     if (this.#welcomed) this.#subscribe(sub);
     return sub;
@@ -254,7 +230,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /** @internal */
   _ackSoon(): void {
-    if (this.#timers.ack === undefined && this.#welcomed) this.#timer('ack', this.#ackMs, () => this.#flushAcks());
+    if (!this.#ackTimer.armed && this.#welcomed) this.#ackTimer.set(this.#ackMs, () => this.#flushAcks());
   }
 
   // ---------------------------------------------------------------- connection
@@ -272,8 +248,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         this.#retry(1006);
         return;
       }
-      if (gen !== this.#gen) return;
     }
+    // Closed meanwhile: by the app (in a `state` listener, say), or for good.
+    if (gen !== this.#gen) return;
     const url = this.#urls[this.#next++ % this.#urls.length]!;
     let ws: Socket;
     try {
@@ -286,10 +263,10 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#welcomed = false;
     this.#helloErr = undefined;
     this.#advice = undefined;
-    this.#timer('welcome', this.#timeoutMs, () => this.#lost(gen, 1006, 'no welcome in time'));
+    this.#attemptTimer.set(this.#timeoutMs, () => this.#lost(gen, 1006, 'no welcome in time'));
     ws.onopen = () => {
       if (gen !== this.#gen) return;
-      const hello: Record<string, unknown> = { op: 'hello' };
+      const hello: HelloCommand = { op: 'hello' };
       if (token) hello.token = token;
       if (this.session) hello.resume = this.session;
       this.#send(hello);
@@ -299,9 +276,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     };
     ws.onclose = (ev) => this.#lost(gen, ev.code, ev.reason);
     ws.onerror = () => {}; // a close event follows
-    this.#pingsVisible = typeof ws.on === 'function';
     ws.on?.('ping', () => {
-      if (gen === this.#gen) this.#alive();
+      if (gen === this.#gen) this.#heartbeat.alive();
     });
   }
 
@@ -318,15 +294,12 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /** Schedules the next attempt: after the server's advice, or a backoff with full jitter. */
   #retry(code: number): void {
-    let delay = this.#advice;
-    if (delay === undefined) {
-      const cap = Math.min(this.#maxMs, this.#initialMs * 2 ** this.#attempt++);
-      delay = Math.floor(Math.random() * cap);
-    }
+    const delay = this.#advice ?? backoff(this.#initialMs, this.#maxMs, this.#attempt++);
     this.#advice = undefined;
-    this.#set({ state: 'disconnected', closeCode: code, delayMs: delay });
+    // Before the event: a listener that closes the client ends this generation.
     const gen = this.#gen;
-    this.#timer('reconnect', delay, () => {
+    this.#set({ state: 'disconnected', closeCode: code, delayMs: delay });
+    this.#attemptTimer.set(delay, () => {
       if (gen === this.#gen) void this.#open();
     });
   }
@@ -334,11 +307,13 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   /** Drops the current socket and everything tied to it. */
   #end(): void {
     this.#gen++;
-    for (const name of Object.keys(this.#timers) as TimerName[]) this.#clear(name);
+    this.#attemptTimer.clear();
+    this.#ackTimer.clear();
+    this.#heartbeat.stop();
+    this.#refresh.stop();
     const ws = this.#ws;
     this.#ws = undefined;
     this.#welcomed = false;
-    this.#probing = false;
     if (ws) {
       ws.onopen = ws.onmessage = ws.onclose = null;
       try {
@@ -373,46 +348,41 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   // ---------------------------------------------------------------- messages
 
   #frame(data: unknown): void {
-    let m: Frame;
+    let m: ServerFrame | undefined;
     try {
-      m = JSON.parse(String(data)) as Frame;
+      m = parseFrame(String(data));
     } catch {
       return;
     }
-    this.#alive();
-    switch (m.op) {
+    // Any frame is life, even one this client does not know.
+    this.#heartbeat.alive();
+    switch (m?.op) {
       case 'welcome':
         return this.#welcome(m);
-      case 'msg': {
-        const sub = this.#sub(m.topic);
-        if (sub && typeof m.seq === 'number') sub._msg(m.seq, m.data);
-        return;
-      }
-      case 'reset': {
-        const sub = this.#sub(m.topic);
-        if (sub && typeof m.seq === 'number') sub._reset(m.epoch, m.seq);
-        return;
-      }
+      case 'msg':
+        return this.#sub(m.topic)?._msg(m.seq, m.data);
+      case 'reset':
+        return this.#sub(m.topic)?._reset(m.epoch, m.seq);
       case 'ok':
         return this.#ok(m);
       case 'err':
         return this.#err(m);
       case 'reconnect':
         // Leave as advised: the server closes next; acks sent now still count.
-        this.#advice = typeof m.after_ms === 'number' ? m.after_ms : undefined;
+        this.#advice = m.after_ms;
         this.#flushAcks();
         return;
     }
   }
 
-  #welcome(m: Frame): void {
-    this.#clear('welcome');
+  #welcome(m: WelcomeFrame): void {
+    this.#attemptTimer.clear();
     const resumed = m.resumed === true && m.session === this.session;
     this.session = m.session;
     this.#welcomed = true;
     this.#attempt = 0;
-    this.#pingMs = m.ping_ms && m.ping_ms > 0 ? m.ping_ms : 25_000;
-    if (typeof m.expires === 'number') this.#refreshAt(m.expires);
+    this.#heartbeat.start(m.ping_ms, typeof this.#ws?.on === 'function');
+    if (typeof m.expires === 'number') this.#refresh.schedule(m.expires);
     this.#set({ state: 'connected', session: m.session, resumed });
     for (const sub of [...this.#subs.values()]) {
       if (resumed && sub._held) sub._resumed();
@@ -421,12 +391,12 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         this.#subscribe(sub);
       }
     }
-    this.#alive();
+    this.#heartbeat.alive();
     for (const [resolve] of this.#waiters.splice(0)) resolve();
   }
 
-  #ok(m: Frame): void {
-    const id = m.id ?? -1;
+  #ok(m: OkFrame): void {
+    const id = m.id;
     const sub = this.#subIds.get(id);
     if (sub) {
       this.#subIds.delete(id);
@@ -446,8 +416,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  #err(m: Frame): void {
-    const e = errorFor(m.code ?? 'internal', m.message ?? m.code ?? 'error');
+  #err(m: ErrFrame): void {
+    const e = errorFor(m.code, m.message);
     if (m.id !== undefined) {
       const sub = this.#subIds.get(m.id);
       if (sub) {
@@ -504,7 +474,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   }
 
   #flushAcks(): void {
-    this.#clear('ack');
+    this.#ackTimer.clear();
     if (!this.#welcomed) return;
     for (const sub of this.#subs.values()) {
       const ack = sub._ackCommand();
@@ -512,7 +482,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  #request(command: Record<string, unknown>): Promise<Frame> {
+  #request(command: Request): Promise<OkFrame> {
     return new Promise((resolve, reject) => {
       if (!this.#welcomed) {
         reject(new HeraldError('not_connected', 'not connected'));
@@ -521,14 +491,14 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       const id = ++this.#id;
       const timer = setTimeout(() => {
         this.#pending.delete(id);
-        reject(new HeraldError('timeout', `no answer to \`${String(command.op)}\` in ${this.#timeoutMs} ms`));
+        reject(new HeraldError('timeout', `no answer to \`${command.op}\` in ${this.#timeoutMs} ms`));
       }, this.#timeoutMs);
       this.#pending.set(id, { resolve, reject, timer });
       this.#send({ ...command, id });
     });
   }
 
-  #send(command: Record<string, unknown>): void {
+  #send(command: Command): void {
     const ws = this.#ws;
     if (!ws || ws.readyState !== 1) return;
     try {
@@ -538,66 +508,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  // ---------------------------------------------------------------- tokens
-
-  /** Refreshes the token before `expires` (Unix seconds). */
-  #refreshAt(expires: number): void {
-    const left = expires * 1000 - Date.now();
-    const margin = Math.min(REFRESH_MARGIN_MAX_MS, left / 3);
-    this.#timer('refresh', Math.max(0, left - margin), () => void this.#refresh());
-  }
-
-  async #refresh(): Promise<void> {
-    const gen = this.#gen;
-    try {
-      const token = await this.#getToken?.();
-      if (!token || gen !== this.#gen) return;
-      const ok = await this.#request({ op: 'refresh', token });
-      if (typeof ok.expires === 'number' && gen === this.#gen) this.#refreshAt(ok.expires);
-    } catch (e) {
-      // The connection keeps its old expiry: at it the server closes with
-      // 4004 and the client comes back with a token from `getToken`.
-      if (gen === this.#gen) this.#fault(e);
-    }
-  }
-
-  // ---------------------------------------------------------------- liveness
-
-  /** Something came: the connection lives. Silence past the ping interval and a grace ends it. */
-  #alive(): void {
-    if (!this.#welcomed) return;
-    this.#probing = false;
-    this.#timer('live', this.#pingMs + Math.min(this.#pingMs, PONG_GRACE_MAX_MS), () => this.#silent());
-  }
-
-  #silent(): void {
-    if (this.#pingsVisible || this.#probing) {
-      this.#lost(this.#gen, 1006, 'no ping from the server in time');
-      return;
-    }
-    // A browser's WebSocket answers pings without showing them: ask the
-    // server for an answer instead. Its `ok` (any frame) is life; `#ok`
-    // finds no request of that id and ignores it.
-    this.#probing = true;
-    this.#send({ op: 'ping', id: ++this.#id });
-    this.#timer('live', Math.min(this.#pingMs, PONG_GRACE_MAX_MS), () => this.#silent());
-  }
-
-  // ---------------------------------------------------------------- helpers
-
-  #timer(name: TimerName, ms: number, fn: () => void): void {
-    this.#clear(name);
-    this.#timers[name] = setTimeout(() => {
-      delete this.#timers[name];
-      fn();
-    }, ms);
-  }
-
-  #clear(name: TimerName): void {
-    const timer = this.#timers[name];
-    if (timer !== undefined) clearTimeout(timer);
-    delete this.#timers[name];
-  }
+  // ---------------------------------------------------------------- errors
 
   #fault(e: unknown): void {
     const error = e instanceof HeraldError ? e : new HeraldError('internal', `a listener threw: ${String(e)}`);

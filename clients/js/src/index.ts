@@ -2,21 +2,34 @@
  * Herald's client for browsers and Node (>= 20): `HeraldClient` connects,
  * resumes its session across drops and pods, and hands each topic's messages
  * to the app once and in order. docs/clients.md has the guide.
+ *
+ * The modules: `client` speaks the protocol (docs/protocol.md) over one
+ * connection after another; `frame` is its wire, the server's frames (a union
+ * keyed on `op`, checked on the way in by `parseFrame`) and the commands;
+ * `subscription` is one topic's stream and its acks. Beside the protocol:
+ * `backoff` (the wait before a reconnect), `heartbeat` (a dead connection
+ * found), `refresh` (the token renewed before it expires), `timer`, `options`
+ * (with their defaults), `emitter` (events) and `errors` (one class per code
+ * an app handles differently). A `msg` goes socket -> `client` (parsed by
+ * `frame`) -> its `subscription` (a duplicate dropped) -> the app's
+ * `message` listeners -> an `ack` batched by `client`.
  * @packageDocumentation
  */
 export {
   HeraldClient,
-  DEFAULT_ACK_INTERVAL_MS,
-  DEFAULT_BACKOFF_INITIAL_MS,
-  DEFAULT_BACKOFF_MAX_MS,
-  DEFAULT_TIMEOUT_MS,
-  type HeraldClientOptions,
   type ConnectionState,
   type StateChange,
   type ClientEvents,
   type SubscribeOptions,
   type Published,
 } from './client.js';
+export {
+  DEFAULT_ACK_INTERVAL_MS,
+  DEFAULT_BACKOFF_INITIAL_MS,
+  DEFAULT_BACKOFF_MAX_MS,
+  DEFAULT_TIMEOUT_MS,
+  type HeraldClientOptions,
+} from './options.js';
 export { Subscription, type Message, type Subscribed, type Reset, type SubscriptionEvents } from './subscription.js';
 export {
   HeraldError,

@@ -1,5 +1,6 @@
 import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
+import type { AckCommand, SubCommand } from './frame.js';
 
 /** A message handed to the application: each `seq` once, in order, within an `epoch`. */
 export interface Message<T = unknown> {
@@ -37,9 +38,9 @@ export interface Reset {
   seq: number;
 }
 
-/** The events of a {@link Subscription}. */
-export interface SubscriptionEvents {
-  message: Message;
+/** The events of a {@link Subscription} whose messages carry `data` of type `T`. */
+export interface SubscriptionEvents<T = unknown> {
+  message: Message<T>;
   subscribed: Subscribed;
   reset: Reset;
   /** The subscription was refused or ended by the server (`forbidden`, `unknown_namespace`, …): it is closed. */
@@ -57,11 +58,12 @@ export interface Owner {
 }
 
 /**
- * One topic's stream. Keeps what the protocol's client rule needs: the
- * newest seq handed over (a `msg` at or below it is a duplicate and dropped),
- * the epoch, and what to ack.
+ * One topic's stream, whose messages carry `data` of type `T` (see
+ * `HeraldClient.subscribe`). Keeps what the protocol's client rule
+ * needs: the newest seq handed over (a `msg` at or below it is a duplicate
+ * and dropped), the epoch, and what to ack.
  */
-export class Subscription extends Emitter<SubscriptionEvents> {
+export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   /** The topic, as given to `subscribe`. */
   readonly topic: string;
   /** The current epoch (from `ok` or `reset`). */
@@ -77,13 +79,13 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   _held = false;
   /** @internal The newest seq the application has processed (auto) or acked (manual). */
   _processed = 0;
-  /** @internal The newest seq this connection has seen for the topic: an ack must not pass it. */
-  _wire: number | undefined;
-  /** @internal The last ack sent, and its epoch. */
-  _acked = -1;
-  _ackedEpoch: string | undefined;
-  /** @internal The `since` the `sub` in flight carried. */
-  _since: number | undefined;
+  /** The newest seq this connection has seen for the topic: an ack must not pass it. */
+  #wire: number | undefined;
+  /** The last ack sent, and its epoch. */
+  #acked = -1;
+  #ackedEpoch: string | undefined;
+  /** The `since` the `sub` in flight carried. */
+  #since: number | undefined;
 
   #owner: Owner;
 
@@ -105,9 +107,9 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   }
 
   /** @internal The `sub` command: with `since` once a position is known. */
-  _subCommand(id: number): Record<string, unknown> {
-    this._since = this.seq;
-    const sub: Record<string, unknown> = { op: 'sub', id, topic: this.topic };
+  _subCommand(id: number): SubCommand {
+    this.#since = this.seq;
+    const sub: SubCommand = { op: 'sub', id, topic: this.topic };
     if (this.seq !== undefined) {
       sub.since = this.seq;
       if (this.epoch !== undefined) sub.epoch = this.epoch;
@@ -118,15 +120,15 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   /** @internal The `ok` to our `sub`. */
   _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined): void {
     this._held = true;
-    const since = this._since;
-    this._since = undefined;
-    this._wire = Math.max(this._wire ?? 0, seq);
+    const since = this.#since;
+    this.#since = undefined;
+    this.#wire = Math.max(this.#wire ?? 0, seq);
     if (since === undefined) {
       this.epoch = epoch;
       this.seq = seq;
       this._processed = seq;
-      this._acked = seq;
-      this._ackedEpoch = epoch;
+      this.#acked = seq;
+      this.#ackedEpoch = epoch;
       this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false });
       return;
     }
@@ -144,20 +146,21 @@ export class Subscription extends Emitter<SubscriptionEvents> {
   /** @internal A resumed session brought the subscription back. */
   _resumed(): void {
     // The pod vouches for what we acked (it replays after it), so an ack up to it is safe.
-    if (this._ackedEpoch === this.epoch && this._acked >= 0) this._wire = this._acked;
+    if (this.#ackedEpoch === this.epoch && this.#acked >= 0) this.#wire = this.#acked;
     this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: true });
   }
 
   /** @internal A `msg`. */
   _msg(seq: number, data: unknown): void {
-    this._wire = Math.max(this._wire ?? 0, seq);
+    this.#wire = Math.max(this.#wire ?? 0, seq);
     if (this.seq !== undefined && seq <= this.seq) {
       this.duplicates++;
       this.#owner._ackSoon();
       return;
     }
     this.seq = seq;
-    this.emit('message', { topic: this.topic, seq, epoch: this.epoch, data });
+    // `T` is the app's word for what publishers send: nothing here checks it.
+    this.emit('message', { topic: this.topic, seq, epoch: this.epoch, data: data as T });
     if (this.#owner._autoAck) this._processed = seq;
     this.#owner._ackSoon();
   }
@@ -167,32 +170,32 @@ export class Subscription extends Emitter<SubscriptionEvents> {
     if (epoch !== undefined && epoch === this.epoch && this.seq !== undefined && seq <= this.seq) {
       // Told again of the epoch we are in (a resume repeats a reset we may
       // not have read): nothing was skipped, carry on.
-      this._wire = Math.max(this._wire ?? 0, seq);
+      this.#wire = Math.max(this.#wire ?? 0, seq);
       return;
     }
     this.epoch = epoch;
     this.seq = seq;
     this._processed = seq;
-    this._wire = Math.max(this._wire ?? 0, seq);
+    this.#wire = Math.max(this.#wire ?? 0, seq);
     this.emit('reset', { topic: this.topic, epoch, seq });
     this.#owner._ackSoon();
   }
 
   /** @internal The `ack` due now, if any. */
-  _ackCommand(): Record<string, unknown> | undefined {
-    if (!this._held || this.closed || this._wire === undefined) return undefined;
-    const seq = Math.min(this._processed, this._wire);
-    if (seq <= 0 || (seq <= this._acked && this._ackedEpoch === this.epoch)) return undefined;
-    this._acked = seq;
-    this._ackedEpoch = this.epoch;
-    const ack: Record<string, unknown> = { op: 'ack', topic: this.topic, seq };
+  _ackCommand(): AckCommand | undefined {
+    if (!this._held || this.closed || this.#wire === undefined) return undefined;
+    const seq = Math.min(this._processed, this.#wire);
+    if (seq <= 0 || (seq <= this.#acked && this.#ackedEpoch === this.epoch)) return undefined;
+    this.#acked = seq;
+    this.#ackedEpoch = this.epoch;
+    const ack: AckCommand = { op: 'ack', topic: this.topic, seq };
     if (this.epoch !== undefined) ack.epoch = this.epoch;
     return ack;
   }
 
   /** @internal The connection ended: nothing is known of the next one yet. */
   _disconnected(): void {
-    this._wire = undefined;
-    this._since = undefined;
+    this.#wire = undefined;
+    this.#since = undefined;
   }
 }

@@ -176,6 +176,42 @@ test('Node: a connection whose pings stop is found dead and replaced, resuming t
   await events.wait('resumed', (e) => e.t === 'state' && e.state === 'connected' && e.resumed);
 });
 
+test('Node: a client the app closes from its own `state` listener stays closed: no socket after it, no reconnect', async (t) => {
+  const cleanup = cleanups(t);
+  const events = new Events();
+  // Welcomes, then closes with 4000 (a code that says: come back).
+  const url = await tinyServer(cleanup, events, 25_000, (socket, m) => {
+    if (m.op === 'hello') socket.close(4000);
+  });
+  const connections = () => events.filter((e) => e.t === 'server-connection').length;
+  for (const closeOn of ['connecting', 'disconnected']) {
+    const before = connections();
+    // Backoff 0: a reconnect would be due at once.
+    const c = new HeraldClient({ urls: [url], WebSocket, backoff: { initialMs: 0, maxMs: 0 } });
+    cleanup.push(() => c.close());
+    const states = [];
+    c.on('state', ({ state }) => {
+      states.push(state);
+      events.push({ t: 'state', closeOn, state });
+      if (state === closeOn) c.close();
+    });
+    c.connect().catch(() => {}); // rejected when closed before `welcome`
+    await events.wait(`closed on ${closeOn}`, (e) => e.closeOn === closeOn && e.state === 'closed');
+    // A timer set now runs after any the client set before (Node runs timers
+    // of one delay in the order they were set): a reconnect would be under way.
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    assert.deepEqual(states, closeOn === 'connecting' ? ['connecting', 'closed'] : ['connecting', 'connected', 'disconnected', 'closed']);
+    // And no socket was opened after the close: the next connection the
+    // server sees is another client's.
+    const from = events.list.length;
+    const other = client(cleanup, events, [url]);
+    other.connect().catch(() => {});
+    await events.until("the other client's hello", () => events.list.slice(from).some((e) => e.t === 'server-got' && e.op === 'hello'));
+    other.close();
+    assert.equal(connections(), before + (closeOn === 'connecting' ? 1 : 2), JSON.stringify(events.list));
+  }
+});
+
 /** The `ws` socket behind the browser's interface: pings hidden, as a browser hides them. */
 class HiddenPings {
   #ws;

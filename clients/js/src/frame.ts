@@ -1,0 +1,152 @@
+/**
+ * The protocol's frames (docs/protocol.md; the messages of
+ * `proto/proto/herald/v1/herald.proto`): what the server sends, as a union
+ * keyed on `op`, and the commands the client sends. A proto3 field marked
+ * `optional` is an optional key here; every other field is always present.
+ * `test/protocol.test.mjs` keeps these types in step with the `.proto`.
+ */
+
+/** The first frame of every connection: the session, and how the server keeps it alive. */
+export interface WelcomeFrame {
+  op: 'welcome';
+  session: string;
+  ping_ms: number;
+  resumed: boolean;
+  /** When the connection's token expires (Unix seconds). */
+  expires?: number;
+  /** Why a `resume` was not honoured (`not_found`, `other_user`). */
+  reason?: string;
+}
+
+/** The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`. */
+export interface OkFrame {
+  op: 'ok';
+  id: number;
+  topic?: string;
+  seq?: number;
+  epoch?: string;
+  /** Only in the reply to a `sub` with `since`. */
+  recovered?: boolean;
+  /** Only in the reply to `refresh`. */
+  expires?: number;
+}
+
+/** A message of a topic. */
+export interface MsgFrame {
+  op: 'msg';
+  topic: string;
+  seq: number;
+  /** Any JSON value, as published. */
+  data: unknown;
+}
+
+/** A command failed, or the server ended a subscription (no `id` then; `topic` names it). */
+export interface ErrFrame {
+  op: 'err';
+  id?: number;
+  code: string;
+  message: string;
+  topic?: string;
+}
+
+/** The subscription lost continuity: resync, then continue after `seq` in `epoch`. */
+export interface ResetFrame {
+  op: 'reset';
+  topic: string;
+  epoch: string;
+  seq: number;
+}
+
+/** Leave and come back after `after_ms`, resuming the session. */
+export interface ReconnectFrame {
+  op: 'reconnect';
+  after_ms: number;
+  reason: string;
+}
+
+/** A frame from the server. */
+export type ServerFrame = WelcomeFrame | OkFrame | MsgFrame | ErrFrame | ResetFrame | ReconnectFrame;
+
+export interface HelloCommand {
+  op: 'hello';
+  token?: string;
+  resume?: string;
+}
+
+export interface SubCommand {
+  op: 'sub';
+  id: number;
+  topic: string;
+  since?: number;
+  epoch?: string;
+}
+
+export interface UnsubCommand {
+  op: 'unsub';
+  id: number;
+  topic: string;
+}
+
+export interface PubCommand {
+  op: 'pub';
+  id: number;
+  topic: string;
+  data: unknown;
+}
+
+export interface AckCommand {
+  op: 'ack';
+  topic: string;
+  seq: number;
+  epoch?: string;
+}
+
+export interface RefreshCommand {
+  op: 'refresh';
+  id: number;
+  token: string;
+}
+
+export interface PingCommand {
+  op: 'ping';
+  id: number;
+}
+
+/** A command to the server. */
+export type Command =
+  | HelloCommand
+  | SubCommand
+  | UnsubCommand
+  | PubCommand
+  | AckCommand
+  | RefreshCommand
+  | PingCommand;
+
+/**
+ * The frame in a text message from the server, or `undefined` for one the
+ * client does not know (an op of a newer server) or that lacks a field the
+ * client reads (or has it of another type): the client ignores it. Only those
+ * fields are checked, not every one: the bundle stays small, and what the
+ * client does not read cannot hurt it. (`welcome.ping_ms` is not checked
+ * either: the heartbeat takes anything but a positive number for its
+ * default.) Throws on text that is not JSON.
+ */
+export function parseFrame(text: string): ServerFrame | undefined {
+  // `any` until checked: what the cases below let through is the frame its `op` says.
+  const f = JSON.parse(text);
+  switch (f?.op) {
+    case 'welcome':
+      return typeof f.session === 'string' ? f : undefined;
+    case 'ok':
+      return typeof f.id === 'number' ? f : undefined;
+    case 'msg':
+      return typeof f.topic === 'string' && typeof f.seq === 'number' ? f : undefined;
+    case 'reset':
+      return typeof f.topic === 'string' && typeof f.epoch === 'string' && typeof f.seq === 'number' ? f : undefined;
+    case 'err':
+      return typeof f.code === 'string' && typeof f.message === 'string' ? f : undefined;
+    case 'reconnect':
+      return typeof f.after_ms === 'number' ? f : undefined;
+  }
+  return undefined;
+}

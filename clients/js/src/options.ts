@@ -1,0 +1,40 @@
+import type { TokenSource } from './refresh.js';
+
+/** First reconnect delay cap; doubled per failed attempt up to {@link DEFAULT_BACKOFF_MAX_MS}. */
+export const DEFAULT_BACKOFF_INITIAL_MS = 500;
+/** Largest reconnect delay cap. Each delay is a random fraction of the cap (full jitter). */
+export const DEFAULT_BACKOFF_MAX_MS = 20_000;
+/** Acks are batched: at most one per topic per this interval. */
+export const DEFAULT_ACK_INTERVAL_MS = 100;
+/** Longest the client waits for `welcome`, or for the answer to a `pub` or `refresh`. */
+export const DEFAULT_TIMEOUT_MS = 10_000;
+
+/** The options of a `HeraldClient`: where to connect, with which token, and its timings. */
+export interface HeraldClientOptions {
+  /** WebSocket URLs of the pods (`wss://host/ws`); the client moves to the next one on each reconnect. */
+  urls: string | string[];
+  /**
+   * Returns the token for `hello` and `refresh` (`null`: connect without one).
+   * Called before every connection attempt and before each refresh, so a
+   * token that expired is replaced without the app noticing. Cache in it if
+   * fetching is costly.
+   */
+  getToken?: TokenSource;
+  /** Reconnect backoff (exponential, full jitter). */
+  backoff?: { initialMs?: number; maxMs?: number };
+  /**
+   * `auto` (default): a message counts as processed once its `message`
+   * listeners return. `manual`: only what the app passes to
+   * `HeraldClient.ack`. Either way acks are batched.
+   */
+  acks?: 'auto' | 'manual';
+  /** Default {@link DEFAULT_ACK_INTERVAL_MS}. */
+  ackIntervalMs?: number;
+  /** Default {@link DEFAULT_TIMEOUT_MS}. */
+  timeoutMs?: number;
+  /**
+   * A WebSocket constructor (the `ws` package on Node 20, which has no global
+   * one). Default: `globalThis.WebSocket`.
+   */
+  WebSocket?: new (url: string) => unknown;
+}
