@@ -7,6 +7,7 @@ use router::{BrokerError, Since, Topic};
 
 use super::Session;
 use super::access::Access;
+use super::handshake::Origin;
 use crate::budget::{Limit, Principal};
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -150,7 +151,10 @@ impl Session {
                 }
                 self.draw(id, &topic, Access::Subscribe)?;
                 let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
-                let subscribed = self.subscribe(Some(id), topic.clone(), since).await;
+                let subscribed = self
+                    .subscribe(Origin::Command(id), topic.clone(), since)
+                    .await
+                    .map_err(|e| e.to_command(Origin::Command(id), &topic));
                 if !self.subscriptions.contains(&topic)
                     && let Some(account) = self.account.as_mut()
                 {
@@ -189,7 +193,7 @@ impl Session {
                     .broker
                     .publish(&topic, data, None, None)
                     .await
-                    .map_err(|e| broker_error(Some(id), e).about(topic.as_str()))?;
+                    .map_err(|e| broker_error(Some(id), &e).about(topic.as_str()))?;
                 self.node.metrics.published.inc();
                 self.reply(ServerMessage::Ok {
                     id,
@@ -347,7 +351,7 @@ pub(super) fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
     .about(topic.as_str())
 }
 
-pub(super) fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {
+pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
     let code = match e {
         BrokerError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
         BrokerError::Unavailable(_) => ErrorCode::Unavailable,

@@ -251,13 +251,7 @@ impl Drop for Session {
             );
         }
         for topic in self.subscriptions.topics() {
-            if self.node.hub.leave(&topic, self.conn) {
-                let broker = self.node.broker.clone();
-                // Dropped with its runtime, there is nothing to unwatch.
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move { broker.unwatch(&topic).await });
-                }
-            }
+            handshake::leave_now(&self.node, topic, self.conn);
         }
         if let Some(id) = &self.id {
             self.node.live.deregister(id, self.conn);

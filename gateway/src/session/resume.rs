@@ -1,14 +1,13 @@
 //! What a resume needs: the session claimed from whoever held it last, and
 //! saved to the store as the connection goes on and as it ends.
 
-use proto::{CommandError, ErrorCode};
+use proto::ErrorCode;
 use router::{BrokerError, Claim, Since, Stored, SubscriptionState};
 use tokio::time::Instant;
 
 use super::access::Access;
-use super::commands::broker_error;
+use super::handshake::Origin;
 use super::{Session, TakeOver, tag};
-use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
 
 impl Session {
@@ -62,7 +61,11 @@ impl Session {
                 epoch: Some(state.epoch.to_string()),
                 vouched: true,
             };
-            match self.subscribe(None, state.topic.clone(), Some(since)).await {
+            let subscribed = self
+                .subscribe(Origin::Restored, state.topic.clone(), Some(since))
+                .await
+                .map_err(|e| e.to_command(Origin::Restored, &state.topic));
+            match subscribed {
                 Ok(()) => {}
                 // Redis did not answer: this subscription and those not
                 // restored yet stay as stored, so that the session saved
@@ -82,34 +85,6 @@ impl Session {
                     self.tell(e).await;
                 }
             }
-        }
-    }
-
-    /// With a shared store, saves the session's subscriptions before the
-    /// client hears `ok` for a new one: a resume elsewhere right after (the
-    /// client moved, or lost its connection before the next flush) must
-    /// find it, or the client would wait for messages of a topic the resumed
-    /// session does not have. Not needed with the memory store: a resume on
-    /// the pod takes the live session over.
-    pub(super) async fn store_subscriptions(&self, command: u64) -> Result<(), CommandError> {
-        let Some(id) = self.id.as_deref() else {
-            return Ok(());
-        };
-        if self.node.config.broker == BrokerKind::Memory {
-            return Ok(());
-        }
-        match self.save_now(id).await {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                // Resumed by another connection meanwhile: this one is over.
-                self.out.close(CloseReason::TakenOver, true);
-                Err(CommandError::new(
-                    Some(command),
-                    ErrorCode::Unavailable,
-                    "the session was resumed by another connection",
-                ))
-            }
-            Err(e) => Err(broker_error(Some(command), e)),
         }
     }
 
