@@ -15,42 +15,40 @@ use crate::disconnect::CloseReason;
 
 impl Session {
     /// Who the client is: the claims of a valid token, or anonymous where
-    /// that is allowed. `Err` has closed the connection already.
-    pub(super) async fn authenticate(&mut self, token: Option<&str>) -> Result<Option<Claims>, ()> {
+    /// that is allowed.
+    async fn authenticate(&self, token: Option<&str>) -> Result<Option<Claims>, Denied> {
         let Some(verifier) = &self.node.verifier else {
             // Open mode: nothing to check a token against.
             return Ok(None);
         };
-        let refused = match token {
-            Some(token) => match verifier.verify(token).await {
-                Ok(claims) => return Ok(Some(claims)),
-                Err(refused) => refused,
-            },
-            None if self.node.config.auth.allow_anonymous => return Ok(None),
-            None => {
-                self.auth_failed("missing", ErrorCode::Unauthorized, "a token is required")
-                    .await;
-                self.out.close(CloseReason::Unauthorized, true);
-                return Err(());
-            }
-        };
-        let (code, reason) = refusal(&refused);
-        self.auth_failed(refused.reason(), code, &refused.to_string())
-            .await;
-        self.out.close(reason, true);
-        Err(())
+        match token {
+            Some(token) => Ok(Some(verifier.verify(token).await?)),
+            None if self.node.config.auth.allow_anonymous => Ok(None),
+            None => Err(Denied::Missing),
+        }
     }
 
-    pub(super) async fn auth_failed(&self, reason: &str, code: ErrorCode, message: &str) {
+    /// A client `hello` let in as no one: counted, told why, and closed.
+    async fn deny(&self, denied: Denied) {
+        let (code, close) = denied.answer();
+        let reason = denied.reason();
         self.node.metrics.auth_failed(reason);
         tracing::debug!(conn = self.conn, reason, "token refused");
         self.reply(ServerMessage::Err {
             id: None,
             code,
-            message,
+            message: &denied.to_string(),
             topic: None,
         })
         .await;
+        self.out.close(close, true);
+    }
+
+    /// A `refresh` refused: counted, and the `err` its command gets.
+    fn deny_refresh(&self, id: u64, denied: Denied) -> CommandError {
+        self.node.metrics.auth_failed(denied.reason());
+        let (code, _) = denied.answer();
+        CommandError::new(Some(id), code, denied.to_string())
     }
 
     /// Takes the token's claims for this connection. It lives until the
@@ -71,8 +69,9 @@ impl Session {
         // Before the store is asked: a disconnect from now on reaches this
         // connection, whether or not the claim saw it.
         let arrived = self.node.live.arrival();
-        let Ok(claims) = self.authenticate(token).await else {
-            return;
+        let claims = match self.authenticate(token).await {
+            Ok(claims) => claims,
+            Err(denied) => return self.deny(denied).await,
         };
         let user = claims.as_ref().map(|c| c.user.clone());
         self.adopt(claims);
@@ -171,20 +170,11 @@ impl Session {
         };
         let claims = match verifier.verify(token).await {
             Ok(claims) => claims,
-            Err(refused) => {
-                self.node.metrics.auth_failed(refused.reason());
-                let (code, _) = refusal(&refused);
-                return Err(CommandError::new(Some(id), code, refused.to_string()));
-            }
+            Err(refused) => return Err(self.deny_refresh(id, refused.into())),
         };
         let same_user = self.claims.as_ref().map(|c| &c.user) == Some(&claims.user);
         if !same_user {
-            self.node.metrics.auth_failed("other_user");
-            return Err(CommandError::new(
-                Some(id),
-                ErrorCode::Unauthorized,
-                "a refresh must be for the connection's own user",
-            ));
+            return Err(self.deny_refresh(id, Denied::OtherUser));
         }
         self.adopt(Some(claims));
         for topic in self.subscriptions.topics() {
@@ -208,11 +198,41 @@ impl Session {
     }
 }
 
-/// How a token refusal is answered: the `err` code, and the close.
-fn refusal(refused: &Refused) -> (ErrorCode, CloseReason) {
-    if refused.is_expired() {
-        (ErrorCode::TokenExpired, CloseReason::TokenExpired)
-    } else {
-        (ErrorCode::Unauthorized, CloseReason::Unauthorized)
+/// Why a client was not let in (`hello`) or on (`refresh`) as a user.
+/// `Display` is the message the client is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Denied {
+    /// No token, where anonymous clients are not let in.
+    #[error("a token is required")]
+    Missing,
+    /// The token was refused: expired, or not one of ours (see [`Refused`]).
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// A `refresh` with a valid token for another user than the
+    /// connection's.
+    #[error("a refresh must be for the connection's own user")]
+    OtherUser,
+}
+
+impl Denied {
+    /// Its label on `herald_auth_failures_total{reason}`.
+    pub(super) fn reason(&self) -> &'static str {
+        match self {
+            Denied::Missing => "missing",
+            Denied::Refused(refused) => refused.reason(),
+            Denied::OtherUser => "other_user",
+        }
+    }
+
+    /// How it is answered: the `err` code, and the close (`hello`'s; a
+    /// refused `refresh` leaves the connection to its token's expiry). Only
+    /// an expired token is one the client can fix by fetching a new one.
+    pub(super) fn answer(&self) -> (ErrorCode, CloseReason) {
+        match self {
+            Denied::Refused(refused) if refused.is_expired() => {
+                (ErrorCode::TokenExpired, CloseReason::TokenExpired)
+            }
+            _ => (ErrorCode::Unauthorized, CloseReason::Unauthorized),
+        }
     }
 }

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::handshake::{Origin, SubscribeError};
+use super::hello::Denied;
 use super::{LiveSession, Pod, Registry, Replays, Session, Subscriptions, Unregistered};
 use crate::admission::Slots;
 use crate::budget::Budgets;
@@ -490,4 +491,64 @@ async fn a_resumed_subscription_is_restored_without_an_ok_and_a_clients_own_sub_
     assert!(!session.subscriptions.is_told(&chat));
     assert_eq!(node.hub.subscribers(&news), 1);
     assert_eq!(node.hub.subscribers(&chat), 1);
+}
+
+#[test]
+fn a_denied_client_hears_why_and_only_an_expired_token_is_told_to_fetch_another() {
+    use crate::auth::Refused;
+    use crate::disconnect::CloseReason;
+    let cases = [
+        (Denied::Missing, "a token is required", "missing"),
+        (
+            Denied::OtherUser,
+            "a refresh must be for the connection's own user",
+            "other_user",
+        ),
+        (Refused::Expired.into(), "token has expired", "expired"),
+        (
+            Refused::Signature.into(),
+            "token signature does not verify",
+            "signature",
+        ),
+    ];
+    for (denied, message, reason) in cases {
+        assert_eq!(
+            (denied.to_string().as_str(), denied.reason()),
+            (message, reason)
+        );
+        let expected = match denied {
+            Denied::Refused(Refused::Expired) => {
+                (ErrorCode::TokenExpired, CloseReason::TokenExpired)
+            }
+            _ => (ErrorCode::Unauthorized, CloseReason::Unauthorized),
+        };
+        assert_eq!(denied.answer(), expected, "{denied:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_hello_without_a_token_where_one_is_required_is_told_and_closed() {
+    use crate::auth::Verifier;
+    use crate::disconnect::CloseReason;
+    let mut config = Config::load(None, std::iter::empty()).unwrap();
+    config.auth.hmac_secret = "a secret of at least thirty-two bytes".into();
+    let verifier = Verifier::new(&config.auth).await.unwrap();
+    let (mut node, _) = pod_with(config, Fault::None);
+    Arc::get_mut(&mut node).unwrap().verifier = verifier;
+    for (token, message) in [
+        (None, "a token is required"),
+        (Some("not a token"), "token is not a well-formed JWT"),
+    ] {
+        let (mut session, out) = connect(&node);
+        session.hello(token, None).await;
+        assert!(session.id.is_none(), "no session for {token:?}");
+        assert_eq!(out.reason(), Some(CloseReason::Unauthorized));
+        let sent = sent(&out);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            (&sent[0]["op"], &sent[0]["code"]),
+            (&"err".into(), &"unauthorized".into())
+        );
+        assert_eq!(sent[0]["message"], message);
+    }
 }
