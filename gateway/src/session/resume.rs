@@ -73,8 +73,9 @@ impl Session {
                 // comes back and resumes again.
                 Err(e) if e.code == ErrorCode::Unavailable => {
                     tracing::warn!(message = %e.message, "a resumed subscription could not be restored");
-                    self.subscriptions
-                        .insert(state.topic, state.epoch, state.acked);
+                    // As stored, `told` included: a reset the client may
+                    // not have read is sent again at the next resume.
+                    self.subscriptions.restore(&state);
                     self.out.close(CloseReason::Unavailable, true);
                     return;
                 }

@@ -552,3 +552,40 @@ async fn a_hello_without_a_token_where_one_is_required_is_told_and_closed() {
         assert_eq!(sent[0]["message"], message);
     }
 }
+
+#[tokio::test]
+async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_read() {
+    let (node, _) = pod_with(
+        Config::load(None, std::iter::empty()).unwrap(),
+        Fault::Recover,
+    );
+    let news = topic("news");
+    // Told of a reset to epoch `e` after 3, and no ack in `e` since.
+    let stored = SessionSnapshot {
+        user: None,
+        subscriptions: vec![SubscriptionState {
+            topic: news.clone(),
+            epoch: Epoch::from("e"),
+            acked: 3,
+            told: true,
+        }],
+    };
+    let window = node.config.session.resume_window;
+    let saved = node.sessions.save("s1", "before", stored, window).await;
+    assert_eq!(saved, Ok(true));
+    let (mut session, out) = connect(&node);
+    session.hello(None, Some("s1")).await;
+    // The client is to come back; the session it comes back to must send
+    // that reset again.
+    assert_eq!(
+        out.reason(),
+        Some(crate::disconnect::CloseReason::Unavailable)
+    );
+    let kept = session.subscriptions.snapshot().subscriptions;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (&*kept[0].epoch, kept[0].acked, kept[0].told),
+        ("e", 3, true)
+    );
+    assert_eq!(node.hub.subscribers(&news), 0);
+}
