@@ -1,7 +1,8 @@
 //! The subscribe handshake: how a subscription starts, whoever asked for it
 //! (its [`Origin`]). One place, the steps in order:
 //!
-//! 1. A replay's turn, when there is history to replay ([`Replays`](super::Replays)).
+//! 1. A replay's turn, when there is history to replay
+//!    ([`Replays`](super::Replays)).
 //! 2. [`Joining::join`]: the hub holds aside what arrives for the topic from
 //!    now on. Until the handshake goes live, the [`Joining`] guard leaves the
 //!    hub when dropped (and the last subscriber out releases the broker's
@@ -200,8 +201,8 @@ impl Session {
     /// The subscribe handshake (see the [module](self)): live delivery
     /// first (held aside), then the topic's position and history, then what
     /// was held aside beyond it. With `since`, the replay waits for its turn
-    /// first ([`Replays`](super::Replays)), and streams at the pace the client reads.
-    /// Failed, it has left the topic, and recorded nothing new.
+    /// first ([`Replays`](super::Replays)), and streams at the pace the
+    /// client reads. Failed, it has left the topic and recorded nothing.
     pub(super) async fn subscribe(
         &mut self,
         origin: Origin,
