@@ -29,6 +29,7 @@ use router::{BrokerError, Page, PageSize, Position, Publication, Topic};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::Session;
+use super::handshake::Joining;
 use crate::config::ReplayConfig;
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -127,18 +128,20 @@ impl Replays {
 }
 
 impl Session {
-    /// Streams the replay of `topic` after `start`: `first` (the page that
-    /// `recover` read at `position`), then page after page up to
-    /// `position` as the queue takes them, then live delivery. Returns
-    /// early when the connection closes.
+    /// Streams the replay of the topic `joining` after `start`: `first`
+    /// (the page that `recover` read at `position`), then page after page
+    /// up to `position` as the queue takes them, then live delivery, which
+    /// consumes `joining`. Returns early when the connection closes, the
+    /// subscription kept for the session's end to leave.
     pub(super) async fn replay(
         &mut self,
-        topic: &Topic,
+        mut joining: Joining,
         first: Vec<Publication>,
         start: u64,
         position: &Position,
     ) {
         let node = self.node.clone();
+        let topic = &joining.topic().clone();
         let size = node.replays.page();
         let mut epoch = position.epoch.clone();
         let mut cursor = start;
@@ -149,6 +152,7 @@ impl Session {
         loop {
             for publication in page.drain(..) {
                 if !self.out.send(frame::publication(&publication)).await {
+                    joining.keep();
                     return;
                 }
                 cursor = publication.seq;
@@ -158,9 +162,10 @@ impl Session {
                     epoch: epoch.clone(),
                     seq: cursor,
                 };
-                if node.hub.go_live(topic, self.conn, &at) {
-                    return;
-                }
+                joining = match joining.go_live(&at) {
+                    Ok(()) => return,
+                    Err(joining) => joining,
+                };
                 node.metrics.replays_overrun.inc();
                 tracing::debug!(
                     conn = self.conn,
@@ -175,7 +180,8 @@ impl Session {
                     page = publications;
                 }
                 Ok(Page::Lost) => {
-                    let Some(now) = self.reset_replay(topic).await else {
+                    let Some(now) = self.reset_replay(&joining).await else {
+                        joining.keep();
                         return;
                     };
                     cursor = now.seq;
@@ -184,6 +190,7 @@ impl Session {
                 }
                 Err(e) => {
                     self.replay_failed(topic, &e);
+                    joining.keep();
                     return;
                 }
             }
@@ -193,10 +200,11 @@ impl Session {
     /// History no longer continues the replay: as for a `since` out of the
     /// window, a `reset` to where the topic is now, live from there. `None`
     /// when the broker could not say (the connection closes then).
-    async fn reset_replay(&mut self, topic: &Topic) -> Option<Position> {
+    async fn reset_replay(&mut self, joining: &Joining) -> Option<Position> {
         let node = self.node.clone();
+        let topic = joining.topic();
         // Before the position is read: what comes after it is kept aside.
-        node.hub.hold_again(topic, self.conn);
+        joining.hold_again();
         let position = match node.broker.recover(topic, None, PageSize::UNBOUNDED).await {
             Ok(recovery) => recovery.position,
             Err(e) => {

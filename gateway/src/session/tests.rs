@@ -1,20 +1,33 @@
-//! What a connection's task leaves behind when it panics: nothing.
+//! The session's own tests: what a connection's task leaves behind when it
+//! panics (nothing), the registry's races, and the subscribe handshake,
+//! failed at each of its steps.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use router::{Deliver, Epoch, MemoryBroker, Position, Publication, SessionUser, Topic};
+use bytes::Bytes;
+use proto::ErrorCode;
+use router::{
+    Broker, BrokerError, BrokerStatus, Claim, Deliver, Epoch, MemoryBroker, Page, PageSize,
+    Position, Publication, Recovery, SessionSnapshot, SessionStore, SessionUser, Since, Stored,
+    SubscriptionState, Topic,
+};
+use serde_json::Value;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::handshake::{Origin, SubscribeError};
+use super::hello::Denied;
 use super::{LiveSession, Pod, Registry, Replays, Session, Subscriptions, Unregistered};
 use crate::admission::Slots;
 use crate::budget::Budgets;
-use crate::config::Config;
+use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Writing};
@@ -31,24 +44,36 @@ impl Deliver for Nowhere {
 /// A pod as [`crate::node`] builds it, with the embedded broker (built here:
 /// the session does not depend on the node, tests included).
 fn pod() -> Arc<Pod> {
-    let config = Arc::new(Config::load(None, std::iter::empty()).unwrap());
+    let config = Config::load(None, std::iter::empty()).unwrap();
+    pod_with(config, Fault::None).0
+}
+
+/// A pod over the embedded broker failing as `fault` says (its store too),
+/// and that broker.
+fn pod_with(config: Config, fault: Fault) -> (Arc<Pod>, Arc<Faulty>) {
+    let config = Arc::new(config);
     let metrics = Arc::new(Metrics::new());
     let namespaces = Arc::new(config.namespaces());
-    let memory = MemoryBroker::new(namespaces.clone(), Arc::new(Nowhere));
+    let broker = Arc::new(Faulty {
+        memory: MemoryBroker::new(namespaces.clone(), Arc::new(Nowhere)),
+        fault,
+        watches: AtomicI64::new(0),
+        unwatched: Notify::new(),
+    });
     let writing = Writing::new(
         &config,
         metrics.clone(),
         CancellationToken::new(),
         Instant::now(),
     );
-    Arc::new(Pod {
+    let pod = Arc::new(Pod {
         hub: Arc::new(Hub::new(
             metrics.clone(),
             config.queue.frames,
             config.queue.bytes,
         )),
-        broker: Arc::new(memory.clone()),
-        sessions: Arc::new(memory),
+        broker: broker.clone(),
+        sessions: broker.clone(),
         live: Arc::new(Registry::default()),
         verifier: None,
         namespaces,
@@ -58,7 +83,8 @@ fn pod() -> Arc<Pod> {
         budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
         metrics,
         config,
-    })
+    });
+    (pod, broker)
 }
 
 #[tokio::test]
@@ -165,4 +191,401 @@ async fn of_two_racing_registrations_of_a_session_the_later_serves_it_and_the_fi
     assert_eq!(registry.len(), 1);
     assert_eq!(registry.disconnect("alice"), 1);
     assert!(second_out.is_closing());
+}
+
+/// Where the broker under a pod fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// No replay turn is ever free (not the broker's doing, but a step).
+    Turn,
+    Watch,
+    Recover,
+    /// A session's save does not reach the store.
+    Save,
+    /// A session's save is refused: another connection owns it.
+    TakenOver,
+    /// A replay's read of history, after the first page.
+    History,
+}
+
+/// The embedded broker and store, failing at one step, and counting the
+/// watches it holds.
+struct Faulty {
+    memory: MemoryBroker,
+    fault: Fault,
+    watches: AtomicI64,
+    unwatched: Notify,
+}
+
+impl Faulty {
+    fn fails(&self, step: Fault) -> Result<(), BrokerError> {
+        if self.fault == step {
+            return Err(BrokerError::Unavailable(format!("{step:?} failed")));
+        }
+        Ok(())
+    }
+
+    /// Once every watch made was released (within a bound: a failed
+    /// handshake releases it in a task of its own).
+    async fn released(&self) {
+        let all = async {
+            loop {
+                let unwatched = self.unwatched.notified();
+                if self.watches.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                unwatched.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("every watch is released");
+    }
+}
+
+#[tonic::async_trait]
+impl Broker for Faulty {
+    fn status(&self) -> BrokerStatus {
+        self.memory.status()
+    }
+
+    async fn publish(
+        &self,
+        topic: &Topic,
+        data: Bytes,
+        idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
+    ) -> Result<Position, BrokerError> {
+        let published = self
+            .memory
+            .publish(topic, data, idempotency_key, traceparent);
+        published.await
+    }
+
+    async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
+        self.fails(Fault::Watch)?;
+        self.memory.watch(topic).await?;
+        self.watches.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn unwatch(&self, topic: &Topic) {
+        self.memory.unwatch(topic).await;
+        self.watches.fetch_sub(1, Ordering::SeqCst);
+        self.unwatched.notify_one();
+    }
+
+    async fn recover(
+        &self,
+        topic: &Topic,
+        since: Option<Since>,
+        page: PageSize,
+    ) -> Result<Recovery, BrokerError> {
+        self.fails(Fault::Recover)?;
+        self.memory.recover(topic, since, page).await
+    }
+
+    async fn history(
+        &self,
+        topic: &Topic,
+        epoch: &Epoch,
+        after: u64,
+        page: PageSize,
+    ) -> Result<Page, BrokerError> {
+        self.fails(Fault::History)?;
+        self.memory.history(topic, epoch, after, page).await
+    }
+}
+
+#[tonic::async_trait]
+impl SessionStore for Faulty {
+    async fn save(
+        &self,
+        id: &str,
+        owner: &str,
+        snapshot: SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        self.fails(Fault::Save)?;
+        if self.fault == Fault::TakenOver {
+            return Ok(false);
+        }
+        self.memory.save(id, owner, snapshot, ttl).await
+    }
+
+    async fn extend(&self, id: &str, owner: &str, ttl: Duration) -> Result<Stored, BrokerError> {
+        self.memory.extend(id, owner, ttl).await
+    }
+
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
+        self.memory.claim(id, owner, user).await
+    }
+
+    async fn adopt(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<Claim, BrokerError> {
+        self.memory.adopt(id, owner, user, snapshot, ttl).await
+    }
+
+    async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
+        self.memory.revoke(user, ttl).await
+    }
+}
+
+/// A session of the pod's, as a new connection starts it, with its queue.
+fn connect(node: &Arc<Pod>) -> (Session, Outbound) {
+    let slots = Arc::new(Slots::new(&node.config.websocket, node.metrics.clone()));
+    let admission = slots.admit(IpAddr::from([127, 0, 0, 1])).unwrap();
+    let out = Outbound::new(node.config.queue_limits());
+    (Session::new(node.clone(), &admission, out.clone()), out)
+}
+
+/// What the session queued for its client, as JSON.
+fn sent(out: &Outbound) -> Vec<Value> {
+    let mut batch = Vec::new();
+    out.take(&mut batch);
+    batch
+        .iter()
+        .filter(|frame| frame[0] == 0x81) // text, whole: not the close
+        .map(|frame| {
+            let payload = match frame[1] {
+                126 => &frame[4..],
+                127 => &frame[10..],
+                _ => &frame[2..],
+            };
+            serde_json::from_slice(payload).unwrap()
+        })
+        .collect()
+}
+
+fn topic(name: &str) -> Topic {
+    Topic::parse(name).unwrap()
+}
+
+#[tokio::test]
+async fn a_subscribe_that_fails_at_any_step_leaves_the_topic_and_keeps_nothing_of_it() {
+    for fault in [
+        Fault::Turn,
+        Fault::Watch,
+        Fault::Recover,
+        Fault::Save,
+        Fault::TakenOver,
+    ] {
+        let mut config = Config::load(None, std::iter::empty()).unwrap();
+        // A shared store, so that a client's `sub` is saved before its `ok`.
+        config.broker = BrokerKind::Redis;
+        if fault == Fault::Turn {
+            config.replay.max_concurrent = 0;
+        }
+        let (node, broker) = pod_with(config, fault);
+        let (mut session, out) = connect(&node);
+        session.id = Some(Arc::from("s1"));
+        if fault == Fault::Turn {
+            // A turn is waited for until the connection ends: now.
+            out.stop();
+        }
+        let news = topic("news");
+        let since = Some(Since::claimed(0, None));
+        let failed = session
+            .subscribe(Origin::Command(1), news.clone(), since)
+            .await
+            .expect_err("the step fails");
+        let step = match failed {
+            SubscribeError::NoTurn(_) => Fault::Turn,
+            SubscribeError::Watch(_) => Fault::Watch,
+            SubscribeError::Recover(_) => Fault::Recover,
+            SubscribeError::Save(_) => Fault::Save,
+            SubscribeError::TakenOver => Fault::TakenOver,
+        };
+        assert_eq!(step, fault, "the error names the step");
+        assert_eq!(node.hub.subscribers(&news), 0, "{fault:?}: the hub let go");
+        assert!(!session.subscriptions.contains(&news), "{fault:?}");
+        broker.released().await;
+        let told = failed.to_command(Origin::Command(1), &news);
+        assert_eq!((told.id, told.code), (Some(1), ErrorCode::Unavailable));
+        assert_eq!(told.topic.as_deref(), Some("news"));
+        assert_eq!(out.is_closing(), fault == Fault::TakenOver, "{fault:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_replay_that_fails_keeps_its_subscription_joined_until_the_session_ends() {
+    let mut config = Config::load(None, std::iter::empty()).unwrap();
+    config.replay.page_messages = 1;
+    let (node, broker) = pod_with(config, Fault::History);
+    let news = topic("news");
+    let mut epoch = None;
+    for data in ["1", "2", "3"] {
+        let at = node.broker.publish(&news, Bytes::from(data), None, None);
+        epoch = Some(at.await.unwrap().epoch.to_string());
+    }
+    let (mut session, out) = connect(&node);
+    let since = Some(Since::claimed(0, epoch));
+    session
+        .subscribe(Origin::Command(1), news.clone(), since)
+        .await
+        .expect("answered before the replay");
+    // The first page went out, the second could not be read: the client
+    // is to come back, and resume from its acks.
+    assert!(out.is_closing());
+    assert!(session.subscriptions.contains(&news));
+    assert_eq!(node.hub.subscribers(&news), 1, "kept until the end");
+    let sent = sent(&out);
+    assert_eq!(sent[0]["op"], "ok");
+    assert_eq!(
+        (&sent[1]["op"], &sent[1]["seq"]),
+        (&"msg".into(), &1.into())
+    );
+    assert_eq!(sent.len(), 2);
+    session.end().await;
+    assert_eq!(node.hub.subscribers(&news), 0);
+    broker.released().await;
+}
+
+#[tokio::test]
+async fn a_resumed_subscription_is_restored_without_an_ok_and_a_clients_own_sub_gets_one() {
+    let (node, _) = pod_with(Config::load(None, std::iter::empty()).unwrap(), Fault::None);
+    let news = topic("news");
+    let at = node.broker.publish(&news, Bytes::from("1"), None, None);
+    let epoch = at.await.unwrap().epoch;
+    // Stored at an epoch the topic has since left: continuity is lost.
+    let stored = SessionSnapshot {
+        user: None,
+        subscriptions: vec![SubscriptionState {
+            topic: news.clone(),
+            epoch: Epoch::from("gone"),
+            acked: 5,
+            told: false,
+        }],
+    };
+    let window = node.config.session.resume_window;
+    let saved = node.sessions.save("s1", "before", stored, window).await;
+    assert_eq!(saved, Ok(true));
+    let (mut session, out) = connect(&node);
+    session.hello(None, Some("s1")).await;
+    let chat = topic("chat");
+    session
+        .subscribe(Origin::Command(7), chat.clone(), None)
+        .await
+        .unwrap();
+
+    let sent = sent(&out);
+    let ops: Vec<&str> = sent.iter().filter_map(|m| m["op"].as_str()).collect();
+    assert_eq!(ops, ["welcome", "reset", "ok"], "{sent:?}");
+    assert_eq!(sent[0]["resumed"], true);
+    // The restored one is told where its stream goes on, and marked told
+    // until the client acks in that epoch; the client's own is answered.
+    assert_eq!(sent[1]["topic"], "news");
+    assert_eq!(sent[1]["epoch"], &*epoch);
+    assert!(session.subscriptions.is_told(&news));
+    assert_eq!(
+        (&sent[2]["id"], &sent[2]["topic"]),
+        (&7.into(), &"chat".into())
+    );
+    assert!(!session.subscriptions.is_told(&chat));
+    assert_eq!(node.hub.subscribers(&news), 1);
+    assert_eq!(node.hub.subscribers(&chat), 1);
+}
+
+#[test]
+fn a_denied_client_hears_why_and_only_an_expired_token_is_told_to_fetch_another() {
+    use crate::auth::Refused;
+    use crate::disconnect::CloseReason;
+    let cases = [
+        (Denied::Missing, "a token is required", "missing"),
+        (
+            Denied::OtherUser,
+            "a refresh must be for the connection's own user",
+            "other_user",
+        ),
+        (Refused::Expired.into(), "token has expired", "expired"),
+        (
+            Refused::Signature.into(),
+            "token signature does not verify",
+            "signature",
+        ),
+    ];
+    for (denied, message, reason) in cases {
+        assert_eq!(
+            (denied.to_string().as_str(), denied.reason()),
+            (message, reason)
+        );
+        let expected = match denied {
+            Denied::Refused(Refused::Expired) => {
+                (ErrorCode::TokenExpired, CloseReason::TokenExpired)
+            }
+            _ => (ErrorCode::Unauthorized, CloseReason::Unauthorized),
+        };
+        assert_eq!(denied.answer(), expected, "{denied:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_hello_without_a_token_where_one_is_required_is_told_and_closed() {
+    use crate::auth::Verifier;
+    use crate::disconnect::CloseReason;
+    let mut config = Config::load(None, std::iter::empty()).unwrap();
+    config.auth.hmac_secret = "a secret of at least thirty-two bytes".into();
+    let verifier = Verifier::new(&config.auth).await.unwrap();
+    let (mut node, _) = pod_with(config, Fault::None);
+    Arc::get_mut(&mut node).unwrap().verifier = verifier;
+    for (token, message) in [
+        (None, "a token is required"),
+        (Some("not a token"), "token is not a well-formed JWT"),
+    ] {
+        let (mut session, out) = connect(&node);
+        session.hello(token, None).await;
+        assert!(session.id.is_none(), "no session for {token:?}");
+        assert_eq!(out.reason(), Some(CloseReason::Unauthorized));
+        let sent = sent(&out);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            (&sent[0]["op"], &sent[0]["code"]),
+            (&"err".into(), &"unauthorized".into())
+        );
+        assert_eq!(sent[0]["message"], message);
+    }
+}
+
+#[tokio::test]
+async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_read() {
+    let (node, _) = pod_with(
+        Config::load(None, std::iter::empty()).unwrap(),
+        Fault::Recover,
+    );
+    let news = topic("news");
+    // Told of a reset to epoch `e` after 3, and no ack in `e` since.
+    let stored = SessionSnapshot {
+        user: None,
+        subscriptions: vec![SubscriptionState {
+            topic: news.clone(),
+            epoch: Epoch::from("e"),
+            acked: 3,
+            told: true,
+        }],
+    };
+    let window = node.config.session.resume_window;
+    let saved = node.sessions.save("s1", "before", stored, window).await;
+    assert_eq!(saved, Ok(true));
+    let (mut session, out) = connect(&node);
+    session.hello(None, Some("s1")).await;
+    // The client is to come back; the session it comes back to must send
+    // that reset again.
+    assert_eq!(
+        out.reason(),
+        Some(crate::disconnect::CloseReason::Unavailable)
+    );
+    let kept = session.subscriptions.snapshot().subscriptions;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (&*kept[0].epoch, kept[0].acked, kept[0].told),
+        ("e", 3, true)
+    );
+    assert_eq!(node.hub.subscribers(&news), 0);
 }

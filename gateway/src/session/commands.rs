@@ -1,0 +1,360 @@
+//! The client's commands: each decoded, rate-limited, checked against the
+//! client's grants and budgets, and answered (`ok` or `err`).
+
+use bytes::Bytes;
+use proto::{Command, CommandError, ErrorCode, ServerMessage};
+use router::{BrokerError, Since, Topic};
+
+use super::Session;
+use super::access::Access;
+use super::handshake::Origin;
+use crate::budget::{Limit, Principal};
+use crate::disconnect::CloseReason;
+use crate::frame;
+
+impl Session {
+    pub(super) async fn command(&mut self, text: Bytes) {
+        let Ok(json) = std::str::from_utf8(&text) else {
+            // The reader only yields valid UTF-8.
+            self.out.close(CloseReason::InvalidUtf8, false);
+            return;
+        };
+        let command = Command::decode(json);
+        // Acks are cumulative, cost no broker work and get no reply: they are
+        // not counted. A `ping` is cheap too, but it is answered: counted, so
+        // that a flood of them is refused like any other.
+        let counted = !matches!(command, Ok(Command::Ack { .. }));
+        // Boxed, here and below: a connection's read loop is as large as the
+        // largest future it awaits, for as long as it lives, and an idle
+        // connection's task is mostly that (issue #16). Only an ack, the one
+        // command that comes with the messages, is handled inline.
+        if counted && !self.commands.take() {
+            Box::pin(self.rate_limited(command.as_ref().ok())).await;
+            return;
+        }
+        self.limited_in_a_row = 0;
+        let result = match command {
+            Err(e) => Err(e),
+            Ok(Command::Ack { topic, seq, epoch }) if self.id.is_some() => {
+                self.ack(&topic, seq, epoch.as_deref())
+            }
+            Ok(Command::Hello { token, resume }) if self.id.is_none() => {
+                Box::pin(self.hello(token.as_deref(), resume.as_deref())).await;
+                self.settle_account();
+                Ok(())
+            }
+            Ok(Command::Hello { .. }) => Err(CommandError::new(
+                None,
+                ErrorCode::Malformed,
+                "hello must be the first command",
+            )),
+            Ok(command) => {
+                if self.id.is_none() {
+                    // Implied: an anonymous `hello`.
+                    Box::pin(self.hello(None, None)).await;
+                    if self.id.is_none() {
+                        return;
+                    }
+                    self.settle_account();
+                }
+                Box::pin(self.act(command, &text)).await
+            }
+        };
+        match result {
+            Ok(()) => self.bad_in_a_row = 0,
+            Err(e) => Box::pin(self.reject(e)).await,
+        }
+    }
+
+    /// Over the command rate: an `err`, and the close when it goes on.
+    pub(super) async fn rate_limited(&mut self, command: Option<&Command<'_>>) {
+        self.node.metrics.rate_limited.inc();
+        let id = match command {
+            Some(
+                Command::Sub { id, .. }
+                | Command::Unsub { id, .. }
+                | Command::Pub { id, .. }
+                | Command::Refresh { id, .. }
+                | Command::Ping { id },
+            ) => Some(*id),
+            _ => None,
+        };
+        let ws = &self.node.config.websocket;
+        self.reply(ServerMessage::Err {
+            id,
+            code: ErrorCode::RateLimited,
+            message: &format!(
+                "at most {} commands per second (bursts of {})",
+                ws.commands_per_second, ws.commands_burst
+            ),
+            topic: None,
+        })
+        .await;
+        self.limited_in_a_row += 1;
+        if self.limited_in_a_row >= ws.max_bad_commands {
+            tracing::info!(conn = self.conn, "closed for commands over the rate limit");
+            self.out.close(CloseReason::RateLimited, true);
+        }
+    }
+
+    pub(super) async fn act(
+        &mut self,
+        command: Command<'_>,
+        text: &Bytes,
+    ) -> Result<(), CommandError> {
+        match command {
+            Command::Hello { .. } => Ok(()),
+            Command::Ping { id } => {
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: None,
+                    seq: None,
+                    epoch: None,
+                    recovered: None,
+                    expires: None,
+                })
+                .await;
+                Ok(())
+            }
+            Command::Refresh { id, token } => {
+                let refreshed = Box::pin(self.refresh(id, &token)).await;
+                // Topics the new token no longer grants were left.
+                self.settle_account();
+                refreshed
+            }
+            Command::Sub {
+                id,
+                topic,
+                since,
+                epoch,
+            } => {
+                let topic = self.topic(Some(id), &topic)?;
+                self.may(Some(id), &topic, Access::Subscribe)?;
+                if self.subscriptions.contains(&topic) {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::AlreadySubscribed,
+                        format!("already subscribed to `{topic}`"),
+                    )
+                    .about(topic.as_str()));
+                }
+                if self.subscriptions.count() >= self.node.config.session.max_subscriptions {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::TooManySubscriptions,
+                        format!(
+                            "at most {} subscriptions per connection",
+                            self.node.config.session.max_subscriptions
+                        ),
+                    )
+                    .about(topic.as_str()));
+                }
+                self.draw(id, &topic, Access::Subscribe)?;
+                let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
+                let subscribed = self
+                    .subscribe(Origin::Command(id), topic.clone(), since)
+                    .await
+                    .map_err(|e| e.to_command(Origin::Command(id), &topic));
+                if !self.subscriptions.contains(&topic)
+                    && let Some(account) = self.account.as_mut()
+                {
+                    account.unsubscribed(&topic);
+                }
+                subscribed
+            }
+            Command::Unsub { id, topic } => {
+                let topic = self.topic(Some(id), &topic)?;
+                if !self.subscriptions.remove(&topic) {
+                    return Err(not_subscribed(Some(id), &topic));
+                }
+                if let Some(account) = self.account.as_mut() {
+                    account.unsubscribed(&topic);
+                }
+                self.leave(&topic).await;
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: Some(topic.as_str()),
+                    seq: None,
+                    epoch: None,
+                    recovered: None,
+                    expires: None,
+                })
+                .await;
+                Ok(())
+            }
+            Command::Pub { id, topic, data } => {
+                let topic = self.topic(Some(id), &topic)?;
+                self.may(Some(id), &topic, Access::Publish)?;
+                self.draw(id, &topic, Access::Publish)?;
+                // `data` points into the frame: publish it without a copy.
+                let data = text.slice_ref(data.get().as_bytes());
+                let position = self
+                    .node
+                    .broker
+                    .publish(&topic, data, None, None)
+                    .await
+                    .map_err(|e| broker_error(Some(id), &e).about(topic.as_str()))?;
+                self.node.metrics.published.inc();
+                self.reply(ServerMessage::Ok {
+                    id,
+                    topic: Some(topic.as_str()),
+                    seq: Some(position.seq),
+                    epoch: Some(&position.epoch),
+                    recovered: None,
+                    expires: None,
+                })
+                .await;
+                Ok(())
+            }
+            Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
+        }
+    }
+
+    /// Opens the connection's account once `hello` said who the client is
+    /// (its user, or else its address), and charges it with the
+    /// subscriptions as a resume or a `refresh` left them. Nothing for a
+    /// client `hello` refused: it spends nothing of the pod's.
+    pub(super) fn settle_account(&mut self) {
+        if self.id.is_none() {
+            return;
+        }
+        let account = self.account.get_or_insert_with(|| {
+            let principal = match &self.claims {
+                Some(claims) => Principal::User(claims.user.clone()),
+                None => Principal::Address(self.address),
+            };
+            Box::new(self.node.budgets.open(principal))
+        });
+        account.settle(&self.subscriptions.topics());
+    }
+
+    /// Draws a `sub` or a `pub` of `topic` on the budgets of the client's
+    /// user or address.
+    pub(super) fn draw(
+        &mut self,
+        id: u64,
+        topic: &Topic,
+        access: Access,
+    ) -> Result<(), CommandError> {
+        let Some(account) = self.account.as_mut() else {
+            return Ok(());
+        };
+        let drawn = match access {
+            Access::Subscribe => account.subscribe(topic),
+            Access::Publish => account.publish(topic),
+        };
+        drawn.map_err(|limit: Limit| {
+            let message = limit.message(&self.node.config.session);
+            CommandError::new(Some(id), limit.code(), message).about(topic.as_str())
+        })
+    }
+
+    /// Records how far the client acked `topic`.
+    pub(super) fn ack(
+        &self,
+        topic: &str,
+        seq: u64,
+        epoch: Option<&str>,
+    ) -> Result<(), CommandError> {
+        let topic = self.topic(None, topic)?;
+        if let Some(head) = self.never_sent(&topic, seq) {
+            return Err(CommandError::new(
+                None,
+                ErrorCode::Malformed,
+                format!("ack of seq {seq} of `{topic}`, which is newer than any sent ({head})"),
+            )
+            .about(topic.as_str()));
+        }
+        if !self.subscriptions.ack(&topic, seq, epoch) {
+            return Err(not_subscribed(None, &topic));
+        }
+        Ok(())
+    }
+
+    /// Parses a topic and checks that its namespace exists.
+    pub(super) fn topic(&self, id: Option<u64>, name: &str) -> Result<Topic, CommandError> {
+        let topic = Topic::parse(name)
+            .map_err(|e| CommandError::new(id, ErrorCode::BadTopic, e.to_string()).about(name))?;
+        if self.node.namespaces.get(&topic).is_none() {
+            return Err(CommandError::new(
+                id,
+                ErrorCode::UnknownNamespace,
+                format!("namespace `{}` is not configured", topic.namespace()),
+            )
+            .about(topic.as_str()));
+        }
+        Ok(topic)
+    }
+
+    /// Whether this client may subscribe or publish to `topic`, as its
+    /// namespace says.
+    pub(super) fn may(
+        &self,
+        id: Option<u64>,
+        topic: &Topic,
+        access: Access,
+    ) -> Result<(), CommandError> {
+        let Some(ns) = self.node.namespaces.get(topic) else {
+            return Err(CommandError::new(
+                id,
+                ErrorCode::UnknownNamespace,
+                format!("namespace `{}` is not configured", topic.namespace()),
+            )
+            .about(topic.as_str()));
+        };
+        let open = self.node.verifier.is_none();
+        if access.allows(ns, topic, self.claims.as_deref(), open) {
+            return Ok(());
+        }
+        self.node.metrics.auth_failed("forbidden");
+        Err(CommandError::new(
+            id,
+            ErrorCode::Forbidden,
+            format!("you may not {} `{topic}`", access.verb()),
+        )
+        .about(topic.as_str()))
+    }
+
+    pub(super) async fn reply(&self, message: ServerMessage<'_>) {
+        self.out.send(frame::message(&message)).await;
+    }
+
+    /// An `err` the client's own command did not cause (a subscription it
+    /// lost): not counted against it.
+    pub(super) async fn tell(&self, e: CommandError) {
+        self.reply(ServerMessage::Err {
+            id: e.id,
+            code: e.code,
+            message: &e.message,
+            topic: e.topic.as_deref(),
+        })
+        .await;
+    }
+
+    pub(super) async fn reject(&mut self, e: CommandError) {
+        self.node.metrics.bad_commands.inc();
+        tracing::debug!(conn = self.conn, code = %e.code, message = %e.message, "command rejected");
+        self.tell(e).await;
+        self.bad_in_a_row += 1;
+        if self.bad_in_a_row >= self.node.config.websocket.max_bad_commands {
+            self.out.close(CloseReason::BadCommands, true);
+        }
+    }
+}
+
+pub(super) fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
+    CommandError::new(
+        id,
+        ErrorCode::NotSubscribed,
+        format!("not subscribed to `{topic}`"),
+    )
+    .about(topic.as_str())
+}
+
+pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
+    let code = match e {
+        BrokerError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+        BrokerError::Unavailable(_) => ErrorCode::Unavailable,
+    };
+    CommandError::new(id, code, e.to_string())
+}

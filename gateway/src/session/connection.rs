@@ -1,0 +1,185 @@
+//! The connection's loop: it reads the client's frames and acts on them,
+//! keeps the heartbeat and the session's deadlines, and, once the
+//! connection is over, gives back what the session held and saves it.
+
+use proto::Command;
+use router::Topic;
+use tokio::io::AsyncRead;
+use tokio::time::Instant;
+
+use super::parser::Parsed;
+use super::reader::Reader;
+use super::{Session, tag};
+use crate::disconnect::CloseReason;
+use crate::frame;
+
+impl Session {
+    /// Reads and acts on the client's frames until the connection ends.
+    /// This loop's one timer also sends the heartbeat pings.
+    pub(super) async fn read<R: AsyncRead + Unpin>(&mut self, reader: &mut Reader<R>) {
+        let node = self.node.clone();
+        let ws = &node.config.websocket;
+        let idle = ws.ping_interval + ws.pong_timeout;
+        let mut ping_at = Instant::now() + ws.ping_interval;
+        loop {
+            // Whichever comes first of the dead-peer deadline (counted from
+            // the last frame) and the session's own (its first command, its
+            // token's expiry).
+            let silent = Instant::now() + idle;
+            let (due, expired) = match self.deadline() {
+                Some((at, reason)) if at < silent => (at, reason),
+                _ => (silent, CloseReason::DeadPeer),
+            };
+            let next = {
+                // Not dropped for a ping: a read is not cancel-safe.
+                let read = reader.next(&self.out);
+                tokio::pin!(read);
+                loop {
+                    // Every branch but the read and the ping ends the
+                    // connection, so dropping an unfinished read is harmless.
+                    tokio::select! {
+                        biased;
+                        _ = self.out.stopped() => return,
+                        _ = self.subscriptions.taken_over() => {
+                            self.out.close(CloseReason::TakenOver, false);
+                            return;
+                        }
+                        next = &mut read => break Ok(next),
+                        _ = tokio::time::sleep_until(due.min(ping_at)) => {
+                            if Instant::now() < ping_at {
+                                break Err(());
+                            }
+                            self.ping();
+                            ping_at = Instant::now() + ws.ping_interval;
+                        }
+                    }
+                }
+            };
+            match next {
+                Err(_) if expired == CloseReason::DeadPeer => {
+                    self.out.close(CloseReason::DeadPeer, false);
+                    return;
+                }
+                Err(_) => {
+                    if expired == CloseReason::TokenExpired {
+                        self.node.metrics.auth_failed("expired");
+                    }
+                    self.out.close(expired, true);
+                    return;
+                }
+                Ok(Err(reason)) => {
+                    if reason.code().is_some() {
+                        self.out.close(reason, false);
+                    } else {
+                        self.out.note_reason(reason);
+                        self.out.stop();
+                    }
+                    return;
+                }
+                Ok(Ok(Parsed::Close(_))) => {
+                    // Our close went out before the client's came: this
+                    // completes the handshake, and the writer, waiting for
+                    // it, may stop. Otherwise the close still queued (the
+                    // echo, or ours asked for earlier) answers the client's;
+                    // stopping now would leave it unwritten.
+                    if self.out.close_taken() {
+                        self.out.stop();
+                    }
+                    return;
+                }
+                Ok(Ok(Parsed::Ping(payload))) => {
+                    self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
+                }
+                Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
+                Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => self.late_ack(&text),
+                // Boxed, as this loop is as large as the largest future it
+                // awaits, for as long as the connection lives.
+                Ok(Ok(Parsed::Text(text))) => Box::pin(self.command(text)).await,
+            }
+        }
+    }
+
+    /// The session's next deadline besides the dead-peer timer's: the first
+    /// command's, then the token's expiry.
+    pub(super) fn deadline(&self) -> Option<(Instant, CloseReason)> {
+        if self.id.is_none() {
+            return Some((self.hello_by, CloseReason::HelloTimeout));
+        }
+        self.token_expires.map(|at| (at, CloseReason::TokenExpired))
+    }
+
+    /// While the connection closes (a drain, a move) commands are ignored,
+    /// but acks still count: the resume elsewhere then replays nothing the
+    /// client already has.
+    pub(super) fn late_ack(&self, text: &[u8]) {
+        let command = std::str::from_utf8(text).ok().map(Command::decode);
+        if let Some(Ok(Command::Ack { topic, seq, epoch })) = command
+            && let Ok(topic) = Topic::parse(&topic)
+            && self.never_sent(&topic, seq).is_none()
+        {
+            self.subscriptions.ack(&topic, seq, epoch.as_deref());
+        }
+    }
+
+    /// The newest seq this pod sent for `topic`, when `seq` is above it: an
+    /// ack of a seq nobody here was sent would make a resume skip messages
+    /// the client never got.
+    pub(super) fn never_sent(&self, topic: &Topic, seq: u64) -> Option<u64> {
+        self.node.hub.head(topic).filter(|&head| seq > head)
+    }
+
+    /// Queues a heartbeat ping, stamped with when it was sent: its pong
+    /// gives the round trip.
+    pub(super) fn ping(&self) {
+        let stamp = self.node.writing.clock.elapsed().as_micros() as u64;
+        self.out
+            .ping(frame::encode(frame::OP_PING, &[&stamp.to_be_bytes()]));
+    }
+
+    pub(super) fn observe_pong(&self, payload: &[u8]) {
+        if let Ok(stamp) = <[u8; 8]>::try_from(payload) {
+            let sent = u64::from_be_bytes(stamp);
+            let now = self.node.writing.clock.elapsed().as_micros() as u64;
+            if let Some(rtt) = now.checked_sub(sent) {
+                self.node.metrics.ping_rtt.observe(rtt as f64 / 1e6);
+            }
+        }
+    }
+
+    /// Leaves every topic, saves the session (unless a backend ended the
+    /// user's access), logs and counts the close.
+    pub(super) async fn end(mut self) {
+        for topic in self.subscriptions.topics() {
+            self.leave(&topic).await;
+        }
+        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
+        if let Some(id) = &self.id {
+            // Not when a newer connection owns it: the store would refuse it,
+            // or, had the session expired meanwhile, bring back an old copy.
+            if reason != CloseReason::Disconnected && !self.subscriptions.superseded() {
+                self.save(id).await;
+            }
+            self.node.live.deregister(id, self.conn);
+        }
+        self.subscriptions.end();
+        self.node.metrics.closed(reason);
+        let session = self.id.as_deref().map_or_else(|| "-".to_owned(), tag);
+        match reason {
+            CloseReason::SlowConsumer | CloseReason::WriteTimeout | CloseReason::DeadPeer => {
+                tracing::warn!(
+                    conn = self.conn,
+                    %session,
+                    reason = reason.as_str(),
+                    "connection closed"
+                );
+            }
+            _ => tracing::info!(
+                conn = self.conn,
+                %session,
+                reason = reason.as_str(),
+                "connection closed"
+            ),
+        }
+        self.ended = true;
+    }
+}
