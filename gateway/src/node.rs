@@ -9,8 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, BrokerError, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore,
-    Topic,
+    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -57,9 +56,18 @@ pub struct Node {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Broker(#[from] BrokerError),
+    Broker(#[from] router::redis::StartError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+}
+
+impl StartError {
+    /// Whether a setting is at fault (`herald` exits with
+    /// [`crate::config::EXIT_BAD_CONFIG`]), not what the pod found when it
+    /// started.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Broker(router::redis::StartError::Config(_)))
+    }
 }
 
 /// Where the broker hands what it has for this pod: publications and resets

@@ -57,7 +57,7 @@ async fn publish(broker: &RedisBroker) -> Result<u64, String> {
         .publish(&topic, Bytes::from_static(b"1"), None, None)
         .await
         .map(|p| p.seq)
-        .map_err(|e| e.to_string())
+        .map_err(|e| router::Causes(&e).to_string())
 }
 
 /// The ids of the connections to `redis` that are neither pub/sub nor

@@ -38,7 +38,7 @@ use ipnet::IpNet;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
 use rand::RngCore;
 use router::{
-    Broker, BrokerError, Claim, Namespaces, SessionStore, SessionUser, Since, Stored, Topic,
+    Broker, BrokerError, Causes, Claim, Namespaces, SessionStore, SessionUser, Since, Stored, Topic,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -775,7 +775,7 @@ impl Session {
                     not_resumed = Some("other_user");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "session store unavailable; the client is to come back");
+                    tracing::warn!(error = %Causes(&e), "session store unavailable; the client is to come back");
                     self.out.close(CloseReason::Unavailable, true);
                     return;
                 }
@@ -1161,7 +1161,7 @@ impl Session {
                 tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
             }
             Err(e) => {
-                tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
+                tracing::warn!(error = %Causes(&e), session = %tag(id), "session not saved; it cannot be resumed");
             }
         }
     }
@@ -1199,7 +1199,8 @@ fn broker_error(id: Option<u64>, e: BrokerError) -> CommandError {
         BrokerError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
         BrokerError::Unavailable(_) => ErrorCode::Unavailable,
     };
-    CommandError::new(id, code, e.to_string())
+    // With its causes, as the message said when it was one string.
+    CommandError::new(id, code, Causes(&e).to_string())
 }
 
 /// How a token refusal is answered: the `err` code, and the close.

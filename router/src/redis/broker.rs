@@ -10,21 +10,21 @@ use bytes::Bytes;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::call::{timed, unavailable};
+use super::call::{failed, timed, unreadable};
 use super::connection::{self, Commands};
 use super::lineage::Lineage;
 use super::pages::{self, page_of};
 use super::reach::Reach;
 use super::recover::recover_raw;
 use super::scripts::{self, Keys};
-use super::settings::{self, RedisSettings, redact_urls};
+use super::settings::{self, InvalidSetting, RedisSettings, redact_urls};
 use super::shards::Shards;
 use super::{millis, publisher, pubsub, sessions};
 use crate::observe::Observer;
 use crate::page::{Page, PageSize};
 use crate::{
     Broker, BrokerError, BrokerStatus, Deliver, Epoch, Namespaces, Outgoing, Position, Recovery,
-    Since, Topic,
+    Since, Topic, Unavailable,
 };
 
 /// How much longer than the command timeout a publish waits for the
@@ -64,22 +64,25 @@ impl RedisBroker {
     /// timeout. Only a Redis that refuses the pod's credentials fails the
     /// start: while Redis cannot be reached the broker keeps trying (about
     /// once a second), [`Broker::status`] says why it is not ready, and every
-    /// call fails at once with [`BrokerError::Unavailable`].
+    /// call fails at once with [`BrokerError::Unavailable`]. Settings it
+    /// cannot use fail it too ([`StartError::Config`]), before it connects.
     pub async fn start(
         settings: RedisSettings,
         namespaces: Arc<Namespaces>,
         sink: Arc<dyn Deliver>,
         observer: Arc<dyn Observer>,
-    ) -> Result<Self, BrokerError> {
-        let client = settings
-            .connector()
-            .map_err(|e| BrokerError::Unavailable(format!("redis: `{}`: {e}", e.key)))?;
+    ) -> Result<Self, StartError> {
+        let client = settings.connector().map_err(StartError::Config)?;
         let (target, shards, failed) = if settings.cluster.is_empty() {
             let (conn, failed) = Commands::start(client.clone()).await;
             (client.describe(), Shards::one(conn), failed)
         } else {
-            let seeds = settings::seeds(&settings.cluster)
-                .map_err(|e| BrokerError::Unavailable(format!("redis: `redis.cluster`: {e}")))?;
+            let seeds = settings::seeds(&settings.cluster).map_err(|reason| {
+                StartError::Config(InvalidSetting {
+                    key: "redis.cluster",
+                    reason,
+                })
+            })?;
             let target = format!(
                 "the redis cluster at {}",
                 redact_urls(&settings.cluster).join(", ")
@@ -87,12 +90,12 @@ impl RedisBroker {
             let (shards, failed) = Shards::cluster(client.clone(), seeds).await;
             (target, shards, failed)
         };
-        if let Some(e) = &failed {
-            let why = format!("redis: connecting to {target}: {e}");
-            if connection::refused(e) {
-                return Err(BrokerError::Unavailable(why));
+        let unreached = failed.is_some();
+        if let Some(e) = failed {
+            if connection::refused(&e) {
+                return Err(StartError::Refused { target, source: e });
             }
-            tracing::warn!("{why}; not ready until it answers");
+            tracing::warn!("redis: connecting to {target}: {e}; not ready until it answers");
         }
         let reach = Reach::new(target);
         let command_timeout = settings.command_timeout;
@@ -128,7 +131,7 @@ impl RedisBroker {
             }
             .run(pending_publishes),
         );
-        if failed.is_none() {
+        if !unreached {
             // Reachable a moment ago: ready as soon as pub/sub is, so that a
             // pod whose Redis is there starts ready, as before.
             let _ = tokio::time::timeout(command_timeout * 2, reach.first_attempt()).await;
@@ -212,15 +215,13 @@ impl Broker for RedisBroker {
         self.inner
             .watches
             .send(pubsub::Command::Watch(topic.clone(), reply))
-            .map_err(|_| BrokerError::Unavailable("redis: pub/sub task ended".into()))?;
+            .map_err(|_| ended("pub/sub task"))?;
         // A subscribe and a read, each bounded by the command timeout; a
         // watch given up on is released by the pub/sub task when it ends.
         match tokio::time::timeout(self.inner.command_timeout * 3, answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(BrokerError::Unavailable("redis: pub/sub task ended".into())),
-            Err(_) => Err(BrokerError::Unavailable(
-                "redis: timed out subscribing".into(),
-            )),
+            Ok(Err(_)) => Err(ended("pub/sub task")),
+            Err(_) => Err(BrokerError::Unavailable(Unavailable::TimedOut("subscribe"))),
         }
     }
 
@@ -393,7 +394,7 @@ impl RedisBroker {
     ) -> Result<Value, BrokerError> {
         match tokio::time::timeout_at(deadline.into(), reply).await {
             Ok(reply) => reply.unwrap_or_else(|_| Err(publisher_ended())),
-            Err(_) => Err(BrokerError::Unavailable("redis: publish timed out".into())),
+            Err(_) => Err(BrokerError::Unavailable(Unavailable::TimedOut("publish"))),
         }
     }
 
@@ -407,18 +408,16 @@ impl RedisBroker {
         let reply = match reply? {
             Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
             Value::SimpleString(text) => Some(text),
-            Value::ServerError(e) => return Err(unavailable(e.into())),
+            Value::ServerError(e) => return Err(failed("publish", e.into())),
             _ => None,
         }
-        .ok_or_else(|| BrokerError::Unavailable("redis: an unreadable publish reply".into()))?;
+        .ok_or_else(|| unreadable("publish"))?;
         let mut parts = reply.split(':');
         let (seq, epoch) = parts
             .next()
             .and_then(|seq| seq.parse().ok())
             .zip(parts.next())
-            .ok_or_else(|| {
-                BrokerError::Unavailable(format!("redis: unexpected publish reply {reply:?}"))
-            })?;
+            .ok_or_else(|| unreadable("publish"))?;
         // The repeat of an idempotent publish stored by an older version
         // has no lineage.
         if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
@@ -433,5 +432,28 @@ impl RedisBroker {
 }
 
 fn publisher_ended() -> BrokerError {
-    BrokerError::Unavailable("redis: publish writer ended".into())
+    ended("publish writer")
+}
+
+/// One of the engine's tasks ended: the broker is being dropped.
+pub(super) fn ended(task: &'static str) -> BrokerError {
+    BrokerError::Unavailable(Unavailable::Ended(task))
+}
+
+/// Why [`RedisBroker::start`] failed: not for lack of Redis (the broker
+/// starts without it, not ready), but for what waiting will not mend.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting it cannot use: a configuration error, which the
+    /// configuration's validation ([`RedisSettings::validate`]) finds first.
+    #[error("redis: `{}`", .0.key)]
+    Config(#[source] InvalidSetting),
+    /// Redis refused the pod's credentials (a wrong password, a user without
+    /// the rights): a corrected Secret will help, waiting will not.
+    #[error("broker unavailable: redis: connecting to {target}")]
+    Refused {
+        target: String,
+        #[source]
+        source: redis::RedisError,
+    },
 }

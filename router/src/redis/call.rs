@@ -5,11 +5,22 @@ use std::time::Instant;
 
 use redis::Value;
 
-use crate::BrokerError;
 use crate::observe::Observer;
+use crate::{BrokerError, Unavailable};
 
+/// A Redis call (`call`, as the metrics name it) failed with `e`.
+pub(super) fn failed(call: &'static str, e: redis::RedisError) -> BrokerError {
+    BrokerError::Unavailable(Unavailable::Redis { call, source: e })
+}
+
+/// [`failed`], for a call with no name of its own.
 pub(super) fn unavailable(e: redis::RedisError) -> BrokerError {
-    BrokerError::Unavailable(format!("redis: {e}"))
+    failed("command", e)
+}
+
+/// Redis answered `reply` in a shape the engine does not read.
+pub(super) fn unreadable(reply: &'static str) -> BrokerError {
+    BrokerError::Unavailable(Unavailable::Protocol { reply })
 }
 
 /// Runs one Redis call, reporting its time and outcome.
@@ -18,7 +29,9 @@ pub(super) async fn timed<T>(
     op: &'static str,
     call: impl Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, BrokerError> {
-    timed_raw(observer, op, call).await.map_err(unavailable)
+    timed_raw(observer, op, call)
+        .await
+        .map_err(|e| failed(op, e))
 }
 
 /// [`timed`], keeping Redis's error: for a caller that decides by its kind.

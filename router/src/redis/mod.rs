@@ -57,14 +57,14 @@ mod store;
 
 use std::time::Duration;
 
-pub use broker::RedisBroker;
+pub use broker::{RedisBroker, StartError};
 pub use scripts::DEFAULT_PREFIX;
 pub use settings::{
     InvalidSetting, RedisSettings, SentinelSettings, TlsFiles, redact_url, redact_urls,
 };
 
 // For the modules that name them through `super::`.
-use call::{all_ok, timed, timed_each, unavailable};
+use call::{timed, unavailable};
 use recover::{Recovered, Vouch, continuous, read_many};
 use replies::{as_u64, parse_entries};
 

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::call::{timed, unreadable};
 use super::lineage::Lineage;
 use super::scripts::{self, Keys};
 use super::shards::Shards;
-use super::{as_u64, millis, parse_entries, timed};
+use super::{as_u64, millis, parse_entries};
 use crate::observe::Observer;
 use crate::page::{self, Page, PageSize};
 use crate::{BrokerError, Epoch, Publication, Topic};
@@ -48,8 +49,7 @@ impl Reader<'_> {
             .arg(self.lineage.known(slot));
         let reading = self.shards.script(&meta, &scripts::PAGE, &invocation);
         let value: Value = timed(self.observer, "replay", reading).await?;
-        let (now_ms, read) = parse_page(topic, epoch, value)
-            .ok_or_else(|| BrokerError::Unavailable("redis: unexpected page reply".into()))?;
+        let (now_ms, read) = parse_page(topic, epoch, value).ok_or_else(|| unreadable("page"))?;
         let Some((seq, entries)) = read else {
             return Ok(Page::Lost);
         };

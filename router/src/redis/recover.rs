@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::call::{timed, timed_each, unavailable};
+use super::call::{failed, timed, timed_each, unreadable};
 use super::lineage::{self, Lineage};
 use super::pages::bound;
 use super::replies::parse_recovered;
@@ -159,9 +159,9 @@ pub(super) async fn read_many(
         .await
         .into_iter()
         .map(|reply| match reply {
-            Ok(Value::ServerError(e)) => Err(unavailable(e.into())),
+            Ok(Value::ServerError(e)) => Err(failed("recover", e.into())),
             Ok(value) => Ok(value),
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(failed("recover", e)),
         })
         .collect::<Result<Vec<Value>, BrokerError>>()?;
     reads
@@ -177,8 +177,7 @@ pub(super) fn recovered(
     topic: &Topic,
     value: Value,
 ) -> Result<Recovered, BrokerError> {
-    let (recovered, line) = parse_recovered(topic, value)
-        .ok_or_else(|| BrokerError::Unavailable("redis: unexpected recover reply".into()))?;
+    let (recovered, line) = parse_recovered(topic, value).ok_or_else(|| unreadable("recover"))?;
     lineage.saw(keys.slot(topic), &line, recovered.clock);
     Ok(recovered)
 }

@@ -10,10 +10,13 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::call::{failed, timed_each, unreadable};
 use super::shards::{Call, Shards};
-use super::{scripts, slots, timed_each};
+use super::{scripts, slots};
 use crate::observe::Observer;
-use crate::{BrokerError, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
+use crate::{
+    BrokerError, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic, Unavailable,
+};
 
 /// Saves waiting for the writer, at most.
 pub const QUEUE: usize = 4096;
@@ -69,14 +72,12 @@ pub async fn write(shards: Shards, mut saves: mpsc::Receiver<Save>, observer: Ar
                 Some(Ok(Value::Int(1))) => Ok(Stored::Kept),
                 Some(Ok(Value::Int(-1))) => Ok(Stored::Gone),
                 Some(Ok(Value::Int(_))) => Ok(Stored::Refused),
-                Some(Ok(Value::ServerError(e))) => Err(super::unavailable(e.into())),
-                Some(Ok(_)) => Err(BrokerError::Unavailable(
-                    "redis: an unreadable session save reply".into(),
-                )),
-                Some(Err(e)) => Err(super::unavailable(e)),
-                None => Err(BrokerError::Unavailable(
-                    "redis: a session save went unanswered".into(),
-                )),
+                Some(Ok(Value::ServerError(e))) => Err(failed("session_save", e.into())),
+                Some(Ok(_)) => Err(unreadable("session save")),
+                Some(Err(e)) => Err(failed("session_save", e)),
+                None => Err(BrokerError::Unavailable(Unavailable::Unanswered(
+                    "session save",
+                ))),
             };
             let _ = save.done.send(saved);
         }

@@ -10,10 +10,13 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::broker::RedisBroker;
-use super::call::{timed, timed_raw, unavailable};
+use super::broker::ended;
+use super::call::{failed, timed, timed_raw, unreadable};
 use super::{connection, millis, scripts, sessions};
 use crate::session::unix_ms;
-use crate::{BrokerError, Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, Stored};
+use crate::{
+    BrokerError, Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, Stored, Unavailable,
+};
 
 #[async_trait]
 impl SessionStore for RedisBroker {
@@ -168,14 +171,12 @@ impl RedisBroker {
                     retried = true;
                     continue;
                 }
-                Err(e) => return Err(unavailable(e)),
+                Err(e) => return Err(failed("session_load", e)),
             };
             let claimed = match value {
                 Value::Nil => return Ok(Claim::NotFound),
                 Value::Int(0) => return Ok(Claim::OtherUser),
-                value => sessions::ClaimReply::parse(value).ok_or_else(|| {
-                    BrokerError::Unavailable("redis: an unreadable claim reply".into())
-                })?,
+                value => sessions::ClaimReply::parse(value).ok_or_else(|| unreadable("claim"))?,
             };
             self.inner
                 .redis_clock
@@ -193,9 +194,7 @@ impl RedisBroker {
             // (No session id in the log: it is what resumes the session.)
             tracing::debug!("a claim ran after its deadline: trying again");
         }
-        Err(BrokerError::Unavailable(format!(
-            "redis: claims run later than {within:?} after they are sent: Redis or the network holds them back, or Redis's clock is ahead of this pod's"
-        )))
+        Err(BrokerError::Unavailable(Unavailable::ClaimsLate(within)))
     }
 
     /// Hands a save (`None`: an extend) to the session writer; the receiver
@@ -226,5 +225,5 @@ impl RedisBroker {
 }
 
 fn writer_ended() -> BrokerError {
-    BrokerError::Unavailable("redis: session writer ended".into())
+    ended("session writer")
 }
