@@ -10,12 +10,13 @@ use bytes::Bytes;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::call::{failed, timed, unreadable};
+use super::call::timed;
 use super::connection::{self, Commands};
 use super::lineage::Lineage;
 use super::pages::{self, page_of};
 use super::reach::Reach;
 use super::recover::recover_raw;
+use super::replies::parse_published;
 use super::scripts::{self, Keys};
 use super::settings::{self, InvalidSetting, RedisSettings, redact_urls};
 use super::shards::Shards;
@@ -405,29 +406,11 @@ impl RedisBroker {
         slot: u16,
         reply: Result<Value, BrokerError>,
     ) -> Result<Position, BrokerError> {
-        let reply = match reply? {
-            Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-            Value::SimpleString(text) => Some(text),
-            Value::ServerError(e) => return Err(failed("publish", e.into())),
-            _ => None,
+        let published = parse_published(reply?)?;
+        if let Some((clock, line)) = &published.lineage {
+            self.inner.lineage.saw(slot, line, *clock);
         }
-        .ok_or_else(|| unreadable("publish"))?;
-        let mut parts = reply.split(':');
-        let (seq, epoch) = parts
-            .next()
-            .and_then(|seq| seq.parse().ok())
-            .zip(parts.next())
-            .ok_or_else(|| unreadable("publish"))?;
-        // The repeat of an idempotent publish stored by an older version
-        // has no lineage.
-        if let (Some(clock), Some(line)) = (parts.next().and_then(|c| c.parse().ok()), parts.next())
-        {
-            self.inner.lineage.saw(slot, line, clock);
-        }
-        Ok(Position {
-            epoch: Arc::from(epoch),
-            seq,
-        })
+        Ok(published.position)
     }
 }
 

@@ -66,7 +66,7 @@ pub use settings::{
 // For the modules that name them through `super::`.
 use call::{timed, unavailable};
 use recover::{Recovered, Vouch, continuous, read_many};
-use replies::{as_u64, parse_entries};
+use replies::parse_entries;
 
 /// How long a topic's seq and epoch outlive its last publish. Longer than any
 /// sensible history age: losing them starts a new epoch, which subscribers

@@ -19,8 +19,9 @@ use futures_util::stream::FuturesOrdered;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::call::{all_ok, failed, unreadable};
+use super::call::all_ok;
 use super::lineage::{self, Lineage};
+use super::replies::publish_call;
 use super::scripts::{self, Keys};
 use super::shards::{Call, Shards};
 use super::{META_TTL, millis, new_epoch};
@@ -168,15 +169,7 @@ impl Publisher {
         let mut answers: Vec<Option<Result<Value, BrokerError>>> =
             (0..batch.len()).map(|_| None).collect();
         for (call, reply) in plan.iter().zip(replies) {
-            let replies: Vec<Result<Value, BrokerError>> = match reply {
-                Ok(Value::Array(items)) if items.len() == call.len() => {
-                    items.into_iter().map(Ok).collect()
-                }
-                // An error for the whole call (it did not run).
-                Ok(Value::ServerError(e)) => vec![Ok(Value::ServerError(e)); call.len()],
-                Ok(_) => vec![Err(unreadable("publish")); call.len()],
-                Err(e) => vec![Err(failed("publish", e)); call.len()],
-            };
+            let replies = publish_call(reply, call.len());
             for (&i, reply) in call.iter().zip(replies) {
                 answers[i] = Some(reply);
             }

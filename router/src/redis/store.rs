@@ -11,7 +11,8 @@ use tokio::sync::oneshot;
 
 use super::broker::RedisBroker;
 use super::broker::ended;
-use super::call::{failed, timed, timed_raw, unreadable};
+use super::call::{failed, timed, timed_raw};
+use super::replies::{ClaimReply, parse_claim};
 use super::{connection, millis, scripts, sessions};
 use crate::session::unix_ms;
 use crate::{
@@ -173,10 +174,10 @@ impl RedisBroker {
                 }
                 Err(e) => return Err(failed("session_load", e)),
             };
-            let claimed = match value {
-                Value::Nil => return Ok(Claim::NotFound),
-                Value::Int(0) => return Ok(Claim::OtherUser),
-                value => sessions::ClaimReply::parse(value).ok_or_else(|| unreadable("claim"))?,
+            let claimed = match parse_claim(value)? {
+                ClaimReply::NotFound => return Ok(Claim::NotFound),
+                ClaimReply::OtherUser => return Ok(Claim::OtherUser),
+                ClaimReply::Ran(ran) => ran,
             };
             self.inner
                 .redis_clock
