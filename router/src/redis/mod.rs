@@ -63,7 +63,8 @@ pub use settings::{
     InvalidSetting, RedisSettings, SentinelSettings, TlsFiles, redact_url, redact_urls,
 };
 
-// For the modules that name them through `super::`.
+// What pubsub.rs names through `super::`, from before these moved out of
+// this file.
 use call::{timed, unavailable};
 use recover::{Recovered, Vouch, continuous, read_many};
 use replies::parse_entries;
