@@ -314,4 +314,26 @@ mod tests {
             "{a}"
         );
     }
+
+    #[tokio::test]
+    async fn a_redis_setting_that_went_bad_after_the_check_fails_the_start_as_configuration() {
+        let pki = testkit::pki::Pki::new();
+        let ca = pki.dir().join("ca-copy.pem");
+        std::fs::copy(pki.ca(), &ca).expect("copy the CA");
+        let config = Config::load(
+            None,
+            env(&[
+                ("HERALD_BROKER", "redis"),
+                ("HERALD_REDIS__URL", "rediss://127.0.0.1:1"),
+                ("HERALD_REDIS__TLS_CA", &ca.to_string_lossy()),
+            ]),
+        )
+        .expect("a valid configuration");
+        // Gone between the check and the start: a configuration error still.
+        std::fs::remove_file(&ca).expect("remove the CA");
+        match Node::start(config).await {
+            Err(e) => assert!(e.is_config(), "{}", router::Causes(&e)),
+            Ok(_) => panic!("started without its CA"),
+        }
+    }
 }

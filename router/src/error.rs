@@ -65,6 +65,8 @@ pub enum Unavailable {
     Other(String),
 }
 
+// The string form in the old shape, `BrokerError::Unavailable(why.into())`,
+// which redis/pubsub.rs still builds.
 impl From<String> for Unavailable {
     fn from(why: String) -> Self {
         Self::Other(why)
