@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gateway::admin::Status;
 use gateway::config::{CONFIG_FILE_VAR, EXIT_BAD_CONFIG, LogFormat};
+use gateway::node::StartError;
 use gateway::reload;
 use gateway::telemetry::{self, Tracing};
 use gateway::{Config, Listeners, Node};
@@ -185,9 +186,17 @@ fn main() -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("herald: {e:#}");
-            ExitCode::FAILURE
+            // Each cause once (`{e:#}` would repeat the Redis error's).
+            let why = router::Causes(e.as_ref());
+            tracing::error!("{why}");
+            eprintln!("herald: {why}");
+            if e.downcast_ref::<StartError>()
+                .is_some_and(StartError::is_config)
+            {
+                ExitCode::from(EXIT_BAD_CONFIG as u8)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -9,8 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, BrokerError, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore,
-    Topic,
+    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -57,9 +56,18 @@ pub struct Node {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Broker(#[from] BrokerError),
+    Broker(#[from] router::redis::StartError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+}
+
+impl StartError {
+    /// Whether a setting is at fault (`herald` exits with
+    /// [`crate::config::EXIT_BAD_CONFIG`]), not what the pod found when it
+    /// started.
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Broker(router::redis::StartError::Config(_)))
+    }
 }
 
 /// Where the broker hands what it has for this pod: publications and resets
@@ -305,5 +313,27 @@ mod tests {
             Some(&b'-'),
             "{a}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_redis_setting_that_went_bad_after_the_check_fails_the_start_as_configuration() {
+        let pki = testkit::pki::Pki::new();
+        let ca = pki.dir().join("ca-copy.pem");
+        std::fs::copy(pki.ca(), &ca).expect("copy the CA");
+        let config = Config::load(
+            None,
+            env(&[
+                ("HERALD_BROKER", "redis"),
+                ("HERALD_REDIS__URL", "rediss://127.0.0.1:1"),
+                ("HERALD_REDIS__TLS_CA", &ca.to_string_lossy()),
+            ]),
+        )
+        .expect("a valid configuration");
+        // Gone between the check and the start: a configuration error still.
+        std::fs::remove_file(&ca).expect("remove the CA");
+        match Node::start(config).await {
+            Err(e) => assert!(e.is_config(), "{}", router::Causes(&e)),
+            Ok(_) => panic!("started without its CA"),
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ErrorCode;
-use router::{Broker, BrokerError, Outgoing, Position, SessionStore, Topic};
+use router::{Broker, BrokerError, Causes, Outgoing, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
@@ -54,12 +54,12 @@ impl ApiError {
 
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
+        // With its causes, as the message said when it was one string.
+        let message = Causes(&e).to_string();
         match e {
-            BrokerError::UnknownNamespace(_) => {
-                Self::invalid(ErrorCode::UnknownNamespace, e.to_string())
-            }
+            BrokerError::UnknownNamespace(_) => Self::invalid(ErrorCode::UnknownNamespace, message),
             BrokerError::Unavailable(_) => {
-                Self::new(Refusal::Unavailable, ErrorCode::Unavailable, e.to_string())
+                Self::new(Refusal::Unavailable, ErrorCode::Unavailable, message)
             }
         }
     }
@@ -206,8 +206,8 @@ pub async fn publish_batch(
         .into_iter()
         .map(|answer| {
             answer.unwrap_or_else(|| {
-                Err(ApiError::from(BrokerError::Unavailable(
-                    "the broker left an item of the batch unanswered".into(),
+                Err(ApiError::from(BrokerError::unavailable(
+                    "the broker left an item of the batch unanswered",
                 )))
             })
         })

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use router::Broker;
+use router::{Broker, Causes};
 
 use crate::config::RebalanceConfig;
 use crate::metrics::Metrics;
@@ -36,7 +36,7 @@ pub async fn round(
     let loads = match broker.pod_loads(pod, mine, gone_after).await {
         Ok(loads) => loads,
         Err(e) => {
-            tracing::debug!(error = %e, "pod loads unavailable; not rebalancing this round");
+            tracing::debug!(error = %Causes(&e), "pod loads unavailable; not rebalancing this round");
             return;
         }
     };

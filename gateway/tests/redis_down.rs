@@ -73,6 +73,12 @@ async fn a_pod_started_without_redis_waits_not_ready_and_serves_once_redis_is_up
     assert_eq!(status, 503, "{answer}");
     let answer: Value = serde_json::from_str(&answer).expect("JSON");
     assert_eq!(answer["code"], "unavailable", "{answer}");
+    // Saying why, down to what the last attempt met.
+    let message = answer["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("broker unavailable: {target}")),
+        "{answer}"
+    );
     assert!(started.elapsed() < Duration::from_millis(400), "fails fast");
     // Still running: no exit, no restart.
     assert_eq!(get(herald.addr, "/healthz").await.expect("live").0, 200);

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tracing::Instrument;
 
-pub use error::{BrokerError, Causes};
+pub use error::{BrokerError, Causes, Unavailable};
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;

@@ -2,6 +2,8 @@
 //! that says the node is no longer master (`READONLY`), or a command that
 //! timed out, makes the next command go over a new connection, which with
 //! Sentinel means asking the sentinels again (gateway/tests/failover.rs).
+//! What cannot get better by waiting fails the start: a setting the engine
+//! cannot use, and a password Redis refuses.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -11,9 +13,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use router::observe::Ignore;
+use router::redis::StartError;
 use router::{
-    Broker, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
-    RedisSettings, Topic,
+    Broker, Causes, Deliver, NamespaceSettings, Namespaces, Position, Publication, RedisBroker,
+    RedisSettings, TlsFiles, Topic,
 };
 use testkit::Redis;
 
@@ -25,14 +28,9 @@ impl Deliver for Nobody {
     fn disconnect(&self, _: &str) {}
 }
 
-async fn engine(redis: &Redis) -> RedisBroker {
-    let namespaces = Namespaces::new(&BTreeMap::from([(
-        "default".to_owned(),
-        NamespaceSettings::default(),
-    )]))
-    .expect("namespaces");
-    let settings = RedisSettings {
-        url: redis.url(),
+fn settings(url: String) -> RedisSettings {
+    RedisSettings {
+        url,
         password: None,
         tls: Default::default(),
         sentinel: None,
@@ -40,7 +38,15 @@ async fn engine(redis: &Redis) -> RedisBroker {
         command_timeout: Duration::from_millis(300),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
-    };
+    }
+}
+
+async fn start(settings: RedisSettings) -> Result<RedisBroker, StartError> {
+    let namespaces = Namespaces::new(&BTreeMap::from([(
+        "default".to_owned(),
+        NamespaceSettings::default(),
+    )]))
+    .expect("namespaces");
     RedisBroker::start(
         settings,
         Arc::new(namespaces),
@@ -48,7 +54,10 @@ async fn engine(redis: &Redis) -> RedisBroker {
         Arc::new(Ignore),
     )
     .await
-    .expect("connect")
+}
+
+async fn engine(redis: &Redis) -> RedisBroker {
+    start(settings(redis.url())).await.expect("connect")
 }
 
 async fn publish(broker: &RedisBroker) -> Result<u64, String> {
@@ -57,7 +66,7 @@ async fn publish(broker: &RedisBroker) -> Result<u64, String> {
         .publish(&topic, Bytes::from_static(b"1"), None, None)
         .await
         .map(|p| p.seq)
-        .map_err(|e| e.to_string())
+        .map_err(|e| router::Causes(&e).to_string())
 }
 
 /// The ids of the connections to `redis` that are neither pub/sub nor
@@ -117,4 +126,56 @@ async fn a_command_that_timed_out_sends_the_next_over_a_new_connection() {
         after.iter().any(|id| !before.contains(id)),
         "{before:?} then {after:?}"
     );
+}
+
+#[tokio::test]
+async fn settings_the_engine_cannot_use_fail_its_start_as_a_configuration_error() {
+    let mut missing_ca = settings("rediss://127.0.0.1:1".into());
+    missing_ca.tls = TlsFiles {
+        ca: Some("/nonexistent/herald-ca.pem".into()),
+        ..Default::default()
+    };
+    let mut bad_seed = settings("redis://127.0.0.1:1".into());
+    bad_seed.cluster = vec!["redis://:s3cret@10.0.0.1:notaport".into()];
+    for (settings, key) in [(missing_ca, "redis.tls_ca"), (bad_seed, "redis.cluster")] {
+        match start(settings).await {
+            Err(e @ StartError::Config(_)) => {
+                let StartError::Config(setting) = &e else {
+                    unreachable!()
+                };
+                assert_eq!(setting.key, key, "{}", Causes(&e));
+                let shown = Causes(&e).to_string();
+                assert!(shown.starts_with(&format!("redis: `{key}`: ")), "{shown}");
+                assert!(!shown.contains("s3cret"), "{shown}");
+            }
+            Err(e) => panic!("not a configuration error: {}", Causes(&e)),
+            Ok(_) => panic!("{key}: started"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_password_redis_refuses_fails_the_start_with_redis_s_answer_as_its_cause() {
+    let redis = Redis::start().await;
+    assert_eq!(
+        redis.cli(&["CONFIG", "SET", "requirepass", "right"]).trim(),
+        "OK"
+    );
+    let mut wrong = settings(redis.url());
+    wrong.password = Some("wrong".into());
+    match start(wrong).await {
+        Err(e @ StartError::Refused { .. }) => {
+            let shown = Causes(&e).to_string();
+            eprintln!("{shown}");
+            let target = format!(
+                "broker unavailable: redis: connecting to 127.0.0.1:{}: ",
+                redis.port
+            );
+            assert!(shown.starts_with(&target), "{shown}");
+            assert!(shown.contains("Password authentication failed"), "{shown}");
+            assert!(!shown.contains("wrong"), "{shown}");
+        }
+        Err(e) => panic!("not a refusal: {}", Causes(&e)),
+        Ok(_) => panic!("started with a wrong password"),
+    }
 }

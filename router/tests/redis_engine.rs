@@ -301,7 +301,7 @@ async fn a_batch_gives_seqs_in_its_order_and_each_item_succeeds_or_fails_alone()
     let seqs = |answers: Vec<Result<Position, BrokerError>>| {
         answers
             .into_iter()
-            .map(|a| a.map(|p| p.seq).map_err(|e| e.to_string()))
+            .map(|a| a.map(|p| p.seq).map_err(|e| router::Causes(&e).to_string()))
             .collect::<Vec<_>>()
     };
     let first = broker

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use proto::{Command, CommandError, ErrorCode, ServerMessage};
-use router::{BrokerError, Since, Topic};
+use router::{BrokerError, Causes, Since, Topic};
 
 use super::Session;
 use super::access::Access;
@@ -356,5 +356,6 @@ pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
         BrokerError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
         BrokerError::Unavailable(_) => ErrorCode::Unavailable,
     };
-    CommandError::new(id, code, e.to_string())
+    // With its causes, as the message said when it was one string.
+    CommandError::new(id, code, Causes(e).to_string())
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use proto::{CommandError, ErrorCode, ServerMessage};
-use router::{Claim, SessionUser};
+use router::{Causes, Claim, SessionUser};
 use tokio::time::Instant;
 
 use super::access::Access;
@@ -90,7 +90,7 @@ impl Session {
                     not_resumed = Some("other_user");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "session store unavailable; the client is to come back");
+                    tracing::warn!(error = %Causes(&e), "session store unavailable; the client is to come back");
                     self.out.close(CloseReason::Unavailable, true);
                     return;
                 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proto::ServerMessage;
 use rand::Rng;
-use router::{Claim, SessionSave, SessionSnapshot, SessionStore};
+use router::{Causes, Claim, SessionSave, SessionSnapshot, SessionStore};
 use tokio::time::Instant;
 
 use super::Subscriptions;
@@ -233,7 +233,7 @@ impl Registry {
             }
         }
         if let Some(e) = failed {
-            tracing::warn!(error = %e, "sessions not saved; tried again at the next flush");
+            tracing::warn!(error = %Causes(&e), "sessions not saved; tried again at the next flush");
         }
     }
 

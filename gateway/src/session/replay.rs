@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use prometheus::IntGauge;
 use proto::ServerMessage;
-use router::{BrokerError, Page, PageSize, Position, Publication, Topic};
+use router::{BrokerError, Causes, Page, PageSize, Position, Publication, Topic};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::Session;
@@ -232,7 +232,7 @@ impl Session {
     /// (or `welcome`): it is closed with 4003 and comes back, its session
     /// saved as it was, so that the replay starts again from its acks.
     fn replay_failed(&self, topic: &Topic, e: &BrokerError) {
-        tracing::warn!(conn = self.conn, error = %e, "a replay's read failed; the client is to come back");
+        tracing::warn!(conn = self.conn, error = %Causes(e), "a replay's read failed; the client is to come back");
         tracing::debug!(conn = self.conn, %topic, "the replay that failed");
         self.out.close(CloseReason::Unavailable, true);
     }

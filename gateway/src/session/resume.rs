@@ -2,7 +2,7 @@
 //! saved to the store as the connection goes on and as it ends.
 
 use proto::ErrorCode;
-use router::{BrokerError, Claim, Since, Stored, SubscriptionState};
+use router::{BrokerError, Causes, Claim, Since, Stored, SubscriptionState};
 use tokio::time::Instant;
 
 use super::access::Access;
@@ -98,7 +98,7 @@ impl Session {
                 tracing::debug!(session = %tag(id), "session resumed by another connection; not saved");
             }
             Err(e) => {
-                tracing::warn!(error = %e, session = %tag(id), "session not saved; it cannot be resumed");
+                tracing::warn!(error = %Causes(&e), session = %tag(id), "session not saved; it cannot be resumed");
             }
         }
     }

@@ -2,7 +2,7 @@
 //! group of Sentinels names master; over TCP or TLS; as an ACL user.
 //!
 //! - [`Connector`] knows where to go. With Sentinel it asks the sentinels
-//!   on every connect, so that a connection that dropped comes back to the
+//!   ([`super::sentinel`]) on every connect, so that a connection that dropped comes back to the
 //!   node that is master now. (redis-rs's `ConnectionManager` and `PubSub`
 //!   come back to the address they first had, and nothing in redis-rs asks
 //!   the sentinels again.)
@@ -14,8 +14,6 @@
 //! - [`Connector::pubsub_link`] opens a fresh pub/sub connection on the
 //!   master (or a cluster's node, [`Connector::node`]).
 
-use std::fmt;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -26,12 +24,13 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
-    IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, TlsCertificates, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind,
+    TlsCertificates, Value,
 };
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
+
+use super::sentinel::{Sentinels, expect_master};
+use super::settings::{InvalidSetting, SentinelSettings, TlsFiles, certificates, invalid};
 
 /// Connection attempts after a first one failed, before a command fails
 /// (each later command starts a fresh series).
@@ -46,60 +45,6 @@ const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 3;
-
-/// PEM files for TLS (`rediss://`).
-#[derive(Debug, Clone, Default)]
-pub struct TlsFiles {
-    /// CA certificates the server's certificate must chain to; `None`: the
-    /// system's roots.
-    pub ca: Option<PathBuf>,
-    /// A client certificate (and below, its key), for a server that requires
-    /// one (`tls-auth-clients yes`).
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-}
-
-/// Redis Sentinel: the master is whichever node the sentinels name, asked on
-/// every connect.
-#[derive(Clone)]
-pub struct SentinelSettings {
-    /// The name the sentinels monitor the master under.
-    pub master_name: String,
-    /// `host:port` of each sentinel.
-    pub addresses: Vec<String>,
-    /// The sentinels' own password (their `requirepass`), if they have one.
-    pub password: Option<String>,
-    /// Whether the sentinels speak TLS (with the CA and client certificate of
-    /// [`TlsFiles`]).
-    pub tls: bool,
-}
-
-impl fmt::Debug for SentinelSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SentinelSettings")
-            .field("master_name", &self.master_name)
-            .field("addresses", &self.addresses)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("tls", &self.tls)
-            .finish()
-    }
-}
-
-/// A setting the engine cannot use; `key` names it as the configuration
-/// file does (`redis.tls_ca`).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{reason}")]
-pub struct InvalidSetting {
-    pub key: &'static str,
-    pub reason: String,
-}
-
-fn invalid(key: &'static str, reason: impl fmt::Display) -> InvalidSetting {
-    InvalidSetting {
-        key,
-        reason: reason.to_string(),
-    }
-}
 
 /// Where Redis is, and how to open connections to it.
 #[derive(Clone)]
@@ -123,15 +68,6 @@ enum Place {
     /// The URL's address.
     Direct(Client),
     Sentinel(Sentinels),
-}
-
-struct Sentinels {
-    master_name: String,
-    sentinels: Vec<(String, Client)>,
-    /// The URL's scheme, user, password and database, for whichever address
-    /// the sentinels name.
-    node: ConnectionInfo,
-    certificates: Option<TlsCertificates>,
 }
 
 impl Connector {
@@ -220,14 +156,7 @@ impl Connector {
     pub fn describe(&self) -> String {
         match &self.inner.place {
             Place::Direct(client) => client.get_connection_info().addr().to_string(),
-            Place::Sentinel(s) => {
-                let addresses: Vec<&str> = s.sentinels.iter().map(|(a, _)| a.as_str()).collect();
-                format!(
-                    "master `{}` of the sentinels {}",
-                    s.master_name,
-                    addresses.join(", ")
-                )
-            }
+            Place::Sentinel(sentinels) => sentinels.describe(),
         }
     }
 
@@ -300,133 +229,6 @@ impl Connector {
             expect_master(&mut conn, &client).await?;
         }
         Ok(conn)
-    }
-}
-
-impl Sentinels {
-    fn new(
-        settings: &SentinelSettings,
-        node: ConnectionInfo,
-        certificates: Option<TlsCertificates>,
-    ) -> Result<Self, InvalidSetting> {
-        const KEY: &str = "redis.sentinel.addresses";
-        if settings.master_name.trim().is_empty() {
-            return Err(invalid("redis.sentinel.master_name", "must not be empty"));
-        }
-        if settings.addresses.is_empty() {
-            return Err(invalid(KEY, "must list at least one sentinel (host:port)"));
-        }
-        let mut redis = RedisConnectionInfo::default().set_skip_set_lib_name();
-        if let Some(password) = &settings.password {
-            redis = redis.set_password(password);
-        }
-        let sentinels = settings
-            .addresses
-            .iter()
-            .map(|address| {
-                let (host, port) = host_port(address)
-                    .ok_or_else(|| invalid(KEY, format!("`{address}` is not host:port")))?;
-                let info = address_of(host, port, settings.tls)
-                    .into_connection_info()
-                    .map_err(|e| invalid(KEY, e))?
-                    .set_redis_settings(redis.clone())
-                    .set_tcp_settings(tcp_settings());
-                let certificates = certificates.as_ref().filter(|_| settings.tls);
-                let client = client(info, certificates).map_err(|e| invalid(KEY, e))?;
-                Ok((address.clone(), client))
-            })
-            .collect::<Result<_, InvalidSetting>>()?;
-        Ok(Self {
-            master_name: settings.master_name.clone(),
-            sentinels,
-            node,
-            certificates,
-        })
-    }
-
-    /// Asks every sentinel at once (each bounded by `timeout`) and takes the
-    /// address most of those that answered name (on a tie, the first listed).
-    async fn master(&self, timeout: Duration) -> RedisResult<Client> {
-        let answers = futures_util::future::join_all(
-            self.sentinels
-                .iter()
-                .map(|(_, sentinel)| ask(sentinel, &self.master_name, timeout)),
-        )
-        .await;
-        let mut named: Vec<((String, u16), usize)> = Vec::new();
-        let mut errors = Vec::new();
-        for ((address, _), answer) in self.sentinels.iter().zip(answers) {
-            match answer {
-                Ok(Some(master)) => match named.iter_mut().find(|(m, _)| *m == master) {
-                    Some((_, votes)) => *votes += 1,
-                    None => named.push((master, 1)),
-                },
-                Ok(None) => errors.push(format!("{address}: does not know the master")),
-                Err(e) => errors.push(format!("{address}: {e}")),
-            }
-        }
-        // `max_by_key` keeps the last of equals: look from the end.
-        let Some(((host, port), _)) = named.into_iter().rev().max_by_key(|(_, votes)| *votes)
-        else {
-            return Err(RedisError::from((
-                ErrorKind::Io,
-                "no sentinel named a master",
-                format!("`{}` ({})", self.master_name, errors.join("; ")),
-            )));
-        };
-        let tls = matches!(self.node.addr(), ConnectionAddr::TcpTls { .. });
-        let info = self.node.clone().set_addr(address_of(host, port, tls));
-        client(info, self.certificates.as_ref())
-    }
-}
-
-/// `SENTINEL GET-MASTER-ADDR-BY-NAME`: where `name`'s master is, as this
-/// sentinel sees it.
-async fn ask(
-    sentinel: &Client,
-    name: &str,
-    timeout: Duration,
-) -> RedisResult<Option<(String, u16)>> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    let asking = async {
-        let mut conn = sentinel
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(name)
-            .query_async(&mut conn)
-            .await
-    };
-    // Connecting and asking, each bounded, may not take twice the timeout.
-    tokio::time::timeout(timeout, asking)
-        .await
-        .unwrap_or_else(|_| Err(timed_out()))
-}
-
-/// Fails unless the node says it is master (`ROLE`): the sentinels may
-/// still name a master that was just demoted, or one that is down.
-async fn expect_master(conn: &mut MultiplexedConnection, client: &Client) -> RedisResult<()> {
-    let role: Value = redis::cmd("ROLE")
-        .query_async(conn)
-        .await
-        .map_err(|e| at(client, e))?;
-    let is_master = match &role {
-        Value::Array(items) => {
-            matches!(items.first(), Some(Value::BulkString(r)) if r == b"master")
-        }
-        _ => false,
-    };
-    if is_master {
-        Ok(())
-    } else {
-        Err(RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ReadOnly),
-            "the node the sentinels named is not master",
-            client.get_connection_info().addr().to_string(),
-        )))
     }
 }
 
@@ -553,26 +355,6 @@ fn establish(connector: Connector) -> Connecting {
     .shared()
 }
 
-/// `host:port` of each cluster node URL (`redis://host:port`, `rediss://`
-/// for TLS), or why one cannot be used (its password left out).
-pub fn seeds(urls: &[String]) -> Result<Vec<(String, u16)>, String> {
-    urls.iter()
-        .map(|url| {
-            let shown = super::redact_url(url);
-            let info = url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| format!("`{shown}`: {e}"))?;
-            match info.addr() {
-                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                    Ok((host.clone(), *port))
-                }
-                _ => Err(format!("`{shown}`: a cluster node is reached over TCP")),
-            }
-        })
-        .collect()
-}
-
 /// Whether Redis refused who the pod says it is (a wrong password, a user
 /// without the rights): waiting will not help, a corrected Secret will.
 pub fn refused(e: &RedisError) -> bool {
@@ -669,14 +451,17 @@ impl ConnectionLike for Commands {
     }
 }
 
-fn client(info: ConnectionInfo, certificates: Option<&TlsCertificates>) -> RedisResult<Client> {
+pub(super) fn client(
+    info: ConnectionInfo,
+    certificates: Option<&TlsCertificates>,
+) -> RedisResult<Client> {
     match certificates {
         Some(certificates) => Client::build_with_tls(info, certificates.clone()),
         None => Client::open(info),
     }
 }
 
-fn address_of(host: String, port: u16, tls: bool) -> ConnectionAddr {
+pub(super) fn address_of(host: String, port: u16, tls: bool) -> ConnectionAddr {
     if tls {
         ConnectionAddr::TcpTls {
             host,
@@ -689,20 +474,7 @@ fn address_of(host: String, port: u16, tls: bool) -> ConnectionAddr {
     }
 }
 
-/// `host:port`, `[v6]:port`.
-fn host_port(address: &str) -> Option<(String, u16)> {
-    let (host, port) = address.trim().rsplit_once(':')?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty() {
-        return None;
-    }
-    Some((host.to_owned(), port.parse().ok()?))
-}
-
-fn tcp_settings() -> TcpSettings {
+pub(super) fn tcp_settings() -> TcpSettings {
     let keepalive = TcpKeepalive::new()
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_INTERVAL)
@@ -710,57 +482,6 @@ fn tcp_settings() -> TcpSettings {
     TcpSettings::default()
         .set_nodelay(true)
         .set_keepalive(keepalive)
-}
-
-/// The PEM files, read and checked now, so that a bad one stops the start
-/// with its key named.
-fn certificates(files: &TlsFiles) -> Result<Option<TlsCertificates>, InvalidSetting> {
-    let read = |key: &'static str, path: &Path| {
-        std::fs::read(path).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
-    };
-    // A file without a certificate would be read as an empty list, and the
-    // failure put off to the first connect.
-    let certificate = |key: &'static str, path: &Path| {
-        let pem = read(key, path)?;
-        let certificates = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
-        if certificates.is_empty() {
-            return Err(invalid(
-                key,
-                format!("{}: no PEM certificate in it", path.display()),
-            ));
-        }
-        Ok(pem)
-    };
-    let root_cert = match &files.ca {
-        Some(path) => Some(certificate("redis.tls_ca", path)?),
-        None => None,
-    };
-    let client_tls = match (&files.cert, &files.key) {
-        (Some(cert), Some(key)) => Some(ClientTlsConfig {
-            client_cert: certificate("redis.tls_cert", cert)?,
-            client_key: read("redis.tls_key", key)?,
-        }),
-        (None, None) => None,
-        (Some(_), None) => return Err(invalid("redis.tls_key", "is needed with `redis.tls_cert`")),
-        (None, Some(_)) => return Err(invalid("redis.tls_cert", "is needed with `redis.tls_key`")),
-    };
-    if root_cert.is_none() && client_tls.is_none() {
-        return Ok(None);
-    }
-    let certificates = TlsCertificates {
-        client_tls,
-        root_cert,
-    };
-    // Parsed here as redis-rs will when it connects: a file that is no PEM
-    // certificate (or key) is a configuration error, not a connect failure.
-    // The key is what is left to check: redis-rs parses it here, as it will
-    // when it connects.
-    if let Err(e) = Client::build_with_tls("rediss://127.0.0.1", certificates.clone()) {
-        return Err(invalid("redis.tls_key", e));
-    }
-    Ok(Some(certificates))
 }
 
 /// rustls needs one crypto provider: ring, as the JWKS client uses. Named
@@ -775,7 +496,7 @@ fn install_crypto_provider() {
 /// With Sentinel, an I/O error says which node it came from (the message
 /// names the sentinels only); its kind is kept, so that retries and
 /// reconnects decide as before.
-fn at(client: &Client, e: RedisError) -> RedisError {
+pub(super) fn at(client: &Client, e: RedisError) -> RedisError {
     if e.kind() != ErrorKind::Io {
         return e;
     }
@@ -790,32 +511,4 @@ fn at(client: &Client, e: RedisError) -> RedisError {
     };
     let addr = client.get_connection_info().addr();
     RedisError::from(std::io::Error::new(kind, format!("{addr}: {e}")))
-}
-
-fn timed_out() -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "timed out",
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sentinel_addresses_are_host_and_port() {
-        assert_eq!(
-            host_port("10.0.0.1:26379"),
-            Some(("10.0.0.1".into(), 26379))
-        );
-        assert_eq!(host_port("[::1]:26379"), Some(("::1".into(), 26379)));
-        assert_eq!(
-            host_port("sentinel-0.sentinel:26379"),
-            Some(("sentinel-0.sentinel".into(), 26379))
-        );
-        assert_eq!(host_port("10.0.0.1"), None);
-        assert_eq!(host_port(":26379"), None);
-        assert_eq!(host_port("h:99999"), None);
-    }
 }

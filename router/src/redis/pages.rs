@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::call::{timed, unreadable};
 use super::lineage::Lineage;
+use super::millis;
+use super::replies::parse_page;
 use super::scripts::{self, Keys};
 use super::shards::Shards;
-use super::{as_u64, millis, parse_entries, timed};
 use crate::observe::Observer;
 use crate::page::{self, Page, PageSize};
 use crate::{BrokerError, Epoch, Publication, Topic};
@@ -48,8 +50,7 @@ impl Reader<'_> {
             .arg(self.lineage.known(slot));
         let reading = self.shards.script(&meta, &scripts::PAGE, &invocation);
         let value: Value = timed(self.observer, "replay", reading).await?;
-        let (now_ms, read) = parse_page(topic, epoch, value)
-            .ok_or_else(|| BrokerError::Unavailable("redis: unexpected page reply".into()))?;
+        let (now_ms, read) = parse_page(topic, epoch, value).ok_or_else(|| unreadable("page"))?;
         let Some((seq, entries)) = read else {
             return Ok(Page::Lost);
         };
@@ -86,22 +87,4 @@ pub(super) fn page_of(
     }
     let publications: Vec<Publication> = entries.into_iter().map(|(p, _)| p).collect();
     page::continues(&publications, after, seq, size).then_some(publications)
-}
-
-/// What [`scripts::PAGE`] answered: Redis's time, and the topic's seq and
-/// the entries, unless the topic left the epoch.
-type PageReply = (u64, Option<(u64, Vec<(Publication, u64)>)>);
-
-fn parse_page(topic: &Topic, epoch: &Epoch, value: Value) -> Option<PageReply> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let mut items = items.into_iter();
-    let now_ms = as_u64(&items.next()?)?;
-    let Some(seq) = items.next() else {
-        return Some((now_ms, None));
-    };
-    let seq = as_u64(&seq)?;
-    let entries = parse_entries(topic, epoch, items.next()?)?;
-    Some((now_ms, Some((seq, entries))))
 }

@@ -19,12 +19,14 @@ use futures_util::stream::FuturesOrdered;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::call::all_ok;
 use super::lineage::{self, Lineage};
+use super::replies::publish_call;
 use super::scripts::{self, Keys};
 use super::shards::{Call, Shards};
-use super::{META_TTL, all_ok, millis, new_epoch};
+use super::{META_TTL, millis, new_epoch};
 use crate::observe::Observer;
-use crate::{BrokerError, IDEMPOTENCY_WINDOW};
+use crate::{BrokerError, IDEMPOTENCY_WINDOW, Unavailable};
 
 /// Publishes waiting for the writer, at most: a caller waits for room past it.
 pub const QUEUE: usize = 8192;
@@ -167,29 +169,14 @@ impl Publisher {
         let mut answers: Vec<Option<Result<Value, BrokerError>>> =
             (0..batch.len()).map(|_| None).collect();
         for (call, reply) in plan.iter().zip(replies) {
-            let replies: Vec<Result<Value, BrokerError>> = match reply {
-                Ok(Value::Array(items)) if items.len() == call.len() => {
-                    items.into_iter().map(Ok).collect()
-                }
-                // An error for the whole call (it did not run).
-                Ok(Value::ServerError(e)) => vec![Ok(Value::ServerError(e)); call.len()],
-                Ok(other) => vec![
-                    Err(BrokerError::Unavailable(format!(
-                        "redis: an unexpected publish reply {other:?}"
-                    )));
-                    call.len()
-                ],
-                Err(e) => vec![Err(super::unavailable(e)); call.len()],
-            };
+            let replies = publish_call(reply, call.len());
             for (&i, reply) in call.iter().zip(replies) {
                 answers[i] = Some(reply);
             }
         }
         for (pending, answer) in batch.into_iter().zip(answers) {
             let answer = answer.unwrap_or_else(|| {
-                Err(BrokerError::Unavailable(
-                    "redis: a publish went unanswered".into(),
-                ))
+                Err(BrokerError::Unavailable(Unavailable::Unanswered("publish")))
             });
             let _ = pending.done.send(answer);
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::BrokerError;
+use crate::{BrokerError, Unavailable};
 
 /// Shared by the broker (which asks) and the pub/sub task (which tells).
 pub struct Reach {
@@ -75,7 +75,7 @@ impl Reach {
     pub fn check(&self) -> Result<(), BrokerError> {
         match self.not_ready() {
             None => Ok(()),
-            Some(why) => Err(BrokerError::Unavailable(why)),
+            Some(why) => Err(BrokerError::Unavailable(Unavailable::NotReached(why))),
         }
     }
 

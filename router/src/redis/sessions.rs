@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::call::timed_each;
+use super::replies::parse_saved;
 use super::shards::{Call, Shards};
-use super::{scripts, slots, timed_each};
+use super::{scripts, slots};
 use crate::observe::Observer;
 use crate::{BrokerError, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
 
@@ -65,70 +66,9 @@ pub async fn write(shards: Shards, mut saves: mpsc::Receiver<Save>, observer: Ar
         let replies = timed_each(&*observer, "session_save", shards.scripts(&calls)).await;
         let mut replies = replies.into_iter();
         for save in batch.drain(..) {
-            let saved = match replies.next() {
-                Some(Ok(Value::Int(1))) => Ok(Stored::Kept),
-                Some(Ok(Value::Int(-1))) => Ok(Stored::Gone),
-                Some(Ok(Value::Int(_))) => Ok(Stored::Refused),
-                Some(Ok(Value::ServerError(e))) => Err(super::unavailable(e.into())),
-                Some(Ok(_)) => Err(BrokerError::Unavailable(
-                    "redis: an unreadable session save reply".into(),
-                )),
-                Some(Err(e)) => Err(super::unavailable(e)),
-                None => Err(BrokerError::Unavailable(
-                    "redis: a session save went unanswered".into(),
-                )),
-            };
+            let saved = parse_saved(replies.next());
             let _ = save.done.send(saved);
         }
-    }
-}
-
-/// What [`scripts::CLAIM_SESSION`] answered, when it took or tried to.
-pub struct ClaimReply {
-    /// `None`: the claim ran after its deadline and took nothing.
-    pub taken: Option<Taken>,
-    /// Redis's clock when the claim ran.
-    pub redis_ms: u64,
-}
-
-pub struct Taken {
-    /// The previous owner ("" for none).
-    pub from: String,
-    /// The snapshot, without the owner line.
-    pub body: Vec<u8>,
-    /// The new owner, with its rank: what the connection saves with.
-    pub owner: String,
-}
-
-impl ClaimReply {
-    pub fn parse(value: Value) -> Option<Self> {
-        let Value::Array(items) = value else {
-            return None;
-        };
-        let mut items = items.into_iter();
-        let first = items.next()?;
-        let Some(body) = items.next() else {
-            // `{now}`: too late.
-            return Some(Self {
-                taken: None,
-                redis_ms: super::as_u64(&first)?,
-            });
-        };
-        let bytes = |value: Value| match value {
-            Value::BulkString(b) => Some(b),
-            Value::SimpleString(s) => Some(s.into_bytes()),
-            _ => None,
-        };
-        let text = |value: Value| String::from_utf8(bytes(value)?).ok();
-        let taken = Taken {
-            from: text(first)?,
-            body: bytes(body)?,
-            owner: text(items.next()?)?,
-        };
-        Some(Self {
-            taken: Some(taken),
-            redis_ms: super::as_u64(&items.next()?)?,
-        })
     }
 }
 

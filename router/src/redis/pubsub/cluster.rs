@@ -16,7 +16,7 @@ use super::Pubsub;
 use super::flow::Flow;
 use super::report::Done;
 use crate::Topic;
-use crate::redis::unavailable;
+use crate::redis::call::failed;
 
 /// How often a cluster's slot map is read again, besides when something
 /// says it changed.
@@ -42,7 +42,10 @@ impl Pubsub {
         let shards = self.shards.clone();
         let done = self.done.clone();
         tokio::spawn(async move {
-            let result = shards.refresh().await.map_err(unavailable);
+            let result = shards
+                .refresh()
+                .await
+                .map_err(|e| failed("cluster slots", e));
             let _ = done.send(Done::Mapped(result));
         });
     }

@@ -153,7 +153,7 @@ impl Pubsub {
             Flow::Starting { waiters, .. } | Flow::Leaving { waiters } => {
                 self.topics.remove(topic);
                 for reply in waiters {
-                    let _ = reply.send(Err(BrokerError::Unavailable(why.into())));
+                    let _ = reply.send(Err(BrokerError::unavailable(why)));
                 }
             }
         }

@@ -11,8 +11,10 @@ use super::flow::{At, Flow};
 use super::link::MIN_BACKOFF;
 use super::report::Done;
 use super::watch::Watched;
-use crate::redis::{Recovered, Vouch, continuous, parse_entries, read_many, timed};
-use crate::{BrokerError, Epoch, Position, Publication, Since, Topic};
+use crate::redis::call::timed;
+use crate::redis::recover::{Recovered, Vouch, continuous, read_many};
+use crate::redis::replies::parse_entries;
+use crate::{BrokerError, Causes, Epoch, Position, Publication, Since, Topic, Unavailable};
 
 /// Topics per pipeline of position reads.
 pub(super) const READ_BATCH: usize = 500;
@@ -62,7 +64,9 @@ impl Pubsub {
                 .await
                 .unwrap_or_else(|_| {
                     tracing::warn!(topics = reads.len(), "reading topics from redis timed out");
-                    Err(BrokerError::Unavailable("redis: timed out".into()))
+                    Err(BrokerError::Unavailable(Unavailable::TimedOut(
+                        "read topics",
+                    )))
                 });
             let _ = done.send(Done::Read {
                 link,
@@ -148,7 +152,7 @@ impl Pubsub {
             }
         }
         if !retry.is_empty() {
-            tracing::warn!(error = %e, topics = retry.len(), "reading topics after a reconnect failed; retrying");
+            tracing::warn!(error = %Causes(&e), topics = retry.len(), "reading topics after a reconnect failed; retrying");
             self.read(link, retry, MIN_BACKOFF);
         }
         self.leave(abandoned);
@@ -158,7 +162,7 @@ impl Pubsub {
     /// A read of a gap failed: tried again after a pause, if the topic still
     /// waits for it.
     pub(super) fn fill_failed(&mut self, topic: &Topic, upto: u64, e: BrokerError) {
-        tracing::warn!(error = %e, %topic, "reading a gap from history failed; retrying");
+        tracing::warn!(error = %Causes(&e), %topic, "reading a gap from history failed; retrying");
         if let Some(Watched {
             flow: Flow::Catching { at, .. },
             ..

@@ -5,8 +5,8 @@ use redis::aio::MultiplexedConnection;
 
 use super::Pubsub;
 use super::subscription::Subscription;
-use crate::redis::Recovered;
-use crate::{BrokerError, Publication, Topic};
+use crate::redis::recover::Recovered;
+use crate::{BrokerError, Causes, Publication, Topic};
 
 /// What a task that talked to Redis reports back. `link` and `generation`
 /// name the connection it was started on: a report about an earlier one (or
@@ -85,7 +85,7 @@ impl Pubsub {
                 match result {
                     Ok(()) => self.mapped(),
                     Err(e) => {
-                        tracing::warn!(error = %e, "reading the redis cluster's slot map failed");
+                        tracing::warn!(error = %Causes(&e), "reading the redis cluster's slot map failed");
                         if self.control.is_none() {
                             // Not even the map yet: `/readyz` says why.
                             self.reach.down(&e.to_string());
@@ -108,7 +108,7 @@ impl Pubsub {
                 match result {
                     Ok(outcomes) => self.subscribed(link, topics, outcomes),
                     Err(e) => {
-                        tracing::warn!(error = %e, "redis subscribe failed");
+                        tracing::warn!(error = %Causes(&e), "redis subscribe failed");
                         self.link_lost(link, "a subscribe failed");
                     }
                 }
@@ -126,7 +126,7 @@ impl Pubsub {
                 match result {
                     Ok(()) => self.unsubscribed(link, topics),
                     Err(e) => {
-                        tracing::warn!(error = %e, "redis unsubscribe failed");
+                        tracing::warn!(error = %Causes(&e), "redis unsubscribe failed");
                         self.link_lost(link, "an unsubscribe failed");
                     }
                 }

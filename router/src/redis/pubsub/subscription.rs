@@ -13,7 +13,7 @@ use super::history::READ_BATCH;
 use super::link::LinkState;
 use super::report::Done;
 use crate::Topic;
-use crate::redis::unavailable;
+use crate::redis::call::failed;
 
 /// Channels per pipeline of `SUBSCRIBE` or `UNSUBSCRIBE` commands.
 const SUBSCRIBE_BATCH: usize = 500;
@@ -88,7 +88,7 @@ impl Pubsub {
                 link,
                 generation,
                 topics,
-                result: result.map_err(unavailable),
+                result: result.map_err(|e| failed("subscribe", e)),
             });
         });
     }
@@ -190,7 +190,7 @@ impl Pubsub {
                         .await
                         .unwrap_or_else(|_| Err(timed_out()))
                         .map(drop)
-                        .map_err(unavailable);
+                        .map_err(|e| failed("unsubscribe", e));
                     if result.is_err() {
                         break;
                     }

@@ -65,8 +65,8 @@ impl Pubsub {
                             Some(link) if self.links[link].takes_watches() => link,
                             _ => {
                                 self.want_map();
-                                let _ = reply.send(Err(BrokerError::Unavailable(
-                                    "redis pub/sub is reconnecting".into(),
+                                let _ = reply.send(Err(BrokerError::unavailable(
+                                    "redis pub/sub is reconnecting",
                                 )));
                                 continue;
                             }
