@@ -1,9 +1,11 @@
 //! Configuration: typed, defaulted, validated once, before any port is bound.
 //!
-//! Sources, later wins: the defaults below, a TOML file (`--config`), then
+//! Sources, later wins: the defaults ([`defaults`]), a TOML file (`--config`), then
 //! environment variables `HERALD_<KEY>` with `__` between nested keys
 //! (`HERALD_LISTEN=127.0.0.1:9000`, `HERALD_WEBSOCKET__PING_INTERVAL=10s`,
 //! `HERALD_HTTP__API_KEYS=key1,key2`). `docs/herald.sample.toml` lists every key.
+//!
+//! Its parts, each item re-exported here (`gateway::config::RedisConfig`):
 //!
 //! - [`defaults`]: every default, a named constant with its unit;
 //! - [`clients`]: `[websocket]`, `[queue]`, `[replay]`, `[session]`: what each
@@ -13,8 +15,6 @@
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
 //! - [`observability`]: `[log]` and `[telemetry]`;
 //! - [`validation`]: the checks before anything starts.
-//!
-//! Every item is re-exported here: `gateway::config::RedisConfig`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -40,7 +40,7 @@ pub use drain::{RebalanceConfig, ShutdownConfig};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use redis::{RedisConfig, SentinelConfig};
 
-/// Exit code for a configuration error (EX_USAGE).
+/// Exit code for a configuration error, or a bad command line (EX_USAGE).
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
 #[derive(Debug, Clone, Deserialize)]
