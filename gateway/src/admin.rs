@@ -226,3 +226,25 @@ fn quote(body: &[u8]) -> String {
         None => text,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quoted_body_is_one_line_cut_at_its_bound() {
+        assert_eq!(
+            quote(b"  draining,\r\n  come back\tlater \n"),
+            "draining, come back later"
+        );
+        assert_eq!(quote(b""), "(empty)");
+        assert_eq!(quote(b"\xff\xfeok"), "\u{fffd}\u{fffd}ok");
+        let long = "é".repeat(QUOTED_CHARS + 1);
+        let quoted = quote(long.as_bytes());
+        assert_eq!(quoted, format!("{}...", "é".repeat(QUOTED_CHARS)));
+        assert_eq!(
+            quote("é".repeat(QUOTED_CHARS).as_bytes()),
+            "é".repeat(QUOTED_CHARS)
+        );
+    }
+}
