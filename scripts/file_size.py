@@ -20,6 +20,8 @@ not count), so a test module's end is found where the compiler finds it.
 >>> tests = '#[cfg(test)]\\nmod tests {\\n    fn t() { let _ = "}"; }\\n}\\n'
 >>> counted_lines(code + "\\n" + tests)
 4
+>>> counted_lines(code + "#[cfg(test)] mod tests {\\n}\\n")  # on one line
+3
 >>> counted_lines(code + tests + "fn after() {}\\n")  # not file-ending: counted
 8
 >>> counted_lines(code + "#[cfg(test)]\\nmod tests;\\n")  # its lines are elsewhere
@@ -49,7 +51,7 @@ strip = _module_deps.strip
 
 # A module declared at the start of a line, with the attributes above it.
 DECLARATION = re.compile(
-    r"^((?:[ \t]*#\[[^\n]*\][ \t]*\n)*)[ \t]*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_]\w*)\s*([;{])",
+    r"^((?:[ \t]*#\[[^\n]*?\][ \t]*\n?)*)[ \t]*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_]\w*)\s*([;{])",
     re.M,
 )
 CFG_TEST = re.compile(r"#\[cfg\(\s*test\s*\)\]")
