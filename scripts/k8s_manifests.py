@@ -248,7 +248,7 @@ def check_exposure(name, labels, ports, objects):
     return services
 
 
-# herald's defaults (gateway/src/config.rs) where herald.toml leaves a key out.
+# herald's defaults (gateway/src/config/defaults.rs) where herald.toml leaves a key out.
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_QUEUE_BYTES = 1024 * 1024
 # Each running replay holds a page of history besides its queue.

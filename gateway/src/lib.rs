@@ -27,14 +27,17 @@
 //!   get theirs as a [`session::Pod`]); [`config`]; [`metrics`].
 //! - [`rebalance`]: moving clients off a pod that holds more than its share.
 //! - [`reload`]: what changes without a restart (API keys, the log level).
+//! - [`process`]: the herald process around it all: binds the listeners,
+//!   reloads on SIGHUP or a file change, stops on SIGTERM (the binary's
+//!   `main.rs` parses the command line and calls [`process::run`]).
 //! - [`telemetry`]: OpenTelemetry traces of the publish path (off by default).
 //! - [`auth`]: verifying the JWT a client presents, into its user and grants.
 //!
 //! Dependencies between these modules run one way, as a message does: the
-//! edges (server, http, grpc) use the node, which builds the rest; session
-//! -> hub -> outbound; config, auth, metrics, frame, disconnect and signal
-//! are below them all. `scripts/module-deps.py` prints the graph and fails the
-//! lints on a cycle.
+//! process runs the server; the edges (server, http, grpc) use the node,
+//! which builds the rest; session -> hub -> outbound; config, auth,
+//! metrics, frame, disconnect and signal are below them all.
+//! `scripts/module-deps.py` prints the graph and fails the lints on a cycle.
 //!
 //! ## A publish, to a subscriber's socket
 //!
@@ -83,6 +86,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod outbound;
+pub mod process;
 pub mod publish;
 pub mod rebalance;
 pub mod reload;
