@@ -15,7 +15,9 @@ use testkit::{Herald, Redis, WAIT, eventually};
 const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 /// Set for the copy of this test that starts the processes and is killed.
 const VICTIM: &str = "TESTKIT_LEFTOVERS_VICTIM";
-const TEST: &str = "a_test_process_killed_with_sigkill_leaves_no_herald_or_redis_running";
+/// This test's name in the binary: its module, then its function.
+const TEST: &str =
+    "leftovers::a_test_process_killed_with_sigkill_leaves_no_herald_or_redis_running";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_test_process_killed_with_sigkill_leaves_no_herald_or_redis_running() {
