@@ -13,7 +13,6 @@
 //! API is not reachable from the client port at all. The last test sets the
 //! same limits on the real `herald` binary through `HERALD_*` variables.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 // A test that cannot go on should stop and say why.
 
 use std::io::Write;
@@ -35,8 +34,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// The topic the well-behaved client follows.
 const ROOM: &str = "chat:room";

@@ -3,15 +3,12 @@
 //! prints it for a person. The pod's name is the one Kubernetes gave it,
 //! here and in Redis's load table.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
-
 use std::process::Command;
 
 use serde_json::Value;
 use testkit::{Client, Herald, Redis, WAIT, eventually};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 async fn status(herald: &Herald, key: Option<&str>) -> (u16, String) {
     let auth = key.map(|k| format!("Bearer {k}"));

@@ -7,8 +7,6 @@
 //! connection unless refreshed; namespaces admit by token; a session stays
 //! its user's; a JWKS rotates; a backend's disconnect reaches every pod.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,8 +22,7 @@ use testkit::Herald;
 use testkit::Redis;
 use testkit::{Client, Gateway};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// The HMAC secret of the pods under test (at least 32 bytes).
 const SECRET: &str = "herald-auth-tests-hmac-secret-0123456789";

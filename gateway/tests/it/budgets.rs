@@ -17,8 +17,6 @@
 //! alike. Clients come from several loopback addresses (127.0.0.0/8 is all
 //! this host's); IPv6 ones through a trusted proxy's `X-Forwarded-For`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -28,8 +26,7 @@ use serde_json::{Value, json};
 use testkit::raw::{CLOSE, RawClient};
 use testkit::{Client, Gateway, Herald, Redis};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// The HMAC secret tokens are signed with (at least 32 bytes).
 const SECRET: &str = "herald-budget-tests-hmac-secret-0123456789";

@@ -8,14 +8,12 @@
 //! soak is `scripts/bench.sh chaos`; on a Redis Cluster (the second test
 //! here, at CI size), `scripts/bench.sh chaos-cluster`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::time::Duration;
 
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::chaos::{self, Redis, faults::Kind};
 
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// The CI size: two pods, 30 clients on 2 of `topics` topics each, one
 /// publisher at 20/s for 22 s, `faults` in turn a second or two apart.

@@ -3,8 +3,6 @@
 //! may lose its pod and carry on at another; Redis may blink, restart empty
 //! or cut a pod's pub/sub connection, and nothing is lost silently.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -19,8 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::{HERALD, publish, saved};
 
 async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
     let mut env = vec![
@@ -29,15 +26,6 @@ async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
     ];
     env.extend_from_slice(extra);
     Herald::pod(HERALD, &redis.url(), &env).await
-}
-
-/// Publishes over HTTP; the status and the answer.
-async fn publish(addr: SocketAddr, topic: &str, data: Value, key: Option<&str>) -> (u16, Value) {
-    let body = json!({"topic": topic, "data": data}).to_string();
-    let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
-    let (status, body) =
-        testkit::http(addr, "POST", "/v1/publish", &headers, body.as_bytes()).await;
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,14 +312,6 @@ async fn subscribed_with(count: u64, pod: &Herald) -> (Client, String) {
         assert_eq!(client.msg().await.1, n);
     }
     (client, session)
-}
-
-/// Waits until the store holds session `id` with `text` in it (the pod
-/// saves an open connection's changed session every
-/// `session.flush_interval`).
-async fn saved(redis: &Redis, id: &str, text: &str) {
-    let key = format!("herald:session:{id}");
-    eventually(WAIT, || async { redis.cli(&["GET", &key]).contains(text) }).await;
 }
 
 /// Drops `client`, and waits until its pod at `addr` has no connection

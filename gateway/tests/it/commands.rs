@@ -3,8 +3,6 @@
 //! nothing but garbage is closed with 4500. `ping` is answered with `ok`, and
 //! counts toward the command rate like any command that gets an answer.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use testkit::{Client, Gateway, WAIT};

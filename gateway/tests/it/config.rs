@@ -4,8 +4,6 @@
 //! refused with an error that names its key, and the binary then exits 64
 //! before binding anything.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,6 +11,8 @@ use std::time::Duration;
 
 use gateway::Config;
 use gateway::config::{ConfigError, EXIT_BAD_CONFIG, LogFormat};
+
+use crate::pod::HERALD;
 
 fn sample() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/herald.sample.toml")
@@ -318,7 +318,7 @@ fn a_file_that_is_not_toml_or_not_there_is_an_error() {
 /// Runs the binary with `args` and only the `HERALD_*` variables in `vars`.
 fn herald(args: &[&str], vars: &[(&str, &str)]) -> Output {
     // Killed with the test process too, were it killed first.
-    let mut command = testkit::process::command(env!("CARGO_BIN_EXE_herald"));
+    let mut command = testkit::process::command(HERALD);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("HERALD_") {
             command.env_remove(key);

@@ -10,8 +10,6 @@
 //! (OK, NON-STRICT or INFORMATIONAL), except where Herald differs on purpose
 //! ([`DEVIATIONS`]). docs/conformance.md tells how to run the whole suite.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;

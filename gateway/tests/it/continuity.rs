@@ -8,14 +8,12 @@
 //! seq again in the epoch it already had it in, and the stream goes on in a
 //! new epoch.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 use testkit::{Client, Herald, Redis, WAIT, eventually};
 
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::{HERALD, hello};
 
 /// Publishes over HTTP, retrying while the pod reconnects to Redis; the seq.
 async fn publish(addr: SocketAddr, data: Value) -> u64 {
@@ -31,12 +29,6 @@ async fn publish(addr: SocketAddr, data: Value) -> u64 {
     .await;
     let answer: Value = serde_json::from_str(&answer).unwrap_or(Value::Null);
     answer["seq"].as_u64().expect("seq")
-}
-
-/// `hello`, and the session id of its `welcome`.
-async fn hello(client: &mut Client) -> String {
-    let welcome = client.hello(None).await;
-    welcome["session"].as_str().expect("session").to_owned()
 }
 
 /// Receives `msg`s `from..=to` in order.

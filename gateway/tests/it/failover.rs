@@ -5,8 +5,6 @@
 //! no silent gap: within an epoch their seqs run on by one, and only a
 //! `reset` may jump.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -20,8 +18,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
+
 /// Longest the pods may take to publish again after the master died: the
 /// sentinels' detection ([`testkit::sentinel::DOWN_AFTER`]), agreement and
 /// promotion, and the pod's next attempt.

@@ -1,7 +1,5 @@
 //! Fan-out: every message reaches every subscriber, in order.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use serde_json::json;
 use testkit::{Client, Gateway};
 

@@ -15,8 +15,6 @@
 //! connection by HTTP/2, connections in total and per address; a silent
 //! connection is closed, an idle one that answers pings is kept.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -37,6 +35,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
+
+use crate::pod::{HERALD, rss};
 
 const LIMIT: usize = 1024;
 
@@ -518,8 +518,6 @@ async fn the_grpc_server_stops_with_the_drain() {
 // what a well-behaved gRPC client never would: messages whose bodies never
 // end, more streams than the pod allows.
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 const PUBLISH: &str = "/herald.v1.Publisher/Publish";
 const TOPIC_INFO: &str = "/herald.v1.Publisher/TopicInfo";
 const KEY: &str = "secret";
@@ -600,18 +598,6 @@ async fn refused_at_once(response: ResponseFuture) -> (String, Option<String>) {
         header("grpc-status").expect("the status in the headers"),
         header("herald-error-code"),
     )
-}
-
-/// The resident memory of process `pid`, in bytes (`VmRSS`).
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("VmRSS in kB");
-    kib * 1024
 }
 
 #[tokio::test]

@@ -1,8 +1,6 @@
 //! The basic story: a subscriber and a publisher, both ordinary WebSocket
 //! clients, and a backend publishing over HTTP.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use serde_json::json;
 use testkit::{Client, Gateway};
 

@@ -5,7 +5,6 @@
 //! The timing is shortened to a few hundred milliseconds. The silent client is
 //! a raw TCP client (a library client would answer the pings by itself).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 // A test that cannot go on should stop and say why.
 
 use std::time::Duration;

@@ -4,8 +4,6 @@
 //! a body over `http.max_body_bytes`, however it is sent); `/healthz`,
 //! `/readyz` and `/metrics` answer; anything else is 404 or 405.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::SocketAddr;
 
 use gateway::Config;

@@ -5,14 +5,13 @@
 //! that waits on their output from finishing. The kernel now kills them
 //! with the test process (testkit's `process` module).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use testkit::{Herald, Redis, WAIT, eventually};
 
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
+
 /// Set for the copy of this test that starts the processes and is killed.
 const VICTIM: &str = "TESTKIT_LEFTOVERS_VICTIM";
 /// This test's name in the binary: its module, then its function.

@@ -9,7 +9,6 @@
 //! close 1008), and bytes of a frame that never ends are no sign of life
 //! (close 4001), while the other clients carry on.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 // A test that cannot go on should stop and say why.
 
 use std::net::SocketAddr;

@@ -2,14 +2,11 @@
 //! one (a short tag), never the id that would resume it. Whoever reads the
 //! logs must not be able to take a client's stream.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use testkit::Herald;
 use testkit::{Client, WAIT, eventually};
 use tokio::time::Duration;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 #[tokio::test]
 async fn session_ids_never_reach_the_logs_even_at_debug() {

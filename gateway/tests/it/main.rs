@@ -35,6 +35,7 @@ mod leftovers;
 mod limits;
 mod logs;
 mod observability;
+mod pod;
 mod python_client;
 mod rebalance;
 mod redis_access;

@@ -15,8 +15,6 @@
 //! section of `docs/runbook.md`, and `docs/metrics.md` must name every
 //! metric the gateway exports.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,8 +32,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::Endpoint;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// Prometheus scrapes and evaluates rules this often.
 const SCRAPE_INTERVAL: &str = "1s";

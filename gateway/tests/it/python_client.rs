@@ -5,16 +5,13 @@
 //! minted by PyJWT admits such a client, one signed with another secret does
 //! not.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
 use testkit::{Herald, process};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// Longest the script may run (its own waits are 10 s each).
 const SCRIPT_WAIT: Duration = Duration::from_secs(60);

@@ -2,8 +2,6 @@
 //! added next to it, by themselves, and none of them loses a message on the
 //! way (they resume their sessions wherever they land).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::time::Duration;
 
 use serde_json::json;
@@ -14,8 +12,7 @@ use testkit::cluster::{Even, even_out};
 use testkit::follower::{Crowd, Follow, Service};
 use tokio::sync::watch;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 const CLIENTS: usize = 120;
 

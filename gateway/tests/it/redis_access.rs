@@ -4,33 +4,16 @@
 //! stops with a message that says why, and one that cannot get in yet (a
 //! certificate from another CA) waits not ready, saying why.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use testkit::http::get;
 use testkit::pki::Pki;
 use testkit::{Client, Herald, Redis, WAIT, eventually, metric_sum};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
-
-/// Publishes `data` to `topic` over HTTP; the status and the answer.
-async fn publish(addr: SocketAddr, topic: &str, data: Value, key: Option<&str>) -> (u16, Value) {
-    let body = json!({"topic": topic, "data": data}).to_string();
-    let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
-    let (status, body) =
-        testkit::http(addr, "POST", "/v1/publish", &headers, body.as_bytes()).await;
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
-}
+use crate::pod::{HERALD, path, publish};
 
 /// Runs the binary with `env` until it exits (at most [`WAIT`]): it must
 /// not start.

@@ -3,16 +3,13 @@
 //! pod, publishers on another, topics on every master; a session that moves
 //! pods; a master that fails over under a subscribed client.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::{Client, Herald, RedisCluster};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 async fn pod(cluster: &RedisCluster) -> Herald {
     let nodes = cluster.urls().join(",");

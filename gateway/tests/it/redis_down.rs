@@ -4,8 +4,6 @@
 //! exited, and during an outage new pods crash-looped and backed off for
 //! minutes after Redis returned.)
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -15,8 +13,8 @@ use testkit::{Client, Herald, Redis, WAIT, eventually};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
+
 /// How long Redis stays away after the pod's first attempts (the scenario,
 /// not a wait for an event).
 const OUTAGE: Duration = Duration::from_secs(4);

@@ -10,8 +10,6 @@
 //! cannot reach Redis fails with 503 `unavailable` within about
 //! `redis.command_timeout`, rather than hanging.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,8 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
 use tokio_tungstenite::tungstenite::Message;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// The pod's `redis.command_timeout`.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);

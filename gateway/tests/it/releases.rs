@@ -3,15 +3,12 @@
 //! messages, sessions or pods. Pub/sub ignores the database number, so the
 //! prefix is all that keeps them apart.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
-
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 use testkit::{Client, Herald, Redis, WAIT, eventually};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// A pod of the release whose keys start with `prefix`, rebalancing often so
 /// that its pods report their loads.

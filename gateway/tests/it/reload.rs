@@ -3,16 +3,13 @@
 //! connected. Before, both were read once at start, and the config checksum
 //! rolled the whole fleet for either.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
-
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::json;
 use testkit::{Client, Herald, WAIT, eventually};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::{HERALD, path};
 
 /// A directory of its own under the temp dir, removed on drop.
 struct Dir(PathBuf);
@@ -38,10 +35,6 @@ impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
 }
 
 /// Publishes with `key`; the HTTP status.

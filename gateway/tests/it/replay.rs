@@ -2,8 +2,6 @@
 //! duplicate even while publishers keep publishing; `recovered: false` when
 //! history cannot bridge the gap.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use serde_json::json;
 use testkit::{Client, Gateway, WAIT};
 use tokio::sync::{mpsc, watch};

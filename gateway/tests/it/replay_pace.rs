@@ -12,8 +12,6 @@
 //! Against the real `herald` binary and a real `redis-server`; the
 //! replay-longer-than-the-queue story runs on the embedded broker too.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +24,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::{HERALD, rss};
 
 /// A receive buffer that holds next to nothing: once the client stops
 /// reading, the pod's writes to it block.
@@ -78,18 +75,6 @@ async fn reads_in_order(client: &mut Client, seqs: std::ops::RangeInclusive<u64>
         assert_eq!(got, seq, "a gap or a duplicate");
         assert_eq!(data["n"], seq);
     }
-}
-
-/// The resident memory of process `pid`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("VmRSS in kB");
-    kb * 1024
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,8 +2,6 @@
 //! subscription back and everything it did not ack; after the window it starts
 //! afresh.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

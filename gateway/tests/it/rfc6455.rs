@@ -7,7 +7,6 @@
 //! byte: the close code it sends, and that it then really ends the TCP
 //! connection. Every wait is bounded, so a server that hangs fails fast.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 // A test that cannot go on should stop and say why.
 
 use serde_json::json;

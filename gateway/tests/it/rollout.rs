@@ -8,8 +8,6 @@
 //! missing and nothing twice (after the protocol's client rule), and no
 //! resume fails. Run with `--no-capture` to see the durations.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +22,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 const CLIENTS: usize = 3_000;
 /// Each client follows one of these topics (client `i` takes `i % TOPICS`).

@@ -6,8 +6,6 @@
 //! story ends the same way: the pod dies (or the connections end) and a
 //! resume gets exactly what was not acked, and every subscription.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -15,8 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use testkit::{Client, Gateway, Herald, Redis, WAIT, eventually, metric};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::{HERALD, hello, saved};
 
 async fn pod(redis: &Redis, extra: &[(&str, &str)]) -> Herald {
     let mut env = vec![("HERALD_REDIS__COMMAND_TIMEOUT", "500ms")];
@@ -29,26 +26,6 @@ async fn publish(addr: SocketAddr, topic: &str, data: Value) {
     let body = json!({"topic": topic, "data": data}).to_string();
     let (status, answer) = testkit::http(addr, "POST", "/v1/publish", &[], body.as_bytes()).await;
     assert_eq!(status, 200, "publish: {answer}");
-}
-
-/// `hello`, and the session id of its `welcome`.
-async fn hello(client: &mut Client) -> String {
-    let welcome = client.hello(None).await;
-    welcome["session"].as_str().expect("session").to_owned()
-}
-
-/// Waits until the store holds session `id` with `text` in it.
-async fn saved(redis: &Redis, id: &str, text: &str) {
-    let key = format!("herald:session:{id}");
-    eventually(WAIT, || async {
-        let value = redis.cli(&["GET", &key]);
-        if value.contains(text) {
-            Ok(())
-        } else {
-            Err(format!("{key} is {value:?}, without {text:?}"))
-        }
-    })
-    .await;
 }
 
 /// Waits until the pod at `addr` has `count` WebSocket connections (a

@@ -5,8 +5,6 @@
 //! soon as they are gone, and never much later than `shutdown.drain_timeout`,
 //! whatever its clients do.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -19,8 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 const DRAIN: Duration = Duration::from_secs(3);
 const DRAIN_ENV: (&str, &str) = ("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "3s");

@@ -2,8 +2,6 @@
 //! the overflow rule closes it, and the others keep getting every message.
 //! Its memory is bounded by its queue (`queue.bytes`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::time::Duration;
 
 use serde_json::json;

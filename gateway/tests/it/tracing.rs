@@ -10,8 +10,6 @@
 //! unsampled publisher is not traced, and without an endpoint nothing is
 //! exported at all.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
-
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -34,8 +32,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// Longest spans may take to arrive: the batch delay is short, the machine
 /// may be busy.
@@ -412,7 +409,7 @@ fn telemetry_settings_are_checked_and_a_bad_one_is_named() {
 
 #[test]
 fn the_binary_refuses_a_bad_endpoint_with_exit_64() {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    let mut command = std::process::Command::new(HERALD);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("HERALD_") {
             command.env_remove(key);
