@@ -340,7 +340,7 @@ async fn thousands_of_throwaway_subscriptions_leave_nothing_beyond_the_history_a
     config.broker = BrokerKind::Redis;
     config.redis.url = redis.url();
     // The flood is allowed here: what it leaves behind is the point (the
-    // budget of distinct topics a minute that bounds it is tests/budgets.rs').
+    // budget of distinct topics a minute that bounds it is `budgets`' story).
     config.websocket.commands_per_second = 100_000;
     config.websocket.commands_burst = 100_000;
     config.session.topics_per_minute = 0;
