@@ -83,7 +83,11 @@ if cargo nextest --version >/dev/null 2>&1; then
     cargo test --workspace --locked --doc
     cargo nextest run --workspace --locked --profile "${NEXTEST_PROFILE:-default}"
 else
-    cargo test --workspace --locked
+    # The gateway's tests are one binary, run on threads of one process: the
+    # rollout proof, which needs the whole machine (.config/nextest.toml),
+    # runs alone after the rest.
+    cargo test --workspace --locked -- --skip rollout::
+    cargo test --locked -p gateway --test it -- rollout::
 fi
 
 say "TypeScript SDK (clients/js): Node and headless Chromium against the herald binary"
