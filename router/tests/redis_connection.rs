@@ -1,7 +1,7 @@
 //! The engine's command connection against a real `redis-server`: a reply
 //! that says the node is no longer master (`READONLY`), or a command that
 //! timed out, makes the next command go over a new connection, which with
-//! Sentinel means asking the sentinels again (gateway/tests/failover.rs).
+//! Sentinel means asking the sentinels again (gateway/tests/it/failover.rs).
 //! What cannot get better by waiting fails the start: a setting the engine
 //! cannot use, and a password Redis refuses.
 

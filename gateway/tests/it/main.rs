@@ -20,6 +20,7 @@ mod admin;
 mod auth;
 mod budgets;
 mod chaos;
+mod cli;
 mod cluster;
 mod commands;
 mod config;

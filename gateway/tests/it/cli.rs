@@ -3,8 +3,6 @@
 //! status` against a running pod and against servers that answer what a pod
 //! never would (non-JSON, an error status, a huge or chunked body, nothing).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -17,8 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-/// The binary under test (Cargo builds it for this package's tests).
-const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+use crate::pod::HERALD;
 
 /// Longest one run of the binary may take: `herald status`'s own timeout
 /// and then some.
