@@ -39,41 +39,13 @@
 //! metrics, frame, disconnect and signal are below them all.
 //! `scripts/module-deps.py` prints the graph and fails the lints on a cycle.
 //!
-//! ## A publish, to a subscriber's socket
-//!
-//! 1. [`http::publish`] (or the gRPC `Publish` in [`grpc`], or a client's
-//!    `pub` read by its [`session`]) checks the request and calls
-//!    [`publish::publish_data`].
-//! 2. [`router::Broker::publish`] gives it the topic's next seq and keeps it
-//!    in history; with Redis, every pod that watches the topic gets it
-//!    through pub/sub.
-//! 3. The engine hands it to the pod's sink, [`router::Deliver::deliver`] of
-//!    the [`hub::Hub`], which encodes the `msg` frame once
-//!    ([`frame::publication`]) and
-//! 4. [`outbound::Outbound::push`]es it to every subscriber's bounded queue,
-//!    under the topic's lock and without waiting, listing the queues nobody
-//!    was writing in an [`outbound::IdleSockets`];
-//! 5. once the lock is released, [`outbound::IdleSockets::spawn`] writes
-//!    those straight to their sockets, a chunk of connections per task. What
-//!    a socket does not take at once is left to the connection's writer.
-//!
-//! ## A `sub` with `since`, through replay
-//!
-//! 1. The connection's session ([`session::serve_upgraded`]) reads the
-//!    command, checks it against the client's grants, takes one of the
-//!    pod's replay turns ([`session::Replays`]), and joins the topic:
-//!    [`hub::Hub::join`] holds aside what arrives from now on (within the
-//!    queue's bounds; past them, it is read from history instead).
-//! 2. [`router::Broker::watch`] (once per topic and pod), then
-//!    [`router::Broker::recover`]: the topic's position, and the first page
-//!    of its history after `since`.
-//! 3. The replay goes to the client's queue a page at a time, each read
-//!    ([`router::Broker::history`]) once the queue has taken the one before,
-//!    then [`hub::Hub::go_live`] releases what was held aside beyond it, and
-//!    delivery goes on as above.
+//! [`architecture`] (`docs/architecture.md`) follows a publish, a replay
+//! and a resume through these modules and the router's.
 
 pub mod admin;
 pub mod admission;
+#[doc = include_str!("../../docs/architecture.md")]
+pub mod architecture {}
 pub mod auth;
 pub mod budget;
 pub mod config;
