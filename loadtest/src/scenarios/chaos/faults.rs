@@ -249,7 +249,7 @@ impl Store {
         match self {
             Store::One(one) => vec![(
                 "HERALD_REDIS__URL".to_owned(),
-                format!("redis://{}", one.proxy.addr),
+                format!("redis://{}", one.proxy.addr()),
             )],
             Store::Cluster(cluster) => vec![
                 // Only its user, password and TLS would count: there are none.
@@ -268,7 +268,7 @@ impl Store {
             Store::One(one) => format!(
                 "redis {} through proxy {}",
                 one.master_addr(),
-                one.proxy.addr
+                one.proxy.addr()
             ),
             Store::Cluster(cluster) => cluster.describe(),
         }

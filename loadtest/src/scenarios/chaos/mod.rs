@@ -1,9 +1,10 @@
 //! `chaos`: a soak of the whole system while Redis misbehaves. It runs
 //! everything itself, on loopback: a Redis master (a dump only when told
-//! to `SAVE`) and its replica, an in-process TCP [`proxy`] in front of them
-//! (the address the pods know: a "virtual IP" that can add latency, hold
-//! traffic, and switch to the replica while cutting every connection, which
-//! is how a failover looks to Herald without Sentinel), N `herald` pods, C
+//! to `SAVE`) and its replica, an in-process TCP proxy ([`rig::proxy`]) in
+//! front of them (the address the pods know: a "virtual IP" that can add
+//! latency, hold traffic, and switch to the replica while cutting every
+//! connection, which is how a failover looks to Herald without Sentinel),
+//! N `herald` pods, C
 //! clients with sessions spread over the pods (they ack with the epoch, cut
 //! their connection now and then and resume at a random pod), and P
 //! publishers posting to random pods on T topics.
@@ -26,7 +27,7 @@
 //! to, and a pod killed. A fault hits one master: a reset is explained only
 //! by a fault that lost writes on the master its topic was on.
 //!
-//! Layout: [`one_redis`] and its [`proxy`], [`cluster_redis`], [`faults`]
+//! Layout: [`one_redis`] (behind the proxy), [`cluster_redis`], [`faults`]
 //! (schedule and injection), [`client`], [`publisher`], [`check`]. The
 //! processes (`redis-server`s, the Redis Cluster, the `herald` pods) are
 //! started by [`rig`], as the tests' are.
@@ -61,7 +62,6 @@ pub mod client;
 pub mod cluster_redis;
 pub mod faults;
 pub mod one_redis;
-pub mod proxy;
 pub mod publisher;
 
 /// Herald pods.

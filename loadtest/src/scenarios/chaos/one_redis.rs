@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use rig::Redis;
 use rig::process::blocking;
+use rig::proxy::{Faults, Proxy};
 
 use super::Clock;
 use super::faults::{DELAY, Fault, Position};
-use super::proxy::Proxy;
 use crate::Error;
 
 /// Longest a replica may take to finish its sync.
@@ -57,7 +57,9 @@ impl OneRedis {
         let master = server(dir.join("redis-0"), None, None).await?;
         let replica = server(dir.join("redis-1"), None, Some(master.port())).await?;
         replica.synced(SYNC_WAIT).await?;
-        let proxy = Proxy::start(master.addr()).await?;
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let proxy = Proxy::start(any, master.addr(), Faults::default())
+            .map_err(|e| Error::Cluster(format!("proxy: {e}")))?;
         Ok(Self {
             redis: [master, replica],
             master: 0,
@@ -73,8 +75,7 @@ impl OneRedis {
 
     /// After a fault that failed: the pods must not stay cut off.
     pub fn release(&self) {
-        self.proxy.release();
-        self.proxy.set_delay(Duration::ZERO);
+        self.proxy.set(Faults::default());
     }
 
     /// `GET key` on the master.
@@ -95,9 +96,10 @@ impl OneRedis {
 
     pub async fn delay(&mut self, hold: Duration, fault: &mut Fault) {
         fault.detail = format!("proxy adds {} ms each way", DELAY.as_millis());
-        self.proxy.set_delay(DELAY);
+        // The proxy's delay is a round trip's, half each way.
+        self.proxy.update(|f| f.delay = DELAY * 2);
         tokio::time::sleep(hold).await;
-        self.proxy.set_delay(Duration::ZERO);
+        self.proxy.update(|f| f.delay = Duration::ZERO);
     }
 
     pub async fn failover(
@@ -112,7 +114,9 @@ impl OneRedis {
         // From here the replica lags: it gets nothing more.
         blocking(|| self.redis[new].ok(&["REPLICAOF", "NO", "ONE"]))?;
         tokio::time::sleep(hold).await;
-        self.proxy.hold();
+        // Held (nothing forwarded, no new connection made) while the
+        // scenario looks at Redis before the pods may.
+        self.proxy.update(|f| f.partitioned = true);
         self.proxy.cut();
         self.redis[old].stop();
         let restored = self.positions(new, topics).await?;
@@ -126,7 +130,7 @@ impl OneRedis {
         self.proxy.switch(self.redis[new].addr());
         fault.reopened_ms = Some(clock.ms());
         fault.restored = Some(restored);
-        self.proxy.release();
+        self.proxy.update(|f| f.partitioned = false);
         self.master = new;
         // The next failover needs a replica: a fresh one where the old master was.
         let dir = self.dir.join(format!("redis-{}", self.incarnations));
@@ -146,7 +150,9 @@ impl OneRedis {
         let master = self.master;
         blocking(|| self.redis[master].save())?;
         tokio::time::sleep(hold).await;
-        self.proxy.hold();
+        // Held (nothing forwarded, no new connection made) while the
+        // scenario looks at Redis before the pods may.
+        self.proxy.update(|f| f.partitioned = true);
         self.proxy.cut();
         // Killed (-9), and back from the dump: a master, even if it was
         // started as a replica (and promoted since).
@@ -160,7 +166,7 @@ impl OneRedis {
         );
         fault.reopened_ms = Some(clock.ms());
         fault.restored = Some(restored);
-        self.proxy.release();
+        self.proxy.update(|f| f.partitioned = false);
         Ok(())
     }
 
