@@ -19,7 +19,10 @@
 //! - [`herald`]: a `herald` pod from a binary ([`Herald`], started as a
 //!   [`Spec`] says), on free ports, ready once `/readyz` says so.
 //! - [`proxy`]: a TCP proxy that plays a bad network ([`Proxy`]): latency,
-//!   loss, partitions.
+//!   loss, partitions; and a failover's "virtual IP" (switch, cut).
+//! - [`faults`]: a `redis-server` behind a network path whose latency,
+//!   loss and partitions the caller controls ([`FaultyRedis`]): `tc netem`
+//!   in a namespace of its own where it may, else the [`proxy`].
 //! - [`mod@http`]: the hand-written HTTP exchange a probe needs.
 //! - [`error`]: the one [`Error`].
 //!
@@ -28,6 +31,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod faults;
 pub mod herald;
 pub mod http;
 pub mod process;
@@ -37,6 +41,7 @@ pub mod sentinel;
 
 pub use cluster::RedisCluster;
 pub use error::Error;
+pub use faults::FaultyRedis;
 pub use herald::{Herald, Probe, Spec};
 pub use proxy::{Faults, Proxy};
 pub use redis::Redis;
