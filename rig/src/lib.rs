@@ -28,6 +28,28 @@
 //!
 //! It does not link the gateway: the load tool runs against a built
 //! binary. (A gateway in the test's own process is the test kit's.)
+//!
+//! Two pods sharing a Redis, as a benchmark run starts them:
+//!
+//! ```no_run
+//! # async fn run(bin: &std::path::Path, out: &std::path::Path) -> Result<(), rig::Error> {
+//! use rig::{Herald, Redis, Spec};
+//!
+//! // Its log and directory kept in the run's: `out/redis/redis.log`.
+//! let redis = Redis::start_in(out.join("redis"), None, &[]).await?;
+//! let pod = |name: &str| {
+//!     Spec::new(bin)
+//!         .env("HERALD_BROKER", "redis")
+//!         .env("HERALD_REDIS__URL", redis.url())
+//!         .log(out.join(format!("{name}.log")))
+//! };
+//! let a = Herald::start(pod("pod-a")).await?;
+//! let b = Herald::start(pod("pod-b")).await?;
+//! println!("{} (pid {:?}) and {}", a.ws_url(), a.pid(), b.ws_url());
+//! // Dropped: both pods and the server are killed.
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod cluster;
 pub mod error;
