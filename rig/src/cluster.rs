@@ -562,43 +562,10 @@ impl RedisCluster {
     /// masters concerned only) `[n->-id]` / `[n-<-id]`, skipped here. Nodes
     /// it takes for failing are left out, unless `failing`.
     fn topology(&self, port: u16, failing: bool) -> Result<Topology, Error> {
-        let listed = self.cli(port, &["CLUSTER", "NODES"])?;
-        let lines: Vec<Vec<&str>> = listed
-            .lines()
-            .map(|l| l.split_whitespace().collect())
-            .filter(|f: &Vec<&str>| f.len() >= 8)
-            .collect();
-        let port_of = |addr: &str| -> u16 {
-            let port = addr.split('@').next().and_then(|a| a.rsplit(':').next());
-            port.and_then(|p| p.parse().ok()).unwrap_or(0)
-        };
-        let ids: HashMap<&str, u16> = lines.iter().map(|f| (f[0], port_of(f[1]))).collect();
-        Ok(lines
-            .iter()
-            .filter(|f| {
-                failing
-                    || !f[2].split(',').any(|flag| {
-                        flag.starts_with("fail") || flag == "handshake" || flag == "noaddr"
-                    })
-            })
-            .map(|f| {
-                let role = if f[2].split(',').any(|flag| flag == "master") {
-                    let mut slots: Vec<(u16, u16)> = f[8..]
-                        .iter()
-                        .filter(|s| !s.starts_with('['))
-                        .filter_map(|s| {
-                            let (a, b) = s.split_once('-').unwrap_or((s, s));
-                            Some((a.parse().ok()?, b.parse().ok()?))
-                        })
-                        .collect();
-                    slots.sort_unstable();
-                    Role::Master(slots)
-                } else {
-                    Role::Replica(ids.get(f[3]).copied().unwrap_or(0))
-                };
-                (port_of(f[1]), role)
-            })
-            .collect())
+        Ok(parse_nodes(
+            &self.cli(port, &["CLUSTER", "NODES"])?,
+            failing,
+        ))
     }
 
     /// The view every live node shares, if they all say `cluster_state:ok`,
@@ -732,6 +699,46 @@ impl RedisCluster {
     }
 }
 
+/// A node's view from its `CLUSTER NODES` (see [`RedisCluster::topology`]).
+fn parse_nodes(listed: &str, failing: bool) -> Topology {
+    let lines: Vec<Vec<&str>> = listed
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() >= 8)
+        .collect();
+    let port_of = |addr: &str| -> u16 {
+        let port = addr.split('@').next().and_then(|a| a.rsplit(':').next());
+        port.and_then(|p| p.parse().ok()).unwrap_or(0)
+    };
+    let ids: HashMap<&str, u16> = lines.iter().map(|f| (f[0], port_of(f[1]))).collect();
+    lines
+        .iter()
+        .filter(|f| {
+            failing
+                || !f[2]
+                    .split(',')
+                    .any(|flag| flag.starts_with("fail") || flag == "handshake" || flag == "noaddr")
+        })
+        .map(|f| {
+            let role = if f[2].split(',').any(|flag| flag == "master") {
+                let mut slots: Vec<(u16, u16)> = f[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .filter_map(|s| {
+                        let (a, b) = s.split_once('-').unwrap_or((s, s));
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect();
+                slots.sort_unstable();
+                Role::Master(slots)
+            } else {
+                Role::Replica(ids.get(f[3]).copied().unwrap_or(0))
+            };
+            (port_of(f[1]), role)
+        })
+        .collect()
+}
+
 /// The master holding `slot` in `view`.
 fn owner(view: &Topology, slot: u16) -> Option<u16> {
     view.keys().copied().find(|&p| holds(view, p, slot, slot))
@@ -799,4 +806,50 @@ pub fn scratch_dir(name: &str) -> PathBuf {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a node said mid-migration, a replica failing and a node it
+    /// is still shaking hands with.
+    const NODES: &str = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [5461->-b2]
+b2 127.0.0.1:7002@17002 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7003@17003 master - 0 1 3 connected 12000 10923-11999 12001-16383
+d4 127.0.0.1:7004@17004 slave a1 0 1 1 connected
+e5 127.0.0.1:7005@17005 slave,fail b2 0 1 2 disconnected
+f6 127.0.0.1:7006@17006 handshake - 0 0 0 connected
+";
+
+    #[test]
+    fn a_view_has_each_masters_slots_and_each_replicas_master() {
+        let view = parse_nodes(NODES, false);
+        assert_eq!(view.get(&7001), Some(&Role::Master(vec![(0, 5460)])));
+        assert_eq!(
+            view.get(&7003),
+            Some(&Role::Master(vec![
+                (10923, 11999),
+                (12000, 12000),
+                (12001, 16383)
+            ]))
+        );
+        assert_eq!(view.get(&7004), Some(&Role::Replica(7001)));
+        assert_eq!(owner(&view, 5461), Some(7002), "a slot mid-migration stays");
+        assert!(holds(&view, 7003, 10923, 11999));
+        assert!(!holds(&view, 7003, 11999, 12001), "not within one range");
+    }
+
+    #[test]
+    fn failing_nodes_are_left_out_unless_asked_for() {
+        let view = parse_nodes(NODES, false);
+        assert_eq!(
+            view.keys().copied().collect::<Vec<_>>(),
+            [7001, 7002, 7003, 7004]
+        );
+        let all = parse_nodes(NODES, true);
+        assert_eq!(all.get(&7005), Some(&Role::Replica(7002)));
+        assert_eq!(all.len(), 6);
+    }
 }
