@@ -118,17 +118,13 @@ pub enum Error {
     /// `chaos`: a process it runs (redis-server, herald) or its proxy failed.
     #[error("chaos cluster: {0}")]
     Cluster(String),
+    /// A process the rig could not start, ask or break as asked (a
+    /// `redis-server`, the Redis Cluster, a `herald` pod): the run stops.
+    #[error("{0}")]
+    Rig(#[from] rig::Error),
     #[error("writing {path}: {source}")]
     Write {
         path: String,
         source: std::io::Error,
     },
-}
-
-/// A process the rig could not start, ask or break as asked (a
-/// `redis-server`, the Redis Cluster, a `herald` pod) stops `chaos` too.
-impl From<rig::Error> for Error {
-    fn from(e: rig::Error) -> Self {
-        Error::Cluster(e.to_string())
-    }
 }
