@@ -62,7 +62,7 @@ pub fn spawn(command: Command) -> io::Result<Child> {
         let (jobs, incoming) = mpsc::channel::<Job>();
         // Never joined: it ends with the process (the sender is static).
         let started = std::thread::Builder::new()
-            .name("testkit-spawner".into())
+            .name("rig-spawner".into())
             .spawn(move || {
                 for (mut command, reply) in incoming {
                     let _ = reply.send(command.spawn());
@@ -100,7 +100,7 @@ fn has_setpriv() -> bool {
             .is_ok_and(|s| s.success());
         if !found {
             eprintln!(
-                "testkit: no `setpriv --pdeathsig` (util-linux): a test process that is killed \
+                "rig: no `setpriv --pdeathsig` (util-linux): a test or load run that is killed \
                  may leave its herald and redis-server processes running"
             );
         }
