@@ -20,11 +20,10 @@
 //! - [`sessions`]: clients that keep a session (the project's own
 //!   `herald_client`, with a checker around it): they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
-//! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
-//!   Redis behind a bad network where `tc netem` is not available.
-//! - [`redis_cluster`]: a six-node Redis Cluster on loopback that fails
-//!   over, takes a fresh replica and moves slots on demand (`chaos`'s, and
-//!   the test kit's through a wrapper that panics on error).
+//! - [`proxy`], [`redis_cluster`], [`process`]: the TCP proxy that adds
+//!   latency, loss and partitions, the six-node Redis Cluster `chaos`
+//!   breaks, and children that die with the load tool: [`rig`]'s (the crate
+//!   that starts what tests and benchmarks run), re-exported here.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //! - [`figures`]: `herald-loadtest report`: the result files read back
 //!   through their types, as the figures `scripts/benchmarks.py` renders.
@@ -119,16 +118,13 @@ pub enum Error {
     /// `chaos`: a process it runs (redis-server, herald) or its proxy failed.
     #[error("chaos cluster: {0}")]
     Cluster(String),
+    /// A process the rig could not start, ask or break as asked (a
+    /// `redis-server`, the Redis Cluster, a `herald` pod): the run stops.
+    #[error("{0}")]
+    Rig(#[from] rig::Error),
     #[error("writing {path}: {source}")]
     Write {
         path: String,
         source: std::io::Error,
     },
-}
-
-/// A step of the Redis Cluster harness that failed stops `chaos` too.
-impl From<redis_cluster::ClusterError> for Error {
-    fn from(e: redis_cluster::ClusterError) -> Self {
-        Error::Cluster(format!("redis cluster: {e}"))
-    }
 }

@@ -1,6 +1,11 @@
 //! What the tests of every Herald crate share, in one place instead of
 //! copies (a `dev-dependency` of each crate; never published).
 //!
+//! The processes a test starts (Redis, Sentinel, a Redis Cluster, the
+//! `herald` binary, a bad network) are the rig's ([`rig`], which the load
+//! tool starts its own with): here they are wrapped so that an error is the
+//! test failing, their logs shown when it fails.
+//!
 //! - [`self::gateway`]: a gateway in the test's own process, on port 0
 //!   ([`Gateway`]).
 //! - [`herald`]: the real `herald` binary as a child process ([`Herald`]);

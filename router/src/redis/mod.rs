@@ -52,7 +52,7 @@ mod sentinel;
 mod sessions;
 mod settings;
 mod shards;
-mod slots;
+pub mod slots;
 mod store;
 
 use std::time::Duration;
