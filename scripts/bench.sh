@@ -4,7 +4,7 @@
 # Builds once (release), runs the criterion micro-benchmarks, then every
 # herald-loadtest scenario at the sizes issue #4 names, each against fresh
 # `herald` processes on free loopback ports (and a redis-server where pods
-# share work), and renders BENCHMARKS.md with scripts/benchmarks.py. The
+# share work), and renders BENCHMARKS.md with `herald-loadtest report`. The
 # JSON results and logs stay in $OUT. Everything it starts is stopped when
 # it exits, however it exits. Takes about 24 minutes on 2 cores.
 #
@@ -237,7 +237,7 @@ isolated() {
     [ "$status" = 0 ] || { echo "failed: $* (exit status $status)" >&2; failed=1; }
 }
 
-# Python (scripts/benchmarks.py, PyJWT for storm-auth's token) is the
+# Python (PyJWT for storm-auth's token) is the
 # scripts' venv, as in scripts/test.sh: made and filled here when missing.
 . scripts/python-venv.sh
 venv_install 'pyjwt[crypto]>=2.8,<3'
@@ -269,7 +269,7 @@ fanout=(--clients "$CLIENTS" --topics 1 --size 1024 --rounds "$ROUNDS" --interva
 if wants micro; then
     say "micro-benchmarks (criterion)"
     cargo bench -p gateway --bench wire --bench fanout --bench auth -- --noplot | tee "$OUT/micro.log"
-    # Criterion keeps its estimates under target/criterion; benchmarks.py reads them there.
+    # Criterion keeps its estimates under target/criterion; `herald-loadtest report` reads them there.
 fi
 
 # before <name> <command...>: runs the command again against $BEFORE, with
@@ -553,6 +553,6 @@ if wants chaos-cluster; then
 fi
 
 say "BENCHMARKS.md"
-python3 scripts/benchmarks.py "$OUT" >BENCHMARKS.md
+target/release/herald-loadtest report "$OUT" >BENCHMARKS.md
 echo "written: BENCHMARKS.md (results in $OUT/)"
 exit "$failed"

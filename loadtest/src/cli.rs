@@ -1,7 +1,8 @@
 //! The command line: `herald-loadtest <scenario> [--flag value]...`, one
 //! subcommand per scenario (clap), each flag defaulting to the scenario's
 //! `DEFAULT_*` constant; times are humantime's (`500ms`, `10s`, `2m`).
-//! `report <dir>` reads the result files back (see [`crate::figures`]).
+//! `report <dir>` renders BENCHMARKS.md from the result files (see
+//! [`crate::report`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -158,13 +159,16 @@ pub enum Command {
     /// HERALD_QUEUE__BYTES=4194304 (the publish body, and each client's
     /// queue, must hold one).
     Wire(WireArgs),
-    /// Reads the JSON results (`--out`) in a directory, through the types
-    /// the scenarios write them with, and prints the figures BENCHMARKS.md
-    /// shows as one JSON object keyed by file name (scripts/benchmarks.py
-    /// reads it).
+    /// Renders BENCHMARKS.md (Markdown, on stdout) from the JSON results
+    /// (`--out`) in a directory, read through the types the scenarios write
+    /// them with, and the other files scripts/bench.sh leaves there (perf
+    /// profiles, BEFORE= labels, idle_memory's output, herald logs).
     Report {
         /// The directory (scripts/bench.sh's $OUT, target/bench).
         dir: PathBuf,
+        /// Where criterion keeps its estimates (the micro-benchmarks').
+        #[arg(long, value_name = "DIR", default_value = crate::report::results::DEFAULT_CRITERION)]
+        criterion: PathBuf,
     },
 }
 
@@ -1231,10 +1235,11 @@ mod tests {
 
     #[test]
     fn report_takes_a_directory() {
-        let Ok(Command::Report { dir }) = parse("report target/bench") else {
+        let Ok(Command::Report { dir, criterion }) = parse("report target/bench") else {
             panic!("parsed");
         };
         assert_eq!(dir, PathBuf::from("target/bench"));
+        assert_eq!(criterion, PathBuf::from("target/criterion"));
         assert_named(&[("report", "<DIR>")]);
     }
 

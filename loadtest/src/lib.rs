@@ -11,7 +11,9 @@
 //! - [`publish`]: the HTTP publish client over keep-alive connections.
 //! - [`cpu`]: where the CPU went during a measurement (the machine, this
 //!   tool, the gateways named with `--watch-pid`), from `/proc`.
-//! - [`report`]: the human table on stdout and the JSON result file.
+//! - [`report`]: the human table on stdout and the JSON result file; and
+//!   `herald-loadtest report`, BENCHMARKS.md rendered from the result files
+//!   read back through their types.
 //! - [`raw`]: a lean WebSocket client on a bare TCP socket, for counting a
 //!   frame's bytes and holding tens of thousands of idle connections.
 //! - [`memory`]: a process's resident memory, from `/proc`.
@@ -26,8 +28,6 @@
 //!   over, takes a fresh replica and moves slots on demand (`chaos`'s, and
 //!   the test kit's through a wrapper that panics on error).
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
-//! - [`figures`]: `herald-loadtest report`: the result files read back
-//!   through their types, as the figures `scripts/benchmarks.py` renders.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
@@ -70,7 +70,6 @@
 pub mod cli;
 pub mod clients;
 pub mod cpu;
-pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;

@@ -1,5 +1,6 @@
 //! `herald-loadtest`: reads the command line, runs one scenario, prints its
-//! table and writes its JSON result; or reads results back (`report`). See
+//! table and writes its JSON result; or renders BENCHMARKS.md from the
+//! results (`report`). See
 //! `herald-loadtest --help`.
 
 use std::path::Path;
@@ -9,7 +10,6 @@ use anyhow::Context;
 use clap::Parser;
 use clap::error::ErrorKind;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
-use loadtest::figures;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
@@ -46,9 +46,10 @@ fn main() -> ExitCode {
 
 /// Runs the scenario; whether it passed.
 fn run(command: Command) -> anyhow::Result<bool> {
-    if let Command::Report { dir } = &command {
+    if let Command::Report { dir, criterion } = &command {
         // No runtime: it reads files.
-        println!("{}", figures::read_dir(dir)?);
+        let results = report::Results::read(dir, criterion)?;
+        print!("{}", report::render(&results));
         return Ok(true);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
