@@ -22,11 +22,10 @@
 //! - [`sessions`]: clients that keep a session (the project's own
 //!   `herald_client`, with a checker around it): they ack, and when their
 //!   connection goes they resume it, after a jittered backoff, at any gateway.
-//! - [`proxy`]: a TCP proxy that adds latency, loss and partitions, for
-//!   Redis behind a bad network where `tc netem` is not available.
-//! - [`redis_cluster`]: a six-node Redis Cluster on loopback that fails
-//!   over, takes a fresh replica and moves slots on demand (`chaos`'s, and
-//!   the test kit's through a wrapper that panics on error).
+//! - [`proxy`], [`redis_cluster`], [`process`]: the TCP proxy that adds
+//!   latency, loss and partitions, the six-node Redis Cluster `chaos`
+//!   breaks, and children that die with the load tool: [`rig`]'s (the crate
+//!   that starts what tests and benchmarks run), re-exported here.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
@@ -125,9 +124,10 @@ pub enum Error {
     },
 }
 
-/// A step of the Redis Cluster harness that failed stops `chaos` too.
-impl From<redis_cluster::ClusterError> for Error {
-    fn from(e: redis_cluster::ClusterError) -> Self {
-        Error::Cluster(format!("redis cluster: {e}"))
+/// A process the rig could not start, ask or break as asked (a
+/// `redis-server`, the Redis Cluster, a `herald` pod) stops `chaos` too.
+impl From<rig::Error> for Error {
+    fn from(e: rig::Error) -> Self {
+        Error::Cluster(e.to_string())
     }
 }

@@ -11,7 +11,7 @@
 //!   also during a panic; those of test processes that died without
 //!   unwinding are removed by the next path to start.
 //! - **proxy**: the server on loopback behind a TCP proxy on a thread of
-//!   the test process ([`loadtest::proxy`]): latency as delay, loss as a
+//!   the test process ([`rig::proxy`]): latency as delay, loss as a
 //!   retransmission's delay, a partition as a link where nothing moves.
 //!   Used when the namespace cannot be made.
 //!
@@ -23,8 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use loadtest::proxy::{Faults, Proxy};
 use rand::Rng;
+use rig::proxy::{Faults, Proxy};
 
 use crate::{Redis, WAIT, eventually};
 

@@ -1,43 +1,26 @@
-//! The real `herald` binary as a child process: configured through
-//! `HERALD_*` variables only, on a free loopback port, ready once `/readyz`
-//! says so, and killed when dropped so that a failing test leaves no process
-//! behind.
-//!
-//! The binary binds its ports itself, so they cannot be bound to port 0 and
-//! read back as [`crate::Gateway`]'s are: it is given ports that were free a
-//! moment ago ([`free_port`]), and started again on others if one was taken
-//! in between (its log then says `binding`).
+//! The real `herald` binary as a child process: the rig's ([`rig::herald`]:
+//! configured through `HERALD_*` variables only, on free loopback ports,
+//! ready once `/readyz` says so, killed when dropped), where an error is
+//! the test failing, and the binary's output is shown when a test fails.
 //!
 //! The path of the binary comes from the caller: Cargo sets
 //! `CARGO_BIN_EXE_herald` for the gateway package's own tests only, so they
 //! pass `env!("CARGO_BIN_EXE_herald")`.
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitStatus;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use rig::herald::Spec;
 
-use crate::http::get;
-
-/// Longest the binary may take to become ready.
-pub const READY_WAIT: Duration = Duration::from_secs(20);
-/// Between two looks at something that has no event to wait on (an exit
-/// status, a port that is not listening yet).
-const POLL: Duration = Duration::from_millis(20);
-/// Ports tried before giving up (another process may take the free port
-/// between our look and the binary's bind).
-const ATTEMPTS: usize = 5;
+pub use rig::herald::READY_WAIT;
 
 /// A running `herald`.
 pub struct Herald {
     pub addr: SocketAddr,
     pub grpc_addr: SocketAddr,
-    child: Option<Child>,
-    /// The binary's stdout and stderr, shown when a test fails.
-    log: PathBuf,
+    inner: rig::Herald,
 }
 
 impl Herald {
@@ -45,47 +28,33 @@ impl Herald {
     /// `HERALD_GRPC__LISTEN` on free loopback ports) and `args`, and waits
     /// until `GET /readyz` answers 200.
     pub async fn start(bin: impl AsRef<Path>, env: &[(&str, &str)], args: &[&str]) -> Self {
-        Self::start_until(bin.as_ref(), env, args, "/readyz").await
+        Self::start_spec(spec(bin.as_ref(), env, args)).await
     }
 
     /// [`Herald::start`], waiting only until it serves (`GET /healthz` answers
     /// 200): for a pod that is to start not ready (its Redis is away).
     pub async fn start_live(bin: impl AsRef<Path>, env: &[(&str, &str)], args: &[&str]) -> Self {
-        Self::start_until(bin.as_ref(), env, args, "/healthz").await
+        Self::start_spec(spec(bin.as_ref(), env, args).live()).await
     }
 
-    async fn start_until(bin: &Path, env: &[(&str, &str)], args: &[&str], probe: &str) -> Self {
-        let mut last_log = String::new();
-        for _ in 0..ATTEMPTS {
-            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let grpc_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let mut herald = Self::spawn(bin, addr, grpc_addr, env, args);
-            match herald.wait_ready(probe).await {
-                Ready::Yes => {
-                    // Shown with the test's output if it fails or times out:
-                    // a test killed for its timeout runs no destructor, and
-                    // its pods' logs stay where this says.
-                    eprintln!(
-                        "herald pid {} on {}: log {}",
-                        herald.pid(),
-                        herald.addr,
-                        herald.log.display()
-                    );
-                    return herald;
-                }
-                Ready::Exited(status) => {
-                    last_log = herald.log();
-                    assert!(
-                        last_log.contains("binding"),
-                        "herald exited with {status} before it was ready:\n{last_log}"
-                    );
-                    // The port was taken in the meantime: try another.
-                }
-            }
-        }
-        panic!(
-            "herald could not bind a free port in {ATTEMPTS} attempts; last output:\n{last_log}"
+    async fn start_spec(spec: Spec) -> Self {
+        let inner = rig::Herald::start(spec)
+            .await
+            .unwrap_or_else(|e| panic!("herald: {e}"));
+        // Shown with the test's output if it fails or times out: a test
+        // killed for its timeout runs no destructor, and its pods' logs stay
+        // where this says.
+        eprintln!(
+            "herald pid {} on {}: log {}",
+            inner.pid().unwrap_or_default(),
+            inner.addr,
+            inner.log_path().display()
         );
+        Self {
+            addr: inner.addr,
+            grpc_addr: inner.grpc_addr,
+            inner,
+        }
     }
 
     /// A pod of a cluster sharing the `redis-server` at `redis_url`, with
@@ -99,60 +68,6 @@ impl Herald {
         ];
         all.extend_from_slice(env);
         Self::start(bin, &all, &[]).await
-    }
-
-    fn spawn(
-        bin: &Path,
-        addr: SocketAddr,
-        grpc_addr: SocketAddr,
-        env: &[(&str, &str)],
-        args: &[&str],
-    ) -> Self {
-        let log = log_path();
-        let out = std::fs::File::create(&log).expect("create the log file");
-        let err = out.try_clone().expect("clone the log file");
-        let mut command = crate::process::command(bin);
-        // Only what the test says: no HERALD_* of the environment the tests run in.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("HERALD_") {
-                command.env_remove(key);
-            }
-        }
-        command
-            .args(args)
-            .env("HERALD_LISTEN", addr.to_string())
-            // A port of its own, so that binaries started side by side do
-            // not compete for the default gRPC port.
-            .env("HERALD_GRPC__LISTEN", grpc_addr.to_string())
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = crate::process::spawn(command).expect("spawn herald");
-        Self {
-            addr,
-            grpc_addr,
-            child: Some(child),
-            log,
-        }
-    }
-
-    async fn wait_ready(&mut self, probe: &str) -> Ready {
-        let deadline = Instant::now() + READY_WAIT;
-        loop {
-            if let Some(status) = self.try_wait() {
-                return Ready::Exited(status);
-            }
-            if let Ok((200, _)) = get(self.addr, probe).await {
-                return Ready::Yes;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "herald not ready within {READY_WAIT:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(POLL).await;
-        }
     }
 
     /// Waits until this pod is connected to Redis again after Redis
@@ -186,90 +101,68 @@ impl Herald {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("child").id()
+        self.inner.pid().expect("child")
     }
 
     pub fn ws_url(&self) -> String {
-        format!("ws://{}/ws", self.addr)
+        self.inner.ws_url()
     }
 
     pub fn http_url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.inner.http_url()
     }
 
     /// What the binary printed so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.inner.log()
     }
 
     /// Sends SIGTERM, as Kubernetes does to a pod it stops.
     pub fn sigterm(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM failed: {status}");
+        if let Err(e) = self.inner.signal("-TERM") {
+            panic!("kill -TERM failed: {e}");
+        }
     }
 
     /// SIGHUP: reload what can change without a restart.
     pub fn sighup(&self) {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -HUP failed: {status}");
+        if let Err(e) = self.inner.signal("-HUP") {
+            panic!("kill -HUP failed: {e}");
+        }
     }
 
     /// SIGKILL: the pod dies with no chance to drain or save anything.
     pub fn kill9(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.inner.kill9();
     }
 
     /// The exit status, if the process has exited.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().expect("try_wait"))
+        self.inner.try_wait()
     }
 
     /// Waits up to `timeout` for the process to exit.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        self.inner.wait_exit(timeout).await
     }
 }
 
 impl Drop for Herald {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
         if std::thread::panicking() {
             eprintln!(
                 "--- herald output ({}) ---\n{}",
-                self.log.display(),
-                self.log()
+                self.inner.log_path().display(),
+                self.inner.log()
             );
         }
-        let _ = std::fs::remove_file(&self.log);
     }
 }
 
-enum Ready {
-    Yes,
-    Exited(ExitStatus),
+fn spec(bin: &Path, env: &[(&str, &str)], args: &[&str]) -> Spec {
+    Spec::new(bin)
+        .envs(env.iter().copied())
+        .args(args.iter().copied())
 }
 
 /// A loopback port nobody listens on right now, for a process that binds
@@ -278,15 +171,5 @@ enum Ready {
 /// accepts the small risk and says so. In this process, bind port 0 and read
 /// the address instead.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
-}
-
-fn log_path() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    std::env::temp_dir().join(format!(
-        "herald-test-{}-{}.log",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
+    rig::process::free_port().expect("a free loopback port")
 }

@@ -4,23 +4,23 @@
 //! master and wait for its replica to take over, or move a slot (in one go,
 //! or in two halves to act mid-migration).
 //!
-//! The harness itself is the load tool's ([`loadtest::redis_cluster`]),
-//! which `chaos --redis cluster` breaks too; here an error it reports is the
-//! test failing, and the nodes' logs are shown when a test fails. The
-//! cluster's directory is a scratch one, removed on drop.
+//! The harness itself is the rig's ([`rig::cluster`]), which `chaos
+//! --redis cluster` breaks too; here an error it reports is the test
+//! failing, and the nodes' logs are shown when a test fails. The cluster's
+//! directory is a scratch one, removed on drop.
 
 use std::time::Duration;
 
-use loadtest::redis_cluster::{self, ClusterError};
+use rig::cluster;
 
-pub use loadtest::redis_cluster::NODE_TIMEOUT;
+pub use rig::cluster::NODE_TIMEOUT;
 
 pub struct RedisCluster {
-    inner: redis_cluster::RedisCluster,
+    inner: cluster::RedisCluster,
 }
 
 /// A failed step is the test failing.
-fn must<T>(done: Result<T, ClusterError>) -> T {
+fn must<T>(done: Result<T, rig::Error>) -> T {
     done.unwrap_or_else(|e| panic!("redis cluster: {e}"))
 }
 
@@ -29,9 +29,9 @@ impl RedisCluster {
     /// until every node says `cluster_state:ok`, all see the same masters,
     /// replicas and slots, and every replica is in sync.
     pub async fn start() -> Self {
-        let dir = redis_cluster::scratch_dir("herald-redis-cluster");
+        let dir = cluster::scratch_dir("herald-redis-cluster");
         Self {
-            inner: must(redis_cluster::RedisCluster::start(dir, true).await),
+            inner: must(cluster::RedisCluster::start(dir, true).await),
         }
     }
 
@@ -75,7 +75,7 @@ impl RedisCluster {
     /// first non-empty `{hash tag}`): what `CLUSTER KEYSLOT` says, without
     /// asking.
     pub fn slot_of(key: &str) -> u16 {
-        redis_cluster::RedisCluster::slot_of(key)
+        cluster::RedisCluster::slot_of(key)
     }
 
     /// Runs `redis-cli` (without `-c`: redirections come back as answers)

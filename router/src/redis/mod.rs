@@ -30,7 +30,7 @@ mod reach;
 mod scripts;
 mod sessions;
 mod shards;
-mod slots;
+pub mod slots;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

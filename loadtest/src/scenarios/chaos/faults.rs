@@ -15,10 +15,10 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::Clock;
-use super::cluster::Pod;
 use super::cluster_redis::ClusterRedis;
 use super::one_redis::OneRedis;
 use crate::Error;
+use rig::Herald;
 
 /// Latency the `delay` fault adds, each way.
 pub const DELAY: Duration = Duration::from_millis(200);
@@ -286,12 +286,12 @@ impl Store {
 /// The processes a fault acts on.
 pub struct Rig {
     pub store: Store,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Herald>,
     pub topics: Arc<[String]>,
 }
 
 impl Rig {
-    pub fn new(store: Store, pods: Vec<Pod>, topics: Arc<[String]>) -> Self {
+    pub fn new(store: Store, pods: Vec<Herald>, topics: Arc<[String]>) -> Self {
         Self {
             store,
             pods,
@@ -352,7 +352,7 @@ impl Rig {
     }
 
     async fn pod_kill(
-        pods: &mut [Pod],
+        pods: &mut [Herald],
         pod: usize,
         hold: Duration,
         fault: &mut Fault,
@@ -362,9 +362,9 @@ impl Rig {
             return Err(Error::Cluster("no pod to kill".to_owned()));
         };
         fault.detail = format!("pod {pod} ({}) killed (-9), restarted", target.addr);
-        target.kill9().await;
+        target.kill9();
         tokio::time::sleep(hold).await;
-        target.restart().await
+        Ok(target.restart().await?)
     }
 }
 

@@ -26,9 +26,10 @@
 //! to, and a pod killed. A fault hits one master: a reset is explained only
 //! by a fault that lost writes on the master its topic was on.
 //!
-//! Layout: [`cluster`] (the processes), [`one_redis`] and its [`proxy`],
-//! [`cluster_redis`], [`faults`] (schedule and injection), [`client`],
-//! [`publisher`], [`check`].
+//! Layout: [`one_redis`] and its [`proxy`], [`cluster_redis`], [`faults`]
+//! (schedule and injection), [`client`], [`publisher`], [`check`]. The
+//! processes (`redis-server`s, the Redis Cluster, the `herald` pods) are
+//! started by [`rig`], as the tests' are.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,12 +37,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rig::herald::{Herald, Spec};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::client::{Client, Log, Phase, Positions, Record};
-use self::cluster::Pod;
 use self::cluster_redis::ClusterRedis;
 use self::faults::{Fault, Kind, Rig, Store};
 use self::one_redis::OneRedis;
@@ -57,7 +58,6 @@ use crate::{Error, Target};
 
 pub mod check;
 pub mod client;
-pub mod cluster;
 pub mod cluster_redis;
 pub mod faults;
 pub mod one_redis;
@@ -414,7 +414,10 @@ pub async fn run(options: Options) -> Result<Chaos, Error> {
     env.extend(store.env());
     let mut pods = Vec::with_capacity(options.pods);
     for i in 0..options.pods {
-        pods.push(Pod::start(&options.herald, i, env.clone(), &dir).await?);
+        let spec = Spec::new(&options.herald)
+            .envs(env.clone())
+            .log(dir.join(format!("herald-{i}.log")));
+        pods.push(Herald::start(spec).await?);
     }
     let addrs: Vec<_> = pods.iter().map(|p| p.addr).collect();
     let mut rig = Rig::new(store, pods, topics.clone());

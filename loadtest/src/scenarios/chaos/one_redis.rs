@@ -10,14 +10,39 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rig::Redis;
+use rig::process::blocking;
+
 use super::Clock;
-use super::cluster::{RedisServer, signal};
 use super::faults::{DELAY, Fault, Position};
 use super::proxy::Proxy;
 use crate::Error;
 
+/// Longest a replica may take to finish its sync.
+const SYNC_WAIT: Duration = Duration::from_secs(20);
+
+/// Every server's arguments besides its port and directory: replicas sync
+/// without a dump, at once.
+const REPLICATION: [&str; 4] = [
+    "--repl-diskless-sync",
+    "yes",
+    "--repl-diskless-sync-delay",
+    "0",
+];
+
+/// A server in `dir` (its log and dump, kept), on `port` or a free one, a
+/// replica of the one on `replica_of` if given.
+async fn server(dir: PathBuf, port: Option<u16>, replica_of: Option<u16>) -> Result<Redis, Error> {
+    let master = replica_of.map(|p| p.to_string());
+    let mut args = REPLICATION.to_vec();
+    if let Some(master) = &master {
+        args.extend(["--replicaof", "127.0.0.1", master]);
+    }
+    Ok(Redis::start_in(dir, port, &args).await?)
+}
+
 pub struct OneRedis {
-    pub redis: [RedisServer; 2],
+    pub redis: [Redis; 2],
     /// Which of `redis` the proxy sends the pods to.
     pub master: usize,
     pub proxy: Proxy,
@@ -29,9 +54,9 @@ pub struct OneRedis {
 impl OneRedis {
     /// A master, its replica (in sync), and the proxy in front of the master.
     pub async fn start(dir: PathBuf) -> Result<Self, Error> {
-        let master = RedisServer::start(dir.join("redis-0"), None, None).await?;
-        let replica = RedisServer::start(dir.join("redis-1"), None, Some(master.port)).await?;
-        replica.synced().await?;
+        let master = server(dir.join("redis-0"), None, None).await?;
+        let replica = server(dir.join("redis-1"), None, Some(master.port())).await?;
+        replica.synced(SYNC_WAIT).await?;
         let proxy = Proxy::start(master.addr()).await?;
         Ok(Self {
             redis: [master, replica],
@@ -54,16 +79,18 @@ impl OneRedis {
 
     /// `GET key` on the master.
     pub async fn get(&self, key: &str) -> Result<String, Error> {
-        self.redis[self.master].cli(&["GET", key]).await
+        Ok(blocking(|| self.redis[self.master].cli(&["GET", key]))?)
     }
 
     pub async fn freeze(&mut self, hold: Duration, fault: &mut Fault) -> Result<(), Error> {
         let master = &self.redis[self.master];
-        let pid = master.pid()?;
-        fault.detail = format!("SIGSTOP redis {} (pid {pid}), SIGCONT", master.port);
-        signal(pid, "-STOP").await?;
+        let pid = master.pid().ok_or_else(|| {
+            Error::Cluster(format!("redis-server on {} is not running", master.port()))
+        })?;
+        fault.detail = format!("SIGSTOP redis {} (pid {pid}), SIGCONT", master.port());
+        blocking(|| master.freeze())?;
         tokio::time::sleep(hold).await;
-        signal(pid, "-CONT").await
+        Ok(blocking(|| master.thaw())?)
     }
 
     pub async fn delay(&mut self, hold: Duration, fault: &mut Fault) {
@@ -81,19 +108,19 @@ impl OneRedis {
         topics: &[String],
     ) -> Result<(), Error> {
         let (old, new) = (self.master, 1 - self.master);
-        self.redis[new].synced().await?;
+        self.redis[new].synced(SYNC_WAIT).await?;
         // From here the replica lags: it gets nothing more.
-        self.redis[new].ok(&["REPLICAOF", "NO", "ONE"]).await?;
+        blocking(|| self.redis[new].ok(&["REPLICAOF", "NO", "ONE"]))?;
         tokio::time::sleep(hold).await;
         self.proxy.hold();
         self.proxy.cut();
-        self.redis[old].kill9().await;
+        self.redis[old].stop();
         let restored = self.positions(new, topics).await?;
         let clock_line = self.lineage(new).await;
         fault.detail = format!(
             "replica {} detached, master {} killed (-9) {:.1} s later, proxy switched; {clock_line}",
-            self.redis[new].port,
-            self.redis[old].port,
+            self.redis[new].port(),
+            self.redis[old].port(),
             hold.as_secs_f64()
         );
         self.proxy.switch(self.redis[new].addr());
@@ -104,8 +131,8 @@ impl OneRedis {
         // The next failover needs a replica: a fresh one where the old master was.
         let dir = self.dir.join(format!("redis-{}", self.incarnations));
         self.incarnations += 1;
-        let port = self.redis[old].port;
-        self.redis[old] = RedisServer::start(dir, Some(port), Some(self.redis[new].port)).await?;
+        let port = self.redis[old].port();
+        self.redis[old] = server(dir, Some(port), Some(self.redis[new].port())).await?;
         Ok(())
     }
 
@@ -117,18 +144,19 @@ impl OneRedis {
         topics: &[String],
     ) -> Result<(), Error> {
         let master = self.master;
-        self.redis[master].ok(&["SAVE"]).await?;
+        blocking(|| self.redis[master].save())?;
         tokio::time::sleep(hold).await;
         self.proxy.hold();
         self.proxy.cut();
-        self.redis[master].kill9().await;
-        self.redis[master].restart(None).await?;
+        // Killed (-9), and back from the dump: a master, even if it was
+        // started as a replica (and promoted since).
+        self.redis[master].restart_with(&REPLICATION).await?;
         let restored = self.positions(master, topics).await?;
         let clock_line = self.lineage(master).await;
         fault.detail = format!(
             "SAVE, {:.1} s of writes, redis {} killed (-9) and restarted from the dump; {clock_line}",
             hold.as_secs_f64(),
-            self.redis[master].port
+            self.redis[master].port()
         );
         fault.reopened_ms = Some(clock.ms());
         fault.restored = Some(restored);
@@ -144,9 +172,8 @@ impl OneRedis {
     ) -> Result<Vec<Option<Position>>, Error> {
         let mut positions = Vec::with_capacity(topics.len());
         for topic in topics {
-            let answer = self.redis[server]
-                .cli(&["HMGET", &Position::meta_key(topic), "epoch", "seq"])
-                .await?;
+            let key = Position::meta_key(topic);
+            let answer = blocking(|| self.redis[server].cli(&["HMGET", &key, "epoch", "seq"]))?;
             let mut lines = answer.lines();
             positions.push(Position::parse(lines.next(), lines.next()));
         }
@@ -155,10 +182,7 @@ impl OneRedis {
 
     /// The lineage clock Redis holds, for the fault's detail.
     async fn lineage(&self, server: usize) -> String {
-        match self.redis[server]
-            .cli(&["HGET", "herald:lineage", "clock"])
-            .await
-        {
+        match blocking(|| self.redis[server].cli(&["HGET", "herald:lineage", "clock"])) {
             Ok(clock) => format!("lineage clock {}", clock.trim()),
             Err(e) => format!("lineage clock unread: {e}"),
         }
