@@ -27,6 +27,10 @@
 //!   breaks, and children that die with the load tool: [`rig`]'s (the crate
 //!   that starts what tests and benchmarks run), re-exported here.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
+//! - [`bench`]: `herald-loadtest run`, one run of `scripts/bench.sh`: the
+//!   servers it needs started from built binaries (herald pods, Redis, a
+//!   Redis Cluster, a delaying proxy, through `rig`), the scenario run
+//!   against them, and again against the build before.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
@@ -66,6 +70,7 @@
 //! records into percentiles per round (a round's maximum is its "last
 //! client") and over the run.
 
+pub mod bench;
 pub mod cli;
 pub mod clients;
 pub mod cpu;

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use clap::error::ErrorKind;
+use loadtest::bench;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
@@ -59,6 +60,14 @@ fn run(command: Command) -> anyhow::Result<bool> {
     runtime.block_on(async {
         match command {
             Command::Report { .. } => Ok(true),
+            Command::Run(args) => {
+                // Ctrl-C ends the run; its servers and scenario die with it
+                // (each child is killed when its handle drops).
+                tokio::select! {
+                    passed = bench::run(args.run()) => Ok(passed?),
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("{}: interrupted", args.name),
+                }
+            }
             Command::Pods(args) => {
                 let outcome = pods::run(args.options()).await.context("pods")?;
                 emit(&outcome, args.spread.out.out.as_deref())

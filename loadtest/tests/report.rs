@@ -2,7 +2,9 @@
 //! directory. The fixture holds a result file of every run `bench.sh`
 //! makes (a failed one, the `BEFORE=` ones, perf profiles, criterion's
 //! estimates); its expected page is what `scripts/benchmarks.py` rendered
-//! from the same files before the renderer moved into the load tool.
+//! from the same files before the renderer moved into the load tool, but
+//! for one name: a run's first pod's log is named after the run now
+//! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -52,7 +54,7 @@ fn the_page_keeps_the_before_columns_and_the_floor_comparisons() {
          publishes through one Redis: 11,000 publishes/s",
         "(**failed**: 3 publishes failed; first: 503)",
         "The build before (an older build), measured right after in the same run: 0 deliveries",
-        "**failed**: no result (`idle-cluster-pod-1.log` in the results)",
+        "**failed**: no result (`idle-pods-cluster.log` in the results)",
         "this run's floor spent 6.8 µs of CPU per 1 KiB loopback",
     ] {
         assert!(page.contains(line), "missing: {line}");

@@ -76,8 +76,8 @@ pub(super) fn section(results: &Results) -> String {
     let mut rows = Vec::new();
     for (name, label) in runs {
         let Some((res, file)) = results.publish(name) else {
-            // bench.sh names the run's herald log after it: there and no
-            // result means it did not get to run.
+            // `herald-loadtest run` names the run's first pod's log after
+            // it: there and no result means it did not get to run.
             let outcome = if results.has(&format!("{name}.log")) {
                 format!("**failed**: no result (`{name}.log` in the results)")
             } else {
