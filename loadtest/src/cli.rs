@@ -162,14 +162,14 @@ pub enum Command {
     Wire(WireArgs),
     /// One run of scripts/bench.sh: starts what it needs (--pods herald
     /// pods of --herald, --redis, a proxy), runs the scenario after `--`
-    /// against them, writes <DIR>/<NAME>.json and the pods' logs there, and
+    /// against them, writes DIR/NAME.json and the pods' logs there, and
     /// stops them.
     ///
     /// The scenario gets the servers' flags besides its own: --gateway
     /// (each pod, or --clients-on's), --gateway-pid or --watch-pid (the pods
     /// and Redis), --publish-to (the first pod); stall also --redis and
     /// --proxy-control. With --before, the same again against that binary,
-    /// as <NAME>-before (and <NAME>-before.label for the page).
+    /// as NAME-before (and NAME-before.label for the page).
     Run(RunArgs),
     /// Renders BENCHMARKS.md (Markdown, on stdout) from the JSON results
     /// (`--out`) in a directory, read through the types the scenarios write
@@ -186,8 +186,8 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The run's name: its result <DIR>/<NAME>.json, its first pod's log
-    /// <NAME>.log (the others <NAME>-2.log, ...).
+    /// The run's name: its result DIR/NAME.json, its first pod's log
+    /// NAME.log (the others NAME-2.log, ...).
     pub name: String,
     /// Where results and logs go (scripts/bench.sh's $OUT).
     #[arg(long, value_name = "DIR", default_value = "target/bench")]
@@ -224,7 +224,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = number)]
     pub clients_on: Option<usize>,
     /// Profile the first pod with `perf record` during the run, its report
-    /// by shared object and symbol in <DIR>/<NAME>.txt.
+    /// by shared object and symbol in DIR/NAME.txt.
     #[arg(long)]
     pub perf: bool,
     /// The scenario and its flags.

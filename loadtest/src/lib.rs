@@ -27,7 +27,7 @@
 //!   breaks, and children that die with the load tool: [`rig`]'s (the crate
 //!   that starts what tests and benchmarks run), re-exported here.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
-//! - [`bench`]: `herald-loadtest run`, one run of `scripts/bench.sh`: the
+//! - [`mod@bench`]: `herald-loadtest run`, one run of `scripts/bench.sh`: the
 //!   servers it needs started from built binaries (herald pods, Redis, a
 //!   Redis Cluster, a delaying proxy, through `rig`), the scenario run
 //!   against them, and again against the build before.
