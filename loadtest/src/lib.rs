@@ -11,7 +11,9 @@
 //! - [`publish`]: the HTTP publish client over keep-alive connections.
 //! - [`cpu`]: where the CPU went during a measurement (the machine, this
 //!   tool, the gateways named with `--watch-pid`), from `/proc`.
-//! - [`report`]: the human table on stdout and the JSON result file.
+//! - [`report`]: the human table on stdout and the JSON result file; and
+//!   `herald-loadtest report`, BENCHMARKS.md rendered from the result files
+//!   read back through their types.
 //! - [`raw`]: a lean WebSocket client on a bare TCP socket, for counting a
 //!   frame's bytes and holding tens of thousands of idle connections.
 //! - [`memory`]: a process's resident memory, from `/proc`.
@@ -25,8 +27,10 @@
 //!   breaks, and children that die with the load tool: [`rig`]'s (the crate
 //!   that starts what tests and benchmarks run), re-exported here.
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
-//! - [`figures`]: `herald-loadtest report`: the result files read back
-//!   through their types, as the figures `scripts/benchmarks.py` renders.
+//! - [`mod@bench`]: `herald-loadtest run`, one run of `scripts/bench.sh`: the
+//!   servers it needs started from built binaries (herald pods, Redis, a
+//!   Redis Cluster, a delaying proxy, through `rig`), the scenario run
+//!   against them, and again against the build before.
 //!
 //! Scenarios, in [`scenarios`], each an `async fn run(Options)` returning a
 //! result that [`report`] prints and saves, so tests call them as the binary does:
@@ -66,10 +70,10 @@
 //! records into percentiles per round (a round's maximum is its "last
 //! client") and over the run.
 
+pub mod bench;
 pub mod cli;
 pub mod clients;
 pub mod cpu;
-pub mod figures;
 pub mod latency;
 pub mod memory;
 pub mod metrics;

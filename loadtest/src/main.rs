@@ -1,5 +1,6 @@
 //! `herald-loadtest`: reads the command line, runs one scenario, prints its
-//! table and writes its JSON result; or reads results back (`report`). See
+//! table and writes its JSON result; or renders BENCHMARKS.md from the
+//! results (`report`). See
 //! `herald-loadtest --help`.
 
 use std::path::Path;
@@ -8,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use clap::error::ErrorKind;
+use loadtest::bench;
 use loadtest::cli::{Cli, Command, EXIT_USAGE};
-use loadtest::figures;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
@@ -46,9 +47,10 @@ fn main() -> ExitCode {
 
 /// Runs the scenario; whether it passed.
 fn run(command: Command) -> anyhow::Result<bool> {
-    if let Command::Report { dir } = &command {
+    if let Command::Report { dir, criterion } = &command {
         // No runtime: it reads files.
-        println!("{}", figures::read_dir(dir)?);
+        let results = report::Results::read(dir, criterion)?;
+        print!("{}", report::render(&results));
         return Ok(true);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -58,6 +60,14 @@ fn run(command: Command) -> anyhow::Result<bool> {
     runtime.block_on(async {
         match command {
             Command::Report { .. } => Ok(true),
+            Command::Run(args) => {
+                // Ctrl-C ends the run; its servers and scenario die with it
+                // (each child is killed when its handle drops).
+                tokio::select! {
+                    passed = bench::run(args.run()) => Ok(passed?),
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("{}: interrupted", args.name),
+                }
+            }
             Command::Pods(args) => {
                 let outcome = pods::run(args.options()).await.context("pods")?;
                 emit(&outcome, args.spread.out.out.as_deref())

@@ -88,12 +88,12 @@ async fn pods_on_one_gateway_delivers_every_message_once() {
     assert_eq!(json["result"]["lost"], 0);
     assert_eq!(json["result"]["latency"]["count"], 5000);
     // `herald-loadtest report` reads it back through the same types.
-    let figures = loadtest::figures::of_file(&text).expect("figures");
-    assert_eq!(figures["result"]["lost"], 0);
-    assert_eq!(
-        figures["result"]["latency"]["p99_us"],
-        outcome.stats.latency.p99_us
-    );
+    let file = loadtest::report::results::File::parse(&text).expect("read back");
+    let loadtest::report::results::Figures::Pods(read) = file.figures else {
+        panic!("not a pods result: {}", file.scenario);
+    };
+    assert_eq!(read.lost, 0);
+    assert_eq!(read.stats.latency, outcome.stats.latency);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

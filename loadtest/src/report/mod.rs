@@ -1,7 +1,19 @@
-//! What a run leaves behind: a table for people on stdout, and one JSON file
-//! for tools (`--out`): the scenario's name, the machine it ran on, whether
-//! it passed and why not, and every figure ([`Envelope`]), which
-//! [`figures`](crate::figures) reads back.
+//! What a run leaves behind, and what the runs add up to.
+//!
+//! A run: a table for people on stdout, and one JSON file for tools
+//! (`--out`): the scenario's name, the machine it ran on, whether it passed
+//! and why not, and every figure ([`Envelope`]).
+//!
+//! The runs: `herald-loadtest report <dir>` renders BENCHMARKS.md from a
+//! directory of result files ([`page::render`]):
+//! - [`results`]: the directory read back, each file through its scenario's
+//!   type, and the other files the page uses (perf profiles, labels,
+//!   criterion's estimates).
+//! - [`markdown`]: cells (figures in their units, verdicts) and tables.
+//! - [`page`]: the header, the sections in order, the notes at the end.
+//! - One module per section, named for its scenario: [`fanout`],
+//!   [`profile`], [`slow`], [`idle`], [`storm`], [`identity`], [`chaos`],
+//!   [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -9,6 +21,26 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+
+mod chaos;
+mod fanout;
+mod identity;
+mod idle;
+pub mod markdown;
+mod micro;
+pub mod page;
+mod pods;
+mod profile;
+mod publish;
+pub mod results;
+mod slow;
+mod stall;
+mod storm;
+mod throughput;
+mod wire;
+
+pub use page::render;
+pub use results::Results;
 
 /// A scenario's result, as the report shows it.
 pub trait Outcome: Serialize {
@@ -102,7 +134,7 @@ impl Machine {
 }
 
 /// The JSON result file: what `--out` writes (`R` = `&T`) and `report`
-/// reads (`R` = `T`, see [`crate::figures`]).
+/// reads (`R` = `T`, see [`results`]).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Envelope<R> {
     /// [`Outcome::SCENARIO`].
