@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Instant;
 
 use gateway::admin::{BrokerState, FETCH_MAX_BYTES, FETCH_TIMEOUT, Status};
 use gateway::config::EXIT_BAD_CONFIG;
@@ -15,43 +15,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::pod::HERALD;
+use crate::pod::{self, HERALD};
 
-/// Longest one run of the binary may take: `herald status`'s own timeout
-/// and then some.
-const RUN_WAIT: Duration = Duration::from_secs(20);
-
-/// Runs the binary with `args` and, of the `HERALD_*` variables, only `vars`;
-/// killed if it overruns [`RUN_WAIT`] (or the test process dies).
+/// [`pod::run`], off the runtime's threads (a test's own server answers
+/// `herald status` on them).
 async fn herald(args: &[&str], vars: &[(&str, &str)]) -> Output {
-    let mut command = testkit::process::command(HERALD);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("HERALD_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .args(args)
-        .envs(vars.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = testkit::process::spawn(command).expect("spawn herald");
-    let pid = child.id();
-    let output = tokio::time::timeout(
-        RUN_WAIT,
-        tokio::task::spawn_blocking(move || child.wait_with_output()),
-    )
-    .await;
-    match output {
-        Ok(output) => output.expect("joined").expect("herald's output"),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("herald {args:?} did not exit within {RUN_WAIT:?}");
-        }
-    }
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        pod::run(&args, &vars)
+    })
+    .await
+    .expect("herald ran")
 }
 
 fn stdout(output: &Output) -> String {

@@ -5,14 +5,13 @@
 //! before binding anything.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use gateway::Config;
 use gateway::config::{ConfigError, EXIT_BAD_CONFIG, LogFormat};
 
-use crate::pod::HERALD;
+use crate::pod::run as herald;
 
 fn sample() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/herald.sample.toml")
@@ -313,43 +312,6 @@ fn a_file_that_is_not_toml_or_not_there_is_an_error() {
         std::process::id()
     ));
     assert!(Config::load(Some(&missing), std::iter::empty()).is_err());
-}
-
-/// Runs the binary with `args` and only the `HERALD_*` variables in `vars`.
-fn herald(args: &[&str], vars: &[(&str, &str)]) -> Output {
-    // Killed with the test process too, were it killed first.
-    let mut command = testkit::process::command(HERALD);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("HERALD_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .args(args)
-        .envs(vars.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = testkit::process::spawn(command).expect("spawn herald");
-    wait_output(child, Duration::from_secs(20))
-}
-
-/// The output of `child`, which must exit within `timeout` (it is killed otherwise).
-fn wait_output(child: std::process::Child, timeout: Duration) -> Output {
-    let pid = child.id();
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    match finished.recv_timeout(timeout) {
-        Ok(output) => output.expect("herald's output"),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("herald did not exit within {timeout:?}");
-        }
-    }
 }
 
 #[test]

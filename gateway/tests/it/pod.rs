@@ -4,12 +4,18 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::{Client, Redis, WAIT, eventually};
 
 /// The binary under test (Cargo builds it for this package's tests).
 pub(crate) const HERALD: &str = env!("CARGO_BIN_EXE_herald");
+
+/// Longest one run of the binary to its end may take ([`run`]): `herald
+/// status`'s own timeout and then some.
+pub(crate) const RUN_WAIT: Duration = Duration::from_secs(20);
 
 /// A path as a pod's setting takes it.
 pub(crate) fn path(p: &Path) -> &str {
@@ -62,4 +68,42 @@ pub(crate) fn rss(pid: u32) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .expect("VmRSS in kB");
     kib * 1024
+}
+
+/// Runs the binary with `args` and, of the `HERALD_*` variables, only
+/// `vars`, to its end: killed if it overruns [`RUN_WAIT`]. Blocking.
+pub(crate) fn run(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    // Killed with the test process too, were it killed first.
+    let mut command = testkit::process::command(HERALD);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("HERALD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .args(args)
+        .envs(vars.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = testkit::process::spawn(command).expect("spawn herald");
+    wait_output(child, RUN_WAIT)
+}
+
+/// The output of `child`, which must exit within `timeout` (it is killed otherwise).
+fn wait_output(child: std::process::Child, timeout: Duration) -> Output {
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(timeout) {
+        Ok(output) => output.expect("herald's output"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("herald did not exit within {timeout:?}");
+        }
+    }
 }
