@@ -53,15 +53,6 @@ pub enum TakeOver {
     Taken(Arc<str>, SessionSnapshot),
 }
 
-/// A save (or extend) a flush owes the store, and the session to tell how
-/// it went.
-struct Pending {
-    save: SessionSave,
-    /// The change count the save was taken at.
-    changes: u64,
-    subscriptions: Subscriptions,
-}
-
 #[derive(Default)]
 pub struct Registry {
     live: Mutex<Live>,
@@ -213,20 +204,43 @@ impl Registry {
 
     /// Saves every live session that changed since its last save, and
     /// extends those whose stored copy is getting old, in one batch. What
-    /// the store did not keep is tried again at the next flush.
+    /// the store did not keep is tried again at the next flush, and so is a
+    /// session its connection saves meanwhile (each is saved by one at a
+    /// time: [`Subscriptions::save`]).
     pub async fn flush(&self, store: &dyn SessionStore, window: Duration) {
         let now = Instant::now();
-        let due = self.due(now, window / REFRESH_PARTS);
-        if due.is_empty() {
+        let refresh = window / REFRESH_PARTS;
+        let live: Vec<(Arc<str>, Arc<str>, Subscriptions)> = self
+            .live()
+            .sessions
+            .iter()
+            .filter(|(_, live)| live.subscriptions.is_due(now, refresh))
+            .map(|(id, live)| (id.clone(), live.owner.clone(), live.subscriptions.clone()))
+            .collect();
+        // Each held until the store answered: a save the connection makes
+        // meanwhile goes after this one, with a newer snapshot.
+        let mut turns = Vec::new();
+        let mut saves = Vec::new();
+        for (id, owner, subscriptions) in &live {
+            let Some(turn) = subscriptions.try_saving() else {
+                continue;
+            };
+            let Some(due) = subscriptions.due(now, refresh) else {
+                continue;
+            };
+            saves.push(SessionSave {
+                id: id.clone(),
+                owner: owner.clone(),
+                snapshot: due.snapshot,
+            });
+            turns.push((turn, due.changes, subscriptions));
+        }
+        if saves.is_empty() {
             return;
         }
-        let (saves, sessions): (Vec<_>, Vec<_>) = due
-            .into_iter()
-            .map(|p| (p.save, (p.changes, p.subscriptions)))
-            .unzip();
         let answers = store.save_many(saves, window).await;
         let mut failed = None;
-        for ((changes, subscriptions), answer) in sessions.into_iter().zip(answers) {
+        for ((_turn, changes, subscriptions), answer) in turns.into_iter().zip(answers) {
             match answer {
                 Ok(stored) => subscriptions.stored(changes, stored, now),
                 Err(e) => failed = Some(e),
@@ -235,26 +249,6 @@ impl Registry {
         if let Some(e) = failed {
             tracing::warn!(error = %Causes(&e), "sessions not saved; tried again at the next flush");
         }
-    }
-
-    /// Every live session the store lacks at `now` ([`Subscriptions::due`]).
-    fn due(&self, now: Instant, refresh: Duration) -> Vec<Pending> {
-        self.live()
-            .sessions
-            .iter()
-            .filter_map(|(id, live)| {
-                let due = live.subscriptions.due(now, refresh)?;
-                Some(Pending {
-                    save: SessionSave {
-                        id: id.clone(),
-                        owner: live.owner.clone(),
-                        snapshot: due.snapshot,
-                    },
-                    changes: due.changes,
-                    subscriptions: live.subscriptions.clone(),
-                })
-            })
-            .collect()
     }
 
     /// Closes every connection of `user` on this pod and forgets their

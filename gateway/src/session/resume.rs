@@ -2,8 +2,7 @@
 //! saved to the store as the connection goes on and as it ends.
 
 use proto::ErrorCode;
-use router::{BrokerError, Causes, Claim, Since, Stored, SubscriptionState};
-use tokio::time::Instant;
+use router::{BrokerError, Causes, Claim, Since, SubscriptionState};
 
 use super::access::Access;
 use super::handshake::Origin;
@@ -103,21 +102,12 @@ impl Session {
         }
     }
 
-    /// Saves the session as it is now, recording what the store did with
-    /// it as a flush would (so the flusher does not save it again, and a
-    /// refusal marks the connection superseded). Whether it was kept.
+    /// Saves the session as it is now ([`super::Subscriptions::save`]). Whether it
+    /// was kept.
     pub(super) async fn save_now(&self, id: &str) -> Result<bool, BrokerError> {
-        let due = self.subscriptions.now();
-        let snapshot = due.snapshot.unwrap_or_default();
         let window = self.node.config.session.resume_window;
-        let kept = self
-            .node
-            .sessions
-            .save(id, &self.owner, snapshot, window)
-            .await?;
-        let stored = if kept { Stored::Kept } else { Stored::Refused };
         self.subscriptions
-            .stored(due.changes, stored, Instant::now());
-        Ok(kept)
+            .save(&*self.node.sessions, id, &self.owner, window)
+            .await
     }
 }

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use router::{Epoch, SessionSnapshot, SessionUser, Stored, SubscriptionState, Topic};
+use router::{
+    BrokerError, Epoch, SessionSnapshot, SessionStore, SessionUser, Stored, SubscriptionState,
+    Topic,
+};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -25,6 +28,15 @@ struct Shared {
     taken_over: Signal,
     /// The connection saved the session and is gone: a takeover goes on.
     ended: Signal,
+    /// Held by a save from its snapshot until the store answered: one save
+    /// of the session at a time, so that the store keeps the newest snapshot
+    /// taken. Two in flight could reach the store in the other order: a
+    /// flush's snapshot taken before a `sub`, written after the `sub`'s own
+    /// save, left the stored session without the topic while the flush, its
+    /// change count the older, took the store for up to date; a resume then
+    /// restored the session without it, and its client, told `resumed`,
+    /// waited for messages that never came.
+    saving: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -247,37 +259,66 @@ impl Subscriptions {
         }
     }
 
-    /// The session as it is now, with its change count: a save the
-    /// connection makes itself, recorded with [`Self::stored`] like a flush.
-    pub fn now(&self) -> Due {
-        let inner = self.inner();
-        Due {
-            snapshot: Some(Self::snapshot_of(&inner)),
-            changes: inner.changes,
-        }
+    /// Saves the session as it is now as `id`, for `owner`, recording what
+    /// the store did with it as a flush would (so the flusher does not save
+    /// it again, and a refusal marks the connection superseded). Waits for a
+    /// flush of it under way to be answered first (see [`Shared::saving`]).
+    /// Whether it was kept.
+    pub async fn save(
+        &self,
+        store: &dyn SessionStore,
+        id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        let _saving = self.0.saving.lock().await;
+        let (snapshot, changes) = {
+            let inner = self.inner();
+            (Self::snapshot_of(&inner), inner.changes)
+        };
+        let kept = store.save(id, owner, snapshot, ttl).await?;
+        let stored = if kept { Stored::Kept } else { Stored::Refused };
+        self.stored(changes, stored, Instant::now());
+        Ok(kept)
+    }
+
+    /// The session's turn to be saved, unless a save of it is under way:
+    /// held until the store answered what [`Self::due`] gives.
+    pub fn try_saving(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.0.saving.try_lock().ok()
     }
 
     /// What the store lacks of this session at `now`: the snapshot, if it
     /// changed since it was last saved, or else an extend, if the store last
     /// kept it `refresh` ago or more (its copy must outlive the connection,
-    /// however quiet the client).
+    /// however quiet the client). Taken with [`Self::try_saving`] held.
     pub fn due(&self, now: Instant, refresh: Duration) -> Option<Due> {
         let inner = self.inner();
+        let whole = Self::owed(&inner, now, refresh)?;
+        Some(Due {
+            snapshot: whole.then(|| Self::snapshot_of(&inner)),
+            changes: inner.changes,
+        })
+    }
+
+    /// Whether [`Self::due`] has anything at `now`, without its snapshot.
+    pub fn is_due(&self, now: Instant, refresh: Duration) -> bool {
+        Self::owed(&self.inner(), now, refresh).is_some()
+    }
+
+    /// What the store lacks: the whole session (`true`), an extend
+    /// (`false`), or nothing.
+    fn owed(inner: &Inner, now: Instant, refresh: Duration) -> Option<bool> {
         if inner.superseded {
             return None;
         }
-        let changes = inner.changes;
-        if inner.saved != Some(changes) {
-            let snapshot = Some(Self::snapshot_of(&inner));
-            return Some(Due { snapshot, changes });
+        if inner.saved != Some(inner.changes) {
+            return Some(true);
         }
         let fresh = inner
             .kept_at
             .is_some_and(|at| now.saturating_duration_since(at) < refresh);
-        (!fresh).then_some(Due {
-            snapshot: None,
-            changes,
-        })
+        (!fresh).then_some(false)
     }
 
     /// Records how the store took what [`Self::due`] gave at `at` (taken at

@@ -11,15 +11,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use proto::ErrorCode;
 use router::{
     Broker, BrokerError, BrokerStatus, Claim, Deliver, Epoch, MemoryBroker, Page, PageSize,
-    Position, Publication, Recovery, SessionSnapshot, SessionStore, SessionUser, Since, Stored,
-    SubscriptionState, Topic,
+    Position, Publication, Recovery, RedisBroker, SessionSave, SessionSnapshot, SessionStore,
+    SessionUser, Since, Stored, SubscriptionState, Topic,
 };
 use serde_json::Value;
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::handshake::{Origin, SubscribeError};
@@ -588,4 +589,134 @@ async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_re
         ("e", 3, true)
     );
     assert_eq!(node.hub.subscribers(&news), 0);
+}
+/// A session store whose batches (the flusher's) are held, their snapshots
+/// taken, until the test lets each go on: through `batches`, which gets
+/// the sender that does.
+struct Held {
+    store: RedisBroker,
+    batches: mpsc::UnboundedSender<oneshot::Sender<()>>,
+}
+
+#[tonic::async_trait]
+impl SessionStore for Held {
+    async fn save(
+        &self,
+        id: &str,
+        owner: &str,
+        snapshot: SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        self.store.save(id, owner, snapshot, ttl).await
+    }
+
+    async fn extend(&self, id: &str, owner: &str, ttl: Duration) -> Result<Stored, BrokerError> {
+        self.store.extend(id, owner, ttl).await
+    }
+
+    async fn save_many(
+        &self,
+        batch: Vec<SessionSave>,
+        ttl: Duration,
+    ) -> Vec<Result<Stored, BrokerError>> {
+        let (go, held) = oneshot::channel();
+        if self.batches.send(go).is_ok() {
+            let _ = held.await;
+        }
+        self.store.save_many(batch, ttl).await
+    }
+
+    async fn claim(&self, id: &str, owner: &str, user: Option<&str>) -> Result<Claim, BrokerError> {
+        self.store.claim(id, owner, user).await
+    }
+
+    async fn adopt(
+        &self,
+        id: &str,
+        owner: &str,
+        user: Option<&str>,
+        snapshot: &SessionSnapshot,
+        ttl: Duration,
+    ) -> Result<Claim, BrokerError> {
+        self.store.adopt(id, owner, user, snapshot, ttl).await
+    }
+
+    async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError> {
+        self.store.revoke(user, ttl).await
+    }
+}
+
+/// The rollout test's clients that got nothing (issue #22's flaky
+/// `rollout.rs`): a flush took a new session's snapshot before its `sub`,
+/// and reached Redis after the `sub` had saved the session with the topic.
+/// The store kept the session without it, the flush's answer made the
+/// session look saved, and a resume elsewhere (a drain, a rebalance) then
+/// restored it without the topic: `resumed: true`, and silence. Here a
+/// flush is held between its snapshot and its write while the `sub` saves;
+/// the store must end with the topic.
+#[tokio::test]
+async fn a_flush_under_way_does_not_write_an_older_snapshot_over_a_subs_save() {
+    const WAIT: Duration = Duration::from_secs(10);
+    let redis = testkit::Redis::start().await;
+    let env = [
+        ("HERALD_BROKER".to_owned(), "redis".to_owned()),
+        ("HERALD_REDIS__URL".to_owned(), redis.url()),
+    ];
+    let config = Config::load(None, env).unwrap();
+    let store = RedisBroker::start(
+        config.redis.settings(),
+        Arc::new(config.namespaces()),
+        Arc::new(Nowhere),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .unwrap();
+    let (batches, mut held) = mpsc::unbounded_channel();
+    let flushed = Held {
+        store: store.clone(),
+        batches,
+    };
+    let window = Duration::from_secs(60);
+
+    // As `hello` leaves a new session: registered, no topic yet.
+    let registry = Arc::new(Registry::default());
+    let (session, _out) = live(1, "alice");
+    let (subscriptions, owner) = (session.subscriptions.clone(), session.owner.clone());
+    registry
+        .register(Arc::from("s1"), session, registry.arrival())
+        .unwrap();
+    // A flush takes it as it is, and is held before it writes.
+    let flush = tokio::spawn({
+        let registry = registry.clone();
+        async move { registry.flush(&flushed, window).await }
+    });
+    let go = timeout(WAIT, held.recv()).await.unwrap().unwrap();
+
+    // The `sub`: the topic, saved before its `ok`. Polled once, it has
+    // taken its snapshot and queued its write, unless it waits its turn.
+    let topic = Topic::parse("news").unwrap();
+    subscriptions.insert(topic.clone(), Epoch::from("e"), 0);
+    let mut save = Box::pin(subscriptions.save(&store, "s1", &owner, window));
+    let answered = (&mut save).now_or_never();
+    // The flush goes on; then the `sub`'s save, if it waited.
+    go.send(()).unwrap();
+    timeout(WAIT, flush).await.unwrap().unwrap();
+    let kept = match answered {
+        Some(kept) => kept,
+        None => timeout(WAIT, save).await.unwrap(),
+    };
+    assert!(kept.unwrap(), "the sub's save was kept");
+
+    // What a resume on another pod finds.
+    let claimed = store.claim("s1", "elsewhere", Some("alice")).await.unwrap();
+    let Claim::Taken(claimed) = claimed else {
+        panic!("the session is stored: {claimed:?}");
+    };
+    let topics: Vec<_> = claimed
+        .snapshot
+        .subscriptions
+        .iter()
+        .map(|s| s.topic.clone())
+        .collect();
+    assert_eq!(topics, [topic], "the stored session has the topic");
 }
