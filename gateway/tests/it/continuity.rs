@@ -6,7 +6,8 @@
 //! Redis goes back in time (restarted from an older dump) every client that
 //! saw the lost seqs is told (`reset`, `recovered: false`), none is handed a
 //! seq again in the epoch it already had it in, and the stream goes on in a
-//! new epoch.
+//! new epoch; a `reset` the client never read is told again, even across a
+//! resume that Redis interrupted.
 
 use std::net::SocketAddr;
 
@@ -328,4 +329,90 @@ async fn a_reset_is_stored_at_once_and_told_again_on_a_resume_until_acked_in_its
         (&json!("msg"), &json!(seq)),
         "no reset: {next}"
     );
+}
+
+/// The chaos story's failure (seed 11): a pod told a live client `reset` as
+/// Redis came back from an older dump, the client lost its connection before
+/// reading it, and its next resume met a Redis error on the next pod, which
+/// closed it (4003) and saved the session. That save must keep the reset
+/// as told: saved as read, the resume after it went on in the new epoch
+/// without a `reset`, handing the client the new epoch's seqs as the
+/// continuation of the old one's, and its acks (of the old epoch) never
+/// counted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_the_client_never_read_is_told_again_after_a_resume_that_redis_interrupted() {
+    let mut redis = Redis::start().await;
+    let env = [
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "500ms"),
+        ("HERALD_SESSION__FLUSH_INTERVAL", "1h"),
+    ];
+    let a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let b = Herald::pod(HERALD, &redis.url(), &env).await;
+    let key = |session: &str| format!("herald:session:{session}");
+    let mut client = Client::connect_url(&a.ws_url()).await;
+    let session = hello(&mut client).await;
+    client.sub(1, "news").await;
+    publish(a.addr, json!(1)).await;
+    receive(&mut client, 1, 1).await;
+    redis.restart_empty().await;
+    let reset = client.expect("reset").await;
+    let epoch = reset["epoch"].as_str().expect("epoch").to_owned();
+    let told = reset["seq"].as_u64().expect("seq");
+    // Stored as told; the client goes without acking in the new epoch, as
+    // one that never read the reset.
+    let told_line = format!("\n{told} {epoch} news told\n");
+    eventually(WAIT, || async {
+        redis.cli(&["GET", &key(&session)]).contains(&told_line)
+    })
+    .await;
+    drop(client);
+    settled(a.addr, "herald_connections", 0.0).await;
+    b.reconnected_to_redis().await;
+
+    // Redis refuses the topic's keys (not the sessions'): the resume on b
+    // is claimed, then cannot restore the subscription, and is sent away.
+    let only_sessions = ["~herald:session:*", "~herald:pods", "~herald:revoked:*"];
+    let mut acl = vec!["ACL", "SETUSER", "default", "resetkeys"];
+    acl.extend(only_sessions);
+    assert_eq!(redis.cli(&acl).trim(), "OK");
+    let mut interrupted = Client::connect_url(&b.ws_url()).await;
+    assert_eq!(interrupted.hello(Some(&session)).await["resumed"], true);
+    assert_eq!(interrupted.closed().await, Some(4003));
+    drop(interrupted);
+    // Its session saved as it ended, before it was counted.
+    settled(
+        b.addr,
+        "herald_connections_closed_total{reason=\"unavailable\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        redis.cli(&["ACL", "SETUSER", "default", "allkeys"]).trim(),
+        "OK"
+    );
+
+    // The next resume, on a, tells the reset again before anything else.
+    let mut resumed = Client::connect_url(&a.ws_url()).await;
+    assert_eq!(resumed.hello(Some(&session)).await["resumed"], true);
+    let missed = publish(a.addr, json!("after")).await;
+    let first = resumed.recv().await;
+    assert_eq!(first["op"], "reset", "the reset again, not {first}");
+    assert_eq!(
+        (&first["epoch"], &first["seq"]),
+        (&json!(epoch), &json!(told))
+    );
+    receive(&mut resumed, told + 1, missed).await;
+}
+
+/// Waits until the pod's metric `name` reads `want`.
+async fn settled(addr: SocketAddr, name: &str, want: f64) {
+    eventually(WAIT, || async {
+        let value = testkit::metric(addr, name).await;
+        if value == want {
+            Ok(())
+        } else {
+            Err(format!("{name} is {value}, expected {want}"))
+        }
+    })
+    .await;
 }
