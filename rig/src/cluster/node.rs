@@ -1,0 +1,163 @@
+//! One `redis-server` of the cluster: started in a directory of its own on
+//! a free port whose bus port is free too, ready once it answers `PING`,
+//! and asked with `redis-cli` (one argument per argv entry, bounded by
+//! [`CLI_TIMEOUT`]).
+
+use std::net::TcpListener;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use super::{CLI_TIMEOUT, NODE_TIMEOUT, Node, RedisCluster};
+use crate::error::{Error, state};
+use crate::process::{self, poll, run};
+
+/// Longest a fresh `redis-server` may take to answer `PING`.
+const NODE_READY: Duration = Duration::from_secs(10);
+/// The cluster bus listens on each node's port plus this.
+const BUS_OFFSET: u16 = 10000;
+
+impl RedisCluster {
+    /// The process id of the live node on `port`.
+    pub fn pid(&self, port: u16) -> Result<u32, Error> {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .and_then(|n| n.child.as_ref())
+            .map(Child::id)
+            .ok_or_else(|| state(format!("no live node on {port}")))
+    }
+
+    /// Runs `redis-cli` (without `-c`: redirections come back as answers)
+    /// against the node on `port`; its output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> Result<String, Error> {
+        let port = port.to_string();
+        let mut argv = vec!["-p", &port];
+        argv.extend(args);
+        let out = run("redis-cli", &argv, None, CLI_TIMEOUT)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `commands`, one a line, on one connection to the node on
+    /// `port` (so `READONLY` first lets a replica answer reads); the
+    /// answers, one value a line.
+    pub fn script(&self, port: u16, commands: &[String]) -> Result<String, Error> {
+        let port = port.to_string();
+        let input = commands.join("\n") + "\n";
+        let out = run("redis-cli", &["-p", &port], Some(&input), CLI_TIMEOUT)?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs a command that must answer `OK`.
+    pub fn ok(&self, port: u16, args: &[&str]) -> Result<(), Error> {
+        let answer = self.cli(port, args)?;
+        if answer.trim() != "OK" {
+            return Err(state(format!("{args:?} on {port}: {}", answer.trim())));
+        }
+        Ok(())
+    }
+
+    /// The node id of the node on `port`.
+    pub fn id(&self, port: u16) -> Result<String, Error> {
+        let id = self.cli(port, &["CLUSTER", "MYID"])?.trim().to_owned();
+        if id.is_empty() {
+            return Err(state(format!("no node id from {port}")));
+        }
+        Ok(id)
+    }
+
+    /// Starts a node on `port`, in a directory of its own.
+    pub(super) fn spawn(&mut self, port: u16) -> Result<Node, Error> {
+        self.started += 1;
+        let dir = self.dir.join(format!("{port}-{}", self.started));
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let mut command = process::command("redis-server");
+        command
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .args(["--cluster-enabled", "yes"])
+            .arg("--cluster-config-file")
+            .arg(dir.join("nodes.conf"))
+            .args([
+                "--cluster-node-timeout",
+                &NODE_TIMEOUT.as_millis().to_string(),
+            ])
+            // A replica may take over however long it was cut off from its
+            // master: the callers kill masters, they do not partition them.
+            .args(["--cluster-replica-validity-factor", "0"])
+            // A replica's first sync starts at once, not after 5 s.
+            .args(["--repl-diskless-sync-delay", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = process::spawn(command).map_err(|source| Error::Spawn {
+            program: "redis-server".to_owned(),
+            source,
+        })?;
+        Ok(Node {
+            port,
+            dir,
+            child: Some(child),
+            frozen: false,
+        })
+    }
+
+    /// Waits until the node on `port` answers `PING`.
+    pub(super) async fn wait_ready(&self, port: u16) -> Result<(), Error> {
+        let log = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .map(|n| n.dir.join("redis.log").display().to_string())
+            .unwrap_or_default();
+        poll(NODE_READY, || {
+            match self.cli(port, &["PING"]).map_err(|e| e.to_string())?.trim() {
+                "PONG" => Ok(()),
+                other => Err(format!(
+                    "redis-server on {port}: PING says {other:?} (its log: {log})"
+                )),
+            }
+        })
+        .await
+    }
+}
+
+/// `n` distinct free loopback ports whose bus port (port + 10000) is free
+/// too: each pair is held until all are found, so none repeats.
+pub(super) fn free_ports(n: usize) -> Result<Vec<u16>, Error> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..1000 {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+            path: "127.0.0.1:0".to_owned(),
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| Error::Io {
+                path: "127.0.0.1:0".to_owned(),
+                source,
+            })?
+            .port();
+        held.push(listener);
+        let bus = port
+            .checked_add(BUS_OFFSET)
+            .and_then(|bus| TcpListener::bind(("127.0.0.1", bus)).ok());
+        if let Some(bus) = bus {
+            held.push(bus);
+            ports.push(port);
+            if ports.len() == n {
+                return Ok(ports);
+            }
+        }
+    }
+    Err(state(format!(
+        "no {n} free ports with their bus ports free too"
+    )))
+}
