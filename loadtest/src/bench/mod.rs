@@ -66,7 +66,6 @@ pub async fn run(run: Run) -> Result<bool, BenchError> {
             .map_err(|e| BenchError::Io(format!("writing {}", label_file.display()), e))?;
         let plan = Plan {
             herald: before.clone(),
-            this_build: false,
             ..run.plan.clone()
         };
         passed &= once(&run, &plan, &name).await?;

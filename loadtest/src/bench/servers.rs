@@ -36,10 +36,6 @@ pub enum RedisKind {
 pub struct Plan {
     /// The herald binary the pods run.
     pub herald: PathBuf,
-    /// Whether it is the build under test: only then are the budgets per
-    /// address and per user turned off (a build before may not know the
-    /// keys, and refuses to start on an unknown one).
-    pub this_build: bool,
     pub pods: usize,
     pub redis: Option<RedisKind>,
     /// The pods reach Redis through a proxy whose delay the scenario sets
@@ -92,7 +88,7 @@ impl Servers {
             store: None,
             clients_on: plan.clients_on,
         };
-        let mut env = pod_env(plan.this_build);
+        let mut env = pod_env(&plan.herald).await;
         match plan.redis {
             None => {}
             Some(RedisKind::One) => {
@@ -278,30 +274,61 @@ impl Servers {
     }
 }
 
-/// The settings every pod gets. Every client comes from 127.0.0.x (and
-/// `storm-auth`'s are all one user): the budgets per address and per user
-/// are off, as the connection cap per address is.
-fn pod_env(this_build: bool) -> Vec<(String, String)> {
+/// The budgets per address and per user, each turned off.
+const BUDGETS_OFF: [(&str, &str); 4] = [
+    ("HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_IP", "0"),
+    ("HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_USER", "0"),
+    ("HERALD_SESSION__TOPICS_PER_MINUTE", "0"),
+    ("HERALD_SESSION__ANONYMOUS_MAX_TOPICS", "0"),
+];
+
+/// Longest `herald --check` may take.
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The settings every pod of `herald` gets. Every client comes from
+/// 127.0.0.x (and `storm-auth`'s are all one user): the budgets per address
+/// and per user are off, as the connection cap per address is, for every
+/// build that knows them, the build before included, so that both are
+/// measured alike.
+async fn pod_env(herald: &Path) -> Vec<(String, String)> {
     let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(65536, |(_, hard)| hard);
     let mut env = vec![
         (
-            "HERALD_WEBSOCKET__MAX_CONNECTIONS",
+            "HERALD_WEBSOCKET__MAX_CONNECTIONS".to_owned(),
             hard.saturating_sub(FD_HEADROOM).to_string(),
         ),
-        ("HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP", "0".to_owned()),
-        ("HERALD_LOG__LEVEL", "warn".to_owned()),
+        (
+            "HERALD_WEBSOCKET__MAX_CONNECTIONS_PER_IP".to_owned(),
+            "0".to_owned(),
+        ),
+        ("HERALD_LOG__LEVEL".to_owned(), "warn".to_owned()),
     ];
-    if this_build {
-        for key in [
-            "HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_IP",
-            "HERALD_SESSION__MAX_SUBSCRIPTIONS_PER_USER",
-            "HERALD_SESSION__TOPICS_PER_MINUTE",
-            "HERALD_SESSION__ANONYMOUS_MAX_TOPICS",
-        ] {
-            env.push((key, "0".to_owned()));
-        }
+    if knows_budgets(herald).await {
+        env.extend(BUDGETS_OFF.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    } else {
+        println!(
+            "{}: no budget settings (an older build): left as they are",
+            herald.display()
+        );
     }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    env
+}
+
+/// Whether `herald` takes the budget settings: an older build refuses to
+/// start on a key it does not know, and `herald --check` says so.
+async fn knows_budgets(herald: &Path) -> bool {
+    let mut command = tokio::process::Command::new(herald);
+    command
+        .arg("--check")
+        .envs(BUDGETS_OFF)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    matches!(
+        tokio::time::timeout(CHECK_WAIT, command.status()).await,
+        Ok(Ok(status)) if status.success()
+    )
 }
 
 /// A connection to Redis subscribed to the channels of the load tool's

@@ -63,7 +63,6 @@ impl RunArgs {
             dir: self.dir.clone(),
             plan: bench::servers::Plan {
                 herald: self.herald.clone(),
-                this_build: true,
                 pods: self.pods,
                 redis: self.redis,
                 redis_proxy: self.redis_proxy,
@@ -113,7 +112,6 @@ mod tests {
         assert_eq!(run.plan.pods, 2);
         assert_eq!(run.plan.redis, Some(bench::servers::RedisKind::One));
         assert_eq!(run.plan.clients_on, Some(1));
-        assert!(run.plan.this_build);
         assert_eq!(
             run.plan.env,
             vec![("HERALD_LOG__LEVEL".to_owned(), "info".to_owned())]
