@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::{WAIT, eventually, http};
+use crate::http;
 
 /// A gateway serving on a loopback port in this process.
 pub struct Gateway {
@@ -103,18 +103,8 @@ impl Gateway {
         http::metric(self.addr, name).await
     }
 
-    /// Polls a metric until it reads `want`, for at most [`WAIT`]. A closed
-    /// connection is counted once its task has finished, just after its TCP
-    /// connection ends: there is no event to await.
+    /// [`http::await_metric`] of this gateway.
     pub async fn await_metric(&self, name: &str, want: f64) {
-        eventually(WAIT, || async {
-            let value = self.metric(name).await;
-            if value == want {
-                Ok(())
-            } else {
-                Err(format!("{name} is {value}, expected {want}"))
-            }
-        })
-        .await;
+        http::await_metric(self.addr, name, want).await
     }
 }

@@ -24,6 +24,21 @@ pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("metric {name} in:\n{body}"))
 }
 
+/// Polls the metric `name` of the gateway at `addr` until it reads `want`,
+/// for at most [`WAIT`]. A closed connection is counted once its task has
+/// finished, just after its TCP connection ends: there is no event to await.
+pub async fn await_metric(addr: SocketAddr, name: &str, want: f64) {
+    crate::eventually(WAIT, || async {
+        let value = metric(addr, name).await;
+        if value == want {
+            Ok(())
+        } else {
+            Err(format!("{name} is {value}, expected {want}"))
+        }
+    })
+    .await;
+}
+
 /// The sum of every sample of metric `name` at `addr` (all its label
 /// values; 0 when it has none yet), e.g. every close whatever its reason.
 pub async fn metric_sum(addr: SocketAddr, name: &str) -> f64 {

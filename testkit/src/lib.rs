@@ -59,7 +59,7 @@ pub use client::Client;
 pub use eventually::eventually;
 pub use faults::FaultyRedis;
 pub use herald::Herald;
-pub use http::{grpc_client, http, http_with_headers, metric, metric_sum};
+pub use http::{await_metric, grpc_client, http, http_with_headers, metric, metric_sum};
 pub use redis::Redis;
 pub use redis_cluster::RedisCluster;
 

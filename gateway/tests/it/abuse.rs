@@ -883,21 +883,6 @@ async fn on_the_api_listener_a_head_that_trickles_in_gets_the_request_timeout() 
 // ---------------------------------------------------------------------------
 // The real binary, configured through its environment
 
-/// Polls a metric of the gateway at `addr` until it reads `want` (a closed
-/// connection is counted just after its TCP connection ends: no event to
-/// await from outside).
-async fn await_metric(addr: SocketAddr, name: &str, want: f64) {
-    eventually(WAIT, || async {
-        let value = testkit::metric(addr, name).await;
-        if value == want {
-            Ok(())
-        } else {
-            Err(format!("{name} is {value}, expected {want}"))
-        }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
     let redis = Redis::start().await;
@@ -972,14 +957,14 @@ async fn the_herald_binary_enforces_the_limits_its_environment_sets() {
     }
 
     still_served(Addr(api), &mut good, 1).await;
-    await_metric(
+    testkit::await_metric(
         api,
         r#"herald_connections_closed_total{reason="hello_timeout"}"#,
         1.0,
     )
     .await;
-    await_metric(api, PER_IP_REJECTED, 1.0).await;
-    await_metric(
+    testkit::await_metric(api, PER_IP_REJECTED, 1.0).await;
+    testkit::await_metric(
         api,
         r#"herald_http_requests_rejected_total{reason="timeout"}"#,
         1.0,

@@ -366,7 +366,7 @@ async fn a_reset_the_client_never_read_is_told_again_after_a_resume_that_redis_i
     })
     .await;
     drop(client);
-    settled(a.addr, "herald_connections", 0.0).await;
+    testkit::await_metric(a.addr, "herald_connections", 0.0).await;
     b.reconnected_to_redis().await;
 
     // Redis refuses the topic's keys (not the sessions'): the resume on b
@@ -380,7 +380,7 @@ async fn a_reset_the_client_never_read_is_told_again_after_a_resume_that_redis_i
     assert_eq!(interrupted.closed().await, Some(4003));
     drop(interrupted);
     // Its session saved as it ended, before it was counted.
-    settled(
+    testkit::await_metric(
         b.addr,
         "herald_connections_closed_total{reason=\"unavailable\"}",
         1.0,
@@ -402,17 +402,4 @@ async fn a_reset_the_client_never_read_is_told_again_after_a_resume_that_redis_i
         (&json!(epoch), &json!(told))
     );
     receive(&mut resumed, told + 1, missed).await;
-}
-
-/// Waits until the pod's metric `name` reads `want`.
-async fn settled(addr: SocketAddr, name: &str, want: f64) {
-    eventually(WAIT, || async {
-        let value = testkit::metric(addr, name).await;
-        if value == want {
-            Ok(())
-        } else {
-            Err(format!("{name} is {value}, expected {want}"))
-        }
-    })
-    .await;
 }
