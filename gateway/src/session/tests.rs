@@ -590,6 +590,7 @@ async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_re
     );
     assert_eq!(node.hub.subscribers(&news), 0);
 }
+
 /// A session store whose batches (the flusher's) are held, their snapshots
 /// taken, until the test lets each go on: through `batches`, which gets
 /// the sender that does.
