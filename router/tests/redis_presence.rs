@@ -218,7 +218,10 @@ async fn a_user_on_two_pods_is_one_member_and_joins_and_leaves_once() {
 
     // Pages by user id after a cursor.
     let first = a.presence(&t, None, 1).await.expect("page");
-    assert_eq!((names(&first.members), first.more), (vec!["bob".into()], true));
+    assert_eq!(
+        (names(&first.members), first.more),
+        (vec!["bob".into()], true)
+    );
     let second = a.presence(&t, Some("bob"), 1).await.expect("page");
     assert_eq!(
         (names(&second.members), second.more),
@@ -386,7 +389,9 @@ async fn a_second_cleaner_finishes_what_a_dead_cleaner_began() {
             .await
             .expect("update");
     }
-    seen_a.until("everyone in", |all| replay(all).len() == 3).await;
+    seen_a
+        .until("everyone in", |all| replay(all).len() == 3)
+        .await;
     let dead = b.presence_instance().to_owned();
     eventually(WAIT, || async {
         if instances(&redis).contains(&dead) {
@@ -411,7 +416,11 @@ async fn a_second_cleaner_finishes_what_a_dead_cleaner_began() {
         .await;
     // Only once the dead cleaner's lock expired.
     let holder = redis.cli(&["GET", &lock]);
-    assert_ne!(holder.trim(), "dead-cleaner", "cleaned under another's lock");
+    assert_ne!(
+        holder.trim(),
+        "dead-cleaner",
+        "cleaned under another's lock"
+    );
     eventually(WAIT, || async {
         if instances(&redis).contains(&dead) {
             Err("the dead instance is still listed")
