@@ -479,3 +479,139 @@ async fn redis_restarted_empty_gets_each_pods_presence_again() {
         "positions rise: {positions:?}"
     );
 }
+
+#[tokio::test]
+async fn a_10000_member_room_on_four_pods_fits_in_half_a_megabyte_and_rests_without_writes() {
+    let redis = Redis::start().await;
+    let t = room();
+    let mut pods = Vec::new();
+    for (p, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let (broker, _) = pod(&redis, name, Duration::from_secs(10)).await;
+        let users: Vec<String> = (0..2500)
+            .map(|i| format!("user-{:05}", p * 2500 + i))
+            .collect();
+        let update = PresenceUpdate {
+            set: users
+                .iter()
+                .map(|user| {
+                    let member = Member {
+                        user: Arc::from(user.as_str()),
+                        // About 20 bytes: `{"name":"U 00042"}`.
+                        info: Some(Bytes::from(format!("{{\"name\":\"U {}\"}}", &user[5..]))),
+                    };
+                    (member, 1)
+                })
+                .collect(),
+            removed: Vec::new(),
+            anonymous: 0,
+        };
+        broker.presence_update(&t, update).await.expect("update");
+        pods.push(broker);
+    }
+    let counts = pods[0].presence_counts(&t).await.expect("counts");
+    assert_eq!((counts.users, counts.connections), (10_000, 10_000));
+    let bytes: u64 = ["herald:presence:{room:1}", "herald:presence:{room:1}:pos"]
+        .iter()
+        .map(|key| {
+            let usage = redis.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+            usage.trim().parse::<u64>().expect("a size")
+        })
+        .sum();
+    println!("presence of a 10,000-member room on 4 pods: {bytes} bytes in redis");
+    assert!(bytes <= 512 * 1024, "{bytes} bytes");
+    // At rest, pods only beat: two beats of every pod later, the room's
+    // position has not moved.
+    let before = redis.cli(&["GET", "herald:presence:{room:1}:pos"]);
+    let beats = || redis.cli(&["ZRANGE", "herald:presence:pods", "0", "-1", "WITHSCORES"]);
+    for _ in 0..2 {
+        let seen = beats();
+        eventually(WAIT, || async {
+            let now = beats();
+            // Every score moved: each pod beat.
+            let moved = seen
+                .lines()
+                .zip(now.lines())
+                .skip(1)
+                .step_by(2)
+                .all(|(a, b)| a != b);
+            if moved { Ok(()) } else { Err(now) }
+        })
+        .await;
+    }
+    assert_eq!(redis.cli(&["GET", "herald:presence:{room:1}:pos"]), before);
+}
+
+#[tokio::test]
+async fn a_replica_that_missed_changes_reads_the_room_again_and_hands_the_difference() {
+    let redis = Redis::start().await;
+    let (a, seen_a) = pod(&redis, "a", Duration::from_secs(10)).await;
+    let (b, _) = pod(&redis, "b", Duration::from_secs(10)).await;
+    let t = room();
+    a.watch(&t).await.expect("watch");
+    b.presence_update(&t, set(&[("alice", 1)], 0))
+        .await
+        .expect("update");
+    seen_a.until("alice in", |all| replay(all).len() == 1).await;
+    // Another instance wrote dave, and the changes up to 5 never reached
+    // pod a; then comes 6, dave and erin.
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let part = |users: &[&str]| {
+        let mut out = vec![0u8];
+        for user in users {
+            out.push(user.len() as u8);
+            out.extend_from_slice(user.as_bytes());
+            out.extend_from_slice(&[1, 0]);
+        }
+        out
+    };
+    let hash = "herald:presence:{room:1}";
+    let field = [&b"5:"[..], &part(&["dave"])].concat();
+    let _: () = redis::cmd("HSET")
+        .arg(hash)
+        .arg("ghost")
+        .arg(field)
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let _: () = redis::cmd("SET")
+        .arg("herald:presence:{room:1}:pos")
+        .arg(5)
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    // Something unreadable first: read again, never a panic.
+    let _: () = redis::cmd("PUBLISH")
+        .arg("herald:{room:1}")
+        .arg(&b"!p4:z:ghost:"[..])
+        .query_async(&mut conn)
+        .await
+        .expect("publish");
+    let message = [&b"!p6:f:ghost:"[..], &part(&["dave", "erin"])].concat();
+    let _: () = redis::cmd("PUBLISH")
+        .arg("herald:{room:1}")
+        .arg(message)
+        .query_async(&mut conn)
+        .await
+        .expect("publish");
+    seen_a
+        .until("dave and erin in", |all| {
+            replay(all) == BTreeSet::from(["alice".into(), "dave".into(), "erin".into()])
+        })
+        .await;
+    let all = seen_a.all();
+    for user in ["alice", "dave", "erin"] {
+        assert_eq!(story(&all, user), ["join"], "{user}: {all:?}");
+    }
+    let positions: Vec<u64> = all.iter().map(|c| c.position).collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "positions rise: {positions:?}"
+    );
+    let page = a.presence(&t, None, 10).await.expect("page");
+    assert_eq!(names(&page.members), ["alice", "dave", "erin"]);
+    assert_eq!(page.counts.position, 6);
+}
