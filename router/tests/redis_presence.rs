@@ -615,3 +615,29 @@ async fn a_replica_that_missed_changes_reads_the_room_again_and_hands_the_differ
     assert_eq!(names(&page.members), ["alice", "dave", "erin"]);
     assert_eq!(page.counts.position, 6);
 }
+
+#[tokio::test]
+async fn a_change_redis_did_not_take_is_written_by_a_later_beat() {
+    let redis = Redis::start().await;
+    let ttl = Duration::from_millis(1000);
+    let (a, _) = pod(&redis, "a", ttl).await;
+    let (b, _) = pod(&redis, "b", ttl).await;
+    let t = room();
+    a.presence_update(&t, set(&[("alice", 1)], 0))
+        .await
+        .expect("update");
+    // Redis does not answer: the change fails, and stays this pod's.
+    redis.freeze();
+    let failed = a.presence_update(&t, set(&[("bob", 1)], 0)).await;
+    redis.thaw();
+    assert!(failed.is_err(), "{failed:?}");
+    eventually(WAIT, || async {
+        let page = b.presence(&t, None, 10).await.map_err(|e| e.to_string())?;
+        if names(&page.members) == ["alice", "bob"] {
+            Ok(())
+        } else {
+            Err(format!("{page:?}"))
+        }
+    })
+    .await;
+}

@@ -137,8 +137,15 @@ impl Presence {
         self.stopped.load(Ordering::Relaxed)
     }
 
-    pub async fn update(&self, topic: &Topic, update: &PresenceUpdate) -> Result<(), BrokerError> {
-        self.writer.update(topic, update).await
+    /// Applies this pod's changes to its part and writes it; when Redis is
+    /// not `reached`, only applies them (the beat writes the part later).
+    pub async fn update(
+        &self,
+        topic: &Topic,
+        update: &PresenceUpdate,
+        reached: Result<(), BrokerError>,
+    ) -> Result<(), BrokerError> {
+        self.writer.update(topic, update, reached).await
     }
 
     /// A page from this pod's replica of the topic, when it has one (once
