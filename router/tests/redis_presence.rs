@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use router::observe::Ignore;
+use router::observe::{Ignore, Observer};
 use router::{
     Broker, Deliver, Member, NamespaceSettings, Namespaces, Position, PresenceChange,
     PresenceSettings, PresenceUpdate, Publication, RedisBroker, RedisSettings, Topic,
@@ -90,16 +91,38 @@ fn namespaces() -> Arc<Namespaces> {
 }
 
 async fn pod(redis: &Redis, name: &str, pod_ttl: Duration) -> (RedisBroker, Arc<Changes>) {
+    observed_pod(redis, name, pod_ttl, Arc::new(Ignore)).await
+}
+
+async fn observed_pod(
+    redis: &Redis,
+    name: &str,
+    pod_ttl: Duration,
+    observer: Arc<dyn Observer>,
+) -> (RedisBroker, Arc<Changes>) {
     let sink = Arc::new(Changes::default());
     let broker = RedisBroker::start(
         settings(redis.url(), name, pod_ttl),
         namespaces(),
         sink.clone(),
-        Arc::new(Ignore),
+        observer,
     )
     .await
     .expect("connect");
     (broker, sink)
+}
+
+/// What a pod reports of its cleanups: members removed, pods cleaned.
+#[derive(Default)]
+struct Cleanups(AtomicU64, AtomicU64);
+
+impl Observer for Cleanups {
+    fn presence_cleaned(&self, members: u64) {
+        self.0.fetch_add(members, Ordering::Relaxed);
+    }
+    fn presence_pod_cleaned(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn room() -> Topic {
@@ -317,7 +340,8 @@ fn instances(redis: &Redis) -> String {
 async fn a_dead_pods_members_leave_within_the_bound() {
     let redis = Redis::start().await;
     let ttl = Duration::from_millis(1000);
-    let (a, seen_a) = pod(&redis, "a", ttl).await;
+    let cleanups = Arc::new(Cleanups::default());
+    let (a, seen_a) = observed_pod(&redis, "a", ttl, cleanups.clone()).await;
     let (b, _) = pod(&redis, "b", ttl).await;
     let t = room();
     let other = Topic::parse("room:2").expect("topic");
@@ -354,7 +378,7 @@ async fn a_dead_pods_members_leave_within_the_bound() {
         .await;
     // The bound: pod_ttl, a beat's period, and the cleanup's round trips.
     let took = died.elapsed();
-    assert!(took <= ttl + ttl / 5 + Duration::from_secs(2), "{took:?}");
+    assert!(took <= ttl + ttl / 5 + Duration::from_secs(3), "{took:?}");
     let all = seen_a.all();
     assert_eq!(story(&all, "bob"), ["join", "leave"]);
     assert_eq!(story(&all, "carol"), ["join", "leave"]);
@@ -368,6 +392,19 @@ async fn a_dead_pods_members_leave_within_the_bound() {
             Ok(())
         } else {
             Err(format!("still there: {left} {set}"))
+        }
+    })
+    .await;
+    // Reported: bob and carol from pod b's two fields (alice was in one).
+    eventually(WAIT, || async {
+        let done = (
+            cleanups.0.load(Ordering::Relaxed),
+            cleanups.1.load(Ordering::Relaxed),
+        );
+        if done == (3, 1) {
+            Ok(())
+        } else {
+            Err(format!("{done:?}"))
         }
     })
     .await;
