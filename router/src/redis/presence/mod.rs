@@ -196,3 +196,18 @@ impl Presence {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_id_is_the_pods_name_made_safe_and_a_suffix_of_its_own() {
+        let one = instance_id("herald-7d9f:x y");
+        let two = instance_id("herald-7d9f:x y");
+        assert!(one.starts_with("herald-7d9f_x_y-"), "{one}");
+        assert_eq!(one.len(), "herald-7d9f_x_y-".len() + 16);
+        assert_ne!(one, two, "a restarted pod is a new instance");
+        assert!(!instance_id(&"n".repeat(300)).contains(':'));
+    }
+}
