@@ -82,7 +82,9 @@ fn instance_id(pod: &str) -> String {
 }
 
 impl Presence {
-    /// Starts the liveness beat (it ends when the engine is dropped).
+    /// Starts the liveness beat (it ends when the engine is dropped), if
+    /// `used`: a deployment with no presence namespace writes nothing for
+    /// presence.
     // One argument per part it shares with the broker.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
@@ -93,6 +95,7 @@ impl Presence {
         observer: Arc<dyn Observer>,
         settings: PresenceSettings,
         timeout: Duration,
+        used: bool,
     ) -> Arc<Self> {
         let cluster = shards.is_cluster();
         let context = Arc::new(Context {
@@ -113,8 +116,10 @@ impl Presence {
             context,
             stopped: AtomicBool::new(false),
         });
-        let period = liveness::period(presence.context.settings.pod_ttl);
-        tokio::spawn(liveness::run(Arc::downgrade(&presence), period));
+        if used {
+            let period = liveness::period(presence.context.settings.pod_ttl);
+            tokio::spawn(liveness::run(Arc::downgrade(&presence), period));
+        }
         presence
     }
 
