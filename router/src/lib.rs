@@ -5,6 +5,10 @@
 //! - [`namespace`]: per-namespace settings (history size and age, client publish).
 //! - [`Broker`]: publish, watch a topic for this pod, recover history.
 //! - [`page`]: history read a page at a time.
+//! - [`history`]: the history API's pages, forward and reverse, and their
+//!   window rule.
+//! - [`server_subscription`]: a backend's subscribe and unsubscribe of a
+//!   user's connections, carried to every pod.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
@@ -17,11 +21,13 @@
 //! watches, and for no other.
 
 pub mod error;
+pub mod history;
 pub mod memory;
 pub mod namespace;
 pub mod observe;
 pub mod page;
 pub mod redis;
+pub mod server_subscription;
 pub mod session;
 pub mod topic;
 
@@ -32,11 +38,13 @@ use bytes::Bytes;
 use tracing::Instrument;
 
 pub use error::{BrokerError, Causes, Unavailable};
+pub use history::{HistoryPage, HistoryQuery};
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
 pub use page::{Page, PageSize};
 pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, TlsFiles};
+pub use server_subscription::ServerSubscription;
 pub use session::{
     Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
     SubscriptionState,
@@ -153,6 +161,13 @@ pub trait Deliver: Send + Sync + 'static {
     /// A backend ended `user`'s access ([`SessionStore::revoke`], on any
     /// pod): close every connection of theirs on this pod.
     fn disconnect(&self, user: &str);
+
+    /// A backend subscribed or unsubscribed `user`
+    /// ([`Broker::subscription`], on any pod): every live connection of
+    /// theirs on this pod follows it.
+    fn subscription(&self, user: &str, command: &ServerSubscription) {
+        let _ = (user, command);
+    }
 }
 
 /// What an engine says of its state: for `/readyz` and the admin status.
@@ -268,4 +283,24 @@ pub trait Broker: Send + Sync + 'static {
         after: u64,
         page: PageSize,
     ) -> Result<Page, BrokerError>;
+
+    /// A page of the topic's kept history for the history API: forward
+    /// (after `since`, or from the oldest kept) or reverse (below `since`,
+    /// or from the newest), whole or [`HistoryPage::Lost`]
+    /// ([`history::window`]). With Redis, read on the replay connections.
+    async fn read_history(
+        &self,
+        topic: &Topic,
+        query: &HistoryQuery,
+    ) -> Result<HistoryPage, BrokerError>;
+
+    /// Hands `command` to every pod's [`Deliver::subscription`], this one's
+    /// included: with Redis, over the control channel that carries
+    /// disconnects (at most once: a pod not subscribed to it then misses
+    /// it).
+    async fn subscription(
+        &self,
+        user: &str,
+        command: ServerSubscription,
+    ) -> Result<(), BrokerError>;
 }
