@@ -351,3 +351,32 @@ async fn bad_requests_are_refused_and_a_user_without_a_connection_is_no_error() 
     assert_eq!(client.expect("unsubscribed").await["topic"], "vip:g");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_subscription_is_restored_by_a_resume_on_another_pod() {
+    let redis = Redis::start().await;
+    let env = [
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "2s"),
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_NAMESPACES__VIP__SUBSCRIBE", "granted"),
+    ];
+    let (a, b) = (
+        Herald::pod(HERALD, &redis.url(), &env).await,
+        Herald::pod(HERALD, &redis.url(), &env).await,
+    );
+    let alice = token("alice", json!({}));
+    let (mut client, welcome) = login(&a.ws_url(), &alice, None).await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    let asked = json!({"user": "alice", "topic": "vip:room"});
+    let (status, _) = post(b.addr, "/v1/subscribe", asked).await;
+    assert_eq!(status, 200);
+    assert_eq!(client.expect("ok").await["reason"], "server");
+    // Its `ok` waited for the session to be saved with it: the stored
+    // session has it, marked as the server's.
+    crate::pod::saved(&redis, &session, "vip:room server").await;
+    drop(client);
+    publish(a.addr, "vip:room", json!("while away"), None).await;
+    let (mut back, welcome) = login(&b.ws_url(), &alice, Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    assert_eq!(back.msg().await, ("vip:room".to_owned(), 1, json!("while away")));
+}
