@@ -378,5 +378,8 @@ async fn a_server_subscription_is_restored_by_a_resume_on_another_pod() {
     publish(a.addr, "vip:room", json!("while away"), None).await;
     let (mut back, welcome) = login(&b.ws_url(), &alice, Some(&session)).await;
     assert_eq!(welcome["resumed"], true, "{welcome}");
-    assert_eq!(back.msg().await, ("vip:room".to_owned(), 1, json!("while away")));
+    assert_eq!(
+        back.msg().await,
+        ("vip:room".to_owned(), 1, json!("while away"))
+    );
 }
