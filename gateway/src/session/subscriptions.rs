@@ -461,6 +461,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn server_commands_wait_in_order_up_to_a_bound() {
+        let s = Subscriptions::default();
+        let unsubscribe = || ServerSubscription::Unsubscribe { topic: news() };
+        for _ in 0..MAX_SERVER_COMMANDS {
+            assert_eq!(s.command(unsubscribe()), ServerCommands::Queued);
+        }
+        assert_eq!(s.command(unsubscribe()), ServerCommands::Refused);
+        // The loop is woken once for all of them.
+        tokio::time::timeout(REFRESH, s.commanded())
+            .await
+            .expect("woken");
+        let mut taken = 0;
+        while s.next_command().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, MAX_SERVER_COMMANDS);
+        assert_eq!(
+            s.command(unsubscribe()),
+            ServerCommands::Queued,
+            "room again"
+        );
+    }
+
+    #[test]
+    fn a_server_subscription_keeps_its_origin_through_a_reset_and_a_snapshot() {
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0, true);
+        s.told(&news(), &Arc::from("f"), 7);
+        assert!(s.is_server(&news()));
+        let state = s.snapshot().subscriptions[0].clone();
+        assert!(state.server && state.told);
+        let restored = Subscriptions::default();
+        restored.restore(&state);
+        assert!(restored.is_server(&news()));
+    }
+
+    #[tokio::test]
     async fn a_move_to_another_epoch_wakes_the_flusher_and_an_ack_does_not() {
         let soon = Arc::new(Notify::new());
         let s = Subscriptions::new(Some(soon.clone()));

@@ -289,6 +289,8 @@ async fn history_in_redis_pages_both_ways_and_refuses_what_was_trimmed() {
         "topic=short:r&since=11".to_owned(),
         "topic=short:r&since=12&reverse=true".to_owned(),
         "topic=short:r&since=6&epoch=another".to_owned(),
+        format!("topic=short:r&since={}", u64::MAX),
+        format!("topic=short:r&since={}&reverse=true", u64::MAX),
     ] {
         let (status, lost) = get(b.addr, &query).await;
         assert_eq!(

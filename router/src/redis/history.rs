@@ -78,6 +78,9 @@ return {seq, epoch, now, clock, line, page_of(KEYS[2], after, count + 1, ARGV[9]
     ))
 });
 
+/// The largest integer a Lua number holds exactly.
+const LUA_EXACT: u64 = 1 << 53;
+
 /// What reads the history API's pages.
 pub(super) struct Reader<'a> {
     pub keys: &'a Keys,
@@ -98,9 +101,10 @@ impl Reader<'_> {
     ) -> Result<HistoryPage, BrokerError> {
         let slot = self.keys.slot(topic);
         let meta = self.keys.meta(topic);
-        let since = query
-            .since
-            .map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
+        // Lua's numbers are doubles: a `since` past 2^53 (beyond any seq a
+        // topic reaches) is read as 2^53, which is beyond the topic all the
+        // same; the window's rule judges the `since` asked for.
+        let since = query.since.map_or(-1, |s| s.min(LUA_EXACT) as i64);
         let count = bound(query.size.messages).min(u64::from(u32::MAX));
         let mut invocation = HISTORY.prepare_invoke();
         invocation
