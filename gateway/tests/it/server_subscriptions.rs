@@ -20,9 +20,14 @@ use crate::pod::{HERALD, publish};
 /// The HMAC secret tokens are signed with (at least 32 bytes).
 const SECRET: &str = "herald-server-subscription-tests-secret-0123";
 
-/// An HS256 token for `sub` with `extra` claims, valid for ten minutes,
-/// signed by Python's own `hmac`.
+/// An HS256 token for `sub` with `extra` claims, signed with [`SECRET`].
 fn token(sub: &str, extra: Value) -> String {
+    token_signed(SECRET, sub, extra)
+}
+
+/// An HS256 token for `sub` with `extra` claims, valid for ten minutes,
+/// signed with `secret` by Python's own `hmac`.
+pub(crate) fn token_signed(secret: &str, sub: &str, extra: Value) -> String {
     const MINT: &str = r#"
 import base64, hashlib, hmac, json, sys, time
 part = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=")
@@ -34,7 +39,7 @@ print((signed + b"." + base64.urlsafe_b64encode(mac).rstrip(b"=")).decode())
     let extra = extra.to_string();
     let output = testkit::process::run(
         "python3",
-        &["-c", MINT, SECRET, sub, &extra],
+        &["-c", MINT, secret, sub, &extra],
         Duration::from_secs(30),
         "python3 on PATH",
     );
