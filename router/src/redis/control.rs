@@ -1,6 +1,6 @@
 //! What the control channel carries (`<prefix>:control`, which every pod
 //! listens on): one line of words, user ids and epochs in hex
-//! ([`sessions::hex`]) so that any text stays one word.
+//! ([`super::sessions::hex`]) so that any text stays one word.
 //!
 //! - `disconnect <user>`: a backend ended the user's access.
 //! - `subscribe <user> <topic> [<since> [<epoch>]]` and
