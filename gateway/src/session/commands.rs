@@ -232,7 +232,7 @@ impl Session {
     /// A `since` out of the window (`history_lost`) and a broker that
     /// cannot read are told, not held against the client as bad commands.
     async fn history(
-        &self,
+        &mut self,
         id: u64,
         topic: &str,
         query: history::Query,
@@ -240,7 +240,11 @@ impl Session {
         let node = self.node.clone();
         let checked = self
             .topic(Some(id), topic)
-            .and_then(|topic| self.may(Some(id), &topic, Access::Subscribe).map(|_| topic));
+            .and_then(|topic| self.may(Some(id), &topic, Access::Subscribe).map(|_| topic))
+            // A read touches the topic's keys (a topic not seen before gets
+            // its position made), as a publish does: it counts against the
+            // topics the client may touch in a minute.
+            .and_then(|topic| self.draw(id, &topic, Access::Publish).map(|_| topic));
         let topic = checked.inspect_err(|_| history::refused(&node.metrics))?;
         let read = history::read(&*node.broker, &node.config, &node.metrics, &topic, query).await;
         let page = match read {
