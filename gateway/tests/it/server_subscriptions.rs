@@ -388,3 +388,36 @@ async fn a_server_subscription_is_restored_by_a_resume_on_another_pod() {
         ("vip:room".to_owned(), 1, json!("while away"))
     );
 }
+
+#[tokio::test]
+async fn the_subscription_limits_hold_for_a_server_subscription() {
+    let mut config = config();
+    config.session.max_subscriptions = 1;
+    let gw = Gateway::with(config).await;
+    let (mut client, _) = login(&gw.ws_url(), &token("alice", json!({})), None).await;
+    client.sub(1, "news").await;
+    let asked = json!({"user": "alice", "topic": "vip:more"});
+    let (status, _) = post(gw.addr, "/v1/subscribe", asked).await;
+    assert_eq!(
+        status, 200,
+        "the backend's request was carried out; the limit is the client's"
+    );
+    let refused = client.expect("err").await;
+    assert_eq!(refused["code"], "too_many_subscriptions");
+    assert_eq!(refused["topic"], "vip:more");
+    assert!(refused.get("id").is_none(), "{refused}");
+    gw.await_metric(
+        r#"herald_server_subscriptions_applied_total{command="subscribe",outcome="refused"}"#,
+        1.0,
+    )
+    .await;
+    // And an unsubscribe of a topic it does not have changes nothing.
+    let asked = json!({"user": "alice", "topic": "vip:more"});
+    post(gw.addr, "/v1/unsubscribe", asked).await;
+    gw.await_metric(
+        r#"herald_server_subscriptions_applied_total{command="unsubscribe",outcome="unchanged"}"#,
+        1.0,
+    )
+    .await;
+    gw.shutdown().await;
+}
