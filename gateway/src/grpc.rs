@@ -1,9 +1,11 @@
 //! The gRPC publish API: `herald.v1.Publisher` (`proto/herald/v1/herald.proto`)
 //! on a listener of its own (`grpc.listen`).
 //!
-//! It is the HTTP publish API by another protocol: the same API keys, the same
-//! checks ([`publish::publish_data`]) and the same errors, answered with the gRPC
-//! code of the HTTP status (see [`status`]). It stops with the drain: the
+//! It is the HTTP backend API by another protocol: the same API keys, the
+//! same checks ([`publish::publish_data`], [`publish::subscription`],
+//! [`history::read`]) and the same errors, answered with the gRPC code of
+//! the HTTP status (see [`status`]; a lost history `since`, HTTP 410, is
+//! `OUT_OF_RANGE`). It stops with the drain: the
 //! listener closes, calls in flight finish, and the server ends with them.
 //!
 //! What it spends is bounded before a caller is known: [`connections`] caps

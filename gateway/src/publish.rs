@@ -1,6 +1,8 @@
 //! The backend API's core, whatever protocol a request came by (HTTP in
 //! [`crate::http`], gRPC in [`crate::grpc`]): who may call it, the checks of
-//! a publish, disconnecting a user, and the one mapping of their refusals.
+//! a publish, disconnecting a user, subscribing or unsubscribing a user's
+//! connections (server-side subscriptions), and the one mapping of their
+//! refusals. (History reads are [`crate::history`]'s.)
 
 use std::time::Duration;
 
