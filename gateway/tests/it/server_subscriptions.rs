@@ -421,3 +421,29 @@ async fn the_subscription_limits_hold_for_a_server_subscription() {
     .await;
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn on_the_embedded_broker_every_connection_of_the_user_is_reached() {
+    let gw = Gateway::with(config()).await;
+    let alice = token("alice", json!({}));
+    let (mut first, _) = login(&gw.ws_url(), &alice, None).await;
+    let (mut second, _) = login(&gw.ws_url(), &alice, None).await;
+    let (mut bob, _) = login(&gw.ws_url(), &token("bob", json!({})), None).await;
+    bob.sub(1, "marker").await;
+    let (status, _) = post(
+        gw.addr,
+        "/v1/subscribe",
+        json!({"user": "alice", "topic": "news"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for client in [&mut first, &mut second] {
+        assert_eq!(client.expect("ok").await["reason"], "server");
+    }
+    gw.publish("news", json!("both")).await;
+    for client in [&mut first, &mut second] {
+        assert_eq!(client.msg().await, ("news".to_owned(), 1, json!("both")));
+    }
+    nothing_of(&mut bob, gw.addr, "news", "marker").await;
+    gw.shutdown().await;
+}
