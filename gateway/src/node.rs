@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore, Topic,
+    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, ServerSubscription,
+    SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -71,10 +72,12 @@ impl StartError {
 }
 
 /// Where the broker hands what it has for this pod: publications and resets
-/// to the hub, a backend's disconnects to the live sessions.
+/// to the hub, a backend's disconnects and server-side subscriptions to the
+/// live sessions.
 struct Sink {
     hub: Arc<Hub>,
     live: Arc<Registry>,
+    metrics: Arc<Metrics>,
 }
 
 impl Deliver for Sink {
@@ -89,6 +92,30 @@ impl Deliver for Sink {
     fn disconnect(&self, user: &str) {
         let closed = self.live.disconnect(user);
         tracing::info!(closed, "a backend disconnected a user");
+    }
+
+    fn subscription(&self, user: &str, command: &ServerSubscription) {
+        let (queued, refused) = self.live.subscription(user, command);
+        let name = match command {
+            ServerSubscription::Subscribe { .. } => "subscribe",
+            ServerSubscription::Unsubscribe { .. } => "unsubscribe",
+        };
+        if refused > 0 {
+            self.metrics
+                .server_subscriptions_applied
+                .with_label_values(&[name, "dropped"])
+                .inc_by(refused as u64);
+            tracing::warn!(
+                refused,
+                command = name,
+                "server-side subscription commands dropped: connections had too many waiting"
+            );
+        }
+        tracing::debug!(
+            queued,
+            command = name,
+            "a backend's server-side subscription"
+        );
     }
 }
 
@@ -109,6 +136,7 @@ impl Node {
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
+            metrics: metrics.clone(),
         });
         let namespaces = Arc::new(config.namespaces());
         let verifier = Verifier::new(&config.auth).await?;

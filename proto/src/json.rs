@@ -46,6 +46,16 @@ pub enum Command<'a> {
     Ping {
         id: u64,
     },
+    /// A page of a topic's history: forward after `since` (or from the
+    /// oldest kept), or `reverse` below it (or from the newest).
+    History {
+        id: u64,
+        topic: Cow<'a, str>,
+        since: Option<u64>,
+        epoch: Option<Cow<'a, str>>,
+        limit: Option<u64>,
+        reverse: bool,
+    },
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -67,6 +77,8 @@ struct RawCommand<'a> {
     resume: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+    limit: Option<u64>,
+    reverse: Option<bool>,
 }
 
 impl<'a> Command<'a> {
@@ -113,6 +125,14 @@ impl<'a> Command<'a> {
             },
             "ping" => Command::Ping {
                 id: id.ok_or_else(|| missing("id"))?,
+            },
+            "history" => Command::History {
+                id: id.ok_or_else(|| missing("id"))?,
+                topic: raw.topic.ok_or_else(|| missing("topic"))?,
+                since: raw.since,
+                epoch: raw.epoch,
+                limit: raw.limit,
+                reverse: raw.reverse.unwrap_or(false),
             },
             other => {
                 return Err(CommandError::new(
@@ -162,6 +182,21 @@ impl<'a> Command<'a> {
                 token: token.to_string(),
             }),
             Command::Ping { id } => Op::Ping(v1::Ping { id: *id }),
+            Command::History {
+                id,
+                topic,
+                since,
+                epoch,
+                limit,
+                reverse,
+            } => Op::History(v1::History {
+                id: *id,
+                topic: topic.to_string(),
+                since: *since,
+                epoch: epoch.as_deref().map(str::to_owned),
+                limit: *limit,
+                reverse: Some(*reverse),
+            }),
         };
         v1::ClientCommand { op: Some(op) }
     }
@@ -222,6 +257,9 @@ pub enum ErrorCode {
     /// Commands come faster than `websocket.commands_per_second` allows.
     RateLimited,
     Internal,
+    /// A history read's `since` is out of the window (trimmed away, of
+    /// another epoch, beyond the topic's seq): nothing of it is answered.
+    HistoryLost,
 }
 
 impl ErrorCode {
@@ -241,6 +279,7 @@ impl ErrorCode {
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Internal => "internal",
+            ErrorCode::HistoryLost => "history_lost",
         }
     }
 }
@@ -310,6 +349,76 @@ pub enum ServerMessage<'a> {
         after_ms: u64,
         reason: &'a str,
     },
+    /// An `ok` the client did not ask for (no `id`): a subscription made
+    /// by a backend (`reason: "server"`) or by the token's `topics`
+    /// (`"token"`).
+    #[serde(rename = "ok")]
+    Subscribed {
+        topic: &'a str,
+        seq: u64,
+        epoch: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        recovered: Option<bool>,
+        reason: &'a str,
+    },
+    /// The reply to `history`.
+    #[serde(rename = "ok")]
+    History {
+        id: u64,
+        topic: &'a str,
+        epoch: &'a str,
+        seq: u64,
+        publications: &'a [HistoryItem<'a>],
+    },
+    /// A backend unsubscribed the connection (`reason: "server"`).
+    Unsubscribed {
+        topic: &'a str,
+        reason: &'a str,
+    },
+}
+
+/// One message of a history page, as the `history` reply and the HTTP
+/// answer carry it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryItem<'a> {
+    pub seq: u64,
+    pub data: &'a RawValue,
+}
+
+/// The HTTP history answer (`GET /v1/history`): the `history` reply's
+/// keys without `op` and `id`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryResponse<'a> {
+    pub topic: &'a str,
+    pub epoch: &'a str,
+    pub seq: u64,
+    pub publications: &'a [HistoryItem<'a>],
+}
+
+impl HistoryResponse<'_> {
+    /// The protobuf form (the gRPC `History` answer).
+    pub fn to_proto(&self) -> v1::HistoryResponse {
+        v1::HistoryResponse {
+            topic: self.topic.to_owned(),
+            epoch: self.epoch.to_owned(),
+            seq: self.seq,
+            publications: self
+                .publications
+                .iter()
+                .map(HistoryItem::to_proto)
+                .collect(),
+        }
+    }
+}
+
+impl HistoryItem<'_> {
+    /// The protobuf form.
+    pub fn to_proto(&self) -> v1::Publication {
+        v1::Publication {
+            seq: self.seq,
+            data: self.data.get().as_bytes().to_vec(),
+        }
+    }
 }
 
 impl ServerMessage<'_> {
@@ -351,6 +460,44 @@ impl ServerMessage<'_> {
                 epoch: epoch.map(str::to_owned),
                 recovered,
                 expires,
+                reason: None,
+                publications: Vec::new(),
+            }),
+            ServerMessage::Subscribed {
+                topic,
+                seq,
+                epoch,
+                recovered,
+                reason,
+            } => Op::Ok(v1::Ok {
+                id: 0,
+                topic: Some(topic.to_owned()),
+                seq: Some(seq),
+                epoch: Some(epoch.to_owned()),
+                recovered,
+                expires: None,
+                reason: Some(reason.to_owned()),
+                publications: Vec::new(),
+            }),
+            ServerMessage::History {
+                id,
+                topic,
+                epoch,
+                seq,
+                publications,
+            } => Op::Ok(v1::Ok {
+                id,
+                topic: Some(topic.to_owned()),
+                seq: Some(seq),
+                epoch: Some(epoch.to_owned()),
+                recovered: None,
+                expires: None,
+                reason: None,
+                publications: publications.iter().map(HistoryItem::to_proto).collect(),
+            }),
+            ServerMessage::Unsubscribed { topic, reason } => Op::Unsubscribed(v1::Unsubscribed {
+                topic: topic.to_owned(),
+                reason: reason.to_owned(),
             }),
             ServerMessage::Msg { topic, seq, data } => Op::Msg(v1::Msg {
                 topic: topic.to_owned(),
@@ -531,6 +678,46 @@ impl DisconnectRequest {
             CommandError::new(None, ErrorCode::MissingField, "`user` is required")
         })?;
         Ok(Self { user })
+    }
+}
+
+/// The HTTP server-side subscription bodies: `POST /v1/subscribe`
+/// `{"user":"alice","topic":"news","since":40?,"epoch":"…"?}` and `POST
+/// /v1/unsubscribe` `{"user":"alice","topic":"news"}` (which ignores
+/// `since` and `epoch`).
+#[derive(Debug)]
+pub struct SubscriptionRequest {
+    pub user: String,
+    pub topic: String,
+    pub since: Option<u64>,
+    pub epoch: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawSubscriptionRequest {
+    user: Option<String>,
+    topic: Option<String>,
+    since: Option<u64>,
+    epoch: Option<String>,
+}
+
+impl SubscriptionRequest {
+    /// Decodes a request body, with the same error codes as a command.
+    pub fn decode(body: &[u8]) -> Result<Self, CommandError> {
+        let raw: RawSubscriptionRequest = from_object(body)?;
+        let missing = |field: &str| {
+            CommandError::new(
+                None,
+                ErrorCode::MissingField,
+                format!("`{field}` is required"),
+            )
+        };
+        Ok(Self {
+            user: raw.user.ok_or_else(|| missing("user"))?,
+            topic: raw.topic.ok_or_else(|| missing("topic"))?,
+            since: raw.since,
+            epoch: raw.epoch,
+        })
     }
 }
 

@@ -32,8 +32,9 @@ use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::publish::{self, ApiError, Refusal};
 
-/// The largest `TopicInfo` or `Disconnect` request, in bytes: a topic (at
-/// most 128 bytes past its namespace) or a user id (256), with room to spare.
+/// The largest request of every method but the publishes, in bytes: a
+/// topic (at most 128 bytes past its namespace), a user id (256), an epoch,
+/// with room to spare.
 pub const MAX_SMALL_REQUEST_BYTES: usize = 4 * 1024;
 /// Room in a `Publish` request for its topic, key and framing, besides `data`.
 pub const REQUEST_OVERHEAD_BYTES: usize = 1024;
@@ -47,6 +48,9 @@ pub enum Method {
     PublishBatch,
     TopicInfo,
     Disconnect,
+    History,
+    Subscribe,
+    Unsubscribe,
     /// Any other path: tonic answers `UNIMPLEMENTED`.
     Unknown,
 }
@@ -62,6 +66,9 @@ impl Method {
             Some("PublishBatch") => Self::PublishBatch,
             Some("TopicInfo") => Self::TopicInfo,
             Some("Disconnect") => Self::Disconnect,
+            Some("History") => Self::History,
+            Some("Subscribe") => Self::Subscribe,
+            Some("Unsubscribe") => Self::Unsubscribe,
             _ => Self::Unknown,
         }
     }
@@ -73,6 +80,9 @@ impl Method {
             Self::PublishBatch => "PublishBatch",
             Self::TopicInfo => "TopicInfo",
             Self::Disconnect => "Disconnect",
+            Self::History => "History",
+            Self::Subscribe => "Subscribe",
+            Self::Unsubscribe => "Unsubscribe",
             Self::Unknown => "unknown",
         }
     }
@@ -100,7 +110,12 @@ impl Limits {
         match method {
             Method::Publish => self.publish,
             Method::PublishBatch => self.batch,
-            Method::TopicInfo | Method::Disconnect | Method::Unknown => MAX_SMALL_REQUEST_BYTES,
+            Method::TopicInfo
+            | Method::Disconnect
+            | Method::History
+            | Method::Subscribe
+            | Method::Unsubscribe
+            | Method::Unknown => MAX_SMALL_REQUEST_BYTES,
         }
     }
 }
