@@ -124,7 +124,9 @@ impl CloseReason {
         match self {
             CloseReason::ConnectionLost | CloseReason::Shutdown | CloseReason::TakenOver => true,
             CloseReason::ClientClosed | CloseReason::Disconnected => false,
-            reason => reason.code().is_some_and(|code| (4000..4500).contains(&code)),
+            reason => reason
+                .code()
+                .is_some_and(|code| (4000..4500).contains(&code)),
         }
     }
 

@@ -17,10 +17,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proto::v1::publisher_server::{self, PublisherServer};
 use proto::v1::{
-    DisconnectRequest, DisconnectResponse, PresenceRequest, PresenceResponse,
-    PresenceStatsRequest, PresenceStatsResponse, PublishBatchRequest, PublishBatchResponse, PublishError,
-    PublishRequest, PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse,
-    publish_result,
+    DisconnectRequest, DisconnectResponse, PresenceRequest, PresenceResponse, PresenceStatsRequest,
+    PresenceStatsResponse, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
+    PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse, publish_result,
 };
 use router::Position;
 use tokio::net::TcpListener;
@@ -259,9 +258,12 @@ impl publisher_server::Publisher for Publisher {
     ) -> Result<Response<PresenceStatsResponse>, Status> {
         let result = async {
             let node = &self.node;
-            let stats =
-                publish::presence_stats(&node.presence, &node.pod.namespaces, &request.get_ref().topic)
-                    .await?;
+            let stats = publish::presence_stats(
+                &node.presence,
+                &node.pod.namespaces,
+                &request.get_ref().topic,
+            )
+            .await?;
             Ok(stats.to_proto())
         };
         self.answer("PresenceStats", result.await)

@@ -13,8 +13,8 @@ use hyper::header::{
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
 use proto::json::{
-    DisconnectRequest, PresencePage, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
-    PublishResponse, PublishResult,
+    DisconnectRequest, PresencePage, PublishBatchRequest, PublishBatchResponse, PublishError,
+    PublishRequest, PublishResponse, PublishResult,
 };
 use serde::Serialize;
 use tracing::Instrument;
@@ -171,9 +171,10 @@ pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
 /// The query parameters of a GET: each once at most (a repeated one is
 /// refused, not guessed at).
 fn query(req: &Request<Incoming>) -> Result<Vec<(String, String)>, ApiError> {
-    let pairs: Vec<(String, String)> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
+    let pairs: Vec<(String, String)> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
     for (i, (key, _)) in pairs.iter().enumerate() {
         if pairs[..i].iter().any(|(k, _)| k == key) {
             return Err(ApiError::invalid(
@@ -186,13 +187,15 @@ fn query(req: &Request<Incoming>) -> Result<Vec<(String, String)>, ApiError> {
 }
 
 fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 fn required<'a>(pairs: &'a [(String, String)], key: &str) -> Result<&'a str, ApiError> {
-    param(pairs, key).ok_or_else(|| {
-        ApiError::invalid(ErrorCode::MissingField, format!("`{key}` is required"))
-    })
+    param(pairs, key)
+        .ok_or_else(|| ApiError::invalid(ErrorCode::MissingField, format!("`{key}` is required")))
 }
 
 /// `GET /v1/presence?topic=&cursor=&limit=`: a page of the topic's

@@ -203,10 +203,15 @@ impl Node {
         // Presence: this pod's changes to the broker, and the diffs to its
         // subscribers, once per interval.
         let interval = node.config.presence.diff_interval;
-        tokio::spawn(every(Arc::downgrade(&node), interval, None, |node| async move {
-            node.presence.tick().await;
-            true
-        }));
+        tokio::spawn(every(
+            Arc::downgrade(&node),
+            interval,
+            None,
+            |node| async move {
+                node.presence.tick().await;
+                true
+            },
+        ));
         if node.config.rebalance.enabled {
             let pod = node.pod_name.clone();
             tracing::info!(%pod, "rebalancing with the other pods");

@@ -7,9 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use proto::ErrorCode;
 use proto::json::PresenceStats;
-use router::{
-    Broker, BrokerError, Causes, Namespaces, Outgoing, Position, SessionStore, Topic,
-};
+use router::{Broker, BrokerError, Causes, Namespaces, Outgoing, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};

@@ -63,7 +63,10 @@ fn assert_fields_covered(samples: &[(String, BTreeSet<String>)]) {
     let mut by_op: std::collections::BTreeMap<&str, BTreeSet<String>> = Default::default();
     for (op, keys) in samples {
         let fields = proto_fields(&capitalised(op));
-        assert!(keys.is_subset(&fields), "keys of `{op}`: {keys:?} not in {fields:?}");
+        assert!(
+            keys.is_subset(&fields),
+            "keys of `{op}`: {keys:?} not in {fields:?}"
+        );
         by_op.entry(op).or_default().extend(keys.iter().cloned());
     }
     for (op, keys) in by_op {
@@ -261,7 +264,10 @@ fn presence_api_matches_its_proto_messages() {
         proto_fields("PresenceResponse")
     );
     let pb = page.to_proto();
-    assert_eq!(pb.members[0].info.as_deref(), Some(&br#"{"name":"Alice"}"#[..]));
+    assert_eq!(
+        pb.members[0].info.as_deref(),
+        Some(&br#"{"name":"Alice"}"#[..])
+    );
     let stats = proto::json::PresenceStats {
         topic: "room:1".into(),
         position: 3,
@@ -275,6 +281,12 @@ fn presence_api_matches_its_proto_messages() {
         map.keys().cloned().collect::<BTreeSet<_>>(),
         proto_fields("PresenceStatsResponse")
     );
-    assert_eq!(proto_fields("PresenceRequest"), ["cursor", "limit", "topic"].map(String::from).into());
-    assert_eq!(proto_fields("PresenceStatsRequest"), ["topic"].map(String::from).into());
+    assert_eq!(
+        proto_fields("PresenceRequest"),
+        ["cursor", "limit", "topic"].map(String::from).into()
+    );
+    assert_eq!(
+        proto_fields("PresenceStatsRequest"),
+        ["topic"].map(String::from).into()
+    );
 }

@@ -121,7 +121,7 @@ impl Members {
             return false;
         };
         room.changed.insert(user.clone());
-        let gone = match room.users.get_mut(&user) {
+        match room.users.get_mut(&user) {
             Some(local) if local.connections > 1 => {
                 local.connections -= 1;
                 false
@@ -131,8 +131,7 @@ impl Members {
                 true
             }
             None => false,
-        };
-        gone
+        }
     }
 
     /// `conn` ended without a close from the client: its memberships stay
@@ -235,7 +234,8 @@ impl Members {
     pub fn retry(&mut self, topic: &Topic, update: &PresenceUpdate) {
         let room = self.rooms.entry(topic.clone()).or_default();
         let users = update.set.iter().map(|(m, _)| m.user.clone());
-        room.changed.extend(users.chain(update.removed.iter().cloned()));
+        room.changed
+            .extend(users.chain(update.removed.iter().cloned()));
         room.anonymous_changed = true;
     }
 

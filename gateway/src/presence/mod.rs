@@ -120,7 +120,12 @@ fn raw_info(info: &Bytes) -> Option<&RawValue> {
 }
 
 impl Presence {
-    pub fn new(config: &Config, namespaces: Arc<Namespaces>, hub: Arc<Hub>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        config: &Config,
+        namespaces: Arc<Namespaces>,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             config: config.presence.clone(),
             resume_window: config.session.resume_window,

@@ -126,8 +126,7 @@ impl Joining {
             session.subscriptions.clone(),
         );
         // Every origin counts: a command's, a restore's.
-        node.presence
-            .enter(&topic, session.conn, || session.who());
+        node.presence.enter(&topic, session.conn, || session.who());
         Self {
             node,
             topic,

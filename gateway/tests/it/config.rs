@@ -793,10 +793,22 @@ fn presence_settings_are_checked_by_name() {
     assert_eq!((presence.page_size, presence.max_info_bytes), (50, 64));
     assert_eq!(presence.pod_ttl, Duration::from_secs(3));
     for (var, value, key) in [
-        ("HERALD_PRESENCE__DIFF_INTERVAL", "0s", "presence.diff_interval"),
-        ("HERALD_PRESENCE__DIFF_INTERVAL", "20s", "presence.diff_interval"),
+        (
+            "HERALD_PRESENCE__DIFF_INTERVAL",
+            "0s",
+            "presence.diff_interval",
+        ),
+        (
+            "HERALD_PRESENCE__DIFF_INTERVAL",
+            "20s",
+            "presence.diff_interval",
+        ),
         ("HERALD_PRESENCE__PAGE_SIZE", "0", "presence.page_size"),
-        ("HERALD_PRESENCE__MAX_INFO_BYTES", "1", "presence.max_info_bytes"),
+        (
+            "HERALD_PRESENCE__MAX_INFO_BYTES",
+            "1",
+            "presence.max_info_bytes",
+        ),
         ("HERALD_PRESENCE__POD_TTL", "500ms", "presence.pod_ttl"),
         ("HERALD_PRESENCE__POD_TTL", "400days", "presence.pod_ttl"),
     ] {

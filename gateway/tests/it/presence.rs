@@ -136,7 +136,13 @@ fn names(diff: &Value, key: &str) -> Vec<String> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|m| m.get("user").unwrap_or(m).as_str().expect("a user").to_owned())
+                .map(|m| {
+                    m.get("user")
+                        .unwrap_or(m)
+                        .as_str()
+                        .expect("a user")
+                        .to_owned()
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -158,16 +164,25 @@ async fn a_subscriber_that_asks_sees_itself_with_its_info() {
     let page = ask(&mut alice, 2, json!({"topic": "room:1"})).await;
     assert_eq!(page["op"], "ok", "{page}");
     assert_eq!(page["topic"], "room:1");
-    assert_eq!((page["users"].as_u64(), page["connections"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (page["users"].as_u64(), page["connections"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert!(page["position"].as_u64().expect("position") >= 1, "{page}");
-    assert_eq!(page["members"], json!([{"user": "alice", "info": {"name": "ALICE"}}]));
+    assert_eq!(
+        page["members"],
+        json!([{"user": "alice", "info": {"name": "ALICE"}}])
+    );
     assert!(page.get("cursor").is_none(), "one page: {page}");
     // Anyone who may subscribe may look, subscribed or not; an anonymous
     // connection counts in `connections` only.
     let (mut anonymous, _) = connect(&gw.ws_url(), None).await;
     anonymous.sub(1, "room:1").await;
     let page = ask(&mut anonymous, 2, json!({"topic": "room:1"})).await;
-    assert_eq!((page["users"].as_u64(), page["connections"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(
+        (page["users"].as_u64(), page["connections"].as_u64()),
+        (Some(1), Some(2))
+    );
     assert_eq!(users(&page), ["alice"]);
 }
 
@@ -215,7 +230,9 @@ async fn a_user_with_two_connections_joins_once_and_leaves_once() {
     second.sub(1, "room:2").await;
     let mut seen = diffs_until(&mut carol, |d| d["connections"] == 3).await;
     // Her first connection goes (unsubscribed): she is still in.
-    first.send(json!({"op": "unsub", "id": 2, "topic": "room:2"})).await;
+    first
+        .send(json!({"op": "unsub", "id": 2, "topic": "room:2"}))
+        .await;
     first.expect("ok").await;
     seen.extend(diffs_until(&mut carol, |d| d["connections"] == 2).await);
     // Her last one closes: she leaves at once.
@@ -225,7 +242,10 @@ async fn a_user_with_two_connections_joins_once_and_leaves_once() {
     let left = seen.iter().filter(|d| leaves(d, "alice")).count();
     assert_eq!((joined, left), (1, 1), "{seen:?}");
     let last = seen.last().expect("a diff");
-    assert_eq!((last["users"].as_u64(), last["connections"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (last["users"].as_u64(), last["connections"].as_u64()),
+        (Some(1), Some(1))
+    );
     // Each diff starts where the one before ended.
     for pair in seen.windows(2) {
         assert_eq!(pair[1]["from"], pair[0]["to"], "{seen:?}");
@@ -250,7 +270,11 @@ async fn many_joins_in_one_interval_are_one_diff() {
         clients.push(client);
     }
     let diffs = diffs_until(&mut watcher, |d| d["users"] == 5).await;
-    assert!(diffs.len() <= 2, "five joins in {} diffs: {diffs:?}", diffs.len());
+    assert!(
+        diffs.len() <= 2,
+        "five joins in {} diffs: {diffs:?}",
+        diffs.len()
+    );
     let mut joined: Vec<String> = diffs.iter().flat_map(|d| names(d, "joins")).collect();
     joined.sort();
     assert_eq!(joined, ["a", "b", "c", "d", "e"]);
@@ -273,7 +297,10 @@ async fn above_the_threshold_a_diff_carries_counts_only() {
     client.sub(1, "big:1").await;
     let diffs = diffs_until(&mut watcher, |d| d["users"] == 3).await;
     let last = diffs.last().expect("a diff");
-    assert!(last.get("joins").is_none() && last.get("leaves").is_none(), "{last}");
+    assert!(
+        last.get("joins").is_none() && last.get("leaves").is_none(),
+        "{last}"
+    );
     assert_eq!(last["connections"], 4);
     // A page still lists them.
     let page = ask(&mut watcher, 2, json!({"topic": "big:1"})).await;
@@ -319,9 +346,16 @@ async fn a_dropped_connection_leaves_once_its_resume_window_ends() {
     drop(alice);
     let dropped = Instant::now();
     diffs_until(&mut watcher, |d| leaves(d, "alice")).await;
-    assert!(dropped.elapsed() >= window, "left after {:?}", dropped.elapsed());
+    assert!(
+        dropped.elapsed() >= window,
+        "left after {:?}",
+        dropped.elapsed()
+    );
     let page = ask(&mut watcher, 2, json!({"topic": "room:5"})).await;
-    assert_eq!((page["users"].as_u64(), page["connections"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(
+        (page["users"].as_u64(), page["connections"].as_u64()),
+        (Some(0), Some(1))
+    );
 }
 
 #[tokio::test]
@@ -335,10 +369,22 @@ async fn bad_queries_are_refused_with_their_code() {
     let answer = ask(&mut client, 1, json!({"topic": "chat:1"})).await;
     refused(&answer, "disabled");
     assert_eq!(answer["topic"], "chat:1");
-    refused(&ask(&mut client, 2, json!({"topic": "room:1", "cursor": "***"})).await, "malformed");
-    refused(&ask(&mut client, 3, json!({"topic": "room:1", "limit": 0})).await, "malformed");
-    refused(&ask(&mut client, 4, json!({"topic": "room:1", "limit": 4})).await, "malformed");
-    refused(&ask(&mut client, 5, json!({"topic": "nowhere:1"})).await, "unknown_namespace");
+    refused(
+        &ask(&mut client, 2, json!({"topic": "room:1", "cursor": "***"})).await,
+        "malformed",
+    );
+    refused(
+        &ask(&mut client, 3, json!({"topic": "room:1", "limit": 0})).await,
+        "malformed",
+    );
+    refused(
+        &ask(&mut client, 4, json!({"topic": "room:1", "limit": 4})).await,
+        "malformed",
+    );
+    refused(
+        &ask(&mut client, 5, json!({"topic": "nowhere:1"})).await,
+        "unknown_namespace",
+    );
     refused(&ask(&mut client, 6, json!({})).await, "missing_field");
     // Still connected: these were the client's mistakes, not the server's.
     client.sub(7, "room:1").await;
@@ -351,20 +397,29 @@ async fn a_token_whose_info_is_too_long_is_refused_at_hello() {
     let gw = Gateway::with(config).await;
     let mut client = Client::connect(&gw).await;
     let info = json!({"name": "a name much longer than thirty-two bytes"});
-    client.send(json!({"op": "hello", "token": token("alice", Some(info))})).await;
+    client
+        .send(json!({"op": "hello", "token": token("alice", Some(info))}))
+        .await;
     let err = client.expect("err").await;
     assert_eq!(err["code"], "unauthorized");
     let message = err["message"].as_str().expect("message");
-    assert!(message.contains("`info`") && message.contains("32"), "{message}");
+    assert!(
+        message.contains("`info`") && message.contains("32"),
+        "{message}"
+    );
     assert_eq!(client.closed().await, Some(4502));
     // Not an object: refused too.
     let mut client = Client::connect(&gw).await;
-    client.send(json!({"op": "hello", "token": token("alice", Some(json!([1])))})).await;
+    client
+        .send(json!({"op": "hello", "token": token("alice", Some(json!([1])))}))
+        .await;
     assert_eq!(client.expect("err").await["code"], "unauthorized");
     // Within the limit: welcome.
     let mut client = Client::connect(&gw).await;
     let info = json!({"n": 1});
-    client.send(json!({"op": "hello", "token": token("alice", Some(info))})).await;
+    client
+        .send(json!({"op": "hello", "token": token("alice", Some(info))}))
+        .await;
     client.expect("welcome").await;
 }
 
@@ -380,24 +435,48 @@ async fn a_backend_asks_over_http_and_grpc() {
         let addr = gw.addr;
         async move {
             let (status, body) = testkit::http(addr, "GET", &path, &key, b"").await;
-            (status, serde_json::from_str::<Value>(&body).unwrap_or(Value::Null))
+            (
+                status,
+                serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+            )
         }
     };
     let (status, page) = get("/v1/presence?topic=room%3A6".into()).await;
     assert_eq!(status, 200, "{page}");
-    assert_eq!(page["members"], json!([{"user": "alice", "info": {"name": "ALICE"}}]));
-    assert!(page.get("op").is_none() && page.get("id").is_none(), "{page}");
+    assert_eq!(
+        page["members"],
+        json!([{"user": "alice", "info": {"name": "ALICE"}}])
+    );
+    assert!(
+        page.get("op").is_none() && page.get("id").is_none(),
+        "{page}"
+    );
     let (status, stats) = get("/v1/presence/stats?topic=room:6".into()).await;
     assert_eq!(status, 200, "{stats}");
     assert_eq!(stats["topic"], "room:6");
-    assert_eq!((stats["users"].as_u64(), stats["connections"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (stats["users"].as_u64(), stats["connections"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_eq!(stats["position"], page["position"]);
     let (status, err) = get("/v1/presence?topic=chat:1".into()).await;
-    assert_eq!((status, err["code"].as_str()), (400, Some("disabled")), "{err}");
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (400, Some("disabled")),
+        "{err}"
+    );
     let (status, err) = get("/v1/presence?topic=room:6&limit=9".into()).await;
-    assert_eq!((status, err["code"].as_str()), (400, Some("malformed")), "{err}");
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (400, Some("malformed")),
+        "{err}"
+    );
     let (status, err) = get("/v1/presence/stats".into()).await;
-    assert_eq!((status, err["code"].as_str()), (400, Some("missing_field")), "{err}");
+    assert_eq!(
+        (status, err["code"].as_str()),
+        (400, Some("missing_field")),
+        "{err}"
+    );
     let (status, _) = testkit::http(gw.addr, "GET", "/v1/presence?topic=room:6", &[], b"").await;
     assert_eq!(status, 401);
 
@@ -420,7 +499,10 @@ async fn a_backend_asks_over_http_and_grpc() {
         .into_inner();
     assert_eq!(page.members.len(), 1);
     assert_eq!(page.members[0].user, "alice");
-    assert_eq!(page.members[0].info.as_deref(), Some(&br#"{"name":"ALICE"}"#[..]));
+    assert_eq!(
+        page.members[0].info.as_deref(),
+        Some(&br#"{"name":"ALICE"}"#[..])
+    );
     let stats = grpc
         .presence_stats(request(proto::v1::PresenceStatsRequest {
             topic: "room:6".into(),
