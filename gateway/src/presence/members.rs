@@ -17,7 +17,7 @@ use bytes::Bytes;
 use router::Topic;
 use tokio::time::Instant;
 
-use super::seam::{Member, PresenceUpdate};
+use router::{Member, PresenceUpdate};
 use crate::admission::ConnId;
 
 /// Who a connection is, for presence: a user (with its token's `info`), or
