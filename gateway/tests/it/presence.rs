@@ -21,12 +21,12 @@ use serde_json::{Value, json};
 use testkit::{Client, Gateway, WAIT};
 
 /// The HMAC secret of the pods under test.
-const SECRET: &str = "herald-presence-tests-hmac-secret-0123456789";
+pub(crate) const SECRET: &str = "herald-presence-tests-hmac-secret-0123456789";
 /// The diff interval of most tests: short, so that a story is quick.
 const INTERVAL: Duration = Duration::from_millis(100);
 
 /// A token for `user`, with `info` when given, valid for ten minutes.
-fn token(user: &str, info: Option<Value>) -> String {
+pub(crate) fn token(user: &str, info: Option<Value>) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
@@ -76,14 +76,14 @@ fn request<T>(message: T) -> tonic::Request<T> {
 
 /// A client of `url` that said `hello` as `user` (anonymous for `None`);
 /// its session id.
-async fn connect(url: &str, user: Option<&str>) -> (Client, String) {
+pub(crate) async fn connect(url: &str, user: Option<&str>) -> (Client, String) {
     let mut client = Client::connect_url(url).await;
     let session = hello(&mut client, user, None).await;
     (client, session)
 }
 
 /// `hello` as `user`, resuming `resume`; the session id.
-async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) -> String {
+pub(crate) async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) -> String {
     let mut hello = json!({"op": "hello"});
     if let Some(user) = user {
         hello["token"] = json!(token(user, Some(json!({"name": user.to_uppercase()}))));
@@ -97,7 +97,7 @@ async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) ->
 }
 
 /// A `presence` query and its answer (`ok` or `err`).
-async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
+pub(crate) async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
     let mut command = json!({"op": "presence", "id": id});
     if let (Some(command), Some(query)) = (command.as_object_mut(), query.as_object()) {
         command.extend(query.clone());
@@ -107,7 +107,7 @@ async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
 }
 
 /// The reply to command `id` (diffs may come before it).
-async fn reply(client: &mut Client, id: u64) -> Value {
+pub(crate) async fn reply(client: &mut Client, id: u64) -> Value {
     loop {
         let answer = client.recv().await;
         if answer["id"] == id {
@@ -116,7 +116,7 @@ async fn reply(client: &mut Client, id: u64) -> Value {
     }
 }
 
-fn users(page: &Value) -> Vec<String> {
+pub(crate) fn users(page: &Value) -> Vec<String> {
     page["members"]
         .as_array()
         .expect("members")
@@ -127,7 +127,7 @@ fn users(page: &Value) -> Vec<String> {
 
 /// The diffs `client` receives until one satisfies `until` (that one
 /// included), within [`WAIT`].
-async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+pub(crate) async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec<Value> {
     let mut diffs = Vec::new();
     let deadline = Instant::now() + WAIT;
     loop {
@@ -144,7 +144,7 @@ async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec
     }
 }
 
-fn names(diff: &Value, key: &str) -> Vec<String> {
+pub(crate) fn names(diff: &Value, key: &str) -> Vec<String> {
     diff[key]
         .as_array()
         .map(|a| {
@@ -161,11 +161,11 @@ fn names(diff: &Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn joins(diff: &Value, user: &str) -> bool {
+pub(crate) fn joins(diff: &Value, user: &str) -> bool {
     names(diff, "joins").iter().any(|u| u == user)
 }
 
-fn leaves(diff: &Value, user: &str) -> bool {
+pub(crate) fn leaves(diff: &Value, user: &str) -> bool {
     names(diff, "leaves").iter().any(|u| u == user)
 }
 
