@@ -106,6 +106,15 @@ pub(crate) async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
     reply(client, id).await
 }
 
+/// `sub` and its `ok`, past the diffs of topics subscribed before.
+pub(crate) async fn sub(client: &mut Client, id: u64, topic: &str) {
+    client
+        .send(json!({"op": "sub", "id": id, "topic": topic}))
+        .await;
+    let ok = reply(client, id).await;
+    assert_eq!(ok["op"], "ok", "{ok}");
+}
+
 /// The reply to command `id` (diffs may come before it).
 pub(crate) async fn reply(client: &mut Client, id: u64) -> Value {
     loop {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use testkit::{Herald, Redis, RedisCluster, WAIT, eventually};
 
 use crate::pod::HERALD;
-use crate::presence::{SECRET, ask, connect, diffs_until, joins, leaves, users};
+use crate::presence::{SECRET, ask, connect, diffs_until, joins, leaves, sub, users};
 
 /// A pod's variables: tokens checked (anonymous clients let in), presence
 /// in `room` (with diffs), a short diff interval, and `extra`.
@@ -134,12 +134,23 @@ async fn on_a_redis_cluster_pods_share_the_presence_of_topics_on_every_master() 
     let (mut alice, _) = connect(&a.ws_url(), Some("alice")).await;
     let (mut bob, _) = connect(&b.ws_url(), Some("bob")).await;
     for (id, topic) in (1..).zip(&topics) {
-        alice.sub(id, topic).await;
-        bob.sub(id, topic).await;
+        sub(&mut alice, id, topic).await;
+        sub(&mut bob, id, topic).await;
     }
-    for (id, topic) in (100..).zip(&topics) {
-        let page = ask(&mut alice, id, json!({"topic": topic})).await;
-        assert_eq!(users(&page), ["alice", "bob"], "{topic}: {page}");
+    // Each pod writes its own changes within `presence.diff_interval`
+    // (and at once before it answers a query of its own).
+    let mut id = 100;
+    for topic in &topics {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            id += 1;
+            let page = ask(&mut alice, id, json!({"topic": topic})).await;
+            if users(&page) == ["alice", "bob"] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{topic}: {page}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let mut grpc = testkit::grpc_client(b.grpc_addr).await;
     for topic in &topics {
