@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use testkit::{Herald, Redis, RedisCluster, WAIT, eventually};
 
 use crate::pod::HERALD;
-use crate::presence::{SECRET, ask, connect, diffs_until, joins, leaves, sub, users};
+use crate::presence::{SECRET, ask, connect, diffs_until, hello, joins, leaves, sub, users};
 
 /// A pod's variables: tokens checked (anonymous clients let in), presence
 /// in `room` (with diffs), a short diff interval, and `extra`.
@@ -163,4 +163,40 @@ async fn on_a_redis_cluster_pods_share_the_presence_of_topics_on_every_master() 
             .into_inner();
         assert_eq!((stats.users, stats.connections), (2, 2), "{topic}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_on_another_pod_within_the_window_is_neither_a_leave_nor_a_join() {
+    // A short window: the first pod lets the dropped connection go when it
+    // ends, and the user, resumed elsewhere, must not leave then either.
+    let extra = [("HERALD_SESSION__RESUME_WINDOW", "2s")];
+    let redis = Redis::start().await;
+    let (a, b) = (pod(&redis, &extra).await, pod(&redis, &extra).await);
+    let (mut watcher, _) = connect(&b.ws_url(), None).await;
+    watcher.sub(1, "room:3").await;
+    let (mut alice, session) = connect(&a.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:3").await;
+    let mut seen = diffs_until(&mut watcher, |d| joins(d, "alice")).await;
+    // Her connection to a drops without a close; she resumes on b.
+    drop(alice);
+    let dropped = Instant::now();
+    let mut alice = testkit::Client::connect_url(&b.ws_url()).await;
+    hello(&mut alice, Some("alice"), Some(&session)).await;
+    // Past the window (a's lingering connection gone), someone joins: every
+    // change before that has been sent.
+    let window = Duration::from_secs(2);
+    while dropped.elapsed() < window + Duration::from_millis(500) {
+        let page = ask(&mut watcher, 9, json!({"topic": "room:3"})).await;
+        assert_eq!(users(&page), ["alice"], "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (mut bob, _) = connect(&a.ws_url(), Some("bob")).await;
+    bob.sub(1, "room:3").await;
+    seen.extend(diffs_until(&mut watcher, |d| joins(d, "bob")).await);
+    let joined = seen.iter().filter(|d| joins(d, "alice")).count();
+    let left = seen.iter().filter(|d| leaves(d, "alice")).count();
+    assert_eq!((joined, left), (1, 0), "{seen:?}");
+    let page = ask(&mut watcher, 10, json!({"topic": "room:3"})).await;
+    assert_eq!(users(&page), ["alice", "bob"], "{page}");
+    assert_eq!(page["connections"], 3, "{page}");
 }
