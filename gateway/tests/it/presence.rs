@@ -4,13 +4,13 @@
 //! per topic per `presence.diff_interval`, each user once, counts only above
 //! the namespace's threshold); a connection dropped without a close stays a
 //! member for its resume window, and a resume within it is neither a leave
-//! nor a join. Asked over the WebSocket (`presence`), HTTP (`GET
+//! nor a join, while a user the backend disconnects leaves at once. A page
+//! comes after the diff up to its position. Asked over the WebSocket (`presence`), HTTP (`GET
 //! /v1/presence`, `/v1/presence/stats`) and gRPC (`Presence`,
 //! `PresenceStats`); refused with `disabled` where the namespace keeps no
 //! presence, `malformed` for a bad cursor or limit, and a token whose `info`
-//! is too long is refused at `hello`. With Redis: two pods count a user on
-//! both once, and a pod killed with `kill -9` has its members removed by
-//! the other within the documented bound.
+//! is too long is refused at `hello`. (With Redis, across pods:
+//! `presence_pods`.)
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -533,4 +533,43 @@ async fn a_backend_asks_over_http_and_grpc() {
         .await
         .expect_err("no presence in chat");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn a_page_comes_after_the_diff_up_to_its_position() {
+    let mut config = config();
+    // No tick in the test's time: only the page writes and sends.
+    config.presence.diff_interval = Duration::from_secs(30);
+    config.presence.pod_ttl = Duration::from_secs(60);
+    let gw = Gateway::with(config).await;
+    let (mut watcher, _) = connect(&gw.ws_url(), None).await;
+    watcher.sub(1, "room:7").await;
+    let (mut alice, _) = connect(&gw.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:7").await;
+    watcher
+        .send(json!({"op": "presence", "id": 2, "topic": "room:7"}))
+        .await;
+    let diff = watcher.expect("presence_diff").await;
+    let page = watcher.expect("ok").await;
+    assert_eq!(users(&page), ["alice"]);
+    assert_eq!(diff["to"], page["position"], "{diff} then {page}");
+    assert!(joins(&diff, "alice"), "{diff}");
+}
+
+#[tokio::test]
+async fn a_user_the_backend_disconnects_leaves_at_once() {
+    let gw = Gateway::with(config()).await;
+    let (mut watcher, _) = connect(&gw.ws_url(), None).await;
+    watcher.sub(1, "room:8").await;
+    let (mut alice, _) = connect(&gw.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:8").await;
+    diffs_until(&mut watcher, |d| joins(d, "alice")).await;
+    let body = json!({"user": "alice"}).to_string();
+    let (status, _) = testkit::http(gw.addr, "POST", "/v1/disconnect", &[], body.as_bytes()).await;
+    assert_eq!(status, 200);
+    assert_eq!(alice.closed().await, Some(4503));
+    // Well within the resume window (2 minutes): no lingering.
+    let asked = Instant::now();
+    diffs_until(&mut watcher, |d| leaves(d, "alice")).await;
+    assert!(asked.elapsed() < Duration::from_secs(60));
 }
