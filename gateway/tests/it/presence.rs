@@ -5,9 +5,9 @@
 //! the namespace's threshold); a connection dropped without a close stays a
 //! member for its resume window, and a resume within it is neither a leave
 //! nor a join, while a user the backend disconnects leaves at once. A page
-//! comes after the diff up to its position. Asked over the WebSocket (`presence`), HTTP (`GET
-//! /v1/presence`, `/v1/presence/stats`) and gRPC (`Presence`,
-//! `PresenceStats`); refused with `disabled` where the namespace keeps no
+//! comes after the diff up to its position. Asked over the WebSocket
+//! (`presence`), HTTP (`GET /v1/presence`, `/v1/presence/stats`) and gRPC
+//! (`Presence`, `PresenceStats`); refused with `disabled` where the namespace keeps no
 //! presence, `malformed` for a bad cursor or limit, and a token whose `info`
 //! is too long is refused at `hello`. (With Redis, across pods:
 //! `presence_pods`.)
