@@ -124,6 +124,12 @@ pub struct Metrics {
     pub history_reads: IntCounterVec,
     pub server_subscriptions: IntCounterVec,
     pub server_subscriptions_applied: IntCounterVec,
+    pub presence_members: IntGauge,
+    pub presence_diffs: IntCounter,
+    pub presence_queries: HistogramVec,
+    pub presence_write_failures: IntCounter,
+    pub presence_dead_pods: IntCounter,
+    pub presence_dead_pod_members: IntCounter,
 }
 
 impl Metrics {
@@ -406,6 +412,44 @@ impl Metrics {
                 "Server-side subscribe and unsubscribe commands applied to this pod's connections, by command and outcome.",
                 &["command", "outcome"],
             ),
+
+            presence_members: gauge(
+                r,
+                "herald_presence_members",
+                "Users with a connection on this pod in a presence topic, counted once per topic (lingering ones included).",
+            ),
+            presence_diffs: counter(
+                r,
+                "herald_presence_diffs_total",
+                "`presence_diff` frames encoded for a topic's subscribers on this pod (one per topic per diff_interval at most).",
+            ),
+            presence_queries: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "herald_presence_query_seconds",
+                        "Presence queries answered (client `presence`, HTTP and gRPC), by kind (page, stats), and how long each took.",
+                    )
+                    .buckets(BUCKETS.to_vec()),
+                    &["kind"],
+                )
+                .unwrap_or_else(|_| unreachable!()),
+            ),
+            presence_write_failures: counter(
+                r,
+                "herald_presence_write_failures_total",
+                "Presence updates of a topic the broker did not take (written again at the next interval).",
+            ),
+            presence_dead_pods: counter(
+                r,
+                "herald_presence_dead_pods_total",
+                "Dead pods whose presence this pod cleaned up (their liveness key expired).",
+            ),
+            presence_dead_pod_members: counter(
+                r,
+                "herald_presence_dead_pod_members_total",
+                "Members removed from topics by this pod's cleanups of dead pods.",
+            ),
             registry,
         };
         metrics.start_at_zero();
@@ -444,6 +488,9 @@ impl Metrics {
             self.replays.with_label_values(&[outcome]);
             self.resumes.with_label_values(&[outcome]);
         }
+        for kind in ["page", "stats"] {
+            self.presence_queries.with_label_values(&[kind]);
+        }
         for status in ["200", "400", "401", "413", "503"] {
             self.publish_requests.with_label_values(&[status]);
         }
@@ -470,6 +517,11 @@ impl Metrics {
             "session_save",
             "session_load",
             "replay",
+            "presence_write",
+            "presence_read",
+            "presence_list",
+            "presence_beat",
+            "presence_clean",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);
@@ -538,6 +590,14 @@ impl Observer for Metrics {
     fn pubsub_backlog(&self, held: usize) {
         self.redis_pubsub_backlog
             .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    fn presence_cleaned(&self, members: u64) {
+        self.presence_dead_pod_members.inc_by(members);
+    }
+
+    fn presence_pod_cleaned(&self) {
+        self.presence_dead_pods.inc();
     }
 }
 

@@ -236,7 +236,8 @@ async fn route(
         (
             _,
             "/v1/publish" | "/v1/publish/batch" | "/v1/disconnect" | "/v1/admin/status"
-            | "/v1/history" | "/v1/subscribe" | "/v1/unsubscribe" | "/metrics",
+            | "/v1/history" | "/v1/subscribe" | "/v1/unsubscribe" | "/v1/presence"
+            | "/v1/presence/stats" | "/metrics",
         ) if api_here => limited(req, &node).await,
         _ => http::text(StatusCode::NOT_FOUND, "not found\n"),
     };
@@ -270,6 +271,8 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
             (&Method::GET, "/v1/history") => http::history(&req, node).await,
             (&Method::POST, "/v1/subscribe") => http::subscription(req, node, true).await,
             (&Method::POST, "/v1/unsubscribe") => http::subscription(req, node, false).await,
+            (&Method::GET, "/v1/presence") => http::presence(req, node).await,
+            (&Method::GET, "/v1/presence/stats") => http::presence_stats(req, node).await,
             (&Method::GET, "/metrics") => http::metrics(node),
             (&Method::GET, "/v1/admin/status") => http::admin_status(&req, node),
             _ => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),

@@ -56,6 +56,15 @@ pub enum Command<'a> {
         limit: Option<u64>,
         reverse: bool,
     },
+
+    /// A page of a topic's presence, answered with `ok` and its members.
+    Presence {
+        id: u64,
+        topic: Cow<'a, str>,
+        cursor: Option<Cow<'a, str>>,
+        /// Members per page; `None`: `presence.page_size`.
+        limit: Option<u64>,
+    },
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -79,6 +88,8 @@ struct RawCommand<'a> {
     data: Option<&'a RawValue>,
     limit: Option<u64>,
     reverse: Option<bool>,
+    #[serde(borrow)]
+    cursor: Option<Cow<'a, str>>,
 }
 
 impl<'a> Command<'a> {
@@ -133,6 +144,13 @@ impl<'a> Command<'a> {
                 epoch: raw.epoch,
                 limit: raw.limit,
                 reverse: raw.reverse.unwrap_or(false),
+            },
+
+            "presence" => Command::Presence {
+                id: id.ok_or_else(|| missing("id"))?,
+                topic: raw.topic.ok_or_else(|| missing("topic"))?,
+                cursor: raw.cursor,
+                limit: raw.limit,
             },
             other => {
                 return Err(CommandError::new(
@@ -197,6 +215,18 @@ impl<'a> Command<'a> {
                 limit: *limit,
                 reverse: Some(*reverse),
             }),
+
+            Command::Presence {
+                id,
+                topic,
+                cursor,
+                limit,
+            } => Op::Presence(v1::Presence {
+                id: *id,
+                topic: topic.to_string(),
+                cursor: cursor.as_deref().map(str::to_owned),
+                limit: limit.map(|l| u32::try_from(l).unwrap_or(u32::MAX)),
+            }),
         };
         v1::ClientCommand { op: Some(op) }
     }
@@ -256,6 +286,8 @@ pub enum ErrorCode {
     TokenExpired,
     /// Commands come faster than `websocket.commands_per_second` allows.
     RateLimited,
+    /// The namespace does not keep what was asked for (presence).
+    Disabled,
     Internal,
     /// A history read's `since` is out of the window (trimmed away, of
     /// another epoch, beyond the topic's seq): nothing of it is answered.
@@ -278,6 +310,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::Disabled => "disabled",
             ErrorCode::Internal => "internal",
             ErrorCode::HistoryLost => "history_lost",
         }
@@ -375,6 +408,27 @@ pub enum ServerMessage<'a> {
         topic: &'a str,
         reason: &'a str,
     },
+    /// The reply to `presence`: an `ok` with a page of members.
+    #[serde(rename = "ok")]
+    PresencePage {
+        id: u64,
+        #[serde(flatten)]
+        page: PresencePage<'a>,
+    },
+    /// What changed in a topic's presence (`join_leave` namespaces).
+    #[serde(rename = "presence_diff")]
+    PresenceDiff {
+        topic: &'a str,
+        from: u64,
+        to: u64,
+        /// `None` above the namespace's `presence_counts_only_above`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        joins: Option<&'a [PresenceMember<'a>]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leaves: Option<&'a [&'a str]>,
+        users: u64,
+        connections: u64,
+    },
 }
 
 /// One message of a history page, as the `history` reply and the HTTP
@@ -411,12 +465,80 @@ impl HistoryResponse<'_> {
     }
 }
 
+/// One user in a topic's presence: its `sub`, and its token's `info` claim
+/// (JSON text, an object) where it has one.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PresenceMember<'a> {
+    pub user: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub info: Option<&'a RawValue>,
+}
+
+impl PresenceMember<'_> {
+    pub fn to_proto(&self) -> v1::PresenceMember {
+        v1::PresenceMember {
+            user: self.user.to_owned(),
+            info: self.info.map(|info| info.get().as_bytes().to_vec()),
+        }
+    }
+}
+
+/// A page of a topic's presence: the client's `ok` (with its `id`), and the
+/// answer to HTTP `GET /v1/presence` (as it is).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PresencePage<'a> {
+    pub topic: &'a str,
+    /// The topic's presence position the page answers at.
+    pub position: u64,
+    pub users: u64,
+    pub connections: u64,
+    pub members: &'a [PresenceMember<'a>],
+    /// Absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<&'a str>,
+}
+
+impl PresencePage<'_> {
+    /// The gRPC `Presence` answer.
+    pub fn to_proto(&self) -> v1::PresenceResponse {
+        v1::PresenceResponse {
+            topic: self.topic.to_owned(),
+            position: self.position,
+            users: self.users,
+            connections: self.connections,
+            members: self.members.iter().map(PresenceMember::to_proto).collect(),
+            cursor: self.cursor.map(str::to_owned),
+        }
+    }
+}
+
 impl HistoryItem<'_> {
     /// The protobuf form.
     pub fn to_proto(&self) -> v1::Publication {
         v1::Publication {
             seq: self.seq,
             data: self.data.get().as_bytes().to_vec(),
+        }
+    }
+}
+
+/// HTTP `GET /v1/presence/stats`: a topic's presence counts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PresenceStats {
+    pub topic: String,
+    pub position: u64,
+    pub users: u64,
+    pub connections: u64,
+}
+
+impl PresenceStats {
+    /// The gRPC `PresenceStats` answer.
+    pub fn to_proto(&self) -> v1::PresenceStatsResponse {
+        v1::PresenceStatsResponse {
+            topic: self.topic.clone(),
+            position: self.position,
+            users: self.users,
+            connections: self.connections,
         }
     }
 }
@@ -460,8 +582,7 @@ impl ServerMessage<'_> {
                 epoch: epoch.map(str::to_owned),
                 recovered,
                 expires,
-                reason: None,
-                publications: Vec::new(),
+                ..v1::Ok::default()
             }),
             ServerMessage::Subscribed {
                 topic,
@@ -475,9 +596,8 @@ impl ServerMessage<'_> {
                 seq: Some(seq),
                 epoch: Some(epoch.to_owned()),
                 recovered,
-                expires: None,
                 reason: Some(reason.to_owned()),
-                publications: Vec::new(),
+                ..v1::Ok::default()
             }),
             ServerMessage::History {
                 id,
@@ -490,10 +610,8 @@ impl ServerMessage<'_> {
                 topic: Some(topic.to_owned()),
                 seq: Some(seq),
                 epoch: Some(epoch.to_owned()),
-                recovered: None,
-                expires: None,
-                reason: None,
                 publications: publications.iter().map(HistoryItem::to_proto).collect(),
+                ..v1::Ok::default()
             }),
             ServerMessage::Unsubscribed { topic, reason } => Op::Unsubscribed(v1::Unsubscribed {
                 topic: topic.to_owned(),
@@ -523,6 +641,44 @@ impl ServerMessage<'_> {
             ServerMessage::Reconnect { after_ms, reason } => Op::Reconnect(v1::Reconnect {
                 after_ms,
                 reason: reason.to_owned(),
+            }),
+            ServerMessage::PresencePage { id, page } => {
+                let page = page.to_proto();
+                Op::Ok(v1::Ok {
+                    id,
+                    topic: Some(page.topic),
+                    position: Some(page.position),
+                    users: Some(page.users),
+                    connections: Some(page.connections),
+                    members: page.members,
+                    cursor: page.cursor,
+                    ..v1::Ok::default()
+                })
+            }
+            ServerMessage::PresenceDiff {
+                topic,
+                from,
+                to,
+                joins,
+                leaves,
+                users,
+                connections,
+            } => Op::PresenceDiff(v1::PresenceDiff {
+                topic: topic.to_owned(),
+                from,
+                to,
+                joins: joins
+                    .unwrap_or_default()
+                    .iter()
+                    .map(PresenceMember::to_proto)
+                    .collect(),
+                leaves: leaves
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|user| (*user).to_owned())
+                    .collect(),
+                users,
+                connections,
             }),
         };
         v1::ServerMessage { op: Some(op) }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -31,9 +32,22 @@ pub struct Claims {
     /// to at `hello` (checked there against the namespaces and
     /// `session.max_subscriptions`). At most 256 of at most 256 bytes.
     pub topics: Box<[Box<str>]>,
+    /// Claim `info`: a JSON object shown with the user in a topic's
+    /// presence, as compact JSON text. Bounded by `presence.max_info_bytes`
+    /// ([`Claims::check_info`]): the verifier does not know the pod's limit.
+    pub info: Option<Bytes>,
 }
 
 impl Claims {
+    /// Refuses an `info` claim longer than `max_bytes` of compact JSON: it
+    /// is copied into every page and diff of every topic the user is in.
+    pub fn check_info(&self, max_bytes: usize) -> Result<(), Refused> {
+        match &self.info {
+            Some(info) if info.len() > max_bytes => Err(Refused::InfoTooLong(max_bytes)),
+            _ => Ok(()),
+        }
+    }
+
     /// When a connection on this token must close: its `exp` plus `leeway`,
     /// on the pod's monotonic clock (`now` and `now_instant` read together).
     /// `None` where that lies beyond what the clocks can hold: `exp` is
@@ -150,6 +164,7 @@ pub(super) struct Payload {
     publish: Option<Box<RawValue>>,
     #[serde(default)]
     topics: Option<Box<RawValue>>,
+    info: Option<Box<RawValue>>,
 }
 
 impl Payload {
@@ -184,12 +199,18 @@ impl Payload {
             "`publish` must be an array of strings",
         )?;
         let topics = topics(self.topics.as_deref())?;
+        let info = parse::<serde_json::Map<String, serde_json::Value>>(
+            self.info.as_deref(),
+            "`info` must be a JSON object",
+        )?
+        .map(|object| Bytes::from(serde_json::Value::Object(object).to_string()));
         Ok(Claims {
             user: Arc::from(user),
             expires,
             subscribe,
             publish,
             topics,
+            info,
         })
     }
 }

@@ -14,6 +14,7 @@
 //! - [`redis`]: `[redis]`, the shared broker;
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
 //! - [`observability`]: `[log]` and `[telemetry]`;
+//! - [`presence`]: `[presence]`, who is subscribed to a topic;
 //! - [`validation`]: the checks before anything starts.
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ mod clients;
 mod defaults;
 mod drain;
 mod observability;
+mod presence;
 mod redis;
 mod validation;
 
@@ -40,6 +42,7 @@ pub use clients::{
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
+pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
 
 /// Exit code for a configuration error, or a bad command line (EX_USAGE).
@@ -64,6 +67,7 @@ pub struct Config {
     pub rebalance: RebalanceConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
+    pub presence: PresenceConfig,
     /// Client tokens; without a key every client is anonymous (open mode).
     pub auth: AuthConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
@@ -96,6 +100,7 @@ impl Default for Config {
             rebalance: RebalanceConfig::default(),
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
+            presence: PresenceConfig::default(),
             auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
         }
@@ -116,7 +121,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 16] = [
+const TOP_LEVEL_KEYS: [&str; 17] = [
     "listen",
     "broker",
     "redis",
@@ -131,6 +136,7 @@ const TOP_LEVEL_KEYS: [&str; 16] = [
     "rebalance",
     "log",
     "telemetry",
+    "presence",
     "auth",
     "namespaces",
 ];

@@ -34,7 +34,7 @@ use crate::publish::{self, ApiError, Refusal};
 
 /// The largest request of every method but the publishes, in bytes: a
 /// topic (at most 128 bytes past its namespace), a user id (256), an epoch,
-/// with room to spare.
+/// a presence cursor (one user id, encoded), with room to spare.
 pub const MAX_SMALL_REQUEST_BYTES: usize = 4 * 1024;
 /// Room in a `Publish` request for its topic, key and framing, besides `data`.
 pub const REQUEST_OVERHEAD_BYTES: usize = 1024;
@@ -51,6 +51,8 @@ pub enum Method {
     History,
     Subscribe,
     Unsubscribe,
+    Presence,
+    PresenceStats,
     /// Any other path: tonic answers `UNIMPLEMENTED`.
     Unknown,
 }
@@ -69,6 +71,8 @@ impl Method {
             Some("History") => Self::History,
             Some("Subscribe") => Self::Subscribe,
             Some("Unsubscribe") => Self::Unsubscribe,
+            Some("Presence") => Self::Presence,
+            Some("PresenceStats") => Self::PresenceStats,
             _ => Self::Unknown,
         }
     }
@@ -83,6 +87,8 @@ impl Method {
             Self::History => "History",
             Self::Subscribe => "Subscribe",
             Self::Unsubscribe => "Unsubscribe",
+            Self::Presence => "Presence",
+            Self::PresenceStats => "PresenceStats",
             Self::Unknown => "unknown",
         }
     }
@@ -115,6 +121,8 @@ impl Limits {
             | Method::History
             | Method::Subscribe
             | Method::Unsubscribe
+            | Method::Presence
+            | Method::PresenceStats
             | Method::Unknown => MAX_SMALL_REQUEST_BYTES,
         }
     }

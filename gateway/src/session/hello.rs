@@ -21,8 +21,13 @@ impl Session {
             // Open mode: nothing to check a token against.
             return Ok(None);
         };
+        let max_info = self.node.config.presence.max_info_bytes;
         match token {
-            Some(token) => Ok(Some(verifier.verify(token).await?)),
+            Some(token) => {
+                let claims = verifier.verify(token).await?;
+                claims.check_info(max_info)?;
+                Ok(Some(claims))
+            }
             None if self.node.config.auth.allow_anonymous => Ok(None),
             None => Err(Denied::Missing),
         }
@@ -173,6 +178,12 @@ impl Session {
         if !self.resumed {
             self.subscribe_token_topics(topics).await;
         }
+
+        // Its topics entered again: what its earlier connection left
+        // lingering here goes, without a leave where this one holds them.
+        if self.resumed {
+            self.node.presence.resumed(&id);
+        }
     }
 
     /// The token's expiry in Unix seconds, for `welcome` and `refresh`.
@@ -191,7 +202,12 @@ impl Session {
                 "this server does not check tokens",
             ));
         };
-        let claims = match verifier.verify(token).await {
+        let max_info = self.node.config.presence.max_info_bytes;
+        let verified = verifier
+            .verify(token)
+            .await
+            .and_then(|claims| claims.check_info(max_info).map(|()| claims));
+        let claims = match verified {
             Ok(claims) => claims,
             Err(refused) => return Err(self.deny_refresh(id, refused.into())),
         };
@@ -199,7 +215,9 @@ impl Session {
         if !same_user {
             return Err(self.deny_refresh(id, Denied::OtherUser));
         }
+        let info = claims.info.clone();
         self.adopt(Some(claims));
+        self.node.presence.refreshed(self.conn, info.as_ref());
         for topic in self.subscriptions.topics() {
             if self.subscriptions.is_server(&topic) {
                 continue;

@@ -38,6 +38,8 @@ mod limits;
 mod logs;
 mod observability;
 mod pod;
+mod presence;
+mod presence_pods;
 mod python_client;
 mod rebalance;
 mod redis_access;

@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 20")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -25,9 +25,9 @@ pub mod client_command {
         Refresh(super::Refresh),
         #[prost(message, tag = "7")]
         Ping(super::Ping),
-        /// History API and server-side subscriptions (issue #23): numbered from
-        /// 20, apart from the presence messages.
-        #[prost(message, tag = "20")]
+        #[prost(message, tag = "8")]
+        Presence(super::Presence),
+        #[prost(message, tag = "9")]
         History(super::History),
     }
 }
@@ -105,11 +105,26 @@ pub struct Ping {
     #[prost(uint64, tag = "1")]
     pub id: u64,
 }
+/// The members of a topic's presence, a page at a time, ordered by user id.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Presence {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub topic: ::prost::alloc::string::String,
+    /// From the previous page's `ok`: the members after it.
+    #[prost(string, optional, tag = "3")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+    /// Members per page, 1 to `presence.page_size` (its default).
+    #[prost(uint32, optional, tag = "4")]
+    pub limit: ::core::option::Option<u32>,
+}
 /// What the server sends.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ServerMessage {
-    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6, 20")]
+    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub op: ::core::option::Option<server_message::Op>,
 }
 /// Nested message and enum types in `ServerMessage`.
@@ -129,8 +144,9 @@ pub mod server_message {
         Reset(super::Reset),
         #[prost(message, tag = "6")]
         Reconnect(super::Reconnect),
-        /// History API and server-side subscriptions (issue #23).
-        #[prost(message, tag = "20")]
+        #[prost(message, tag = "7")]
+        PresenceDiff(super::PresenceDiff),
+        #[prost(message, tag = "8")]
         Unsubscribed(super::Unsubscribed),
     }
 }
@@ -170,13 +186,26 @@ pub struct Ok {
     /// Only in the reply to `refresh`: when the new token expires (Unix seconds).
     #[prost(uint64, optional, tag = "6")]
     pub expires: ::core::option::Option<u64>,
-    /// History API and server-side subscriptions (issue #23):
+    /// The reply to `presence`: the page answers at `position`, the topic's
+    /// presence position; `users` and `connections` count the whole topic.
+    #[prost(uint64, optional, tag = "7")]
+    pub position: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "8")]
+    pub users: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "9")]
+    pub connections: ::core::option::Option<u64>,
+    /// Ordered by user id (bytewise).
+    #[prost(message, repeated, tag = "10")]
+    pub members: ::prost::alloc::vec::Vec<PresenceMember>,
+    /// Absent on the last page: pass it back for the members after this page.
+    #[prost(string, optional, tag = "11")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
     /// Only in an `ok` the client did not ask for (`id` 0, absent in JSON): a
     /// subscription a backend (`server`) or the token's `topics` (`token`) made.
-    #[prost(string, optional, tag = "20")]
+    #[prost(string, optional, tag = "12")]
     pub reason: ::core::option::Option<::prost::alloc::string::String>,
     /// Only in the reply to `history`: the page, in the order asked for.
-    #[prost(message, repeated, tag = "21")]
+    #[prost(message, repeated, tag = "13")]
     pub publications: ::prost::alloc::vec::Vec<Publication>,
 }
 #[allow(clippy::all)]
@@ -263,6 +292,40 @@ pub struct Reconnect {
     pub after_ms: u64,
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
+}
+/// One user in a topic's presence.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceMember {
+    /// The `sub` of the user's token.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    /// The token's `info` claim, JSON text (an object); absent without one.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub info: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
+/// What changed in a topic's presence from position `from` to `to`, to the
+/// subscribers of a `join_leave` namespace: at most one per topic per
+/// `presence.diff_interval`. Apply it only when `from` is at or after the
+/// position of the page you hold. Above the namespace's
+/// `presence_counts_only_above` users, `joins` and `leaves` are left out.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PresenceDiff {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub from: u64,
+    #[prost(uint64, tag = "3")]
+    pub to: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub joins: ::prost::alloc::vec::Vec<PresenceMember>,
+    #[prost(string, repeated, tag = "5")]
+    pub leaves: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(uint64, tag = "6")]
+    pub users: u64,
+    #[prost(uint64, tag = "7")]
+    pub connections: u64,
 }
 /// HTTP `POST /v1/publish` body; `Publish` request.
 #[allow(clippy::all)]
@@ -416,6 +479,54 @@ pub struct UnsubscribeRequest {
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct UnsubscribeResponse {}
+/// HTTP `GET /v1/presence?topic=&cursor=&limit=`; `Presence` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceRequest {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "2")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint32, optional, tag = "3")]
+    pub limit: ::core::option::Option<u32>,
+}
+/// HTTP `GET /v1/presence` answer; `Presence` answer.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PresenceResponse {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub position: u64,
+    #[prost(uint64, tag = "3")]
+    pub users: u64,
+    #[prost(uint64, tag = "4")]
+    pub connections: u64,
+    #[prost(message, repeated, tag = "5")]
+    pub members: ::prost::alloc::vec::Vec<PresenceMember>,
+    #[prost(string, optional, tag = "6")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+}
+/// HTTP `GET /v1/presence/stats?topic=`; `PresenceStats` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceStatsRequest {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+}
+/// HTTP `GET /v1/presence/stats` answer; `PresenceStats` answer.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceStatsResponse {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub position: u64,
+    #[prost(uint64, tag = "3")]
+    pub users: u64,
+    #[prost(uint64, tag = "4")]
+    pub connections: u64,
+}
 /// Generated client implementations.
 pub mod publisher_client {
     #![allow(
@@ -601,7 +712,6 @@ pub mod publisher_client {
                 .insert(GrpcMethod::new("herald.v1.Publisher", "Disconnect"));
             self.inner.unary(req, path, codec).await
         }
-        /// History API and server-side subscriptions (issue #23).
         /// A page of a topic's history. Also HTTP `GET /v1/history`.
         pub async fn history(
             &mut self,
@@ -679,6 +789,58 @@ pub mod publisher_client {
                 .insert(GrpcMethod::new("herald.v1.Publisher", "Unsubscribe"));
             self.inner.unary(req, path, codec).await
         }
+        /// A page of a topic's presence (namespaces with `presence = true`). Also
+        /// HTTP `GET /v1/presence`.
+        pub async fn presence(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PresenceRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/Presence",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "Presence"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A topic's presence counts, without its members. Also HTTP
+        /// `GET /v1/presence/stats`.
+        pub async fn presence_stats(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PresenceStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceStatsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/PresenceStats",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "PresenceStats"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -725,7 +887,6 @@ pub mod publisher_server {
             tonic::Response<super::DisconnectResponse>,
             tonic::Status,
         >;
-        /// History API and server-side subscriptions (issue #23).
         /// A page of a topic's history. Also HTTP `GET /v1/history`.
         async fn history(
             &self,
@@ -747,6 +908,24 @@ pub mod publisher_server {
             request: tonic::Request<super::UnsubscribeRequest>,
         ) -> std::result::Result<
             tonic::Response<super::UnsubscribeResponse>,
+            tonic::Status,
+        >;
+        /// A page of a topic's presence (namespaces with `presence = true`). Also
+        /// HTTP `GET /v1/presence`.
+        async fn presence(
+            &self,
+            request: tonic::Request<super::PresenceRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceResponse>,
+            tonic::Status,
+        >;
+        /// A topic's presence counts, without its members. Also HTTP
+        /// `GET /v1/presence/stats`.
+        async fn presence_stats(
+            &self,
+            request: tonic::Request<super::PresenceStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceStatsResponse>,
             tonic::Status,
         >;
     }
@@ -1125,6 +1304,96 @@ pub mod publisher_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = UnsubscribeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/Presence" => {
+                    #[allow(non_camel_case_types)]
+                    struct PresenceSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::PresenceRequest>
+                    for PresenceSvc<T> {
+                        type Response = super::PresenceResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PresenceRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::presence(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PresenceSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/PresenceStats" => {
+                    #[allow(non_camel_case_types)]
+                    struct PresenceStatsSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::PresenceStatsRequest>
+                    for PresenceStatsSvc<T> {
+                        type Response = super::PresenceStatsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PresenceStatsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::presence_stats(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PresenceStatsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
