@@ -1,78 +1,21 @@
 //! Every metric the gateway exports, named in one place.
 //!
 //! Label values come from closed sets (close reasons, drop reasons, HTTP
-//! statuses, gRPC methods and codes): never a topic or a session.
+//! statuses, gRPC methods and codes: [`labels`]): never a topic or a session.
+
+mod labels;
+mod observer;
+mod register;
+
+pub use labels::*;
+use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use router::Observer;
-
 use crate::disconnect::CloseReason;
-
-/// Every `reason` of `herald_auth_failures_total`: the token refusals of
-/// [`crate::auth::Refused::reason`], then `missing` (no token where one is
-/// required), `other_user` (a refresh for another `sub`) and `forbidden` (a
-/// topic the token does not grant).
-pub const AUTH_FAILURE_REASONS: [&str; 14] = [
-    "malformed",
-    "oversize",
-    "signature",
-    "algorithm",
-    "expired",
-    "not_yet_valid",
-    "issuer",
-    "audience",
-    "claims",
-    "unknown_key",
-    "no_keys",
-    "missing",
-    "other_user",
-    "forbidden",
-];
-
-/// Every `limit` of `herald_limit_refusals_total`: the budgets of
-/// [`crate::budget::Limit`].
-pub const LIMIT_REFUSALS: [&str; 4] = [
-    "subscriptions_per_user",
-    "subscriptions_per_ip",
-    "topics_per_minute",
-    "anonymous_topics",
-];
-
-/// Every `reason` of `herald_grpc_refused_total`: a call without a valid API
-/// key, or over `http.max_concurrent_requests`, or whose message declares
-/// more than its method takes; a connection over `grpc.max_connections` or
-/// `grpc.max_connections_per_ip`.
-pub const GRPC_REFUSAL_REASONS: [&str; 5] = [
-    "unauthenticated",
-    "busy",
-    "too_large",
-    "at_capacity",
-    "per_ip",
-];
-
-/// Every `outcome` of `herald_history_reads_total`: a page answered, a
-/// `since` out of the window (`history_lost`), a request refused before any
-/// read (bad query, unknown namespace, forbidden), the broker unavailable.
-pub const HISTORY_OUTCOMES: [&str; 4] = ["read", "lost", "refused", "unavailable"];
-
-/// Every `command` of the server-side subscription metrics.
-pub const SERVER_SUBSCRIPTION_COMMANDS: [&str; 2] = ["subscribe", "unsubscribe"];
-
-/// Every `outcome` of `herald_server_subscriptions_total`: a backend's
-/// request sent to every pod, refused (bad body, unknown namespace), or the
-/// broker unavailable.
-pub const SERVER_SUBSCRIPTION_OUTCOMES: [&str; 3] = ["sent", "refused", "unavailable"];
-
-/// Every `outcome` of `herald_server_subscriptions_applied_total`, per
-/// connection: done, nothing to do (already subscribed, or not
-/// subscribed), refused by a limit, failed (the broker), or dropped (the
-/// connection had too many waiting).
-pub const SERVER_SUBSCRIPTION_APPLIED: [&str; 5] =
-    ["done", "unchanged", "refused", "failed", "dropped"];
 
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
@@ -555,97 +498,8 @@ impl Metrics {
     }
 }
 
-/// The broker's events, as metrics.
-impl Observer for Metrics {
-    fn redis_call(&self, op: &'static str, seconds: f64, ok: bool) {
-        self.redis_seconds.with_label_values(&[op]).observe(seconds);
-        if !ok {
-            self.redis_errors.with_label_values(&[op]).inc();
-        }
-    }
-
-    fn pubsub_up(&self, up: bool) {
-        self.redis_pubsub_up.set(i64::from(up));
-        if !up {
-            self.redis_pubsub_reconnects.inc();
-        }
-    }
-
-    fn pubsub_lag(&self, seconds: f64) {
-        self.redis_pubsub_lag.observe(seconds);
-    }
-
-    fn gap_filled(&self, count: u64) {
-        self.gap_filled.inc_by(count);
-    }
-
-    fn topic_reset(&self) {
-        self.resets.inc();
-    }
-
-    fn redis_rewound(&self) {
-        self.redis_rewinds.inc();
-    }
-
-    fn pubsub_backlog(&self, held: usize) {
-        self.redis_pubsub_backlog
-            .set(i64::try_from(held).unwrap_or(i64::MAX));
-    }
-
-    fn presence_cleaned(&self, members: u64) {
-        self.presence_dead_pod_members.inc_by(members);
-    }
-
-    fn presence_pod_cleaned(&self) {
-        self.presence_dead_pods.inc();
-    }
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-// Registration fails only on a duplicate or malformed name, which the names
-// above are not (tests render every metric).
-fn register<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
-    if let Err(e) = r.register(Box::new(c.clone())) {
-        tracing::error!(error = %e, "metric registration failed");
-    }
-    c
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    register(
-        r,
-        IntCounter::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()),
-    )
-}
-
-fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    register(
-        r,
-        IntGauge::with_opts(Opts::new(name, help)).unwrap_or_else(|_| unreachable!()),
-    )
-}
-
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(
-        r,
-        IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| unreachable!()),
-    )
-}
-
-/// Seconds, from well under a millisecond (loopback) to seconds (trouble).
-const BUCKETS: [f64; 13] = [
-    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
-
-fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
-    register(
-        r,
-        Histogram::with_opts(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()))
-            .unwrap_or_else(|_| unreachable!()),
-    )
 }
