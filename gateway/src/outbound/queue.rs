@@ -272,6 +272,18 @@ impl Outbound {
         self.shared.stopped.wait().await;
     }
 
+    /// Wakes the connection's loop for a server-side command
+    /// ([`stopped_or_poked`](Self::stopped_or_poked)).
+    pub fn poke(&self) {
+        self.shared.stopped.poke();
+    }
+
+    /// [`stopped`](Self::stopped), or a [`poke`](Self::poke): `true` when
+    /// stopped.
+    pub async fn stopped_or_poked(&self) -> bool {
+        self.shared.stopped.wait_or_poked().await
+    }
+
     #[cfg(test)]
     pub(crate) fn is_stopped(&self) -> bool {
         self.shared.stopped.is_set()

@@ -44,17 +44,22 @@ impl Session {
                     // read is harmless.
                     tokio::select! {
                         biased;
-                        _ = self.out.stopped() => return,
+                        // Also woken for a server-side command (a poke): the
+                        // one waiter serves both, an idle connection pays
+                        // for one.
+                        stopped = self.out.stopped_or_poked() => {
+                            if stopped {
+                                return;
+                            }
+                            // Boxed, as a command is: the loop would carry
+                            // the handshake's future all along.
+                            Box::pin(self.server_commands()).await;
+                        }
                         _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);
                             return;
                         }
                         next = &mut read => break Ok(next),
-                        () = self.subscriptions.commanded() => {
-                            // Boxed, as a command is: the loop would carry
-                            // the handshake's future all along.
-                            Box::pin(self.server_commands()).await;
-                        }
                         _ = tokio::time::sleep_until(due.min(ping_at)) => {
                             if Instant::now() < ping_at {
                                 break Err(());

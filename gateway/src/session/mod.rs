@@ -48,9 +48,9 @@ mod subscriptions;
 mod tests;
 
 pub use crate::config::{Limits, Overflow};
-pub use registry::{Arrival, LiveSession, Registry, TakeOver, Unregistered};
+pub use registry::{Arrival, LiveSession, MAX_SERVER_COMMANDS, Registry, TakeOver, Unregistered};
 pub use replay::Replays;
-pub use subscriptions::{MAX_SERVER_COMMANDS, ServerCommands, Subscriptions};
+pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! flusher saves, whom a rebalance moves and whom a backend disconnects.
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,7 +12,6 @@ use router::{Causes, Claim, ServerSubscription, SessionSave, SessionSnapshot, Se
 use tokio::time::Instant;
 
 use super::Subscriptions;
-use super::subscriptions::ServerCommands;
 use crate::admission::ConnId;
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -67,7 +67,19 @@ struct Live {
     /// Users disconnected within [`DISCONNECT_MEMORY`]: the count of that
     /// disconnect, and when.
     disconnected: HashMap<Arc<str>, (u64, Instant)>,
+    /// Server-side subscription commands waiting for a session's
+    /// connection, in the order they came, at most [`MAX_SERVER_COMMANDS`]
+    /// each: here rather than in every session, which an idle connection
+    /// would pay for (issue #16).
+    commands: HashMap<Arc<str>, VecDeque<ServerSubscription>>,
 }
+
+/// Server-side subscription commands a connection may have waiting: it
+/// runs them between its own commands, one at a time, and a replay may hold
+/// one up for as long as `replay.wait` plus the replay. Above it, a new one
+/// is refused and counted
+/// (`herald_server_subscriptions_applied_total{outcome="dropped"}`).
+pub const MAX_SERVER_COMMANDS: usize = 64;
 
 /// When a connection's `hello` began, as the registry orders it against
 /// disconnects: taken before the token is checked and the session claimed.
@@ -154,6 +166,7 @@ impl Registry {
         let mut live = self.live();
         if live.sessions.get(id).is_some_and(|l| l.conn == conn) {
             live.sessions.remove(id);
+            live.commands.remove(id);
         }
     }
 
@@ -254,21 +267,40 @@ impl Registry {
 
     /// Hands a backend's server-side subscription `command` to every
     /// connection of `user` on this pod, which runs it between its own
-    /// commands; returns how many took it, and how many had too many
-    /// waiting already ([`ServerCommands::Refused`]). A connection between
-    /// its `hello` and its registration does not get it.
+    /// commands ([`Self::next_command`]); returns how many took it, and how
+    /// many had [`MAX_SERVER_COMMANDS`] waiting already. A connection
+    /// between its `hello` and its registration does not get it.
     pub fn subscription(&self, user: &str, command: &ServerSubscription) -> (usize, usize) {
         let (mut queued, mut refused) = (0, 0);
-        for live in self.live().sessions.values() {
-            if !Claim::belongs(live.subscriptions.user().as_ref(), Some(user)) {
+        let mut live = self.live();
+        let Live {
+            sessions, commands, ..
+        } = &mut *live;
+        for (id, session) in sessions.iter() {
+            if !Claim::belongs(session.subscriptions.user().as_ref(), Some(user)) {
                 continue;
             }
-            match live.subscriptions.command(command.clone()) {
-                ServerCommands::Queued => queued += 1,
-                ServerCommands::Refused => refused += 1,
+            let waiting = commands.entry(id.clone()).or_default();
+            if waiting.len() >= MAX_SERVER_COMMANDS {
+                refused += 1;
+                continue;
             }
+            waiting.push_back(command.clone());
+            session.out.poke();
+            queued += 1;
         }
         (queued, refused)
+    }
+
+    /// The oldest server-side command waiting for session `id`.
+    pub fn next_command(&self, id: &str) -> Option<ServerSubscription> {
+        let mut live = self.live();
+        let waiting = live.commands.get_mut(id)?;
+        let next = waiting.pop_front();
+        if waiting.is_empty() {
+            live.commands.remove(id);
+        }
+        next
     }
 
     /// Closes every connection of `user` on this pod and forgets their
@@ -287,14 +319,89 @@ impl Registry {
         let count = live.disconnects;
         live.disconnected
             .insert(Arc::from(user), (count, Instant::now()));
-        live.sessions.retain(|_, live| {
+        let Live {
+            sessions, commands, ..
+        } = &mut *live;
+        sessions.retain(|id, live| {
             let theirs = Claim::belongs(live.subscriptions.user().as_ref(), Some(user));
             if theirs {
                 live.out.close(CloseReason::Disconnected, true);
+                commands.remove(id);
                 closed += 1;
             }
             !theirs
         });
         closed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use router::{SessionUser, Topic};
+
+    use super::*;
+    use crate::config::{Limits, Overflow};
+
+    fn connection(registry: &Registry, id: &str, conn: ConnId, user: &str) -> Outbound {
+        let out = Outbound::new(Limits {
+            frames: 4,
+            bytes: 1024,
+            overflow: Overflow::Disconnect,
+        });
+        let subscriptions = Subscriptions::default();
+        subscriptions.set_user(Some(SessionUser {
+            id: Arc::from(user),
+            since_ms: 0,
+        }));
+        let live = LiveSession {
+            conn,
+            owner: Arc::from(id),
+            out: out.clone(),
+            subscriptions,
+        };
+        let registered = registry.register(Arc::from(id), live, registry.arrival());
+        assert!(registered.is_ok());
+        out
+    }
+
+    fn unsubscribe(name: &str) -> ServerSubscription {
+        ServerSubscription::Unsubscribe {
+            topic: Topic::parse(name).expect("a topic"),
+        }
+    }
+
+    #[tokio::test]
+    async fn server_commands_wake_the_users_connections_and_wait_in_order_up_to_a_bound() {
+        let registry = Registry::default();
+        let alice = connection(&registry, "s1", 1, "alice");
+        let bob = connection(&registry, "s2", 2, "bob");
+        assert_eq!(registry.subscription("alice", &unsubscribe("a")), (1, 0));
+        assert_eq!(registry.subscription("alice", &unsubscribe("b")), (1, 0));
+        // A poke, not the end of the connection; bob's is not woken.
+        assert_eq!(
+            futures_util::FutureExt::now_or_never(alice.stopped_or_poked()),
+            Some(false)
+        );
+        assert_eq!(
+            futures_util::FutureExt::now_or_never(bob.stopped_or_poked()),
+            None
+        );
+        assert!(matches!(registry.next_command("s1"),
+            Some(ServerSubscription::Unsubscribe { topic }) if topic.as_str() == "a"));
+        assert!(matches!(registry.next_command("s1"),
+            Some(ServerSubscription::Unsubscribe { topic }) if topic.as_str() == "b"));
+        assert!(registry.next_command("s1").is_none());
+        for _ in 0..MAX_SERVER_COMMANDS {
+            assert_eq!(registry.subscription("alice", &unsubscribe("a")), (1, 0));
+        }
+        assert_eq!(
+            registry.subscription("alice", &unsubscribe("a")),
+            (0, 1),
+            "the bound"
+        );
+        // Gone with the connection: nothing waits for a session nobody serves.
+        registry.deregister("s1", 1);
+        assert!(registry.next_command("s1").is_none());
+        assert!(registry.live().commands.is_empty());
     }
 }

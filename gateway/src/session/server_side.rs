@@ -19,7 +19,8 @@ impl Session {
     /// Runs the server-side commands waiting for the connection, in the
     /// order they came.
     pub(super) async fn server_commands(&mut self) {
-        while let Some(command) = self.subscriptions.next_command() {
+        let Some(id) = self.id.clone() else { return };
+        while let Some(command) = self.node.live.next_command(&id) {
             if self.out.is_closing() {
                 return;
             }

@@ -2,13 +2,13 @@
 //! the session, shared with the pod's flusher, which saves changed sessions
 //! periodically so that a pod that dies without warning loses little.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use router::{
-    BrokerError, Epoch, ServerSubscription, SessionSnapshot, SessionStore, SessionUser, Stored,
-    SubscriptionState, Topic,
+    BrokerError, Epoch, SessionSnapshot, SessionStore, SessionUser, Stored, SubscriptionState,
+    Topic,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -37,29 +37,6 @@ struct Shared {
     /// restored the session without it, and its client, told `resumed`,
     /// waited for messages that never came.
     saving: tokio::sync::Mutex<()>,
-    /// Server-side subscription commands for the connection, in the order
-    /// they came: at most [`MAX_SERVER_COMMANDS`].
-    commands: Mutex<VecDeque<ServerSubscription>>,
-    /// Wakes the connection's loop for `commands`.
-    commanded: Notify,
-}
-
-/// Server-side subscription commands a connection may have waiting: it
-/// runs them between its own commands, one at a time, and a replay may hold
-/// one up for as long as `replay.wait` plus the replay. Above it, a new one
-/// is refused ([`ServerCommands::Refused`]) and counted
-/// (`herald_server_subscriptions_applied_total{outcome="dropped"}`).
-pub const MAX_SERVER_COMMANDS: usize = 64;
-
-/// What became of a server-side subscription command handed to a
-/// connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerCommands {
-    /// Waiting for the connection's loop.
-    Queued,
-    /// The connection had [`MAX_SERVER_COMMANDS`] waiting: this one is not
-    /// applied to it.
-    Refused,
 }
 
 #[derive(Default)]
@@ -236,30 +213,6 @@ impl Subscriptions {
     /// [`Self::insert`]).
     pub fn is_server(&self, topic: &Topic) -> bool {
         self.inner().by_topic.get(topic).is_some_and(|s| s.server)
-    }
-
-    /// Hands a server-side subscription command to the connection, which
-    /// runs it between its own commands ([`Self::commanded`]).
-    pub fn command(&self, command: ServerSubscription) -> ServerCommands {
-        let mut commands = self.0.commands.lock().unwrap_or_else(|e| e.into_inner());
-        if commands.len() >= MAX_SERVER_COMMANDS {
-            return ServerCommands::Refused;
-        }
-        commands.push_back(command);
-        drop(commands);
-        self.0.commanded.notify_one();
-        ServerCommands::Queued
-    }
-
-    /// Resolves once a command may be waiting ([`Self::next_command`]).
-    pub async fn commanded(&self) {
-        self.0.commanded.notified().await;
-    }
-
-    /// The oldest command waiting.
-    pub fn next_command(&self) -> Option<ServerSubscription> {
-        let mut commands = self.0.commands.lock().unwrap_or_else(|e| e.into_inner());
-        commands.pop_front()
     }
 
     /// Whether the topic was subscribed.
@@ -458,30 +411,6 @@ mod tests {
         s.stored(due.changes, Stored::Refused, later);
         assert!(s.due(later + REFRESH, REFRESH).is_none(), "superseded");
         assert!(s.superseded());
-    }
-
-    #[tokio::test]
-    async fn server_commands_wait_in_order_up_to_a_bound() {
-        let s = Subscriptions::default();
-        let unsubscribe = || ServerSubscription::Unsubscribe { topic: news() };
-        for _ in 0..MAX_SERVER_COMMANDS {
-            assert_eq!(s.command(unsubscribe()), ServerCommands::Queued);
-        }
-        assert_eq!(s.command(unsubscribe()), ServerCommands::Refused);
-        // The loop is woken once for all of them.
-        tokio::time::timeout(REFRESH, s.commanded())
-            .await
-            .expect("woken");
-        let mut taken = 0;
-        while s.next_command().is_some() {
-            taken += 1;
-        }
-        assert_eq!(taken, MAX_SERVER_COMMANDS);
-        assert_eq!(
-            s.command(unsubscribe()),
-            ServerCommands::Queued,
-            "room again"
-        );
     }
 
     #[test]
