@@ -140,6 +140,9 @@ pub async fn serve(
     if let Some(grpc) = grpc {
         grpc.abort();
     }
+    // Only once the clients are gone (or the drain timed out): their users
+    // are lingering members now.
+    node.presence.depart().await;
 }
 
 /// The next connection on `listener`; never, without one.

@@ -412,6 +412,59 @@ async fn a_dead_pods_members_leave_within_the_bound() {
 }
 
 #[tokio::test]
+async fn a_departed_pods_members_stay_for_their_linger_and_then_leave() {
+    let redis = Redis::start().await;
+    let ttl = Duration::from_millis(1000);
+    let linger = Duration::from_secs(5);
+    let (a, seen_a) = pod(&redis, "a", ttl).await;
+    let (b, _) = pod(&redis, "b", ttl).await;
+    let (c, _) = pod(&redis, "c", ttl).await;
+    let t = room();
+    a.watch(&t).await.expect("watch");
+    b.presence_update(&t, set(&[("bob", 1)], 0))
+        .await
+        .expect("update");
+    c.presence_update(&t, set(&[("carol", 1)], 0))
+        .await
+        .expect("update");
+    seen_a
+        .until("bob and carol in", |all| replay(all).len() == 2)
+        .await;
+    for pod in [&b, &c] {
+        let instance = pod.presence_instance().to_owned();
+        eventually(WAIT, || async {
+            if instances(&redis).contains(&instance) {
+                Ok(())
+            } else {
+                Err("never beat")
+            }
+        })
+        .await;
+    }
+    // Pod b drains and leaves; pod c dies without a goodbye, the control:
+    // once carol is gone, bob would have been too, were he not lingering.
+    b.presence_depart(linger).await.expect("depart");
+    let departed = tokio::time::Instant::now();
+    c.stop_presence_beat();
+    seen_a
+        .until("carol gone", |all| {
+            replay(all) == BTreeSet::from(["bob".into()])
+        })
+        .await;
+    assert_eq!(story(&seen_a.all(), "bob"), ["join"], "bob lingers");
+    seen_a
+        .until("bob gone after his window", |all| replay(all).is_empty())
+        .await;
+    assert!(
+        departed.elapsed() >= linger - ttl,
+        "{:?}",
+        departed.elapsed()
+    );
+    assert_eq!(story(&seen_a.all(), "bob"), ["join", "leave"]);
+    drop((b, c));
+}
+
+#[tokio::test]
 async fn a_second_cleaner_finishes_what_a_dead_cleaner_began() {
     let redis = Redis::start().await;
     let ttl = Duration::from_millis(1000);

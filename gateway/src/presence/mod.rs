@@ -259,6 +259,25 @@ impl Presence {
         }
     }
 
+    /// The pod is leaving, its drain over: what changed is written (the
+    /// drained connections' users linger, as after any `reconnect`), and
+    /// the broker keeps them listed for the resume window
+    /// ([`router::Broker::presence_depart`]). A client that resumes on
+    /// another pod within it is neither a leave nor a join, however long
+    /// after this pod's exit it comes back.
+    pub async fn depart(&self) {
+        self.tick().await;
+        let Ok(broker) = self.broker() else {
+            return;
+        };
+        if let Err(e) = broker.presence_depart(self.resume_window).await {
+            tracing::warn!(
+                error = %router::Causes(&e),
+                "presence: this pod's members could not be kept for their resume window; the other pods remove them as a dead pod's"
+            );
+        }
+    }
+
     /// Writes `topic`'s changes to the broker, if it has any; put back to
     /// be written again if the broker did not take them.
     async fn write(&self, topic: &Topic) {

@@ -396,6 +396,11 @@ impl Broker for RedisBroker {
         self.inner.presence.counts(topic).await
     }
 
+    async fn presence_depart(&self, linger: Duration) -> Result<(), BrokerError> {
+        self.inner.reach.check()?;
+        self.inner.presence.depart(linger).await
+    }
+
     async fn read_history(
         &self,
         topic: &Topic,

@@ -90,6 +90,20 @@ async fn beat(presence: &Presence, beaten: bool) -> Result<(), BrokerError> {
     Ok(())
 }
 
+/// Sets this instance's liveness `ttl` ahead, once: a departing pod's last
+/// beat ([`Presence::depart`]).
+pub async fn extend(context: &Context, ttl: Duration) -> Result<(), BrokerError> {
+    let pods = context.keys.pods();
+    let mut invocation = BEAT.prepare_invoke();
+    invocation
+        .key(&pods)
+        .arg(&*context.instance)
+        .arg(millis(ttl).max(1));
+    let beating = context.shards.script::<Value>(&pods, &BEAT, &invocation);
+    timed(&*context.observer, "presence_beat", beating).await?;
+    Ok(())
+}
+
 /// [`BEAT`]'s reply: whether the instance was added, and the expired ones.
 fn parse_beat(value: Value) -> Option<(bool, Vec<String>)> {
     let Value::Array(items) = value else {

@@ -62,6 +62,8 @@ pub struct Presence {
     replicas: Arc<Replicas>,
     writer: Writer,
     stopped: AtomicBool,
+    /// Whether it beats: a deployment with a presence namespace.
+    used: bool,
 }
 
 /// This process's instance id: the pod's name (what is safe of it in a key)
@@ -115,6 +117,7 @@ impl Presence {
             writer: Writer::new(context.clone()),
             context,
             stopped: AtomicBool::new(false),
+            used,
         });
         if used {
             let period = liveness::period(presence.context.settings.pod_ttl);
@@ -140,6 +143,18 @@ impl Presence {
 
     fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// Stops beating, with this pod's liveness set `linger` ahead (at least
+    /// `pod_ttl`): its parts, written already, stay until then; then the
+    /// other pods clean them as a dead pod's ([`liveness`]). Nothing for a
+    /// pod that never beat (no presence namespace).
+    pub async fn depart(&self, linger: Duration) -> Result<(), BrokerError> {
+        if self.stopped.swap(true, Ordering::Relaxed) || !self.used {
+            return Ok(());
+        }
+        let linger = linger.max(self.context.settings.pod_ttl);
+        liveness::extend(&self.context, linger).await
     }
 
     /// Applies this pod's changes to its part and writes it; when Redis is
