@@ -5,7 +5,8 @@
 // sharing Redis) with users from HS256 tokens.
 
 import assert from 'node:assert/strict';
-import WebSocket from 'ws';
+import { once } from 'node:events';
+import WebSocket, { WebSocketServer } from 'ws';
 
 import { DisabledError, HeraldClient, HistoryLostError } from '../dist/index.js';
 import { Events, STEP, cleanups, config, hs256, poll, pod, publish, sdkPage, startHerald, startRedis, test } from './harness.mjs';
@@ -59,6 +60,75 @@ async function api(pod, path, body) {
   const text = await res.text();
   assert.equal(res.status, 200, `${path}: ${res.status} ${text}`);
 }
+
+test('Node, against a scripted server: a server-made subscription (messages, acks, `unsubscribed`) and a Presence whose diffs race its page', async (t) => {
+  const cleanup = cleanups(t);
+  const events = new Events();
+  const server = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+  await once(server, 'listening');
+  cleanup.push(() => new Promise((r) => server.close(r)));
+  server.on('connection', (socket) => {
+    cleanup.push(() => socket.terminate());
+    const send = (frame) => socket.send(JSON.stringify(frame));
+    socket.on('message', (data) => {
+      const m = JSON.parse(String(data));
+      events.push({ t: 'server-got', ...m });
+      if (m.op === 'hello') {
+        send({ op: 'welcome', session: 's1', ping_ms: 25_000, resumed: false });
+        send({ op: 'ok', topic: 'alerts', seq: 10, epoch: 'e1', reason: 'server' });
+        send({ op: 'msg', topic: 'alerts', seq: 11, data: { level: 'high' } });
+      } else if (m.op === 'sub') {
+        send({ op: 'ok', id: m.id, topic: m.topic, seq: 0, epoch: 'e2' });
+        // Before the page: bob joined (position 4).
+        send({ op: 'presence_diff', topic: m.topic, from: 3, to: 4, joins: [{ user: 'bob' }], leaves: [], users: 2, connections: 2 });
+      } else if (m.op === 'presence') {
+        // The pending diff up to the page's position first, then the page.
+        send({ op: 'presence_diff', topic: m.topic, from: 4, to: 5, joins: [{ user: 'carol' }], leaves: ['alice'], users: 2, connections: 2 });
+        send({ op: 'ok', id: m.id, topic: m.topic, position: 5, users: 2, connections: 2, members: [{ user: 'bob' }, { user: 'carol' }] });
+        send({ op: 'presence_diff', topic: m.topic, from: 5, to: 6, joins: [], leaves: ['bob'], users: 1, connections: 1 });
+      } else if (m.op === 'ack' && m.topic === 'alerts') {
+        send({ op: 'unsubscribed', topic: 'alerts', reason: 'server' });
+      }
+    });
+  });
+  const url = `ws://127.0.0.1:${server.address().port}/ws`;
+  const c = new HeraldClient({ urls: [url], WebSocket, ackIntervalMs: 10 });
+  cleanup.push(() => c.close());
+  c.on('subscribed', ({ subscription, reason }) => {
+    events.push({ t: 'server-subscribed', topic: subscription.topic, reason, origin: subscription.origin });
+    subscription.on('subscribed', (s) => events.push({ t: 'sub-subscribed', seq: s.seq, epoch: s.epoch }));
+    subscription.on('message', (m) => events.push({ t: 'msg', topic: m.topic, seq: m.seq, epoch: m.epoch, data: m.data }));
+    subscription.on('unsubscribed', (u) => events.push({ t: 'sub-unsubscribed', ...u }));
+  });
+  const seen = [];
+  const presence = c.subscribe('room:1').presence();
+  presence.on('join', (m) => seen.push(`+${m.user}`));
+  presence.on('leave', ({ user }) => seen.push(`-${user}`));
+  presence.on('change', (s) => events.push({ t: 'presence', users: s.members.map((m) => m.user), position: s.position }));
+  await c.connect();
+  await events.wait('the server-made subscription', (e) => e.t === 'server-subscribed');
+  assert.deepEqual(events.list.find((e) => e.t === 'server-subscribed'), { t: 'server-subscribed', topic: 'alerts', reason: 'server', origin: 'server' });
+  assert.deepEqual(events.list.find((e) => e.t === 'sub-subscribed'), { t: 'sub-subscribed', seq: 10, epoch: 'e1' });
+  await events.wait('its message', (e) => e.t === 'msg' && e.seq === 11 && e.epoch === 'e1');
+  await events.wait('the ack of it', (e) => e.t === 'server-got' && e.op === 'ack' && e.topic === 'alerts' && e.seq === 11 && e.epoch === 'e1');
+  await events.wait('unsubscribed', (e) => e.t === 'sub-unsubscribed' && e.topic === 'alerts' && e.reason === 'server');
+  await events.wait('bob left', (e) => e.t === 'presence' && e.position === 6);
+  // The frames may come in one read (the page's answer then settles after
+  // the last diff): either way the joins and leaves told give the members,
+  // none twice, and the diff the page held (carol, alice) is not applied again.
+  const told = new Set();
+  for (const e of seen) {
+    const user = e.slice(1);
+    assert.ok(e[0] === '+' ? !told.has(user) : told.has(user), `${e} in ${seen}`);
+    if (e[0] === '+') told.add(user);
+    else told.delete(user);
+  }
+  assert.deepEqual([...told], ['carol']);
+  assert.deepEqual([...presence.members.keys()], ['carol']);
+  assert.ok(!seen.includes('-alice'), 'alice was never told');
+  // Unsubscribed by the server: an `unsub` is not sent for it.
+  assert.deepEqual(events.filter((e) => e.t === 'server-got' && e.op === 'unsub'), []);
+});
 
 test('Node: presence across two pods: a page shows the asker, a Presence follows joins and leaves once per user, `disabled` is typed', async (t) => {
   const cleanup = cleanups(t);
