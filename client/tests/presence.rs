@@ -7,12 +7,15 @@
 //! keeps none.
 
 mod common;
+#[path = "common/rooms.rs"]
+mod rooms;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::{until, user, with_users};
+use common::{until, user};
 use herald_client::{Client, Error, ErrorCode, Event, Events};
+use rooms::with_users;
 use serde_json::json;
 
 /// Subscribes `client` to `topic` and waits for the `ok`.

@@ -7,9 +7,12 @@
 //! are subscribed at `hello`.
 
 mod common;
+#[path = "common/rooms.rs"]
+mod rooms;
 
-use common::{api, until, user, with_users};
+use common::{api, until, user};
 use herald_client::{Cut, Event, Origin, State};
+use rooms::with_users;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

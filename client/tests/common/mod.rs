@@ -3,41 +3,14 @@
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use herald_client::{Client, Endpoints, Event, Events, Message};
 use serde_json::{Value, json};
 use testkit::{Gateway, WAIT};
 
-/// The HMAC secret of the gateways [`with_users`] starts (at least 32 bytes).
+/// The HMAC secret of the gateways `rooms::with_users` starts (at least 32 bytes).
 pub const SECRET: &str = "herald-client-tests-hmac-secret-0123456789";
-
-/// A gateway that takes HS256 tokens over [`SECRET`] (so that connections
-/// have users), with a `room` namespace that keeps presence and sends
-/// joins and leaves every 50 ms, and `quiet`, with presence but no diffs.
-pub async fn with_users() -> Gateway {
-    let mut config = Gateway::config();
-    config.auth.hmac_secret = SECRET.to_owned();
-    config.presence.diff_interval = Duration::from_millis(50);
-    config.namespaces.insert(
-        "room".to_owned(),
-        router::NamespaceSettings {
-            subscribe: router::Subscribe::Anyone,
-            presence: true,
-            join_leave: true,
-            ..Default::default()
-        },
-    );
-    config.namespaces.insert(
-        "quiet".to_owned(),
-        router::NamespaceSettings {
-            subscribe: router::Subscribe::Anyone,
-            presence: true,
-            ..Default::default()
-        },
-    );
-    Gateway::with(config).await
-}
 
 /// An HS256 token over [`SECRET`] for `user`, valid for an hour, with the
 /// claims of `extra` besides (`info`, `topics`).
