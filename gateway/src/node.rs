@@ -23,6 +23,7 @@ use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
+use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry, Replays};
@@ -50,6 +51,8 @@ pub struct Node {
     pub api_keys: Arc<ApiKeys>,
     /// This pod's name among the pods that rebalance.
     pub pod_name: Arc<str>,
+    /// Who is subscribed to the presence topics.
+    pub presence: Arc<Presence>,
 }
 
 /// Why the pod could not start.
@@ -75,6 +78,7 @@ impl StartError {
 struct Sink {
     hub: Arc<Hub>,
     live: Arc<Registry>,
+    presence: Arc<Presence>,
 }
 
 impl Deliver for Sink {
@@ -106,11 +110,18 @@ impl Node {
             config.queue.bytes,
         ));
         let live = Arc::new(Registry::default());
+        let namespaces = Arc::new(config.namespaces());
+        let presence = Arc::new(Presence::new(
+            &config,
+            namespaces.clone(),
+            hub.clone(),
+            metrics.clone(),
+        ));
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
+            presence: presence.clone(),
         });
-        let namespaces = Arc::new(config.namespaces());
         let verifier = Verifier::new(&config.auth).await?;
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
@@ -128,6 +139,7 @@ impl Node {
                 (Arc::new(redis.clone()), Arc::new(redis))
             }
         };
+        presence.attach(&broker);
         let shared_sessions = config.broker != BrokerKind::Memory;
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
@@ -151,6 +163,7 @@ impl Node {
             writing,
             flush_soon: flush_soon.clone(),
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
+            presence: presence.clone(),
         });
         let node = Arc::new(Self {
             config,
@@ -166,6 +179,7 @@ impl Node {
             api_requests,
             api_keys,
             pod_name,
+            presence,
         });
         if !node.config.http.api_keys_file.is_empty() {
             let path = node.config.http.api_keys_file.clone();
@@ -186,6 +200,18 @@ impl Node {
             };
             tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
         }
+        // Presence: this pod's changes to the broker, and the diffs to its
+        // subscribers, once per interval.
+        let interval = node.config.presence.diff_interval;
+        tokio::spawn(every(
+            Arc::downgrade(&node),
+            interval,
+            None,
+            |node| async move {
+                node.presence.tick().await;
+                true
+            },
+        ));
         if node.config.rebalance.enabled {
             let pod = node.pod_name.clone();
             tracing::info!(%pod, "rebalancing with the other pods");
