@@ -130,11 +130,11 @@ test('Node, against a scripted server: a server-made subscription (messages, ack
   assert.deepEqual(events.filter((e) => e.t === 'server-got' && e.op === 'unsub'), []);
 });
 
-test('Node: presence across two pods: a page shows the asker, a Presence follows joins and leaves once per user, `disabled` is typed', async (t) => {
-  const cleanup = cleanups(t);
-  const redis = await startRedis(cleanup);
-  const a = await pod(cleanup, redis, rooms());
-  const b = await pod(cleanup, redis, rooms());
+/**
+ * Alice on pod `a` follows `room:1`; bob comes from pod `b` (the same pod on
+ * the embedded broker) on two connections, and leaves one after the other.
+ */
+async function presenceStory(cleanup, a, b) {
   const events = new Events();
   const alice = client(cleanup, events, [a.ws], 'alice', { info: { name: 'Alice' } });
   await alice.connect();
@@ -177,6 +177,21 @@ test('Node: presence across two pods: a page shows the asker, a Presence follows
   await assert.rejects(alice.presence('news'), (e) => e instanceof DisabledError && e.code === 'disabled');
   await assert.rejects(alice.presence('room:1', { limit: 0 }), (e) => e.code === 'malformed');
   await assert.rejects(alice.presence('room:1', { cursor: '!not a cursor!' }), (e) => e.code === 'malformed');
+  assert.deepEqual(events.filter((e) => e.t === 'error'), []);
+}
+
+test('Node: presence on one pod (embedded broker): a page shows the asker, a Presence follows joins and leaves once per user, `disabled` is typed', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, config(rooms()));
+  await presenceStory(cleanup, herald, herald);
+});
+
+test('Node: presence across two pods sharing Redis: the same story, bob on the other pod', async (t) => {
+  const cleanup = cleanups(t);
+  const redis = await startRedis(cleanup);
+  const a = await pod(cleanup, redis, rooms());
+  const b = await pod(cleanup, redis, rooms());
+  await presenceStory(cleanup, a, b);
 });
 
 test('Node: history pages forward and in reverse, the position alone with limit 0, and `history_lost` typed', async (t) => {
