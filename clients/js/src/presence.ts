@@ -271,7 +271,9 @@ export class Presence extends Emitter<PresenceEvents> {
         cursor = page.cursor;
       } while (cursor !== undefined);
     } catch (e) {
-      if (gen !== this.#gen) return;
+      // A connection that ended mid-load: the re-subscribe or resume on the
+      // next one loads again.
+      if (gen !== this.#gen || ['closed', 'not_connected'].includes((e as HeraldError).code)) return;
       this.emit('error', e as HeraldError);
       for (const [, reject] of this.#waiters.splice(0)) reject(e as HeraldError);
       return;
