@@ -529,6 +529,14 @@ impl Observer for Metrics {
         self.redis_pubsub_backlog
             .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
+
+    fn presence_cleaned(&self, members: u64) {
+        self.presence_dead_pod_members.inc_by(members);
+    }
+
+    fn presence_pod_cleaned(&self) {
+        self.presence_dead_pods.inc();
+    }
 }
 
 impl Default for Metrics {

@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore, Topic,
+    Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
+    RedisBroker, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -94,6 +95,10 @@ impl Deliver for Sink {
         let closed = self.live.disconnect(user);
         tracing::info!(closed, "a backend disconnected a user");
     }
+
+    fn presence(&self, topic: &Topic, change: &PresenceChange) {
+        self.presence.change(topic, change);
+    }
 }
 
 impl Node {
@@ -123,19 +128,20 @@ impl Node {
             presence: presence.clone(),
         });
         let verifier = Verifier::new(&config.auth).await?;
+        let pod_name = pod_name(std::env::vars());
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
                 let memory = MemoryBroker::new(namespaces.clone(), sink);
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
             BrokerKind::Redis => {
-                let redis = RedisBroker::start(
-                    config.redis.settings(),
-                    namespaces.clone(),
-                    sink,
-                    metrics.clone(),
-                )
-                .await?;
+                let mut settings = config.redis.settings();
+                settings.presence = PresenceSettings {
+                    pod_ttl: config.presence.pod_ttl,
+                    pod: pod_name.to_string(),
+                };
+                let redis =
+                    RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;
                 (Arc::new(redis.clone()), Arc::new(redis))
             }
         };
@@ -144,7 +150,6 @@ impl Node {
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
         let api_keys = Arc::new(ApiKeys::new(&config.http));
-        let pod_name = pod_name(std::env::vars());
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use router::Topic;
 
-use super::seam::{Member, PresenceChange};
+use router::{Member, PresenceChange};
 
 #[derive(Default)]
 pub struct Diffs {

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use router::Topic;
 use tokio::time::Instant;
 
-use super::seam::{Member, PresenceUpdate};
 use crate::admission::ConnId;
+use router::{Member, PresenceUpdate};
 
 /// Who a connection is, for presence: a user (with its token's `info`), or
 /// anonymous (counted in `connections` only).

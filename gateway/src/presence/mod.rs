@@ -17,10 +17,9 @@
 
 mod diffs;
 mod members;
-mod seam;
 
 pub use members::Who;
-pub use seam::{Member, PresenceChange, PresenceCounts};
+pub use router::{Member, PresenceChange, PresenceCounts};
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
@@ -164,10 +163,9 @@ impl Presence {
     /// The topic's settings; `None` where its namespace keeps no presence.
     fn settings(&self, topic: &Topic) -> Option<Settings> {
         let ns = self.namespaces.get(topic)?;
-        let (presence, join_leave, counts_only_above) = seam::settings(ns);
-        presence.then_some(Settings {
-            join_leave,
-            counts_only_above,
+        ns.presence.then_some(Settings {
+            join_leave: ns.join_leave,
+            counts_only_above: ns.presence_counts_only_above,
         })
     }
 
@@ -259,7 +257,7 @@ impl Presence {
         let Some(update) = self.members().take_update(topic) else {
             return;
         };
-        if let Err(e) = seam::update(&*broker, topic, update.clone()).await {
+        if let Err(e) = broker.presence_update(topic, update.clone()).await {
             self.metrics.presence_write_failures.inc();
             tracing::warn!(error = %router::Causes(&e), %topic, "presence not written; again at the next interval");
             self.members().retry(topic, &update);
@@ -319,7 +317,8 @@ impl Presence {
         let after = cursor.map(decode_cursor).transpose()?;
         let broker = self.broker()?;
         self.write(topic).await;
-        let page = seam::page(&*broker, topic, after.as_deref(), limit)
+        let page = broker
+            .presence(topic, after.as_deref(), limit)
             .await
             .map_err(PresenceError::Broker)?;
         self.send_upto(topic, page.counts.position);
@@ -341,7 +340,8 @@ impl Presence {
         self.check(topic)?;
         let broker = self.broker()?;
         self.write(topic).await;
-        let counts = seam::counts(&*broker, topic)
+        let counts = broker
+            .presence_counts(topic)
             .await
             .map_err(PresenceError::Broker)?;
         self.send_upto(topic, counts.position);

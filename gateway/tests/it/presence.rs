@@ -38,7 +38,7 @@ fn token(user: &str, info: Option<Value>) -> String {
     jsonwebtoken::encode(
         &Header::default(),
         &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("a key"),
     )
     .expect("a token")
 }
@@ -63,6 +63,15 @@ fn config() -> Config {
     config.namespaces.insert("big".into(), ns(true, 2));
     config.namespaces.insert("quiet".into(), ns(false, 0));
     config
+}
+
+/// `message` with the API key of [`a_backend_asks_over_http_and_grpc`].
+fn request<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer secret".parse().expect("metadata"));
+    request
 }
 
 /// A client of `url` that said `hello` as `user` (anonymous for `None`);
@@ -94,7 +103,11 @@ async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
         command.extend(query.clone());
     }
     client.send(command).await;
-    // Diffs may come in between.
+    reply(client, id).await
+}
+
+/// The reply to command `id` (diffs may come before it).
+async fn reply(client: &mut Client, id: u64) -> Value {
     loop {
         let answer = client.recv().await;
         if answer["id"] == id {
@@ -233,7 +246,7 @@ async fn a_user_with_two_connections_joins_once_and_leaves_once() {
     first
         .send(json!({"op": "unsub", "id": 2, "topic": "room:2"}))
         .await;
-    first.expect("ok").await;
+    assert_eq!(reply(&mut first, 2).await["op"], "ok");
     seen.extend(diffs_until(&mut carol, |d| d["connections"] == 2).await);
     // Her last one closes: she leaves at once.
     second.ws.close(None).await.expect("close");
@@ -481,13 +494,6 @@ async fn a_backend_asks_over_http_and_grpc() {
     assert_eq!(status, 401);
 
     let mut grpc = testkit::grpc_client(gw.grpc_addr).await;
-    let request = |message| {
-        let mut request = tonic::Request::new(message);
-        request
-            .metadata_mut()
-            .insert("authorization", "Bearer secret".parse().expect("metadata"));
-        request
-    };
     let page = grpc
         .presence(request(proto::v1::PresenceRequest {
             topic: "room:6".into(),
