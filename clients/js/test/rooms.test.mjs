@@ -270,14 +270,11 @@ test("Node: the token's `topics` are subscribed at hello: `subscribed` with reas
   await events.wait('the message', (e) => e.t === 'msg' && e.seq === sent.seq);
 });
 
-test('Chromium: a page follows a room (Presence joins and leaves), reads history, and hears of a subscription its backend made', async (t) => {
-  const cleanup = cleanups(t);
-  const herald = await startHerald(cleanup, config(rooms()));
-  for (let n = 1; n <= 3; n++) await publish(herald, 'news', { n });
-  const events = new Events();
+/** A page whose client (`window.client`, as carol) reports server-made subscriptions and their messages. */
+async function carolsPage(cleanup, events, herald) {
   const tokens = () => token('carol', { info: { name: 'Carol' } });
   const page = await sdkPage(cleanup, events, { tokens });
-  await page.evaluate(async ([url]) => {
+  await page.evaluate(([url]) => {
     const { HeraldClient } = window.herald;
     const client = new HeraldClient({ urls: [url], getToken: () => window.nodeToken() });
     window.client = client;
@@ -286,25 +283,24 @@ test('Chromium: a page follows a room (Presence joins and leaves), reads history
       subscription.on('message', (m) => window.report({ t: 'msg', topic: m.topic, seq: m.seq }));
       subscription.on('unsubscribed', (u) => window.report({ t: 'sub-unsubscribed', ...u }));
     });
-    const sub = client.subscribe('room:lobby');
-    const presence = sub.presence();
+  }, [herald.ws]);
+  return page;
+}
+
+test('Chromium: a page follows a room: its Presence shows the page itself, then joins and leaves', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, config(rooms()));
+  const events = new Events();
+  const page = await carolsPage(cleanup, events, herald);
+  await page.evaluate(async () => {
+    const presence = window.client.subscribe('room:lobby').presence();
     presence.on('join', (m) => window.report({ t: 'join', user: m.user, info: m.info }));
     presence.on('leave', ({ user }) => window.report({ t: 'leave', user }));
-    await client.connect();
+    await window.client.connect();
     await presence.loaded();
-    const history = await client.history('news', { since: 1 });
-    window.report({ t: 'history', seqs: history.publications.map((p) => p.seq), seq: history.seq });
-    try {
-      await client.history('news', { since: 99 });
-    } catch (e) {
-      window.report({ t: 'history-error', name: e.name, code: e.code });
-    }
-  }, [herald.ws]);
+  });
   await events.wait('carol sees herself', (e) => e.t === 'join' && e.user === 'carol');
   assert.deepEqual(events.list.find((e) => e.t === 'join').info, { name: 'Carol' });
-  assert.deepEqual(events.list.find((e) => e.t === 'history'), { t: 'history', seqs: [2, 3], seq: 3 });
-  assert.deepEqual(events.list.find((e) => e.t === 'history-error'), { t: 'history-error', name: 'HistoryLostError', code: 'history_lost' });
-
   // Dave joins from Node, then leaves: the page hears both.
   const dave = client(cleanup, events, [herald.ws], 'dave');
   await dave.connect();
@@ -312,9 +308,32 @@ test('Chromium: a page follows a room (Presence joins and leaves), reads history
   await events.wait('dave joined', (e) => e.t === 'join' && e.user === 'dave');
   daveSub.unsubscribe();
   await events.wait('dave left', (e) => e.t === 'leave' && e.user === 'dave');
+  assert.deepEqual(events.filter((e) => e.t === 'join' || e.t === 'leave').map((e) => `${e.t} ${e.user}`), ['join carol', 'join dave', 'leave dave']);
+  assert.deepEqual(events.filter((e) => e.t === 'pageerror'), []);
+});
+
+test('Chromium: a page reads history (HistoryLostError typed) and hears of a subscription its backend made, until the backend ends it', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup, config(rooms()));
+  for (let n = 1; n <= 3; n++) await publish(herald, 'news', { n });
+  const events = new Events();
+  const page = await carolsPage(cleanup, events, herald);
+  await page.evaluate(async () => {
+    const client = window.client;
+    await client.connect();
+    const history = await client.history('news', { since: 1 });
+    window.report({ t: 'history', seqs: history.publications.map((p) => p.seq), data: history.publications.map((p) => p.data.n), seq: history.seq });
+    try {
+      await client.history('news', { since: 99 });
+    } catch (e) {
+      window.report({ t: 'history-error', name: e.name, code: e.code });
+    }
+  });
+  assert.deepEqual(events.list.find((e) => e.t === 'history'), { t: 'history', seqs: [2, 3], data: [2, 3], seq: 3 });
+  assert.deepEqual(events.list.find((e) => e.t === 'history-error'), { t: 'history-error', name: 'HistoryLostError', code: 'history_lost' });
 
   await api(herald, '/v1/subscribe', { user: 'carol', topic: 'news' });
-  await events.wait('the page subscribed by its backend', (e) => e.t === 'server-subscribed' && e.topic === 'news');
+  await events.wait('the page subscribed by its backend', (e) => e.t === 'server-subscribed' && e.topic === 'news' && e.reason === 'server');
   const sent = await publish(herald, 'news', { n: 4 });
   await events.wait('its message', (e) => e.t === 'msg' && e.topic === 'news' && e.seq === sent.seq);
   await api(herald, '/v1/unsubscribe', { user: 'carol', topic: 'news' });
