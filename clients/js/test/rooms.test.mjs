@@ -13,9 +13,12 @@ import { Events, STEP, cleanups, config, hs256, poll, pod, publish, sdkPage, sta
 
 const SECRET = 'herald-js-tests-hmac-secret-0123456789';
 
-/** Tokens over {@link SECRET}; `room` keeps presence and sends joins and leaves every 50 ms, `quiet` keeps presence only. */
+/** Tokens over {@link SECRET}: connections with users. */
+const users = (extra = {}) => ({ auth: { hmac_secret: SECRET }, ...extra });
+
+/** {@link users}, and `room` keeps presence and sends joins and leaves every 50 ms, `quiet` keeps presence only. */
 const rooms = (extra = {}) => ({
-  auth: { hmac_secret: SECRET },
+  ...users(),
   presence: { diff_interval: '50ms' },
   'namespaces.room': { subscribe: 'anyone', publish: 'nobody', presence: true, join_leave: true },
   'namespaces.quiet': { subscribe: 'anyone', publish: 'nobody', presence: true },
@@ -224,8 +227,8 @@ test('Node: history pages forward and in reverse, the position alone with limit 
 test('Node: a backend subscribes a user on both pods: `subscribed` with the subscription, messages, a resume keeps it, `unsubscribed` ends it', async (t) => {
   const cleanup = cleanups(t);
   const redis = await startRedis(cleanup);
-  const a = await pod(cleanup, redis, rooms());
-  const b = await pod(cleanup, redis, rooms());
+  const a = await pod(cleanup, redis, users());
+  const b = await pod(cleanup, redis, users());
   const events = new Events();
   const onA = client(cleanup, events, [a.ws], 'alice');
   const onB = client(cleanup, events, [b.ws], 'alice');
@@ -257,14 +260,14 @@ test('Node: a backend subscribes a user on both pods: `subscribed` with the subs
 
 test("Node: the token's `topics` are subscribed at hello: `subscribed` with reason `token`", async (t) => {
   const cleanup = cleanups(t);
-  const herald = await startHerald(cleanup, config(rooms()));
+  const herald = await startHerald(cleanup, config(users()));
   const events = new Events();
-  const c = client(cleanup, events, [herald.ws], 'alice', { topics: ['news', 'room:alice'] });
+  const c = client(cleanup, events, [herald.ws], 'alice', { topics: ['news', 'chat:alice'] });
   await c.connect();
   await events.until('two topics', () => events.filter((e) => e.t === 'server-subscribed').length === 2);
   assert.deepEqual(
     events.filter((e) => e.t === 'server-subscribed').map((e) => [e.topic, e.reason]).sort(),
-    [['news', 'token'], ['room:alice', 'token']],
+    [['chat:alice', 'token'], ['news', 'token']],
   );
   const sent = await publish(herald, 'news', { n: 1 });
   await events.wait('the message', (e) => e.t === 'msg' && e.seq === sent.seq);
@@ -314,7 +317,7 @@ test('Chromium: a page follows a room: its Presence shows the page itself, then 
 
 test('Chromium: a page reads history (HistoryLostError typed) and hears of a subscription its backend made, until the backend ends it', async (t) => {
   const cleanup = cleanups(t);
-  const herald = await startHerald(cleanup, config(rooms()));
+  const herald = await startHerald(cleanup, config(users()));
   for (let n = 1; n <= 3; n++) await publish(herald, 'news', { n });
   const events = new Events();
   const page = await carolsPage(cleanup, events, herald);
