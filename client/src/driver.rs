@@ -18,7 +18,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::presence::{Member, PresenceDiff, PresencePage, PresenceRoom};
+use crate::presence::{Loaded, Told, Tracker};
 use crate::wire::{self, Frame};
 use crate::{
     Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, HistoryPage, HistoryQuery,
@@ -82,18 +82,6 @@ pub(crate) enum Command {
     },
     Cut(Cut),
     Close,
-}
-
-/// A topic whose members the driver keeps ([`crate::Client::track_presence`]).
-#[derive(Default)]
-struct Tracker {
-    /// The room being loaded, or (once `shown`) the one told.
-    room: PresenceRoom,
-    /// What the application was last told, while a reload is under way.
-    previous: Option<PresenceRoom>,
-    shown: bool,
-    /// Bumped by each load: the pages of an older one are dropped.
-    load: u64,
 }
 
 /// The application went away (dropped [`crate::Events`], or closed).
@@ -589,13 +577,7 @@ impl Driver {
         let Some(tracker) = self.trackers.get_mut(topic) else {
             return;
         };
-        tracker.load += 1;
-        let room = std::mem::replace(&mut tracker.room, PresenceRoom::new());
-        if tracker.shown {
-            tracker.previous = Some(room);
-        }
-        tracker.shown = false;
-        let load = tracker.load;
+        let load = tracker.restart();
         self.presence_page(topic, load, None);
     }
 
@@ -1053,7 +1035,7 @@ impl Driver {
                 self.load_presence(&topic);
             }
             Pending::Presence(reply) => {
-                let _ = reply.send(Ok(page(frame)));
+                let _ = reply.send(Ok(frame.presence_page()));
             }
             Pending::History(reply) => {
                 let publications = frame
@@ -1217,81 +1199,39 @@ impl Driver {
         let Some(tracker) = self.trackers.get_mut(&topic) else {
             return Ok(None);
         };
-        if tracker.load != load {
-            return Ok(None);
+        match tracker.page(load, &frame.presence_page()) {
+            Loaded::Stale => Ok(None),
+            Loaded::Next(cursor) => {
+                self.presence_page(&topic, load, Some(&cursor));
+                Ok(None)
+            }
+            Loaded::Done(change) => {
+                let event = tracker.event(topic, change, true);
+                self.emit(event).await?;
+                Ok(None)
+            }
         }
-        let page = page(frame);
-        tracker.room.page(&page);
-        if let Some(cursor) = page.cursor {
-            self.presence_page(&topic, load, Some(&cursor));
-            return Ok(None);
-        }
-        let change = tracker.room.since(tracker.previous.take().as_ref());
-        tracker.shown = true;
-        let event = Event::Presence {
-            topic,
-            change,
-            loaded: true,
-            position: tracker.room.position(),
-            users: tracker.room.users(),
-            connections: tracker.room.connections(),
-        };
-        self.emit(event).await?;
-        Ok(None)
     }
 
     async fn presence_diff(&mut self, frame: &Frame<'_>) -> Result<Option<Error>, Stop> {
-        let (Some(topic), Some(from), Some(to)) = (frame.topic.as_deref(), frame.from, frame.to)
-        else {
+        let Some(diff) = frame.presence_diff() else {
             return Ok(None);
         };
-        let Some(tracker) = self.trackers.get_mut(topic) else {
+        let Some(tracker) = self.trackers.get_mut(&diff.topic) else {
             return Ok(None);
         };
-        let topic: Arc<str> = Arc::from(topic);
-        let counts_only = frame.joins.is_none() && frame.leaves.is_none();
-        if tracker.shown && !tracker.room.exact() && !counts_only {
-            // Back under the counts-only line: the members are not known,
-            // so load them (the pages hold this diff).
-            self.load_presence(&topic);
-            return Ok(None);
+        match tracker.diff(&diff) {
+            Told::Quiet => Ok(None),
+            Told::Reload => {
+                self.load_presence(&diff.topic);
+                Ok(None)
+            }
+            Told::Changed(change) => {
+                let event = tracker.event(diff.topic, change, false);
+                self.emit(event).await?;
+                Ok(None)
+            }
         }
-        let diff = PresenceDiff {
-            topic: topic.clone(),
-            from,
-            to,
-            joins: frame
-                .joins
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .map(|m| Member::new(&m.user, m.info))
-                .collect(),
-            leaves: frame
-                .leaves
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .map(|u| Arc::from(&**u))
-                .collect(),
-            counts_only,
-            users: frame.users.unwrap_or(0),
-            connections: frame.connections.unwrap_or(0),
-        };
-        let change = tracker.room.diff(&diff);
-        if !tracker.shown {
-            return Ok(None);
-        }
-        let event = Event::Presence {
-            topic,
-            change,
-            loaded: false,
-            position: tracker.room.position(),
-            users: tracker.room.users(),
-            connections: tracker.room.connections(),
-        };
-        self.emit(event).await?;
-        Ok(None)
     }
 
     // ------------------------------------------------------------ ends
@@ -1397,24 +1337,6 @@ impl Sub {
             self.acked = 0;
         }
         self.epoch = Some(epoch.clone());
-    }
-}
-
-/// A `presence` answer as a page.
-fn page(frame: &Frame<'_>) -> PresencePage {
-    PresencePage {
-        topic: frame.topic.as_deref().unwrap_or_default().to_owned(),
-        position: frame.position.unwrap_or(0),
-        users: frame.users.unwrap_or(0),
-        connections: frame.connections.unwrap_or(0),
-        members: frame
-            .members
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .map(|m| Member::new(&m.user, m.info))
-            .collect(),
-        cursor: frame.cursor.as_deref().map(str::to_owned),
     }
 }
 

@@ -253,6 +253,90 @@ impl PresenceRoom {
     }
 }
 
+/// A topic whose members the driver keeps for the application
+/// ([`crate::Client::track_presence`]): a room loaded anew on each
+/// subscribe, and what the application was told.
+#[derive(Debug, Default)]
+pub(crate) struct Tracker {
+    /// The room being loaded, or (once `shown`) the one told.
+    room: PresenceRoom,
+    /// What the application was last told, while a reload is under way.
+    previous: Option<PresenceRoom>,
+    shown: bool,
+    /// Bumped by each load: the pages of an older one are dropped.
+    load: u64,
+}
+
+/// What a page did to a [`Tracker`].
+pub(crate) enum Loaded {
+    /// Of an older load: dropped.
+    Stale,
+    /// Ask for the page after this cursor.
+    Next(String),
+    /// The last page: this changed since what the application was told.
+    Done(Applied),
+}
+
+/// What a diff did to a [`Tracker`].
+pub(crate) enum Told {
+    /// Nothing to tell (a load is under way).
+    Quiet,
+    /// Members named again after counts-only diffs: load them anew.
+    Reload,
+    Changed(Applied),
+}
+
+impl Tracker {
+    /// Starts a load; its id, for its pages.
+    pub fn restart(&mut self) -> u64 {
+        self.load += 1;
+        let room = std::mem::replace(&mut self.room, PresenceRoom::new());
+        if self.shown {
+            self.previous = Some(room);
+        }
+        self.shown = false;
+        self.load
+    }
+
+    pub fn page(&mut self, load: u64, page: &PresencePage) -> Loaded {
+        if load != self.load {
+            return Loaded::Stale;
+        }
+        self.room.page(page);
+        if let Some(cursor) = &page.cursor {
+            return Loaded::Next(cursor.clone());
+        }
+        self.shown = true;
+        Loaded::Done(self.room.since(self.previous.take().as_ref()))
+    }
+
+    pub fn diff(&mut self, diff: &PresenceDiff) -> Told {
+        if self.shown && !self.room.exact() && !diff.counts_only {
+            // Back under the counts-only line: the members are not known
+            // (the pages of a new load hold this diff).
+            return Told::Reload;
+        }
+        let change = self.room.diff(diff);
+        if self.shown {
+            Told::Changed(change)
+        } else {
+            Told::Quiet
+        }
+    }
+
+    /// The event that tells `change`.
+    pub fn event(&self, topic: Arc<str>, change: Applied, loaded: bool) -> crate::Event {
+        crate::Event::Presence {
+            topic,
+            change,
+            loaded,
+            position: self.room.position(),
+            users: self.room.users(),
+            connections: self.room.connections(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

@@ -2,11 +2,13 @@
 //! keys it uses; unknown keys are ignored) and the commands it writes.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::Error;
+use crate::presence::{Member, PresenceDiff, PresencePage};
 
 /// Any server message: `op` says which keys matter.
 #[derive(Deserialize)]
@@ -77,6 +79,52 @@ impl<'a> Frame<'a> {
             frame: text.chars().take(200).collect(),
         })
     }
+}
+
+impl Frame<'_> {
+    /// A `presence` answer as a page.
+    pub fn presence_page(&self) -> PresencePage {
+        PresencePage {
+            topic: self.topic.as_deref().unwrap_or_default().to_owned(),
+            position: self.position.unwrap_or(0),
+            users: self.users.unwrap_or(0),
+            connections: self.connections.unwrap_or(0),
+            members: members(self.members.as_deref()),
+            cursor: self.cursor.as_deref().map(str::to_owned),
+        }
+    }
+
+    /// A `presence_diff`, if it has its topic and positions; without
+    /// `joins` and `leaves` it is counts only.
+    pub fn presence_diff(&self) -> Option<PresenceDiff> {
+        let (Some(topic), Some(from), Some(to)) = (self.topic.as_deref(), self.from, self.to)
+        else {
+            return None;
+        };
+        Some(PresenceDiff {
+            topic: Arc::from(topic),
+            from,
+            to,
+            joins: members(self.joins.as_deref()),
+            leaves: self
+                .leaves
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(|u| Arc::from(&**u))
+                .collect(),
+            counts_only: self.joins.is_none() && self.leaves.is_none(),
+            users: self.users.unwrap_or(0),
+            connections: self.connections.unwrap_or(0),
+        })
+    }
+}
+
+fn members(wire: Option<&[WireMember<'_>]>) -> Vec<Member> {
+    wire.unwrap_or_default()
+        .iter()
+        .map(|m| Member::new(&m.user, m.info))
+        .collect()
 }
 
 /// `Some` for a value that is present, `null` included.
