@@ -105,11 +105,13 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   #since: number | undefined;
 
   #owner: Owner;
+  #fault: Fault;
   #presence: Presence | undefined;
 
   /** @internal */
   constructor(owner: Owner, topic: string, since: number | undefined, epoch: string | undefined, fault: Fault) {
     super(fault);
+    this.#fault = fault;
     this.#owner = owner;
     this.topic = topic;
     this.seq = since;
@@ -133,7 +135,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
    */
   presence(): Presence {
     if (!this.#presence) {
-      this.#presence = new Presence(this.#owner, this.topic, (e) => this.emit('error', e as HeraldError));
+      // A listener that throws is the client's `error`, as for the subscription's own.
+      this.#presence = new Presence(this.#owner, this.topic, this.#fault);
       if (this._held) this.#presence.reload();
     }
     return this.#presence;
