@@ -480,6 +480,29 @@ impl Client {
     /// is loaded, then the topic's `presence_diff`s (a `join_leave`
     /// namespace) merged by the protocol's rule; each change is an
     /// [`Event::Presence`]. Ends with the subscription.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), herald_client::Error> {
+    /// use std::collections::BTreeMap;
+    /// use herald_client::{Client, Event};
+    ///
+    /// let (client, mut events) = Client::builder(["ws://127.0.0.1:8080/ws"]).build()?;
+    /// client.track_presence("room:1")?;
+    /// client.subscribe("room:1", None)?;
+    /// let mut members = BTreeMap::new();
+    /// while let Some(event) = events.next().await {
+    ///     if let Event::Presence { change, users, .. } = event {
+    ///         for m in change.joins {
+    ///             members.insert(m.user.clone(), m.info);
+    ///         }
+    ///         for user in change.leaves {
+    ///             members.remove(&user);
+    ///         }
+    ///         println!("{users} here: {:?}", members.keys().collect::<Vec<_>>());
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn track_presence(&self, topic: impl Into<String>) -> Result<(), Error> {
         self.send(driver::Command::Track {
             topic: Arc::from(topic.into()),
@@ -490,6 +513,20 @@ impl Client {
     /// subscribe) and its position. A `since` the history no longer holds
     /// is [`Error::Server`] with [`ErrorCode::HistoryLost`], never a
     /// partial answer. Waits for a connection if there is none.
+    ///
+    /// ```no_run
+    /// # async fn run(client: herald_client::Client) -> Result<(), herald_client::Error> {
+    /// use herald_client::HistoryQuery;
+    ///
+    /// // The 50 newest messages, newest first; then the 50 before them.
+    /// let query = HistoryQuery { limit: Some(50), reverse: true, ..HistoryQuery::default() };
+    /// let newest = client.history("news", query.clone()).await?;
+    /// if let Some(last) = newest.publications.last() {
+    ///     let older = HistoryQuery { since: Some(last.seq), ..query };
+    ///     let _before = client.history("news", older).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn history(
         &self,
         topic: impl Into<String>,
