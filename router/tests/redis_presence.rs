@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use router::observe::Ignore;
+use router::observe::{Ignore, Observer};
 use router::{
     Broker, Deliver, Member, NamespaceSettings, Namespaces, Position, PresenceChange,
     PresenceSettings, PresenceUpdate, Publication, RedisBroker, RedisSettings, Topic,
@@ -90,16 +91,38 @@ fn namespaces() -> Arc<Namespaces> {
 }
 
 async fn pod(redis: &Redis, name: &str, pod_ttl: Duration) -> (RedisBroker, Arc<Changes>) {
+    observed_pod(redis, name, pod_ttl, Arc::new(Ignore)).await
+}
+
+async fn observed_pod(
+    redis: &Redis,
+    name: &str,
+    pod_ttl: Duration,
+    observer: Arc<dyn Observer>,
+) -> (RedisBroker, Arc<Changes>) {
     let sink = Arc::new(Changes::default());
     let broker = RedisBroker::start(
         settings(redis.url(), name, pod_ttl),
         namespaces(),
         sink.clone(),
-        Arc::new(Ignore),
+        observer,
     )
     .await
     .expect("connect");
     (broker, sink)
+}
+
+/// What a pod reports of its cleanups: members removed, pods cleaned.
+#[derive(Default)]
+struct Cleanups(AtomicU64, AtomicU64);
+
+impl Observer for Cleanups {
+    fn presence_cleaned(&self, members: u64) {
+        self.0.fetch_add(members, Ordering::Relaxed);
+    }
+    fn presence_pod_cleaned(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn room() -> Topic {
@@ -218,7 +241,10 @@ async fn a_user_on_two_pods_is_one_member_and_joins_and_leaves_once() {
 
     // Pages by user id after a cursor.
     let first = a.presence(&t, None, 1).await.expect("page");
-    assert_eq!((names(&first.members), first.more), (vec!["bob".into()], true));
+    assert_eq!(
+        (names(&first.members), first.more),
+        (vec!["bob".into()], true)
+    );
     let second = a.presence(&t, Some("bob"), 1).await.expect("page");
     assert_eq!(
         (names(&second.members), second.more),
@@ -314,7 +340,8 @@ fn instances(redis: &Redis) -> String {
 async fn a_dead_pods_members_leave_within_the_bound() {
     let redis = Redis::start().await;
     let ttl = Duration::from_millis(1000);
-    let (a, seen_a) = pod(&redis, "a", ttl).await;
+    let cleanups = Arc::new(Cleanups::default());
+    let (a, seen_a) = observed_pod(&redis, "a", ttl, cleanups.clone()).await;
     let (b, _) = pod(&redis, "b", ttl).await;
     let t = room();
     let other = Topic::parse("room:2").expect("topic");
@@ -351,7 +378,7 @@ async fn a_dead_pods_members_leave_within_the_bound() {
         .await;
     // The bound: pod_ttl, a beat's period, and the cleanup's round trips.
     let took = died.elapsed();
-    assert!(took <= ttl + ttl / 5 + Duration::from_secs(2), "{took:?}");
+    assert!(took <= ttl + ttl / 5 + Duration::from_secs(3), "{took:?}");
     let all = seen_a.all();
     assert_eq!(story(&all, "bob"), ["join", "leave"]);
     assert_eq!(story(&all, "carol"), ["join", "leave"]);
@@ -365,6 +392,19 @@ async fn a_dead_pods_members_leave_within_the_bound() {
             Ok(())
         } else {
             Err(format!("still there: {left} {set}"))
+        }
+    })
+    .await;
+    // Reported: bob and carol from pod b's two fields (alice was in one).
+    eventually(WAIT, || async {
+        let done = (
+            cleanups.0.load(Ordering::Relaxed),
+            cleanups.1.load(Ordering::Relaxed),
+        );
+        if done == (3, 1) {
+            Ok(())
+        } else {
+            Err(format!("{done:?}"))
         }
     })
     .await;
@@ -386,7 +426,9 @@ async fn a_second_cleaner_finishes_what_a_dead_cleaner_began() {
             .await
             .expect("update");
     }
-    seen_a.until("everyone in", |all| replay(all).len() == 3).await;
+    seen_a
+        .until("everyone in", |all| replay(all).len() == 3)
+        .await;
     let dead = b.presence_instance().to_owned();
     eventually(WAIT, || async {
         if instances(&redis).contains(&dead) {
@@ -411,7 +453,11 @@ async fn a_second_cleaner_finishes_what_a_dead_cleaner_began() {
         .await;
     // Only once the dead cleaner's lock expired.
     let holder = redis.cli(&["GET", &lock]);
-    assert_ne!(holder.trim(), "dead-cleaner", "cleaned under another's lock");
+    assert_ne!(
+        holder.trim(),
+        "dead-cleaner",
+        "cleaned under another's lock"
+    );
     eventually(WAIT, || async {
         if instances(&redis).contains(&dead) {
             Err("the dead instance is still listed")
@@ -469,4 +515,166 @@ async fn redis_restarted_empty_gets_each_pods_presence_again() {
         positions.windows(2).all(|w| w[0] < w[1]),
         "positions rise: {positions:?}"
     );
+}
+
+#[tokio::test]
+async fn a_10000_member_room_on_four_pods_fits_in_half_a_megabyte_and_rests_without_writes() {
+    let redis = Redis::start().await;
+    let t = room();
+    let mut pods = Vec::new();
+    for (p, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let (broker, _) = pod(&redis, name, Duration::from_secs(10)).await;
+        let users: Vec<String> = (0..2500)
+            .map(|i| format!("user-{:05}", p * 2500 + i))
+            .collect();
+        let update = PresenceUpdate {
+            set: users
+                .iter()
+                .map(|user| {
+                    let member = Member {
+                        user: Arc::from(user.as_str()),
+                        // About 20 bytes: `{"name":"U 00042"}`.
+                        info: Some(Bytes::from(format!("{{\"name\":\"U {}\"}}", &user[5..]))),
+                    };
+                    (member, 1)
+                })
+                .collect(),
+            removed: Vec::new(),
+            anonymous: 0,
+        };
+        broker.presence_update(&t, update).await.expect("update");
+        pods.push(broker);
+    }
+    let counts = pods[0].presence_counts(&t).await.expect("counts");
+    assert_eq!((counts.users, counts.connections), (10_000, 10_000));
+    let bytes: u64 = ["herald:presence:{room:1}", "herald:presence:{room:1}:pos"]
+        .iter()
+        .map(|key| {
+            let usage = redis.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+            usage.trim().parse::<u64>().expect("a size")
+        })
+        .sum();
+    println!("presence of a 10,000-member room on 4 pods: {bytes} bytes in redis");
+    assert!(bytes <= 512 * 1024, "{bytes} bytes");
+    // At rest, pods only beat: two beats of every pod later, the room's
+    // position has not moved.
+    let before = redis.cli(&["GET", "herald:presence:{room:1}:pos"]);
+    let beats = || redis.cli(&["ZRANGE", "herald:presence:pods", "0", "-1", "WITHSCORES"]);
+    for _ in 0..2 {
+        let seen = beats();
+        eventually(WAIT, || async {
+            let now = beats();
+            // Every score moved: each pod beat.
+            let moved = seen
+                .lines()
+                .zip(now.lines())
+                .skip(1)
+                .step_by(2)
+                .all(|(a, b)| a != b);
+            if moved { Ok(()) } else { Err(now) }
+        })
+        .await;
+    }
+    assert_eq!(redis.cli(&["GET", "herald:presence:{room:1}:pos"]), before);
+}
+
+#[tokio::test]
+async fn a_replica_that_missed_changes_reads_the_room_again_and_hands_the_difference() {
+    let redis = Redis::start().await;
+    let (a, seen_a) = pod(&redis, "a", Duration::from_secs(10)).await;
+    let (b, _) = pod(&redis, "b", Duration::from_secs(10)).await;
+    let t = room();
+    a.watch(&t).await.expect("watch");
+    b.presence_update(&t, set(&[("alice", 1)], 0))
+        .await
+        .expect("update");
+    seen_a.until("alice in", |all| replay(all).len() == 1).await;
+    // Another instance wrote dave, and the changes up to 5 never reached
+    // pod a; then comes 6, dave and erin.
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let part = |users: &[&str]| {
+        let mut out = vec![0u8];
+        for user in users {
+            out.push(user.len() as u8);
+            out.extend_from_slice(user.as_bytes());
+            out.extend_from_slice(&[1, 0]);
+        }
+        out
+    };
+    let hash = "herald:presence:{room:1}";
+    let field = [&b"5:"[..], &part(&["dave"])].concat();
+    let _: () = redis::cmd("HSET")
+        .arg(hash)
+        .arg("ghost")
+        .arg(field)
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let _: () = redis::cmd("SET")
+        .arg("herald:presence:{room:1}:pos")
+        .arg(5)
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    // Something unreadable first: read again, never a panic.
+    let _: () = redis::cmd("PUBLISH")
+        .arg("herald:{room:1}")
+        .arg(&b"!p4:z:ghost:"[..])
+        .query_async(&mut conn)
+        .await
+        .expect("publish");
+    let message = [&b"!p6:f:ghost:"[..], &part(&["dave", "erin"])].concat();
+    let _: () = redis::cmd("PUBLISH")
+        .arg("herald:{room:1}")
+        .arg(message)
+        .query_async(&mut conn)
+        .await
+        .expect("publish");
+    seen_a
+        .until("dave and erin in", |all| {
+            replay(all) == BTreeSet::from(["alice".into(), "dave".into(), "erin".into()])
+        })
+        .await;
+    let all = seen_a.all();
+    for user in ["alice", "dave", "erin"] {
+        assert_eq!(story(&all, user), ["join"], "{user}: {all:?}");
+    }
+    let positions: Vec<u64> = all.iter().map(|c| c.position).collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "positions rise: {positions:?}"
+    );
+    let page = a.presence(&t, None, 10).await.expect("page");
+    assert_eq!(names(&page.members), ["alice", "dave", "erin"]);
+    assert_eq!(page.counts.position, 6);
+}
+
+#[tokio::test]
+async fn a_change_redis_did_not_take_is_written_by_a_later_beat() {
+    let redis = Redis::start().await;
+    let ttl = Duration::from_millis(1000);
+    let (a, _) = pod(&redis, "a", ttl).await;
+    let (b, _) = pod(&redis, "b", ttl).await;
+    let t = room();
+    a.presence_update(&t, set(&[("alice", 1)], 0))
+        .await
+        .expect("update");
+    // Redis does not answer: the change fails, and stays this pod's.
+    redis.freeze();
+    let failed = a.presence_update(&t, set(&[("bob", 1)], 0)).await;
+    redis.thaw();
+    assert!(failed.is_err(), "{failed:?}");
+    eventually(WAIT, || async {
+        let page = b.presence(&t, None, 10).await.map_err(|e| e.to_string())?;
+        if names(&page.members) == ["alice", "bob"] {
+            Ok(())
+        } else {
+            Err(format!("{page:?}"))
+        }
+    })
+    .await;
 }

@@ -116,6 +116,7 @@ impl RedisBroker {
             observer.clone(),
             settings.presence.clone(),
             command_timeout,
+            namespaces.iter().any(|(_, ns)| ns.presence),
         );
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(
@@ -371,8 +372,10 @@ impl Broker for RedisBroker {
         update: PresenceUpdate,
     ) -> Result<(), BrokerError> {
         self.inner.namespaces.require(topic)?;
-        self.inner.reach.check()?;
-        self.inner.presence.update(topic, &update).await
+        // Kept as this pod's part even while Redis is away: written with
+        // the next beat that reaches it.
+        let reached = self.inner.reach.check();
+        self.inner.presence.update(topic, &update, reached).await
     }
 
     async fn presence(

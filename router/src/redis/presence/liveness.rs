@@ -122,13 +122,24 @@ async fn clean(context: &Context, dead: &str) -> Result<(), BrokerError> {
         .arg("PX")
         .arg(millis(context.settings.pod_ttl).max(1))
         .clone();
-    let taken = timed(observer, "presence_clean", context.shards.command::<Value>(&lock, &take)).await?;
+    let taken = timed(
+        observer,
+        "presence_clean",
+        context.shards.command::<Value>(&lock, &take),
+    )
+    .await?;
     if matches!(taken, Value::Nil) {
         return Ok(());
     }
     let listing = context.keys.topics_of(dead);
     let list = redis::cmd("SMEMBERS").arg(&listing).clone();
-    let topics = match timed(observer, "presence_clean", context.shards.command::<Value>(&listing, &list)).await? {
+    let topics = match timed(
+        observer,
+        "presence_clean",
+        context.shards.command::<Value>(&listing, &list),
+    )
+    .await?
+    {
         Value::Array(topics) => topics,
         Value::Set(topics) => topics,
         _ => return Err(unreadable("presence topic set")),
@@ -145,14 +156,29 @@ async fn clean(context: &Context, dead: &str) -> Result<(), BrokerError> {
             cleared += 1;
         }
         let remove = redis::cmd("SREM").arg(&listing).arg(&name).clone();
-        timed(observer, "presence_clean", context.shards.command::<Value>(&listing, &remove)).await?;
+        timed(
+            observer,
+            "presence_clean",
+            context.shards.command::<Value>(&listing, &remove),
+        )
+        .await?;
     }
     let pods = context.keys.pods();
     let mut forget = FORGET.prepare_invoke();
     forget.key(&pods).arg(dead);
-    timed(observer, "presence_clean", context.shards.script::<Value>(&pods, &FORGET, &forget)).await?;
+    timed(
+        observer,
+        "presence_clean",
+        context.shards.script::<Value>(&pods, &FORGET, &forget),
+    )
+    .await?;
     let unlock = redis::cmd("DEL").arg(&lock).clone();
-    timed(observer, "presence_clean", context.shards.command::<Value>(&lock, &unlock)).await?;
+    timed(
+        observer,
+        "presence_clean",
+        context.shards.command::<Value>(&lock, &unlock),
+    )
+    .await?;
     observer.presence_pod_cleaned();
     tracing::info!(instance = %dead, topics = cleared, "presence: removed a dead pod's members");
     Ok(())
@@ -164,7 +190,13 @@ async fn clear(context: &Context, topic: &Topic, dead: &str) -> Result<u64, Brok
     let observer = &*context.observer;
     let hash = context.keys.hash(topic);
     let get = redis::cmd("HGET").arg(&hash).arg(dead).clone();
-    let members = match timed(observer, "presence_clean", context.shards.command::<Value>(&hash, &get)).await? {
+    let members = match timed(
+        observer,
+        "presence_clean",
+        context.shards.command::<Value>(&hash, &get),
+    )
+    .await?
+    {
         Value::BulkString(field) => {
             decode_field(&field.into()).map_or(0, |(_, part)| part.len() as u64)
         }
@@ -181,7 +213,12 @@ async fn clear(context: &Context, topic: &Topic, dead: &str) -> Result<u64, Brok
         .arg(context.channels.channel(topic))
         .arg(context.publish)
         .arg(super::writer::IDLE_POSITION_MS);
-    timed(observer, "presence_clean", context.shards.script::<Value>(&hash, &WRITE, &invocation)).await?;
+    timed(
+        observer,
+        "presence_clean",
+        context.shards.script::<Value>(&hash, &WRITE, &invocation),
+    )
+    .await?;
     Ok(members)
 }
 

@@ -60,8 +60,15 @@ impl Writer {
     }
 
     /// Applies this pod's changes to its part of `topic` and writes it.
-    /// Nothing is written when nothing changed.
-    pub async fn update(&self, topic: &Topic, update: &PresenceUpdate) -> Result<(), BrokerError> {
+    /// Nothing is written when nothing changed; nothing is tried when Redis
+    /// is not `reached` (the part is then dirty, written by a later beat).
+    /// An update applies the same twice: a caller may retry one that failed.
+    pub async fn update(
+        &self,
+        topic: &Topic,
+        update: &PresenceUpdate,
+        reached: Result<(), BrokerError>,
+    ) -> Result<(), BrokerError> {
         let own = self.own(topic);
         let mut guard = own.lock().await;
         let mut next = guard.part.clone();
@@ -75,7 +82,10 @@ impl Writer {
         let delta = (!guard.dirty).then_some(update);
         guard.part = next;
         guard.dirty = true;
-        let written = self.write(topic, &mut guard, delta).await;
+        let written = match reached {
+            Ok(()) => self.write(topic, &mut guard, delta).await,
+            Err(e) => Err(e),
+        };
         drop(guard);
         self.drop_if_empty(topic, &own);
         written
