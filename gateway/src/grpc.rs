@@ -1,9 +1,11 @@
 //! The gRPC publish API: `herald.v1.Publisher` (`proto/herald/v1/herald.proto`)
 //! on a listener of its own (`grpc.listen`).
 //!
-//! It is the HTTP publish API by another protocol: the same API keys, the same
-//! checks ([`publish::publish_data`]) and the same errors, answered with the gRPC
-//! code of the HTTP status (see [`status`]). It stops with the drain: the
+//! It is the HTTP backend API by another protocol: the same API keys, the
+//! same checks ([`publish::publish_data`], [`publish::subscription`],
+//! [`history::read`]) and the same errors, answered with the gRPC code of
+//! the HTTP status (see [`status`]; a lost history `since`, HTTP 410, is
+//! `OUT_OF_RANGE`). It stops with the drain: the
 //! listener closes, calls in flight finish, and the server ends with them.
 //!
 //! What it spends is bounded before a caller is known: [`connections`] caps
@@ -15,11 +17,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use proto::json::HistoryResponse as HistoryPage;
 use proto::v1::publisher_server::{self, PublisherServer};
 use proto::v1::{
-    DisconnectRequest, DisconnectResponse, PresenceRequest, PresenceResponse, PresenceStatsRequest,
-    PresenceStatsResponse, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
-    PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse, publish_result,
+    DisconnectRequest, DisconnectResponse, HistoryRequest, HistoryResponse, PresenceRequest,
+    PresenceResponse, PresenceStatsRequest, PresenceStatsResponse, PublishBatchRequest,
+    PublishBatchResponse, PublishError, PublishRequest, PublishResponse, PublishResult,
+    SubscribeRequest, SubscribeResponse, TopicInfoRequest, TopicInfoResponse, UnsubscribeRequest,
+    UnsubscribeResponse, publish_result,
 };
 use router::Position;
 use tokio::net::TcpListener;
@@ -28,6 +33,7 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
+use crate::history;
 use crate::node::Node;
 use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
@@ -160,6 +166,31 @@ impl Publisher {
         })
     }
 
+    /// A page of a topic's history, as `GET /v1/history` reads it; a lost
+    /// `since` is `OUT_OF_RANGE`, its message naming the topic's position.
+    async fn history(&self, request: HistoryRequest) -> Result<HistoryResponse, ApiError> {
+        let node = &self.node;
+        let topic =
+            publish::topic(&request.topic).inspect_err(|_| history::refused(&node.metrics))?;
+        let query = history::Query {
+            since: request.since,
+            epoch: request.epoch,
+            limit: request.limit,
+            reverse: request.reverse,
+        };
+        let page = history::read(&*node.broker, &node.config, &node.metrics, &topic, query)
+            .await
+            .map_err(|e| e.to_api())?;
+        let items = page.items().map_err(|e| e.to_api())?;
+        let answer = HistoryPage {
+            topic: topic.as_str(),
+            epoch: &page.position.epoch,
+            seq: page.position.seq,
+            publications: &items,
+        };
+        Ok(answer.to_proto())
+    }
+
     /// Counts the call and turns its error into a status.
     fn answer<T>(&self, method: &str, result: Result<T, ApiError>) -> Result<Response<T>, Status> {
         let result = result.map(Response::new).map_err(status);
@@ -221,6 +252,48 @@ impl publisher_server::Publisher for Publisher {
             Ok(DisconnectResponse {})
         };
         self.answer("Disconnect", result.await)
+    }
+
+    async fn history(
+        &self,
+        request: Request<HistoryRequest>,
+    ) -> Result<Response<HistoryResponse>, Status> {
+        self.answer(
+            "History",
+            Publisher::history(self, request.into_inner()).await,
+        )
+    }
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<SubscribeResponse>, Status> {
+        let request = request.into_inner();
+        let asked = publish::Subscription {
+            user: request.user,
+            topic: request.topic,
+            subscribe: true,
+            since: request.since,
+            epoch: request.epoch,
+        };
+        let result = publish::subscription(&*self.node.broker, &self.node.metrics, asked).await;
+        self.answer("Subscribe", result.map(|()| SubscribeResponse {}))
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: Request<UnsubscribeRequest>,
+    ) -> Result<Response<UnsubscribeResponse>, Status> {
+        let request = request.into_inner();
+        let asked = publish::Subscription {
+            user: request.user,
+            topic: request.topic,
+            subscribe: false,
+            since: None,
+            epoch: None,
+        };
+        let result = publish::subscription(&*self.node.broker, &self.node.metrics, asked).await;
+        self.answer("Unsubscribe", result.map(|()| UnsubscribeResponse {}))
     }
 
     async fn presence(
@@ -286,6 +359,7 @@ pub fn status(e: ApiError) -> Status {
         Refusal::Unauthenticated => Code::Unauthenticated,
         Refusal::TooLarge => Code::ResourceExhausted,
         Refusal::Unavailable => Code::Unavailable,
+        Refusal::Gone => Code::OutOfRange,
         Refusal::Precondition => Code::FailedPrecondition,
     };
     let mut metadata = MetadataMap::new();

@@ -1,8 +1,9 @@
 //! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/presence`, `GET
+//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/history`, `POST
+//! /v1/subscribe`, `POST /v1/unsubscribe`, `GET /v1/presence`, `GET
 //! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the plain
 //! answers every route shares.
-//! The checks and errors are [`crate::publish`]'s.
+//! The checks and errors are [`crate::publish`]'s and [`crate::history`]'s.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -13,13 +14,14 @@ use hyper::header::{
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
 use proto::json::{
-    DisconnectRequest, PresencePage, PublishBatchRequest, PublishBatchResponse, PublishError,
-    PublishRequest, PublishResponse, PublishResult,
+    DisconnectRequest, HistoryResponse, PresencePage, PublishBatchRequest, PublishBatchResponse,
+    PublishError, PublishRequest, PublishResponse, PublishResult, SubscriptionRequest,
 };
 use serde::Serialize;
 use tracing::Instrument;
 
 use crate::admin::Status;
+use crate::history::{self, HistoryError};
 use crate::node::Node;
 use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
@@ -37,6 +39,7 @@ pub fn status(e: &ApiError) -> StatusCode {
         Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
         Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::Gone => StatusCode::GONE,
         Refusal::Precondition => StatusCode::BAD_REQUEST,
     }
 }
@@ -161,6 +164,128 @@ pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
             &request.user,
         )
         .await
+    };
+    match answer.await {
+        Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
+        Err(e) => refused(&e),
+    }
+}
+
+/// `GET /v1/history?topic=news&since=40&epoch=9f3c&limit=50&reverse=true`
+/// (all but `topic` optional): `{"topic","epoch","seq","publications"}`, a
+/// page of the topic's history ([`crate::history`]); 410 with `{"code":
+/// "history_lost","message","epoch","seq"}` (the topic's position) when
+/// `since` is out of the window; or 400, 401, 503 with an error body.
+pub async fn history(req: &Request<Incoming>, node: &Node) -> Response<Body> {
+    if let Err(e) = authorize(req, node) {
+        return refused(&e);
+    }
+    let asked = history_query(req.uri().query().unwrap_or(""))
+        .and_then(|(topic, query)| Ok((publish::topic(&topic)?, query)));
+    let (topic, query) = match asked {
+        Ok(asked) => asked,
+        Err(e) => {
+            history::refused(&node.metrics);
+            return refused(&e);
+        }
+    };
+    let read = history::read(&*node.broker, &node.config, &node.metrics, &topic, query).await;
+    let page = match read {
+        Ok(page) => page,
+        Err(HistoryError::Lost { position, .. }) => {
+            let e = HistoryError::Lost {
+                topic: topic.clone(),
+                position: position.clone(),
+            };
+            let body = serde_json::json!({
+                "code": e.code(),
+                "message": e.to_string(),
+                "epoch": &*position.epoch,
+                "seq": position.seq,
+            });
+            return json(StatusCode::GONE, &body);
+        }
+        Err(e) => return refused(&e.to_api()),
+    };
+    match page.items() {
+        Ok(items) => json(
+            StatusCode::OK,
+            &HistoryResponse {
+                topic: topic.as_str(),
+                epoch: &page.position.epoch,
+                seq: page.position.seq,
+                publications: &items,
+            },
+        ),
+        Err(e) => refused(&e.to_api()),
+    }
+}
+
+/// The parameters of `GET /v1/history`: the topic's name, and the query.
+fn history_query(query: &str) -> Result<(String, history::Query), ApiError> {
+    let malformed = |key: &str, value: &str| {
+        ApiError::invalid(
+            ErrorCode::Malformed,
+            format!("`{key}` is not valid: `{value}`"),
+        )
+    };
+    let mut topic = None;
+    let mut asked = history::Query::default();
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "topic" => topic = Some(value.into_owned()),
+            "since" => asked.since = Some(value.parse().map_err(|_| malformed(&key, &value))?),
+            "epoch" => asked.epoch = Some(value.into_owned()),
+            "limit" => asked.limit = Some(value.parse().map_err(|_| malformed(&key, &value))?),
+            "reverse" => {
+                asked.reverse = match &*value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(malformed(&key, &value)),
+                }
+            }
+            // As a JSON body's unknown keys: ignored.
+            _ => {}
+        }
+    }
+    let topic =
+        topic.ok_or_else(|| ApiError::invalid(ErrorCode::MissingField, "`topic` is required"))?;
+    Ok((topic, asked))
+}
+
+/// `POST /v1/subscribe` with `{"user":"alice","topic":"news","since":40?,
+/// "epoch":"9f3c"?}`, or `POST /v1/unsubscribe` with `{"user":"alice",
+/// "topic":"news"}`: `{}` once every pod was told (also when the user has
+/// no connection), or 400, 401, 503 with an error body.
+pub async fn subscription(req: Request<Incoming>, node: &Node, subscribe: bool) -> Response<Body> {
+    let answer = async {
+        authorize(&req, node)?;
+        let body = body(req, node.config.http.max_body_bytes).await?;
+        let request = SubscriptionRequest::decode(&body);
+        let request = request.map_err(|e| ApiError::invalid(e.code, e.message));
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => {
+                let name = if subscribe {
+                    "subscribe"
+                } else {
+                    "unsubscribe"
+                };
+                node.metrics
+                    .server_subscriptions
+                    .with_label_values(&[name, "refused"])
+                    .inc();
+                return Err(e);
+            }
+        };
+        let asked = publish::Subscription {
+            user: request.user,
+            topic: request.topic,
+            subscribe,
+            since: request.since,
+            epoch: request.epoch,
+        };
+        publish::subscription(&*node.broker, &node.metrics, asked).await
     };
     match answer.await {
         Ok(()) => json(StatusCode::OK, &serde_json::json!({})),

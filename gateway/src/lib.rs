@@ -8,6 +8,9 @@
 //!   across its connections.
 //! - [`publish`]: the backend API's core, whatever protocol a request came
 //!   by: who may call it, the checks of a publish, disconnecting a user.
+//! - [`history`]: the history API's core (a client's `history`, `GET
+//!   /v1/history`, gRPC `History`): its bounds, the broker's read, the
+//!   outcome counted.
 //! - [`http`]: its HTTP edge (`/v1/publish`, `/v1/disconnect`, `/metrics`,
 //!   and `/v1/admin/status`, whose [`admin::Status`] `herald status` prints).
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener,
@@ -54,6 +57,7 @@ pub mod config;
 pub mod disconnect;
 pub mod frame;
 pub mod grpc;
+pub mod history;
 pub mod http;
 pub mod hub;
 pub mod listener;

@@ -54,6 +54,26 @@ pub const GRPC_REFUSAL_REASONS: [&str; 5] = [
     "per_ip",
 ];
 
+/// Every `outcome` of `herald_history_reads_total`: a page answered, a
+/// `since` out of the window (`history_lost`), a request refused before any
+/// read (bad query, unknown namespace, forbidden), the broker unavailable.
+pub const HISTORY_OUTCOMES: [&str; 4] = ["read", "lost", "refused", "unavailable"];
+
+/// Every `command` of the server-side subscription metrics.
+pub const SERVER_SUBSCRIPTION_COMMANDS: [&str; 2] = ["subscribe", "unsubscribe"];
+
+/// Every `outcome` of `herald_server_subscriptions_total`: a backend's
+/// request sent to every pod, refused (bad body, unknown namespace), or the
+/// broker unavailable.
+pub const SERVER_SUBSCRIPTION_OUTCOMES: [&str; 3] = ["sent", "refused", "unavailable"];
+
+/// Every `outcome` of `herald_server_subscriptions_applied_total`, per
+/// connection: done, nothing to do (already subscribed, or not
+/// subscribed), refused by a limit, failed (the broker), or dropped (the
+/// connection had too many waiting).
+pub const SERVER_SUBSCRIPTION_APPLIED: [&str; 5] =
+    ["done", "unchanged", "refused", "failed", "dropped"];
+
 /// The gateway's metrics, on a registry of their own (so that tests can run
 /// several gateways in one process).
 pub struct Metrics {
@@ -101,6 +121,9 @@ pub struct Metrics {
     pub budget_principals: IntGauge,
     pub grpc_refused: IntCounterVec,
     pub grpc_connections: IntGauge,
+    pub history_reads: IntCounterVec,
+    pub server_subscriptions: IntCounterVec,
+    pub server_subscriptions_applied: IntCounterVec,
     pub presence_members: IntGauge,
     pub presence_diffs: IntCounter,
     pub presence_queries: HistogramVec,
@@ -371,6 +394,25 @@ impl Metrics {
             ),
             grpc_refused,
             grpc_connections: gauge(r, "herald_grpc_connections", "Open gRPC connections."),
+            history_reads: counter_vec(
+                r,
+                "herald_history_reads_total",
+                "History API reads (client `history`, HTTP, gRPC), by outcome.",
+                &["outcome"],
+            ),
+            server_subscriptions: counter_vec(
+                r,
+                "herald_server_subscriptions_total",
+                "Backend server-side subscribe and unsubscribe requests (HTTP, gRPC), by command and outcome.",
+                &["command", "outcome"],
+            ),
+            server_subscriptions_applied: counter_vec(
+                r,
+                "herald_server_subscriptions_applied_total",
+                "Server-side subscribe and unsubscribe commands applied to this pod's connections, by command and outcome.",
+                &["command", "outcome"],
+            ),
+
             presence_members: gauge(
                 r,
                 "herald_presence_members",
@@ -452,9 +494,24 @@ impl Metrics {
         for status in ["200", "400", "401", "413", "503"] {
             self.publish_requests.with_label_values(&[status]);
         }
+        for outcome in HISTORY_OUTCOMES {
+            self.history_reads.with_label_values(&[outcome]);
+        }
+        for command in SERVER_SUBSCRIPTION_COMMANDS {
+            for outcome in SERVER_SUBSCRIPTION_OUTCOMES {
+                self.server_subscriptions
+                    .with_label_values(&[command, outcome]);
+            }
+            for outcome in SERVER_SUBSCRIPTION_APPLIED {
+                self.server_subscriptions_applied
+                    .with_label_values(&[command, outcome]);
+            }
+        }
         for op in [
             "publish",
             "recover",
+            "history",
+            "subscription",
             "fill",
             "subscribe",
             "session_save",

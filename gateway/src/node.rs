@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use router::{
     Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
-    RedisBroker, SessionStore, Topic,
+    RedisBroker, ServerSubscription, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -75,10 +75,12 @@ impl StartError {
 }
 
 /// Where the broker hands what it has for this pod: publications and resets
-/// to the hub, a backend's disconnects to the live sessions.
+/// to the hub, a backend's disconnects and server-side subscriptions to the
+/// live sessions.
 struct Sink {
     hub: Arc<Hub>,
     live: Arc<Registry>,
+    metrics: Arc<Metrics>,
     presence: Arc<Presence>,
 }
 
@@ -95,6 +97,30 @@ impl Deliver for Sink {
         self.presence.revoked(user);
         let closed = self.live.disconnect(user);
         tracing::info!(closed, "a backend disconnected a user");
+    }
+
+    fn subscription(&self, user: &str, command: &ServerSubscription) {
+        let (queued, refused) = self.live.subscription(user, command);
+        let name = match command {
+            ServerSubscription::Subscribe { .. } => "subscribe",
+            ServerSubscription::Unsubscribe { .. } => "unsubscribe",
+        };
+        if refused > 0 {
+            self.metrics
+                .server_subscriptions_applied
+                .with_label_values(&[name, "dropped"])
+                .inc_by(refused as u64);
+            tracing::warn!(
+                refused,
+                command = name,
+                "server-side subscription commands dropped: connections had too many waiting"
+            );
+        }
+        tracing::debug!(
+            queued,
+            command = name,
+            "a backend's server-side subscription"
+        );
     }
 
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
@@ -126,6 +152,7 @@ impl Node {
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
+            metrics: metrics.clone(),
             presence: presence.clone(),
         });
         let verifier = Verifier::new(&config.auth).await?;

@@ -1,13 +1,18 @@
 //! The backend API's core, whatever protocol a request came by (HTTP in
 //! [`crate::http`], gRPC in [`crate::grpc`]): who may call it, the checks of
-//! a publish, disconnecting a user, and the one mapping of their refusals.
+//! a publish, disconnecting a user, subscribing or unsubscribing a user's
+//! connections (server-side subscriptions), and the one mapping of their
+//! refusals. (History reads are [`crate::history`]'s.)
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ErrorCode;
 use proto::json::PresenceStats;
-use router::{Broker, BrokerError, Causes, Namespaces, Outgoing, Position, SessionStore, Topic};
+use router::{
+    Broker, BrokerError, Causes, Namespaces, Outgoing, Position, ServerSubscription, SessionStore,
+    Since, Topic,
+};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
@@ -28,6 +33,9 @@ pub enum Refusal {
     TooLarge,
     /// HTTP 503, gRPC `UNAVAILABLE`: retry later.
     Unavailable,
+    /// HTTP 410, gRPC `OUT_OF_RANGE`: what was asked for is gone (a
+    /// history `since` out of the window).
+    Gone,
     /// HTTP 400, gRPC `FAILED_PRECONDITION`: the request is well formed,
     /// but the topic's namespace does not do it (`disabled`).
     Precondition,
@@ -303,14 +311,79 @@ pub async fn disconnect_user(
     resume_window: Duration,
     user: &str,
 ) -> Result<(), ApiError> {
+    check_user(user)?;
+    sessions.revoke(user, resume_window).await?;
+    tracing::info!("a backend ended a user's access");
+    Ok(())
+}
+
+/// A backend's server-side subscription, as both APIs ask for it.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub user: String,
+    pub topic: String,
+    /// Subscribe (replaying after `since` where given), or unsubscribe.
+    pub subscribe: bool,
+    pub since: Option<u64>,
+    pub epoch: Option<String>,
+}
+
+/// Subscribes or unsubscribes every live connection of a user, on every
+/// pod, as both APIs do it once the caller is authorized. The namespace
+/// must exist; its `subscribe` rule and the user's grants are not checked:
+/// it is the backend's call. Answered once every pod was told (whether the
+/// user has a connection or not). Counted by outcome
+/// (`herald_server_subscriptions_total`).
+pub async fn subscription(
+    broker: &dyn Broker,
+    metrics: &Metrics,
+    request: Subscription,
+) -> Result<(), ApiError> {
+    let name = if request.subscribe {
+        "subscribe"
+    } else {
+        "unsubscribe"
+    };
+    let sent = subscription_inner(broker, request).await;
+    let outcome = match &sent {
+        Ok(()) => "sent",
+        Err(e) if e.refusal == Refusal::Unavailable => "unavailable",
+        Err(_) => "refused",
+    };
+    metrics
+        .server_subscriptions
+        .with_label_values(&[name, outcome])
+        .inc();
+    sent
+}
+
+async fn subscription_inner(broker: &dyn Broker, request: Subscription) -> Result<(), ApiError> {
+    check_user(&request.user)?;
+    let topic = topic(&request.topic)?;
+    let command = match request.subscribe {
+        true => ServerSubscription::Subscribe {
+            topic,
+            since: request
+                .since
+                .map(|seq| Since::claimed(seq, request.epoch.clone())),
+        },
+        false => ServerSubscription::Unsubscribe { topic },
+    };
+    broker.subscription(&request.user, command).await?;
+    tracing::info!(
+        subscribe = request.subscribe,
+        "a backend's server-side subscription"
+    );
+    Ok(())
+}
+
+fn check_user(user: &str) -> Result<(), ApiError> {
     if user.is_empty() || user.len() > MAX_USER_BYTES {
         return Err(ApiError::invalid(
             ErrorCode::Malformed,
             format!("`user` is 1 to {MAX_USER_BYTES} bytes"),
         ));
     }
-    sessions.revoke(user, resume_window).await?;
-    tracing::info!("a backend ended a user's access");
     Ok(())
 }
 

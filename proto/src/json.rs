@@ -46,6 +46,17 @@ pub enum Command<'a> {
     Ping {
         id: u64,
     },
+    /// A page of a topic's history: forward after `since` (or from the
+    /// oldest kept), or `reverse` below it (or from the newest).
+    History {
+        id: u64,
+        topic: Cow<'a, str>,
+        since: Option<u64>,
+        epoch: Option<Cow<'a, str>>,
+        limit: Option<u64>,
+        reverse: bool,
+    },
+
     /// A page of a topic's presence, answered with `ok` and its members.
     Presence {
         id: u64,
@@ -75,9 +86,10 @@ struct RawCommand<'a> {
     resume: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+    limit: Option<u64>,
+    reverse: Option<bool>,
     #[serde(borrow)]
     cursor: Option<Cow<'a, str>>,
-    limit: Option<u64>,
 }
 
 impl<'a> Command<'a> {
@@ -125,6 +137,15 @@ impl<'a> Command<'a> {
             "ping" => Command::Ping {
                 id: id.ok_or_else(|| missing("id"))?,
             },
+            "history" => Command::History {
+                id: id.ok_or_else(|| missing("id"))?,
+                topic: raw.topic.ok_or_else(|| missing("topic"))?,
+                since: raw.since,
+                epoch: raw.epoch,
+                limit: raw.limit,
+                reverse: raw.reverse.unwrap_or(false),
+            },
+
             "presence" => Command::Presence {
                 id: id.ok_or_else(|| missing("id"))?,
                 topic: raw.topic.ok_or_else(|| missing("topic"))?,
@@ -179,6 +200,22 @@ impl<'a> Command<'a> {
                 token: token.to_string(),
             }),
             Command::Ping { id } => Op::Ping(v1::Ping { id: *id }),
+            Command::History {
+                id,
+                topic,
+                since,
+                epoch,
+                limit,
+                reverse,
+            } => Op::History(v1::History {
+                id: *id,
+                topic: topic.to_string(),
+                since: *since,
+                epoch: epoch.as_deref().map(str::to_owned),
+                limit: *limit,
+                reverse: Some(*reverse),
+            }),
+
             Command::Presence {
                 id,
                 topic,
@@ -252,6 +289,9 @@ pub enum ErrorCode {
     /// The namespace does not keep what was asked for (presence).
     Disabled,
     Internal,
+    /// A history read's `since` is out of the window (trimmed away, of
+    /// another epoch, beyond the topic's seq): nothing of it is answered.
+    HistoryLost,
 }
 
 impl ErrorCode {
@@ -272,6 +312,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Disabled => "disabled",
             ErrorCode::Internal => "internal",
+            ErrorCode::HistoryLost => "history_lost",
         }
     }
 }
@@ -341,6 +382,32 @@ pub enum ServerMessage<'a> {
         after_ms: u64,
         reason: &'a str,
     },
+    /// An `ok` the client did not ask for (no `id`): a subscription made
+    /// by a backend (`reason: "server"`) or by the token's `topics`
+    /// (`"token"`).
+    #[serde(rename = "ok")]
+    Subscribed {
+        topic: &'a str,
+        seq: u64,
+        epoch: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        recovered: Option<bool>,
+        reason: &'a str,
+    },
+    /// The reply to `history`.
+    #[serde(rename = "ok")]
+    History {
+        id: u64,
+        topic: &'a str,
+        epoch: &'a str,
+        seq: u64,
+        publications: &'a [HistoryItem<'a>],
+    },
+    /// A backend unsubscribed the connection (`reason: "server"`).
+    Unsubscribed {
+        topic: &'a str,
+        reason: &'a str,
+    },
     /// The reply to `presence`: an `ok` with a page of members.
     #[serde(rename = "ok")]
     PresencePage {
@@ -362,6 +429,40 @@ pub enum ServerMessage<'a> {
         users: u64,
         connections: u64,
     },
+}
+
+/// One message of a history page, as the `history` reply and the HTTP
+/// answer carry it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryItem<'a> {
+    pub seq: u64,
+    pub data: &'a RawValue,
+}
+
+/// The HTTP history answer (`GET /v1/history`): the `history` reply's
+/// keys without `op` and `id`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryResponse<'a> {
+    pub topic: &'a str,
+    pub epoch: &'a str,
+    pub seq: u64,
+    pub publications: &'a [HistoryItem<'a>],
+}
+
+impl HistoryResponse<'_> {
+    /// The protobuf form (the gRPC `History` answer).
+    pub fn to_proto(&self) -> v1::HistoryResponse {
+        v1::HistoryResponse {
+            topic: self.topic.to_owned(),
+            epoch: self.epoch.to_owned(),
+            seq: self.seq,
+            publications: self
+                .publications
+                .iter()
+                .map(HistoryItem::to_proto)
+                .collect(),
+        }
+    }
 }
 
 /// One user in a topic's presence: its `sub`, and its token's `info` claim
@@ -407,6 +508,16 @@ impl PresencePage<'_> {
             connections: self.connections,
             members: self.members.iter().map(PresenceMember::to_proto).collect(),
             cursor: self.cursor.map(str::to_owned),
+        }
+    }
+}
+
+impl HistoryItem<'_> {
+    /// The protobuf form.
+    pub fn to_proto(&self) -> v1::Publication {
+        v1::Publication {
+            seq: self.seq,
+            data: self.data.get().as_bytes().to_vec(),
         }
     }
 }
@@ -472,6 +583,39 @@ impl ServerMessage<'_> {
                 recovered,
                 expires,
                 ..v1::Ok::default()
+            }),
+            ServerMessage::Subscribed {
+                topic,
+                seq,
+                epoch,
+                recovered,
+                reason,
+            } => Op::Ok(v1::Ok {
+                id: 0,
+                topic: Some(topic.to_owned()),
+                seq: Some(seq),
+                epoch: Some(epoch.to_owned()),
+                recovered,
+                reason: Some(reason.to_owned()),
+                ..v1::Ok::default()
+            }),
+            ServerMessage::History {
+                id,
+                topic,
+                epoch,
+                seq,
+                publications,
+            } => Op::Ok(v1::Ok {
+                id,
+                topic: Some(topic.to_owned()),
+                seq: Some(seq),
+                epoch: Some(epoch.to_owned()),
+                publications: publications.iter().map(HistoryItem::to_proto).collect(),
+                ..v1::Ok::default()
+            }),
+            ServerMessage::Unsubscribed { topic, reason } => Op::Unsubscribed(v1::Unsubscribed {
+                topic: topic.to_owned(),
+                reason: reason.to_owned(),
             }),
             ServerMessage::Msg { topic, seq, data } => Op::Msg(v1::Msg {
                 topic: topic.to_owned(),
@@ -690,6 +834,46 @@ impl DisconnectRequest {
             CommandError::new(None, ErrorCode::MissingField, "`user` is required")
         })?;
         Ok(Self { user })
+    }
+}
+
+/// The HTTP server-side subscription bodies: `POST /v1/subscribe`
+/// `{"user":"alice","topic":"news","since":40?,"epoch":"…"?}` and `POST
+/// /v1/unsubscribe` `{"user":"alice","topic":"news"}` (which ignores
+/// `since` and `epoch`).
+#[derive(Debug)]
+pub struct SubscriptionRequest {
+    pub user: String,
+    pub topic: String,
+    pub since: Option<u64>,
+    pub epoch: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawSubscriptionRequest {
+    user: Option<String>,
+    topic: Option<String>,
+    since: Option<u64>,
+    epoch: Option<String>,
+}
+
+impl SubscriptionRequest {
+    /// Decodes a request body, with the same error codes as a command.
+    pub fn decode(body: &[u8]) -> Result<Self, CommandError> {
+        let raw: RawSubscriptionRequest = from_object(body)?;
+        let missing = |field: &str| {
+            CommandError::new(
+                None,
+                ErrorCode::MissingField,
+                format!("`{field}` is required"),
+            )
+        };
+        Ok(Self {
+            user: raw.user.ok_or_else(|| missing("user"))?,
+            topic: raw.topic.ok_or_else(|| missing("topic"))?,
+            since: raw.since,
+            epoch: raw.epoch,
+        })
     }
 }
 

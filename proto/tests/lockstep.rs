@@ -84,6 +84,7 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"ack","topic":"news","seq":42,"epoch":"9f3c"}"#,
         r#"{"op":"refresh","id":4,"token":"t"}"#,
         r#"{"op":"ping","id":5}"#,
+        r#"{"op":"history","id":6,"topic":"news","since":40,"epoch":"9f3c","limit":50,"reverse":true}"#,
         r#"{"op":"presence","id":6,"topic":"room:1","cursor":"YWxpY2U","limit":50}"#,
     ];
     let mut ops = BTreeSet::new();
@@ -154,6 +155,27 @@ fn every_server_message_matches_its_proto_message() {
             after_ms: 1500,
             reason: "draining",
         },
+        ServerMessage::Subscribed {
+            topic: "news",
+            seq: 41,
+            epoch: "9f3c",
+            recovered: Some(true),
+            reason: "server",
+        },
+        ServerMessage::History {
+            id: 6,
+            topic: "news",
+            epoch: "9f3c",
+            seq: 42,
+            publications: &[proto::json::HistoryItem {
+                seq: 42,
+                data: &data,
+            }],
+        },
+        ServerMessage::Unsubscribed {
+            topic: "news",
+            reason: "server",
+        },
         ServerMessage::PresencePage {
             id: 6,
             page: PresencePage {
@@ -175,6 +197,9 @@ fn every_server_message_matches_its_proto_message() {
             connections: 2,
         },
     ];
+    // Several forms of one op (`ok` answers `sub`, `history` and `presence`,
+    // and comes unasked): each has only keys of the op's message, and
+    // together all.
     let mut ops = BTreeSet::new();
     let mut samples = Vec::new();
     for message in &messages {

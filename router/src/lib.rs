@@ -6,6 +6,10 @@
 //! - [`Broker`]: publish, watch a topic for this pod, recover history.
 //! - [`page`]: history read a page at a time.
 //! - [`presence`]: who is subscribed to a topic, merged across pods.
+//! - [`history`]: the history API's pages, forward and reverse, and their
+//!   window rule.
+//! - [`server_subscription`]: a backend's subscribe and unsubscribe of a
+//!   user's connections, carried to every pod.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
@@ -18,12 +22,14 @@
 //! watches, and for no other.
 
 pub mod error;
+pub mod history;
 pub mod memory;
 pub mod namespace;
 pub mod observe;
 pub mod page;
 pub mod presence;
 pub mod redis;
+pub mod server_subscription;
 pub mod session;
 pub mod topic;
 
@@ -34,6 +40,7 @@ use bytes::Bytes;
 use tracing::Instrument;
 
 pub use error::{BrokerError, Causes, Unavailable};
+pub use history::{HistoryPage, HistoryQuery};
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
@@ -43,6 +50,7 @@ pub use presence::{
     PresenceUpdate,
 };
 pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, TlsFiles};
+pub use server_subscription::ServerSubscription;
 pub use session::{
     Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
     SubscriptionState,
@@ -164,6 +172,13 @@ pub trait Deliver: Send + Sync + 'static {
     /// position order (a presence namespace's topics only).
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         let _ = (topic, change);
+    }
+
+    /// A backend subscribed or unsubscribed `user`
+    /// ([`Broker::subscription`], on any pod): every live connection of
+    /// theirs on this pod follows it.
+    fn subscription(&self, user: &str, command: &ServerSubscription) {
+        let _ = (user, command);
     }
 }
 
@@ -317,4 +332,24 @@ pub trait Broker: Send + Sync + 'static {
         let _ = topic;
         Err(BrokerError::unavailable("this broker keeps no presence"))
     }
+
+    /// A page of the topic's kept history for the history API: forward
+    /// (after `since`, or from the oldest kept) or reverse (below `since`,
+    /// or from the newest), whole or [`HistoryPage::Lost`]
+    /// ([`history::window`]). With Redis, read on the replay connections.
+    async fn read_history(
+        &self,
+        topic: &Topic,
+        query: &HistoryQuery,
+    ) -> Result<HistoryPage, BrokerError>;
+
+    /// Hands `command` to every pod's [`Deliver::subscription`], this one's
+    /// included: with Redis, over the control channel that carries
+    /// disconnects (at most once: a pod not subscribed to it then misses
+    /// it).
+    async fn subscription(
+        &self,
+        user: &str,
+        command: ServerSubscription,
+    ) -> Result<(), BrokerError>;
 }

@@ -15,12 +15,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use crate::history::{self, HistoryPage, HistoryQuery};
 use crate::page::{self, Page, PageSize};
 use crate::presence::Ledger;
 use crate::{
     Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Position,
-    PresenceCounts, PresencePage, PresenceUpdate, Publication, Recovery, SessionSnapshot,
-    SessionStore, Since, Stored, Topic,
+    PresenceCounts, PresencePage, PresenceUpdate, Publication, Recovery, ServerSubscription,
+    SessionSnapshot, SessionStore, Since, Stored, Topic,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -347,6 +348,50 @@ impl Broker for MemoryBroker {
         Ok(shard
             .get(topic)
             .map_or_else(PresenceCounts::default, |state| state.presence.counts()))
+    }
+
+    async fn read_history(
+        &self,
+        topic: &Topic,
+        query: &HistoryQuery,
+    ) -> Result<HistoryPage, BrokerError> {
+        let (_, ttl) = self.inner.settings(topic)?;
+        let now = Instant::now();
+        let mut shard = self.inner.shard(topic);
+        let state = shard
+            .entry(topic.clone())
+            .or_insert_with(|| TopicState::new(now));
+        state.expire(now, ttl);
+        let position = Position {
+            epoch: state.epoch.clone(),
+            seq: state.seq,
+        };
+        let kept = state.history.iter().map(|(_, p)| p);
+        // One more than a page may hold, so that the window's rule sees
+        // whether the page is whole.
+        let read = query.size.messages.saturating_add(1);
+        let kept: Vec<Publication> = match (query.reverse, query.since) {
+            (false, Some(since)) => kept.filter(|p| p.seq > since).take(read).cloned().collect(),
+            (false, None) => kept.take(read).cloned().collect(),
+            (true, since) => kept
+                .rev()
+                .filter(|p| since.is_none_or(|since| p.seq < since))
+                .take(read)
+                .cloned()
+                .collect(),
+        };
+        Ok(history::window(query, position, kept))
+    }
+
+    async fn subscription(
+        &self,
+        user: &str,
+        command: ServerSubscription,
+    ) -> Result<(), BrokerError> {
+        // One pod: its sink is every pod.
+        self.inner.settings(command.topic())?;
+        self.inner.sink.subscription(user, &command);
+        Ok(())
     }
 }
 
@@ -688,6 +733,7 @@ mod tests {
                 epoch: Arc::from("e"),
                 acked: 1,
                 told: false,
+                server: false,
             }],
         };
         assert!(b.save("s", "a", old.clone(), ttl).await?);

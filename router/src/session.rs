@@ -40,6 +40,10 @@ pub struct SubscriptionState {
     /// acked in that epoch since: it may never have read it (its connection
     /// was dying), so a resume sends the reset again before the replay.
     pub told: bool,
+    /// Made by the server (a backend's server-side subscription, or the
+    /// token's `topics`), not by the client's `sub`: a resume restores it
+    /// without checking the token's grants.
+    pub server: bool,
 }
 
 /// Keeps session snapshots for the resume window.

@@ -498,6 +498,7 @@ fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
             epoch: Arc::from("e1"),
             acked: position,
             told: false,
+            server: false,
         }],
     }
 }

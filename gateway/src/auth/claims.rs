@@ -28,6 +28,10 @@ pub struct Claims {
     pub subscribe: Grants,
     /// Claim `publish`: the topics the client may publish on.
     pub publish: Grants,
+    /// Claim `topics`: topic names the server subscribes a fresh session
+    /// to at `hello` (checked there against the namespaces and
+    /// `session.max_subscriptions`). At most 256 of at most 256 bytes.
+    pub topics: Box<[Box<str>]>,
     /// Claim `info`: a JSON object shown with the user in a topic's
     /// presence, as compact JSON text. Bounded by `presence.max_info_bytes`
     /// ([`Claims::check_info`]): the verifier does not know the pod's limit.
@@ -159,6 +163,7 @@ pub(super) struct Payload {
     #[serde(default)]
     publish: Option<Box<RawValue>>,
     #[serde(default)]
+    topics: Option<Box<RawValue>>,
     info: Option<Box<RawValue>>,
 }
 
@@ -193,6 +198,7 @@ impl Payload {
             self.publish.as_deref(),
             "`publish` must be an array of strings",
         )?;
+        let topics = topics(self.topics.as_deref())?;
         let info = parse::<serde_json::Map<String, serde_json::Value>>(
             self.info.as_deref(),
             "`info` must be a JSON object",
@@ -203,6 +209,7 @@ impl Payload {
             expires,
             subscribe,
             publish,
+            topics,
             info,
         })
     }
@@ -236,6 +243,25 @@ fn numeric_date(raw: Option<&RawValue>, wrong_type: &'static str) -> Result<Opti
         }
         _ => Err(Refused::Claims(wrong_type)),
     }
+}
+
+/// Claim `topics`: an array of at most [`MAX_GRANTS`] strings of 1 to
+/// [`MAX_GRANT_BYTES`] bytes each (what each names is checked at `hello`).
+fn topics(raw: Option<&RawValue>) -> Result<Box<[Box<str>]>, Refused> {
+    let topics = parse::<Vec<String>>(raw, "`topics` must be an array of strings")?;
+    let topics = topics.unwrap_or_default();
+    if topics.len() > MAX_GRANTS {
+        return Err(Refused::Claims("more than 256 topics in `topics`"));
+    }
+    if topics
+        .iter()
+        .any(|t| t.is_empty() || t.len() > MAX_GRANT_BYTES)
+    {
+        return Err(Refused::Claims(
+            "a topic in `topics` must be 1 to 256 bytes",
+        ));
+    }
+    Ok(topics.into_iter().map(String::into_boxed_str).collect())
 }
 
 fn grants(raw: Option<&RawValue>, wrong_type: &'static str) -> Result<Grants, Refused> {

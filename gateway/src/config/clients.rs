@@ -77,6 +77,24 @@ impl Default for ReplayConfig {
     }
 }
 
+/// `[history]`: the history API's reads (client `history`, `GET
+/// /v1/history`, gRPC `History`). A page is also bounded in bytes, as a
+/// replay's is (`replay.page_bytes`, at least one message).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Most messages one read may ask for.
+    pub max_limit: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            max_limit: DEFAULT_HISTORY_MAX_LIMIT,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionConfig {

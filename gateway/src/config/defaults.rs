@@ -66,6 +66,12 @@ pub const DEFAULT_REPLAY_PAGE_MESSAGES: usize = 64;
 /// Bytes of message data one read of history returns at most (a larger
 /// message is read alone).
 pub const DEFAULT_REPLAY_PAGE_BYTES: usize = 256 * 1024;
+/// Messages a history read (`history`, `GET /v1/history`) returns when it
+/// names no `limit`.
+pub const DEFAULT_HISTORY_LIMIT: usize = 100;
+/// Most messages a history read may ask for (`history.max_limit`); a
+/// larger `limit` is refused as `malformed`.
+pub const DEFAULT_HISTORY_MAX_LIMIT: usize = 1000;
 /// How long a disconnected session can be resumed.
 pub const DEFAULT_RESUME_WINDOW: Duration = Duration::from_secs(120);
 /// How often changed sessions are saved to a shared (Redis) store.

@@ -8,8 +8,8 @@
 //! Its parts, each item re-exported here (`gateway::config::RedisConfig`):
 //!
 //! - [`defaults`]: every default, a named constant with its unit;
-//! - [`clients`]: `[websocket]`, `[queue]`, `[replay]`, `[session]`: what each
-//!   client gets;
+//! - [`clients`]: `[websocket]`, `[queue]`, `[replay]`, `[history]`,
+//!   `[session]`: what each client gets;
 //! - [`api`]: `[http]` and `[grpc]`, the backend API;
 //! - [`redis`]: `[redis]`, the shared broker;
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
@@ -36,7 +36,9 @@ mod redis;
 mod validation;
 
 pub use api::{GrpcConfig, HttpConfig};
-pub use clients::{Limits, Overflow, QueueConfig, ReplayConfig, SessionConfig, WebSocketConfig};
+pub use clients::{
+    HistoryConfig, Limits, Overflow, QueueConfig, ReplayConfig, SessionConfig, WebSocketConfig,
+};
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
@@ -57,6 +59,7 @@ pub struct Config {
     pub websocket: WebSocketConfig,
     pub queue: QueueConfig,
     pub replay: ReplayConfig,
+    pub history: HistoryConfig,
     pub session: SessionConfig,
     pub http: HttpConfig,
     pub grpc: GrpcConfig,
@@ -89,6 +92,7 @@ impl Default for Config {
             websocket: WebSocketConfig::default(),
             queue: QueueConfig::default(),
             replay: ReplayConfig::default(),
+            history: HistoryConfig::default(),
             session: SessionConfig::default(),
             http: HttpConfig::default(),
             grpc: GrpcConfig::default(),
@@ -117,13 +121,14 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 16] = [
+const TOP_LEVEL_KEYS: [&str; 17] = [
     "listen",
     "broker",
     "redis",
     "websocket",
     "queue",
     "replay",
+    "history",
     "session",
     "http",
     "grpc",

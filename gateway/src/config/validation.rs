@@ -114,6 +114,7 @@ impl Config {
             ("replay.max_concurrent", replay.max_concurrent),
             ("replay.page_messages", replay.page_messages),
             ("replay.page_bytes", replay.page_bytes),
+            ("history.max_limit", self.history.max_limit),
         ] {
             if n == 0 {
                 return invalid(key, "must be at least 1");

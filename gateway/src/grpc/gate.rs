@@ -32,9 +32,9 @@ use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::publish::{self, ApiError, Refusal};
 
-/// The largest `TopicInfo`, `Disconnect`, `Presence` or `PresenceStats`
-/// request, in bytes: a topic (at most 128 bytes past its namespace), a
-/// user id (256) or a cursor (one, encoded), with room to spare.
+/// The largest request of every method but the publishes, in bytes: a
+/// topic (at most 128 bytes past its namespace), a user id (256), an epoch,
+/// a presence cursor (one user id, encoded), with room to spare.
 pub const MAX_SMALL_REQUEST_BYTES: usize = 4 * 1024;
 /// Room in a `Publish` request for its topic, key and framing, besides `data`.
 pub const REQUEST_OVERHEAD_BYTES: usize = 1024;
@@ -48,6 +48,9 @@ pub enum Method {
     PublishBatch,
     TopicInfo,
     Disconnect,
+    History,
+    Subscribe,
+    Unsubscribe,
     Presence,
     PresenceStats,
     /// Any other path: tonic answers `UNIMPLEMENTED`.
@@ -65,6 +68,9 @@ impl Method {
             Some("PublishBatch") => Self::PublishBatch,
             Some("TopicInfo") => Self::TopicInfo,
             Some("Disconnect") => Self::Disconnect,
+            Some("History") => Self::History,
+            Some("Subscribe") => Self::Subscribe,
+            Some("Unsubscribe") => Self::Unsubscribe,
             Some("Presence") => Self::Presence,
             Some("PresenceStats") => Self::PresenceStats,
             _ => Self::Unknown,
@@ -78,6 +84,9 @@ impl Method {
             Self::PublishBatch => "PublishBatch",
             Self::TopicInfo => "TopicInfo",
             Self::Disconnect => "Disconnect",
+            Self::History => "History",
+            Self::Subscribe => "Subscribe",
+            Self::Unsubscribe => "Unsubscribe",
             Self::Presence => "Presence",
             Self::PresenceStats => "PresenceStats",
             Self::Unknown => "unknown",
@@ -109,6 +118,9 @@ impl Limits {
             Method::PublishBatch => self.batch,
             Method::TopicInfo
             | Method::Disconnect
+            | Method::History
+            | Method::Subscribe
+            | Method::Unsubscribe
             | Method::Presence
             | Method::PresenceStats
             | Method::Unknown => MAX_SMALL_REQUEST_BYTES,

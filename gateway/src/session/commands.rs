@@ -11,6 +11,7 @@ use super::handshake::Origin;
 use crate::budget::{Limit, Principal};
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::history;
 use crate::presence::PresenceError;
 
 impl Session {
@@ -77,6 +78,7 @@ impl Session {
                 | Command::Pub { id, .. }
                 | Command::Refresh { id, .. }
                 | Command::Ping { id }
+                | Command::History { id, .. }
                 | Command::Presence { id, .. },
             ) => Some(*id),
             _ => None,
@@ -209,6 +211,23 @@ impl Session {
                 Ok(())
             }
             Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
+            Command::History {
+                id,
+                topic,
+                since,
+                epoch,
+                limit,
+                reverse,
+            } => {
+                let query = history::Query {
+                    since,
+                    epoch: epoch.map(|e| e.into_owned()),
+                    limit,
+                    reverse,
+                };
+                self.history(id, &topic, query).await
+            }
+
             Command::Presence {
                 id,
                 topic,
@@ -240,6 +259,60 @@ impl Session {
                 Ok(())
             }
         }
+    }
+
+    /// A page of a topic's history, where the client may subscribe to it.
+    /// A `since` out of the window (`history_lost`) and a broker that
+    /// cannot read are told, not held against the client as bad commands.
+    async fn history(
+        &mut self,
+        id: u64,
+        topic: &str,
+        query: history::Query,
+    ) -> Result<(), CommandError> {
+        let node = self.node.clone();
+        let checked = self
+            .topic(Some(id), topic)
+            .and_then(|topic| self.may(Some(id), &topic, Access::Subscribe).map(|_| topic))
+            // A read touches the topic's keys (a topic not seen before gets
+            // its position made), as a publish does: it counts against the
+            // topics the client may touch in a minute.
+            .and_then(|topic| self.draw(id, &topic, Access::Publish).map(|_| topic));
+        let topic = checked.inspect_err(|_| history::refused(&node.metrics))?;
+        let read = history::read(&*node.broker, &node.config, &node.metrics, &topic, query).await;
+        let page = match read {
+            Ok(page) => page,
+            Err(e) => return self.history_refused(id, &topic, e).await,
+        };
+        let items = match page.items() {
+            Ok(items) => items,
+            Err(e) => return self.history_refused(id, &topic, e).await,
+        };
+        self.reply(ServerMessage::History {
+            id,
+            topic: topic.as_str(),
+            epoch: &page.position.epoch,
+            seq: page.position.seq,
+            publications: &items,
+        })
+        .await;
+        Ok(())
+    }
+
+    /// A history read not answered: a `limit` over the maximum is the
+    /// client's bad command; the rest it is told of.
+    async fn history_refused(
+        &self,
+        id: u64,
+        topic: &Topic,
+        e: history::HistoryError,
+    ) -> Result<(), CommandError> {
+        let refused = CommandError::new(Some(id), e.code(), e.to_string()).about(topic.as_str());
+        if matches!(e, history::HistoryError::Limit(_)) {
+            return Err(refused);
+        }
+        self.tell(refused).await;
+        Ok(())
     }
 
     /// Opens the connection's account once `hello` said who the client is

@@ -30,13 +30,18 @@ impl Session {
                 Some((at, reason)) if at < silent => (at, reason),
                 _ => (silent, CloseReason::DeadPeer),
             };
+            // The read borrows a handle of its own: the session stays free
+            // for a server-side command between two polls of the read.
+            let out = self.out.clone();
             let next = {
-                // Not dropped for a ping: a read is not cancel-safe.
-                let read = reader.next(&self.out);
+                // Not dropped for a ping or a server-side command: a read is
+                // not cancel-safe.
+                let read = reader.next(&out);
                 tokio::pin!(read);
                 loop {
-                    // Every branch but the read and the ping ends the
-                    // connection, so dropping an unfinished read is harmless.
+                    // Every branch but the read, the ping and a server-side
+                    // command ends the connection, so dropping an unfinished
+                    // read is harmless.
                     tokio::select! {
                         biased;
                         _ = self.out.stopped() => return,
@@ -45,6 +50,11 @@ impl Session {
                             return;
                         }
                         next = &mut read => break Ok(next),
+                        () = self.subscriptions.commanded() => {
+                            // Boxed, as a command is: the loop would carry
+                            // the handshake's future all along.
+                            Box::pin(self.server_commands()).await;
+                        }
                         _ = tokio::time::sleep_until(due.min(ping_at)) => {
                             if Instant::now() < ping_at {
                                 break Err(());

@@ -35,17 +35,20 @@ use crate::presence::Who;
 
 /// Where a subscription comes from. It decides how the handshake answers:
 /// a client waits for `ok` to its `sub`; a restored subscription gets no
-/// `ok`, only a `reset` where its stream does not go on as it was.
-///
-/// Server-side subscriptions (a backend subscribing a user's connections)
-/// would be a third origin here: no `ok` either, and their own rule for
-/// where a new subscription starts.
+/// `ok`, only a `reset` where its stream does not go on as it was; one the
+/// server makes gets an `ok` without `id`, with its `reason`. New ones
+/// (all but restored) start where a client's `sub` does: after `since`
+/// when history continues it, else at the topic's seq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Origin {
     /// The client's `sub`, with its command's id.
     Command(u64),
     /// A subscription of a resumed session, restored from its acks.
     Restored,
+    /// A backend's server-side subscription (`reason: "server"`).
+    Server,
+    /// The token's `topics`, at a fresh `hello` (`reason: "token"`).
+    Token,
 }
 
 impl Origin {
@@ -53,8 +56,13 @@ impl Origin {
     pub(super) fn id(self) -> Option<u64> {
         match self {
             Origin::Command(id) => Some(id),
-            Origin::Restored => None,
+            Origin::Restored | Origin::Server | Origin::Token => None,
         }
+    }
+
+    /// Whether the server made it: kept without the token's grants.
+    fn by_server(self) -> bool {
+        matches!(self, Origin::Server | Origin::Token)
     }
 }
 
@@ -277,8 +285,12 @@ impl Session {
         if tell {
             self.subscriptions.told(&topic, &position.epoch, start);
         } else {
-            self.subscriptions
-                .insert(topic.clone(), position.epoch.clone(), start);
+            self.subscriptions.insert(
+                topic.clone(),
+                position.epoch.clone(),
+                start,
+                origin.by_server(),
+            );
         }
         // 5.
         match origin {
@@ -294,6 +306,24 @@ impl Session {
                     epoch: Some(&position.epoch),
                     recovered: since.as_ref().map(|_| recovery.recovered),
                     expires: None,
+                })
+                .await;
+            }
+            Origin::Server | Origin::Token => {
+                if let Err(e) = self.store_subscriptions().await {
+                    self.subscriptions.remove(&topic);
+                    return Err(e);
+                }
+                self.reply(ServerMessage::Subscribed {
+                    topic: topic.as_str(),
+                    seq: position.seq,
+                    epoch: &position.epoch,
+                    recovered: since.as_ref().map(|_| recovery.recovered),
+                    reason: if origin == Origin::Server {
+                        "server"
+                    } else {
+                        "token"
+                    },
                 })
                 .await;
             }

@@ -49,6 +49,21 @@ impl Session {
         self.out.close(close, true);
     }
 
+    /// A token whose `topics` claim cannot be subscribed: refused as a
+    /// token with invalid claims is, with a message naming the topic.
+    async fn deny_topics(&self, message: &str) {
+        self.node.metrics.auth_failed("claims");
+        tracing::debug!(conn = self.conn, message, "token refused");
+        self.reply(ServerMessage::Err {
+            id: None,
+            code: ErrorCode::Unauthorized,
+            message,
+            topic: None,
+        })
+        .await;
+        self.out.close(CloseReason::Unauthorized, true);
+    }
+
     /// A `refresh` refused: counted, and the `err` its command gets.
     fn deny_refresh(&self, id: u64, denied: Denied) -> CommandError {
         self.node.metrics.auth_failed(denied.reason());
@@ -77,6 +92,10 @@ impl Session {
         let claims = match self.authenticate(token).await {
             Ok(claims) => claims,
             Err(denied) => return self.deny(denied).await,
+        };
+        let topics = match self.token_topics(claims.as_ref()) {
+            Ok(topics) => topics,
+            Err(message) => return self.deny_topics(&message).await,
         };
         let user = claims.as_ref().map(|c| c.user.clone());
         self.adopt(claims);
@@ -155,6 +174,11 @@ impl Session {
             return;
         }
         self.restore(states).await;
+        // A resumed session has them already, or the client unsubscribed.
+        if !self.resumed {
+            self.subscribe_token_topics(topics).await;
+        }
+
         // Its topics entered again: what its earlier connection left
         // lingering here goes, without a leave where this one holds them.
         if self.resumed {
@@ -195,6 +219,9 @@ impl Session {
         self.adopt(Some(claims));
         self.node.presence.refreshed(self.conn, info.as_ref());
         for topic in self.subscriptions.topics() {
+            if self.subscriptions.is_server(&topic) {
+                continue;
+            }
             if let Err(mut e) = self.may(None, &topic, Access::Subscribe) {
                 self.subscriptions.remove(&topic);
                 self.leave(&topic).await;

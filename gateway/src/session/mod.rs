@@ -21,6 +21,8 @@
 //!   subscriptions restored, and the session saved to the store.
 //! - [`handshake`]: how a subscription starts, whoever asked for it: hub
 //!   join, broker watch and recover, the answer, then [`replay`] to live.
+//! - [`server_side`]: the subscriptions the server makes: a backend's
+//!   subscribe and unsubscribe of the user, the token's `topics`.
 //! - [`subscriptions`]: the subscriptions and acks a resume needs;
 //!   [`registry`]: the pod's live sessions.
 //! - [`echo`]: the conformance echo, over the same reader and writer.
@@ -40,6 +42,7 @@ mod reader;
 mod registry;
 mod replay;
 mod resume;
+mod server_side;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -47,7 +50,7 @@ mod tests;
 pub use crate::config::{Limits, Overflow};
 pub use registry::{Arrival, LiveSession, Registry, TakeOver, Unregistered};
 pub use replay::Replays;
-pub use subscriptions::Subscriptions;
+pub use subscriptions::{MAX_SERVER_COMMANDS, ServerCommands, Subscriptions};
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use proto::ServerMessage;
 use rand::Rng;
-use router::{Causes, Claim, SessionSave, SessionSnapshot, SessionStore};
+use router::{Causes, Claim, ServerSubscription, SessionSave, SessionSnapshot, SessionStore};
 use tokio::time::Instant;
 
 use super::Subscriptions;
+use super::subscriptions::ServerCommands;
 use crate::admission::ConnId;
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -249,6 +250,25 @@ impl Registry {
         if let Some(e) = failed {
             tracing::warn!(error = %Causes(&e), "sessions not saved; tried again at the next flush");
         }
+    }
+
+    /// Hands a backend's server-side subscription `command` to every
+    /// connection of `user` on this pod, which runs it between its own
+    /// commands; returns how many took it, and how many had too many
+    /// waiting already ([`ServerCommands::Refused`]). A connection between
+    /// its `hello` and its registration does not get it.
+    pub fn subscription(&self, user: &str, command: &ServerSubscription) -> (usize, usize) {
+        let (mut queued, mut refused) = (0, 0);
+        for live in self.live().sessions.values() {
+            if !Claim::belongs(live.subscriptions.user().as_ref(), Some(user)) {
+                continue;
+            }
+            match live.subscriptions.command(command.clone()) {
+                ServerCommands::Queued => queued += 1,
+                ServerCommands::Refused => refused += 1,
+            }
+        }
+        (queued, refused)
     }
 
     /// Closes every connection of `user` on this pod and forgets their

@@ -48,8 +48,13 @@ impl Session {
     /// (restored before the session was registered), each from its acks.
     pub(super) async fn restore(&mut self, states: Vec<SubscriptionState>) {
         for state in states {
-            // The token may grant less than the one the session began with.
-            if let Err(e) = self.may(None, &state.topic, Access::Subscribe) {
+            // The token may grant less than the one the session began with;
+            // what the server subscribed it to is the server's call.
+            let checked = match state.server {
+                true => Ok(()),
+                false => self.may(None, &state.topic, Access::Subscribe),
+            };
+            if let Err(e) = checked {
                 self.subscriptions.remove(&state.topic);
                 self.tell(e).await;
                 continue;

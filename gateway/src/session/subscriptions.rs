@@ -2,13 +2,13 @@
 //! the session, shared with the pod's flusher, which saves changed sessions
 //! periodically so that a pod that dies without warning loses little.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use router::{
-    BrokerError, Epoch, SessionSnapshot, SessionStore, SessionUser, Stored, SubscriptionState,
-    Topic,
+    BrokerError, Epoch, ServerSubscription, SessionSnapshot, SessionStore, SessionUser, Stored,
+    SubscriptionState, Topic,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -37,6 +37,29 @@ struct Shared {
     /// restored the session without it, and its client, told `resumed`,
     /// waited for messages that never came.
     saving: tokio::sync::Mutex<()>,
+    /// Server-side subscription commands for the connection, in the order
+    /// they came: at most [`MAX_SERVER_COMMANDS`].
+    commands: Mutex<VecDeque<ServerSubscription>>,
+    /// Wakes the connection's loop for `commands`.
+    commanded: Notify,
+}
+
+/// Server-side subscription commands a connection may have waiting: it
+/// runs them between its own commands, one at a time, and a replay may hold
+/// one up for as long as `replay.wait` plus the replay. Above it, a new one
+/// is refused ([`ServerCommands::Refused`]) and counted
+/// (`herald_server_subscriptions_applied_total{outcome="dropped"}`).
+pub const MAX_SERVER_COMMANDS: usize = 64;
+
+/// What became of a server-side subscription command handed to a
+/// connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerCommands {
+    /// Waiting for the connection's loop.
+    Queued,
+    /// The connection had [`MAX_SERVER_COMMANDS`] waiting: this one is not
+    /// applied to it.
+    Refused,
 }
 
 #[derive(Default)]
@@ -87,6 +110,9 @@ struct Subscription {
     /// again; and an ack without an epoch may be of the old one, so only
     /// acks that name the epoch count.
     told: bool,
+    /// Made by the server (a backend, the token's `topics`): kept across a
+    /// resume and a `refresh` whatever the token grants.
+    server: bool,
 }
 
 /// What a flush owes the store for a session.
@@ -157,13 +183,15 @@ impl Subscriptions {
         self.inner().by_topic.len()
     }
 
-    /// A new subscription, after `acked` in `epoch`.
-    pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64) {
+    /// A new subscription, after `acked` in `epoch`; `server` when the
+    /// server made it, not the client.
+    pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64, server: bool) {
         let mut inner = self.inner();
         let subscription = Subscription {
             epoch,
             acked,
             told: false,
+            server,
         };
         inner.by_topic.insert(topic, subscription);
         inner.touch();
@@ -176,6 +204,7 @@ impl Subscriptions {
             epoch: state.epoch.clone(),
             acked: state.acked,
             told: state.told,
+            server: state.server,
         };
         inner.by_topic.insert(state.topic.clone(), subscription);
         inner.touch();
@@ -191,6 +220,7 @@ impl Subscriptions {
                 epoch: epoch.clone(),
                 acked: seq,
                 told: true,
+                server: subscription.server,
             };
             inner.moved();
         }
@@ -200,6 +230,36 @@ impl Subscriptions {
     /// [`Self::told`]).
     pub fn is_told(&self, topic: &Topic) -> bool {
         self.inner().by_topic.get(topic).is_some_and(|s| s.told)
+    }
+
+    /// Whether the server made the topic's subscription (see
+    /// [`Self::insert`]).
+    pub fn is_server(&self, topic: &Topic) -> bool {
+        self.inner().by_topic.get(topic).is_some_and(|s| s.server)
+    }
+
+    /// Hands a server-side subscription command to the connection, which
+    /// runs it between its own commands ([`Self::commanded`]).
+    pub fn command(&self, command: ServerSubscription) -> ServerCommands {
+        let mut commands = self.0.commands.lock().unwrap_or_else(|e| e.into_inner());
+        if commands.len() >= MAX_SERVER_COMMANDS {
+            return ServerCommands::Refused;
+        }
+        commands.push_back(command);
+        drop(commands);
+        self.0.commanded.notify_one();
+        ServerCommands::Queued
+    }
+
+    /// Resolves once a command may be waiting ([`Self::next_command`]).
+    pub async fn commanded(&self) {
+        self.0.commanded.notified().await;
+    }
+
+    /// The oldest command waiting.
+    pub fn next_command(&self) -> Option<ServerSubscription> {
+        let mut commands = self.0.commands.lock().unwrap_or_else(|e| e.into_inner());
+        commands.pop_front()
     }
 
     /// Whether the topic was subscribed.
@@ -254,6 +314,7 @@ impl Subscriptions {
                     epoch: s.epoch.clone(),
                     acked: s.acked,
                     told: s.told,
+                    server: s.server,
                 })
                 .collect(),
         }
@@ -367,7 +428,7 @@ mod tests {
     fn only_what_the_store_kept_counts_as_saved() {
         let now = Instant::now();
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0);
+        s.insert(news(), Arc::from("e"), 0, false);
         let due = s.due(now, REFRESH).expect("due");
         s.ack(&news(), 3, None);
         // A save of the snapshot before the ack: the ack is still due.
@@ -385,7 +446,7 @@ mod tests {
     fn a_kept_session_is_extended_when_its_copy_ages_and_saved_whole_when_it_is_gone() {
         let now = Instant::now();
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0);
+        s.insert(news(), Arc::from("e"), 0, false);
         let due = s.due(now, REFRESH).expect("due");
         s.stored(due.changes, Stored::Kept, now);
         let later = now + REFRESH;
@@ -400,6 +461,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn server_commands_wait_in_order_up_to_a_bound() {
+        let s = Subscriptions::default();
+        let unsubscribe = || ServerSubscription::Unsubscribe { topic: news() };
+        for _ in 0..MAX_SERVER_COMMANDS {
+            assert_eq!(s.command(unsubscribe()), ServerCommands::Queued);
+        }
+        assert_eq!(s.command(unsubscribe()), ServerCommands::Refused);
+        // The loop is woken once for all of them.
+        tokio::time::timeout(REFRESH, s.commanded())
+            .await
+            .expect("woken");
+        let mut taken = 0;
+        while s.next_command().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, MAX_SERVER_COMMANDS);
+        assert_eq!(
+            s.command(unsubscribe()),
+            ServerCommands::Queued,
+            "room again"
+        );
+    }
+
+    #[test]
+    fn a_server_subscription_keeps_its_origin_through_a_reset_and_a_snapshot() {
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0, true);
+        s.told(&news(), &Arc::from("f"), 7);
+        assert!(s.is_server(&news()));
+        let state = s.snapshot().subscriptions[0].clone();
+        assert!(state.server && state.told);
+        let restored = Subscriptions::default();
+        restored.restore(&state);
+        assert!(restored.is_server(&news()));
+    }
+
+    #[tokio::test]
     async fn a_move_to_another_epoch_wakes_the_flusher_and_an_ack_does_not() {
         let soon = Arc::new(Notify::new());
         let s = Subscriptions::new(Some(soon.clone()));
@@ -409,9 +507,9 @@ mod tests {
             // A stored permit completes it at once.
             notified.as_mut().enable()
         };
-        s.insert(news(), Arc::from("e"), 0);
+        s.insert(news(), Arc::from("e"), 0, false);
         s.ack(&news(), 3, None);
-        s.insert(news(), Arc::from("e"), 3);
+        s.insert(news(), Arc::from("e"), 3, false);
         assert!(!woken(), "nothing moved");
         s.reset(&news(), &Arc::from("f"), 7);
         assert!(woken(), "a reset");

@@ -124,7 +124,7 @@ async fn a_panicking_connection_task_releases_its_session_hub_memberships_and_so
     );
     session
         .subscriptions
-        .insert(topic.clone(), Epoch::from("e"), 0);
+        .insert(topic.clone(), Epoch::from("e"), 0, false);
     assert_eq!((node.live.len(), node.hub.subscribers(&topic)), (1, 1));
 
     let panicked = std::panic::catch_unwind(AssertUnwindSafe(move || {
@@ -305,6 +305,23 @@ impl Broker for Faulty {
         self.fails(Fault::History)?;
         self.memory.history(topic, epoch, after, page).await
     }
+
+    async fn read_history(
+        &self,
+        topic: &Topic,
+        query: &router::HistoryQuery,
+    ) -> Result<router::HistoryPage, BrokerError> {
+        self.fails(Fault::History)?;
+        self.memory.read_history(topic, query).await
+    }
+
+    async fn subscription(
+        &self,
+        user: &str,
+        command: router::ServerSubscription,
+    ) -> Result<(), BrokerError> {
+        self.memory.subscription(user, command).await
+    }
 }
 
 #[tonic::async_trait]
@@ -471,6 +488,7 @@ async fn a_resumed_subscription_is_restored_without_an_ok_and_a_clients_own_sub_
             epoch: Epoch::from("gone"),
             acked: 5,
             told: false,
+            server: false,
         }],
     };
     let window = node.config.session.resume_window;
@@ -577,6 +595,7 @@ async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_re
             epoch: Epoch::from("e"),
             acked: 3,
             told: true,
+            server: false,
         }],
     };
     let window = node.config.session.resume_window;
@@ -704,7 +723,7 @@ async fn a_flush_under_way_does_not_write_an_older_snapshot_over_a_subs_save() {
     // The `sub`: the topic, saved before its `ok`. Polled once, it has
     // taken its snapshot and queued its write, unless it waits its turn.
     let topic = Topic::parse("news").unwrap();
-    subscriptions.insert(topic.clone(), Epoch::from("e"), 0);
+    subscriptions.insert(topic.clone(), Epoch::from("e"), 0, false);
     let mut save = Box::pin(subscriptions.save(&store, "s1", &owner, window));
     let answered = (&mut save).now_or_never();
     // The flush goes on; then the `sub`'s save, if it waited.

@@ -184,6 +184,21 @@ async fn an_acl_user_with_the_documented_rights_is_all_a_pod_needs() {
     // Nothing was acked: both come again.
     assert_eq!(client.msg().await, ("news".into(), 1, json!("a")));
     assert_eq!(client.msg().await, ("news".into(), 2, json!("b")));
+    // History both ways (issue #23), and a server-side subscription.
+    for query in ["topic=news&limit=1", "topic=news&reverse=true"] {
+        let path = format!("/v1/history?{query}");
+        let (status, body) = testkit::http(herald.addr, "GET", &path, &[], b"").await;
+        assert_eq!(status, 200, "{query}: {body}");
+    }
+    let (status, body) = testkit::http(
+        herald.addr,
+        "POST",
+        "/v1/subscribe",
+        &[],
+        br#"{"user":"alice","topic":"news"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     let (status, body) = testkit::http(
         herald.addr,
         "POST",

@@ -179,3 +179,67 @@ async fn a_subscribed_client_keeps_its_stream_whole_through_a_master_failover() 
         assert_eq!(message["seq"], expected, "{message}");
     }
 }
+
+/// Issue #23 on a cluster: history read on every master, both ways, and a
+/// server-side subscription (the control channel reaches pods whichever
+/// node they listen on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_pages_on_every_master_and_a_server_subscription_reaches_another_pod() {
+    let cluster = RedisCluster::start().await;
+    let (a, b) = (pod(&cluster).await, pod(&cluster).await);
+    let topics = spread(&cluster, 9);
+    let items = (1..=3)
+        .flat_map(|i| topics.iter().map(move |t| json!({"topic": t, "data": i})))
+        .collect();
+    publish_batch(&a, items).await;
+    for topic in &topics {
+        for (query, seqs) in [
+            (format!("topic={topic}&since=1"), vec![2, 3]),
+            (format!("topic={topic}&reverse=true&limit=2"), vec![3, 2]),
+        ] {
+            let path = format!("/v1/history?{query}");
+            let (status, body) = testkit::http(b.addr, "GET", &path, &[], b"").await;
+            assert_eq!(status, 200, "{query}: {body}");
+            let page: Value = serde_json::from_str(&body).expect("JSON");
+            let got: Vec<u64> = page["publications"]
+                .as_array()
+                .expect("publications")
+                .iter()
+                .map(|p| p["seq"].as_u64().expect("seq"))
+                .collect();
+            assert_eq!(got, seqs, "{query}");
+        }
+        let path = format!("/v1/history?topic={topic}&since=9");
+        let (status, body) = testkit::http(b.addr, "GET", &path, &[], b"").await;
+        assert_eq!(status, 410, "{body}");
+    }
+
+    // A server-side subscription reaches a user (a token's `sub`): pods
+    // that check tokens, on the same cluster.
+    drop((a, b));
+    let secret = "herald-cluster-subscription-secret-0123456789";
+    let nodes = cluster.urls().join(",");
+    let env = [
+        ("HERALD_REDIS__CLUSTER", nodes.as_str()),
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "1s"),
+        ("HERALD_AUTH__HMAC_SECRET", secret),
+    ];
+    let a = Herald::pod(HERALD, "redis://127.0.0.1", &env).await;
+    let b = Herald::pod(HERALD, "redis://127.0.0.1", &env).await;
+    let token = crate::server_subscriptions::token_signed(secret, "alice", json!({}));
+    let mut client = Client::connect_url(&b.ws_url()).await;
+    client.send(json!({"op": "hello", "token": token})).await;
+    client.expect("welcome").await;
+    let topic = &topics[4];
+    let body = json!({"user": "alice", "topic": topic, "since": 1}).to_string();
+    let (status, answer) =
+        testkit::http(a.addr, "POST", "/v1/subscribe", &[], body.as_bytes()).await;
+    assert_eq!(status, 200, "{answer}");
+    let ok = client.expect("ok").await;
+    assert_eq!(
+        (ok["reason"].as_str(), ok["recovered"].as_bool()),
+        (Some("server"), Some(true))
+    );
+    assert_eq!(client.msg().await.1, 2);
+    assert_eq!(client.msg().await.1, 3);
+}

@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -27,6 +27,8 @@ pub mod client_command {
         Ping(super::Ping),
         #[prost(message, tag = "8")]
         Presence(super::Presence),
+        #[prost(message, tag = "9")]
+        History(super::History),
     }
 }
 #[allow(clippy::all)]
@@ -122,7 +124,7 @@ pub struct Presence {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ServerMessage {
-    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub op: ::core::option::Option<server_message::Op>,
 }
 /// Nested message and enum types in `ServerMessage`.
@@ -144,6 +146,8 @@ pub mod server_message {
         Reconnect(super::Reconnect),
         #[prost(message, tag = "7")]
         PresenceDiff(super::PresenceDiff),
+        #[prost(message, tag = "8")]
+        Unsubscribed(super::Unsubscribed),
     }
 }
 #[allow(clippy::all)]
@@ -196,6 +200,13 @@ pub struct Ok {
     /// Absent on the last page: pass it back for the members after this page.
     #[prost(string, optional, tag = "11")]
     pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+    /// Only in an `ok` the client did not ask for (`id` 0, absent in JSON): a
+    /// subscription a backend (`server`) or the token's `topics` (`token`) made.
+    #[prost(string, optional, tag = "12")]
+    pub reason: ::core::option::Option<::prost::alloc::string::String>,
+    /// Only in the reply to `history`: the page, in the order asked for.
+    #[prost(message, repeated, tag = "13")]
+    pub publications: ::prost::alloc::vec::Vec<Publication>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -233,6 +244,45 @@ pub struct Reset {
     pub epoch: ::prost::alloc::string::String,
     #[prost(uint64, tag = "3")]
     pub seq: u64,
+}
+/// A page of a topic's history (docs/protocol.md): forward after `since` (or
+/// from the oldest kept), or `reverse` below it (or from the newest).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct History {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, optional, tag = "3")]
+    pub since: ::core::option::Option<u64>,
+    #[prost(string, optional, tag = "4")]
+    pub epoch: ::core::option::Option<::prost::alloc::string::String>,
+    /// At most this many (default 100, at most `history.max_limit`); 0: the
+    /// topic's position only.
+    #[prost(uint64, optional, tag = "5")]
+    pub limit: ::core::option::Option<u64>,
+    #[prost(bool, optional, tag = "6")]
+    pub reverse: ::core::option::Option<bool>,
+}
+/// One message of a history page.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Publication {
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
+    /// JSON text, as published.
+    #[prost(bytes = "vec", tag = "2")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+}
+/// A backend unsubscribed the connection (`reason`: `server`).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Unsubscribed {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 /// Leave and come back (to any pod) after `after_ms`, resuming the session.
 #[allow(clippy::all)]
@@ -369,6 +419,66 @@ pub struct DisconnectRequest {
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DisconnectResponse {}
+/// HTTP `GET /v1/history` query; `History` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct HistoryRequest {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, optional, tag = "2")]
+    pub since: ::core::option::Option<u64>,
+    #[prost(string, optional, tag = "3")]
+    pub epoch: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint64, optional, tag = "4")]
+    pub limit: ::core::option::Option<u64>,
+    #[prost(bool, tag = "5")]
+    pub reverse: bool,
+}
+/// HTTP `GET /v1/history` answer; `History` answer. A `since` out of the
+/// window is refused whole: HTTP 410 `history_lost`, gRPC `OUT_OF_RANGE`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct HistoryResponse {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    /// The topic's position: its newest message's seq in `epoch`.
+    #[prost(string, tag = "2")]
+    pub epoch: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub seq: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub publications: ::prost::alloc::vec::Vec<Publication>,
+}
+/// HTTP `POST /v1/subscribe` body; `Subscribe` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SubscribeRequest {
+    /// The `sub` of the user's tokens.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub topic: ::prost::alloc::string::String,
+    /// Replay the messages after it (in `epoch`), as a client's `sub` would.
+    #[prost(uint64, optional, tag = "3")]
+    pub since: ::core::option::Option<u64>,
+    #[prost(string, optional, tag = "4")]
+    pub epoch: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SubscribeResponse {}
+/// HTTP `POST /v1/unsubscribe` body; `Unsubscribe` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct UnsubscribeRequest {
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub topic: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct UnsubscribeResponse {}
 /// HTTP `GET /v1/presence?topic=&cursor=&limit=`; `Presence` request.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -602,6 +712,83 @@ pub mod publisher_client {
                 .insert(GrpcMethod::new("herald.v1.Publisher", "Disconnect"));
             self.inner.unary(req, path, codec).await
         }
+        /// A page of a topic's history. Also HTTP `GET /v1/history`.
+        pub async fn history(
+            &mut self,
+            request: impl tonic::IntoRequest<super::HistoryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::HistoryResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/History",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "History"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Subscribes every live connection of a user, on every pod. Also HTTP
+        /// `POST /v1/subscribe`.
+        pub async fn subscribe(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SubscribeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SubscribeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/Subscribe",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "Subscribe"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Unsubscribes every live connection of a user, on every pod. Also HTTP
+        /// `POST /v1/unsubscribe`.
+        pub async fn unsubscribe(
+            &mut self,
+            request: impl tonic::IntoRequest<super::UnsubscribeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::UnsubscribeResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/Unsubscribe",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "Unsubscribe"));
+            self.inner.unary(req, path, codec).await
+        }
         /// A page of a topic's presence (namespaces with `presence = true`). Also
         /// HTTP `GET /v1/presence`.
         pub async fn presence(
@@ -698,6 +885,29 @@ pub mod publisher_server {
             request: tonic::Request<super::DisconnectRequest>,
         ) -> std::result::Result<
             tonic::Response<super::DisconnectResponse>,
+            tonic::Status,
+        >;
+        /// A page of a topic's history. Also HTTP `GET /v1/history`.
+        async fn history(
+            &self,
+            request: tonic::Request<super::HistoryRequest>,
+        ) -> std::result::Result<tonic::Response<super::HistoryResponse>, tonic::Status>;
+        /// Subscribes every live connection of a user, on every pod. Also HTTP
+        /// `POST /v1/subscribe`.
+        async fn subscribe(
+            &self,
+            request: tonic::Request<super::SubscribeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SubscribeResponse>,
+            tonic::Status,
+        >;
+        /// Unsubscribes every live connection of a user, on every pod. Also HTTP
+        /// `POST /v1/unsubscribe`.
+        async fn unsubscribe(
+            &self,
+            request: tonic::Request<super::UnsubscribeRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::UnsubscribeResponse>,
             tonic::Status,
         >;
         /// A page of a topic's presence (namespaces with `presence = true`). Also
@@ -961,6 +1171,139 @@ pub mod publisher_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DisconnectSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/History" => {
+                    #[allow(non_camel_case_types)]
+                    struct HistorySvc<T: Publisher>(pub Arc<T>);
+                    impl<T: Publisher> tonic::server::UnaryService<super::HistoryRequest>
+                    for HistorySvc<T> {
+                        type Response = super::HistoryResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::HistoryRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::history(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = HistorySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/Subscribe" => {
+                    #[allow(non_camel_case_types)]
+                    struct SubscribeSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::SubscribeRequest>
+                    for SubscribeSvc<T> {
+                        type Response = super::SubscribeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SubscribeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::subscribe(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SubscribeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/Unsubscribe" => {
+                    #[allow(non_camel_case_types)]
+                    struct UnsubscribeSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::UnsubscribeRequest>
+                    for UnsubscribeSvc<T> {
+                        type Response = super::UnsubscribeResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::UnsubscribeRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::unsubscribe(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = UnsubscribeSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -21,12 +21,13 @@ use super::replies::parse_published;
 use super::scripts::{self, Keys};
 use super::settings::{self, InvalidSetting, RedisSettings, redact_urls};
 use super::shards::Shards;
-use super::{millis, publisher, pubsub, sessions};
+use super::{control, history, millis, publisher, pubsub, sessions};
 use crate::observe::Observer;
 use crate::page::{Page, PageSize};
 use crate::{
-    Broker, BrokerError, BrokerStatus, Deliver, Epoch, Namespaces, Outgoing, Position,
-    PresenceCounts, PresencePage, PresenceUpdate, Recovery, Since, Topic, Unavailable,
+    Broker, BrokerError, BrokerStatus, Deliver, Epoch, HistoryPage, HistoryQuery, Namespaces,
+    Outgoing, Position, PresenceCounts, PresencePage, PresenceUpdate, Recovery, ServerSubscription,
+    Since, Topic, Unavailable,
 };
 
 /// How much longer than the command timeout a publish waits for the
@@ -393,6 +394,41 @@ impl Broker for RedisBroker {
         self.inner.namespaces.require(topic)?;
         self.inner.reach.check()?;
         self.inner.presence.counts(topic).await
+    }
+
+    async fn read_history(
+        &self,
+        topic: &Topic,
+        query: &HistoryQuery,
+    ) -> Result<HistoryPage, BrokerError> {
+        let ttl = self.inner.namespaces.require(topic)?.history_ttl;
+        self.inner.reach.check()?;
+        let inner = &self.inner;
+        let reader = history::Reader {
+            keys: &inner.keys,
+            shards: &inner.replay_shards,
+            observer: &*inner.observer,
+            lineage: &inner.lineage,
+        };
+        reader.read(topic, query, ttl).await
+    }
+
+    async fn subscription(
+        &self,
+        user: &str,
+        command: ServerSubscription,
+    ) -> Result<(), BrokerError> {
+        self.inner.namespaces.require(command.topic())?;
+        self.inner.reach.check()?;
+        // Every pod, this one included, hears it from the control channel
+        // (in a cluster, a `PUBLISH` reaches every node's subscribers).
+        let channel = self.inner.keys.control_channel();
+        let mut publish = redis::cmd("PUBLISH");
+        publish
+            .arg(&channel)
+            .arg(control::subscription(user, &command));
+        let sending = self.inner.shards.command::<()>(&channel, &publish);
+        timed(&*self.inner.observer, "subscription", sending).await
     }
 }
 

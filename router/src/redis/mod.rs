@@ -27,7 +27,8 @@
 //!   before anything connects.
 //! - [`broker`]: the [`RedisBroker`], its start and its [`crate::Broker`]
 //!   calls; [`store`]: its [`crate::SessionStore`] calls.
-//! - [`recover`]: reading a topic's position and history; [`replies`]: what
+//! - [`recover`]: reading a topic's position and history; [`history`]:
+//!   the history API's pages; [`replies`]: what
 //!   the engine reads out of Redis's replies; [`call`]: one Redis call, timed
 //!   and reported.
 //! - [`connection`] and [`sentinel`]: reaching Redis; [`shards`] and
@@ -35,7 +36,8 @@
 //! - [`publisher`], [`sessions`] and [`pages`]: the batched writers and the
 //!   replay's reads; [`pubsub`] and [`lineage`]: following the topics this
 //!   pod watches; [`scripts`]: the Lua scripts and the keys they touch;
-//!   [`reach`]: whether Redis was reached yet.
+//!   [`reach`]: whether Redis was reached yet; [`control`]: what the
+//!   control channel carries (disconnects, server-side subscriptions).
 //! - [`presence`]: each pod's part of a topic's presence in one hash field,
 //!   replicas of the watched rooms, the pods' liveness and the cleanup of a
 //!   dead pod's members.
@@ -43,6 +45,8 @@
 mod broker;
 mod call;
 mod connection;
+mod control;
+mod history;
 mod lineage;
 mod pages;
 mod presence;

@@ -281,7 +281,7 @@ return {from, body, owner, now}
 /// and the seq its epoch began after (`b`; nil in a meta older than it),
 /// creating them for a new topic and moving a topic written in an earlier
 /// lineage to a new epoch (its seqs may be issued a second time).
-const PRELUDE: &str = r#"
+pub(super) const PRELUDE: &str = r#"
 local function lineage(key, known, fresh)
   local l = redis.call('HMGET', key, 'id', 'clock')
   local id, clock = l[1], tonumber(l[2] or '0')
@@ -502,7 +502,7 @@ return {seq, epoch, now, clock, line, page_of(KEYS[2], since, ARGV[8], ARGV[9])}
 /// bytes left hold at the size seen so far: a page of large messages does
 /// not copy (in Redis, where every pod's commands wait) the many more that
 /// `count` alone would allow.
-const PAGE_OF: &str = r#"
+pub(super) const PAGE_OF: &str = r#"
 local function page_of(history, after, count, bytes)
   count = tonumber(count or '0')
   bytes = tonumber(bytes or '0')

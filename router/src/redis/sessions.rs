@@ -109,7 +109,9 @@ pub fn is_owned_by(stored: &str, owner: &str) -> bool {
 
 /// The owner's line, the user's (`user <hex id> <since ms>`) if the session
 /// has one, then one line per subscription: `<acked> <epoch> <topic>`, and
-/// ` told` after it while the client has not acked the reset it was sent.
+/// ` told` after it while the client has not acked the reset it was sent,
+/// ` server` for a subscription the server made (a pod of an older release
+/// skips such a line: the session resumes there without it).
 pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
     let mut out = format!("owner {owner}\n").into_bytes();
     out.extend(encode_body(snapshot));
@@ -124,7 +126,11 @@ pub fn encode_body(snapshot: &SessionSnapshot) -> Vec<u8> {
     }
     for s in &snapshot.subscriptions {
         let told = if s.told { " told" } else { "" };
-        out.push_str(&format!("{} {} {}{told}\n", s.acked, s.epoch, s.topic));
+        let server = if s.server { " server" } else { "" };
+        out.push_str(&format!(
+            "{} {} {}{told}{server}\n",
+            s.acked, s.epoch, s.topic
+        ));
     }
     out.into_bytes()
 }
@@ -147,17 +153,25 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
         .filter_map(|line| {
             let mut parts = line.split(' ');
             let parsed = (|| {
-                let state = SubscriptionState {
+                let mut state = SubscriptionState {
                     acked: parts.next()?.parse().ok()?,
                     epoch: Arc::from(parts.next()?),
                     topic: Topic::parse(parts.next()?).ok()?,
-                    told: match parts.next() {
-                        None => false,
-                        Some("told") => true,
-                        Some(_) => return None,
-                    },
+                    told: false,
+                    server: false,
                 };
-                parts.next().is_none().then_some(state)
+                // Flags, in this order; a record of an older release has
+                // fewer.
+                let mut flag = parts.next();
+                if flag == Some("told") {
+                    state.told = true;
+                    flag = parts.next();
+                }
+                if flag == Some("server") {
+                    state.server = true;
+                    flag = parts.next();
+                }
+                flag.is_none().then_some(state)
             })();
             if parsed.is_none() {
                 tracing::warn!(line, "unreadable line in a stored session");
@@ -206,16 +220,33 @@ mod tests {
                     epoch: Arc::from("9f3c"),
                     acked: 42,
                     told: false,
+                    server: true,
                 },
                 SubscriptionState {
                     topic: Topic::parse("news").unwrap_or_else(|e| panic!("{e}")),
                     epoch: Arc::from("77aa"),
                     acked: 7,
                     told: true,
+                    server: false,
                 },
             ],
         };
         assert_eq!(decode(&encode("a1", &snapshot)), snapshot);
+    }
+
+    #[test]
+    fn records_of_older_releases_still_read() {
+        let old = b"owner a1\n42 9f3c news\n7 77aa chat:x told\n";
+        let read = decode(old);
+        let flags: Vec<(bool, bool)> = read
+            .subscriptions
+            .iter()
+            .map(|s| (s.told, s.server))
+            .collect();
+        assert_eq!(flags, vec![(false, false), (true, false)]);
+        let both = decode(b"3 9f3c news told server\n1 9f3c x server told\n");
+        assert_eq!(both.subscriptions.len(), 1, "flags in their order only");
+        assert!(both.subscriptions[0].told && both.subscriptions[0].server);
     }
 
     #[test]

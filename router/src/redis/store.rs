@@ -13,7 +13,7 @@ use super::broker::RedisBroker;
 use super::broker::ended;
 use super::call::{failed, timed, timed_raw};
 use super::replies::{ClaimReply, parse_claim};
-use super::{connection, millis, scripts, sessions};
+use super::{connection, control, millis, scripts, sessions};
 use crate::session::unix_ms;
 use crate::{
     BrokerError, Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, Stored, Unavailable,
@@ -89,7 +89,7 @@ impl SessionStore for RedisBroker {
         // reaches every node's subscribers).
         let channel = self.inner.keys.control_channel();
         let mut publish = redis::cmd("PUBLISH");
-        publish.arg(&channel).arg(format!("disconnect {user_hex}"));
+        publish.arg(&channel).arg(control::disconnect(user));
         let shards = &self.inner.shards;
         let revoking = async {
             shards.command::<()>(&key, &set).await?;

@@ -381,6 +381,7 @@ fn command(frame: &Bytes, text: &str) {
                 Command::Sub { topic, .. }
                 | Command::Unsub { topic, .. }
                 | Command::Ack { topic, .. }
+                | Command::History { topic, .. }
                 | Command::Presence { topic, .. } => check_topic(topic),
                 Command::Hello { .. } | Command::Refresh { .. } | Command::Ping { .. } => {}
             }

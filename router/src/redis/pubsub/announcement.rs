@@ -8,7 +8,8 @@ use bytes::Bytes;
 use super::Pubsub;
 use super::flow::{Announced, Flow, MAX_HELD};
 use crate::Topic;
-use crate::redis::{presence, sessions};
+use crate::redis::control::{self, Control};
+use crate::redis::presence;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -77,14 +78,11 @@ fn parse_payload(payload: &[u8]) -> Option<Announcement<'_>> {
 }
 
 impl Pubsub {
-    /// A message on the control channel: `disconnect <user hex>`.
+    /// A message on the control channel ([`control`]).
     fn control(&self, payload: &[u8]) {
-        let user = std::str::from_utf8(payload)
-            .ok()
-            .and_then(|text| text.strip_prefix("disconnect "))
-            .and_then(sessions::unhex);
-        match user {
-            Some(user) => self.sink.disconnect(&user),
+        match control::read(payload) {
+            Some(Control::Disconnect(user)) => self.sink.disconnect(&user),
+            Some(Control::Subscription(user, command)) => self.sink.subscription(&user, &command),
             None => tracing::warn!("unreadable message on the control channel"),
         }
     }

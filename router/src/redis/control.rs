@@ -1,0 +1,119 @@
+//! What the control channel carries (`<prefix>:control`, which every pod
+//! listens on): one line of words, user ids and epochs in hex
+//! ([`super::sessions::hex`]) so that any text stays one word.
+//!
+//! - `disconnect <user>`: a backend ended the user's access.
+//! - `subscribe <user> <topic> [<since> [<epoch>]]` and
+//!   `unsubscribe <user> <topic>`: a server-side subscription.
+//!
+//! A pod of an older release ignores a message it does not read (and logs
+//! it).
+
+use super::sessions::{hex, unhex};
+use crate::{ServerSubscription, Since, Topic};
+
+/// A message of the control channel, read.
+#[derive(Debug)]
+pub(super) enum Control {
+    Disconnect(String),
+    Subscription(String, ServerSubscription),
+}
+
+/// `disconnect <user>`.
+pub(super) fn disconnect(user: &str) -> String {
+    format!("disconnect {}", hex(user))
+}
+
+/// `subscribe ...` or `unsubscribe ...`.
+pub(super) fn subscription(user: &str, command: &ServerSubscription) -> String {
+    match command {
+        ServerSubscription::Subscribe { topic, since } => {
+            let mut line = format!("subscribe {} {topic}", hex(user));
+            if let Some(since) = since {
+                line.push_str(&format!(" {}", since.seq));
+                if let Some(epoch) = &since.epoch {
+                    line.push_str(&format!(" {}", hex(epoch)));
+                }
+            }
+            line
+        }
+        ServerSubscription::Unsubscribe { topic } => {
+            format!("unsubscribe {} {topic}", hex(user))
+        }
+    }
+}
+
+/// Reads a control message; `None` when it is none of the above.
+pub(super) fn read(payload: &[u8]) -> Option<Control> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.split(' ');
+    let kind = words.next()?;
+    let user = unhex(words.next()?)?;
+    let control = match kind {
+        "disconnect" => Control::Disconnect(user),
+        "subscribe" => {
+            let topic = Topic::parse(words.next()?).ok()?;
+            let since = match words.next() {
+                None => None,
+                Some(seq) => {
+                    let seq = seq.parse().ok()?;
+                    let epoch = match words.next() {
+                        None => None,
+                        Some(epoch) => Some(unhex(epoch)?),
+                    };
+                    Some(Since::claimed(seq, epoch))
+                }
+            };
+            Control::Subscription(user, ServerSubscription::Subscribe { topic, since })
+        }
+        "unsubscribe" => {
+            let topic = Topic::parse(words.next()?).ok()?;
+            Control::Subscription(user, ServerSubscription::Unsubscribe { topic })
+        }
+        _ => return None,
+    };
+    words.next().is_none().then_some(control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(name: &str) -> Topic {
+        Topic::parse(name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn control_messages_round_trip() {
+        let line = disconnect("alice smith");
+        assert!(
+            matches!(read(line.as_bytes()), Some(Control::Disconnect(u)) if u == "alice smith")
+        );
+        let subscribe = ServerSubscription::Subscribe {
+            topic: topic("chat:a/b"),
+            since: Some(Since::claimed(40, Some("9f 3c".to_owned()))),
+        };
+        let line = subscription("bob", &subscribe);
+        let Some(Control::Subscription(user, ServerSubscription::Subscribe { topic: t, since })) =
+            read(line.as_bytes())
+        else {
+            panic!("{line}")
+        };
+        assert_eq!((user.as_str(), t.as_str()), ("bob", "chat:a/b"));
+        let since = since.unwrap_or_else(|| panic!("since"));
+        assert_eq!((since.seq, since.epoch.as_deref()), (40, Some("9f 3c")));
+        let line = subscription(
+            "bob",
+            &ServerSubscription::Unsubscribe { topic: topic("n") },
+        );
+        assert!(matches!(
+            read(line.as_bytes()),
+            Some(Control::Subscription(
+                _,
+                ServerSubscription::Unsubscribe { .. }
+            ))
+        ));
+        assert!(read(b"subscribe 626f62").is_none());
+        assert!(read(b"later 626f62 x").is_none());
+    }
+}
