@@ -18,10 +18,12 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+use crate::presence::{Loaded, Told, Tracker};
 use crate::wire::{self, Frame};
 use crate::{
-    Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, Message, Published, Reply,
-    Shared, Since, State, TokenFn, reconnects_after,
+    Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, HistoryPage, HistoryQuery,
+    HistoryReply, Message, Origin, PresenceReply, Publication, Published, Reply, Shared, Since,
+    State, TokenFn, reconnects_after,
 };
 
 type Ws = WebSocketStream<TcpStream>;
@@ -64,6 +66,20 @@ pub(crate) enum Command {
         data: Box<RawValue>,
         reply: Reply,
     },
+    Presence {
+        topic: Arc<str>,
+        cursor: Option<String>,
+        limit: Option<u32>,
+        reply: PresenceReply,
+    },
+    History {
+        topic: Arc<str>,
+        query: HistoryQuery,
+        reply: HistoryReply,
+    },
+    Track {
+        topic: Arc<str>,
+    },
     Cut(Cut),
     Close,
 }
@@ -101,6 +117,13 @@ enum Pending {
     Unsub,
     Pub(Reply),
     Refresh,
+    Presence(PresenceReply),
+    History(HistoryReply),
+    /// A page of a tracked topic's load.
+    Load {
+        topic: Arc<str>,
+        load: u64,
+    },
 }
 
 /// How a connection (or an attempt) ended.
@@ -146,6 +169,12 @@ pub(crate) struct Driver {
     /// Half-open connections left behind by [`Cut::HalfOpen`].
     abandoned: Vec<Ws>,
     url: Option<String>,
+    /// `presence` and `history` asked while away, for the next connection.
+    requests: Vec<Command>,
+    trackers: HashMap<Arc<str>, Tracker>,
+    /// Commands a frame's handling made (a presence page asks for the
+    /// next), sent once it is handled.
+    outgoing: Vec<String>,
 }
 
 impl Driver {
@@ -170,6 +199,9 @@ impl Driver {
             wanted: HashMap::new(),
             abandoned: Vec::new(),
             url: None,
+            requests: Vec::new(),
+            trackers: HashMap::new(),
+            outgoing: Vec::new(),
         }
     }
 
@@ -254,11 +286,18 @@ impl Driver {
                 self.add_sub(topic, since);
             }
             Command::Unsubscribe { topic } => {
+                self.trackers.remove(&topic);
                 if self.subs.remove(&topic).is_some_and(|s| s.held) {
                     self.left.push(topic);
                 }
             }
             Command::Publish { topic, data, reply } => self.outbox.push((topic, data, reply)),
+            Command::Track { topic } => {
+                self.trackers.entry(topic).or_default();
+            }
+            request @ (Command::Presence { .. } | Command::History { .. }) => {
+                self.requests.push(request);
+            }
             Command::Cut(_) | Command::Close => {}
         }
     }
@@ -460,6 +499,23 @@ impl Driver {
                 .to_json(),
             );
         }
+        for request in std::mem::take(&mut self.requests) {
+            if let Some(text) = self.request(request) {
+                setup.push(text);
+            }
+        }
+        if resumed {
+            let held: Vec<Arc<str>> = self
+                .subs
+                .values()
+                .filter(|s| s.held)
+                .map(|s| s.topic.clone())
+                .collect();
+            for topic in held {
+                self.load_presence(&topic);
+            }
+            setup.append(&mut self.outgoing);
+        }
         let mut conn = Connection {
             url: url.to_owned(),
             silence: Duration::from_millis(welcome.ping_ms.max(1)) + self.s.ping_grace,
@@ -474,6 +530,70 @@ impl Driver {
             }
         }
         self.read(ws, conn).await
+    }
+
+    /// The text of a `presence` or `history` the application asked for
+    /// (`None` for any other command).
+    fn request(&mut self, command: Command) -> Option<String> {
+        Some(match command {
+            Command::Presence {
+                topic,
+                cursor,
+                limit,
+                reply,
+            } => {
+                let id = self.id(Pending::Presence(reply));
+                wire::Command::Presence {
+                    id,
+                    topic: &topic,
+                    cursor: cursor.as_deref(),
+                    limit,
+                }
+                .to_json()
+            }
+            Command::History {
+                topic,
+                query,
+                reply,
+            } => {
+                let id = self.id(Pending::History(reply));
+                wire::Command::History {
+                    id,
+                    topic: &topic,
+                    since: query.since,
+                    epoch: query.epoch.as_deref(),
+                    limit: query.limit,
+                    reverse: query.reverse,
+                }
+                .to_json()
+            }
+            _ => return None,
+        })
+    }
+
+    /// Loads a tracked topic's presence anew (it is subscribed on this
+    /// connection now): the first page goes out with the next frames.
+    fn load_presence(&mut self, topic: &Arc<str>) {
+        let Some(tracker) = self.trackers.get_mut(topic) else {
+            return;
+        };
+        let load = tracker.restart();
+        self.presence_page(topic, load, None);
+    }
+
+    fn presence_page(&mut self, topic: &Arc<str>, load: u64, cursor: Option<&str>) {
+        let id = self.id(Pending::Load {
+            topic: topic.clone(),
+            load,
+        });
+        let text = wire::Command::Presence {
+            id,
+            topic,
+            cursor,
+            limit: None,
+        }
+        .to_json();
+        self.outgoing.push(text);
     }
 
     fn id(&mut self, pending: Pending) -> u64 {
@@ -582,6 +702,11 @@ impl Driver {
                         let _ = timeout(CLOSE_DRAIN, ws.close(None)).await;
                         return Ok(End::Stop(Some(e)));
                     }
+                    for text in std::mem::take(&mut self.outgoing) {
+                        if let Err(e) = ws.send(WsMessage::text(text)).await {
+                            return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
+                        }
+                    }
                     if !self.wanted.is_empty() && !ack_armed {
                         ack_armed = true;
                         ack_timer.as_mut().reset(Instant::now() + ack_interval);
@@ -639,6 +764,7 @@ impl Driver {
                 self.sub_command(&topic)
             }
             Command::Unsubscribe { topic } => {
+                self.trackers.remove(&topic);
                 if self.subs.remove(&topic).is_none() {
                     return Ok(());
                 }
@@ -654,6 +780,27 @@ impl Driver {
                     data: &data,
                 }
                 .to_json()
+            }
+            Command::Track { topic } => {
+                if self.trackers.contains_key(&topic) {
+                    return Ok(());
+                }
+                self.trackers.insert(topic.clone(), Tracker::default());
+                if self.subs.get(&topic).is_some_and(|s| s.held) {
+                    self.load_presence(&topic);
+                }
+                for text in std::mem::take(&mut self.outgoing) {
+                    ws.send(WsMessage::text(text))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                return Ok(());
+            }
+            request @ (Command::Presence { .. } | Command::History { .. }) => {
+                match self.request(request) {
+                    Some(text) => text,
+                    None => return Ok(()),
+                }
             }
             Command::Cut(_) | Command::Close => return Ok(()),
         };
@@ -772,6 +919,23 @@ impl Driver {
                 self.emit(event).await?;
                 Ok(None)
             }
+            "presence_diff" => self.presence_diff(&frame).await,
+            "unsubscribed" => {
+                let Some(topic) = frame.topic.as_deref() else {
+                    return self.unreadable(text, "unsubscribed without topic").await;
+                };
+                let Some(sub) = self.subs.remove(topic) else {
+                    return Ok(None);
+                };
+                self.wanted.remove(topic);
+                self.trackers.remove(topic);
+                let event = Event::Unsubscribed {
+                    topic: sub.topic,
+                    reason: frame.reason.as_deref().unwrap_or("server").to_owned(),
+                };
+                self.emit(event).await?;
+                Ok(None)
+            }
             "reconnect" => {
                 conn.advice = Some(Advice {
                     after: Duration::from_millis(frame.after_ms.unwrap_or(0)),
@@ -835,6 +999,9 @@ impl Driver {
         frame: &Frame<'_>,
         conn: &mut Connection,
     ) -> Result<Option<Error>, Stop> {
+        if frame.id.is_none() && frame.reason.is_some() {
+            return self.server_subscribed(frame).await;
+        }
         let Some(pending) = frame.id.and_then(|id| self.pending.remove(&id)) else {
             return Ok(None);
         };
@@ -865,7 +1032,32 @@ impl Driver {
                     recovered,
                 };
                 self.emit(event).await?;
+                self.load_presence(&topic);
             }
+            Pending::Presence(reply) => {
+                let _ = reply.send(Ok(frame.presence_page()));
+            }
+            Pending::History(reply) => {
+                let publications = frame
+                    .publications
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| Publication {
+                        seq: p.seq,
+                        data: p
+                            .data
+                            .map_or_else(|| RawValue::NULL.to_owned(), |d| d.to_owned()),
+                    })
+                    .collect();
+                let _ = reply.send(Ok(HistoryPage {
+                    topic: frame.topic.as_deref().unwrap_or_default().to_owned(),
+                    epoch: frame.epoch.as_deref().unwrap_or_default().to_owned(),
+                    seq: frame.seq.unwrap_or(0),
+                    publications,
+                }));
+            }
+            Pending::Load { topic, load } => return self.presence_loaded(topic, load, frame).await,
             Pending::Pub(reply) => {
                 let published = Published {
                     seq: frame.seq.unwrap_or(0),
@@ -900,9 +1092,10 @@ impl Driver {
                 sub.pending = None;
                 if code == ErrorCode::AlreadySubscribed {
                     // The resumed session had it (its `ok` was lost with the
-                    // connection before).
+                    // connection before), or the server subscribed it.
                     sub.held = true;
                     sub.confirmed = true;
+                    self.load_presence(&topic);
                     return Ok(None);
                 }
                 if code.is_transient() {
@@ -917,6 +1110,16 @@ impl Driver {
             }
             Some(Pending::Pub(reply)) => {
                 let _ = reply.send(Err(server(None)));
+            }
+            Some(Pending::Presence(reply)) => {
+                let _ = reply.send(Err(server(frame.topic.as_deref().map(str::to_owned))));
+            }
+            Some(Pending::History(reply)) => {
+                let _ = reply.send(Err(server(frame.topic.as_deref().map(str::to_owned))));
+            }
+            Some(Pending::Load { topic, .. }) => {
+                self.emit(Event::Error(server(Some(topic.to_string()))))
+                    .await?;
             }
             Some(Pending::Refresh) if code == ErrorCode::Unauthorized => {
                 return Ok(Some(Error::Unauthorized(message)));
@@ -942,6 +1145,93 @@ impl Driver {
             }
         }
         Ok(None)
+    }
+
+    /// An `ok` without `id`: the server subscribed this connection (a
+    /// backend, the token's `topics`). A topic the client has already is
+    /// left as it is (its own `sub` settles it).
+    async fn server_subscribed(&mut self, frame: &Frame<'_>) -> Result<Option<Error>, Stop> {
+        let Some(topic) = frame.topic.as_deref() else {
+            return Ok(None);
+        };
+        let topic: Arc<str> = Arc::from(topic);
+        if !self.add_sub(topic.clone(), None) {
+            return Ok(None);
+        }
+        let Some(sub) = self.subs.get_mut(&topic) else {
+            return Ok(None);
+        };
+        sub.held = true;
+        sub.confirmed = true;
+        let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or_default());
+        let seq = frame.seq.unwrap_or(0);
+        if frame.recovered == Some(true) {
+            // Replayed from the backend's `since`, which the frame does not
+            // name: every seq that comes is new.
+            sub.epoch = Some(epoch.clone());
+        } else {
+            sub.move_to(&epoch, seq);
+        }
+        let origin = match frame.reason.as_deref() {
+            Some("token") => Origin::Token,
+            _ => Origin::Server,
+        };
+        let event = Event::ServerSubscribed {
+            topic: topic.clone(),
+            epoch,
+            seq,
+            recovered: frame.recovered,
+            origin,
+        };
+        self.emit(event).await?;
+        self.load_presence(&topic);
+        Ok(None)
+    }
+
+    /// A page of a tracked topic's load: merged; the next one asked for,
+    /// or, with the last, the application told what changed.
+    async fn presence_loaded(
+        &mut self,
+        topic: Arc<str>,
+        load: u64,
+        frame: &Frame<'_>,
+    ) -> Result<Option<Error>, Stop> {
+        let Some(tracker) = self.trackers.get_mut(&topic) else {
+            return Ok(None);
+        };
+        match tracker.page(load, &frame.presence_page()) {
+            Loaded::Stale => Ok(None),
+            Loaded::Next(cursor) => {
+                self.presence_page(&topic, load, Some(&cursor));
+                Ok(None)
+            }
+            Loaded::Done(change) => {
+                let event = tracker.event(topic, change, true);
+                self.emit(event).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn presence_diff(&mut self, frame: &Frame<'_>) -> Result<Option<Error>, Stop> {
+        let Some(diff) = frame.presence_diff() else {
+            return Ok(None);
+        };
+        let Some(tracker) = self.trackers.get_mut(&diff.topic) else {
+            return Ok(None);
+        };
+        match tracker.diff(&diff) {
+            Told::Quiet => Ok(None),
+            Told::Reload => {
+                self.load_presence(&diff.topic);
+                Ok(None)
+            }
+            Told::Changed(change) => {
+                let event = tracker.event(diff.topic, change, false);
+                self.emit(event).await?;
+                Ok(None)
+            }
+        }
     }
 
     // ------------------------------------------------------------ ends
@@ -995,10 +1285,20 @@ impl Driver {
         cause: Cause,
     ) -> Result<(), Stop> {
         for (_, pending) in self.pending.drain() {
-            if let Pending::Pub(reply) = pending {
-                let _ = reply.send(Err(Error::ConnectionLost));
+            match pending {
+                Pending::Pub(reply) => {
+                    let _ = reply.send(Err(Error::ConnectionLost));
+                }
+                Pending::Presence(reply) => {
+                    let _ = reply.send(Err(Error::ConnectionLost));
+                }
+                Pending::History(reply) => {
+                    let _ = reply.send(Err(Error::ConnectionLost));
+                }
+                _ => {}
             }
         }
+        self.outgoing.clear();
         let state = State::Disconnected {
             url: conn.url.clone(),
             close,

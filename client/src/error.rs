@@ -22,6 +22,11 @@ pub enum ErrorCode {
     /// The broker cannot take the request now: the client retries a `sub`.
     Unavailable,
     Internal,
+    /// The namespace has no presence ([`crate::Client::presence`]).
+    Disabled,
+    /// [`crate::Client::history`] from a `since` out of the kept window or
+    /// of another epoch: nothing partial is answered.
+    HistoryLost,
     /// A code this client does not know (a newer server).
     Other(String),
 }
@@ -44,6 +49,8 @@ impl ErrorCode {
             "too_many_subscriptions" => Self::TooManySubscriptions,
             "unavailable" => Self::Unavailable,
             "internal" => Self::Internal,
+            "disabled" => Self::Disabled,
+            "history_lost" => Self::HistoryLost,
             other => Self::Other(other.to_owned()),
         }
     }
@@ -64,6 +71,8 @@ impl ErrorCode {
             Self::TooManySubscriptions => "too_many_subscriptions",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
+            Self::Disabled => "disabled",
+            Self::HistoryLost => "history_lost",
             Self::Other(code) => code,
         }
     }
@@ -117,7 +126,7 @@ pub enum Error {
     #[error("unreadable server frame ({reason}): {frame}")]
     Protocol { reason: String, frame: String },
     /// The connection ended before the reply to a `pub` came: it may or may
-    /// not have been published.
+    /// not have been published. (For `presence` and `history`: ask again.)
     #[error("the connection ended before the reply")]
     ConnectionLost,
     /// `data` to publish that is not JSON.
@@ -185,10 +194,14 @@ mod tests {
             "unauthorized",
             "token_expired",
             "unavailable",
+            "disabled",
+            "history_lost",
             "something_new",
         ] {
             assert_eq!(ErrorCode::parse(code).as_str(), code);
         }
+        assert_eq!(ErrorCode::parse("history_lost"), ErrorCode::HistoryLost);
+        assert_eq!(ErrorCode::parse("disabled"), ErrorCode::Disabled);
         assert!(ErrorCode::parse("unavailable").is_transient());
         assert!(!ErrorCode::parse("forbidden").is_transient());
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
-use crate::Error;
+use crate::{Applied, Error};
 
 /// One thing that happened, in the order it happened.
 #[derive(Debug, Clone)]
@@ -37,6 +37,37 @@ pub enum Event {
     /// Something failed. After a terminal one ([`Error::is_terminal`]) the
     /// stream ends; the others are for information (the client carries on).
     Error(Error),
+    /// The server subscribed this connection on its own: a backend's
+    /// `POST /v1/subscribe` ([`Origin::Server`]) or the token's `topics`
+    /// ([`Origin::Token`]). The topic is the client's subscription from now
+    /// on (messages, acks, resumes), as if [`crate::Client::subscribe`] had
+    /// made it. `recovered` as in [`Event::Subscribed`] (a backend's
+    /// `since`).
+    ServerSubscribed {
+        topic: Arc<str>,
+        epoch: Arc<str>,
+        seq: u64,
+        recovered: Option<bool>,
+        origin: Origin,
+    },
+    /// The server ended a subscription (`reason`: `server`, a backend's
+    /// `POST /v1/unsubscribe`): no more messages of the topic.
+    Unsubscribed { topic: Arc<str>, reason: String },
+    /// The members of a topic tracked with
+    /// [`crate::Client::track_presence`] changed. After each (re)load of
+    /// every page, `loaded` is true and `change` holds what differs from
+    /// what was told before (every member, the first time); then each
+    /// `presence_diff` merged. Applying the joins and leaves in order gives
+    /// the members.
+    Presence {
+        topic: Arc<str>,
+        change: Applied,
+        loaded: bool,
+        /// The topic's presence position and counts after the change.
+        position: u64,
+        users: u64,
+        connections: u64,
+    },
     /// A `msg` dropped by the seq rule (a redelivery after a resume), only
     /// with [`crate::Builder::report_dropped`]: for load tools and tests
     /// that count what the wire brought.
@@ -45,6 +76,16 @@ pub enum Event {
         epoch: Arc<str>,
         seq: u64,
     },
+}
+
+/// Who made a subscription the client did not ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// A backend, through the HTTP or gRPC API.
+    Server,
+    /// The token's `topics` claim, at `hello`.
+    Token,
 }
 
 /// A message of a topic.

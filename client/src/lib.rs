@@ -30,6 +30,12 @@
 //! slows the reading (the server then closes with 4000 and the client
 //! resumes: nothing is lost). [`Event`] and [`State`] are what it reads,
 //! [`Error`] what can go wrong; [`Endpoints`] picks the pod to connect to.
+//! Beside the stream: [`Client::presence`] and [`Client::history`] ask and
+//! wait for their answer; [`PresenceRoom`] (`presence.rs`) merges presence
+//! pages and diffs by the protocol's rule, for [`Client::track_presence`]
+//! and [`Client::presence_all`]. Subscriptions the server makes (a backend,
+//! the token's `topics`) are the client's like its own
+//! ([`Event::ServerSubscribed`], [`Event::Unsubscribed`]).
 //!
 //! Guarantees: within an epoch a topic's messages come in seq order, each at
 //! most once; a gap is never silent (a [`Event::Reset`], or
@@ -41,6 +47,7 @@ mod driver;
 mod endpoints;
 mod error;
 mod event;
+mod presence;
 mod wire;
 
 use std::collections::HashMap;
@@ -52,11 +59,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use endpoints::{DOWN_FOR, Endpoints, Urls};
 pub use error::{Error, ErrorCode, reconnects_after};
-pub use event::{Advice, Cause, Event, Message, State};
+pub use event::{Advice, Cause, Event, Message, Origin, State};
+pub use presence::{Applied, Member, PresenceDiff, PresencePage, PresenceRoom};
 
 /// Events buffered between the driver and the application.
 pub const DEFAULT_BUFFER: usize = 1024;
@@ -146,6 +155,46 @@ pub struct Published {
 
 /// Where a [`Client::publish`] waits for its reply.
 type Reply = oneshot::Sender<Result<Published, Error>>;
+
+/// What [`Client::history`] asks for (all optional: the first page, oldest
+/// first, of the server's default size).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryQuery {
+    /// Forward: the messages after this seq (default: from the oldest
+    /// kept). Reverse: those below it (default: from the newest).
+    pub since: Option<u64>,
+    /// The epoch `since` is of; another epoch's is `history_lost`.
+    pub epoch: Option<String>,
+    /// At most this many (default 100, at most the server's
+    /// `history.max_limit`); 0: the topic's position only.
+    pub limit: Option<u32>,
+    /// Newest first.
+    pub reverse: bool,
+}
+
+/// One kept message in a [`HistoryPage`].
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub seq: u64,
+    /// The publisher's JSON, byte for byte.
+    pub data: Box<RawValue>,
+}
+
+/// The answer to [`Client::history`]: kept messages and the topic's
+/// position (`epoch`, `seq`).
+#[derive(Debug, Clone)]
+pub struct HistoryPage {
+    pub topic: String,
+    pub epoch: String,
+    pub seq: u64,
+    /// In the order asked for; page on with the last one's seq as `since`.
+    pub publications: Vec<Publication>,
+}
+
+/// Where a [`Client::presence`] waits for its page.
+type PresenceReply = oneshot::Sender<Result<PresencePage, Error>>;
+/// Where a [`Client::history`] waits for its page.
+type HistoryReply = oneshot::Sender<Result<HistoryPage, Error>>;
 
 type TokenFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
 type TokenFn = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
@@ -381,6 +430,112 @@ impl Client {
         self.send(driver::Command::Publish {
             topic: Arc::from(topic.into()),
             data,
+            reply,
+        })?;
+        answer.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// One page of `topic`'s presence (members ordered by user id, counts,
+    /// the position it answers at), where the namespace lets this client
+    /// subscribe; `cursor` from the previous page, `limit` at most the
+    /// server's `presence.page_size` (its default). Waits for a connection
+    /// if there is none. A namespace without presence: [`Error::Server`]
+    /// with [`ErrorCode::Disabled`].
+    pub async fn presence(
+        &self,
+        topic: impl Into<String>,
+        cursor: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<PresencePage, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.send(driver::Command::Presence {
+            topic: Arc::from(topic.into()),
+            cursor: cursor.map(str::to_owned),
+            limit,
+            reply,
+        })?;
+        answer.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Every page of `topic`'s presence, merged into one room (the counts
+    /// of the newest page).
+    pub async fn presence_all(&self, topic: impl Into<String>) -> Result<PresenceRoom, Error> {
+        let topic = topic.into();
+        let mut room = PresenceRoom::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = self
+                .presence(topic.clone(), cursor.as_deref(), None)
+                .await?;
+            room.page(&page);
+            match page.cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(room),
+            }
+        }
+    }
+
+    /// Keeps `topic`'s members for the application: once the topic is
+    /// subscribed (and again after each re-subscribe or resume) every page
+    /// is loaded, then the topic's `presence_diff`s (a `join_leave`
+    /// namespace) merged by the protocol's rule; each change is an
+    /// [`Event::Presence`]. Ends with the subscription.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), herald_client::Error> {
+    /// use std::collections::BTreeMap;
+    /// use herald_client::{Client, Event};
+    ///
+    /// let (client, mut events) = Client::builder(["ws://127.0.0.1:8080/ws"]).build()?;
+    /// client.track_presence("room:1")?;
+    /// client.subscribe("room:1", None)?;
+    /// let mut members = BTreeMap::new();
+    /// while let Some(event) = events.next().await {
+    ///     if let Event::Presence { change, users, .. } = event {
+    ///         for m in change.joins {
+    ///             members.insert(m.user.clone(), m.info);
+    ///         }
+    ///         for user in change.leaves {
+    ///             members.remove(&user);
+    ///         }
+    ///         println!("{users} here: {:?}", members.keys().collect::<Vec<_>>());
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn track_presence(&self, topic: impl Into<String>) -> Result<(), Error> {
+        self.send(driver::Command::Track {
+            topic: Arc::from(topic.into()),
+        })
+    }
+
+    /// Kept messages of `topic` (where the namespace lets this client
+    /// subscribe) and its position. A `since` the history no longer holds
+    /// is [`Error::Server`] with [`ErrorCode::HistoryLost`], never a
+    /// partial answer. Waits for a connection if there is none.
+    ///
+    /// ```no_run
+    /// # async fn run(client: herald_client::Client) -> Result<(), herald_client::Error> {
+    /// use herald_client::HistoryQuery;
+    ///
+    /// // The 50 newest messages, newest first; then the 50 before them.
+    /// let query = HistoryQuery { limit: Some(50), reverse: true, ..HistoryQuery::default() };
+    /// let newest = client.history("news", query.clone()).await?;
+    /// if let Some(last) = newest.publications.last() {
+    ///     let older = HistoryQuery { since: Some(last.seq), ..query };
+    ///     let _before = client.history("news", older).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn history(
+        &self,
+        topic: impl Into<String>,
+        query: HistoryQuery,
+    ) -> Result<HistoryPage, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.send(driver::Command::History {
+            topic: Arc::from(topic.into()),
+            query,
             reply,
         })?;
         answer.await.map_err(|_| Error::Stopped)?

@@ -2,11 +2,13 @@
 //! keys it uses; unknown keys are ignored) and the commands it writes.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::Error;
+use crate::presence::{Member, PresenceDiff, PresencePage};
 
 /// Any server message: `op` says which keys matter.
 #[derive(Deserialize)]
@@ -34,6 +36,40 @@ pub(crate) struct Frame<'a> {
     #[serde(borrow)]
     pub message: Option<Cow<'a, str>>,
     pub after_ms: Option<u64>,
+    /// `presence` answers and `presence_diff`.
+    pub position: Option<u64>,
+    pub users: Option<u64>,
+    pub connections: Option<u64>,
+    #[serde(borrow)]
+    pub members: Option<Vec<WireMember<'a>>>,
+    #[serde(borrow)]
+    pub cursor: Option<Cow<'a, str>>,
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    #[serde(borrow)]
+    pub joins: Option<Vec<WireMember<'a>>>,
+    #[serde(borrow)]
+    pub leaves: Option<Vec<Cow<'a, str>>>,
+    /// `history` answers.
+    #[serde(borrow)]
+    pub publications: Option<Vec<WirePublication<'a>>>,
+}
+
+/// A presence member as the server writes it.
+#[derive(Deserialize)]
+pub(crate) struct WireMember<'a> {
+    #[serde(borrow)]
+    pub user: Cow<'a, str>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pub info: Option<&'a RawValue>,
+}
+
+/// A kept message in a `history` answer.
+#[derive(Deserialize)]
+pub(crate) struct WirePublication<'a> {
+    pub seq: u64,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pub data: Option<&'a RawValue>,
 }
 
 impl<'a> Frame<'a> {
@@ -43,6 +79,52 @@ impl<'a> Frame<'a> {
             frame: text.chars().take(200).collect(),
         })
     }
+}
+
+impl Frame<'_> {
+    /// A `presence` answer as a page.
+    pub fn presence_page(&self) -> PresencePage {
+        PresencePage {
+            topic: self.topic.as_deref().unwrap_or_default().to_owned(),
+            position: self.position.unwrap_or(0),
+            users: self.users.unwrap_or(0),
+            connections: self.connections.unwrap_or(0),
+            members: members(self.members.as_deref()),
+            cursor: self.cursor.as_deref().map(str::to_owned),
+        }
+    }
+
+    /// A `presence_diff`, if it has its topic and positions; without
+    /// `joins` and `leaves` it is counts only.
+    pub fn presence_diff(&self) -> Option<PresenceDiff> {
+        let (Some(topic), Some(from), Some(to)) = (self.topic.as_deref(), self.from, self.to)
+        else {
+            return None;
+        };
+        Some(PresenceDiff {
+            topic: Arc::from(topic),
+            from,
+            to,
+            joins: members(self.joins.as_deref()),
+            leaves: self
+                .leaves
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(|u| Arc::from(&**u))
+                .collect(),
+            counts_only: self.joins.is_none() && self.leaves.is_none(),
+            users: self.users.unwrap_or(0),
+            connections: self.connections.unwrap_or(0),
+        })
+    }
+}
+
+fn members(wire: Option<&[WireMember<'_>]>) -> Vec<Member> {
+    wire.unwrap_or_default()
+        .iter()
+        .map(|m| Member::new(&m.user, m.info))
+        .collect()
 }
 
 /// `Some` for a value that is present, `null` included.
@@ -86,6 +168,26 @@ pub(crate) enum Command<'a> {
     Refresh {
         id: u64,
         token: &'a str,
+    },
+    Presence {
+        id: u64,
+        topic: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cursor: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
+    History {
+        id: u64,
+        topic: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        epoch: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        reverse: bool,
     },
 }
 
@@ -134,6 +236,25 @@ mod tests {
         let f = Frame::parse(r#"{"op":"msg","topic":"news","seq":1,"data":null,"new":1}"#)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f.data.map(RawValue::get), Some("null"));
+        let f = Frame::parse(
+            r#"{"op":"presence_diff","topic":"room:1","from":17,"to":19,"joins":[{"user":"carol","info":{"name":"C"}}],"leaves":["bob"],"users":2,"connections":2}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((f.from, f.to, f.users), (Some(17), Some(19), Some(2)));
+        let joins = f.joins.unwrap_or_default();
+        assert_eq!(joins[0].user, "carol");
+        assert_eq!(joins[0].info.map(RawValue::get), Some(r#"{"name":"C"}"#));
+        assert_eq!(f.leaves.unwrap_or_default(), vec!["bob"]);
+        let f = Frame::parse(
+            r#"{"op":"ok","id":3,"topic":"news","epoch":"e","seq":42,"publications":[{"seq":41,"data":[1]},{"seq":42,"data":null}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let publications = f.publications.unwrap_or_default();
+        assert_eq!(publications[0].data.map(RawValue::get), Some("[1]"));
+        assert_eq!(publications[1].data.map(RawValue::get), Some("null"));
+        let f = Frame::parse(r#"{"op":"ok","topic":"news","seq":4,"epoch":"e","reason":"server"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((f.id, f.reason.as_deref()), (None, Some("server")));
         assert!(Frame::parse("[1]").is_err());
         assert!(Frame::parse(r#"{"seq":1}"#).is_err());
     }
@@ -155,6 +276,28 @@ mod tests {
             resume: None,
         };
         assert_eq!(hello.to_json(), r#"{"op":"hello"}"#);
+        let history = Command::History {
+            id: 2,
+            topic: "news",
+            since: Some(40),
+            epoch: None,
+            limit: Some(50),
+            reverse: false,
+        };
+        assert_eq!(
+            history.to_json(),
+            r#"{"op":"history","id":2,"topic":"news","since":40,"limit":50}"#
+        );
+        let presence = Command::Presence {
+            id: 3,
+            topic: "room:1",
+            cursor: Some("c"),
+            limit: None,
+        };
+        assert_eq!(
+            presence.to_json(),
+            r#"{"op":"presence","id":3,"topic":"room:1","cursor":"c"}"#
+        );
     }
 
     #[test]

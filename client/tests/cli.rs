@@ -1,10 +1,36 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed unwrap is a failed test
 
 //! `herald-cli` against a gateway: `pub` over the HTTP API, then `sub
-//! --since 0` prints the message as a JSON line.
+//! --since 0` prints the message as a JSON line; `history` prints a page,
+//! `presence` the members.
+
+mod common;
+#[path = "common/rooms.rs"]
+mod rooms;
 
 use serde_json::{Value, json};
 use testkit::Gateway;
+
+/// Runs herald-cli with `args` (off the runtime's threads); its stdout as JSON.
+async fn cli_json(args: Vec<String>) -> Value {
+    let output = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        testkit::process::run(
+            CLI,
+            &args,
+            testkit::WAIT,
+            "cargo builds herald-cli for this package's tests",
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        testkit::process::show(&output)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
 
 const CLI: &str = env!("CARGO_BIN_EXE_herald-cli");
 
@@ -58,4 +84,60 @@ async fn pub_then_sub_since_0_prints_the_message_as_a_json_line() {
         "{stdout}"
     );
     assert_eq!(lines[0]["epoch"], answer["epoch"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_prints_a_page_as_one_json_object() {
+    let gateway = Gateway::start().await;
+    for i in 1..=3 {
+        gateway.publish("news", json!({ "i": i })).await;
+    }
+    let args = [
+        "history",
+        "news",
+        "--since",
+        "3",
+        "--reverse",
+        "--limit",
+        "2",
+        "--url",
+    ];
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.push(gateway.ws_url());
+    let page = cli_json(args).await;
+    assert_eq!(page["seq"], 3, "{page}");
+    assert_eq!(
+        page["publications"],
+        json!([{"seq": 2, "data": {"i": 2}}, {"seq": 1, "data": {"i": 1}}]),
+        "{page}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_prints_the_members_as_one_json_object() {
+    let gateway = rooms::with_users().await;
+    let (alice, mut events) = common::user(&gateway, "alice", json!({"info": {"name": "Alice"}}));
+    alice.subscribe("quiet:1", None).unwrap();
+    common::until(&mut events, |e| {
+        matches!(e, herald_client::Event::Subscribed { .. }).then_some(())
+    })
+    .await;
+    let token = common::token("bob", json!({}));
+    let args = vec![
+        "presence".to_owned(),
+        "quiet:1".to_owned(),
+        "--url".to_owned(),
+        gateway.ws_url(),
+        "--token".to_owned(),
+        token,
+    ];
+    let room = cli_json(args).await;
+    assert_eq!(
+        (&room["users"], &room["members"]),
+        (
+            &json!(1),
+            &json!([{"user": "alice", "info": {"name": "Alice"}}])
+        ),
+        "{room}"
+    );
 }

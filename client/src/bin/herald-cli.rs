@@ -5,12 +5,18 @@
 //!   reconnects; what else happens (connects, resets) goes to stderr.
 //! - `herald-cli pub TOPIC DATA`: publishes over the HTTP API and prints
 //!   the answer (`{"seq","epoch"}`).
+//! - `herald-cli presence TOPIC`: every page of the topic's presence over
+//!   the WebSocket, merged, as one JSON object
+//!   (`{"topic","position","users","connections","members"}`).
+//! - `herald-cli history TOPIC [--since N] [--limit N] [--reverse]`: a page
+//!   of the topic's kept messages over the WebSocket, as the server answers
+//!   it (`{"topic","epoch","seq","publications"}`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use herald_client::{Client, Event, Since, State};
+use herald_client::{Client, Event, HistoryQuery, Since, State};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -21,6 +27,8 @@ const DEFAULT_URL: &str = "ws://127.0.0.1:8080/ws";
 const DEFAULT_API: &str = "http://127.0.0.1:8080";
 /// Longest a publish may take, connection included.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `presence` or `history` may take, connection included.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +77,38 @@ enum Command {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Print a topic's presence (every page, merged) as one JSON object.
+    Presence {
+        topic: String,
+        /// A gateway's WebSocket URL.
+        #[arg(long, default_value = DEFAULT_URL)]
+        url: String,
+        /// A token for `hello` (a JWT), where the gateway checks them.
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// Print a page of a topic's kept messages as one JSON object.
+    History {
+        topic: String,
+        /// Forward: the messages after this seq; with --reverse, those below it.
+        #[arg(long)]
+        since: Option<u64>,
+        /// The epoch `--since` is of (default: the topic's current one).
+        #[arg(long, requires = "since")]
+        epoch: Option<String>,
+        /// At most this many (default 100); 0: the topic's position only.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Newest first.
+        #[arg(long)]
+        reverse: bool,
+        /// A gateway's WebSocket URL.
+        #[arg(long, default_value = DEFAULT_URL)]
+        url: String,
+        /// A token for `hello` (a JWT), where the gateway checks them.
+        #[arg(long)]
+        token: Option<String>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -101,6 +141,24 @@ async fn main() -> ExitCode {
                 idempotency_key.as_deref(),
             )
             .await
+        }
+        Command::Presence { topic, url, token } => presence(topic, url, token).await,
+        Command::History {
+            topic,
+            since,
+            epoch,
+            limit,
+            reverse,
+            url,
+            token,
+        } => {
+            let query = HistoryQuery {
+                since,
+                epoch,
+                limit,
+                reverse,
+            };
+            history(topic, url, token, query).await
         }
     };
     match outcome {
@@ -178,6 +236,103 @@ async fn sub(
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// A client of `url` whose events are drained (a query's answer comes
+/// while someone reads them); a terminal error ends the query.
+fn query_client(
+    url: String,
+    token: Option<String>,
+) -> Result<(Client, tokio::sync::oneshot::Receiver<String>), String> {
+    let mut builder = Client::builder([url]);
+    if let Some(token) = token {
+        builder = builder.token(move || {
+            let token = token.clone();
+            async move { Ok::<_, String>(token) }
+        });
+    }
+    let (client, mut events) = builder.build().map_err(|e| e.to_string())?;
+    let (fatal, fatal_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            if let Event::Error(e) = event
+                && e.is_terminal()
+            {
+                let _ = fatal.send(e.to_string());
+                return;
+            }
+        }
+    });
+    Ok((client, fatal_rx))
+}
+
+/// Every page of `topic`'s presence, printed as one JSON object.
+async fn presence(topic: String, url: String, token: Option<String>) -> Result<(), String> {
+    let (client, fatal) = query_client(url, token)?;
+    let asked = tokio::time::timeout(QUERY_TIMEOUT, async {
+        tokio::select! {
+            room = client.presence_all(topic.clone()) => room.map_err(|e| e.to_string()),
+            Ok(e) = fatal => Err(e),
+        }
+    });
+    let room = asked
+        .await
+        .map_err(|_| format!("no answer within {QUERY_TIMEOUT:?}"))??;
+    client.close();
+    let members: Vec<Value> = room
+        .members()
+        .map(
+            |m| match m.info.as_deref().map(serde_json::from_str::<Value>) {
+                Some(Ok(info)) => json!({"user": &*m.user, "info": info}),
+                _ => json!({"user": &*m.user}),
+            },
+        )
+        .collect();
+    let out = json!({
+        "topic": topic,
+        "position": room.position(),
+        "users": room.users(),
+        "connections": room.connections(),
+        "members": members,
+    });
+    println!("{out}");
+    Ok(())
+}
+
+/// A page of `topic`'s history, printed as one JSON object.
+async fn history(
+    topic: String,
+    url: String,
+    token: Option<String>,
+    query: HistoryQuery,
+) -> Result<(), String> {
+    let (client, fatal) = query_client(url, token)?;
+    let asked = tokio::time::timeout(QUERY_TIMEOUT, async {
+        tokio::select! {
+            page = client.history(topic, query) => page.map_err(|e| e.to_string()),
+            Ok(e) = fatal => Err(e),
+        }
+    });
+    let page = asked
+        .await
+        .map_err(|_| format!("no answer within {QUERY_TIMEOUT:?}"))??;
+    client.close();
+    let publications: Vec<Value> = page
+        .publications
+        .iter()
+        .map(|p| {
+            let data: Value = serde_json::from_str(p.data.get()).unwrap_or(Value::Null);
+            json!({"seq": p.seq, "data": data})
+        })
+        .collect();
+    let out = json!({
+        "topic": page.topic,
+        "epoch": page.epoch,
+        "seq": page.seq,
+        "publications": publications,
+    });
+    println!("{out}");
     Ok(())
 }
 

@@ -3,9 +3,47 @@
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use herald_client::{Endpoints, Event, Events, Message};
-use testkit::WAIT;
+use herald_client::{Client, Endpoints, Event, Events, Message};
+use serde_json::{Value, json};
+use testkit::{Gateway, WAIT};
+
+/// The HMAC secret of the gateways `rooms::with_users` starts (at least 32 bytes).
+pub const SECRET: &str = "herald-client-tests-hmac-secret-0123456789";
+
+/// An HS256 token over [`SECRET`] for `user`, valid for an hour, with the
+/// claims of `extra` besides (`info`, `topics`).
+pub fn token(user: &str, extra: Value) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut claims = json!({"sub": user, "exp": now + 3600});
+    if let (Some(claims), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
+        claims.extend(extra.clone());
+    }
+    let _ = jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER.install_default();
+    let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap();
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+}
+
+/// A client of `gateway` as `user` (token claims `extra` besides `sub`).
+pub fn user(gateway: &Gateway, user: &str, extra: Value) -> (Client, Events) {
+    let token = token(user, extra);
+    Client::builder([gateway.ws_url()])
+        .token(move || {
+            let token = token.clone();
+            async move { Ok::<_, String>(token) }
+        })
+        .build()
+        .unwrap()
+}
+
+/// `POST path` with `body` on the gateway's API; the status and the answer.
+pub async fn api(gateway: &Gateway, path: &str, body: Value) -> (u16, String) {
+    testkit::http(gateway.addr, "POST", path, &[], body.to_string().as_bytes()).await
+}
 
 /// Reads events until `want` picks one, for at most [`WAIT`]; panics with
 /// what came instead.

@@ -6,10 +6,14 @@ import {
   type Command,
   type ErrFrame,
   type HelloCommand,
+  type HistoryCommand,
   type OkFrame,
+  type PresenceCommand,
   type PubCommand,
+  type Publication,
   type RefreshCommand,
   type ServerFrame,
+  type UnsubscribedFrame,
   type WelcomeFrame,
 } from './frame.js';
 import { Heartbeat } from './heartbeat.js';
@@ -21,6 +25,7 @@ import {
   type HeraldClientOptions,
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
+import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
 import { Subscription, type Owner } from './subscription.js';
 import { Timer } from './timer.js';
 
@@ -44,11 +49,62 @@ export interface StateChange {
   error?: HeraldError;
 }
 
+/** A subscription the server made on its own: a backend's `POST /v1/subscribe` (`server`), the token's `topics` (`token`). */
+export interface ServerSubscribed {
+  subscription: Subscription;
+  reason: 'server' | 'token' | (string & {});
+}
+
+/** The server ended a subscription on its own (a backend's `POST /v1/unsubscribe`). */
+export interface ServerUnsubscribed {
+  subscription: Subscription;
+  topic: string;
+  reason: string;
+}
+
 /** The events of a {@link HeraldClient}. */
 export interface ClientEvents {
   state: StateChange;
   /** Something went wrong that no promise or subscription reports: a refused refresh, a listener that threw. */
   error: HeraldError;
+  /**
+   * The server subscribed this connection (a backend, or the token's
+   * `topics`): listen on the subscription now, its messages follow. Not for
+   * a topic the app subscribed already.
+   */
+  subscribed: ServerSubscribed;
+  /** The server ended a subscription (the app's or its own): it is closed. */
+  unsubscribed: ServerUnsubscribed;
+}
+
+/** The options of {@link HeraldClient.presence}. */
+export interface PresenceOptions {
+  /** The `cursor` of the previous page. */
+  cursor?: string;
+  /** Members per page (default and most: the server's `presence.page_size`). */
+  limit?: number;
+}
+
+/** The options of {@link HeraldClient.history}. */
+export interface HistoryOptions {
+  /** Forward: the messages after this seq (default: from the oldest kept). Reverse: those below it (default: from the newest). */
+  since?: number;
+  /** The epoch `since` belongs to; another epoch's is `HistoryLostError`. */
+  epoch?: string;
+  /** At most this many (default 100; the server's `history.max_limit` at most); 0: the position only. */
+  limit?: number;
+  /** Newest first. */
+  reverse?: boolean;
+}
+
+/** Kept messages of a topic, and its position. */
+export interface HistoryPage<T = unknown> {
+  topic: string;
+  /** The topic's current position. */
+  epoch: string;
+  seq: number;
+  /** Oldest first (newest first with `reverse`). Page on with the last one's seq as `since`. */
+  publications: Publication<T>[];
 }
 
 /** The options of {@link HeraldClient.subscribe}. */
@@ -79,7 +135,11 @@ interface Socket {
 }
 
 /** A command answered by the `ok` or `err` of its `id`, before it is given one. */
-type Request = Omit<PubCommand, 'id'> | Omit<RefreshCommand, 'id'>;
+type Request =
+  | Omit<PubCommand, 'id'>
+  | Omit<RefreshCommand, 'id'>
+  | Omit<PresenceCommand, 'id'>
+  | Omit<HistoryCommand, 'id'>;
 
 interface Pending {
   resolve(frame: OkFrame): void;
@@ -219,6 +279,69 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   async publish(topic: string, data: unknown): Promise<Published> {
     const ok = await this.#request({ op: 'pub', topic, data });
     return { seq: ok.seq ?? 0, epoch: ok.epoch ?? '' };
+  }
+
+  /**
+   * One page of the topic's presence (members ordered by user id, counts,
+   * the position it answers at), where the namespace lets this client
+   * subscribe (no subscription needed). Rejects with `DisabledError` where
+   * the namespace has no presence. `Subscription.presence()` keeps the
+   * members of a subscribed topic current.
+   */
+  async presence(topic: string, options: PresenceOptions = {}): Promise<PresencePage> {
+    const command: Omit<PresenceCommand, 'id'> = { op: 'presence', topic };
+    if (options.cursor !== undefined) command.cursor = options.cursor;
+    if (options.limit !== undefined) command.limit = options.limit;
+    const ok = await this.#request(command);
+    const page: PresencePage = {
+      topic: ok.topic ?? topic,
+      position: ok.position ?? 0,
+      users: ok.users ?? 0,
+      connections: ok.connections ?? 0,
+      members: ok.members ?? [],
+    };
+    if (ok.cursor !== undefined) page.cursor = ok.cursor;
+    return page;
+  }
+
+  /** Every page of the topic's presence, merged (the counts of the newest page). */
+  async presenceAll(topic: string): Promise<PresenceSnapshot> {
+    const room = new PresenceRoom();
+    let cursor: string | undefined;
+    do {
+      const page = await this.presence(topic, cursor === undefined ? {} : { cursor });
+      room.page(page.position, page.members, page.cursor !== undefined);
+      room.counts(page.position, page.users, page.connections);
+      cursor = page.cursor;
+    } while (cursor !== undefined);
+    return { topic, position: room.position, users: room.users, connections: room.connections, members: room.list() };
+  }
+
+  /**
+   * Kept messages of the topic, where the namespace lets this client
+   * subscribe: after `since` oldest first, or below it newest first
+   * (`reverse`), and the topic's position. A `since` the history no longer
+   * holds rejects with `HistoryLostError` (never a partial answer).
+   */
+  async history<T = unknown>(topic: string, options: HistoryOptions = {}): Promise<HistoryPage<T>> {
+    const command: Omit<HistoryCommand, 'id'> = { op: 'history', topic };
+    if (options.since !== undefined) command.since = options.since;
+    if (options.epoch !== undefined) command.epoch = options.epoch;
+    if (options.limit !== undefined) command.limit = options.limit;
+    if (options.reverse) command.reverse = true;
+    const ok = await this.#request(command);
+    return {
+      topic: ok.topic ?? topic,
+      epoch: ok.epoch ?? '',
+      seq: ok.seq ?? 0,
+      // `T` is the app's word for what publishers send: nothing here checks it.
+      publications: (ok.publications ?? []) as Publication<T>[],
+    };
+  }
+
+  /** @internal */
+  _presencePage(topic: string, cursor: string | undefined): Promise<PresencePage> {
+    return this.presence(topic, cursor === undefined ? {} : { cursor });
   }
 
   /** @internal */
@@ -367,6 +490,10 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         return this.#ok(m);
       case 'err':
         return this.#err(m);
+      case 'presence_diff':
+        return this.#sub(m.topic)?._presenceDiff(m);
+      case 'unsubscribed':
+        return this.#unsubscribed(m);
       case 'reconnect':
         // Leave as advised: the server closes next; acks sent now still count.
         this.#advice = m.after_ms;
@@ -397,6 +524,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   #ok(m: OkFrame): void {
     const id = m.id;
+    if (id === undefined) return this.#serverSub(m);
     const sub = this.#subIds.get(id);
     if (sub) {
       this.#subIds.delete(id);
@@ -414,6 +542,27 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       clearTimeout(p.timer);
       p.resolve(m);
     }
+  }
+
+  /** A subscription the server made: a new one for the app, unless it has the topic already. */
+  #serverSub(m: OkFrame): void {
+    if (m.topic === undefined || this.#sub(m.topic)) return;
+    const sub = new Subscription(this, m.topic, undefined, undefined, (e) => this.#fault(e));
+    sub.origin = m.reason === 'token' ? 'token' : 'server';
+    // Held from now on: an `unsubscribe()` in the listener below tells the server.
+    sub._held = true;
+    this.#subs.set(m.topic, sub);
+    // The app hears of it first, so that its listeners see `subscribed` and every message.
+    this.emit('subscribed', { subscription: sub, reason: m.reason ?? 'server' });
+    if (!sub.closed) sub._server(m.seq ?? 0, m.epoch, m.recovered);
+  }
+
+  #unsubscribed(m: UnsubscribedFrame): void {
+    const sub = this.#sub(m.topic);
+    if (!sub || sub.closed) return;
+    this.#subs.delete(sub.topic);
+    sub._ended(m.reason);
+    this.emit('unsubscribed', { subscription: sub, topic: sub.topic, reason: m.reason });
   }
 
   #err(m: ErrFrame): void {

@@ -19,6 +19,10 @@ export type ErrorCode =
   | 'too_many_subscriptions'
   | 'unavailable'
   | 'internal'
+  /** The namespace has no presence (`presence`). */
+  | 'disabled'
+  /** `history` with a `since` out of the kept window or of another epoch. */
+  | 'history_lost'
   /** The connection closed for good (see `closeCode`), or before an answer came. */
   | 'closed'
   /** No answer within `timeoutMs`. */
@@ -50,6 +54,14 @@ export class ForbiddenError extends HeraldError {}
 export class RateLimitedError extends HeraldError {}
 /** The broker could not take the request now: retry later. */
 export class UnavailableError extends HeraldError {}
+/** The feature is off for the topic's namespace (`presence` where `presence = false`). */
+export class DisabledError extends HeraldError {}
+/**
+ * `history` from a `since` the topic no longer holds (out of its window, or
+ * of another epoch): nothing partial is answered. Resync from the source,
+ * then ask again from the current position (a `limit: 0` answer gives it).
+ */
+export class HistoryLostError extends HeraldError {}
 
 const CLASSES: Record<string, typeof HeraldError> = {
   unauthorized: UnauthorizedError,
@@ -57,6 +69,8 @@ const CLASSES: Record<string, typeof HeraldError> = {
   forbidden: ForbiddenError,
   rate_limited: RateLimitedError,
   unavailable: UnavailableError,
+  disabled: DisabledError,
+  history_lost: HistoryLostError,
 };
 
 /** The typed error for a server `err` code. */

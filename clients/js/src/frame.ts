@@ -18,10 +18,30 @@ export interface WelcomeFrame {
   reason?: string;
 }
 
-/** The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`. */
+/** One member of a topic's presence: a user, with the `info` claim of their token. */
+export interface PresenceMember {
+  user: string;
+  /** The token's `info` claim (a small JSON object), if it had one. */
+  info?: Record<string, unknown>;
+}
+
+/** One kept message of a topic, in a `history` answer. */
+export interface Publication<T = unknown> {
+  seq: number;
+  /** Any JSON value, as published. */
+  data: T;
+}
+
+/**
+ * The reply to `sub`, `unsub`, `pub`, `refresh`, `ping`, `presence` and
+ * `history`; without `id` (and with `reason`), a subscription the server
+ * made on its own: a backend's `POST /v1/subscribe` (`server`) or the
+ * token's `topics` claim (`token`).
+ */
 export interface OkFrame {
   op: 'ok';
-  id: number;
+  /** Absent only in a subscription the server made (see `reason`). */
+  id?: number;
   topic?: string;
   seq?: number;
   epoch?: string;
@@ -29,6 +49,20 @@ export interface OkFrame {
   recovered?: boolean;
   /** Only in the reply to `refresh`. */
   expires?: number;
+  /** Only in a subscription the server made: `server` or `token`. */
+  reason?: string;
+  /** `presence`: the topic's presence position the page answers at. */
+  position?: number;
+  /** `presence`: members (users, each once). */
+  users?: number;
+  /** `presence`: connections, anonymous ones included. */
+  connections?: number;
+  /** `presence`: this page's members, ordered by user id (bytewise). */
+  members?: PresenceMember[];
+  /** `presence`: asks for the next page; absent on the last one. */
+  cursor?: string;
+  /** `history`: the kept messages asked for. */
+  publications?: Publication[];
 }
 
 /** A message of a topic. */
@@ -57,6 +91,30 @@ export interface ResetFrame {
   seq: number;
 }
 
+/**
+ * What changed in a topic's presence from position `from` to `to` (sent to
+ * subscribers of a `join_leave` namespace, coalesced). Above the
+ * namespace's `presence_counts_only_above` users, counts only (no `joins`,
+ * no `leaves`). A user is named at most once: their state at `to`.
+ */
+export interface PresenceDiffFrame {
+  op: 'presence_diff';
+  topic: string;
+  from: number;
+  to: number;
+  joins?: PresenceMember[];
+  leaves?: string[];
+  users: number;
+  connections: number;
+}
+
+/** The server ended a subscription on its own (a backend's `POST /v1/unsubscribe`: `reason` `server`). */
+export interface UnsubscribedFrame {
+  op: 'unsubscribed';
+  topic: string;
+  reason: string;
+}
+
 /** Leave and come back after `after_ms`, resuming the session. */
 export interface ReconnectFrame {
   op: 'reconnect';
@@ -65,7 +123,15 @@ export interface ReconnectFrame {
 }
 
 /** A frame from the server. */
-export type ServerFrame = WelcomeFrame | OkFrame | MsgFrame | ErrFrame | ResetFrame | ReconnectFrame;
+export type ServerFrame =
+  | WelcomeFrame
+  | OkFrame
+  | MsgFrame
+  | ErrFrame
+  | ResetFrame
+  | ReconnectFrame
+  | PresenceDiffFrame
+  | UnsubscribedFrame;
 
 export interface HelloCommand {
   op: 'hello';
@@ -112,6 +178,26 @@ export interface PingCommand {
   id: number;
 }
 
+/** A page of a topic's presence (members after `cursor`, at most `limit`). */
+export interface PresenceCommand {
+  op: 'presence';
+  id: number;
+  topic: string;
+  cursor?: string;
+  limit?: number;
+}
+
+/** Kept messages of a topic: after `since` (or below it, `reverse`), at most `limit`. */
+export interface HistoryCommand {
+  op: 'history';
+  id: number;
+  topic: string;
+  since?: number;
+  epoch?: string;
+  limit?: number;
+  reverse?: boolean;
+}
+
 /** A command to the server. */
 export type Command =
   | HelloCommand
@@ -120,7 +206,9 @@ export type Command =
   | PubCommand
   | AckCommand
   | RefreshCommand
-  | PingCommand;
+  | PingCommand
+  | PresenceCommand
+  | HistoryCommand;
 
 /**
  * The frame in a text message from the server, or `undefined` for one the
@@ -138,7 +226,8 @@ export function parseFrame(text: string): ServerFrame | undefined {
     case 'welcome':
       return typeof f.session === 'string' ? f : undefined;
     case 'ok':
-      return typeof f.id === 'number' ? f : undefined;
+      // Ours (an `id`), or a subscription the server made (`topic` and `reason`).
+      return typeof f.id === 'number' || (typeof f.topic === 'string' && typeof f.reason === 'string') ? f : undefined;
     case 'msg':
       return typeof f.topic === 'string' && typeof f.seq === 'number' ? f : undefined;
     case 'reset':
@@ -147,6 +236,16 @@ export function parseFrame(text: string): ServerFrame | undefined {
       return typeof f.code === 'string' && typeof f.message === 'string' ? f : undefined;
     case 'reconnect':
       return typeof f.after_ms === 'number' ? f : undefined;
+    case 'presence_diff':
+      return typeof f.topic === 'string' &&
+        typeof f.from === 'number' &&
+        typeof f.to === 'number' &&
+        (f.joins === undefined || Array.isArray(f.joins)) &&
+        (f.leaves === undefined || Array.isArray(f.leaves))
+        ? f
+        : undefined;
+    case 'unsubscribed':
+      return typeof f.topic === 'string' ? f : undefined;
   }
   return undefined;
 }

@@ -6,7 +6,9 @@
  * The modules: `client` speaks the protocol (docs/protocol.md) over one
  * connection after another; `frame` is its wire, the server's frames (a union
  * keyed on `op`, checked on the way in by `parseFrame`) and the commands;
- * `subscription` is one topic's stream and its acks. Beside the protocol:
+ * `subscription` is one topic's stream and its acks; `presence` merges a
+ * topic's presence pages and diffs (`PresenceRoom`, the rule without I/O)
+ * and keeps a subscribed topic's members current (`Presence`). Beside the protocol:
  * `backoff` (the wait before a reconnect), `heartbeat` (a dead connection
  * found), `refresh` (the token renewed before it expires), `timer`, `options`
  * (with their defaults), `emitter` (events) and `errors` (one class per code
@@ -22,7 +24,22 @@ export {
   type ClientEvents,
   type SubscribeOptions,
   type Published,
+  type ServerSubscribed,
+  type ServerUnsubscribed,
+  type PresenceOptions,
+  type HistoryOptions,
+  type HistoryPage,
 } from './client.js';
+export {
+  Presence,
+  PresenceRoom,
+  compareUsers,
+  type PresenceEvents,
+  type PresencePage,
+  type PresenceSnapshot,
+  type Applied,
+} from './presence.js';
+export type { PresenceMember, PresenceDiffFrame, Publication } from './frame.js';
 export {
   DEFAULT_ACK_INTERVAL_MS,
   DEFAULT_BACKOFF_INITIAL_MS,
@@ -30,7 +47,15 @@ export {
   DEFAULT_TIMEOUT_MS,
   type HeraldClientOptions,
 } from './options.js';
-export { Subscription, type Message, type Subscribed, type Reset, type SubscriptionEvents } from './subscription.js';
+export {
+  Subscription,
+  type Message,
+  type Subscribed,
+  type Reset,
+  type SubscriptionEvents,
+  type Origin,
+  type Unsubscribed,
+} from './subscription.js';
 export {
   HeraldError,
   UnauthorizedError,
@@ -38,6 +63,8 @@ export {
   ForbiddenError,
   RateLimitedError,
   UnavailableError,
+  DisabledError,
+  HistoryLostError,
   isTerminalClose,
   type ErrorCode,
 } from './errors.js';

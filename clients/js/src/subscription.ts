@@ -1,6 +1,7 @@
 import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
-import type { AckCommand, SubCommand } from './frame.js';
+import type { AckCommand, PresenceDiffFrame, SubCommand } from './frame.js';
+import { Presence, type PresenceSource } from './presence.js';
 
 /** A message handed to the application: each `seq` once, in order, within an `epoch`. */
 export interface Message<T = unknown> {
@@ -38,6 +39,18 @@ export interface Reset {
   seq: number;
 }
 
+/**
+ * Who made a subscription: the app (`client`), a backend through the HTTP or
+ * gRPC API (`server`), or the token's `topics` claim (`token`).
+ */
+export type Origin = 'client' | 'server' | 'token';
+
+/** The server ended a subscription on its own (`reason`: `server`, a backend's unsubscribe). */
+export interface Unsubscribed {
+  topic: string;
+  reason: string;
+}
+
 /** The events of a {@link Subscription} whose messages carry `data` of type `T`. */
 export interface SubscriptionEvents<T = unknown> {
   message: Message<T>;
@@ -45,10 +58,12 @@ export interface SubscriptionEvents<T = unknown> {
   reset: Reset;
   /** The subscription was refused or ended by the server (`forbidden`, `unknown_namespace`, …): it is closed. */
   error: HeraldError;
+  /** The server ended it (a backend's unsubscribe): it is closed. */
+  unsubscribed: Unsubscribed;
 }
 
 /** What a subscription needs of its client. */
-export interface Owner {
+export interface Owner extends PresenceSource {
   /** @internal */
   _unsubscribe(sub: Subscription): void;
   /** @internal */
@@ -72,8 +87,10 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   seq: number | undefined;
   /** `msg`s dropped because their seq was not above {@link Subscription.seq}: redeliveries after a resume. */
   duplicates = 0;
-  /** Closed by `unsubscribe()` or by a server error. */
+  /** Closed by `unsubscribe()`, by a server error or by the server's `unsubscribed`. */
   closed = false;
+  /** Who made it: the app, or the server (see `HeraldClient`'s `subscribed` event). */
+  origin: Origin = 'client';
 
   /** @internal The session holds this subscription (an `ok` came, or a resume restored it). */
   _held = false;
@@ -88,10 +105,13 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   #since: number | undefined;
 
   #owner: Owner;
+  #fault: Fault;
+  #presence: Presence | undefined;
 
   /** @internal */
   constructor(owner: Owner, topic: string, since: number | undefined, epoch: string | undefined, fault: Fault) {
     super(fault);
+    this.#fault = fault;
     this.#owner = owner;
     this.topic = topic;
     this.seq = since;
@@ -103,7 +123,61 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   unsubscribe(): void {
     if (this.closed) return;
     this.closed = true;
+    this.#presence?.close();
     this.#owner._unsubscribe(this);
+  }
+
+  /**
+   * The topic's members, kept current (the same object on each call): every
+   * page loaded once subscribed, then the `presence_diff`s of a `join_leave`
+   * namespace merged; loaded again after each re-subscribe or resume. Its
+   * `error` event says `DisabledError` where the namespace has no presence.
+   */
+  presence(): Presence {
+    if (!this.#presence) {
+      // A listener that throws is the client's `error`, as for the subscription's own.
+      this.#presence = new Presence(this.#owner, this.topic, this.#fault);
+      if (this._held) this.#presence.reload();
+    }
+    return this.#presence;
+  }
+
+  /** @internal A `presence_diff` of the topic. */
+  _presenceDiff(d: PresenceDiffFrame): void {
+    this.#presence?._diff(d);
+  }
+
+  /** @internal Subscribed (again), on the current connection: the presence is loaded anew. */
+  #subscribed(): void {
+    this.#presence?.reload();
+  }
+
+  /** @internal A subscription the server made (`ok` with `reason`, no `id`). */
+  _server(seq: number, epoch: string | undefined, recovered: boolean | undefined): void {
+    this._held = true;
+    this.#wire = Math.max(this.#wire ?? 0, seq);
+    this.epoch = epoch;
+    if (recovered === true) {
+      // Replayed from a `since` the backend gave, which the frame does not
+      // name: every seq that comes is new.
+      this.seq = undefined;
+    } else {
+      this.seq = seq;
+      this._processed = seq;
+      this.#acked = seq;
+      this.#ackedEpoch = epoch;
+    }
+    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered, resumed: false });
+    this.#subscribed();
+    if (recovered === false) this.emit('reset', { topic: this.topic, epoch, seq });
+  }
+
+  /** @internal The server's `unsubscribed`. */
+  _ended(reason: string): void {
+    this.closed = true;
+    this._held = false;
+    this.#presence?.close();
+    this.emit('unsubscribed', { topic: this.topic, reason });
   }
 
   /** @internal The `sub` command: with `since` once a position is known. */
@@ -130,16 +204,19 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       this.#acked = seq;
       this.#ackedEpoch = epoch;
       this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false });
+      this.#subscribed();
       return;
     }
     if (recovered) {
       this.epoch = epoch ?? this.epoch;
       this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: false });
+      this.#subscribed();
       return;
     }
     // Not recovered: live from the current seq. Within the same epoch the
     // position never goes back, so that no seq is handed over twice.
     this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: false, resumed: false });
+    this.#subscribed();
     this._reset(epoch, epoch === this.epoch ? Math.max(since, seq) : seq);
   }
 
@@ -148,6 +225,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     // The pod vouches for what we acked (it replays after it), so an ack up to it is safe.
     if (this.#ackedEpoch === this.epoch && this.#acked >= 0) this.#wire = this.#acked;
     this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: true });
+    this.#subscribed();
   }
 
   /** @internal A `msg`. */

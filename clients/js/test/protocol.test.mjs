@@ -24,8 +24,18 @@ const PROTO = readFileSync(join(REPO, 'proto/proto/herald/v1/herald.proto'), 'ut
 const DOCS = readFileSync(join(REPO, 'docs/protocol.md'), 'utf8');
 const FRAMES = join(JS_ROOT, 'src/frame.ts');
 
-/** The TypeScript type of each proto3 scalar the JSON protocol uses; `bytes` is `data`, any JSON value. */
-const TS_TYPE = { uint64: 'number', string: 'string', bool: 'boolean', bytes: 'unknown' };
+/** The TypeScript type of each proto3 scalar the JSON protocol uses; `bytes` is JSON text on the wire, any JSON value here. */
+const TS_TYPE = { uint64: 'number', uint32: 'number', string: 'string', bool: 'boolean', bytes: 'unknown' };
+
+/**
+ * Where the SDK's type says more than the proto can: `ok.id` is absent from
+ * an `ok` the server sends on its own (proto3's 0, left out of the JSON), and
+ * `info` is a JSON object (the proto's JSON text).
+ */
+const REFINED = new Map([
+  ['ok.id', { optional: true, type: 'number' }],
+  ['PresenceMember.info', { optional: true, type: 'Record<string, unknown>' }],
+]);
 
 /** The body of `message <name> { ... }`, without comments. */
 function messageBody(name) {
@@ -42,19 +52,31 @@ function oneofCases(name) {
   return cases;
 }
 
-/** A proto message's fields: name -> `{ optional, type }` with the TypeScript type the JSON form has. */
-function protoFields(name) {
+/**
+ * A proto message's fields: name -> `{ optional, type }` with the TypeScript
+ * type the JSON form has (`key`: how {@link REFINED} names the message). A
+ * message type is the SDK's interface of the same name; a `repeated` field
+ * is an array, and optional (left out when empty).
+ */
+function protoFields(name, key = name) {
   const fields = new Map();
-  for (const [, optional, type, field] of messageBody(name).matchAll(/^\s*(optional\s+)?(\w+)\s+(\w+)\s*=\s*\d+;/gm)) {
-    assert.ok(type in TS_TYPE, `${name}.${field}: a proto type (${type}) this test does not map`);
-    fields.set(field, { optional: Boolean(optional), type: TS_TYPE[type] });
+  const pattern = /^\s*(optional\s+|repeated\s+)?(\w+)\s+(\w+)\s*=\s*\d+;/gm;
+  for (const [, label, type, field] of messageBody(name).matchAll(pattern)) {
+    const message = PROTO.includes(`message ${type} {`);
+    assert.ok(type in TS_TYPE || message, `${name}.${field}: a proto type (${type}) this test does not map`);
+    const ts = message ? type : TS_TYPE[type];
+    const repeated = label?.trim() === 'repeated';
+    fields.set(
+      field,
+      REFINED.get(`${key}.${field}`) ?? { optional: label !== undefined, type: repeated ? `${ts}[]` : ts },
+    );
   }
   return fields;
 }
 
 /** The protocol as the proto has it: for the oneof `name`, op -> its fields. */
 function protoOps(name) {
-  return new Map([...oneofCases(name)].map(([op, type]) => [op, protoFields(type)]));
+  return new Map([...oneofCases(name)].map(([op, type]) => [op, protoFields(type, op)]));
 }
 
 /** The SDK's source, compiled once. */
@@ -81,7 +103,8 @@ function sdkOps(name) {
         op = type.value;
       } else {
         // An optional key's type reads `T | undefined` under strict checks: the `?` says that part.
-        const text = checker.typeToString(type).replace(/ \| undefined$/, '');
+        // `Publication<unknown>` is the proto's `Publication`.
+        const text = checker.typeToString(type).replace(/ \| undefined$/, '').replace(/<unknown>/g, '');
         fields.set(property.name, { optional, type: text });
       }
     }
@@ -90,6 +113,23 @@ function sdkOps(name) {
     ops.set(op, fields);
   }
   return ops;
+}
+
+/** The SDK's interface `name` (in src/frame.ts): its fields, each `{ optional, type }`. */
+function sdkInterface(name) {
+  program ??= ts.createProgram([FRAMES], { strict: true, noEmit: true, target: ts.ScriptTarget.ES2022, types: [] });
+  const checker = program.getTypeChecker();
+  const source = program.getSourceFile(FRAMES);
+  const declaration = source.statements.find((s) => ts.isInterfaceDeclaration(s) && s.name.text === name);
+  assert.ok(declaration, `interface ${name} in src/frame.ts`);
+  const fields = new Map();
+  for (const property of checker.getPropertiesOfType(checker.getTypeAtLocation(declaration.name))) {
+    const type = checker.getTypeOfSymbolAtLocation(property, declaration);
+    const text = checker.typeToString(type).replace(/ \| undefined$/, '');
+    // A type parameter (`Publication<T>`'s `data`) stands for any JSON value.
+    fields.set(property.name, { optional: (property.flags & ts.SymbolFlags.Optional) !== 0, type: text === 'T' ? 'unknown' : text });
+  }
+  return fields;
 }
 
 /** The docs' table under `heading`: op -> the field names its row lists. */
@@ -144,14 +184,20 @@ function sameNames(expected, actual, what) {
 
 test('every server frame of herald.proto is in the SDK\'s ServerFrame union, with the same fields, optionality and types, and nothing else is', () => {
   const proto = protoOps('ServerMessage');
-  assert.deepEqual([...proto.keys()].sort(), ['err', 'msg', 'ok', 'reconnect', 'reset', 'welcome']);
+  assert.deepEqual([...proto.keys()].sort(), ['err', 'msg', 'ok', 'presence_diff', 'reconnect', 'reset', 'unsubscribed', 'welcome']);
   assert.deepEqual(differences(proto, sdkOps('ServerFrame')), []);
 });
 
 test('every command of herald.proto is in the SDK\'s Command union, with the same fields, optionality and types, and nothing else is', () => {
   const proto = protoOps('ClientCommand');
-  assert.deepEqual([...proto.keys()].sort(), ['ack', 'hello', 'ping', 'pub', 'refresh', 'sub', 'unsub']);
+  assert.deepEqual([...proto.keys()].sort(), ['ack', 'hello', 'history', 'ping', 'presence', 'pub', 'refresh', 'sub', 'unsub']);
   assert.deepEqual(differences(proto, sdkOps('Command')), []);
+});
+
+test('the messages inside frames (a presence member, a history publication) have the fields of herald.proto', () => {
+  for (const name of ['PresenceMember', 'Publication']) {
+    assert.deepEqual(differences(new Map([[name, protoFields(name)]]), new Map([[name, sdkInterface(name)]])), []);
+  }
 });
 
 test("docs/protocol.md's tables list the ops and fields of herald.proto", () => {
@@ -167,6 +213,12 @@ test('the parser: a frame the client knows passes as it came; anything else is u
     { op: 'err', id: 3, code: 'forbidden', message: 'no', topic: 'news' },
     { op: 'reset', topic: 'news', epoch: '77ab', seq: 130 },
     { op: 'reconnect', after_ms: 1500, reason: 'draining' },
+    { op: 'ok', topic: 'news', seq: 42, epoch: '9f3c', reason: 'server' },
+    { op: 'ok', id: 4, topic: 'room:1', position: 17, users: 2, connections: 3, members: [{ user: 'alice', info: { name: 'Alice' } }, { user: 'bob' }], cursor: 'c' },
+    { op: 'ok', id: 5, topic: 'news', epoch: '9f3c', seq: 42, publications: [{ seq: 41, data: 1 }, { seq: 42, data: { a: 2 } }] },
+    { op: 'presence_diff', topic: 'room:1', from: 17, to: 19, joins: [{ user: 'carol' }], leaves: ['bob'], users: 2, connections: 2 },
+    { op: 'presence_diff', topic: 'room:1', from: 19, to: 20, users: 20001, connections: 20400 },
+    { op: 'unsubscribed', topic: 'news', reason: 'server' },
   ];
   for (const frame of frames) assert.deepEqual(parseFrame(JSON.stringify(frame)), frame);
   const turnedAway = [
@@ -179,6 +231,11 @@ test('the parser: a frame the client knows passes as it came; anything else is u
     '{"op":"toString"}',
     '{"op":"welcome","ping_ms":25000,"resumed":false}',
     '{"op":"ok"}',
+    '{"op":"ok","topic":"news"}',
+    '{"op":"presence_diff","topic":"room:1","from":1}',
+    '{"op":"presence_diff","topic":"room:1","from":1,"to":2,"joins":{"user":"a"}}',
+    '{"op":"presence_diff","topic":"room:1","from":1,"to":2,"leaves":"bob"}',
+    '{"op":"unsubscribed","reason":"server"}',
     '{"op":"msg","topic":"news","seq":"42","data":1}',
     '{"op":"msg","seq":42,"data":1}',
     '{"op":"err","message":"no"}',

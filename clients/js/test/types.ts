@@ -4,7 +4,19 @@
 // SDK, from src/. Every `@ts-expect-error` must meet an error: if the types
 // grew loose enough to accept the line below it, tsc fails the run.
 
-import { HeraldClient, type Message, type Subscription } from '../dist/index.js';
+import {
+  DisabledError,
+  HeraldError,
+  HistoryLostError,
+  HeraldClient,
+  type HistoryPage,
+  type Message,
+  type Presence,
+  type PresenceMember,
+  type PresencePage,
+  type PresenceSnapshot,
+  type Subscription,
+} from '../dist/index.js';
 import { parseFrame, type Command, type ServerFrame } from '../src/frame.js';
 
 /** `true` only if `A` and `B` are the same type. */
@@ -63,8 +75,17 @@ function read(frame: ServerFrame): void {
       same<[typeof frame.topic, typeof frame.seq, typeof frame.data], [string, number, unknown]>(true);
       return;
     case 'ok':
-      same<typeof frame.id, number>(true);
+      // No `id`: a subscription the server made.
+      same<typeof frame.id, number | undefined>(true);
       same<typeof frame.seq, number | undefined>(true);
+      same<typeof frame.members, PresenceMember[] | undefined>(true);
+      return;
+    case 'presence_diff':
+      same<[typeof frame.from, typeof frame.to], [number, number]>(true);
+      same<typeof frame.leaves, string[] | undefined>(true);
+      return;
+    case 'unsubscribed':
+      same<typeof frame.reason, string>(true);
       return;
     case 'err':
       same<typeof frame.id, number | undefined>(true);
@@ -97,6 +118,8 @@ const commands: Command[] = [
   { op: 'ack', topic: 'news', seq: 42, epoch: '9f3c' },
   { op: 'refresh', id: 5, token: 'jwt' },
   { op: 'ping', id: 6 },
+  { op: 'presence', id: 7, topic: 'room:1', cursor: 'c', limit: 10 },
+  { op: 'history', id: 8, topic: 'news', since: 40, epoch: '9f3c', limit: 50, reverse: true },
 ];
 void commands;
 
@@ -110,3 +133,46 @@ const badSeq: Command = { op: 'ack', topic: 'news', seq: '42' };
 // @ts-expect-error: `topic` belongs to other commands than `ping`
 const foreignField: Command = { op: 'ping', id: 1, topic: 'news' };
 void [noId, unknownOp, badSeq, foreignField];
+
+// ---------------------------------------------------------------- presence, history, server subscriptions
+
+async function features(): Promise<void> {
+  const page = await client.presence('room:1', { limit: 10 });
+  same<typeof page, PresencePage>(true);
+  same<typeof page.cursor, string | undefined>(true);
+  const all = await client.presenceAll('room:1');
+  same<typeof all, PresenceSnapshot>(true);
+  // @ts-expect-error: `limit` is a number
+  await client.presence('room:1', { limit: '10' });
+
+  const room = client.subscribe('room:1').presence();
+  same<typeof room, Presence>(true);
+  room.on('join', (m) => same<typeof m, PresenceMember>(true));
+  room.on('leave', ({ user }) => same<typeof user, string>(true));
+  room.on('change', (s) => same<typeof s.users, number>(true));
+  // @ts-expect-error: no such event
+  room.on('joined', () => {});
+
+  const history = await client.history<Price>('prices', { since: 40, limit: 50, reverse: true });
+  same<typeof history, HistoryPage<Price>>(true);
+  const bid: number | undefined = history.publications[0]?.data.bid;
+  void bid;
+  // @ts-expect-error: `reverse` is a boolean
+  await client.history('news', { reverse: 'yes' });
+
+  client.on('subscribed', ({ subscription, reason }) => {
+    same<typeof subscription, Subscription>(true);
+    void reason;
+    subscription.on('unsubscribed', (u) => same<typeof u.reason, string>(true));
+  });
+
+  try {
+    await client.history('news', { since: 1 });
+  } catch (e) {
+    if (e instanceof HistoryLostError || e instanceof DisabledError) {
+      const parent: HeraldError = e;
+      void parent;
+    }
+  }
+}
+void features;
