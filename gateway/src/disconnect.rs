@@ -115,6 +115,21 @@ impl CloseReason {
         CloseReason::RateLimited,
     ];
 
+    /// Whether a connection that ended so keeps its users in the presence
+    /// of its topics for its session's resume window: the client is
+    /// expected to resume (a lost connection, a reconnect code, a drain, a
+    /// takeover by the connection that resumes it). A close from the
+    /// client, or one that tells it not to come back, leaves at once.
+    pub fn stays_present(self) -> bool {
+        match self {
+            CloseReason::ConnectionLost | CloseReason::Shutdown | CloseReason::TakenOver => true,
+            CloseReason::ClientClosed | CloseReason::Disconnected => false,
+            reason => reason
+                .code()
+                .is_some_and(|code| (4000..4500).contains(&code)),
+        }
+    }
+
     /// The close code the server sends, if it sends one.
     pub fn code(self) -> Option<u16> {
         Some(match self {

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proto::v1::publisher_server::{self, PublisherServer};
 use proto::v1::{
-    DisconnectRequest, DisconnectResponse, PublishBatchRequest, PublishBatchResponse, PublishError,
-    PublishRequest, PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse,
-    publish_result,
+    DisconnectRequest, DisconnectResponse, PresenceRequest, PresenceResponse, PresenceStatsRequest,
+    PresenceStatsResponse, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
+    PublishResponse, PublishResult, TopicInfoRequest, TopicInfoResponse, publish_result,
 };
 use router::Position;
 use tokio::net::TcpListener;
@@ -222,6 +222,52 @@ impl publisher_server::Publisher for Publisher {
         };
         self.answer("Disconnect", result.await)
     }
+
+    async fn presence(
+        &self,
+        request: Request<PresenceRequest>,
+    ) -> Result<Response<PresenceResponse>, Status> {
+        let result = async {
+            let node = &self.node;
+            let request = request.into_inner();
+            let (topic, page) = publish::presence_page(
+                &node.presence,
+                &node.pod.namespaces,
+                &request.topic,
+                request.cursor.as_deref(),
+                request.limit.map(u64::from),
+            )
+            .await?;
+            let members = page.json_members();
+            let page = proto::json::PresencePage {
+                topic: topic.as_str(),
+                position: page.counts.position,
+                users: page.counts.users,
+                connections: page.counts.connections,
+                members: &members,
+                cursor: page.cursor.as_deref(),
+            };
+            Ok(page.to_proto())
+        };
+        self.answer("Presence", result.await)
+    }
+
+    async fn presence_stats(
+        &self,
+        request: Request<PresenceStatsRequest>,
+    ) -> Result<Response<PresenceStatsResponse>, Status> {
+        let result = async {
+            let node = &self.node;
+            let stats = publish::presence_stats(
+                &node.presence,
+                &node.pod.namespaces,
+                &request.get_ref().topic,
+            )
+            .await?;
+            Ok(stats.to_proto())
+        };
+        self.answer("PresenceStats", result.await)
+    }
 }
 
 fn published(position: Position) -> PublishResponse {
@@ -240,6 +286,7 @@ pub fn status(e: ApiError) -> Status {
         Refusal::Unauthenticated => Code::Unauthenticated,
         Refusal::TooLarge => Code::ResourceExhausted,
         Refusal::Unavailable => Code::Unavailable,
+        Refusal::Precondition => Code::FailedPrecondition,
     };
     let mut metadata = MetadataMap::new();
     metadata.insert(

@@ -1,5 +1,6 @@
 //! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/admin/status`, `GET /metrics`, and the plain
+//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/presence`, `GET
+//! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the plain
 //! answers every route shares.
 //! The checks and errors are [`crate::publish`]'s.
 
@@ -12,8 +13,8 @@ use hyper::header::{
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
 use proto::json::{
-    DisconnectRequest, PublishBatchRequest, PublishBatchResponse, PublishError, PublishRequest,
-    PublishResponse, PublishResult,
+    DisconnectRequest, PresencePage, PublishBatchRequest, PublishBatchResponse, PublishError,
+    PublishRequest, PublishResponse, PublishResult,
 };
 use serde::Serialize;
 use tracing::Instrument;
@@ -36,6 +37,7 @@ pub fn status(e: &ApiError) -> StatusCode {
         Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
         Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::Precondition => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -162,6 +164,87 @@ pub async fn disconnect(req: Request<Incoming>, node: &Node) -> Response<Body> {
     };
     match answer.await {
         Ok(()) => json(StatusCode::OK, &serde_json::json!({})),
+        Err(e) => refused(&e),
+    }
+}
+
+/// The query parameters of a GET: each once at most (a repeated one is
+/// refused, not guessed at).
+fn query(req: &Request<Incoming>) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs: Vec<(String, String)> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+    for (i, (key, _)) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|(k, _)| k == key) {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                format!("`{key}` is given more than once"),
+            ));
+        }
+    }
+    Ok(pairs)
+}
+
+fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+fn required<'a>(pairs: &'a [(String, String)], key: &str) -> Result<&'a str, ApiError> {
+    param(pairs, key)
+        .ok_or_else(|| ApiError::invalid(ErrorCode::MissingField, format!("`{key}` is required")))
+}
+
+/// `GET /v1/presence?topic=&cursor=&limit=`: a page of the topic's
+/// presence, as the client's `ok` has it without `op` and `id`; or 400
+/// (`disabled` where the namespace keeps no presence), 401, 503.
+pub async fn presence(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let answer = async {
+        authorize(&req, node)?;
+        let pairs = query(&req)?;
+        let limit = param(&pairs, "limit")
+            .map(|l| {
+                l.parse::<u64>().map_err(|_| {
+                    ApiError::invalid(ErrorCode::Malformed, "`limit` must be a whole number")
+                })
+            })
+            .transpose()?;
+        let (topic, page) = publish::presence_page(
+            &node.presence,
+            &node.pod.namespaces,
+            required(&pairs, "topic")?,
+            param(&pairs, "cursor"),
+            limit,
+        )
+        .await?;
+        let members = page.json_members();
+        let body = PresencePage {
+            topic: topic.as_str(),
+            position: page.counts.position,
+            users: page.counts.users,
+            connections: page.counts.connections,
+            members: &members,
+            cursor: page.cursor.as_deref(),
+        };
+        Ok(json(StatusCode::OK, &body))
+    };
+    answer.await.unwrap_or_else(|e| refused(&e))
+}
+
+/// `GET /v1/presence/stats?topic=`: `{"topic","position","users",
+/// "connections"}`, without reading the members; or 400, 401, 503.
+pub async fn presence_stats(req: Request<Incoming>, node: &Node) -> Response<Body> {
+    let answer = async {
+        authorize(&req, node)?;
+        let pairs = query(&req)?;
+        let topic = required(&pairs, "topic")?;
+        publish::presence_stats(&node.presence, &node.pod.namespaces, topic).await
+    };
+    match answer.await {
+        Ok(stats) => json(StatusCode::OK, &stats),
         Err(e) => refused(&e),
     }
 }

@@ -270,6 +270,29 @@ impl Hub {
             .map_or(0, |local| local.subscribers.len())
     }
 
+    /// Pushes `frame`, one not in the topic's seq order (a
+    /// `presence_diff`), to every subscriber of `topic` here, replaying ones
+    /// included, without waiting. How many it was pushed to.
+    pub fn broadcast(&self, topic: &Topic, frame: Bytes) -> usize {
+        let mut shard = self.shard(topic);
+        let Some(local) = shard.get_mut(topic) else {
+            return 0;
+        };
+        let at = Instant::now();
+        let mut idle = IdleSockets::with_capacity(local.subscribers.len());
+        let mut pushed = 0;
+        for subscriber in local.subscribers.values_mut() {
+            let result = subscriber.out.push(frame.clone(), at, &mut idle);
+            if result != Pushed::Closed {
+                pushed += 1;
+            }
+            self.count(result);
+        }
+        drop(shard);
+        idle.spawn(&self.metrics);
+        pushed
+    }
+
     fn count(&self, pushed: Pushed) {
         if pushed == Pushed::Dropped {
             self.metrics.dropped_queue_full.inc();

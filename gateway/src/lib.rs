@@ -20,6 +20,8 @@
 //!   fan-out's direct writes to it, and the writer (replies, pings, and what
 //!   a socket did not take at once), which runs in the connection's task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
+//! - [`presence`]: who is subscribed to a topic, across pods: this pod's
+//!   members, written to the broker, and the diffs its subscribers get.
 //! - [`frame`]: server frames, encoded once per publication.
 //! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
 //!   between a connection's parts.
@@ -58,6 +60,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod outbound;
+pub mod presence;
 pub mod process;
 pub mod publish;
 pub mod rebalance;

@@ -101,6 +101,12 @@ pub struct Metrics {
     pub budget_principals: IntGauge,
     pub grpc_refused: IntCounterVec,
     pub grpc_connections: IntGauge,
+    pub presence_members: IntGauge,
+    pub presence_diffs: IntCounter,
+    pub presence_queries: HistogramVec,
+    pub presence_write_failures: IntCounter,
+    pub presence_dead_pods: IntCounter,
+    pub presence_dead_pod_members: IntCounter,
 }
 
 impl Metrics {
@@ -365,6 +371,43 @@ impl Metrics {
             ),
             grpc_refused,
             grpc_connections: gauge(r, "herald_grpc_connections", "Open gRPC connections."),
+            presence_members: gauge(
+                r,
+                "herald_presence_members",
+                "Users with a connection on this pod in a presence topic, counted once per topic (lingering ones included).",
+            ),
+            presence_diffs: counter(
+                r,
+                "herald_presence_diffs_total",
+                "`presence_diff` frames encoded for a topic's subscribers on this pod (one per topic per diff_interval at most).",
+            ),
+            presence_queries: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "herald_presence_query_seconds",
+                        "Presence queries answered (client `presence`, HTTP and gRPC), by kind (page, stats), and how long each took.",
+                    )
+                    .buckets(BUCKETS.to_vec()),
+                    &["kind"],
+                )
+                .unwrap_or_else(|_| unreachable!()),
+            ),
+            presence_write_failures: counter(
+                r,
+                "herald_presence_write_failures_total",
+                "Presence updates of a topic the broker did not take (written again at the next interval).",
+            ),
+            presence_dead_pods: counter(
+                r,
+                "herald_presence_dead_pods_total",
+                "Dead pods whose presence this pod cleaned up (their liveness key expired).",
+            ),
+            presence_dead_pod_members: counter(
+                r,
+                "herald_presence_dead_pod_members_total",
+                "Members removed from topics by this pod's cleanups of dead pods.",
+            ),
             registry,
         };
         metrics.start_at_zero();
@@ -402,6 +445,9 @@ impl Metrics {
         for outcome in ["true", "false"] {
             self.replays.with_label_values(&[outcome]);
             self.resumes.with_label_values(&[outcome]);
+        }
+        for kind in ["page", "stats"] {
+            self.presence_queries.with_label_values(&[kind]);
         }
         for status in ["200", "400", "401", "413", "503"] {
             self.publish_requests.with_label_values(&[status]);
@@ -482,6 +528,14 @@ impl Observer for Metrics {
     fn pubsub_backlog(&self, held: usize) {
         self.redis_pubsub_backlog
             .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    fn presence_cleaned(&self, members: u64) {
+        self.presence_dead_pod_members.inc_by(members);
+    }
+
+    fn presence_pod_cleaned(&self) {
+        self.presence_dead_pods.inc();
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, Publication, RedisBroker, SessionStore, Topic,
+    Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
+    RedisBroker, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -23,6 +24,7 @@ use crate::config::{BrokerKind, Config};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
+use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry, Replays};
@@ -50,6 +52,8 @@ pub struct Node {
     pub api_keys: Arc<ApiKeys>,
     /// This pod's name among the pods that rebalance.
     pub pod_name: Arc<str>,
+    /// Who is subscribed to the presence topics.
+    pub presence: Arc<Presence>,
 }
 
 /// Why the pod could not start.
@@ -75,6 +79,7 @@ impl StartError {
 struct Sink {
     hub: Arc<Hub>,
     live: Arc<Registry>,
+    presence: Arc<Presence>,
 }
 
 impl Deliver for Sink {
@@ -89,6 +94,10 @@ impl Deliver for Sink {
     fn disconnect(&self, user: &str) {
         let closed = self.live.disconnect(user);
         tracing::info!(closed, "a backend disconnected a user");
+    }
+
+    fn presence(&self, topic: &Topic, change: &PresenceChange) {
+        self.presence.change(topic, change);
     }
 }
 
@@ -106,20 +115,33 @@ impl Node {
             config.queue.bytes,
         ));
         let live = Arc::new(Registry::default());
+        let namespaces = Arc::new(config.namespaces());
+        let presence = Arc::new(Presence::new(
+            &config,
+            namespaces.clone(),
+            hub.clone(),
+            metrics.clone(),
+        ));
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
+            presence: presence.clone(),
         });
-        let namespaces = Arc::new(config.namespaces());
         let verifier = Verifier::new(&config.auth).await?;
+        let pod_name = pod_name(std::env::vars());
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
                 let memory = MemoryBroker::new(namespaces.clone(), sink);
                 (Arc::new(memory.clone()), Arc::new(memory))
             }
             BrokerKind::Redis => {
+                let mut settings = config.redis.settings();
+                settings.presence = PresenceSettings {
+                    pod_ttl: config.presence.pod_ttl,
+                    pod: pod_name.to_string(),
+                };
                 let redis = RedisBroker::start(
-                    config.redis.settings(),
+                    settings,
                     namespaces.clone(),
                     sink,
                     metrics.clone(),
@@ -128,11 +150,11 @@ impl Node {
                 (Arc::new(redis.clone()), Arc::new(redis))
             }
         };
+        presence.attach(&broker);
         let shared_sessions = config.broker != BrokerKind::Memory;
         let flush_soon = shared_sessions.then(|| Arc::new(Notify::new()));
         let api_requests = Semaphore::new(config.http.max_concurrent_requests);
         let api_keys = Arc::new(ApiKeys::new(&config.http));
-        let pod_name = pod_name(std::env::vars());
         let drain = CancellationToken::new();
         let clock = Instant::now();
         let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
@@ -151,6 +173,7 @@ impl Node {
             writing,
             flush_soon: flush_soon.clone(),
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
+            presence: presence.clone(),
         });
         let node = Arc::new(Self {
             config,
@@ -166,6 +189,7 @@ impl Node {
             api_requests,
             api_keys,
             pod_name,
+            presence,
         });
         if !node.config.http.api_keys_file.is_empty() {
             let path = node.config.http.api_keys_file.clone();
@@ -186,6 +210,18 @@ impl Node {
             };
             tokio::spawn(every(Arc::downgrade(&node), interval, Some(soon), job));
         }
+        // Presence: this pod's changes to the broker, and the diffs to its
+        // subscribers, once per interval.
+        let interval = node.config.presence.diff_interval;
+        tokio::spawn(every(
+            Arc::downgrade(&node),
+            interval,
+            None,
+            |node| async move {
+                node.presence.tick().await;
+                true
+            },
+        ));
         if node.config.rebalance.enabled {
             let pod = node.pod_name.clone();
             tracing::info!(%pod, "rebalancing with the other pods");

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proto::ErrorCode;
-use router::{Broker, BrokerError, Causes, Outgoing, Position, SessionStore, Topic};
+use proto::json::PresenceStats;
+use router::{Broker, BrokerError, Causes, Namespaces, Outgoing, Position, SessionStore, Topic};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::presence::{Page, Presence, PresenceError};
 use crate::telemetry;
 
 /// How a refused API request is answered, whichever protocol it came by.
@@ -26,6 +28,9 @@ pub enum Refusal {
     TooLarge,
     /// HTTP 503, gRPC `UNAVAILABLE`: retry later.
     Unavailable,
+    /// HTTP 400, gRPC `FAILED_PRECONDITION`: the request is well formed,
+    /// but the topic's namespace does not do it (`disabled`).
+    Precondition,
 }
 
 /// A refused API request: how to answer it, and a code from the protocol's
@@ -63,6 +68,55 @@ impl From<BrokerError> for ApiError {
             }
         }
     }
+}
+
+impl From<PresenceError> for ApiError {
+    fn from(e: PresenceError) -> Self {
+        match e {
+            PresenceError::Disabled(_) => {
+                Self::new(Refusal::Precondition, ErrorCode::Disabled, e.to_string())
+            }
+            PresenceError::Malformed(message) => Self::invalid(ErrorCode::Malformed, message),
+            PresenceError::Broker(e) => e.into(),
+        }
+    }
+}
+
+/// A topic named by a presence query, in a configured namespace.
+fn presence_topic(namespaces: &Namespaces, name: &str) -> Result<Topic, ApiError> {
+    let topic = topic(name)?;
+    namespaces.require(&topic)?;
+    Ok(topic)
+}
+
+/// A page of a topic's presence (HTTP `GET /v1/presence`, gRPC `Presence`).
+pub async fn presence_page(
+    presence: &Presence,
+    namespaces: &Namespaces,
+    topic: &str,
+    cursor: Option<&str>,
+    limit: Option<u64>,
+) -> Result<(Topic, Page), ApiError> {
+    let topic = presence_topic(namespaces, topic)?;
+    let page = presence.page(&topic, cursor, limit).await?;
+    Ok((topic, page))
+}
+
+/// A topic's presence counts (HTTP `GET /v1/presence/stats`, gRPC
+/// `PresenceStats`).
+pub async fn presence_stats(
+    presence: &Presence,
+    namespaces: &Namespaces,
+    topic: &str,
+) -> Result<PresenceStats, ApiError> {
+    let topic = presence_topic(namespaces, topic)?;
+    let counts = presence.counts(&topic).await?;
+    Ok(PresenceStats {
+        topic: topic.as_str().to_owned(),
+        position: counts.position,
+        users: counts.users,
+        connections: counts.connections,
+    })
 }
 
 /// The longest idempotency key, in bytes: a key names one publish, it is not

@@ -236,7 +236,7 @@ async fn route(
         (
             _,
             "/v1/publish" | "/v1/publish/batch" | "/v1/disconnect" | "/v1/admin/status"
-            | "/metrics",
+            | "/v1/presence" | "/v1/presence/stats" | "/metrics",
         ) if api_here => limited(req, &node).await,
         _ => http::text(StatusCode::NOT_FOUND, "not found\n"),
     };
@@ -267,6 +267,8 @@ async fn limited(req: Request<Incoming>, node: &Node) -> Response<Body> {
             (&Method::POST, "/v1/publish") => http::publish(req, node).await,
             (&Method::POST, "/v1/publish/batch") => http::publish_batch(req, node).await,
             (&Method::POST, "/v1/disconnect") => http::disconnect(req, node).await,
+            (&Method::GET, "/v1/presence") => http::presence(req, node).await,
+            (&Method::GET, "/v1/presence/stats") => http::presence_stats(req, node).await,
             (&Method::GET, "/metrics") => http::metrics(node),
             (&Method::GET, "/v1/admin/status") => http::admin_status(&req, node),
             _ => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),

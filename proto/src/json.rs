@@ -46,6 +46,14 @@ pub enum Command<'a> {
     Ping {
         id: u64,
     },
+    /// A page of a topic's presence, answered with `ok` and its members.
+    Presence {
+        id: u64,
+        topic: Cow<'a, str>,
+        cursor: Option<Cow<'a, str>>,
+        /// Members per page; `None`: `presence.page_size`.
+        limit: Option<u64>,
+    },
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -67,6 +75,9 @@ struct RawCommand<'a> {
     resume: Option<Cow<'a, str>>,
     #[serde(borrow, default, deserialize_with = "present")]
     data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cursor: Option<Cow<'a, str>>,
+    limit: Option<u64>,
 }
 
 impl<'a> Command<'a> {
@@ -113,6 +124,12 @@ impl<'a> Command<'a> {
             },
             "ping" => Command::Ping {
                 id: id.ok_or_else(|| missing("id"))?,
+            },
+            "presence" => Command::Presence {
+                id: id.ok_or_else(|| missing("id"))?,
+                topic: raw.topic.ok_or_else(|| missing("topic"))?,
+                cursor: raw.cursor,
+                limit: raw.limit,
             },
             other => {
                 return Err(CommandError::new(
@@ -162,6 +179,17 @@ impl<'a> Command<'a> {
                 token: token.to_string(),
             }),
             Command::Ping { id } => Op::Ping(v1::Ping { id: *id }),
+            Command::Presence {
+                id,
+                topic,
+                cursor,
+                limit,
+            } => Op::Presence(v1::Presence {
+                id: *id,
+                topic: topic.to_string(),
+                cursor: cursor.as_deref().map(str::to_owned),
+                limit: limit.map(|l| u32::try_from(l).unwrap_or(u32::MAX)),
+            }),
         };
         v1::ClientCommand { op: Some(op) }
     }
@@ -221,6 +249,8 @@ pub enum ErrorCode {
     TokenExpired,
     /// Commands come faster than `websocket.commands_per_second` allows.
     RateLimited,
+    /// The namespace does not keep what was asked for (presence).
+    Disabled,
     Internal,
 }
 
@@ -240,6 +270,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::TokenExpired => "token_expired",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::Disabled => "disabled",
             ErrorCode::Internal => "internal",
         }
     }
@@ -310,6 +341,95 @@ pub enum ServerMessage<'a> {
         after_ms: u64,
         reason: &'a str,
     },
+    /// The reply to `presence`: an `ok` with a page of members.
+    #[serde(rename = "ok")]
+    PresencePage {
+        id: u64,
+        #[serde(flatten)]
+        page: PresencePage<'a>,
+    },
+    /// What changed in a topic's presence (`join_leave` namespaces).
+    #[serde(rename = "presence_diff")]
+    PresenceDiff {
+        topic: &'a str,
+        from: u64,
+        to: u64,
+        /// `None` above the namespace's `presence_counts_only_above`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        joins: Option<&'a [PresenceMember<'a>]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leaves: Option<&'a [&'a str]>,
+        users: u64,
+        connections: u64,
+    },
+}
+
+/// One user in a topic's presence: its `sub`, and its token's `info` claim
+/// (JSON text, an object) where it has one.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PresenceMember<'a> {
+    pub user: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub info: Option<&'a RawValue>,
+}
+
+impl PresenceMember<'_> {
+    pub fn to_proto(&self) -> v1::PresenceMember {
+        v1::PresenceMember {
+            user: self.user.to_owned(),
+            info: self.info.map(|info| info.get().as_bytes().to_vec()),
+        }
+    }
+}
+
+/// A page of a topic's presence: the client's `ok` (with its `id`), and the
+/// answer to HTTP `GET /v1/presence` (as it is).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PresencePage<'a> {
+    pub topic: &'a str,
+    /// The topic's presence position the page answers at.
+    pub position: u64,
+    pub users: u64,
+    pub connections: u64,
+    pub members: &'a [PresenceMember<'a>],
+    /// Absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<&'a str>,
+}
+
+impl PresencePage<'_> {
+    /// The gRPC `Presence` answer.
+    pub fn to_proto(&self) -> v1::PresenceResponse {
+        v1::PresenceResponse {
+            topic: self.topic.to_owned(),
+            position: self.position,
+            users: self.users,
+            connections: self.connections,
+            members: self.members.iter().map(PresenceMember::to_proto).collect(),
+            cursor: self.cursor.map(str::to_owned),
+        }
+    }
+}
+
+/// HTTP `GET /v1/presence/stats`: a topic's presence counts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PresenceStats {
+    pub topic: String,
+    pub position: u64,
+    pub users: u64,
+    pub connections: u64,
+}
+
+impl PresenceStats {
+    /// The gRPC `PresenceStats` answer.
+    pub fn to_proto(&self) -> v1::PresenceStatsResponse {
+        v1::PresenceStatsResponse {
+            topic: self.topic.clone(),
+            position: self.position,
+            users: self.users,
+            connections: self.connections,
+        }
+    }
 }
 
 impl ServerMessage<'_> {
@@ -351,6 +471,7 @@ impl ServerMessage<'_> {
                 epoch: epoch.map(str::to_owned),
                 recovered,
                 expires,
+                ..v1::Ok::default()
             }),
             ServerMessage::Msg { topic, seq, data } => Op::Msg(v1::Msg {
                 topic: topic.to_owned(),
@@ -376,6 +497,44 @@ impl ServerMessage<'_> {
             ServerMessage::Reconnect { after_ms, reason } => Op::Reconnect(v1::Reconnect {
                 after_ms,
                 reason: reason.to_owned(),
+            }),
+            ServerMessage::PresencePage { id, page } => {
+                let page = page.to_proto();
+                Op::Ok(v1::Ok {
+                    id,
+                    topic: Some(page.topic),
+                    position: Some(page.position),
+                    users: Some(page.users),
+                    connections: Some(page.connections),
+                    members: page.members,
+                    cursor: page.cursor,
+                    ..v1::Ok::default()
+                })
+            }
+            ServerMessage::PresenceDiff {
+                topic,
+                from,
+                to,
+                joins,
+                leaves,
+                users,
+                connections,
+            } => Op::PresenceDiff(v1::PresenceDiff {
+                topic: topic.to_owned(),
+                from,
+                to,
+                joins: joins
+                    .unwrap_or_default()
+                    .iter()
+                    .map(PresenceMember::to_proto)
+                    .collect(),
+                leaves: leaves
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|user| (*user).to_owned())
+                    .collect(),
+                users,
+                connections,
             }),
         };
         v1::ServerMessage { op: Some(op) }

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 
 use prost::Message;
+use proto::json::{PresenceMember, PresencePage};
 use proto::{Command, ErrorCode, ServerMessage};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -43,11 +44,34 @@ fn json_keys(json: &[u8]) -> (String, BTreeSet<String>) {
     (op, map.keys().filter(|k| *k != "op").cloned().collect())
 }
 
+/// An op or oneof case as its message is named: `presence_diff` ->
+/// `PresenceDiff`.
 fn capitalised(op: &str) -> String {
-    let mut c = op.chars();
-    c.next()
-        .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-        .unwrap_or_default()
+    op.split('_')
+        .map(|part| {
+            let mut c = part.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Every sample's JSON keys are fields of its op's message, and together the
+/// samples of an op use every field.
+fn assert_fields_covered(samples: &[(String, BTreeSet<String>)]) {
+    let mut by_op: std::collections::BTreeMap<&str, BTreeSet<String>> = Default::default();
+    for (op, keys) in samples {
+        let fields = proto_fields(&capitalised(op));
+        assert!(
+            keys.is_subset(&fields),
+            "keys of `{op}`: {keys:?} not in {fields:?}"
+        );
+        by_op.entry(op).or_default().extend(keys.iter().cloned());
+    }
+    for (op, keys) in by_op {
+        assert_eq!(keys, proto_fields(&capitalised(op)), "fields of `{op}`");
+    }
 }
 
 #[test]
@@ -60,6 +84,7 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"ack","topic":"news","seq":42,"epoch":"9f3c"}"#,
         r#"{"op":"refresh","id":4,"token":"t"}"#,
         r#"{"op":"ping","id":5}"#,
+        r#"{"op":"presence","id":6,"topic":"room:1","cursor":"YWxpY2U","limit":50}"#,
     ];
     let mut ops = BTreeSet::new();
     for text in commands {
@@ -82,6 +107,17 @@ fn every_command_matches_its_proto_message() {
 #[test]
 fn every_server_message_matches_its_proto_message() {
     let data = RawValue::from_string(r#"{"any":"json"}"#.to_owned()).expect("raw");
+    let info = RawValue::from_string(r#"{"name":"Alice"}"#.to_owned()).expect("raw");
+    let members = [
+        PresenceMember {
+            user: "alice",
+            info: Some(&info),
+        },
+        PresenceMember {
+            user: "bob",
+            info: None,
+        },
+    ];
     let messages = [
         ServerMessage::Welcome {
             session: "s",
@@ -118,16 +154,38 @@ fn every_server_message_matches_its_proto_message() {
             after_ms: 1500,
             reason: "draining",
         },
+        ServerMessage::PresencePage {
+            id: 6,
+            page: PresencePage {
+                topic: "room:1",
+                position: 17,
+                users: 2,
+                connections: 3,
+                members: &members,
+                cursor: Some("Ym9i"),
+            },
+        },
+        ServerMessage::PresenceDiff {
+            topic: "room:1",
+            from: 17,
+            to: 19,
+            joins: Some(&members[..1]),
+            leaves: Some(&["bob"]),
+            users: 2,
+            connections: 2,
+        },
     ];
     let mut ops = BTreeSet::new();
+    let mut samples = Vec::new();
     for message in &messages {
         let (op, keys) = json_keys(&message.to_json());
-        assert_eq!(keys, proto_fields(&capitalised(&op)), "keys of `{op}`");
+        samples.push((op.clone(), keys));
         let pb = message.to_proto();
         let back = proto::v1::ServerMessage::decode(pb.encode_to_vec().as_slice()).expect("pb");
         assert_eq!(pb, back, "`{op}` survives protobuf");
         ops.insert(capitalised(&op));
     }
+    assert_fields_covered(&samples);
     // And no case of the oneof is missing from the JSON form.
     let oneof: BTreeSet<String> = proto_fields("ServerMessage")
         .iter()
@@ -180,4 +238,55 @@ fn disconnect_api_matches_its_proto_message() {
     assert_eq!(request.user, "alice");
     let missing = proto::json::DisconnectRequest::decode(br#"{"who":"a"}"#).unwrap_err();
     assert_eq!(missing.code, ErrorCode::MissingField);
+}
+
+#[test]
+fn presence_api_matches_its_proto_messages() {
+    let info = RawValue::from_string(r#"{"name":"Alice"}"#.to_owned()).expect("raw");
+    let members = [PresenceMember {
+        user: "alice",
+        info: Some(&info),
+    }];
+    let page = PresencePage {
+        topic: "room:1",
+        position: 3,
+        users: 1,
+        connections: 2,
+        members: &members,
+        cursor: Some("YWxpY2U"),
+    };
+    let json = serde_json::to_vec(&page).expect("json");
+    let Value::Object(map) = serde_json::from_slice::<Value>(&json).expect("json") else {
+        panic!()
+    };
+    assert_eq!(
+        map.keys().cloned().collect::<BTreeSet<_>>(),
+        proto_fields("PresenceResponse")
+    );
+    let pb = page.to_proto();
+    assert_eq!(
+        pb.members[0].info.as_deref(),
+        Some(&br#"{"name":"Alice"}"#[..])
+    );
+    let stats = proto::json::PresenceStats {
+        topic: "room:1".into(),
+        position: 3,
+        users: 1,
+        connections: 2,
+    };
+    let Value::Object(map) = serde_json::to_value(&stats).expect("json") else {
+        panic!()
+    };
+    assert_eq!(
+        map.keys().cloned().collect::<BTreeSet<_>>(),
+        proto_fields("PresenceStatsResponse")
+    );
+    assert_eq!(
+        proto_fields("PresenceRequest"),
+        ["cursor", "limit", "topic"].map(String::from).into()
+    );
+    assert_eq!(
+        proto_fields("PresenceStatsRequest"),
+        ["topic"].map(String::from).into()
+    );
 }

@@ -5,6 +5,7 @@
 //! - [`namespace`]: per-namespace settings (history size and age, client publish).
 //! - [`Broker`]: publish, watch a topic for this pod, recover history.
 //! - [`page`]: history read a page at a time.
+//! - [`presence`]: who is subscribed to a topic, merged across pods.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
@@ -21,6 +22,7 @@ pub mod memory;
 pub mod namespace;
 pub mod observe;
 pub mod page;
+pub mod presence;
 pub mod redis;
 pub mod session;
 pub mod topic;
@@ -36,6 +38,10 @@ pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
 pub use observe::Observer;
 pub use page::{Page, PageSize};
+pub use presence::{
+    DEFAULT_POD_TTL, Member, PresenceChange, PresenceCounts, PresencePage, PresenceSettings,
+    PresenceUpdate,
+};
 pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, TlsFiles};
 pub use session::{
     Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
@@ -153,6 +159,12 @@ pub trait Deliver: Send + Sync + 'static {
     /// A backend ended `user`'s access ([`SessionStore::revoke`], on any
     /// pod): close every connection of theirs on this pod.
     fn disconnect(&self, user: &str);
+
+    /// What changed in the presence of a topic this pod watches, in
+    /// position order (a presence namespace's topics only).
+    fn presence(&self, topic: &Topic, change: &PresenceChange) {
+        let _ = (topic, change);
+    }
 }
 
 /// What an engine says of its state: for `/readyz` and the admin status.
@@ -268,4 +280,41 @@ pub trait Broker: Send + Sync + 'static {
         after: u64,
         page: PageSize,
     ) -> Result<Page, BrokerError>;
+
+    /// Hands this pod's changes to a topic's presence (coalesced by the
+    /// caller: the changes since its previous update of the topic). Every
+    /// pod watching the topic is told what changed for the room
+    /// ([`Deliver::presence`]), with the next position, when the members or
+    /// counts moved. Whether the namespace has presence is the caller's
+    /// check.
+    async fn presence_update(
+        &self,
+        topic: &Topic,
+        update: PresenceUpdate,
+    ) -> Result<(), BrokerError> {
+        let _ = (topic, update);
+        Err(BrokerError::unavailable("this broker keeps no presence"))
+    }
+
+    /// Up to `limit` members of the topic after the user id `after`, by user
+    /// id, with the counts. Answered at a position only once every change up
+    /// to it was handed to [`Deliver::presence`] on this pod (when this pod
+    /// watches the topic), so that a page and the changes after it neither
+    /// miss nor double a member.
+    async fn presence(
+        &self,
+        topic: &Topic,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        let _ = (topic, after, limit);
+        Err(BrokerError::unavailable("this broker keeps no presence"))
+    }
+
+    /// The topic's presence counts, in O(1), under the same rule as
+    /// [`Broker::presence`].
+    async fn presence_counts(&self, topic: &Topic) -> Result<PresenceCounts, BrokerError> {
+        let _ = topic;
+        Err(BrokerError::unavailable("this broker keeps no presence"))
+    }
 }

@@ -16,9 +16,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::page::{self, Page, PageSize};
+use crate::presence::Ledger;
 use crate::{
     Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Position,
-    Publication, Recovery, SessionSnapshot, SessionStore, Since, Stored, Topic,
+    PresenceCounts, PresencePage, PresenceUpdate, Publication, Recovery, SessionSnapshot,
+    SessionStore, Since, Stored, Topic,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -51,6 +53,8 @@ struct TopicState {
     touched: Instant,
     /// Idempotency keys of recent publishes, with when they expire.
     keys: HashMap<Box<str>, (Instant, Position)>,
+    /// Its presence; a topic with members is never swept.
+    presence: Ledger,
 }
 
 impl TopicState {
@@ -62,6 +66,7 @@ impl TopicState {
             watchers: 0,
             touched: now,
             keys: HashMap::new(),
+            presence: Ledger::default(),
         }
     }
 
@@ -139,6 +144,7 @@ impl Inner {
                 state.watchers > 0
                     || !state.keys.is_empty()
                     || !state.history.is_empty()
+                    || !state.presence.is_empty()
                     || now.saturating_duration_since(state.touched) <= ttl
             });
         }
@@ -296,6 +302,52 @@ impl Broker for MemoryBroker {
             seq: state.seq,
         })
     }
+
+    // Presence: under the topic's shard lock, like a publish, so that
+    // changes reach the sink in position order and a page or counts read
+    // after a change was handed on.
+    async fn presence_update(
+        &self,
+        topic: &Topic,
+        update: PresenceUpdate,
+    ) -> Result<(), BrokerError> {
+        self.inner.settings(topic)?;
+        let now = Instant::now();
+        let mut shard = self.inner.shard(topic);
+        let state = shard
+            .entry(topic.clone())
+            .or_insert_with(|| TopicState::new(now));
+        state.touched = now;
+        if let Some(change) = state.presence.update(&update)
+            && state.watchers > 0
+        {
+            self.inner.sink.presence(topic, &change);
+        }
+        Ok(())
+    }
+
+    async fn presence(
+        &self,
+        topic: &Topic,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        self.inner.settings(topic)?;
+        let shard = self.inner.shard(topic);
+        Ok(shard
+            .get(topic)
+            .map_or_else(PresencePage::default, |state| {
+                state.presence.page(after, limit)
+            }))
+    }
+
+    async fn presence_counts(&self, topic: &Topic) -> Result<PresenceCounts, BrokerError> {
+        self.inner.settings(topic)?;
+        let shard = self.inner.shard(topic);
+        Ok(shard
+            .get(topic)
+            .map_or_else(PresenceCounts::default, |state| state.presence.counts()))
+    }
 }
 
 #[async_trait]
@@ -416,7 +468,12 @@ mod tests {
     use crate::{NamespaceSettings, SubscriptionState};
 
     #[derive(Default)]
-    struct Collect(Mutex<Vec<u64>>, Mutex<Vec<String>>);
+    #[allow(clippy::type_complexity)]
+    struct Collect(
+        Mutex<Vec<u64>>,
+        Mutex<Vec<String>>,
+        Mutex<Vec<(u64, Vec<String>, Vec<String>)>>,
+    );
     impl Deliver for Collect {
         fn deliver(&self, p: &Publication, _: Option<&str>) {
             self.0.lock().unwrap_or_else(|e| e.into_inner()).push(p.seq);
@@ -427,6 +484,14 @@ mod tests {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(user.to_owned());
+        }
+        fn presence(&self, _: &Topic, change: &crate::PresenceChange) {
+            let joins = change.joins.iter().map(|m| m.user.to_string()).collect();
+            let leaves = change.leaves.iter().map(|u| u.to_string()).collect();
+            self.2
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((change.position, joins, leaves));
         }
     }
 
@@ -704,6 +769,109 @@ mod tests {
         assert_eq!(*sink.1.lock().unwrap_or_else(|e| e.into_inner()), ["alice"]);
         // Anonymous sessions are anyone's who knows the id.
         assert!(matches!(b.claim("t", "b", None).await?, Claim::Taken(_)));
+        Ok(())
+    }
+
+    fn members(users: &[(&str, u32)]) -> Vec<(crate::Member, u32)> {
+        users
+            .iter()
+            .map(|(user, connections)| {
+                let member = crate::Member {
+                    user: Arc::from(*user),
+                    info: Some(Bytes::from(format!("{{\"name\":\"{user}\"}}"))),
+                };
+                (member, *connections)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn presence_changes_reach_a_watching_pod_in_position_order() -> Result<(), BrokerError> {
+        let (b, sink) = broker(3);
+        let t = topic("room");
+        let changes = || sink.2.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        // Not watched yet: the room moves, the sink hears nothing.
+        let update = PresenceUpdate {
+            set: members(&[("bob", 1)]),
+            removed: Vec::new(),
+            anonymous: 1,
+        };
+        b.presence_update(&t, update).await?;
+        assert!(changes().is_empty());
+        b.watch(&t).await?;
+        let update = PresenceUpdate {
+            set: members(&[("alice", 2), ("bob", 2)]),
+            removed: Vec::new(),
+            anonymous: 1,
+        };
+        b.presence_update(&t, update).await?;
+        // Nothing changed: no position.
+        let update = PresenceUpdate {
+            anonymous: 1,
+            ..PresenceUpdate::default()
+        };
+        b.presence_update(&t, update).await?;
+        let update = PresenceUpdate {
+            set: Vec::new(),
+            removed: vec![Arc::from("bob")],
+            anonymous: 0,
+        };
+        b.presence_update(&t, update).await?;
+        assert_eq!(
+            changes(),
+            vec![(2, s(&["alice"]), s(&[])), (3, s(&[]), s(&["bob"]))]
+        );
+        let counts = b.presence_counts(&t).await?;
+        assert_eq!(
+            counts,
+            PresenceCounts {
+                position: 3,
+                users: 1,
+                connections: 2
+            }
+        );
+        let page = b.presence(&t, None, 10).await?;
+        assert_eq!(page.counts, counts);
+        assert!(!page.more);
+        assert_eq!(page.members.len(), 1);
+        assert_eq!(&*page.members[0].user, "alice");
+        assert_eq!(
+            page.members[0].info.as_deref(),
+            Some(&b"{\"name\":\"alice\"}"[..])
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn presence_pages_and_an_unknown_topic() -> Result<(), BrokerError> {
+        let (b, _) = broker(3);
+        let t = topic("room");
+        let users: Vec<String> = (0..5).map(|i| format!("u{i}")).collect();
+        let pairs: Vec<(&str, u32)> = users.iter().map(|u| (u.as_str(), 1)).collect();
+        let update = PresenceUpdate {
+            set: members(&pairs),
+            ..PresenceUpdate::default()
+        };
+        b.presence_update(&t, update).await?;
+        let first = b.presence(&t, None, 2).await?;
+        assert!(first.more);
+        let last = first.members.last().map(|m| m.user.to_string());
+        let second = b.presence(&t, last.as_deref(), 3).await?;
+        assert!(!second.more);
+        let got: Vec<String> = first
+            .members
+            .iter()
+            .chain(&second.members)
+            .map(|m| m.user.to_string())
+            .collect();
+        assert_eq!(got, users);
+        assert_eq!(
+            b.presence(&topic("other"), None, 2).await?,
+            PresencePage::default()
+        );
+        let refused = b.presence_counts(&topic("nope:x")).await;
+        assert!(matches!(refused, Err(BrokerError::UnknownNamespace(_))));
         Ok(())
     }
 }

@@ -31,6 +31,13 @@ pub struct NamespaceSettings {
     /// Topic `<namespace>:<id>` belongs to the user whose token says
     /// `sub: <id>`: nobody else may subscribe to it, whatever their grants.
     pub personal: bool,
+    /// The topics keep presence: who is subscribed, queryable.
+    pub presence: bool,
+    /// Subscribers are sent `presence_diff`s (joins and leaves, coalesced);
+    /// only with `presence`.
+    pub join_leave: bool,
+    /// Above this many members, diffs carry counts only; 0: never.
+    pub presence_counts_only_above: u64,
 }
 
 /// Who may subscribe to a namespace's topics from a WebSocket.
@@ -65,6 +72,9 @@ impl Default for NamespaceSettings {
             subscribe: Subscribe::Authenticated,
             publish: Publish::Nobody,
             personal: false,
+            presence: false,
+            join_leave: false,
+            presence_counts_only_above: 0,
         }
     }
 }

@@ -19,6 +19,15 @@ pub trait Observer: Send + Sync + 'static {
     /// Announcements held aside while a topic's history is read, on this
     /// pod: what waits for Redis.
     fn pubsub_backlog(&self, _held: usize) {}
+    /// This pod removed a dead pod instance's presence from one topic
+    /// (Redis): `members` users were in its part there.
+    fn presence_cleaned(&self, _members: u64) {}
+    /// A dead pod instance's presence is gone from every topic, removed by
+    /// this pod.
+    fn presence_pod_cleaned(&self) {}
+    /// A presence replica skipped changes (a gap, a lost link) and re-read
+    /// the room.
+    fn presence_resync(&self) {}
 }
 
 /// An observer that ignores everything.

@@ -38,6 +38,7 @@ fn settings(url: String) -> RedisSettings {
         command_timeout: Duration::from_millis(300),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
+        presence: router::PresenceSettings::default(),
     }
 }
 

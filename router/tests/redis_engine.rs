@@ -93,6 +93,7 @@ async fn engine(
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
+        presence: router::PresenceSettings::default(),
     };
     let broker = RedisBroker::start(
         settings,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -27,9 +28,22 @@ pub struct Claims {
     pub subscribe: Grants,
     /// Claim `publish`: the topics the client may publish on.
     pub publish: Grants,
+    /// Claim `info`: a JSON object shown with the user in a topic's
+    /// presence, as compact JSON text. Bounded by `presence.max_info_bytes`
+    /// ([`Claims::check_info`]): the verifier does not know the pod's limit.
+    pub info: Option<Bytes>,
 }
 
 impl Claims {
+    /// Refuses an `info` claim longer than `max_bytes` of compact JSON: it
+    /// is copied into every page and diff of every topic the user is in.
+    pub fn check_info(&self, max_bytes: usize) -> Result<(), Refused> {
+        match &self.info {
+            Some(info) if info.len() > max_bytes => Err(Refused::InfoTooLong(max_bytes)),
+            _ => Ok(()),
+        }
+    }
+
     /// When a connection on this token must close: its `exp` plus `leeway`,
     /// on the pod's monotonic clock (`now` and `now_instant` read together).
     /// `None` where that lies beyond what the clocks can hold: `exp` is
@@ -144,6 +158,8 @@ pub(super) struct Payload {
     subscribe: Option<Box<RawValue>>,
     #[serde(default)]
     publish: Option<Box<RawValue>>,
+    #[serde(default)]
+    info: Option<Box<RawValue>>,
 }
 
 impl Payload {
@@ -177,11 +193,17 @@ impl Payload {
             self.publish.as_deref(),
             "`publish` must be an array of strings",
         )?;
+        let info = parse::<serde_json::Map<String, serde_json::Value>>(
+            self.info.as_deref(),
+            "`info` must be a JSON object",
+        )?
+        .map(|object| Bytes::from(serde_json::Value::Object(object).to_string()));
         Ok(Claims {
             user: Arc::from(user),
             expires,
             subscribe,
             publish,
+            info,
         })
     }
 }

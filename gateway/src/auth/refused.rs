@@ -13,6 +13,10 @@ use super::MAX_TOKEN_BYTES;
 /// message safe to send to the client: it never holds key material.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
+    /// The `info` claim is longer than `presence.max_info_bytes` (its
+    /// compact JSON text).
+    #[error("token claims are invalid: `info` is longer than {0} bytes (presence.max_info_bytes)")]
+    InfoTooLong(usize),
     /// Not a JWS compact token: parts, base64url or JSON.
     #[error("token is not a well-formed JWT")]
     Malformed,
@@ -62,7 +66,7 @@ impl Refused {
             Refused::NotYetValid => "not_yet_valid",
             Refused::Issuer => "issuer",
             Refused::Audience => "audience",
-            Refused::Claims(_) => "claims",
+            Refused::Claims(_) | Refused::InfoTooLong(_) => "claims",
             Refused::UnknownKey => "unknown_key",
             Refused::NoKeys => "no_keys",
         }

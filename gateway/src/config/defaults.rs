@@ -121,3 +121,12 @@ pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long the pod waits for a ping's answer; a connection silent for the
 /// interval and this (one that never spoke HTTP/2 too) is closed.
 pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long presence changes are gathered before this pod writes them to the
+/// broker, and before a topic's subscribers get a `presence_diff`.
+pub const DEFAULT_PRESENCE_DIFF_INTERVAL: Duration = Duration::from_millis(500);
+/// Members per page of a presence query, at most and by default.
+pub const DEFAULT_PRESENCE_PAGE_SIZE: usize = 1000;
+/// Largest token `info` claim, in bytes of compact JSON text.
+pub const DEFAULT_PRESENCE_MAX_INFO_BYTES: usize = 256;
+/// How long a pod's presence outlives its last renewal (every `pod_ttl / 5`).
+pub const DEFAULT_PRESENCE_POD_TTL: Duration = Duration::from_secs(10);

@@ -14,6 +14,7 @@
 //! - [`redis`]: `[redis]`, the shared broker;
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
 //! - [`observability`]: `[log]` and `[telemetry]`;
+//! - [`presence`]: `[presence]`, who is subscribed to a topic;
 //! - [`validation`]: the checks before anything starts.
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ mod clients;
 mod defaults;
 mod drain;
 mod observability;
+mod presence;
 mod redis;
 mod validation;
 
@@ -38,6 +40,7 @@ pub use clients::{Limits, Overflow, QueueConfig, ReplayConfig, SessionConfig, We
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
+pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
 
 /// Exit code for a configuration error, or a bad command line (EX_USAGE).
@@ -61,6 +64,7 @@ pub struct Config {
     pub rebalance: RebalanceConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
+    pub presence: PresenceConfig,
     /// Client tokens; without a key every client is anonymous (open mode).
     pub auth: AuthConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
@@ -92,6 +96,7 @@ impl Default for Config {
             rebalance: RebalanceConfig::default(),
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
+            presence: PresenceConfig::default(),
             auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
         }
@@ -112,7 +117,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 15] = [
+const TOP_LEVEL_KEYS: [&str; 16] = [
     "listen",
     "broker",
     "redis",
@@ -126,6 +131,7 @@ const TOP_LEVEL_KEYS: [&str; 15] = [
     "rebalance",
     "log",
     "telemetry",
+    "presence",
     "auth",
     "namespaces",
 ];

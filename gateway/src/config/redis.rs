@@ -101,6 +101,8 @@ impl RedisConfig {
             command_timeout: self.command_timeout,
             linger: self.linger,
             prefix: self.prefix.clone(),
+            // The gateway sets its `[presence]` and pod name where it starts the broker.
+            presence: router::PresenceSettings::default(),
         }
     }
 }

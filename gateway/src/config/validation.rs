@@ -57,6 +57,8 @@ impl Config {
                 self.auth.jwks_refresh_interval,
             ),
             ("auth.jwks_min_refetch", self.auth.jwks_min_refetch),
+            ("presence.diff_interval", self.presence.diff_interval),
+            ("presence.pod_ttl", self.presence.pod_ttl),
         ] {
             if d > MAX_DURATION {
                 return invalid(key, "must be at most 365 days");
@@ -172,6 +174,9 @@ impl Config {
             if !(rebalance.max_move_fraction > 0.0 && rebalance.max_move_fraction <= 1.0) {
                 return invalid("rebalance.max_move_fraction", "must be in (0, 1]");
             }
+        }
+        if let Err((key, reason)) = self.presence.check() {
+            return invalid(key, reason);
         }
         if self.session.flush_interval.is_zero() {
             return invalid("session.flush_interval", "must be longer than 0s");

@@ -32,8 +32,9 @@ use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::publish::{self, ApiError, Refusal};
 
-/// The largest `TopicInfo` or `Disconnect` request, in bytes: a topic (at
-/// most 128 bytes past its namespace) or a user id (256), with room to spare.
+/// The largest `TopicInfo`, `Disconnect`, `Presence` or `PresenceStats`
+/// request, in bytes: a topic (at most 128 bytes past its namespace), a
+/// user id (256) or a cursor (one, encoded), with room to spare.
 pub const MAX_SMALL_REQUEST_BYTES: usize = 4 * 1024;
 /// Room in a `Publish` request for its topic, key and framing, besides `data`.
 pub const REQUEST_OVERHEAD_BYTES: usize = 1024;
@@ -47,6 +48,8 @@ pub enum Method {
     PublishBatch,
     TopicInfo,
     Disconnect,
+    Presence,
+    PresenceStats,
     /// Any other path: tonic answers `UNIMPLEMENTED`.
     Unknown,
 }
@@ -62,6 +65,8 @@ impl Method {
             Some("PublishBatch") => Self::PublishBatch,
             Some("TopicInfo") => Self::TopicInfo,
             Some("Disconnect") => Self::Disconnect,
+            Some("Presence") => Self::Presence,
+            Some("PresenceStats") => Self::PresenceStats,
             _ => Self::Unknown,
         }
     }
@@ -73,6 +78,8 @@ impl Method {
             Self::PublishBatch => "PublishBatch",
             Self::TopicInfo => "TopicInfo",
             Self::Disconnect => "Disconnect",
+            Self::Presence => "Presence",
+            Self::PresenceStats => "PresenceStats",
             Self::Unknown => "unknown",
         }
     }
@@ -100,7 +107,11 @@ impl Limits {
         match method {
             Method::Publish => self.publish,
             Method::PublishBatch => self.batch,
-            Method::TopicInfo | Method::Disconnect | Method::Unknown => MAX_SMALL_REQUEST_BYTES,
+            Method::TopicInfo
+            | Method::Disconnect
+            | Method::Presence
+            | Method::PresenceStats
+            | Method::Unknown => MAX_SMALL_REQUEST_BYTES,
         }
     }
 }

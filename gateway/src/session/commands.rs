@@ -11,6 +11,7 @@ use super::handshake::Origin;
 use crate::budget::{Limit, Principal};
 use crate::disconnect::CloseReason;
 use crate::frame;
+use crate::presence::PresenceError;
 
 impl Session {
     pub(super) async fn command(&mut self, text: Bytes) {
@@ -75,7 +76,8 @@ impl Session {
                 | Command::Unsub { id, .. }
                 | Command::Pub { id, .. }
                 | Command::Refresh { id, .. }
-                | Command::Ping { id },
+                | Command::Ping { id }
+                | Command::Presence { id, .. },
             ) => Some(*id),
             _ => None,
         };
@@ -207,6 +209,36 @@ impl Session {
                 Ok(())
             }
             Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
+            Command::Presence {
+                id,
+                topic,
+                cursor,
+                limit,
+            } => {
+                let topic = self.topic(Some(id), &topic)?;
+                // Whoever may subscribe may look; no subscription needed.
+                self.may(Some(id), &topic, Access::Subscribe)?;
+                let page = self
+                    .node
+                    .presence
+                    .page(&topic, cursor.as_deref(), limit)
+                    .await
+                    .map_err(|e| presence_error(id, &topic, &e))?;
+                let members = page.json_members();
+                self.reply(ServerMessage::PresencePage {
+                    id,
+                    page: proto::json::PresencePage {
+                        topic: topic.as_str(),
+                        position: page.counts.position,
+                        users: page.counts.users,
+                        connections: page.counts.connections,
+                        members: &members,
+                        cursor: page.cursor.as_deref(),
+                    },
+                })
+                .await;
+                Ok(())
+            }
         }
     }
 
@@ -349,6 +381,20 @@ pub(super) fn not_subscribed(id: Option<u64>, topic: &Topic) -> CommandError {
         format!("not subscribed to `{topic}`"),
     )
     .about(topic.as_str())
+}
+
+/// The `err` a `presence` query gets.
+fn presence_error(id: u64, topic: &Topic, e: &PresenceError) -> CommandError {
+    let error = match e {
+        PresenceError::Disabled(_) => {
+            CommandError::new(Some(id), ErrorCode::Disabled, e.to_string())
+        }
+        PresenceError::Malformed(_) => {
+            CommandError::new(Some(id), ErrorCode::Malformed, e.to_string())
+        }
+        PresenceError::Broker(e) => broker_error(Some(id), e),
+    };
+    error.about(topic.as_str())
 }
 
 pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {

@@ -149,10 +149,16 @@ impl Session {
     /// Leaves every topic, saves the session (unless a backend ended the
     /// user's access), logs and counts the close.
     pub(super) async fn end(mut self) {
+        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
+        // A client expected to come back (resume) stays a member meanwhile.
+        if let Some(id) = &self.id
+            && reason.stays_present()
+        {
+            self.node.presence.linger(self.conn, id.clone());
+        }
         for topic in self.subscriptions.topics() {
             self.leave(&topic).await;
         }
-        let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
         if let Some(id) = &self.id {
             // Not when a newer connection owns it: the store would refuse it,
             // or, had the session expired meanwhile, bring back an old copy.

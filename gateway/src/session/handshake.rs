@@ -31,6 +31,7 @@ use super::{Pod, Session};
 use crate::admission::ConnId;
 use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
+use crate::presence::Who;
 
 /// Where a subscription comes from. It decides how the handshake answers:
 /// a client waits for `ok` to its `sub`; a restored subscription gets no
@@ -124,6 +125,8 @@ impl Joining {
             session.out.clone(),
             session.subscriptions.clone(),
         );
+        // Every origin counts: a command's, a restore's.
+        node.presence.enter(&topic, session.conn, || session.who());
         Self {
             node,
             topic,
@@ -188,6 +191,7 @@ impl Drop for Joining {
 /// so a release that lands after a new watch of the topic undoes only its
 /// own).
 pub(super) fn leave_now(node: &Pod, topic: Topic, conn: ConnId) {
+    node.presence.exit(&topic, conn);
     if node.hub.leave(&topic, conn) {
         let broker = node.broker.clone();
         // Dropped with its runtime, there is nothing to unwatch.
@@ -198,6 +202,21 @@ pub(super) fn leave_now(node: &Pod, topic: Topic, conn: ConnId) {
 }
 
 impl Session {
+    /// Who this connection is in a topic's presence: its token's user and
+    /// `info`, or anonymous.
+    pub(super) fn who(&self) -> Who {
+        match &self.claims {
+            Some(claims) => Who {
+                user: Some(claims.user.clone()),
+                info: claims.info.clone(),
+            },
+            None => Who {
+                user: None,
+                info: None,
+            },
+        }
+    }
+
     /// The subscribe handshake (see the [module](self)): live delivery
     /// first (held aside), then the topic's position and history, then what
     /// was held aside beyond it. With `since`, the replay waits for its turn
@@ -320,6 +339,7 @@ impl Session {
     /// Removes this connection from a topic; the last local subscriber
     /// releases the broker's watch.
     pub(super) async fn leave(&self, topic: &Topic) {
+        self.node.presence.exit(topic, self.conn);
         if self.node.hub.leave(topic, self.conn) {
             self.node.broker.unwatch(topic).await;
         }

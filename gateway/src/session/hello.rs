@@ -21,8 +21,13 @@ impl Session {
             // Open mode: nothing to check a token against.
             return Ok(None);
         };
+        let max_info = self.node.config.presence.max_info_bytes;
         match token {
-            Some(token) => Ok(Some(verifier.verify(token).await?)),
+            Some(token) => {
+                let claims = verifier.verify(token).await?;
+                claims.check_info(max_info)?;
+                Ok(Some(claims))
+            }
             None if self.node.config.auth.allow_anonymous => Ok(None),
             None => Err(Denied::Missing),
         }
@@ -150,6 +155,11 @@ impl Session {
             return;
         }
         self.restore(states).await;
+        // Its topics entered again: what its earlier connection left
+        // lingering here goes, without a leave where this one holds them.
+        if self.resumed {
+            self.node.presence.resumed(&id);
+        }
     }
 
     /// The token's expiry in Unix seconds, for `welcome` and `refresh`.
@@ -168,7 +178,12 @@ impl Session {
                 "this server does not check tokens",
             ));
         };
-        let claims = match verifier.verify(token).await {
+        let max_info = self.node.config.presence.max_info_bytes;
+        let verified = verifier
+            .verify(token)
+            .await
+            .and_then(|claims| claims.check_info(max_info).map(|()| claims));
+        let claims = match verified {
             Ok(claims) => claims,
             Err(refused) => return Err(self.deny_refresh(id, refused.into())),
         };

@@ -71,6 +71,7 @@ use crate::config::Config;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Writing, writer};
+use crate::presence::Presence;
 use rate::Bucket;
 use reader::Reader;
 
@@ -98,6 +99,9 @@ pub struct Pod {
     /// What each user and anonymous address may hold and touch across its
     /// connections.
     pub budgets: Arc<Budgets>,
+    /// Who is subscribed to the presence topics: subscriptions enter and
+    /// leave it as they join and leave the hub.
+    pub presence: Arc<Presence>,
 }
 
 /// Serves an upgraded connection until it ends.

@@ -67,12 +67,20 @@ fn pod_with(config: Config, fault: Fault) -> (Arc<Pod>, Arc<Faulty>) {
         CancellationToken::new(),
         Instant::now(),
     );
+    let hub = Arc::new(Hub::new(
+        metrics.clone(),
+        config.queue.frames,
+        config.queue.bytes,
+    ));
+    let presence = Arc::new(crate::presence::Presence::new(
+        &config,
+        namespaces.clone(),
+        hub.clone(),
+        metrics.clone(),
+    ));
     let pod = Arc::new(Pod {
-        hub: Arc::new(Hub::new(
-            metrics.clone(),
-            config.queue.frames,
-            config.queue.bytes,
-        )),
+        hub,
+        presence,
         broker: broker.clone(),
         sessions: broker.clone(),
         live: Arc::new(Registry::default()),

@@ -778,3 +778,41 @@ fn an_api_keys_file_adds_its_keys_and_must_hold_one() {
         "http.api_keys_file",
     );
 }
+
+#[test]
+fn presence_settings_are_checked_by_name() {
+    let config = load_env(&[
+        ("HERALD_PRESENCE__DIFF_INTERVAL", "100ms"),
+        ("HERALD_PRESENCE__PAGE_SIZE", "50"),
+        ("HERALD_PRESENCE__MAX_INFO_BYTES", "64"),
+        ("HERALD_PRESENCE__POD_TTL", "3s"),
+    ])
+    .expect("valid");
+    let presence = &config.presence;
+    assert_eq!(presence.diff_interval, Duration::from_millis(100));
+    assert_eq!((presence.page_size, presence.max_info_bytes), (50, 64));
+    assert_eq!(presence.pod_ttl, Duration::from_secs(3));
+    for (var, value, key) in [
+        (
+            "HERALD_PRESENCE__DIFF_INTERVAL",
+            "0s",
+            "presence.diff_interval",
+        ),
+        (
+            "HERALD_PRESENCE__DIFF_INTERVAL",
+            "20s",
+            "presence.diff_interval",
+        ),
+        ("HERALD_PRESENCE__PAGE_SIZE", "0", "presence.page_size"),
+        (
+            "HERALD_PRESENCE__MAX_INFO_BYTES",
+            "1",
+            "presence.max_info_bytes",
+        ),
+        ("HERALD_PRESENCE__POD_TTL", "500ms", "presence.pod_ttl"),
+        ("HERALD_PRESENCE__POD_TTL", "400days", "presence.pod_ttl"),
+    ] {
+        assert_names(load_env(&[(var, value)]), key);
+    }
+    assert_names(load_file("[presence]\npage = 1\n"), "page");
+}

@@ -37,6 +37,7 @@ mod limits;
 mod logs;
 mod observability;
 mod pod;
+mod presence;
 mod python_client;
 mod rebalance;
 mod redis_access;

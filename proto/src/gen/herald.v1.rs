@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -25,6 +25,8 @@ pub mod client_command {
         Refresh(super::Refresh),
         #[prost(message, tag = "7")]
         Ping(super::Ping),
+        #[prost(message, tag = "8")]
+        Presence(super::Presence),
     }
 }
 #[allow(clippy::all)]
@@ -101,17 +103,32 @@ pub struct Ping {
     #[prost(uint64, tag = "1")]
     pub id: u64,
 }
-/// What the server sends.
+/// The members of a topic's presence, a page at a time, ordered by user id.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Presence {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub topic: ::prost::alloc::string::String,
+    /// From the previous page's `ok`: the members after it.
+    #[prost(string, optional, tag = "3")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+    /// Members per page, 1 to `presence.page_size` (its default).
+    #[prost(uint32, optional, tag = "4")]
+    pub limit: ::core::option::Option<u32>,
+}
+/// What the server sends.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ServerMessage {
-    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "server_message::Op", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub op: ::core::option::Option<server_message::Op>,
 }
 /// Nested message and enum types in `ServerMessage`.
 pub mod server_message {
     #[allow(clippy::all)]
-    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Op {
         #[prost(message, tag = "1")]
         Welcome(super::Welcome),
@@ -125,6 +142,8 @@ pub mod server_message {
         Reset(super::Reset),
         #[prost(message, tag = "6")]
         Reconnect(super::Reconnect),
+        #[prost(message, tag = "7")]
+        PresenceDiff(super::PresenceDiff),
     }
 }
 #[allow(clippy::all)]
@@ -146,7 +165,7 @@ pub struct Welcome {
 }
 /// The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`.
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Ok {
     #[prost(uint64, tag = "1")]
     pub id: u64,
@@ -163,6 +182,20 @@ pub struct Ok {
     /// Only in the reply to `refresh`: when the new token expires (Unix seconds).
     #[prost(uint64, optional, tag = "6")]
     pub expires: ::core::option::Option<u64>,
+    /// The reply to `presence`: the page answers at `position`, the topic's
+    /// presence position; `users` and `connections` count the whole topic.
+    #[prost(uint64, optional, tag = "7")]
+    pub position: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "8")]
+    pub users: ::core::option::Option<u64>,
+    #[prost(uint64, optional, tag = "9")]
+    pub connections: ::core::option::Option<u64>,
+    /// Ordered by user id (bytewise).
+    #[prost(message, repeated, tag = "10")]
+    pub members: ::prost::alloc::vec::Vec<PresenceMember>,
+    /// Absent on the last page: pass it back for the members after this page.
+    #[prost(string, optional, tag = "11")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -209,6 +242,40 @@ pub struct Reconnect {
     pub after_ms: u64,
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
+}
+/// One user in a topic's presence.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceMember {
+    /// The `sub` of the user's token.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    /// The token's `info` claim, JSON text (an object); absent without one.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub info: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
+/// What changed in a topic's presence from position `from` to `to`, to the
+/// subscribers of a `join_leave` namespace: at most one per topic per
+/// `presence.diff_interval`. Apply it only when `from` is at or after the
+/// position of the page you hold. Above the namespace's
+/// `presence_counts_only_above` users, `joins` and `leaves` are left out.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PresenceDiff {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub from: u64,
+    #[prost(uint64, tag = "3")]
+    pub to: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub joins: ::prost::alloc::vec::Vec<PresenceMember>,
+    #[prost(string, repeated, tag = "5")]
+    pub leaves: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(uint64, tag = "6")]
+    pub users: u64,
+    #[prost(uint64, tag = "7")]
+    pub connections: u64,
 }
 /// HTTP `POST /v1/publish` body; `Publish` request.
 #[allow(clippy::all)]
@@ -302,6 +369,54 @@ pub struct DisconnectRequest {
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DisconnectResponse {}
+/// HTTP `GET /v1/presence?topic=&cursor=&limit=`; `Presence` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceRequest {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "2")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint32, optional, tag = "3")]
+    pub limit: ::core::option::Option<u32>,
+}
+/// HTTP `GET /v1/presence` answer; `Presence` answer.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PresenceResponse {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub position: u64,
+    #[prost(uint64, tag = "3")]
+    pub users: u64,
+    #[prost(uint64, tag = "4")]
+    pub connections: u64,
+    #[prost(message, repeated, tag = "5")]
+    pub members: ::prost::alloc::vec::Vec<PresenceMember>,
+    #[prost(string, optional, tag = "6")]
+    pub cursor: ::core::option::Option<::prost::alloc::string::String>,
+}
+/// HTTP `GET /v1/presence/stats?topic=`; `PresenceStats` request.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceStatsRequest {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+}
+/// HTTP `GET /v1/presence/stats` answer; `PresenceStats` answer.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PresenceStatsResponse {
+    #[prost(string, tag = "1")]
+    pub topic: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub position: u64,
+    #[prost(uint64, tag = "3")]
+    pub users: u64,
+    #[prost(uint64, tag = "4")]
+    pub connections: u64,
+}
 /// Generated client implementations.
 pub mod publisher_client {
     #![allow(
@@ -487,6 +602,58 @@ pub mod publisher_client {
                 .insert(GrpcMethod::new("herald.v1.Publisher", "Disconnect"));
             self.inner.unary(req, path, codec).await
         }
+        /// A page of a topic's presence (namespaces with `presence = true`). Also
+        /// HTTP `GET /v1/presence`.
+        pub async fn presence(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PresenceRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/Presence",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "Presence"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A topic's presence counts, without its members. Also HTTP
+        /// `GET /v1/presence/stats`.
+        pub async fn presence_stats(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PresenceStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceStatsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.Publisher/PresenceStats",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.Publisher", "PresenceStats"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -531,6 +698,24 @@ pub mod publisher_server {
             request: tonic::Request<super::DisconnectRequest>,
         ) -> std::result::Result<
             tonic::Response<super::DisconnectResponse>,
+            tonic::Status,
+        >;
+        /// A page of a topic's presence (namespaces with `presence = true`). Also
+        /// HTTP `GET /v1/presence`.
+        async fn presence(
+            &self,
+            request: tonic::Request<super::PresenceRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceResponse>,
+            tonic::Status,
+        >;
+        /// A topic's presence counts, without its members. Also HTTP
+        /// `GET /v1/presence/stats`.
+        async fn presence_stats(
+            &self,
+            request: tonic::Request<super::PresenceStatsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PresenceStatsResponse>,
             tonic::Status,
         >;
     }
@@ -776,6 +961,96 @@ pub mod publisher_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DisconnectSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/Presence" => {
+                    #[allow(non_camel_case_types)]
+                    struct PresenceSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::PresenceRequest>
+                    for PresenceSvc<T> {
+                        type Response = super::PresenceResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PresenceRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::presence(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PresenceSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.Publisher/PresenceStats" => {
+                    #[allow(non_camel_case_types)]
+                    struct PresenceStatsSvc<T: Publisher>(pub Arc<T>);
+                    impl<
+                        T: Publisher,
+                    > tonic::server::UnaryService<super::PresenceStatsRequest>
+                    for PresenceStatsSvc<T> {
+                        type Response = super::PresenceStatsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PresenceStatsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Publisher>::presence_stats(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PresenceStatsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -13,6 +13,7 @@ use rustls::pki_types::pem::PemObject;
 
 use super::connection::Connector;
 use super::scripts;
+use crate::PresenceSettings;
 
 /// How to reach Redis and how patient to be with it.
 #[derive(Clone)]
@@ -38,6 +39,8 @@ pub struct RedisSettings {
     /// What every key and channel starts with ([`scripts::check_prefix`]):
     /// deployments sharing a Redis are isolated by theirs.
     pub prefix: String,
+    /// This pod's presence: its liveness ttl and name.
+    pub presence: PresenceSettings,
 }
 
 impl RedisSettings {
@@ -93,6 +96,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("command_timeout", &self.command_timeout)
             .field("linger", &self.linger)
             .field("prefix", &self.prefix)
+            .field("presence", &self.presence)
             .finish()
     }
 }
@@ -255,6 +259,7 @@ mod tests {
             command_timeout: Duration::from_secs(1),
             linger: Duration::from_secs(1),
             prefix: scripts::DEFAULT_PREFIX.to_owned(),
+            presence: PresenceSettings::default(),
         }
     }
 

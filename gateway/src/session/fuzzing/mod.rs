@@ -380,7 +380,8 @@ fn command(frame: &Bytes, text: &str) {
                 }
                 Command::Sub { topic, .. }
                 | Command::Unsub { topic, .. }
-                | Command::Ack { topic, .. } => check_topic(topic),
+                | Command::Ack { topic, .. }
+                | Command::Presence { topic, .. } => check_topic(topic),
                 Command::Hello { .. } | Command::Refresh { .. } | Command::Ping { .. } => {}
             }
         }

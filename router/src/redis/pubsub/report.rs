@@ -217,6 +217,7 @@ mod tests {
             command_timeout: Duration::from_secs(1),
             linger: Duration::from_secs(1),
             prefix: DEFAULT_PREFIX.into(),
+            presence: crate::PresenceSettings::default(),
         };
         let connector = settings.connector().expect("a valid URL");
         let shards = Shards::one(Commands::lazy(connector.clone()));
