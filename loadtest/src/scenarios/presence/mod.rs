@@ -520,6 +520,14 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
         }
     };
     result.join.members_by_pod = members.by_pod(options.pods);
+    if result.join.all_in_s.is_none() {
+        result.problems.push(format!(
+            "join: {} of {} members in; presence showed: {}",
+            members.connected(),
+            options.members,
+            reader.last
+        ));
+    }
     tokio::time::sleep(TAIL).await;
     result.join.diffs = members.diffs();
     println!(
@@ -726,6 +734,10 @@ async fn rolling_restart(
         }
         if !wait.again().await {
             all_back = false;
+            println!(
+                "presence: after the restart, presence showed {}",
+                reader.last
+            );
             break;
         }
     }
@@ -779,6 +791,7 @@ async fn kill(
             break Some(wait.elapsed_s());
         }
         if !wait.again().await {
+            println!("presence: after the kill, presence showed {}", reader.last);
             break None;
         }
     };
