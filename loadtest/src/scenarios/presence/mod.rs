@@ -595,20 +595,13 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
     flow.paused.store(true, Ordering::Relaxed);
     tokio::time::sleep(QUIET_SETTLE).await;
     members.reset_phase();
-    let memory = footprint::memory(&cluster.redis, &topic)?;
-    let before = footprint::calls(&cluster.redis)?;
-    let window = Instant::now();
-    tokio::time::sleep(options.quiet).await;
-    let after = footprint::calls(&cluster.redis)?;
-    let window_s = window.elapsed().as_secs_f64();
-    let commands = footprint::between(&cluster.redis, &before, &after, window_s)?;
-    result.quiet = Some(Quiet {
-        writes_per_member: commands.writes as f64 / options.members as f64,
-        writes_per_s: commands.writes as f64 / window_s,
-        memory,
-        commands,
-        diffs: members.diffs(),
-    });
+    match quiet(&cluster, &topic, &options).await {
+        Ok(mut q) => {
+            q.diffs = members.diffs();
+            result.quiet = Some(q);
+        }
+        Err(e) => result.problems.push(format!("quiet window: {e}")),
+    }
     println!("presence: quiet window done");
 
     // 4. queries
@@ -642,6 +635,25 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
     flow.stopped.store(true, Ordering::Relaxed);
     let _ = publisher.await;
     finish(result, members, cluster, &meter).await
+}
+
+/// Phase 3: the room's presence memory, then Redis's commands over the
+/// quiet window.
+async fn quiet(cluster: &Cluster, topic: &str, options: &Options) -> Result<Quiet, Error> {
+    let memory = footprint::memory(&cluster.redis, topic)?;
+    let before = footprint::calls(&cluster.redis)?;
+    let window = Instant::now();
+    tokio::time::sleep(options.quiet).await;
+    let after = footprint::calls(&cluster.redis)?;
+    let window_s = window.elapsed().as_secs_f64();
+    let commands = footprint::between(&cluster.redis, &before, &after, window_s)?;
+    Ok(Quiet {
+        writes_per_member: commands.writes as f64 / options.members as f64,
+        writes_per_s: commands.writes as f64 / window_s,
+        memory,
+        commands,
+        diffs: Diffs::default(),
+    })
 }
 
 /// Phase 4: timed pages and stats, every page walked, the pod's histogram.
