@@ -321,7 +321,8 @@ impl Member {
                 command = self.commands.recv() => match command {
                     Some(Command::Unsub) => Action::Send("unsub"),
                     Some(Command::Sub) => Action::Send("sub"),
-                    None => Action::Nothing,
+                    // The scenario is gone: so is the run.
+                    None => Action::Stop,
                 },
                 _ = self.stop.changed() => Action::Stop,
             };

@@ -520,6 +520,14 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
         }
     };
     result.join.members_by_pod = members.by_pod(options.pods);
+    if result.join.all_in_s.is_none() {
+        result.problems.push(format!(
+            "join: {} of {} members in; presence showed: {}",
+            members.connected(),
+            options.members,
+            reader.last
+        ));
+    }
     tokio::time::sleep(TAIL).await;
     result.join.diffs = members.diffs();
     println!(
@@ -587,20 +595,13 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
     flow.paused.store(true, Ordering::Relaxed);
     tokio::time::sleep(QUIET_SETTLE).await;
     members.reset_phase();
-    let memory = footprint::memory(&cluster.redis, &topic)?;
-    let before = footprint::calls(&cluster.redis)?;
-    let window = Instant::now();
-    tokio::time::sleep(options.quiet).await;
-    let after = footprint::calls(&cluster.redis)?;
-    let window_s = window.elapsed().as_secs_f64();
-    let commands = footprint::between(&cluster.redis, &before, &after, window_s)?;
-    result.quiet = Some(Quiet {
-        writes_per_member: commands.writes as f64 / options.members as f64,
-        writes_per_s: commands.writes as f64 / window_s,
-        memory,
-        commands,
-        diffs: members.diffs(),
-    });
+    match quiet(&cluster, &topic, &options).await {
+        Ok(mut q) => {
+            q.diffs = members.diffs();
+            result.quiet = Some(q);
+        }
+        Err(e) => result.problems.push(format!("quiet window: {e}")),
+    }
     println!("presence: quiet window done");
 
     // 4. queries
@@ -634,6 +635,25 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
     flow.stopped.store(true, Ordering::Relaxed);
     let _ = publisher.await;
     finish(result, members, cluster, &meter).await
+}
+
+/// Phase 3: the room's presence memory, then Redis's commands over the
+/// quiet window.
+async fn quiet(cluster: &Cluster, topic: &str, options: &Options) -> Result<Quiet, Error> {
+    let memory = footprint::memory(&cluster.redis, topic)?;
+    let before = footprint::calls(&cluster.redis)?;
+    let window = Instant::now();
+    tokio::time::sleep(options.quiet).await;
+    let after = footprint::calls(&cluster.redis)?;
+    let window_s = window.elapsed().as_secs_f64();
+    let commands = footprint::between(&cluster.redis, &before, &after, window_s)?;
+    Ok(Quiet {
+        writes_per_member: commands.writes as f64 / options.members as f64,
+        writes_per_s: commands.writes as f64 / window_s,
+        memory,
+        commands,
+        diffs: Diffs::default(),
+    })
 }
 
 /// Phase 4: timed pages and stats, every page walked, the pod's histogram.
@@ -726,6 +746,10 @@ async fn rolling_restart(
         }
         if !wait.again().await {
             all_back = false;
+            println!(
+                "presence: after the restart, presence showed {}",
+                reader.last
+            );
             break;
         }
     }
@@ -779,6 +803,7 @@ async fn kill(
             break Some(wait.elapsed_s());
         }
         if !wait.again().await {
+            println!("presence: after the kill, presence showed {}", reader.last);
             break None;
         }
     };

@@ -53,6 +53,9 @@ pub struct ServerTiming {
 pub struct Reader {
     http: Scraper,
     topic: String,
+    /// The last stats read, or why they could not be: what a wait that
+    /// timed out reports.
+    pub last: String,
 }
 
 impl Reader {
@@ -60,13 +63,24 @@ impl Reader {
         Self {
             http: Scraper::new(pod),
             topic: topic.to_owned(),
+            last: "no stats read".to_owned(),
         }
     }
 
     pub async fn stats(&mut self) -> Result<Stats, Error> {
         let path = format!("/v1/presence/stats?topic={}", encode(&self.topic));
-        let body = self.http.get(&path).await?;
-        decode(&body)
+        let stats = match self.http.get(&path).await {
+            Ok(body) => decode::<Stats>(&body),
+            Err(e) => Err(e),
+        };
+        self.last = match &stats {
+            Ok(s) => format!(
+                "{} users, {} connections at {}",
+                s.users, s.connections, s.position
+            ),
+            Err(e) => e.to_string(),
+        };
+        stats
     }
 
     /// The page after `cursor`, of at most `limit` members.
