@@ -271,8 +271,11 @@ impl Hub {
     }
 
     /// Pushes `frame`, one not in the topic's seq order (a
-    /// `presence_diff`), to every subscriber of `topic` here, replaying ones
-    /// included, without waiting. How many it was pushed to.
+    /// `presence_diff`), to every live subscriber of `topic` here, without
+    /// waiting. How many it was pushed to. One still in its subscribe
+    /// handshake is skipped: it has not had its `ok` yet, and its session
+    /// takes no other command (a `presence` query) before it is live, so
+    /// any page it asks for is at or past what this frame says.
     pub fn broadcast(&self, topic: &Topic, frame: Bytes) -> usize {
         let mut shard = self.shard(topic);
         let Some(local) = shard.get_mut(topic) else {
@@ -282,6 +285,9 @@ impl Hub {
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         let mut pushed = 0;
         for subscriber in local.subscribers.values_mut() {
+            if subscriber.pending.is_some() {
+                continue;
+            }
             let result = subscriber.out.push(frame.clone(), at, &mut idle);
             if result != Pushed::Closed {
                 pushed += 1;

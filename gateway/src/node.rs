@@ -140,13 +140,8 @@ impl Node {
                     pod_ttl: config.presence.pod_ttl,
                     pod: pod_name.to_string(),
                 };
-                let redis = RedisBroker::start(
-                    settings,
-                    namespaces.clone(),
-                    sink,
-                    metrics.clone(),
-                )
-                .await?;
+                let redis =
+                    RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;
                 (Arc::new(redis.clone()), Arc::new(redis))
             }
         };

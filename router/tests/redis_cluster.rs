@@ -2,6 +2,7 @@
 //! masters, three replicas): topics spread over every master's slots, pods
 //! watching them over sharded pub/sub, and the cluster changing under them:
 //! a master killed while publishing, a slot migrated while subscribed.
+//! Presence on rooms over every master, and a dead pod's members removed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is the failure report
 
@@ -12,15 +13,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, Deliver, NamespaceSettings, Namespaces, Outgoing, Page, PageSize, Position,
-    Publication, RedisBroker, RedisSettings, Since, Topic,
+    Broker, Deliver, Member, NamespaceSettings, Namespaces, Outgoing, Page, PageSize, Position,
+    PresenceChange, PresenceSettings, PresenceUpdate, Publication, RedisBroker, RedisSettings,
+    Since, Topic,
 };
 use testkit::{RedisCluster, WAIT, eventually};
 
 /// Per topic, in order: `(epoch, seq, data)` delivered, or a reset to
 /// `(epoch, seq)`.
 #[derive(Default)]
-struct Streams(Mutex<BTreeMap<String, Vec<Event>>>);
+struct Streams(
+    Mutex<BTreeMap<String, Vec<Event>>>,
+    Mutex<Vec<(String, PresenceChange)>>,
+);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
@@ -48,6 +53,12 @@ impl Deliver for Streams {
             .push(event);
     }
     fn disconnect(&self, _: &str) {}
+    fn presence(&self, topic: &Topic, change: &PresenceChange) {
+        self.1
+            .lock()
+            .expect("lock")
+            .push((topic.to_string(), change.clone()));
+    }
 }
 
 impl Streams {
@@ -82,15 +93,28 @@ impl Streams {
     }
 }
 
+/// The pods' liveness: short, so that a dead pod is found soon.
+const PRESENCE_TTL: Duration = Duration::from_secs(1);
+
 async fn pod(cluster: &RedisCluster) -> (RedisBroker, Arc<Streams>) {
-    let namespaces = Namespaces::new(&BTreeMap::from([(
-        "default".to_owned(),
-        NamespaceSettings {
-            history_size: 10_000,
-            history_ttl: Duration::from_secs(600),
-            ..NamespaceSettings::default()
-        },
-    )]))
+    let namespaces = Namespaces::new(&BTreeMap::from([
+        (
+            "default".to_owned(),
+            NamespaceSettings {
+                history_size: 10_000,
+                history_ttl: Duration::from_secs(600),
+                ..NamespaceSettings::default()
+            },
+        ),
+        (
+            "room".to_owned(),
+            NamespaceSettings {
+                presence: true,
+                join_leave: true,
+                ..NamespaceSettings::default()
+            },
+        ),
+    ]))
     .expect("namespaces");
     let sink = Arc::new(Streams::default());
     let settings = RedisSettings {
@@ -102,7 +126,10 @@ async fn pod(cluster: &RedisCluster) -> (RedisBroker, Arc<Streams>) {
         command_timeout: Duration::from_secs(1),
         linger: Duration::from_millis(100),
         prefix: router::redis::DEFAULT_PREFIX.to_owned(),
-        presence: router::PresenceSettings::default(),
+        presence: PresenceSettings {
+            pod_ttl: PRESENCE_TTL,
+            pod: "pod".to_owned(),
+        },
     };
     let broker = RedisBroker::start(
         settings,
@@ -522,4 +549,106 @@ async fn a_failover_that_lost_writes_resets_only_that_masters_topics() {
         }
     })
     .await;
+}
+
+/// The members each room's changes leave, from none, and how often each
+/// user joined and left there.
+fn rooms_after(
+    changes: &[(String, PresenceChange)],
+) -> BTreeMap<String, (BTreeSet<String>, usize)> {
+    let mut rooms: BTreeMap<String, (BTreeSet<String>, usize)> = BTreeMap::new();
+    for (topic, change) in changes {
+        let (members, told) = rooms.entry(topic.clone()).or_default();
+        for join in &change.joins {
+            members.insert(join.user.to_string());
+            *told += 1;
+        }
+        for leave in &change.leaves {
+            members.remove(&**leave);
+            *told += 1;
+        }
+    }
+    rooms
+}
+
+fn present(users: &[&str]) -> PresenceUpdate {
+    PresenceUpdate {
+        set: users
+            .iter()
+            .map(|user| {
+                let member = Member {
+                    user: Arc::from(*user),
+                    info: None,
+                };
+                (member, 1)
+            })
+            .collect(),
+        removed: Vec::new(),
+        anonymous: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_on_every_master_counts_a_user_once_and_a_dead_pods_members_leave() {
+    let cluster = RedisCluster::start().await;
+    let rooms: Vec<Topic> = (0..12)
+        .map(|i| Topic::parse(&format!("room:r{i}")).expect("topic"))
+        .collect();
+    let masters: BTreeSet<u16> = rooms
+        .iter()
+        .map(|t| cluster.master_of_slot(RedisCluster::slot_of(t.as_str())))
+        .collect();
+    assert_eq!(masters.len(), 3, "the rooms cover every master");
+    let (a, a_got) = pod(&cluster).await;
+    let (b, _) = pod(&cluster).await;
+    watch_all(&a, &rooms).await;
+    for room in &rooms {
+        a.presence_update(room, present(&["alice"]))
+            .await
+            .expect("update");
+        b.presence_update(room, present(&["alice", "bob"]))
+            .await
+            .expect("update");
+    }
+    for room in &rooms {
+        let page = a.presence(room, None, 10).await.expect("page");
+        let users: Vec<&str> = page.members.iter().map(|m| &*m.user).collect();
+        assert_eq!(users, ["alice", "bob"], "{room}");
+        assert_eq!((page.counts.users, page.counts.connections), (2, 3));
+        // A pod that does not watch reads it from the room's master.
+        let counts = b.presence_counts(room).await.expect("counts");
+        assert_eq!((counts.users, counts.connections), (2, 3));
+    }
+    let both = BTreeSet::from(["alice".to_owned(), "bob".to_owned()]);
+    eventually(WAIT, || async {
+        let seen = rooms_after(&a_got.1.lock().expect("lock"));
+        let all_in = rooms
+            .iter()
+            .all(|r| seen.get(r.as_str()) == Some(&(both.clone(), 2)));
+        if all_in {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    // Pod b dies: bob leaves every room, once; alice stays.
+    b.stop_presence_beat();
+    let alone = BTreeSet::from(["alice".to_owned()]);
+    eventually(WAIT, || async {
+        let seen = rooms_after(&a_got.1.lock().expect("lock"));
+        let left = rooms
+            .iter()
+            .all(|r| seen.get(r.as_str()) == Some(&(alone.clone(), 3)));
+        if left {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+    for room in &rooms {
+        let counts = a.presence_counts(room).await.expect("counts");
+        assert_eq!((counts.users, counts.connections), (1, 1), "{room}");
+    }
 }

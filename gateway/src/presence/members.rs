@@ -17,8 +17,8 @@ use bytes::Bytes;
 use router::Topic;
 use tokio::time::Instant;
 
-use router::{Member, PresenceUpdate};
 use crate::admission::ConnId;
+use router::{Member, PresenceUpdate};
 
 /// Who a connection is, for presence: a user (with its token's `info`), or
 /// anonymous (counted in `connections` only).
@@ -326,7 +326,7 @@ mod tests {
         members.enter(&room, 1, &user("alice"));
         let update = members.take_update(&room).expect("changed");
         members.retry(&room, &update);
-        assert_eq!(members.changed_topics(), [room.clone()]);
+        assert_eq!(members.changed_topics(), std::slice::from_ref(&room));
         assert_eq!(members.take_update(&room), Some(update));
     }
 }

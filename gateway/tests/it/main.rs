@@ -38,6 +38,7 @@ mod logs;
 mod observability;
 mod pod;
 mod presence;
+mod presence_pods;
 mod python_client;
 mod rebalance;
 mod redis_access;

@@ -4,13 +4,13 @@
 //! per topic per `presence.diff_interval`, each user once, counts only above
 //! the namespace's threshold); a connection dropped without a close stays a
 //! member for its resume window, and a resume within it is neither a leave
-//! nor a join. Asked over the WebSocket (`presence`), HTTP (`GET
-//! /v1/presence`, `/v1/presence/stats`) and gRPC (`Presence`,
-//! `PresenceStats`); refused with `disabled` where the namespace keeps no
+//! nor a join, while a user the backend disconnects leaves at once. A page
+//! comes after the diff up to its position. Asked over the WebSocket
+//! (`presence`), HTTP (`GET /v1/presence`, `/v1/presence/stats`) and gRPC
+//! (`Presence`, `PresenceStats`); refused with `disabled` where the namespace keeps no
 //! presence, `malformed` for a bad cursor or limit, and a token whose `info`
-//! is too long is refused at `hello`. With Redis: two pods count a user on
-//! both once, and a pod killed with `kill -9` has its members removed by
-//! the other within the documented bound.
+//! is too long is refused at `hello`. (With Redis, across pods:
+//! `presence_pods`.)
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,12 +21,12 @@ use serde_json::{Value, json};
 use testkit::{Client, Gateway, WAIT};
 
 /// The HMAC secret of the pods under test.
-const SECRET: &str = "herald-presence-tests-hmac-secret-0123456789";
+pub(crate) const SECRET: &str = "herald-presence-tests-hmac-secret-0123456789";
 /// The diff interval of most tests: short, so that a story is quick.
 const INTERVAL: Duration = Duration::from_millis(100);
 
 /// A token for `user`, with `info` when given, valid for ten minutes.
-fn token(user: &str, info: Option<Value>) -> String {
+pub(crate) fn token(user: &str, info: Option<Value>) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
@@ -38,7 +38,7 @@ fn token(user: &str, info: Option<Value>) -> String {
     jsonwebtoken::encode(
         &Header::default(),
         &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
+        &EncodingKey::from_secret(SECRET.as_bytes()).expect("a key"),
     )
     .expect("a token")
 }
@@ -65,16 +65,25 @@ fn config() -> Config {
     config
 }
 
+/// `message` with the API key of [`a_backend_asks_over_http_and_grpc`].
+fn request<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer secret".parse().expect("metadata"));
+    request
+}
+
 /// A client of `url` that said `hello` as `user` (anonymous for `None`);
 /// its session id.
-async fn connect(url: &str, user: Option<&str>) -> (Client, String) {
+pub(crate) async fn connect(url: &str, user: Option<&str>) -> (Client, String) {
     let mut client = Client::connect_url(url).await;
     let session = hello(&mut client, user, None).await;
     (client, session)
 }
 
 /// `hello` as `user`, resuming `resume`; the session id.
-async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) -> String {
+pub(crate) async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) -> String {
     let mut hello = json!({"op": "hello"});
     if let Some(user) = user {
         hello["token"] = json!(token(user, Some(json!({"name": user.to_uppercase()}))));
@@ -88,13 +97,26 @@ async fn hello(client: &mut Client, user: Option<&str>, resume: Option<&str>) ->
 }
 
 /// A `presence` query and its answer (`ok` or `err`).
-async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
+pub(crate) async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
     let mut command = json!({"op": "presence", "id": id});
     if let (Some(command), Some(query)) = (command.as_object_mut(), query.as_object()) {
         command.extend(query.clone());
     }
     client.send(command).await;
-    // Diffs may come in between.
+    reply(client, id).await
+}
+
+/// `sub` and its `ok`, past the diffs of topics subscribed before.
+pub(crate) async fn sub(client: &mut Client, id: u64, topic: &str) {
+    client
+        .send(json!({"op": "sub", "id": id, "topic": topic}))
+        .await;
+    let ok = reply(client, id).await;
+    assert_eq!(ok["op"], "ok", "{ok}");
+}
+
+/// The reply to command `id` (diffs may come before it).
+pub(crate) async fn reply(client: &mut Client, id: u64) -> Value {
     loop {
         let answer = client.recv().await;
         if answer["id"] == id {
@@ -103,7 +125,7 @@ async fn ask(client: &mut Client, id: u64, query: Value) -> Value {
     }
 }
 
-fn users(page: &Value) -> Vec<String> {
+pub(crate) fn users(page: &Value) -> Vec<String> {
     page["members"]
         .as_array()
         .expect("members")
@@ -114,7 +136,7 @@ fn users(page: &Value) -> Vec<String> {
 
 /// The diffs `client` receives until one satisfies `until` (that one
 /// included), within [`WAIT`].
-async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+pub(crate) async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec<Value> {
     let mut diffs = Vec::new();
     let deadline = Instant::now() + WAIT;
     loop {
@@ -131,7 +153,7 @@ async fn diffs_until(client: &mut Client, until: impl Fn(&Value) -> bool) -> Vec
     }
 }
 
-fn names(diff: &Value, key: &str) -> Vec<String> {
+pub(crate) fn names(diff: &Value, key: &str) -> Vec<String> {
     diff[key]
         .as_array()
         .map(|a| {
@@ -148,11 +170,11 @@ fn names(diff: &Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn joins(diff: &Value, user: &str) -> bool {
+pub(crate) fn joins(diff: &Value, user: &str) -> bool {
     names(diff, "joins").iter().any(|u| u == user)
 }
 
-fn leaves(diff: &Value, user: &str) -> bool {
+pub(crate) fn leaves(diff: &Value, user: &str) -> bool {
     names(diff, "leaves").iter().any(|u| u == user)
 }
 
@@ -233,7 +255,7 @@ async fn a_user_with_two_connections_joins_once_and_leaves_once() {
     first
         .send(json!({"op": "unsub", "id": 2, "topic": "room:2"}))
         .await;
-    first.expect("ok").await;
+    assert_eq!(reply(&mut first, 2).await["op"], "ok");
     seen.extend(diffs_until(&mut carol, |d| d["connections"] == 2).await);
     // Her last one closes: she leaves at once.
     second.ws.close(None).await.expect("close");
@@ -481,13 +503,6 @@ async fn a_backend_asks_over_http_and_grpc() {
     assert_eq!(status, 401);
 
     let mut grpc = testkit::grpc_client(gw.grpc_addr).await;
-    let request = |message| {
-        let mut request = tonic::Request::new(message);
-        request
-            .metadata_mut()
-            .insert("authorization", "Bearer secret".parse().expect("metadata"));
-        request
-    };
     let page = grpc
         .presence(request(proto::v1::PresenceRequest {
             topic: "room:6".into(),
@@ -518,4 +533,43 @@ async fn a_backend_asks_over_http_and_grpc() {
         .await
         .expect_err("no presence in chat");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn a_page_comes_after_the_diff_up_to_its_position() {
+    let mut config = config();
+    // No tick in the test's time: only the page writes and sends.
+    config.presence.diff_interval = Duration::from_secs(30);
+    config.presence.pod_ttl = Duration::from_secs(60);
+    let gw = Gateway::with(config).await;
+    let (mut watcher, _) = connect(&gw.ws_url(), None).await;
+    watcher.sub(1, "room:7").await;
+    let (mut alice, _) = connect(&gw.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:7").await;
+    watcher
+        .send(json!({"op": "presence", "id": 2, "topic": "room:7"}))
+        .await;
+    let diff = watcher.expect("presence_diff").await;
+    let page = watcher.expect("ok").await;
+    assert_eq!(users(&page), ["alice"]);
+    assert_eq!(diff["to"], page["position"], "{diff} then {page}");
+    assert!(joins(&diff, "alice"), "{diff}");
+}
+
+#[tokio::test]
+async fn a_user_the_backend_disconnects_leaves_at_once() {
+    let gw = Gateway::with(config()).await;
+    let (mut watcher, _) = connect(&gw.ws_url(), None).await;
+    watcher.sub(1, "room:8").await;
+    let (mut alice, _) = connect(&gw.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:8").await;
+    diffs_until(&mut watcher, |d| joins(d, "alice")).await;
+    let body = json!({"user": "alice"}).to_string();
+    let (status, _) = testkit::http(gw.addr, "POST", "/v1/disconnect", &[], body.as_bytes()).await;
+    assert_eq!(status, 200);
+    assert_eq!(alice.closed().await, Some(4503));
+    // Well within the resume window (2 minutes): no lingering.
+    let asked = Instant::now();
+    diffs_until(&mut watcher, |d| leaves(d, "alice")).await;
+    assert!(asked.elapsed() < Duration::from_secs(60));
 }

@@ -14,6 +14,7 @@ use super::call::timed;
 use super::connection::{self, Commands};
 use super::lineage::Lineage;
 use super::pages::{self, page_of};
+use super::presence::Presence;
 use super::reach::Reach;
 use super::recover::recover_raw;
 use super::replies::parse_published;
@@ -24,8 +25,8 @@ use super::{millis, publisher, pubsub, sessions};
 use crate::observe::Observer;
 use crate::page::{Page, PageSize};
 use crate::{
-    Broker, BrokerError, BrokerStatus, Deliver, Epoch, Namespaces, Outgoing, Position, Recovery,
-    Since, Topic, Unavailable,
+    Broker, BrokerError, BrokerStatus, Deliver, Epoch, Namespaces, Outgoing, Position,
+    PresenceCounts, PresencePage, PresenceUpdate, Recovery, Since, Topic, Unavailable,
 };
 
 /// How much longer than the command timeout a publish waits for the
@@ -57,6 +58,7 @@ pub(super) struct Inner {
     pub(super) keys: Keys,
     /// Whether Redis was reached since the start.
     pub(super) reach: Arc<Reach>,
+    pub(super) presence: Arc<Presence>,
 }
 
 impl RedisBroker {
@@ -105,6 +107,16 @@ impl RedisBroker {
         let (saves, pending_saves) = mpsc::channel(sessions::QUEUE);
         let (publishes, pending_publishes) = mpsc::channel(publisher::QUEUE);
         let lineage = Arc::new(Lineage::new(observer.clone(), shards.is_cluster()));
+        let replay_shards = shards.apart();
+        let presence = Presence::start(
+            shards.clone(),
+            replay_shards.clone(),
+            &settings.prefix,
+            sink.clone(),
+            observer.clone(),
+            settings.presence.clone(),
+            command_timeout,
+        );
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(
                 client,
@@ -115,6 +127,7 @@ impl RedisBroker {
                 namespaces.clone(),
                 settings,
                 reach.clone(),
+                presence.replicas(),
             ),
             commands,
         ));
@@ -139,7 +152,7 @@ impl RedisBroker {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                replay_shards: shards.apart(),
+                replay_shards,
                 shards,
                 namespaces,
                 watches,
@@ -151,6 +164,7 @@ impl RedisBroker {
                 redis_clock: sessions::RedisClock::default(),
                 keys,
                 reach,
+                presence,
             }),
         })
     }
@@ -211,7 +225,7 @@ impl Broker for RedisBroker {
     }
 
     async fn watch(&self, topic: &Topic) -> Result<(), BrokerError> {
-        self.inner.namespaces.require(topic)?;
+        let presence = self.inner.namespaces.require(topic)?.presence;
         let (reply, answer) = oneshot::channel();
         self.inner
             .watches
@@ -219,11 +233,23 @@ impl Broker for RedisBroker {
             .map_err(|_| ended("pub/sub task"))?;
         // A subscribe and a read, each bounded by the command timeout; a
         // watch given up on is released by the pub/sub task when it ends.
-        match tokio::time::timeout(self.inner.command_timeout * 3, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ended("pub/sub task")),
-            Err(_) => Err(BrokerError::Unavailable(Unavailable::TimedOut("subscribe"))),
+        let deadline = tokio::time::Instant::now() + self.inner.command_timeout * 3;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(e),
+            Ok(Err(_)) => return Err(ended("pub/sub task")),
+            Err(_) => return Err(BrokerError::Unavailable(Unavailable::TimedOut("subscribe"))),
         }
+        if presence {
+            // Its room read too, so that a page asked for now has every
+            // change after it handed on. Watched all the same if not: the
+            // page is then read from Redis.
+            let deadline = deadline + self.inner.command_timeout;
+            if let Err(e) = self.inner.presence.synced(topic, deadline).await {
+                tracing::warn!(%topic, error = %crate::Causes(&e), "presence: the room was not read in time");
+            }
+        }
+        Ok(())
     }
 
     async fn unwatch(&self, topic: &Topic) {
@@ -338,9 +364,51 @@ impl Broker for RedisBroker {
         };
         reader.next(topic, epoch, after, ttl, size).await
     }
+
+    async fn presence_update(
+        &self,
+        topic: &Topic,
+        update: PresenceUpdate,
+    ) -> Result<(), BrokerError> {
+        self.inner.namespaces.require(topic)?;
+        // Kept as this pod's part even while Redis is away: written with
+        // the next beat that reaches it.
+        let reached = self.inner.reach.check();
+        self.inner.presence.update(topic, &update, reached).await
+    }
+
+    async fn presence(
+        &self,
+        topic: &Topic,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        self.inner.namespaces.require(topic)?;
+        self.inner.reach.check()?;
+        self.inner.presence.page(topic, after, limit).await
+    }
+
+    async fn presence_counts(&self, topic: &Topic) -> Result<PresenceCounts, BrokerError> {
+        self.inner.namespaces.require(topic)?;
+        self.inner.reach.check()?;
+        self.inner.presence.counts(topic).await
+    }
 }
 
 impl RedisBroker {
+    /// The id this process's presence is kept under in Redis: the pod's
+    /// name and a random suffix.
+    pub fn presence_instance(&self) -> &str {
+        self.inner.presence.instance()
+    }
+
+    /// Stops this pod's presence liveness beat, as if it had died: for
+    /// tests of the cleanup of a dead pod's members.
+    #[doc(hidden)]
+    pub fn stop_presence_beat(&self) {
+        self.inner.presence.stop_beating();
+    }
+
     /// One publish, as the publisher sends it.
     fn publish_item(
         &self,

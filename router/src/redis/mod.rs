@@ -36,12 +36,16 @@
 //!   replay's reads; [`pubsub`] and [`lineage`]: following the topics this
 //!   pod watches; [`scripts`]: the Lua scripts and the keys they touch;
 //!   [`reach`]: whether Redis was reached yet.
+//! - [`presence`]: each pod's part of a topic's presence in one hash field,
+//!   replicas of the watched rooms, the pods' liveness and the cleanup of a
+//!   dead pod's members.
 
 mod broker;
 mod call;
 mod connection;
 mod lineage;
 mod pages;
+mod presence;
 mod publisher;
 mod pubsub;
 mod reach;

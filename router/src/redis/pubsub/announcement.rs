@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::Pubsub;
 use super::flow::{Announced, Flow, MAX_HELD};
 use crate::Topic;
-use crate::redis::sessions;
+use crate::redis::{presence, sessions};
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -99,6 +99,10 @@ impl Pubsub {
         let Some(topic) = self.keys.topic_of_channel(channel) else {
             return;
         };
+        if presence::encoding::is_message(&payload) {
+            self.presence.message(&topic, &payload);
+            return;
+        }
         if payload.first() == Some(&b'+') {
             let Some(records) = split_batch(&payload) else {
                 tracing::warn!(

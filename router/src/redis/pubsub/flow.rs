@@ -152,6 +152,7 @@ impl Pubsub {
             }
             Flow::Starting { waiters, .. } | Flow::Leaving { waiters } => {
                 self.topics.remove(topic);
+                self.presence.forget(topic);
                 for reply in waiters {
                     let _ = reply.send(Err(BrokerError::unavailable(why)));
                 }

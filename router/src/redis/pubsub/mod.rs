@@ -70,6 +70,7 @@ use tokio::time::Instant;
 use super::RedisSettings;
 use super::connection::Connector;
 use super::lineage::Lineage;
+use super::presence::Replicas;
 use super::reach::Reach;
 use super::scripts::Keys;
 use super::shards::Shards;
@@ -110,6 +111,8 @@ pub struct Pubsub {
     map_wanted: bool,
     /// Announcements held over all topics.
     held: usize,
+    /// The rooms of the presence topics it subscribes.
+    presence: Arc<Replicas>,
 }
 
 impl Pubsub {
@@ -124,6 +127,7 @@ impl Pubsub {
         namespaces: Arc<Namespaces>,
         settings: RedisSettings,
         reach: Arc<Reach>,
+        presence: Arc<Replicas>,
     ) -> Self {
         let (done, reports) = mpsc::unbounded_channel();
         let (push_sender, pushes) = mpsc::unbounded_channel();
@@ -149,6 +153,7 @@ impl Pubsub {
             mapping: false,
             map_wanted: false,
             held: 0,
+            presence,
         }
     }
 }

@@ -221,6 +221,15 @@ mod tests {
         };
         let connector = settings.connector().expect("a valid URL");
         let shards = Shards::one(Commands::lazy(connector.clone()));
+        let presence = crate::redis::presence::Presence::start(
+            shards.clone(),
+            shards.clone(),
+            DEFAULT_PREFIX,
+            Arc::new(Sink),
+            Arc::new(Ignore),
+            settings.presence.clone(),
+            Duration::from_secs(1),
+        );
         Pubsub::new(
             connector,
             shards,
@@ -230,6 +239,7 @@ mod tests {
             Arc::new(Namespaces::default()),
             settings,
             Reach::new("redis".into()),
+            presence.replicas(),
         )
     }
 

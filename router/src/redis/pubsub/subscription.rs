@@ -121,6 +121,11 @@ impl Pubsub {
                 continue;
             }
             let flow = watched.flow.take();
+            let presence = self.namespaces.get(&topic).is_some_and(|ns| ns.presence);
+            if presence && matches!(flow, Flow::Resubscribing { .. } | Flow::Starting { .. }) {
+                // Every change from now on reaches this pod: read the room.
+                self.presence.subscribed(&topic);
+            }
             watched.flow = match flow {
                 Flow::Resubscribing { at, held, .. } => {
                     reads.push(topic);
@@ -172,6 +177,7 @@ impl Pubsub {
                 by_link.entry(link).or_default().push(topic);
             } else {
                 self.topics.remove(&topic);
+                self.presence.forget(&topic);
             }
         }
         self.observer.pubsub_backlog(self.held);
@@ -216,6 +222,7 @@ impl Pubsub {
             match &mut watched.flow {
                 Flow::Leaving { waiters } if waiters.is_empty() => {
                     self.topics.remove(&topic);
+                    self.presence.forget(&topic);
                 }
                 Flow::Leaving { waiters } => {
                     watched.flow = Flow::Starting {
