@@ -89,6 +89,9 @@ pub struct Tally {
     pub leaves: AtomicU32,
     /// Diffs with counts only (no `joins`/`leaves` keys) this phase.
     pub counts_only: AtomicU32,
+    /// The fewest users a diff said the room had this phase (`u64::MAX`:
+    /// no diff).
+    pub least_users: AtomicU64,
     /// When (µs since the epoch) this phase's leaves reached the room's
     /// `leave_target`; 0: not yet.
     pub leaves_done_us: AtomicU64,
@@ -107,6 +110,7 @@ impl Tally {
     pub fn new() -> Self {
         Self {
             pod: AtomicUsize::new(usize::MAX),
+            least_users: AtomicU64::new(u64::MAX),
             ..Self::default()
         }
     }
@@ -117,6 +121,7 @@ impl Tally {
             counter.store(0, Ordering::Relaxed);
         }
         self.leaves_done_us.store(0, Ordering::Relaxed);
+        self.least_users.store(u64::MAX, Ordering::Relaxed);
     }
 
     fn error(&self, what: String) {
@@ -165,6 +170,7 @@ struct Frame<'a> {
     after_ms: Option<u64>,
     joins: Option<Vec<IgnoredAny>>,
     leaves: Option<Vec<IgnoredAny>>,
+    users: Option<u64>,
     #[serde(borrow)]
     code: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -415,6 +421,9 @@ impl Member {
     fn on_diff(&self, frame: &Frame<'_>) {
         let tally = &self.tally;
         tally.frames.fetch_add(1, Ordering::Relaxed);
+        if let Some(users) = frame.users {
+            tally.least_users.fetch_min(users, Ordering::Relaxed);
+        }
         let joins = frame.joins.as_ref().map_or(0, Vec::len) as u32;
         let leaves = frame.leaves.as_ref().map_or(0, Vec::len) as u32;
         if frame.joins.is_none() && frame.leaves.is_none() {

@@ -73,8 +73,11 @@ pub const DEFAULT_KILL_WAIT: Duration = Duration::from_secs(60);
 /// Most members one run holds: one process, one descriptor each, under the
 /// 20,000 a process may open here.
 pub const MAX_MEMBERS: usize = 19_000;
-/// Between two looks at presence's counts.
-const POLL: Duration = Duration::from_millis(100);
+/// Between two looks at the members, or at presence's counts. A stats
+/// query also sends the pod's pending diff at once (so that it never spans
+/// the position the answer gives), so presence is asked only where a phase
+/// needs it (once every member is in; after a kill), and not too often.
+const POLL: Duration = Duration::from_millis(250);
 /// After the last phase change, diffs still on their way are counted for
 /// this long (a few of the pods' coalescing intervals).
 const TAIL: Duration = Duration::from_secs(2);
@@ -241,8 +244,9 @@ pub struct Restart {
     /// Comebacks that resumed their session, and that got a fresh one.
     pub resumed: u64,
     pub fresh: u64,
-    /// The fewest users presence reported meanwhile (a pod that is up, read
-    /// every 100 ms).
+    /// The fewest users a diff sent to a member said the room had
+    /// meanwhile (presence is not asked: a query sends the pending diff
+    /// at once, so asking often would add diffs).
     pub min_users: Option<u64>,
     pub all_back: bool,
     pub published: u64,
@@ -691,29 +695,6 @@ async fn rolling_restart(
     let fresh_before = members.sum(|t| u64::from(t.fresh.load(Ordering::Relaxed)));
     let published_before = flow.published.load(Ordering::Relaxed);
     let errors_before = flow.errors.load(Ordering::Relaxed);
-    // The fewest users presence shows meanwhile, read on a pod that is up.
-    let watching = Arc::new(AtomicBool::new(true));
-    let watcher = {
-        let (room, watching, topic) = (Arc::clone(room), Arc::clone(&watching), topic.to_owned());
-        tokio::spawn(async move {
-            let mut readers: Vec<Reader> = room
-                .pods
-                .iter()
-                .map(|p| Reader::new(p.addr, &topic))
-                .collect();
-            let mut least: Option<u64> = None;
-            while watching.load(Ordering::Relaxed) {
-                if let Some(pod) =
-                    (0..room.pods.len()).find(|&p| room.up[p].load(Ordering::Relaxed))
-                    && let Ok(stats) = readers[pod].stats().await
-                {
-                    least = Some(least.map_or(stats.users, |l| l.min(stats.users)));
-                }
-                tokio::time::sleep(POLL).await;
-            }
-            least
-        })
-    };
     let started = Instant::now();
     let mut drain_s = Vec::with_capacity(options.pods);
     let mut all_back = true;
@@ -754,8 +735,12 @@ async fn rolling_restart(
         }
     }
     tokio::time::sleep(TAIL).await;
-    watching.store(false, Ordering::Relaxed);
-    let min_users = watcher.await.unwrap_or(None);
+    let min_users = members
+        .tallies
+        .iter()
+        .map(|t| t.least_users.load(Ordering::Relaxed))
+        .min()
+        .filter(|&u| u != u64::MAX);
     Ok(Restart {
         took_s,
         drain_s,

@@ -69,7 +69,7 @@ impl Reader {
 
     pub async fn stats(&mut self) -> Result<Stats, Error> {
         let path = format!("/v1/presence/stats?topic={}", encode(&self.topic));
-        let stats = match self.http.get(&path).await {
+        let stats = match self.get(&path).await {
             Ok(body) => decode::<Stats>(&body),
             Err(e) => Err(e),
         };
@@ -90,8 +90,17 @@ impl Reader {
             path.push_str("&cursor=");
             path.push_str(&encode(cursor));
         }
-        let body = self.http.get(&path).await?;
+        let body = self.get(&path).await?;
         decode(&body)
+    }
+
+    /// `GET path`; once more on a fresh connection if it fails (the pod
+    /// closes a keep-alive connection left idle, as over the quiet window).
+    async fn get(&mut self, path: &str) -> Result<String, Error> {
+        match self.http.get(path).await {
+            Ok(body) => Ok(body),
+            Err(_) => self.http.get(path).await,
+        }
     }
 
     /// `count` stats queries back to back, timed at the client.
@@ -159,7 +168,7 @@ impl Reader {
     /// The pod's [`QUERY_SECONDS`] histogram, by label set (none if it
     /// does not export one).
     pub async fn server_timing(&mut self) -> Result<Vec<ServerTiming>, Error> {
-        let text = self.http.get("/metrics").await?;
+        let text = self.get("/metrics").await?;
         Ok(histogram_p99(&text, QUERY_SECONDS))
     }
 }
