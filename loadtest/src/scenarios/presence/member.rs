@@ -199,6 +199,9 @@ struct State {
     last_ack: Instant,
     /// The `reconnect` advice, if the pod gave one.
     after: Option<Duration>,
+    /// Not after an `unsub`: a message still on its way then is not acked
+    /// (the pod would answer `not_subscribed`).
+    subscribed: bool,
 }
 
 impl Member {
@@ -262,6 +265,7 @@ impl Member {
                 acked: 0,
                 last_ack: Instant::now(),
                 after: None,
+                subscribed: true,
             },
         };
         let mut hello = serde_json::json!({"op": "hello", "token": self.token});
@@ -337,10 +341,12 @@ impl Member {
                 Action::Nothing => Ok(()),
                 Action::Pong(payload) => live.client.send(OP_PONG, &payload).await,
                 Action::Ack(ack) => live.client.send(OP_TEXT, ack.as_bytes()).await,
-                Action::Send(op) => self
-                    .send_sub(&mut live.client, op)
-                    .await
-                    .map_err(std::io::Error::other),
+                Action::Send(op) => {
+                    live.state.subscribed = op == "sub";
+                    self.send_sub(&mut live.client, op)
+                        .await
+                        .map_err(std::io::Error::other)
+                }
                 Action::Closed(payload) => {
                     // Answer the close as the protocol asks, then go.
                     let _ = live.client.send(OP_CLOSE, &payload).await;
@@ -405,7 +411,10 @@ impl Member {
                 .push(latency);
         }
         live.ackable = live.ackable.max(seq);
-        if live.ackable > live.acked && live.last_ack.elapsed() >= self.room.ack_interval {
+        if live.subscribed
+            && live.ackable > live.acked
+            && live.last_ack.elapsed() >= self.room.ack_interval
+        {
             live.acked = live.ackable;
             live.last_ack = Instant::now();
             let mut ack =
