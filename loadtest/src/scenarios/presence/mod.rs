@@ -22,10 +22,17 @@
 //!
 //! With `presence` off (the namespace without it) only phases 1 and 2 run:
 //! the message latency to compare with.
+//!
+//! Its parts: [`cluster`] (Redis and the pods), [`member`] (one member's
+//! client), [`publisher`] (the messages), [`footprint`] (what Redis holds
+//! and is sent), [`query`] (the presence API and the pod's histogram),
+//! [`mod@outage`] (phases 5 and 6), [`outcome`] (the result and its table).
 
 pub mod cluster;
 pub mod footprint;
 pub mod member;
+mod outage;
+pub mod outcome;
 pub mod publisher;
 pub mod query;
 
@@ -34,19 +41,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use self::cluster::{Cluster, NAMESPACE};
-use self::footprint::{Commands, Memory};
 use self::member::{Command, Member, Room, Tally};
-use self::query::{Reader, ServerTiming};
+use self::query::Reader;
 use crate::Error;
 use crate::clients::{CONNECT_CONCURRENCY, FD_MARGIN, raise_fd_limit};
 use crate::cpu::{Meter, Usage};
 use crate::latency::{Summary, now_micros};
+
+pub use self::outcome::{Diffs, FlowPhase, Join, Kill, Presence, Queries, Quiet, Restart};
 
 pub const DEFAULT_PODS: usize = 4;
 pub const DEFAULT_MEMBERS: usize = 10_000;
@@ -80,7 +87,7 @@ pub const MAX_MEMBERS: usize = 19_000;
 const POLL: Duration = Duration::from_millis(250);
 /// After the last phase change, diffs still on their way are counted for
 /// this long (a few of the pods' coalescing intervals).
-const TAIL: Duration = Duration::from_secs(2);
+pub(super) const TAIL: Duration = Duration::from_secs(2);
 /// Before the quiet window: the last acks' session saves, the last diffs.
 const QUIET_SETTLE: Duration = Duration::from_secs(3);
 /// Longest the members may take to close at the end.
@@ -172,178 +179,13 @@ impl Options {
     }
 }
 
-/// The diffs the members were sent in one phase.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Diffs {
-    /// Members counted (subscribers through the phase).
-    pub subscribers: u64,
-    /// `presence_diff` frames: the most one subscriber got, and all.
-    pub frames_max: u64,
-    pub frames_total: u64,
-    /// Joins and leaves listed in them, over all subscribers.
-    pub joins_total: u64,
-    pub leaves_total: u64,
-    /// Diffs with counts only.
-    pub counts_only_total: u64,
-}
-
-/// Phase 1.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Join {
-    /// Until every member was subscribed and presence counted them all.
-    pub all_in_s: Option<f64>,
-    pub members_by_pod: Vec<u64>,
-    pub diffs: Diffs,
-}
-
-/// Phase 2.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct FlowPhase {
-    pub duration_s: f64,
-    pub churners: u64,
-    pub published: u64,
-    pub messages: u64,
-    /// From the publisher's stamp to the member's read.
-    pub latency: Summary,
-    pub diffs: Diffs,
-}
-
-/// Phase 3.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Quiet {
-    pub memory: Memory,
-    pub commands: Commands,
-    /// Writes per member over the window, and per second over all pods.
-    pub writes_per_member: f64,
-    pub writes_per_s: f64,
-    pub diffs: Diffs,
-}
-
-/// Phase 4.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Queries {
-    pub page_size: u64,
-    /// Members in the timed pages.
-    pub page_members: u64,
-    pub page: Summary,
-    pub stats: Summary,
-    /// Every page walked: members seen, pages read, and presence's count.
-    pub walked_members: u64,
-    pub walked_pages: u64,
-    pub users: u64,
-    /// The pod's own histogram, by label set (empty: not exported).
-    pub server: Vec<ServerTiming>,
-}
-
-/// Phase 5.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Restart {
-    pub took_s: f64,
-    /// Each pod's drain, SIGTERM to exit.
-    pub drain_s: Vec<f64>,
-    /// Comebacks that resumed their session, and that got a fresh one.
-    pub resumed: u64,
-    pub fresh: u64,
-    /// The fewest users a diff sent to a member said the room had
-    /// meanwhile (presence is not asked: a query sends the pending diff
-    /// at once, so asking often would add diffs).
-    pub min_users: Option<u64>,
-    pub all_back: bool,
-    pub published: u64,
-    pub publish_errors: u64,
-    pub diffs: Diffs,
-}
-
-/// Phase 6.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Kill {
-    pub pod: usize,
-    /// Its members, who stay away.
-    pub members: u64,
-    /// From the kill until presence (on another pod) counted them gone.
-    pub gone_s: Option<f64>,
-    /// From the kill until the last other subscriber had all their leaves.
-    pub leaves_s: Option<f64>,
-    /// Subscribers that had not seen them all by the end of the wait.
-    pub short_of_leaves: u64,
-    pub diffs: Diffs,
-}
-
-/// The result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Presence {
-    pub pods: usize,
-    pub members: usize,
-    pub presence: bool,
-    pub topic: String,
-    /// Bytes of each member's `info` claim (compact JSON).
-    pub info_bytes: usize,
-    pub rate_per_s: f64,
-    pub join: Join,
-    pub flow: FlowPhase,
-    pub quiet: Option<Quiet>,
-    pub queries: Option<Queries>,
-    pub restart: Option<Restart>,
-    pub kill: Option<Kill>,
-    /// Members' `err` frames and failed attempts, and the last one's text.
-    pub member_errors: u64,
-    pub last_member_error: Option<String>,
-    /// CPU over the run: the pods' first incarnations and Redis watched.
-    pub cpu: Usage,
-    /// What stopped a phase early.
-    pub problems: Vec<String>,
-}
-
-impl crate::report::Outcome for Presence {
-    const SCENARIO: &'static str = "presence";
-
-    fn rows(&self) -> Vec<crate::report::Row> {
-        report_rows(self)
-    }
-
-    fn failures(&self) -> Vec<String> {
-        let mut failures = self.problems.clone();
-        if self.join.all_in_s.is_none() {
-            failures.push("not every member joined".to_owned());
-        }
-        if let Some(q) = &self.queries
-            && q.walked_members != q.users
-        {
-            failures.push(format!(
-                "the pages listed {} members, presence counted {}",
-                q.walked_members, q.users
-            ));
-        }
-        if let Some(r) = &self.restart {
-            if !r.all_back {
-                failures.push("not every member came back after the rolling restart".to_owned());
-            }
-            if r.fresh > 0 {
-                failures.push(format!("{} resumes got a fresh session", r.fresh));
-            }
-        }
-        if let Some(k) = &self.kill {
-            if k.gone_s.is_none() {
-                failures.push("the killed pod's members were still listed".to_owned());
-            }
-            if k.short_of_leaves > 0 {
-                failures.push(format!(
-                    "{} subscribers were not sent every leave",
-                    k.short_of_leaves
-                ));
-            }
-        }
-        failures
-    }
-}
-
 /// The `info` claim of member `n`: about 20 bytes of compact JSON.
 fn info(n: usize) -> serde_json::Value {
     serde_json::json!({"name": format!("member-{n:05}")})
 }
 
 /// The members' running tasks and what the scenario holds of them.
-struct Members {
+pub(super) struct Members {
     tallies: Vec<Arc<Tally>>,
     commands: Vec<mpsc::Sender<Command>>,
     stop: watch::Sender<bool>,
@@ -409,7 +251,7 @@ impl Members {
 }
 
 /// A bound on a wait that looks every [`POLL`].
-struct Deadline {
+pub(super) struct Deadline {
     started: Instant,
     within: Duration,
 }
@@ -438,7 +280,7 @@ impl Deadline {
 }
 
 /// Whether presence on `reader`'s pod counts `users` users now.
-async fn counts(reader: &mut Reader, users: u64) -> bool {
+pub(super) async fn counts(reader: &mut Reader, users: u64) -> bool {
     matches!(reader.stats().await, Ok(s) if s.users == users)
 }
 
@@ -622,7 +464,8 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
 
     // 5. rolling restart
     if options.restart {
-        let restart = rolling_restart(&mut cluster, &room, &members, &flow, &options, &topic).await;
+        let restart =
+            outage::rolling_restart(&mut cluster, &room, &members, &flow, &options, &topic).await;
         match restart {
             Ok(r) => result.restart = Some(r),
             Err(e) => result.problems.push(format!("rolling restart: {e}")),
@@ -631,7 +474,7 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
 
     // 6. kill -9
     if options.kill {
-        match kill(&mut cluster, &room, &members, &options, &topic).await {
+        match outage::kill(&mut cluster, &room, &members, &options, &topic).await {
             Ok(k) => result.kill = Some(k),
             Err(e) => result.problems.push(format!("kill: {e}")),
         }
@@ -681,148 +524,6 @@ async fn time_queries(
     Ok(())
 }
 
-/// Phase 5: each pod drained and started again, in turn.
-async fn rolling_restart(
-    cluster: &mut Cluster,
-    room: &Arc<Room>,
-    members: &Members,
-    flow: &publisher::Flow,
-    options: &Options,
-    topic: &str,
-) -> Result<Restart, Error> {
-    members.reset_phase();
-    let resumed_before = members.sum(|t| u64::from(t.resumed.load(Ordering::Relaxed)));
-    let fresh_before = members.sum(|t| u64::from(t.fresh.load(Ordering::Relaxed)));
-    let published_before = flow.published.load(Ordering::Relaxed);
-    let errors_before = flow.errors.load(Ordering::Relaxed);
-    let started = Instant::now();
-    let mut drain_s = Vec::with_capacity(options.pods);
-    let mut all_back = true;
-    for n in 0..options.pods {
-        room.up[n].store(false, Ordering::Relaxed);
-        drain_s.push(cluster.restart(n).await?);
-        room.up[n].store(true, Ordering::Relaxed);
-        let wait = Deadline::new(options.settle);
-        let back = loop {
-            if members.connected() == options.members {
-                break true;
-            }
-            if !wait.again().await {
-                break false;
-            }
-        };
-        println!(
-            "presence: pod {n} restarted (drain {:.1} s), every member back: {back}",
-            drain_s[n]
-        );
-        all_back &= back;
-    }
-    let took_s = started.elapsed().as_secs_f64();
-    let mut reader = Reader::new(cluster.pods[0].addr, topic);
-    let everyone = options.members as u64;
-    let wait = Deadline::new(options.settle);
-    loop {
-        if counts(&mut reader, everyone).await {
-            break;
-        }
-        if !wait.again().await {
-            all_back = false;
-            println!(
-                "presence: after the restart, presence showed {}",
-                reader.last
-            );
-            break;
-        }
-    }
-    tokio::time::sleep(TAIL).await;
-    let min_users = members
-        .tallies
-        .iter()
-        .map(|t| t.least_users.load(Ordering::Relaxed))
-        .min()
-        .filter(|&u| u != u64::MAX);
-    Ok(Restart {
-        took_s,
-        drain_s,
-        resumed: members.sum(|t| u64::from(t.resumed.load(Ordering::Relaxed))) - resumed_before,
-        fresh: members.sum(|t| u64::from(t.fresh.load(Ordering::Relaxed))) - fresh_before,
-        min_users,
-        all_back,
-        published: flow.published.load(Ordering::Relaxed) - published_before,
-        publish_errors: flow.errors.load(Ordering::Relaxed) - errors_before,
-        diffs: members.diffs(),
-    })
-}
-
-/// Phase 6: the pod with the most members killed; its members stay away.
-async fn kill(
-    cluster: &mut Cluster,
-    room: &Arc<Room>,
-    members: &Members,
-    options: &Options,
-    topic: &str,
-) -> Result<Kill, Error> {
-    let by_pod = members.by_pod(options.pods);
-    let pod = (0..options.pods).max_by_key(|&p| by_pod[p]).unwrap_or(0);
-    let survivor = (pod + 1) % options.pods;
-    let victims: Vec<&Arc<Tally>> = members
-        .tallies
-        .iter()
-        .filter(|t| t.connected.load(Ordering::Relaxed) && t.pod.load(Ordering::Relaxed) == pod)
-        .collect();
-    for t in &victims {
-        t.stay_away.store(true, Ordering::Relaxed);
-    }
-    let gone = victims.len() as u64;
-    members.reset_phase();
-    room.leave_target.store(gone as u32, Ordering::Relaxed);
-    room.up[pod].store(false, Ordering::Relaxed);
-    let killed_at = now_micros();
-    cluster.kill(pod);
-    println!("presence: killed pod {pod} with {gone} members");
-    let mut reader = Reader::new(cluster.pods[survivor].addr, topic);
-    let left = options.members as u64 - gone;
-    let wait = Deadline::new(options.kill_wait);
-    let gone_s = loop {
-        if counts(&mut reader, left).await {
-            break Some(wait.elapsed_s());
-        }
-        if !wait.again().await {
-            println!("presence: after the kill, presence showed {}", reader.last);
-            break None;
-        }
-    };
-    let subscribers = move || {
-        members
-            .tallies
-            .iter()
-            .filter(|t| !t.stay_away.load(Ordering::Relaxed))
-    };
-    let all_told = loop {
-        if subscribers().all(|t| t.leaves_done_us.load(Ordering::Relaxed) != 0) {
-            break true;
-        }
-        if !wait.again().await {
-            break false;
-        }
-    };
-    let last_told = subscribers()
-        .map(|t| t.leaves_done_us.load(Ordering::Relaxed))
-        .max()
-        .unwrap_or(0);
-    tokio::time::sleep(TAIL).await;
-    Ok(Kill {
-        pod,
-        members: gone,
-        gone_s,
-        leaves_s: all_told.then(|| last_told.saturating_sub(killed_at) as f64 / 1e6),
-        short_of_leaves: subscribers()
-            .filter(|t| t.leaves_done_us.load(Ordering::Relaxed) == 0)
-            .count() as u64,
-        diffs: members.diffs(),
-    })
-}
-
 /// Stops the members and the processes; the result with the CPU figures.
 async fn finish(
     mut result: Presence,
@@ -841,114 +542,4 @@ async fn finish(
     members.stop().await;
     drop(cluster);
     Ok(result)
-}
-
-fn report_rows(r: &Presence) -> Vec<crate::report::Row> {
-    use crate::report::Row;
-    let secs = |s: Option<f64>| s.map_or_else(|| "n/a".to_owned(), |s| format!("{s:.2} s"));
-    let diffs = |d: &Diffs| {
-        format!(
-            "{} max per subscriber, {} frames, {} joins / {} leaves listed",
-            d.frames_max, d.frames_total, d.joins_total, d.leaves_total
-        )
-    };
-    let mut rows = vec![
-        Row::new(
-            "room",
-            format!(
-                "{} ({} members on {} pods, presence {})",
-                r.topic,
-                r.members,
-                r.pods,
-                if r.presence { "on" } else { "off" }
-            ),
-        ),
-        Row::new("join: all in", secs(r.join.all_in_s)),
-        Row::new(
-            "join: members by pod",
-            format!("{:?}", r.join.members_by_pod),
-        ),
-        Row::new("join: diffs", diffs(&r.join.diffs)),
-        Row::new("flow: latency p50 / p99 / max", r.flow.latency.brief()),
-        Row::new(
-            "flow: churners, diffs",
-            format!("{}: {}", r.flow.churners, diffs(&r.flow.diffs)),
-        ),
-    ];
-    if let Some(q) = &r.quiet {
-        rows.push(Row::new(
-            "quiet: room presence memory",
-            format!(
-                "{} B ({} B of shared keys)",
-                q.memory.room_bytes, q.memory.shared_bytes
-            ),
-        ));
-        rows.push(Row::new(
-            "quiet: Redis writes",
-            format!(
-                "{} over {:.1} s: {:.4} per member, {:.2}/s ({:?})",
-                q.commands.writes,
-                q.commands.window_s,
-                q.writes_per_member,
-                q.writes_per_s,
-                q.commands.by_command
-            ),
-        ));
-    }
-    if let Some(q) = &r.queries {
-        rows.push(Row::new(
-            format!("page of {} p50 / p99 / max", q.page_size),
-            q.page.brief(),
-        ));
-        rows.push(Row::new("stats p50 / p99 / max", q.stats.brief()));
-        rows.push(Row::new(
-            "pages walked",
-            format!(
-                "{} members in {} pages, {} counted",
-                q.walked_members, q.walked_pages, q.users
-            ),
-        ));
-        for s in &q.server {
-            rows.push(Row::new(
-                format!("pod's {}{{{}}} p99 ≤", query::QUERY_SECONDS, s.labels),
-                s.p99_at_most_s.map_or_else(
-                    || "n/a".to_owned(),
-                    |v| format!("{} ms ({} queries)", v * 1000.0, s.count),
-                ),
-            ));
-        }
-    }
-    if let Some(x) = &r.restart {
-        rows.push(Row::new(
-            "restart: took",
-            format!("{:.1} s (drains {:?})", x.took_s, x.drain_s),
-        ));
-        rows.push(Row::new("restart: diffs", diffs(&x.diffs)));
-        rows.push(Row::new(
-            "restart: resumed / fresh",
-            format!("{} / {}", x.resumed, x.fresh),
-        ));
-        rows.push(Row::new(
-            "restart: fewest users shown",
-            x.min_users
-                .map_or_else(|| "n/a".to_owned(), |u| u.to_string()),
-        ));
-    }
-    if let Some(k) = &r.kill {
-        rows.push(Row::new(
-            "kill: pod, members",
-            format!("{}, {}", k.pod, k.members),
-        ));
-        rows.push(Row::new("kill: gone from presence", secs(k.gone_s)));
-        rows.push(Row::new("kill: every leave sent", secs(k.leaves_s)));
-    }
-    rows.push(Row::new(
-        "member errors",
-        format!(
-            "{} (last: {})",
-            r.member_errors,
-            r.last_member_error.as_deref().unwrap_or("-")
-        ),
-    ));
-    rows
 }
