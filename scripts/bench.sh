@@ -8,7 +8,7 @@
 # where pods share work, a delaying proxy), runs the scenario against them
 # and stops them, however it ends. `herald-loadtest report` renders
 # BENCHMARKS.md from the results. The JSON results and logs stay in $OUT.
-# Takes about 24 minutes on 2 cores.
+# Takes about 30 minutes on 2 cores.
 #
 # Load generator and servers share this machine's cores: run it on a quiet
 # machine, and read each run's CPU line ("others": CPU of processes not in
@@ -244,9 +244,9 @@ if wants presence; then
     # namespace's presence off, for the message latency without it.
     rm -rf "$OUT/presence" "$OUT/presence-off"
     "$LOADTEST" presence --herald "$HERALD" --dir "$OUT/presence" --out "$OUT/presence.json" \
-        --pods 4 --members "$CLIENTS" || failed=1
+        --pods 4 --members "$CLIENTS" --churn $((CLIENTS / 20)) || failed=1
     "$LOADTEST" presence --herald "$HERALD" --dir "$OUT/presence-off" --out "$OUT/presence-off.json" \
-        --pods 4 --members "$CLIENTS" --presence-off || failed=1
+        --pods 4 --members "$CLIENTS" --churn $((CLIENTS / 20)) --presence-off || failed=1
 fi
 
 if wants fanout-presence; then
