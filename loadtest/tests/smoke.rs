@@ -560,6 +560,9 @@ async fn presence_counts_a_room_through_a_rolling_restart_and_a_kill() {
     options.page_size = 40;
     options.settle = Duration::from_secs(60);
     options.kill_wait = Duration::from_secs(40);
+    // Drained members come back within this (their `reconnect` advice):
+    // a short rolling restart.
+    options.env = vec![("HERALD_SHUTDOWN__DRAIN_TIMEOUT".to_owned(), "2s".to_owned())];
     let outcome = presence::run(options).await.expect("presence runs");
     assert_passed(&outcome);
     assert_eq!(outcome.join.members_by_pod, vec![50, 50, 50]);
