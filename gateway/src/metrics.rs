@@ -460,6 +460,11 @@ impl Metrics {
             "session_save",
             "session_load",
             "replay",
+            "presence_write",
+            "presence_read",
+            "presence_list",
+            "presence_beat",
+            "presence_clean",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);

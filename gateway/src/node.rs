@@ -92,6 +92,7 @@ impl Deliver for Sink {
     }
 
     fn disconnect(&self, user: &str) {
+        self.presence.revoked(user);
         let closed = self.live.disconnect(user);
         tracing::info!(closed, "a backend disconnected a user");
     }

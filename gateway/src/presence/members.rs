@@ -91,6 +91,29 @@ impl Members {
         local.connections == 1
     }
 
+    /// `conn`'s token was refreshed: its user's `info` in each of its
+    /// topics is the new token's (and goes to the broker with the next
+    /// update where it changed).
+    pub fn refresh(&mut self, conn: ConnId, info: Option<&Bytes>) {
+        let Some(topics) = self.by_conn.get(&conn) else {
+            return;
+        };
+        for topic in topics {
+            let Some(room) = self.rooms.get_mut(topic) else {
+                continue;
+            };
+            let Some(Some(user)) = room.conns.get(&conn) else {
+                continue;
+            };
+            if let Some(local) = room.users.get_mut(user)
+                && local.info.as_ref() != info
+            {
+                local.info = info.cloned();
+                room.changed.insert(user.clone());
+            }
+        }
+    }
+
     /// `conn` left `topic` (unsubscribed, or closed for good). A lingering
     /// connection stays until [`Self::expire`] or [`Self::resumed`].
     /// Returns whether its user left this pod's members of the topic.
@@ -154,6 +177,29 @@ impl Members {
             .iter()
             .filter(|(_, l)| &*l.session == session)
             .map(|(conn, _)| *conn)
+            .collect();
+        for conn in conns {
+            self.drop_conn(conn);
+        }
+    }
+
+    /// A backend ended `user`'s access: its lingering connections go at
+    /// once (its live ones are closed, and exit as they end).
+    pub fn revoke(&mut self, user: &str) {
+        let conns: Vec<ConnId> = self
+            .lingering
+            .keys()
+            .copied()
+            .filter(|conn| {
+                self.by_conn.get(conn).is_some_and(|topics| {
+                    topics.iter().any(|topic| {
+                        self.rooms
+                            .get(topic)
+                            .and_then(|room| room.conns.get(conn))
+                            .is_some_and(|who| who.as_deref() == Some(user))
+                    })
+                })
+            })
             .collect();
         for conn in conns {
             self.drop_conn(conn);
@@ -317,6 +363,36 @@ mod tests {
         assert_eq!(members.expire(now), 0);
         assert_eq!(members.expire(now + Duration::from_secs(5)), 1);
         assert_eq!(members.take_update(&a).expect("a").removed.len(), 1);
+    }
+
+    #[test]
+    fn a_revoked_user_lingers_no_more() {
+        let mut members = Members::default();
+        let room = topic("room:1");
+        let until = Instant::now() + Duration::from_secs(60);
+        members.enter(&room, 1, &user("alice"));
+        members.enter(&room, 2, &user("bob"));
+        members.take_update(&room);
+        members.linger(1, Arc::from("s1"), until);
+        members.linger(2, Arc::from("s2"), until);
+        members.revoke("alice");
+        let update = members.take_update(&room).expect("alice left");
+        assert_eq!(update.removed, [Arc::from("alice")]);
+        assert_eq!(members.count(), 1, "bob lingers on");
+    }
+
+    #[test]
+    fn a_refreshed_token_brings_its_info() {
+        let mut members = Members::default();
+        let room = topic("room:1");
+        members.enter(&room, 1, &user("alice"));
+        members.take_update(&room);
+        members.refresh(1, user("alice").info.as_ref());
+        assert_eq!(members.take_update(&room), None, "the same info");
+        let info = Bytes::from_static(br#"{"name":"Al"}"#);
+        members.refresh(1, Some(&info));
+        let update = members.take_update(&room).expect("changed");
+        assert_eq!(update.set[0].0.info, Some(info));
     }
 
     #[test]

@@ -184,6 +184,11 @@ impl Presence {
         self.metrics.presence_members.set(members.count() as i64);
     }
 
+    /// `conn`'s token was refreshed: its `info` is the new token's.
+    pub fn refreshed(&self, conn: ConnId, info: Option<&Bytes>) {
+        self.members().refresh(conn, info);
+    }
+
     /// `conn` left `topic`: at once, unless it lingers ([`Self::linger`]).
     pub fn exit(&self, topic: &Topic, conn: ConnId) {
         if !self.is_on(topic) {
@@ -208,6 +213,13 @@ impl Presence {
     pub fn resumed(&self, session: &str) {
         let mut members = self.members();
         members.resumed(session);
+        self.metrics.presence_members.set(members.count() as i64);
+    }
+
+    /// A backend ended `user`'s access: it leaves where it only lingered.
+    pub fn revoked(&self, user: &str) {
+        let mut members = self.members();
+        members.revoke(user);
         self.metrics.presence_members.set(members.count() as i64);
     }
 

@@ -191,7 +191,9 @@ impl Session {
         if !same_user {
             return Err(self.deny_refresh(id, Denied::OtherUser));
         }
+        let info = claims.info.clone();
         self.adopt(Some(claims));
+        self.node.presence.refreshed(self.conn, info.as_ref());
         for topic in self.subscriptions.topics() {
             if let Err(mut e) = self.may(None, &topic, Access::Subscribe) {
                 self.subscriptions.remove(&topic);

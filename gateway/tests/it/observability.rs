@@ -3,7 +3,8 @@
 //! A real `redis-server` and the real `herald` binary (Redis broker) run under
 //! light load: subscribers that answer pings and ack, an HTTP and a gRPC
 //! publisher, clients that come and go, resume, replay with `since`, send bad
-//! commands or stop answering, a refused upgrade, a Redis freeze and a killed
+//! commands or stop answering, a presence room's comings and goings and
+//! queries, a refused upgrade, a Redis freeze and a killed
 //! pub/sub connection. Debian's `prometheus` scrapes the gateway every second
 //! with `k8s/alerts/herald-rules.yaml` loaded; then every panel query and
 //! template variable of every dashboard in `k8s/dashboards/`, and the signal
@@ -68,7 +69,7 @@ const RUNBOOK: &str = "docs/runbook.md";
 const KUBE_STATE: &str = "kube_";
 
 /// What the load and the trouble must have produced, as Prometheus saw it.
-const SEEN: [(&str, &str); 15] = [
+const SEEN: [(&str, &str); 17] = [
     (
         "publishes",
         "sum(increase(herald_messages_published_total[1m]))",
@@ -119,6 +120,14 @@ const SEEN: [(&str, &str); 15] = [
         r#"sum(herald_publish_requests_total{status="503"})"#,
     ),
     ("Redis errors", "sum(herald_redis_errors_total)"),
+    (
+        "presence diffs",
+        "sum(increase(herald_presence_diffs_total[1m]))",
+    ),
+    (
+        "presence queries",
+        "sum(increase(herald_presence_query_seconds_count[1m]))",
+    ),
     (
         "a pub/sub reconnect",
         "sum(increase(herald_redis_pubsub_reconnects_total[1m]))",
@@ -283,6 +292,9 @@ async fn every_panel_query_and_alert_returns_series_from_a_real_prometheus() {
             ("HERALD_WEBSOCKET__PING_INTERVAL", PING_INTERVAL),
             ("HERALD_WEBSOCKET__PONG_TIMEOUT", PONG_TIMEOUT),
             ("HERALD_LOG__LEVEL", "info"),
+            ("HERALD_NAMESPACES__ROOM__SUBSCRIBE", "anyone"),
+            ("HERALD_NAMESPACES__ROOM__PRESENCE", "true"),
+            ("HERALD_NAMESPACES__ROOM__JOIN_LEAVE", "true"),
         ],
     )
     .await;
@@ -1006,12 +1018,13 @@ impl Load {
         assert_eq!(status, 400, "a plain GET on /ws");
         let url = herald.ws_url();
         let mut tasks = Vec::new();
-        for topic in ["news", "news", "ticks"] {
+        for topic in ["news", "news", "ticks", "room:1"] {
             tasks.push(tokio::spawn(subscriber(url.clone(), topic)));
         }
         tasks.push(tokio::spawn(http_publisher(herald.addr)));
         tasks.push(tokio::spawn(grpc_publisher(herald.grpc_addr)));
         tasks.push(tokio::spawn(churn(url.clone())));
+        tasks.push(tokio::spawn(presence(url.clone(), herald.addr)));
         tasks.push(tokio::spawn(dead_peer(url)));
         Self(tasks)
     }
@@ -1078,6 +1091,27 @@ async fn subscriber(url: String, topic: &'static str) {
             }
         }
         sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Comes and goes on `room:1` (a presence namespace) every 300 ms, asking
+/// for its presence each time, and its counts over HTTP: the subscriber
+/// that stays gets a diff for each change.
+async fn presence(url: String, addr: SocketAddr) {
+    loop {
+        if let Some(mut ws) = connect(&url).await {
+            let _ = send(&mut ws, json!({"op": "sub", "id": 1, "topic": "room:1"})).await;
+            let _ = send(
+                &mut ws,
+                json!({"op": "presence", "id": 2, "topic": "room:1"}),
+            )
+            .await;
+            let _ = next_json(&mut ws, Duration::from_millis(300)).await;
+            let _ = ws.close(None).await;
+        }
+        let path = "/v1/presence/stats?topic=room:1";
+        let _ = testkit::http(addr, "GET", path, &[], b"").await;
+        sleep(Duration::from_millis(300)).await;
     }
 }
 

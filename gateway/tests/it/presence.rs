@@ -572,4 +572,19 @@ async fn a_user_the_backend_disconnects_leaves_at_once() {
     let asked = Instant::now();
     diffs_until(&mut watcher, |d| leaves(d, "alice")).await;
     assert!(asked.elapsed() < Duration::from_secs(60));
+    // One who only lingers (dropped without a close) leaves at once too.
+    let (mut bob, _) = connect(&gw.ws_url(), Some("bob")).await;
+    bob.sub(1, "room:8").await;
+    diffs_until(&mut watcher, |d| joins(d, "bob")).await;
+    drop(bob);
+    // Its connection ended (the watcher's is the last): bob only lingers.
+    gw.await_metric("herald_connections", 1.0).await;
+    let page = ask(&mut watcher, 2, json!({"topic": "room:8"})).await;
+    assert_eq!(users(&page), ["bob"], "bob lingers: {page}");
+    let body = json!({"user": "bob"}).to_string();
+    let (status, _) = testkit::http(gw.addr, "POST", "/v1/disconnect", &[], body.as_bytes()).await;
+    assert_eq!(status, 200);
+    let asked = Instant::now();
+    diffs_until(&mut watcher, |d| leaves(d, "bob")).await;
+    assert!(asked.elapsed() < Duration::from_secs(60));
 }

@@ -116,6 +116,7 @@ impl RedisBroker {
             observer.clone(),
             settings.presence.clone(),
             command_timeout,
+            namespaces.iter().any(|(_, ns)| ns.presence),
         );
         tokio::spawn(pubsub::run(
             pubsub::Pubsub::new(

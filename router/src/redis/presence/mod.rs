@@ -82,7 +82,9 @@ fn instance_id(pod: &str) -> String {
 }
 
 impl Presence {
-    /// Starts the liveness beat (it ends when the engine is dropped).
+    /// Starts the liveness beat (it ends when the engine is dropped), if
+    /// `used`: a deployment with no presence namespace writes nothing for
+    /// presence.
     // One argument per part it shares with the broker.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
@@ -93,6 +95,7 @@ impl Presence {
         observer: Arc<dyn Observer>,
         settings: PresenceSettings,
         timeout: Duration,
+        used: bool,
     ) -> Arc<Self> {
         let cluster = shards.is_cluster();
         let context = Arc::new(Context {
@@ -113,8 +116,10 @@ impl Presence {
             context,
             stopped: AtomicBool::new(false),
         });
-        let period = liveness::period(presence.context.settings.pod_ttl);
-        tokio::spawn(liveness::run(Arc::downgrade(&presence), period));
+        if used {
+            let period = liveness::period(presence.context.settings.pod_ttl);
+            tokio::spawn(liveness::run(Arc::downgrade(&presence), period));
+        }
         presence
     }
 
@@ -194,5 +199,20 @@ impl Presence {
         } else {
             Err(unreadable("presence snapshot"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_id_is_the_pods_name_made_safe_and_a_suffix_of_its_own() {
+        let one = instance_id("herald-7d9f:x y");
+        let two = instance_id("herald-7d9f:x y");
+        assert!(one.starts_with("herald-7d9f_x_y-"), "{one}");
+        assert_eq!(one.len(), "herald-7d9f_x_y-".len() + 16);
+        assert_ne!(one, two, "a restarted pod is a new instance");
+        assert!(!instance_id(&"n".repeat(300)).contains(':'));
     }
 }

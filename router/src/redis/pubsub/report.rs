@@ -229,6 +229,7 @@ mod tests {
             Arc::new(Ignore),
             settings.presence.clone(),
             Duration::from_secs(1),
+            false,
         );
         Pubsub::new(
             connector,
