@@ -460,6 +460,8 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
         Err(e) => result.problems.push(format!("queries: {e}")),
     }
     result.queries = Some(queries);
+    // The CPU up to here: the pods restarted after are other processes.
+    result.cpu = meter.stop();
     flow.paused.store(false, Ordering::Relaxed);
 
     // 5. rolling restart
@@ -531,7 +533,9 @@ async fn finish(
     cluster: Cluster,
     meter: &Meter,
 ) -> Result<Presence, Error> {
-    result.cpu = meter.stop();
+    if result.cpu.wall_s == 0.0 {
+        result.cpu = meter.stop();
+    }
     result.member_errors = members.sum(|t| u64::from(t.errors.load(Ordering::Relaxed)));
     result.last_member_error = members.tallies.iter().find_map(|t| {
         t.last_error

@@ -125,7 +125,8 @@ pub struct Presence {
     /// Members' `err` frames and failed attempts, and the last one's text.
     pub member_errors: u64,
     pub last_member_error: Option<String>,
-    /// CPU over the run: the pods' first incarnations and Redis watched.
+    /// CPU from the join to the queries (phases 1 to 4), the pods and
+    /// Redis watched: the pods restarted after are other processes.
     pub cpu: Usage,
     /// What stopped a phase early.
     pub problems: Vec<String>,
