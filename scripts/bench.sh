@@ -8,7 +8,7 @@
 # where pods share work, a delaying proxy), runs the scenario against them
 # and stops them, however it ends. `herald-loadtest report` renders
 # BENCHMARKS.md from the results. The JSON results and logs stay in $OUT.
-# Takes about 24 minutes on 2 cores.
+# Takes about 30 minutes on 2 cores.
 #
 # Load generator and servers share this machine's cores: run it on a quiet
 # machine, and read each run's CPU line ("others": CPU of processes not in
@@ -18,7 +18,7 @@
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
-#                                    chaos-cluster),
+#                                    chaos-cluster presence fanout-presence),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
@@ -43,7 +43,7 @@ ROUNDS=${ROUNDS:-40}
 BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
-           idle-pods-cluster stall chaos chaos-cluster)
+           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -234,6 +234,26 @@ if wants chaos-cluster; then
     rm -rf "$OUT/chaos-cluster"
     "$LOADTEST" chaos --herald "$HERALD" --redis cluster --dir "$OUT/chaos-cluster" --out "$OUT/chaos-cluster.json" \
         --pods 3 --clients 200 --topics 6 --subscriptions 2 --publishers 2 --rate 50 --duration 2m || failed=1
+fi
+
+if wants presence; then
+    say "presence: a $CLIENTS-member room on 4 pods sharing one Redis; members churn while messages flow,"
+    say "          a quiet window, timed pages and stats, a rolling restart of every pod, kill -9 of one"
+    # It runs its own redis-server and pods (to drain, restart and kill
+    # them); their logs stay in $OUT/presence. Then the same room with the
+    # namespace's presence off, for the message latency without it.
+    rm -rf "$OUT/presence" "$OUT/presence-off"
+    "$LOADTEST" presence --herald "$HERALD" --dir "$OUT/presence" --out "$OUT/presence.json" \
+        --pods 4 --members "$CLIENTS" --churn $((CLIENTS / 20)) || failed=1
+    "$LOADTEST" presence --herald "$HERALD" --dir "$OUT/presence-off" --out "$OUT/presence-off.json" \
+        --pods 4 --members "$CLIENTS" --churn $((CLIENTS / 20)) --presence-off || failed=1
+fi
+
+if wants fanout-presence; then
+    say "fanout-presence: the fanout run with its topic's namespace without presence, then with it (and join/leave)"
+    run fanout-presence-off -- fanout "${fanout[@]}"
+    run fanout-presence-on --env HERALD_NAMESPACES__DEFAULT__PRESENCE=true \
+        --env HERALD_NAMESPACES__DEFAULT__JOIN_LEAVE=true -- fanout "${fanout[@]}"
 fi
 
 # A debug build's figures mean nothing: its page stays beside its results.

@@ -26,6 +26,8 @@
 //!   latency, loss and partitions, the six-node Redis Cluster `chaos`
 //!   breaks, and children that die with the load tool: [`rig`]'s (the crate
 //!   that starts what tests and benchmarks run), re-exported here.
+//! - [`token`]: HS256 client tokens minted for a run (a user and an
+//!   `info` claim per client).
 //! - [`cli`]: the command line of `herald-loadtest` (clap).
 //! - [`mod@bench`]: `herald-loadtest run`, one run of `scripts/bench.sh`: the
 //!   servers it needs started from built binaries (herald pods, Redis, a
@@ -60,6 +62,9 @@
 //!   a Redis Cluster, while masters are killed, failed over and slots
 //!   migrated); every client's stream checked against what the publishers
 //!   were answered.
+//! - [`scenarios::presence`]: a 10,000-member room on 4 pods it runs: its
+//!   presence memory and writes in Redis, diffs per subscriber through a
+//!   rolling restart, page latency, a killed pod's leaves.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the
@@ -86,6 +91,7 @@ pub mod report;
 pub mod scenarios;
 pub mod sessions;
 pub mod target;
+pub mod token;
 
 use std::net::SocketAddr;
 

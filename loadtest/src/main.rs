@@ -14,7 +14,7 @@ use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
-    chaos, fanout, floor, idle, pods, publish, slow, stall, storm, throughput, wire,
+    chaos, fanout, floor, idle, pods, presence, publish, slow, stall, storm, throughput, wire,
 };
 
 /// Exit code when a figure that must be zero was not.
@@ -124,6 +124,14 @@ fn run(command: Command) -> anyhow::Result<bool> {
                 let outcome = tokio::select! {
                     outcome = chaos::run(args.options()) => outcome.context("chaos")?,
                     _ = tokio::signal::ctrl_c() => anyhow::bail!("chaos: interrupted"),
+                };
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Presence(args) => {
+                // Ctrl-C ends the run; its pods and Redis die with it.
+                let outcome = tokio::select! {
+                    outcome = presence::run(args.options()) => outcome.context("presence")?,
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("presence: interrupted"),
                 };
                 emit(&outcome, args.out.out.as_deref())
             }

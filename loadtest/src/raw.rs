@@ -157,6 +157,20 @@ impl Client {
         }
     }
 
+    /// Gives back a buffer grown past `keep` bytes (for one large frame)
+    /// once what is unread fits in `to`: many clients each keeping their
+    /// largest frame's buffer would hold that frame many times over.
+    pub fn shrink(&mut self, to: usize, keep: usize) {
+        let unread = self.end - self.start;
+        if self.buf.len() > keep && unread <= to {
+            let mut buf = vec![0; to.max(256)];
+            buf[..unread].copy_from_slice(&self.buf[self.start..self.end]);
+            self.buf = buf;
+            self.start = 0;
+            self.end = unread;
+        }
+    }
+
     /// Makes room to read: moves the unread bytes to the front, and grows
     /// the buffer to hold `frame` bytes if it cannot.
     fn grow(&mut self, frame: usize) -> io::Result<()> {

@@ -4,7 +4,10 @@
 //! estimates); its expected page is what `scripts/benchmarks.py` rendered
 //! from the same files before the renderer moved into the load tool, but
 //! for one name: a run's first pod's log is named after the run now
-//! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`).
+//! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`),
+//! and for the `presence` section (issue #23), which came later: its
+//! result files (`presence.json`, `presence-off.json`) are made-up figures
+//! in the shape the scenario writes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -56,6 +59,7 @@ fn the_page_keeps_the_before_columns_and_the_floor_comparisons() {
         "The build before (an older build), measured right after in the same run: 0 deliveries",
         "**failed**: no result (`idle-pods-cluster.log` in the results)",
         "this run's floor spent 6.8 µs of CPU per 1 KiB loopback",
+        "| rolling restart: presence deliveries, whole room | 310,000 | ≤ 500,000: met | 100 million |",
     ] {
         assert!(page.contains(line), "missing: {line}");
     }
@@ -70,8 +74,9 @@ fn a_directory_without_results_says_what_was_not_run() {
     let page = render(&results.expect("read"));
     assert!(page.starts_with("# Herald benchmarks\n"));
     assert!(page.contains("Machine: ? cores, ?, Linux ?; run on "));
-    // fanout, slow, storm, both chaos, stall, throughput, wire.
-    assert_eq!(page.matches("\n\nNot run.\n\n").count(), 8, "{page}");
+    // fanout, slow, storm, both chaos, presence, stall, throughput, wire.
+    assert_eq!(page.matches("\n\nNot run.\n\n").count(), 9, "{page}");
+    assert!(page.contains("Latency with presence on and off: not run."));
     assert!(page.contains("Not run (perf unavailable, or the part was not asked for)."));
     assert!(page.contains("| 19,000 on one gateway, 60 s, ping every 5 s | not run |"));
     assert!(page.contains("| one pod, memory broker | not run |"));

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, slow};
 use loadtest::scenarios::{idle, throughput, wire};
-use loadtest::scenarios::{pods, publish, stall, storm};
+use loadtest::scenarios::{pods, presence, publish, stall, storm};
 use testkit::Redis;
 use tokio::net::TcpListener;
 
@@ -524,6 +525,71 @@ async fn slow_client_is_closed_and_the_others_get_every_round() {
     assert!(client.closed_after_s.is_some() && client.blocked_for_s.is_some());
     assert!(client.rounds_received < client.rounds_sent, "{client:?}");
     assert!(outcome.rss[0].from_bytes.is_some());
+}
+
+/// The `herald` binary beside this test's (`target/<profile>/herald`):
+/// `presence` runs pods as processes, to drain, restart and kill them.
+fn herald_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("this test binary");
+    // target/<profile>/deps/smoke-<hash>
+    let profile = exe.parent().and_then(Path::parent).expect("the target dir");
+    let herald = profile.join("herald");
+    assert!(
+        herald.exists(),
+        "{} is missing: `cargo build -p gateway --bin herald` first",
+        herald.display()
+    );
+    herald
+}
+
+/// `presence` at CI size: 150 members on 3 pods over a real Redis, each
+/// with a token and an `info` claim; every phase, short. Every member joins
+/// and is counted, the pages list them all once, every drained member
+/// resumes its session elsewhere (no fresh session), and a killed pod's
+/// members are gone from presence with their leaves sent to everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_counts_a_room_through_a_rolling_restart_and_a_kill() {
+    let mut options = presence::Options::new(herald_binary());
+    options.pods = 3;
+    options.members = 150;
+    options.churn = 15;
+    options.rate = 10.0;
+    options.flow = Duration::from_secs(3);
+    options.quiet = Duration::from_secs(2);
+    options.queries = 20;
+    options.page_size = 40;
+    options.settle = Duration::from_secs(60);
+    options.kill_wait = Duration::from_secs(40);
+    // Drained members come back within this (their `reconnect` advice):
+    // a short rolling restart.
+    options.env = vec![("HERALD_SHUTDOWN__DRAIN_TIMEOUT".to_owned(), "2s".to_owned())];
+    let outcome = presence::run(options).await.expect("presence runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.join.members_by_pod, vec![50, 50, 50]);
+    assert!(outcome.flow.messages > 0, "messages flowed");
+    let quiet = outcome.quiet.as_ref().expect("the quiet window");
+    assert!(
+        quiet.memory.room_bytes > 0,
+        "the room's presence is in Redis"
+    );
+    let queries = outcome.queries.as_ref().expect("the queries");
+    assert_eq!((queries.page_members, queries.users), (40, 150));
+    assert_eq!((queries.walked_members, queries.walked_pages), (150, 4));
+    let restart = outcome.restart.as_ref().expect("the rolling restart");
+    assert!(restart.all_back && restart.resumed >= 150, "{restart:?}");
+    let kill = outcome.kill.as_ref().expect("the kill");
+    assert!(
+        kill.members > 0 && kill.gone_s.is_some() && kill.leaves_s.is_some(),
+        "{kill:?}"
+    );
+
+    // `herald-loadtest report` reads the result back through its type.
+    let path = std::env::temp_dir().join(format!("herald-presence-{}.json", std::process::id()));
+    report::write_json(&path, &outcome).expect("written");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let _ = std::fs::remove_file(&path);
+    let file = loadtest::report::results::File::parse(&text).expect("read back");
+    assert_eq!(file.scenario, "presence");
 }
 
 #[tokio::test]

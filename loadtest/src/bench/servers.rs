@@ -290,7 +290,7 @@ const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// and per user are off, as the connection cap per address is, for every
 /// build that knows them, the build before included, so that both are
 /// measured alike.
-async fn pod_env(herald: &Path) -> Vec<(String, String)> {
+pub(crate) async fn pod_env(herald: &Path) -> Vec<(String, String)> {
     let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(65536, |(_, hard)| hard);
     let mut env = vec![
         (

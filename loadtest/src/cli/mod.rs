@@ -15,6 +15,8 @@
 //! - [`faults`]: the scenarios that break something and check what the
 //!   clients saw: `storm`, `chaos`, `stall`; and `proxy`, the bad network
 //!   they go through.
+//! - [`mod@presence`]: `presence`, a room of many members on pods it
+//!   runs, drains and kills.
 //! - [`mod@run`]: `run`, one run of scripts/bench.sh.
 //! - [`output`]: the flags every scenario's result takes ([`Out`],
 //!   [`Watch`]).
@@ -24,6 +26,7 @@ mod capacity;
 mod fanout;
 mod faults;
 mod output;
+mod presence;
 mod run;
 mod values;
 
@@ -37,6 +40,7 @@ pub use self::capacity::{IdleArgs, PublishArgs, ThroughputArgs, WireArgs, Worker
 pub use self::fanout::{FanoutArgs, FloorArgs, PodsArgs, ReadersArgs, Rounds, SlowArgs, Spread};
 pub use self::faults::{ChaosArgs, ProxyArgs, StallArgs, StormArgs};
 pub use self::output::{Out, Watch};
+pub use self::presence::PresenceArgs;
 pub use self::run::RunArgs;
 
 /// Exit code for a bad command line (EX_USAGE).
@@ -139,6 +143,18 @@ pub enum Command {
     /// __TOPICS_PER_MINUTE and __ANONYMOUS_MAX_TOPICS at 0): its thousands of
     /// topics are subscribed from this machine's few addresses.
     Stall(StallArgs),
+    /// A room of --members members (each a user with a token and an `info`
+    /// claim) on --pods pods of --herald sharing a redis-server it starts;
+    /// messages flow while members leave and join again.
+    ///
+    /// Phases: join; flow (message latency, the diffs each subscriber is
+    /// sent); quiet (the room's presence memory in Redis, Redis writes per
+    /// member); queries (a page of --page-size members and the stats, timed
+    /// by the client and by the pod); a rolling restart of every pod
+    /// (presence frames per subscriber, sessions resumed); kill -9 of the
+    /// pod with the most members (until they are gone from presence and
+    /// every leave is sent). Needs redis-server and redis-cli.
+    Presence(PresenceArgs),
     /// A TCP proxy on this machine that adds a delay, loss or a partition
     /// between its clients and --upstream (Redis behind a bad network, where
     /// `tc netem` is not available), changed through --control: one command

@@ -84,7 +84,7 @@ impl RunArgs {
 }
 
 /// `KEY=value`.
-fn key_value(s: &str) -> Result<(String, String), String> {
+pub(super) fn key_value(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .filter(|(k, _)| !k.is_empty())
         .map(|(k, v)| (k.to_owned(), v.to_owned()))

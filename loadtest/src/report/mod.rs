@@ -13,7 +13,7 @@
 //! - [`page`]: the header, the sections in order, the notes at the end.
 //! - One module per section, named for its scenario: [`fanout`],
 //!   [`profile`], [`slow`], [`idle`], [`storm`], [`identity`], [`chaos`],
-//!   [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
+//!   [`presence`], [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -30,6 +30,7 @@ pub mod markdown;
 mod micro;
 pub mod page;
 mod pods;
+mod presence;
 mod profile;
 mod publish;
 pub mod results;

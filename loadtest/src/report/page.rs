@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::results::Results;
 use super::{
-    chaos, fanout, identity, idle, micro, pods, profile, publish, slow, stall, storm, throughput,
-    wire,
+    chaos, fanout, identity, idle, micro, pods, presence, profile, publish, slow, stall, storm,
+    throughput, wire,
 };
 
 /// The whole page, from a results directory.
@@ -25,6 +25,7 @@ pub fn render(results: &Results) -> String {
         chaos::one_redis_section(results),
         chaos::cluster_section(results),
         pods::section(results),
+        presence::section(results),
         publish::section(results),
         stall::section(results),
         throughput::section(results),

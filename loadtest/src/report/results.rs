@@ -21,6 +21,7 @@ use crate::scenarios::fanout::Fanout;
 use crate::scenarios::floor::Floor;
 use crate::scenarios::idle::Idle;
 use crate::scenarios::pods::Pods;
+use crate::scenarios::presence::Presence;
 use crate::scenarios::publish::Publish;
 use crate::scenarios::slow::Slow;
 use crate::scenarios::stall::Stall;
@@ -66,6 +67,7 @@ pub enum Figures {
     Throughput(Throughput),
     Wire(Wire),
     Chaos(Chaos),
+    Presence(Presence),
 }
 
 /// One result file: its envelope, and its scenario's result.
@@ -207,6 +209,13 @@ impl Results {
         }
     }
 
+    pub fn presence(&self, name: &str) -> Option<&Presence> {
+        match &self.file(name)?.figures {
+            Figures::Presence(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// A file of the directory, other than a result: its text, if there.
     pub fn text(&self, file: &str) -> Option<String> {
         std::fs::read(self.dir.join(file))
@@ -284,6 +293,7 @@ impl File {
             Throughput::SCENARIO => typed(text, Figures::Throughput)?,
             Wire::SCENARIO => typed(text, Figures::Wire)?,
             Chaos::SCENARIO => typed(text, Figures::Chaos)?,
+            Presence::SCENARIO => typed(text, Figures::Presence)?,
             _ => return Err(FileError::Scenario(scenario)),
         })
     }

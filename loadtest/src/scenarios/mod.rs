@@ -23,6 +23,9 @@
 //! - [`stall`]: a canary topic's latency on a pod that watches many topics
 //!   while Redis is slow, through a burst of new topics and a pub/sub
 //!   reconnect: does one slow part stop fan-out for every topic?
+//! - [`presence`]: a 10,000-member room on 4 pods it runs itself, while
+//!   messages flow, members churn, pods restart and one is killed: presence's
+//!   Redis memory and writes, diffs per subscriber, page latency, leaves.
 //! - [`chaos`]: pods, a Redis master and replica it runs itself, clients
 //!   resuming across pods and publishers, while Redis is frozen, delayed,
 //!   failed over and restarted from an old dump: every stream checked.
@@ -36,6 +39,7 @@ pub mod fanout;
 pub mod floor;
 pub mod idle;
 pub mod pods;
+pub mod presence;
 pub mod publish;
 pub mod slow;
 pub mod stall;
