@@ -334,12 +334,11 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// This pod is leaving (its drain is over; its last changes were
-    /// handed over): its members stay listed for `linger` more (their
-    /// clients' resume window), as if it were still there, and then go as a
-    /// dead pod's do. A client that resumes on another pod meanwhile is
-    /// neither a leave nor a join; one that does not come back leaves once
-    /// the window is over, as after a dropped connection. A pod-local
-    /// engine leaves with its pod: nothing to do.
+    /// handed over): its members stay listed for `linger` more (the time
+    /// its clients take to come back), as if it were still there, and then
+    /// go as a dead pod's do. A client that resumes on another pod
+    /// meanwhile is neither a leave nor a join; one that does not come back
+    /// leaves then. A pod-local engine leaves with its pod: nothing to do.
     async fn presence_depart(&self, linger: std::time::Duration) -> Result<(), BrokerError> {
         let _ = linger;
         Ok(())

@@ -50,6 +50,9 @@ pub struct Presence {
     config: PresenceConfig,
     /// How long an abnormally dropped connection stays a member.
     resume_window: Duration,
+    /// How long a drained pod's members stay listed after it exits: the
+    /// spread of its clients' reconnect advice (`shutdown.drain_timeout`).
+    departure: Duration,
     namespaces: Arc<Namespaces>,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
@@ -128,6 +131,10 @@ impl Presence {
         Self {
             config: config.presence.clone(),
             resume_window: config.session.resume_window,
+            departure: config
+                .shutdown
+                .drain_timeout
+                .min(config.session.resume_window),
             namespaces,
             hub,
             metrics,
@@ -261,16 +268,19 @@ impl Presence {
 
     /// The pod is leaving, its drain over: what changed is written (the
     /// drained connections' users linger, as after any `reconnect`), and
-    /// the broker keeps them listed for the resume window
-    /// ([`router::Broker::presence_depart`]). A client that resumes on
-    /// another pod within it is neither a leave nor a join, however long
-    /// after this pod's exit it comes back.
+    /// the broker keeps them listed for as long as the drain's reconnect
+    /// advice spreads its clients over (`shutdown.drain_timeout`, then
+    /// `presence.pod_ttl`: [`router::Broker::presence_depart`]). A client
+    /// that follows the advice and resumes on another pod is neither a
+    /// leave nor a join, however late in the spread it comes back; the
+    /// old pod being gone, the linger cannot run the whole resume window
+    /// without keeping a user who moved and then left listed that long.
     pub async fn depart(&self) {
         self.tick().await;
         let Ok(broker) = self.broker() else {
             return;
         };
-        if let Err(e) = broker.presence_depart(self.resume_window).await {
+        if let Err(e) = broker.presence_depart(self.departure).await {
             tracing::warn!(
                 error = %router::Causes(&e),
                 "presence: this pod's members could not be kept for their resume window; the other pods remove them as a dead pod's"
