@@ -41,28 +41,34 @@ impl Signal {
     /// flag is read, so a signal set meanwhile is not missed; a poke wakes
     /// it only to wait again.
     pub async fn wait(&self) {
-        while !self.wait_for(false).await {}
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Resolves with `true` once the signal is set, or with `false` for a
     /// poke (taken: the next wait does not see it again).
     pub async fn wait_or_poked(&self) -> bool {
-        self.wait_for(true).await
-    }
-
-    /// One wake: whether the signal is set.
-    async fn wait_for(&self, pokes: bool) -> bool {
-        let notified = self.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.is_set() {
-            return true;
+        // Written out, as `wait` is: a shared inner `async fn` would add its
+        // own state to every connection's future, twice.
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_set() {
+                return true;
+            }
+            if self.poked.swap(false, Ordering::AcqRel) {
+                return false;
+            }
+            notified.await;
         }
-        if pokes && self.poked.swap(false, Ordering::AcqRel) {
-            return false;
-        }
-        notified.await;
-        self.is_set()
     }
 }
 
