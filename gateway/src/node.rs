@@ -93,6 +93,10 @@ impl Deliver for Sink {
         self.hub.reset(topic, position);
     }
 
+    fn resumed(&self, session: &str) {
+        self.presence.resumed_elsewhere(session);
+    }
+
     fn disconnect(&self, user: &str) {
         self.presence.revoked(user);
         let closed = self.live.disconnect(user);

@@ -180,6 +180,14 @@ pub trait Deliver: Send + Sync + 'static {
     fn subscription(&self, user: &str, command: &ServerSubscription) {
         let _ = (user, command);
     }
+
+    /// A session was resumed on some pod ([`Broker::resumed`]): a
+    /// connection of it this pod keeps present while it waits for its
+    /// client (presence's linger) may let go. `session` is the session's
+    /// presence key, not its id (which is a credential).
+    fn resumed(&self, session: &str) {
+        let _ = session;
+    }
 }
 
 /// What an engine says of its state: for `/readyz` and the admin status.
@@ -341,6 +349,14 @@ pub trait Broker: Send + Sync + 'static {
     /// leaves then. A pod-local engine leaves with its pod: nothing to do.
     async fn presence_depart(&self, linger: std::time::Duration) -> Result<(), BrokerError> {
         let _ = linger;
+        Ok(())
+    }
+
+    /// Tells every other pod's [`Deliver::resumed`] that the session keyed
+    /// `session` was resumed here, at most once (over the control channel,
+    /// with Redis). A pod-local engine has no other pod: nothing to do.
+    async fn resumed(&self, session: &str) -> Result<(), BrokerError> {
+        let _ = session;
         Ok(())
     }
 

@@ -465,6 +465,7 @@ impl Metrics {
             "presence_list",
             "presence_beat",
             "presence_clean",
+            "resumed",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);

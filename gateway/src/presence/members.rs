@@ -183,6 +183,17 @@ impl Members {
         }
     }
 
+    /// `session` was resumed on another pod: its lingering connections go
+    /// by `until` (once that pod has written the new connection's
+    /// memberships: then its users never leave).
+    pub fn resumed_elsewhere(&mut self, session: &str, until: Instant) {
+        for lingering in self.lingering.values_mut() {
+            if &*lingering.session == session {
+                lingering.until = lingering.until.min(until);
+            }
+        }
+    }
+
     /// A backend ended `user`'s access: its lingering connections go at
     /// once (its live ones are closed, and exit as they end).
     pub fn revoke(&mut self, user: &str) {

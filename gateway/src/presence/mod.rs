@@ -40,6 +40,20 @@ use crate::metrics::Metrics;
 use diffs::{Diff, Diffs};
 use members::Members;
 
+/// A session's name in presence: a digest of its id, which is a
+/// credential (an anonymous session's only one) and so never leaves the pod
+/// (the control channel carries this instead).
+fn session_key(session: &str) -> Arc<str> {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(session.as_bytes());
+    Arc::from(
+        digest[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+    )
+}
+
 /// Writes of one topic are serialised (an update is the topic's state as
 /// this pod has it then: two in flight could land in the other order); the
 /// topics share this many locks.
@@ -50,6 +64,8 @@ pub struct Presence {
     config: PresenceConfig,
     /// How long an abnormally dropped connection stays a member.
     resume_window: Duration,
+    /// Whether a namespace keeps presence: else a resume tells nobody.
+    used: bool,
     /// How long a drained pod's members stay listed after it exits: the
     /// spread of its clients' reconnect advice (`shutdown.drain_timeout`).
     departure: Duration,
@@ -128,6 +144,7 @@ impl Presence {
         hub: Arc<Hub>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let used = namespaces.iter().any(|(_, ns)| ns.presence);
         Self {
             config: config.presence.clone(),
             resume_window: config.session.resume_window,
@@ -135,6 +152,7 @@ impl Presence {
                 .shutdown
                 .drain_timeout
                 .min(config.session.resume_window),
+            used,
             namespaces,
             hub,
             metrics,
@@ -208,19 +226,43 @@ impl Presence {
 
     /// `conn`, of `session`, ended without a close from its client: its
     /// users stay members for the resume window, or until the session is
-    /// resumed ([`Self::resumed`]).
-    pub fn linger(&self, conn: ConnId, session: Arc<str>) {
+    /// resumed ([`Self::resumed`], or on another pod).
+    pub fn linger(&self, conn: ConnId, session: &str) {
         let until = Instant::now() + self.resume_window;
-        self.members().linger(conn, session, until);
+        self.members().linger(conn, session_key(session), until);
     }
 
     /// `session` was resumed by a connection that entered its topics: what
     /// its earlier connection left lingering goes, and a user it still
-    /// holds never leaves.
+    /// holds never leaves. The other pods are told
+    /// ([`router::Broker::resumed`]), so that one where the session lingers
+    /// lets go too, rather than keep a user who moved here, and may leave
+    /// here, listed for the rest of the window.
     pub fn resumed(&self, session: &str) {
-        let mut members = self.members();
-        members.resumed(session);
-        self.metrics.presence_members.set(members.count() as i64);
+        let key = session_key(session);
+        {
+            let mut members = self.members();
+            members.resumed(&key);
+            self.metrics.presence_members.set(members.count() as i64);
+        }
+        if !self.used {
+            return;
+        }
+        if let Ok(broker) = self.broker() {
+            tokio::spawn(async move {
+                if let Err(e) = broker.resumed(&key).await {
+                    tracing::debug!(error = %router::Causes(&e), "presence: the other pods were not told of a resume; theirs lingers to its window's end");
+                }
+            });
+        }
+    }
+
+    /// A session was resumed on another pod: what lingers of it here goes
+    /// once that pod has written its new connection's memberships (within
+    /// its next interval; two, to be safe), so that its users never leave.
+    pub fn resumed_elsewhere(&self, key: &str) {
+        let until = Instant::now() + 2 * self.config.diff_interval;
+        self.members().resumed_elsewhere(key, until);
     }
 
     /// A backend ended `user`'s access: it leaves where it only lingered.

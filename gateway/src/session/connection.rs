@@ -169,7 +169,7 @@ impl Session {
         if let Some(id) = &self.id
             && reason.stays_present()
         {
-            self.node.presence.linger(self.conn, id.clone());
+            self.node.presence.linger(self.conn, id);
         }
         for topic in self.subscriptions.topics() {
             self.leave(&topic).await;

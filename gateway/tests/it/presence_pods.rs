@@ -200,3 +200,33 @@ async fn a_resume_on_another_pod_within_the_window_is_neither_a_leave_nor_a_join
     assert_eq!(users(&page), ["alice", "bob"], "{page}");
     assert_eq!(page["connections"], 3, "{page}");
 }
+
+/// A user who dropped from one pod, resumed on another and then leaves
+/// there leaves at once: the pod she dropped from hears of the resume and
+/// lets her lingering connection go, rather than keep her listed for the
+/// rest of her window (two minutes here, far beyond the wait).
+#[tokio::test]
+async fn a_user_who_moved_to_another_pod_and_then_leaves_there_leaves_at_once() {
+    let extra = [("HERALD_SESSION__RESUME_WINDOW", "120s")];
+    let redis = Redis::start().await;
+    let (a, b) = (pod(&redis, &extra).await, pod(&redis, &extra).await);
+    let (mut watcher, _) = connect(&b.ws_url(), None).await;
+    watcher.sub(1, "room:4").await;
+    let (mut alice, session) = connect(&a.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:4").await;
+    let mut seen = diffs_until(&mut watcher, |d| joins(d, "alice")).await;
+    // Her connection to a drops without a close; she resumes on b, which
+    // restores her subscription, then she unsubscribes there.
+    drop(alice);
+    let mut alice = testkit::Client::connect_url(&b.ws_url()).await;
+    hello(&mut alice, Some("alice"), Some(&session)).await;
+    alice
+        .send(json!({"op": "unsub", "id": 2, "topic": "room:4"}))
+        .await;
+    alice.expect("ok").await;
+    seen.extend(diffs_until(&mut watcher, |d| leaves(d, "alice")).await);
+    let joined = seen.iter().filter(|d| joins(d, "alice")).count();
+    assert_eq!(joined, 1, "no join again on the resume: {seen:?}");
+    let page = ask(&mut watcher, 9, json!({"topic": "room:4"})).await;
+    assert_eq!(users(&page), Vec::<String>::new(), "{page}");
+}

@@ -401,6 +401,15 @@ impl Broker for RedisBroker {
         self.inner.presence.depart(linger).await
     }
 
+    async fn resumed(&self, session: &str) -> Result<(), BrokerError> {
+        self.inner.reach.check()?;
+        let channel = self.inner.keys.control_channel();
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&channel).arg(control::resumed(session));
+        let sending = self.inner.shards.command::<()>(&channel, &publish);
+        timed(&*self.inner.observer, "resumed", sending).await
+    }
+
     async fn read_history(
         &self,
         topic: &Topic,

@@ -5,6 +5,8 @@
 //! - `disconnect <user>`: a backend ended the user's access.
 //! - `subscribe <user> <topic> [<since> [<epoch>]]` and
 //!   `unsubscribe <user> <topic>`: a server-side subscription.
+//! - `resumed <session key>`: a session was resumed on some pod (its
+//!   presence key: the id itself is a credential, never sent).
 //!
 //! A pod of an older release ignores a message it does not read (and logs
 //! it).
@@ -17,6 +19,12 @@ use crate::{ServerSubscription, Since, Topic};
 pub(super) enum Control {
     Disconnect(String),
     Subscription(String, ServerSubscription),
+    Resumed(String),
+}
+
+/// `resumed <session key>`.
+pub(super) fn resumed(session: &str) -> String {
+    format!("resumed {}", hex(session))
 }
 
 /// `disconnect <user>`.
@@ -51,6 +59,7 @@ pub(super) fn read(payload: &[u8]) -> Option<Control> {
     let user = unhex(words.next()?)?;
     let control = match kind {
         "disconnect" => Control::Disconnect(user),
+        "resumed" => Control::Resumed(user),
         "subscribe" => {
             let topic = Topic::parse(words.next()?).ok()?;
             let since = match words.next() {
@@ -113,6 +122,7 @@ mod tests {
                 ServerSubscription::Unsubscribe { .. }
             ))
         ));
+        assert!(matches!(read(resumed("k1").as_bytes()), Some(Control::Resumed(k)) if k == "k1"));
         assert!(read(b"subscribe 626f62").is_none());
         assert!(read(b"later 626f62 x").is_none());
     }

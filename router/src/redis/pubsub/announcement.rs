@@ -83,6 +83,7 @@ impl Pubsub {
         match control::read(payload) {
             Some(Control::Disconnect(user)) => self.sink.disconnect(&user),
             Some(Control::Subscription(user, command)) => self.sink.subscription(&user, &command),
+            Some(Control::Resumed(session)) => self.sink.resumed(&session),
             None => tracing::warn!("unreadable message on the control channel"),
         }
     }
