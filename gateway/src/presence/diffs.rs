@@ -5,14 +5,30 @@
 //! The page rule: before a page at position `P` is answered, what is pending
 //! up to `P` goes out ([`Diffs::take_upto`]), so that no diff spans a page's
 //! position and a client applies exactly the diffs with `from >= P`.
+//!
+//! A diff goes out at the interval when users joined or left. Changes of
+//! the connection count alone (clients moving between pods, a rolling
+//! restart's resumes) wait, still pending so that positions stay
+//! contiguous, for the next join or leave or [`COUNTS_EVERY`]: a restart
+//! that moves every client costs each subscriber a handful of diffs, not one
+//! per interval.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use router::Topic;
+use tokio::time::Instant;
 
 use router::{Member, PresenceChange};
+
+/// How long changes of the connection count alone may wait for a join or
+/// a leave to go out with.
+pub const COUNTS_EVERY: Duration = Duration::from_secs(5);
+
+/// Changes that may wait for company at most: past it, they go out.
+const MAX_WAITING: usize = 1024;
 
 #[derive(Default)]
 pub struct Diffs {
@@ -26,6 +42,20 @@ struct Pending {
     sent: Option<u64>,
     /// In position order.
     changes: Vec<PresenceChange>,
+    /// When the oldest of `changes` came.
+    since: Option<Instant>,
+}
+
+impl Pending {
+    /// Whether its diff goes out at this interval: someone joined or left,
+    /// or the counts waited long enough.
+    fn due(&self, now: Instant) -> bool {
+        self.changes
+            .iter()
+            .any(|c| !c.joins.is_empty() || !c.leaves.is_empty())
+            || self.changes.len() >= MAX_WAITING
+            || self.since.is_some_and(|since| now >= since + COUNTS_EVERY)
+    }
 }
 
 /// One `presence_diff`, merged.
@@ -49,6 +79,7 @@ impl Diffs {
             // Already sent on (a page went out after it).
             return;
         }
+        pending.since.get_or_insert_with(Instant::now);
         pending.changes.push(change);
     }
 
@@ -57,12 +88,12 @@ impl Diffs {
         self.topics.retain(|topic, _| keep(topic));
     }
 
-    /// Every topic's pending diff, merged.
-    pub fn take_all(&mut self) -> Vec<(Topic, Diff)> {
+    /// Every topic's pending diff that is due at `now`, merged.
+    pub fn take_all(&mut self, now: Instant) -> Vec<(Topic, Diff)> {
         let topics: Vec<Topic> = self
             .topics
             .iter()
-            .filter(|(_, p)| !p.changes.is_empty())
+            .filter(|(_, p)| !p.changes.is_empty() && p.due(now))
             .map(|(t, _)| t.clone())
             .collect();
         topics
@@ -89,6 +120,7 @@ impl Diffs {
             return None;
         }
         let changes: Vec<PresenceChange> = pending.changes.drain(..upto).collect();
+        pending.since = (!pending.changes.is_empty()).then(Instant::now);
         let first = changes.first()?.position;
         let last = changes.last()?;
         let from = pending.sent.unwrap_or_else(|| first.saturating_sub(1));
@@ -156,17 +188,17 @@ mod tests {
         diffs.push(&topic(), change(5, &["alice", "bob"], &[], 2));
         diffs.push(&topic(), change(6, &["carol"], &["bob"], 2));
         diffs.push(&topic(), change(7, &["bob"], &["alice"], 2));
-        let taken = diffs.take_all();
+        let taken = diffs.take_all(Instant::now());
         let [(_, diff)] = taken.as_slice() else {
             panic!("one diff: {taken:?}")
         };
         assert_eq!((diff.from, diff.to, diff.users), (4, 7, 2));
         assert_eq!(names(&diff.joins), ["bob", "carol"]);
         assert_eq!(diff.leaves, [Arc::from("alice")]);
-        assert!(diffs.take_all().is_empty(), "nothing twice");
+        assert!(diffs.take_all(Instant::now()).is_empty(), "nothing twice");
         // The next one starts where this one ended.
         diffs.push(&topic(), change(9, &[], &["bob"], 1));
-        assert_eq!(diffs.take_all()[0].1.from, 7);
+        assert_eq!(diffs.take_all(Instant::now())[0].1.from, 7);
     }
 
     #[test]
@@ -186,5 +218,35 @@ mod tests {
         let next = diffs.take_upto(&topic(), u64::MAX).expect("after the page");
         assert_eq!((next.from, next.to), (8, 9));
         assert_eq!(names(&next.joins), ["dave"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connection_counts_alone_wait_for_a_join_or_their_time() {
+        let mut diffs = Diffs::default();
+        let counts = |position, connections| PresenceChange {
+            connections,
+            ..change(position, &[], &[], 1)
+        };
+        diffs.push(&topic(), counts(5, 2));
+        diffs.push(&topic(), counts(6, 3));
+        assert!(diffs.take_all(Instant::now()).is_empty(), "counts wait");
+        // A join takes them along, positions contiguous.
+        diffs.push(&topic(), change(7, &["bob"], &[], 2));
+        let taken = diffs.take_all(Instant::now());
+        let [(_, diff)] = taken.as_slice() else {
+            panic!("one diff: {taken:?}")
+        };
+        assert_eq!((diff.from, diff.to, diff.connections), (4, 7, 2));
+        // Counts alone go out once they waited COUNTS_EVERY.
+        diffs.push(&topic(), counts(8, 4));
+        tokio::time::advance(COUNTS_EVERY - Duration::from_millis(1)).await;
+        assert!(diffs.take_all(Instant::now()).is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let taken = diffs.take_all(Instant::now());
+        assert_eq!(taken.len(), 1);
+        assert_eq!(
+            (taken[0].1.from, taken[0].1.to, taken[0].1.connections),
+            (7, 8, 4)
+        );
     }
 }

@@ -301,7 +301,7 @@ impl Presence {
         let diffs = {
             let mut diffs = self.diffs();
             diffs.retain(|topic| self.hub.subscribers(topic) > 0);
-            diffs.take_all()
+            diffs.take_all(Instant::now())
         };
         for (topic, diff) in diffs {
             self.send(&topic, &diff);
