@@ -54,6 +54,14 @@ fn session_key(session: &str) -> Arc<str> {
     )
 }
 
+/// How long a connection that lingers here stays once its session was
+/// resumed on another pod. That pod writes the new connection's memberships
+/// at its next interval, but in a rolling restart, thousands of resumes at
+/// once, its write may wait behind others: letting go sooner would be a
+/// leave and a join that never happened; a user who moved and then left
+/// listed a few seconds longer is the lesser harm.
+const RESUMED_GRACE: Duration = Duration::from_secs(5);
+
 /// Writes of one topic are serialised (an update is the topic's state as
 /// this pod has it then: two in flight could land in the other order); the
 /// topics share this many locks.
@@ -258,10 +266,10 @@ impl Presence {
     }
 
     /// A session was resumed on another pod: what lingers of it here goes
-    /// once that pod has written its new connection's memberships (within
-    /// its next interval; two, to be safe), so that its users never leave.
+    /// once that pod has written its new connection's memberships
+    /// ([`RESUMED_GRACE`] from now), so that its users never leave.
     pub fn resumed_elsewhere(&self, key: &str) {
-        let until = Instant::now() + 2 * self.config.diff_interval;
+        let until = Instant::now() + RESUMED_GRACE.max(2 * self.config.diff_interval);
         self.members().resumed_elsewhere(key, until);
     }
 
