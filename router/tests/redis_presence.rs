@@ -209,6 +209,13 @@ async fn a_user_on_two_pods_is_one_member_and_joins_and_leaves_once() {
         page.members[0].info.as_deref(),
         Some(&b"{\"name\":\"alice\"}"[..])
     );
+    // Pod a hears of b's write through Redis: then its counts are b's.
+    let position = page.counts.position;
+    seen_a
+        .until("b's write", |all| {
+            all.last().is_some_and(|c| c.position == position)
+        })
+        .await;
     let counts = a.presence_counts(&t).await.expect("counts");
     assert_eq!(counts, page.counts);
 
