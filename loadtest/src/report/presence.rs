@@ -160,13 +160,15 @@ fn details(res: &Presence) -> String {
     if let Some(r) = &res.restart {
         lines.push(format!(
             "Rolling restart: {:.0} s, {} resumes ({} fresh sessions), presence showed at least \
-             {} users meanwhile; {} joins and {} leaves listed over all subscribers.",
+             {} users meanwhile; {} joins and {} leaves listed over all subscribers ({} users \
+             listed as leaving).",
             r.took_s,
             count(r.resumed),
             r.fresh,
             r.min_users.map_or_else(|| "n/a".to_owned(), count),
             count(r.diffs.joins_total),
-            count(r.diffs.leaves_total)
+            count(r.diffs.leaves_total),
+            count(r.left_users)
         ));
     }
     lines.push(cpu_line(&res.cpu));

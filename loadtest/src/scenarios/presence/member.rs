@@ -55,6 +55,11 @@ pub struct Room {
     pub measuring: AtomicBool,
     /// Connection attempts in flight at once (a pod's accept queue is finite).
     pub connecting: Semaphore,
+    /// While set, each user listed in a leave and when (µs since the
+    /// epoch) a subscriber first saw it: in a rolling restart, where nobody
+    /// leaves, each is a stray to account for.
+    pub recording: AtomicBool,
+    pub leaves_seen: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl Room {
@@ -96,6 +101,13 @@ pub struct Tally {
     /// `leave_target`; 0: not yet.
     pub leaves_done_us: AtomicU64,
     pub messages: AtomicU64,
+    /// When (µs since the epoch) its last connection ended, and when the
+    /// one after it was welcomed.
+    pub lost_us: AtomicU64,
+    pub back_us: AtomicU64,
+    /// The last `reconnect` advice's delay, and the pod it came from.
+    pub advised_ms: AtomicU64,
+    pub advised_by: AtomicUsize,
     /// Comebacks that resumed the session, and that got a fresh one.
     pub resumed: AtomicU32,
     pub fresh: AtomicU32,
@@ -169,7 +181,8 @@ struct Frame<'a> {
     epoch: Option<Cow<'a, str>>,
     after_ms: Option<u64>,
     joins: Option<Vec<IgnoredAny>>,
-    leaves: Option<Vec<IgnoredAny>>,
+    #[serde(borrow)]
+    leaves: Option<Vec<Cow<'a, str>>>,
     users: Option<u64>,
     #[serde(borrow)]
     code: Option<Cow<'a, str>>,
@@ -237,6 +250,7 @@ impl Member {
             };
             self.tally.connected.store(false, Ordering::Relaxed);
             self.tally.pod.store(usize::MAX, Ordering::Relaxed);
+            self.tally.lost_us.store(now_micros(), Ordering::Relaxed);
             if self.tally.stay_away.load(Ordering::Relaxed) {
                 let _ = self.stop.wait_for(|stop| *stop).await;
                 return;
@@ -281,6 +295,7 @@ impl Member {
                     let first = session.is_none();
                     *session = frame.session.map(Cow::into_owned);
                     let resumed = frame.resumed == Some(true);
+                    self.tally.back_us.store(now_micros(), Ordering::Relaxed);
                     if resumed {
                         self.tally.resumed.fetch_add(1, Ordering::Relaxed);
                     } else if !first {
@@ -386,7 +401,14 @@ impl Member {
         };
         match frame.op.as_ref() {
             "presence_diff" => self.on_diff(&frame),
-            "reconnect" => live.after = Some(Duration::from_millis(frame.after_ms.unwrap_or(0))),
+            "reconnect" => {
+                let after_ms = frame.after_ms.unwrap_or(0);
+                self.tally.advised_ms.store(after_ms, Ordering::Relaxed);
+                self.tally
+                    .advised_by
+                    .store(self.tally.pod.load(Ordering::Relaxed), Ordering::Relaxed);
+                live.after = Some(Duration::from_millis(after_ms));
+            }
             "ok" | "reset" => {
                 if let Some(epoch) = frame.epoch {
                     live.epoch = Some(epoch.into_owned());
@@ -439,6 +461,17 @@ impl Member {
             tally.counts_only.fetch_add(1, Ordering::Relaxed);
         }
         tally.joins.fetch_add(joins, Ordering::Relaxed);
+        if leaves > 0 && self.room.recording.load(Ordering::Relaxed) {
+            let now = now_micros();
+            let mut seen = self
+                .room
+                .leaves_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for user in frame.leaves.iter().flatten() {
+                seen.entry(user.to_string()).or_insert(now);
+            }
+        }
         let seen = tally.leaves.fetch_add(leaves, Ordering::Relaxed) + leaves;
         let target = self.room.leave_target.load(Ordering::Relaxed);
         if target > 0 && seen >= target {

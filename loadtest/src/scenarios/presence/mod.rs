@@ -302,6 +302,8 @@ pub async fn run(options: Options) -> Result<Presence, Error> {
         leave_target: AtomicU32::new(0),
         measuring: AtomicBool::new(false),
         connecting: Semaphore::new(CONNECT_CONCURRENCY),
+        recording: AtomicBool::new(false),
+        leaves_seen: Default::default(),
     });
     let mut watched: Vec<u32> = cluster.pods.iter().filter_map(rig::Herald::pid).collect();
     watched.extend(cluster.redis.pid());

@@ -32,8 +32,11 @@ pub(super) async fn rolling_restart(
     let started = Instant::now();
     let mut drain_s = Vec::with_capacity(options.pods);
     let mut all_back = true;
+    let mut terms_us = Vec::with_capacity(options.pods);
+    room.recording.store(true, Ordering::Relaxed);
     for n in 0..options.pods {
         room.up[n].store(false, Ordering::Relaxed);
+        terms_us.push(now_micros());
         drain_s.push(cluster.restart(n).await?);
         room.up[n].store(true, Ordering::Relaxed);
         let wait = Deadline::new(options.settle);
@@ -69,6 +72,8 @@ pub(super) async fn rolling_restart(
         }
     }
     tokio::time::sleep(TAIL).await;
+    room.recording.store(false, Ordering::Relaxed);
+    let left_users = strays(room, members, &terms_us, &drain_s);
     let min_users = members
         .tallies
         .iter()
@@ -81,6 +86,7 @@ pub(super) async fn rolling_restart(
         resumed: members.sum(|t| u64::from(t.resumed.load(Ordering::Relaxed))) - resumed_before,
         fresh: members.sum(|t| u64::from(t.fresh.load(Ordering::Relaxed))) - fresh_before,
         min_users,
+        left_users,
         all_back,
         published: flow.published.load(Ordering::Relaxed) - published_before,
         publish_errors: flow.errors.load(Ordering::Relaxed) - errors_before,
@@ -155,4 +161,42 @@ pub(super) async fn kill(
             .count() as u64,
         diffs: members.diffs(),
     })
+}
+
+/// How many users were listed as leaving during the restart (nobody left);
+/// prints the first of them, each with its own last journey against its
+/// pod's SIGTERM and exit, to tell which rule let them go.
+fn strays(room: &Room, members: &Members, terms_us: &[u64], drain_s: &[f64]) -> u64 {
+    let seen = room.leaves_seen.lock().unwrap_or_else(|p| p.into_inner());
+    let mut strays: Vec<(&String, &u64)> = seen.iter().collect();
+    strays.sort_by_key(|(_, at)| **at);
+    println!(
+        "presence: {} users listed as leaving in the restart",
+        strays.len()
+    );
+    for (user, at) in strays.iter().take(20) {
+        let Some(t) = user
+            .strip_prefix('m')
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| members.tallies.get(i))
+        else {
+            continue;
+        };
+        let by = t.advised_by.load(Ordering::Relaxed);
+        let Some(term) = terms_us.get(by) else {
+            println!("  {user}: leave at {at}, advised by pod {by}?");
+            continue;
+        };
+        let rel = |us: u64| (us as f64 - *term as f64) / 1e6;
+        println!(
+            "  {user}: advised by pod {by} (exit {:.2} s after SIGTERM) to come back after {} ms; lost {:.2} s, back {:.2} s on pod {}, leave seen {:.2} s",
+            drain_s.get(by).copied().unwrap_or(0.0),
+            t.advised_ms.load(Ordering::Relaxed),
+            rel(t.lost_us.load(Ordering::Relaxed)),
+            rel(t.back_us.load(Ordering::Relaxed)),
+            t.pod.load(Ordering::Relaxed),
+            rel(**at),
+        );
+    }
+    strays.len() as u64
 }

@@ -85,6 +85,10 @@ pub struct Restart {
     /// meanwhile (presence is not asked: a query sends the pending diff
     /// at once, so asking often would add diffs).
     pub min_users: Option<u64>,
+    /// Users some subscriber was sent a leave of (nobody left: each one
+    /// is a resume shown as a leave and a join).
+    #[serde(default)]
+    pub left_users: u64,
     pub all_back: bool,
     pub published: u64,
     pub publish_errors: u64,
@@ -158,6 +162,12 @@ impl crate::report::Outcome for Presence {
             }
             if r.fresh > 0 {
                 failures.push(format!("{} resumes got a fresh session", r.fresh));
+            }
+            if r.left_users > 0 {
+                failures.push(format!(
+                    "{} users who resumed were listed as leaving in the rolling restart",
+                    r.left_users
+                ));
             }
         }
         if let Some(k) = &self.kill {
@@ -263,6 +273,10 @@ fn rows(r: &Presence) -> Vec<Row> {
             "restart: fewest users shown",
             x.min_users
                 .map_or_else(|| "n/a".to_owned(), |u| u.to_string()),
+        ));
+        rows.push(Row::new(
+            "restart: users listed as leaving",
+            x.left_users.to_string(),
         ));
     }
     if let Some(k) = &r.kill {

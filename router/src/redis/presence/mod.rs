@@ -145,15 +145,20 @@ impl Presence {
         self.stopped.load(Ordering::Relaxed)
     }
 
-    /// Stops beating, with this pod's liveness set `linger` ahead (at least
-    /// `pod_ttl`): its parts, written already, stay until then; then the
-    /// other pods clean them as a dead pod's ([`liveness`]). Nothing for a
-    /// pod that never beat (no presence namespace).
+    /// Stops beating, with this pod's liveness set `linger` and then
+    /// `pod_ttl` ahead: its parts, written already, stay as if it still
+    /// beat for `linger`, then go as a dead pod's do ([`liveness`]). The
+    /// `pod_ttl` after the linger is the margin of the last clients to come
+    /// back: one that resumes at the end of the linger is written by its
+    /// new pod at that pod's next interval, after a reconnect on a busy
+    /// machine; cleaning the part before that write would list it as a
+    /// leave and a join that never were. Nothing for a pod that never beat
+    /// (no presence namespace).
     pub async fn depart(&self, linger: Duration) -> Result<(), BrokerError> {
         if self.stopped.swap(true, Ordering::Relaxed) || !self.used {
             return Ok(());
         }
-        let linger = linger.max(self.context.settings.pod_ttl);
+        let linger = linger + self.context.settings.pod_ttl;
         liveness::extend(&self.context, linger).await
     }
 
