@@ -23,6 +23,8 @@
 //!   fan-out's direct writes to it, and the writer (replies, pings, and what
 //!   a socket did not take at once), which runs in the connection's task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
+//! - [`hooks`]: the application's backend, asked (connect, refresh,
+//!   subscribe, publish and rpc proxies) and told (webhooks).
 //! - [`presence`]: who is subscribed to a topic, across pods: this pod's
 //!   members, written to the broker, and the diffs its subscribers get.
 //! - [`frame`]: server frames, encoded once per publication.
@@ -58,6 +60,7 @@ pub mod disconnect;
 pub mod frame;
 pub mod grpc;
 pub mod history;
+pub mod hooks;
 pub mod http;
 pub mod hub;
 pub mod listener;

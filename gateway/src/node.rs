@@ -21,6 +21,7 @@ use crate::admission::Slots;
 use crate::auth::{AuthError, Verifier};
 use crate::budget::Budgets;
 use crate::config::{BrokerKind, Config};
+use crate::hooks::Hooks;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
@@ -184,7 +185,7 @@ impl Node {
         let api_keys = Arc::new(ApiKeys::new(&config.http));
         let drain = CancellationToken::new();
         let clock = Instant::now();
-        let writing = Arc::new(Writing::new(&config, metrics.clone(), drain.clone(), clock));
+        let writing = Arc::new(Writing::new(&config, metrics.clone(), clock));
         let config = Arc::new(config);
         let tasks = TaskTracker::new();
         let pod = Arc::new(Pod {
@@ -201,6 +202,7 @@ impl Node {
             flush_soon: flush_soon.clone(),
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
             presence: presence.clone(),
+            hooks: Arc::new(Hooks::new(&config.proxy, metrics.clone())),
         });
         let node = Arc::new(Self {
             config,

@@ -104,6 +104,8 @@ pub async fn serve(
                 let timeout = node.config.shutdown.drain_timeout;
                 tracing::info!(connections = node.metrics.connections.get(), ?timeout, "draining");
                 node.drain.cancel();
+                let advised = node.live.drain(timeout);
+                tracing::debug!(advised, "reconnect advice queued");
                 node.tasks.close();
                 drain_deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
             }

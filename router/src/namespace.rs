@@ -38,6 +38,12 @@ pub struct NamespaceSettings {
     pub join_leave: bool,
     /// Above this many members, diffs carry counts only; 0: never.
     pub presence_counts_only_above: u64,
+    /// Each client `sub` is approved by the backend's subscribe proxy
+    /// (`[proxy.subscribe]`), instead of the `subscribe` rule.
+    pub subscribe_proxy: bool,
+    /// Each client `pub` goes through the backend's publish proxy
+    /// (`[proxy.publish]`), instead of the `publish` rule.
+    pub publish_proxy: bool,
 }
 
 /// Who may subscribe to a namespace's topics from a WebSocket.
@@ -75,6 +81,8 @@ impl Default for NamespaceSettings {
             presence: false,
             join_leave: false,
             presence_counts_only_above: 0,
+            subscribe_proxy: false,
+            publish_proxy: false,
         }
     }
 }

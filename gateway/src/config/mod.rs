@@ -15,6 +15,7 @@
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
 //! - [`observability`]: `[log]` and `[telemetry]`;
 //! - [`presence`]: `[presence]`, who is subscribed to a topic;
+//! - [`hooks`]: `[proxy]` and `[webhooks]`, the application's backend;
 //! - [`validation`]: the checks before anything starts.
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ mod api;
 mod clients;
 mod defaults;
 mod drain;
+mod hooks;
 mod observability;
 mod presence;
 mod redis;
@@ -41,6 +43,7 @@ pub use clients::{
 };
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
+pub use hooks::{Endpoint, ProxyConfig, WebhooksConfig};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
@@ -68,6 +71,9 @@ pub struct Config {
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
     pub presence: PresenceConfig,
+    /// The application's backend, asked (proxies) and told (webhooks).
+    pub proxy: ProxyConfig,
+    pub webhooks: WebhooksConfig,
     /// Client tokens; without a key every client is anonymous (open mode).
     pub auth: AuthConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
@@ -101,6 +107,8 @@ impl Default for Config {
             log: LogConfig::default(),
             telemetry: TelemetryConfig::default(),
             presence: PresenceConfig::default(),
+            proxy: ProxyConfig::default(),
+            webhooks: WebhooksConfig::default(),
             auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
         }

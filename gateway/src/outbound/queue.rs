@@ -653,9 +653,7 @@ mod tests {
             Arc::new(super::super::Writing {
                 write_timeout: Duration::from_secs(5),
                 close_timeout: Duration::from_secs(2),
-                drain_timeout: Duration::from_secs(10),
                 metrics: Arc::new(Metrics::new()),
-                drain: tokio_util::sync::CancellationToken::new(),
                 clock: Instant::now(),
             }),
         );

@@ -4,8 +4,9 @@
 //! It wakes when its queue has something for it (a reply, a replay, the rest
 //! of what a socket did not take at once, a ping or pong, a close), takes all
 //! of it, and writes it with vectored writes, each batch under the write
-//! timeout. When the pod drains, it sends the `reconnect` advice and the 1012
-//! close.
+//! timeout. When the pod drains, the `reconnect` advice and the 1012 close
+//! come through its queue like any other frame
+//! ([`crate::session::Registry::drain`]).
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -13,45 +14,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use proto::ServerMessage;
-use rand::Rng;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::direct::{Deliveries, fill};
 use super::queue::{MAX_IOV, Outbound};
 use crate::config::Config;
 use crate::disconnect::CloseReason;
-use crate::frame;
 use crate::metrics::Metrics;
 
 /// What a writer needs of its pod, and no more: made once per pod.
 pub struct Writing {
     pub write_timeout: Duration,
     pub close_timeout: Duration,
-    /// The window `reconnect` advice spreads clients over when the pod drains.
-    pub drain_timeout: Duration,
     pub metrics: Arc<Metrics>,
-    /// Cancelled when the pod starts draining.
-    pub drain: CancellationToken,
     /// The zero of ping timestamps.
     pub clock: Instant,
 }
 
 impl Writing {
-    pub fn new(
-        config: &Config,
-        metrics: Arc<Metrics>,
-        drain: CancellationToken,
-        clock: Instant,
-    ) -> Self {
+    pub fn new(config: &Config, metrics: Arc<Metrics>, clock: Instant) -> Self {
         Self {
             write_timeout: config.websocket.write_timeout,
             close_timeout: config.websocket.close_timeout,
-            drain_timeout: config.shutdown.drain_timeout,
             metrics,
-            drain,
             clock,
         }
     }
@@ -61,30 +47,26 @@ impl Writing {
 /// stops the connection when it returns.
 ///
 /// A plain function that returns the writer's future, which holds what it
-/// is given once (an `async fn` would keep its arguments as well).
+/// is given once (an `async fn` would keep its arguments as well:
+/// rust-lang/rust#62958).
+#[allow(clippy::manual_async_fn)]
 pub fn run<W: AsyncWrite + Unpin>(
     mut io: W,
     out: Outbound,
     pod: Arc<Writing>,
 ) -> impl Future<Output = ()> {
-    // Watched through a child token of this connection's own, and both
-    // futures made once: polled on every wake-up, the pod-wide token's lock
-    // and waiter list would be shared by every writer on every core.
-    let drain = pod.drain.child_token();
     async move {
-        let mut draining = false;
+        // Made once: polled on every wake-up. The drain is not watched here
+        // (a token of its own would cost every idle connection an
+        // allocation and a waiter): the registry queues its advice
+        // (`Registry::drain`).
         let stopped = out.stopped();
-        let drained = drain.cancelled();
-        tokio::pin!(stopped, drained);
+        tokio::pin!(stopped);
         'connection: loop {
             tokio::select! {
                 biased;
                 _ = &mut stopped => break,
                 _ = out.ready() => {}
-                _ = &mut drained, if !draining => {
-                    draining = true;
-                    advise_reconnect(&out, pod.drain_timeout);
-                }
             }
             // Direct writes may add to the queue meanwhile without waking us.
             // The batch, and the write's future (with its timer), are made on
@@ -117,19 +99,6 @@ pub fn run<W: AsyncWrite + Unpin>(
         let _ = io.shutdown().await;
         out.stop();
     }
-}
-
-/// Queues `reconnect` with a random delay within the drain window, so that
-/// the clients of a draining pod do not all come back at the same instant,
-/// then the 1012 close.
-fn advise_reconnect(out: &Outbound, window: Duration) {
-    let window_ms = window.as_millis().max(1) as u64;
-    let after_ms = rand::thread_rng().gen_range(0..window_ms);
-    let advice = frame::message(&ServerMessage::Reconnect {
-        after_ms,
-        reason: "draining",
-    });
-    out.close_after(advice, CloseReason::Shutdown);
 }
 
 async fn write_timed<W: AsyncWrite + Unpin>(
@@ -182,6 +151,7 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame;
     use tokio::io::AsyncReadExt;
 
     use crate::config::{Limits, Overflow};
@@ -191,9 +161,7 @@ mod tests {
         Arc::new(Writing {
             write_timeout: Duration::from_secs(5),
             close_timeout: Duration::from_secs(2),
-            drain_timeout: Duration::from_secs(10),
             metrics: Arc::new(Metrics::new()),
-            drain: CancellationToken::new(),
             clock: Instant::now(),
         })
     }

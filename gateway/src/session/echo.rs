@@ -27,7 +27,6 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::parser::Parsed;
 use super::reader::Reader;
@@ -54,12 +53,7 @@ impl Echo {
             max_message_bytes: config.websocket.max_message_bytes,
             message_timeout: config.websocket.message_timeout,
             limits: config.queue_limits(),
-            writing: Arc::new(Writing::new(
-                config,
-                metrics,
-                CancellationToken::new(),
-                Instant::now(),
-            )),
+            writing: Arc::new(Writing::new(config, metrics, Instant::now())),
         })
     }
 

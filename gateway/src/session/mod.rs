@@ -71,6 +71,7 @@ use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Verifier};
 use crate::budget::{Account, Budgets};
 use crate::config::Config;
+use crate::hooks::Hooks;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Writing, writer};
@@ -105,6 +106,8 @@ pub struct Pod {
     /// Who is subscribed to the presence topics: subscriptions enter and
     /// leave it as they join and leave the hub.
     pub presence: Arc<Presence>,
+    /// The application's backend: proxies and webhooks.
+    pub hooks: Arc<Hooks>,
 }
 
 /// Serves an upgraded connection until it ends.

@@ -72,6 +72,9 @@ struct Live {
     /// each: here rather than in every session, which an idle connection
     /// would pay for (issue #16).
     commands: HashMap<Arc<str>, VecDeque<ServerSubscription>>,
+    /// Set when the pod drains: the window its `reconnect` advice spreads
+    /// clients over. A session registered after that is advised at once.
+    draining: Option<Duration>,
 }
 
 /// Server-side subscription commands a connection may have waiting: it
@@ -153,6 +156,11 @@ impl Registry {
             return Err(Unregistered::Disconnected);
         }
         let conn = session.conn;
+        if let Some(spread) = live.draining {
+            // Under the lock the drain advised the others under: no
+            // connection registers between the two unadvised.
+            advise(&session.out, spread, "draining", CloseReason::Shutdown);
+        }
         if let Some(before) = live.sessions.insert(id, session)
             && before.conn != conn
         {
@@ -196,7 +204,6 @@ impl Registry {
     /// Asks up to `count` sessions to reconnect elsewhere, each after a random
     /// delay within `spread`; returns how many were asked.
     pub fn ask_to_move(&self, count: usize, spread: Duration) -> usize {
-        let spread_ms = spread.as_millis().max(1) as u64;
         let mut asked = 0;
         for live in self.live().sessions.values() {
             if asked == count {
@@ -205,15 +212,32 @@ impl Registry {
             if live.out.is_closing() {
                 continue;
             }
-            let after_ms = rand::thread_rng().gen_range(0..spread_ms);
-            let advice = frame::message(&ServerMessage::Reconnect {
-                after_ms,
-                reason: "rebalance",
-            });
-            live.out.close_after(advice, CloseReason::Rebalance);
+            advise(&live.out, spread, "rebalance", CloseReason::Rebalance);
             asked += 1;
         }
         asked
+    }
+
+    /// The pod drains: every session's connection is sent `reconnect`
+    /// advice, each with a random delay within `spread` (so that they do
+    /// not all come back at once), and then the 1012 close; so is every
+    /// session registered from now on. Returns how many were advised.
+    ///
+    /// Here rather than in each connection's writer: a drain token watched
+    /// per connection cost every idle connection an allocation and a
+    /// waiter. A connection that has not said `hello` yet is advised when
+    /// it registers, or closed at its `hello` deadline.
+    pub fn drain(&self, spread: Duration) -> usize {
+        let mut live = self.live();
+        live.draining = Some(spread);
+        let mut advised = 0;
+        for session in live.sessions.values() {
+            if !session.out.is_closing() {
+                advise(&session.out, spread, "draining", CloseReason::Shutdown);
+                advised += 1;
+            }
+        }
+        advised
     }
 
     /// Saves every live session that changed since its last save, and
@@ -333,6 +357,15 @@ impl Registry {
         });
         closed
     }
+}
+
+/// Queues `reconnect` advice (come back after a random delay within
+/// `spread`, for `reason`) and then the close.
+fn advise(out: &Outbound, spread: Duration, reason: &'static str, close: CloseReason) {
+    let spread_ms = spread.as_millis().max(1) as u64;
+    let after_ms = rand::thread_rng().gen_range(0..spread_ms);
+    let advice = frame::message(&ServerMessage::Reconnect { after_ms, reason });
+    out.close_after(advice, close);
 }
 
 #[cfg(test)]

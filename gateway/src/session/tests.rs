@@ -21,7 +21,6 @@ use router::{
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::{Instant, timeout};
-use tokio_util::sync::CancellationToken;
 
 use super::handshake::{Origin, SubscribeError};
 use super::hello::Denied;
@@ -61,12 +60,7 @@ fn pod_with(config: Config, fault: Fault) -> (Arc<Pod>, Arc<Faulty>) {
         watches: AtomicI64::new(0),
         unwatched: Notify::new(),
     });
-    let writing = Writing::new(
-        &config,
-        metrics.clone(),
-        CancellationToken::new(),
-        Instant::now(),
-    );
+    let writing = Writing::new(&config, metrics.clone(), Instant::now());
     let hub = Arc::new(Hub::new(
         metrics.clone(),
         config.queue.frames,
@@ -90,6 +84,7 @@ fn pod_with(config: Config, fault: Fault) -> (Arc<Pod>, Arc<Faulty>) {
         writing: Arc::new(writing),
         flush_soon: None,
         budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
+        hooks: Arc::new(crate::hooks::Hooks::new(&config.proxy, metrics.clone())),
         metrics,
         config,
     });

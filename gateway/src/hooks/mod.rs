@@ -1,0 +1,234 @@
+//! Backend hooks (issue #24): the application's own backend decides who a
+//! client is and what it may do (the *proxies*), and is told what happens
+//! (the *webhooks*).
+//!
+//! - Proxies (`[proxy.connect]`, `[proxy.refresh]`, `[proxy.subscribe]`,
+//!   `[proxy.publish]`, `[proxy.rpc]`): each an HTTP JSON endpoint or a gRPC
+//!   `herald.v1.ProxyBackend` service, called with a bound on calls in
+//!   flight and a timeout; a refusal is the client's `err`, a failure is
+//!   `unavailable` and a metric. docs/hooks.md is the contract.
+//! - Webhooks (`[webhooks]`): events batched, signed and retried by one
+//!   sender per pod, from a bounded queue that never blocks delivery.
+//!
+//! The session asks [`Hooks`]; nothing here knows a session.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use router::Topic;
+use serde_json::value::RawValue;
+
+use crate::admission::ConnId;
+use crate::auth::Claims;
+use crate::config::ProxyConfig;
+use crate::metrics::Metrics;
+
+/// The pod's hooks: one per pod, shared by its sessions.
+pub struct Hooks {
+    config: ProxyConfig,
+    metrics: Arc<Metrics>,
+}
+
+/// The request headers a connect proxy is given: the allow-list's, as the
+/// client sent them (names lower-case). Kept from the upgrade to the
+/// `hello`, bounded ([`MAX_FORWARDED_HEADER_BYTES`]).
+pub type Forwarded = Box<[(Box<str>, Box<str>)]>;
+
+/// Most bytes of forwarded headers kept per connection until its `hello`.
+pub const MAX_FORWARDED_HEADER_BYTES: usize = 8 * 1024;
+
+/// A client's `hello` without a token, for the connect proxy.
+pub struct ConnectRequest<'a> {
+    pub client: ConnId,
+    pub remote_addr: IpAddr,
+    pub headers: &'a [(Box<str>, Box<str>)],
+    /// `hello.data`, verbatim.
+    pub data: Option<&'a RawValue>,
+}
+
+/// A proxy-authenticated connection nearing its `expires`.
+pub struct RefreshRequest<'a> {
+    pub client: ConnId,
+    pub user: &'a str,
+}
+
+/// A client's `sub` in a namespace with `subscribe_proxy = true`.
+pub struct SubscribeRequest<'a> {
+    pub client: ConnId,
+    /// `None`: anonymous.
+    pub user: Option<&'a str>,
+    pub topic: &'a Topic,
+    /// `sub.data`, verbatim.
+    pub data: Option<&'a RawValue>,
+}
+
+/// The backend approved a subscription.
+#[derive(Debug, Default)]
+pub struct SubscribeReply {
+    /// The member's `info` in this topic's presence (compact JSON object
+    /// text), instead of the token's.
+    pub info: Option<Bytes>,
+    /// Sent to the client in the `sub`'s `ok`.
+    pub data: Option<Box<RawValue>>,
+}
+
+/// A client's `pub` in a namespace with `publish_proxy = true`.
+pub struct PublishRequest<'a> {
+    pub client: ConnId,
+    pub user: Option<&'a str>,
+    pub topic: &'a Topic,
+    pub data: &'a RawValue,
+}
+
+/// What the backend made of a client's `pub`.
+#[derive(Debug)]
+pub enum PublishReply {
+    /// Publish the client's data.
+    AsIs,
+    /// Publish this instead.
+    Replace(Box<RawValue>),
+    /// Accepted, not published (the client's `ok` has no `seq`).
+    Skip,
+}
+
+/// A client's `rpc`.
+pub struct RpcRequest<'a> {
+    pub client: ConnId,
+    pub user: Option<&'a str>,
+    pub method: &'a str,
+    pub data: Option<&'a RawValue>,
+}
+
+/// The backend's answer to an `rpc`: the client's `ok.data`.
+#[derive(Debug, Default)]
+pub struct RpcReply {
+    pub data: Option<Box<RawValue>>,
+}
+
+/// Which proxy: a metric label, and the path's last part in docs/hooks.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Connect,
+    Refresh,
+    Subscribe,
+    Publish,
+    Rpc,
+}
+
+impl Kind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Refresh => "refresh",
+            Kind::Subscribe => "subscribe",
+            Kind::Publish => "publish",
+            Kind::Rpc => "rpc",
+        }
+    }
+}
+
+/// Why a proxy call did not approve.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// HTTP 401, gRPC `UNAUTHENTICATED`: the client's `unauthorized`.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// HTTP 403, gRPC `PERMISSION_DENIED`: the client's `forbidden`.
+    #[error("{0}")]
+    Forbidden(String),
+    /// An error the backend named (`{"error": {"code", "message"}}`), for
+    /// `rpc`, `sub` and `pub`: the client's `err` carries its code, which
+    /// is `[a-z][a-z0-9_]{0,31}` (anything else is taken as `forbidden`).
+    #[error("{message}")]
+    Refused { code: String, message: String },
+    /// No answer the pod can use: the client's `unavailable`.
+    #[error("the backend is unavailable ({0})")]
+    Unavailable(Failure),
+}
+
+/// Why a proxy gave no usable answer: a metric label each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The proxy is not configured.
+    #[error("not configured")]
+    NotConfigured,
+    /// `max_in_flight` calls were waiting already.
+    #[error("saturated")]
+    Saturated,
+    #[error("timeout")]
+    Timeout,
+    /// No connection to the backend.
+    #[error("connect")]
+    Connect,
+    /// An HTTP status or gRPC code other than the ones with a meaning.
+    #[error("status")]
+    Status,
+    /// A redirect (never followed).
+    #[error("redirect")]
+    Redirect,
+    /// Not `application/json`.
+    #[error("content_type")]
+    ContentType,
+    /// Over `proxy.max_response_bytes`.
+    #[error("too_large")]
+    TooLarge,
+    /// Not the reply its proxy answers with.
+    #[error("malformed")]
+    Malformed,
+}
+
+impl Hooks {
+    pub fn new(config: &ProxyConfig, metrics: Arc<Metrics>) -> Self {
+        Self {
+            config: config.clone(),
+            metrics,
+        }
+    }
+
+    /// Whether `hello` without a token goes to the connect proxy.
+    pub fn connects(&self) -> bool {
+        self.config.connect.is_some()
+    }
+
+    /// The request headers the connect proxy is given (lower-case names):
+    /// the upgrade keeps these, and only these, until `hello`.
+    pub fn forwarded_headers(&self) -> &[String] {
+        self.config
+            .connect
+            .as_ref()
+            .map_or(&[], |endpoint| &endpoint.headers[..])
+    }
+
+    /// Who the client is, by the connect proxy: the claims a token would
+    /// carry (`expires` from the reply's, if any).
+    pub async fn connect(&self, request: &ConnectRequest<'_>) -> Result<Claims, HookError> {
+        let _ = (request, &self.metrics);
+        Err(HookError::Unavailable(Failure::NotConfigured))
+    }
+
+    /// The connection's user again, by the refresh proxy: its new claims
+    /// (the same user).
+    pub async fn refresh(&self, request: &RefreshRequest<'_>) -> Result<Claims, HookError> {
+        let _ = request;
+        Err(HookError::Unavailable(Failure::NotConfigured))
+    }
+
+    pub async fn subscribe(
+        &self,
+        request: &SubscribeRequest<'_>,
+    ) -> Result<SubscribeReply, HookError> {
+        let _ = request;
+        Err(HookError::Unavailable(Failure::NotConfigured))
+    }
+
+    pub async fn publish(&self, request: &PublishRequest<'_>) -> Result<PublishReply, HookError> {
+        let _ = request;
+        Err(HookError::Unavailable(Failure::NotConfigured))
+    }
+
+    pub async fn rpc(&self, request: &RpcRequest<'_>) -> Result<RpcReply, HookError> {
+        let _ = request;
+        Err(HookError::Unavailable(Failure::NotConfigured))
+    }
+}
