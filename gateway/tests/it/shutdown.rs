@@ -3,7 +3,8 @@
 //! `reconnect` after a random delay within the drain window (so that they do
 //! not all come back at once) and is closed with 1012; the process exits 0 as
 //! soon as they are gone, and never much later than `shutdown.drain_timeout`,
-//! whatever its clients do.
+//! whatever its clients do. A client that says `hello` once the drain began
+//! is advised as it registers.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -239,4 +240,28 @@ async fn a_half_sent_handshake_does_not_hold_the_process() {
     });
     assert_eq!(status.code(), Some(0), "exit status {status}");
     drop(stalled);
+}
+
+#[tokio::test]
+async fn a_client_that_says_hello_once_the_drain_began_is_advised_too() {
+    let mut herald = Herald::start(HERALD, &[DRAIN_ENV], &[]).await;
+    // Upgraded before the signal, silent until the pod drains.
+    let mut late = Client::connect_url(&herald.ws_url()).await;
+    let early = subscriber(&herald).await;
+
+    herald.sigterm();
+    refuses_while_draining(herald.addr).await;
+    late.send(serde_json::json!({"op": "hello"})).await;
+    let welcome = late.expect("welcome").await;
+    assert!(welcome["session"].is_string(), "{welcome}");
+
+    for (after_ms, code) in join_all([drained(early), drained(late)]).await {
+        assert!(after_ms < DRAIN.as_millis() as u64, "after_ms {after_ms}");
+        assert_eq!(code, Some(1012), "closed with 1012 (service restart)");
+    }
+    let status = herald
+        .wait_exit(DRAIN + MARGIN)
+        .await
+        .unwrap_or_else(|| panic!("herald still running {:?} after SIGTERM", DRAIN + MARGIN));
+    assert_eq!(status.code(), Some(0), "exit status {status}");
 }
