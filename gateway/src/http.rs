@@ -180,8 +180,10 @@ pub async fn history(req: &Request<Incoming>, node: &Node) -> Response<Body> {
     if let Err(e) = authorize(req, node) {
         return refused(&e);
     }
-    let asked = history_query(req.uri().query().unwrap_or(""))
-        .and_then(|(topic, query)| Ok((publish::topic(&topic)?, query)));
+    let asked = query(req).and_then(|pairs| {
+        let (topic, query) = history_query(&pairs)?;
+        Ok((publish::topic(topic)?, query))
+    });
     let (topic, query) = match asked {
         Ok(asked) => asked,
         Err(e) => {
@@ -222,35 +224,36 @@ pub async fn history(req: &Request<Incoming>, node: &Node) -> Response<Body> {
 }
 
 /// The parameters of `GET /v1/history`: the topic's name, and the query.
-fn history_query(query: &str) -> Result<(String, history::Query), ApiError> {
-    let malformed = |key: &str, value: &str| {
-        ApiError::invalid(
-            ErrorCode::Malformed,
-            format!("`{key}` is not valid: `{value}`"),
-        )
-    };
-    let mut topic = None;
-    let mut asked = history::Query::default();
-    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
-        match &*key {
-            "topic" => topic = Some(value.into_owned()),
-            "since" => asked.since = Some(value.parse().map_err(|_| malformed(&key, &value))?),
-            "epoch" => asked.epoch = Some(value.into_owned()),
-            "limit" => asked.limit = Some(value.parse().map_err(|_| malformed(&key, &value))?),
-            "reverse" => {
-                asked.reverse = match &*value {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => return Err(malformed(&key, &value)),
-                }
-            }
-            // As a JSON body's unknown keys: ignored.
-            _ => {}
-        }
+fn history_query(pairs: &[(String, String)]) -> Result<(&str, history::Query), ApiError> {
+    fn number(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, ApiError> {
+        param(pairs, key)
+            .map(|value| {
+                value.parse().map_err(|_| {
+                    ApiError::invalid(
+                        ErrorCode::Malformed,
+                        format!("`{key}` is not valid: `{value}`"),
+                    )
+                })
+            })
+            .transpose()
     }
-    let topic =
-        topic.ok_or_else(|| ApiError::invalid(ErrorCode::MissingField, "`topic` is required"))?;
-    Ok((topic, asked))
+    let reverse = match param(pairs, "reverse") {
+        None | Some("false" | "0") => false,
+        Some("true" | "1") => true,
+        Some(value) => {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                format!("`reverse` is not valid: `{value}`"),
+            ));
+        }
+    };
+    let asked = history::Query {
+        since: number(pairs, "since")?,
+        epoch: param(pairs, "epoch").map(str::to_owned),
+        limit: number(pairs, "limit")?,
+        reverse,
+    };
+    Ok((required(pairs, "topic")?, asked))
 }
 
 /// `POST /v1/subscribe` with `{"user":"alice","topic":"news","since":40?,
@@ -294,7 +297,8 @@ pub async fn subscription(req: Request<Incoming>, node: &Node, subscribe: bool) 
 }
 
 /// The query parameters of a GET: each once at most (a repeated one is
-/// refused, not guessed at).
+/// refused, not guessed at); unknown ones are ignored, as a JSON body's
+/// unknown keys are.
 fn query(req: &Request<Incoming>) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> =
         form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())

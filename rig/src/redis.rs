@@ -46,6 +46,10 @@ pub struct Redis {
     dir: PathBuf,
     /// Whether `dir` goes on drop.
     scratch: bool,
+    /// While stopped: its port, bound (not listening, so connecting is still
+    /// refused), so that no other test's process takes it before the
+    /// restart.
+    held: Option<tokio::net::TcpSocket>,
 }
 
 /// The files of a TLS server (`--port 0`, TLS only): its certificate and
@@ -88,6 +92,7 @@ impl Redis {
             tls: None,
             dir,
             scratch: false,
+            held: None,
         };
         if let Some(port) = port {
             redis.port = port;
@@ -115,6 +120,7 @@ impl Redis {
             tls,
             dir: PathBuf::new(),
             scratch: true,
+            held: None,
         };
         let mut last = None;
         for _ in 0..ATTEMPTS {
@@ -234,6 +240,7 @@ impl Redis {
 
     /// Starts the server again on its port, which it must get back.
     async fn respawn(&mut self) -> Result<(), Error> {
+        self.held = None;
         match self.spawn().await {
             Err(Error::Exited { status, log, .. }) => Err(state(format!(
                 "redis-server could not come back on port {} ({status}): another process took \
@@ -309,6 +316,9 @@ impl Redis {
     /// survives).
     pub fn stop(&mut self) {
         process::kill(&mut self.child);
+        if self.held.is_none() {
+            self.held = hold(self.port);
+        }
     }
 
     /// Stops and starts again on the same port and directory, with the
@@ -397,4 +407,18 @@ fn workdir(port: u16) -> Result<PathBuf, Error> {
     ));
     std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
     Ok(dir)
+}
+
+/// A socket bound to `port` on loopback and not listening: a connection to
+/// it is refused, as to a port nobody holds, but no other process can bind
+/// it (a free port is found by binding port 0, which skips bound ones).
+/// `SO_REUSEADDR`: the stopped server's connections may linger in
+/// `TIME_WAIT`. `None` if the port is taken already.
+fn hold(port: u16) -> Option<tokio::net::TcpSocket> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.set_reuseaddr(true).ok()?;
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .ok()?;
+    Some(socket)
 }

@@ -36,6 +36,10 @@ pub struct Members {
     /// Connections that ended abnormally, kept until their deadline or
     /// their session's resume.
     lingering: HashMap<ConnId, Lingering>,
+    /// The lingering connections of each session: every pod is told of
+    /// every resume, thousands at once in a rolling restart, and each must
+    /// find its own without a scan.
+    by_session: HashMap<Arc<str>, Vec<ConnId>>,
 }
 
 struct Lingering {
@@ -135,7 +139,7 @@ impl Members {
             topics.remove(topic);
             if topics.is_empty() {
                 self.by_conn.remove(&conn);
-                self.lingering.remove(&conn);
+                unlinger(&mut self.lingering, &mut self.by_session, conn);
             }
         }
         let Some(user) = user else {
@@ -164,6 +168,10 @@ impl Members {
         if !self.by_conn.contains_key(&conn) {
             return false;
         }
+        let conns = self.by_session.entry(session.clone()).or_default();
+        if !conns.contains(&conn) {
+            conns.push(conn);
+        }
         self.lingering.insert(conn, Lingering { session, until });
         true
     }
@@ -172,13 +180,7 @@ impl Members {
     /// already): its lingering connections go, without their users leaving
     /// where the new connection holds them.
     pub fn resumed(&mut self, session: &str) {
-        let conns: Vec<ConnId> = self
-            .lingering
-            .iter()
-            .filter(|(_, l)| &*l.session == session)
-            .map(|(conn, _)| *conn)
-            .collect();
-        for conn in conns {
+        for conn in self.by_session.remove(session).unwrap_or_default() {
             self.drop_conn(conn);
         }
     }
@@ -187,8 +189,8 @@ impl Members {
     /// by `until` (once that pod has written the new connection's
     /// memberships: then its users never leave).
     pub fn resumed_elsewhere(&mut self, session: &str, until: Instant) {
-        for lingering in self.lingering.values_mut() {
-            if &*lingering.session == session {
+        for conn in self.by_session.get(session).into_iter().flatten() {
+            if let Some(lingering) = self.lingering.get_mut(conn) {
                 lingering.until = lingering.until.min(until);
             }
         }
@@ -232,7 +234,7 @@ impl Members {
     }
 
     fn drop_conn(&mut self, conn: ConnId) {
-        self.lingering.remove(&conn);
+        unlinger(&mut self.lingering, &mut self.by_session, conn);
         let topics: Vec<Topic> = self
             .by_conn
             .get(&conn)
@@ -299,6 +301,24 @@ impl Members {
     /// Distinct users over every topic (a user in two topics counts twice).
     pub fn count(&self) -> usize {
         self.rooms.values().map(|room| room.users.len()).sum()
+    }
+}
+
+/// `conn` lingers no more. (Of the two maps, not of [`Members`]: its caller
+/// may hold one of its rooms.)
+fn unlinger(
+    lingering: &mut HashMap<ConnId, Lingering>,
+    by_session: &mut HashMap<Arc<str>, Vec<ConnId>>,
+    conn: ConnId,
+) {
+    let Some(gone) = lingering.remove(&conn) else {
+        return;
+    };
+    if let Some(conns) = by_session.get_mut(&gone.session) {
+        conns.retain(|&c| c != conn);
+        if conns.is_empty() {
+            by_session.remove(&gone.session);
+        }
     }
 }
 
@@ -374,6 +394,38 @@ mod tests {
         assert_eq!(members.expire(now), 0);
         assert_eq!(members.expire(now + Duration::from_secs(5)), 1);
         assert_eq!(members.take_update(&a).expect("a").removed.len(), 1);
+    }
+
+    #[test]
+    fn a_resume_lets_go_of_its_own_session_only() {
+        let mut members = Members::default();
+        let a = topic("room:a");
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        for (conn, name) in [(1, "alice"), (2, "bob"), (3, "carol")] {
+            members.enter(&a, conn, &user(name));
+            members.linger(conn, Arc::from(format!("s{conn}")), later);
+        }
+        members.take_update(&a);
+        // Bob moved to another pod: his connection here goes at `soon`.
+        let soon = now + Duration::from_secs(5);
+        members.resumed_elsewhere("s2", soon);
+        members.resumed("s1");
+        assert_eq!(
+            members.take_update(&a).expect("a").removed,
+            [Arc::from("alice")]
+        );
+        assert_eq!(members.expire(soon), 1);
+        assert_eq!(
+            members.take_update(&a).expect("a").removed,
+            [Arc::from("bob")]
+        );
+        assert_eq!(
+            members.expire(later),
+            1,
+            "carol lingers to her window's end"
+        );
+        assert!(members.lingering.is_empty() && members.by_session.is_empty());
     }
 
     #[test]

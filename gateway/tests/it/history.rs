@@ -133,6 +133,8 @@ async fn a_since_out_of_the_window_is_refused_whole_with_the_position() {
         ("topic=short:a&limit=1001", "malformed"),
         ("topic=short:a&since=x", "malformed"),
         ("topic=short:a&reverse=maybe", "malformed"),
+        // A repeated key is refused, as presence's are, not guessed at.
+        ("topic=short:a&limit=1&limit=2", "malformed"),
         ("topic=nope:a", "unknown_namespace"),
         ("topic=bad%20topic", "bad_topic"),
         ("since=1", "missing_field"),
