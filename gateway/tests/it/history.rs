@@ -159,7 +159,7 @@ async fn a_since_out_of_the_window_is_refused_whole_with_the_position() {
     let refused = gw
         .metric(r#"herald_history_reads_total{outcome="refused"}"#)
         .await;
-    assert_eq!(refused, 6.0);
+    assert_eq!(refused, 7.0);
 
     // gRPC: the same reads, the same refusals.
     let mut grpc = testkit::grpc_client(gw.grpc_addr).await;
