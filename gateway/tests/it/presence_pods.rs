@@ -3,14 +3,21 @@
 //! joins once and leaves once; either pod answers a page with everyone;
 //! a pod killed with `kill -9` has its members removed by another, each a
 //! leave, within `presence.pod_ttl` and a scan (the documented bound).
+//! Through Sentinel, presence outlives a failover.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testkit::sentinel::{MASTER_NAME, SentinelGroup};
 use testkit::{Herald, Redis, RedisCluster, WAIT, eventually};
 
 use crate::pod::HERALD;
 use crate::presence::{SECRET, ask, connect, diffs_until, hello, joins, leaves, sub, users};
+
+/// Longest the pods may take to answer again after the master died: the
+/// sentinels' detection, agreement and promotion, and the pods' next
+/// attempt and beat.
+const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 
 /// A pod's variables: tokens checked (anonymous clients let in), presence
 /// in `room` (with diffs), a short diff interval, and `extra`.
@@ -229,4 +236,48 @@ async fn a_user_who_moved_to_another_pod_and_then_leaves_there_leaves_at_once() 
     assert_eq!(joined, 1, "no join again on the resume: {seen:?}");
     let page = ask(&mut watcher, 9, json!({"topic": "room:4"})).await;
     assert_eq!(users(&page), Vec::<String>::new(), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_pods_share_presence_and_keep_it_over_a_failover() {
+    let mut group = SentinelGroup::start().await;
+    let addresses = group.addresses().join(",");
+    let env = env(&[
+        ("HERALD_REDIS__SENTINEL__MASTER_NAME", MASTER_NAME),
+        ("HERALD_REDIS__SENTINEL__ADDRESSES", addresses.as_str()),
+        // Each pod writes its presence again where the new master lacks it:
+        // within a beat.
+        ("HERALD_PRESENCE__POD_TTL", "2s"),
+    ]);
+    // Host and port are not used: the sentinels say where the master is.
+    let a = Herald::pod(HERALD, "redis://127.0.0.1", &env).await;
+    let b = Herald::pod(HERALD, "redis://127.0.0.1", &env).await;
+    let (mut alice, _) = connect(&a.ws_url(), Some("alice")).await;
+    sub(&mut alice, 1, "room:s").await;
+    let (mut bob, _) = connect(&b.ws_url(), Some("bob")).await;
+    sub(&mut bob, 1, "room:s").await;
+    everyone(&mut alice, 10).await;
+    everyone(&mut bob, 11).await;
+
+    // The master dies; the sentinels promote its replica. Whatever the
+    // replica had not received yet, each pod writes again.
+    let old = group.master.port;
+    group.master.stop();
+    let promoted = group.wait_for_failover(old, FAILOVER_WAIT).await;
+    assert_eq!(promoted, group.replica.port);
+    let (mut carol, _) = connect(&b.ws_url(), None).await;
+    everyone(&mut carol, 12).await;
+}
+
+/// Waits until `client`'s pod lists alice and bob in `room:s`.
+async fn everyone(client: &mut testkit::Client, id: u64) {
+    let deadline = Instant::now() + FAILOVER_WAIT;
+    loop {
+        let page = ask(client, id, json!({"topic": "room:s"})).await;
+        if users(&page) == ["alice", "bob"] {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

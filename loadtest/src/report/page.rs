@@ -99,7 +99,10 @@ fn notes(results: &Results) -> String {
   socket 0.26 KiB; the session's shared state 0.24 KiB; the drain token 0.11 KiB; ids 0.1 KiB; the
   socket's halves 0.05 KiB; malloc's own headers make up the rest of the RSS. Before issue #16 the
   reader and the writer were two tasks (3.0 KiB and 0.7 KiB of future) with a second timer for
-  pings, three more cancellation tokens, and an emptied queue kept its buffer: 6.7 KiB here.
+  pings, three more cancellation tokens, and an emptied queue kept its buffer: 6.7 KiB here. Since
+  that count: issue #23's server-side commands added 72 B to the task, and the drain's advice moved
+  from a token watched per connection to the registry, which took the drain token and 96 B of the
+  task away (its future is 1,584 B: `cargo test -p gateway --lib sizes -- --nocapture`).
 - **slow, healthy p99 within 10%.** Within the run-to-run spread of the fan-out itself. At 1 KiB ×
   40 rounds the slow client is never closed, because the kernel buffers all it is sent; the
   large-frame run shows the close.
