@@ -43,7 +43,10 @@ pub use clients::{
 };
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
-pub use hooks::{Endpoint, ProxyConfig, WebhooksConfig};
+pub use hooks::{
+    DEFAULT_PROXY_MAX_IN_FLIGHT, DEFAULT_PROXY_MAX_RESPONSE_BYTES, Endpoint, ProxyConfig, Scheme,
+    UrlError, WebhooksConfig,
+};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
