@@ -63,7 +63,10 @@ pub(super) fn denied(status: Status) -> Denied {
     match status.code() {
         Code::Unauthenticated => Denied::Refusal(HookError::Unauthorized(message)),
         Code::PermissionDenied => Denied::Refusal(HookError::Forbidden(message)),
-        Code::DeadlineExceeded => Denied::failed(Failure::Timeout, status),
+        // The deadline Herald sent (`grpc-timeout`) passed: servers answer
+        // either (tonic's: `CANCELLED`), maybe a moment before Herald's own
+        // timer fires.
+        Code::DeadlineExceeded | Code::Cancelled => Denied::failed(Failure::Timeout, status),
         Code::OutOfRange if message.starts_with(TOO_LARGE) => {
             Denied::failed(Failure::TooLarge, status)
         }
