@@ -737,3 +737,58 @@ fn good_proxy_settings_load() {
         (Scheme::Grpc, "http://backend:50051/")
     );
 }
+
+/// An HTTP backend written by hand, for answers testkit's does not give:
+/// a chunked body that never ends (`endless`), or headers and then
+/// nothing (`stall`). Its tasks end with the returned set.
+async fn raw_backend(endless: bool) -> (std::net::SocketAddr, tokio::task::JoinSet<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let mut request = [0; 4096];
+        let _ = stream.read(&mut request).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                    transfer-encoding: chunked\r\n\r\n";
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let chunk = format!("2000\r\n{}\r\n", " ".repeat(0x2000));
+        if !endless {
+            let _ = stream.write_all(b"1\r\n{\r\n").await;
+            std::future::pending::<()>().await;
+        }
+        // Until the client hangs up (it must).
+        while stream.write_all(chunk.as_bytes()).await.is_ok() {}
+    });
+    (addr, tasks)
+}
+
+#[tokio::test]
+async fn an_endless_answer_is_cut_at_max_response_bytes_and_a_stalled_one_times_out() {
+    for (endless, timeout, failure) in [
+        (true, WAIT, Failure::TooLarge),
+        (false, Duration::from_millis(300), Failure::Timeout),
+    ] {
+        let (addr, _backend) = raw_backend(endless).await;
+        let config = ProxyConfig {
+            rpc: Some(Endpoint {
+                url: format!("http://{addr}/rpc"),
+                timeout,
+                headers: Vec::new(),
+            }),
+            ..ProxyConfig::default()
+        };
+        let (hooks, metrics) = hooks(&config);
+        let failed = tokio::time::timeout(WAIT, rpc(&hooks, None)).await.unwrap();
+        assert!(
+            matches!(failed, Err(HookError::Unavailable(f)) if f == failure),
+            "{failed:?}"
+        );
+        assert_eq!(failures(&metrics, "rpc", failure.as_str()), 1);
+    }
+}
