@@ -688,10 +688,10 @@ fn bad_proxy_settings_are_refused_naming_their_key() {
         ),
         (
             vec![
-                ("HERALD_PROXY__RPC__URL", "http://x/r"),
-                ("HERALD_PROXY__RPC__HEADERS", "cookie"),
+                (url, "http://x/c"),
+                ("HERALD_PROXY__CONNECT__HEADERS", "Cookie,Bad Name"),
             ],
-            "proxy.rpc.headers",
+            "proxy.connect.headers",
         ),
         (
             vec![("HERALD_PROXY__MAX_IN_FLIGHT", "0")],
@@ -713,6 +713,17 @@ fn bad_proxy_settings_are_refused_naming_their_key() {
         let error = refused_key(&vars);
         assert!(error.contains(key), "{vars:?}: {error}");
     }
+}
+
+#[test]
+fn only_the_connect_proxy_forwards_headers() {
+    let path = std::env::temp_dir().join(format!("herald-hooks-test-{}.toml", std::process::id()));
+    let toml = "[proxy.rpc]\nurl = \"http://x/rpc\"\nheaders = [\"Cookie\"]\n";
+    std::fs::write(&path, toml).unwrap();
+    let loaded = Config::load(Some(&path), std::iter::empty());
+    let _ = std::fs::remove_file(&path);
+    let error = loaded.unwrap_err().to_string();
+    assert!(error.contains("proxy.rpc.headers"), "{error}");
 }
 
 #[test]
@@ -791,4 +802,24 @@ async fn an_endless_answer_is_cut_at_max_response_bytes_and_a_stalled_one_times_
         );
         assert_eq!(failures(&metrics, "rpc", failure.as_str()), 1);
     }
+}
+
+#[tokio::test]
+async fn a_pod_starts_with_proxies_whose_backends_are_down() {
+    let env = [
+        ("HERALD_PROXY__CONNECT__URL", "http://127.0.0.1:1/connect"),
+        ("HERALD_PROXY__CONNECT__HEADERS", "Cookie"),
+        ("HERALD_PROXY__RPC__URL", "grpc://127.0.0.1:1"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let config = Config::load(None, env).unwrap();
+    let node = crate::node::Node::start(config).await.unwrap();
+    let hooks = &node.pod.hooks;
+    assert!(hooks.connects());
+    assert_eq!(hooks.forwarded_headers(), ["cookie"]);
+    let failed = rpc(hooks, None).await;
+    assert!(
+        matches!(failed, Err(HookError::Unavailable(Failure::Connect))),
+        "{failed:?}"
+    );
 }
