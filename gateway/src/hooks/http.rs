@@ -14,7 +14,7 @@ use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT};
 use hyper::{Request, Response, StatusCode, Uri, body::Incoming};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{self, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::value::RawValue;
@@ -22,6 +22,9 @@ use serde_json::value::RawValue;
 use super::call::Denied;
 use super::{Failure, HookError};
 use crate::telemetry;
+
+/// How long an idle connection to a backend is kept for the next call.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Longest message of a 401 or 403 kept for the client, in bytes.
 const MAX_MESSAGE_BYTES: usize = 512;
@@ -36,7 +39,14 @@ pub(super) enum Client {
 
 impl Client {
     pub(super) fn new(https: bool) -> Result<Self, std::io::Error> {
-        let builder = legacy::Client::builder(TokioExecutor::new());
+        let mut builder = legacy::Client::builder(TokioExecutor::new());
+        // An idle connection is let go before common backends close theirs
+        // (Node's 5 s): a request sent just as the server closes it would
+        // fail, and is not retried (a publish or rpc is not idempotent).
+        // Calls more often than this keep one connection.
+        builder
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new());
         let mut connector = HttpConnector::new();
         // Small requests and answers, waited on by a client: no Nagle delay.
         connector.set_nodelay(true);
