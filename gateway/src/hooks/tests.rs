@@ -803,23 +803,3 @@ async fn an_endless_answer_is_cut_at_max_response_bytes_and_a_stalled_one_times_
         assert_eq!(failures(&metrics, "rpc", failure.as_str()), 1);
     }
 }
-
-#[tokio::test]
-async fn a_pod_starts_with_proxies_whose_backends_are_down() {
-    let env = [
-        ("HERALD_PROXY__CONNECT__URL", "http://127.0.0.1:1/connect"),
-        ("HERALD_PROXY__CONNECT__HEADERS", "Cookie"),
-        ("HERALD_PROXY__RPC__URL", "grpc://127.0.0.1:1"),
-    ]
-    .map(|(k, v)| (k.to_owned(), v.to_owned()));
-    let config = Config::load(None, env).unwrap();
-    let node = crate::node::Node::start(config).await.unwrap();
-    let hooks = &node.pod.hooks;
-    assert!(hooks.connects());
-    assert_eq!(hooks.forwarded_headers(), ["cookie"]);
-    let failed = rpc(hooks, None).await;
-    assert!(
-        matches!(failed, Err(HookError::Unavailable(Failure::Connect))),
-        "{failed:?}"
-    );
-}
