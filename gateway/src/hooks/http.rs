@@ -20,14 +20,11 @@ use serde::ser::SerializeMap;
 use serde_json::value::RawValue;
 
 use super::call::Denied;
-use super::{Failure, HookError};
+use super::{Failure, HookError, reply};
 use crate::telemetry;
 
 /// How long an idle connection to a backend is kept for the next call.
 const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
-
-/// Longest message of a 401 or 403 kept for the client, in bytes.
-const MAX_MESSAGE_BYTES: usize = 512;
 
 /// The pod's HTTP client for every HTTP proxy: plain, or with rustls for
 /// `https://` (and `http://`) where some proxy's URL is `https://` (so a pod
@@ -178,17 +175,10 @@ async fn message(response: Response<Incoming>, max_bytes: usize) -> String {
     let Ok(body) = read(response, max_bytes).await else {
         return String::new();
     };
-    let Ok(Body { mut message }) = serde_json::from_slice::<Body>(&body) else {
-        return String::new();
-    };
-    if message.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
+    match serde_json::from_slice::<Body>(&body) {
+        Ok(Body { message }) => reply::bounded(message),
+        Err(_) => String::new(),
     }
-    message
 }
 
 /// An error with its causes, for the log (hyper's say little alone:
