@@ -49,6 +49,7 @@ mod control;
 mod history;
 mod lineage;
 mod pages;
+mod occupancy;
 mod presence;
 mod publisher;
 mod pubsub;
