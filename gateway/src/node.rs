@@ -22,7 +22,6 @@ use crate::auth::{AuthError, Verifier};
 use crate::budget::Budgets;
 use crate::config::{BrokerKind, Config};
 use crate::hooks::Hooks;
-use crate::webhooks::{Event as WebhookEvent, Type as WebhookType, Webhooks};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
@@ -30,6 +29,7 @@ use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry, Replays};
+use crate::webhooks::{Event as WebhookEvent, Type as WebhookType, Webhooks};
 
 pub struct Node {
     pub config: Arc<Config>,

@@ -36,7 +36,6 @@ fn default_timeout() -> Duration {
     Duration::from_secs(1)
 }
 
-
 /// The event types a `[webhooks]` backend can be sent.
 pub const WEBHOOK_EVENT_TYPES: [&str; 7] = [
     "topic.occupied",

@@ -17,15 +17,21 @@ pub mod event;
 pub mod queue;
 pub mod sender;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use event::{Event, Type};
 use event::Stamped;
+pub use event::{Event, Type};
 use queue::Queue;
 
+use bytes::Bytes;
+use router::{Position, Topic};
+
+use crate::admission::ConnId;
 use crate::config::WebhooksConfig;
+use crate::disconnect::CloseReason;
 use crate::metrics::Metrics;
 
 /// The pod's webhooks: off (nothing wanted) unless `[webhooks] url` is set.
@@ -94,5 +100,60 @@ impl Webhooks {
             .map_or(0, |d| d.as_millis() as u64);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let _ = queue.push(Stamped { id, time, event });
+    }
+}
+
+/// What the session tells, each a line at its call site: the event is
+/// built only when its type is wanted.
+impl Webhooks {
+    /// A connection's `hello` succeeded (`connection.open`).
+    pub fn opened(&self, client: ConnId, user: Option<&Arc<str>>, remote_addr: IpAddr) {
+        if self.wants(Type::Open) {
+            self.emit(Event::Open {
+                client,
+                user: user.cloned(),
+                remote_addr,
+            });
+        }
+    }
+
+    /// A connection that had said `hello` ended (`connection.close`): its
+    /// close code (1006 where none was sent: the connection was lost or
+    /// the client closed) and reason.
+    pub fn closed(&self, client: ConnId, user: Option<&Arc<str>>, reason: CloseReason) {
+        if self.wants(Type::Close) {
+            self.emit(Event::Close {
+                client,
+                user: user.cloned(),
+                code: reason.code().unwrap_or(1006),
+                reason: reason.as_str(),
+            });
+        }
+    }
+
+    /// What [`Webhooks::published`] needs of a client's `pub`'s data,
+    /// kept only when `client.publish` is wanted.
+    pub fn keep_data(&self, data: &Bytes) -> Option<Bytes> {
+        self.wants(Type::Publish).then(|| data.clone())
+    }
+
+    /// A client's `pub` was published (`client.publish`); `data` from
+    /// [`Webhooks::keep_data`].
+    pub fn published(
+        &self,
+        topic: &Topic,
+        user: Option<&Arc<str>>,
+        position: &Position,
+        data: Option<Bytes>,
+    ) {
+        if let Some(data) = data {
+            self.emit(Event::Publish {
+                topic: topic.clone(),
+                user: user.cloned(),
+                seq: position.seq,
+                epoch: position.epoch.clone(),
+                data,
+            });
+        }
     }
 }

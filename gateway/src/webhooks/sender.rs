@@ -93,7 +93,10 @@ impl Sender {
         instance: Arc<str>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
-        let url: Uri = config.url.parse().map_err(|e| format!("webhooks.url: {e}"))?;
+        let url: Uri = config
+            .url
+            .parse()
+            .map_err(|e| format!("webhooks.url: {e}"))?;
         let secret = config.secret()?;
         let builder = Client::builder(TokioExecutor::new());
         let http = if url.scheme_str() == Some("https") {

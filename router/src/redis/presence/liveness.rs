@@ -30,9 +30,9 @@ use redis::Value;
 use super::encoding::decode_field;
 use super::scripts::{BEAT, FORGET, WRITE};
 use super::{Context, Presence};
-use crate::redis::occupancy::Occupancy;
 use crate::redis::call::{timed, unreadable};
 use crate::redis::millis;
+use crate::redis::occupancy::Occupancy;
 use crate::{BrokerError, Causes, Topic};
 
 /// How often a pod beats: a fifth of `pod_ttl`, at least every 10 ms.
