@@ -304,3 +304,80 @@ async fn a_full_queue_drops_and_counts_without_holding_up_delivery() {
         3.0
     );
 }
+
+/// `[webhooks]` from `HERALD_*` variables, over the required ones.
+fn load(vars: &[(&str, &str)]) -> Result<gateway::config::Config, gateway::config::ConfigError> {
+    let mut all: Vec<(String, String)> = vec![
+        (
+            "HERALD_WEBHOOKS__URL".into(),
+            "http://127.0.0.1:9/events".into(),
+        ),
+        ("HERALD_WEBHOOKS__SECRET".into(), "s".into()),
+    ];
+    for (k, v) in vars {
+        all.retain(|(key, _)| key != k);
+        all.push(((*k).into(), (*v).into()));
+    }
+    gateway::config::Config::load(None, all)
+}
+
+#[track_caller]
+fn refused(vars: &[(&str, &str)], key: &str) {
+    match load(vars) {
+        Ok(_) => panic!("expected a refusal naming `{key}`"),
+        Err(e) => assert!(e.to_string().contains(key), "the error names `{key}`: {e}"),
+    }
+}
+
+#[test]
+fn webhooks_settings_are_checked_at_start_naming_the_key() {
+    let config = load(&[]).expect("url and secret are enough");
+    let webhooks = &config.webhooks;
+    assert_eq!(
+        webhooks.events,
+        [
+            "topic.occupied",
+            "topic.vacated",
+            "presence.join",
+            "presence.leave"
+        ]
+    );
+    assert_eq!((webhooks.batch_size, webhooks.queue), (100, 10_000));
+    assert_eq!(webhooks.retry_for, Duration::from_secs(60));
+    refused(&[("HERALD_WEBHOOKS__SECRET", "")], "webhooks.secret");
+    refused(&[("HERALD_WEBHOOKS__URL", "ftp://x/y")], "webhooks.url");
+    refused(
+        &[("HERALD_WEBHOOKS__EVENTS", "topic.occupied,room.burned")],
+        "webhooks.events",
+    );
+    refused(
+        &[("HERALD_WEBHOOKS__BATCH_SIZE", "0")],
+        "webhooks.batch_size",
+    );
+    refused(&[("HERALD_WEBHOOKS__QUEUE", "0")], "webhooks.queue");
+    refused(&[("HERALD_WEBHOOKS__TIMEOUT", "0s")], "webhooks.timeout");
+    refused(
+        &[("HERALD_WEBHOOKS__SECRET_FILE", "/nonexistent/secret")],
+        "webhooks.secret",
+    );
+    // The secret from a file, without its trailing newline.
+    let dir = std::env::temp_dir().join(format!("herald-webhooks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("secret");
+    std::fs::write(&file, "from-a-file\n").expect("write");
+    let path = file.to_str().expect("utf-8");
+    let config = load(&[
+        ("HERALD_WEBHOOKS__SECRET", ""),
+        ("HERALD_WEBHOOKS__SECRET_FILE", path),
+    ])
+    .expect("a secret file");
+    assert_eq!(config.webhooks.secret().expect("read"), b"from-a-file");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Off without a URL: nothing else is required.
+    assert!(
+        !gateway::config::Config::load(None, Vec::new())
+            .expect("defaults")
+            .webhooks
+            .enabled()
+    );
+}
