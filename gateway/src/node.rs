@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
+    Broker, Deliver, Member, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
     RedisBroker, ServerSubscription, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -85,9 +85,10 @@ struct Sink {
     metrics: Arc<Metrics>,
     presence: Arc<Presence>,
     webhooks: Arc<Webhooks>,
-    /// Whether this pod tells of `presence.join`/`leave`: with the
-    /// embedded engine, the only pod. With Redis every pod watching a topic
-    /// sees its changes, and no rule picks one yet: not sent.
+    /// Whether this pod tells of `presence.join`/`leave` from the changes
+    /// it applies: with the embedded engine, the only pod. With Redis every
+    /// pod watching a topic sees its changes: the engine tells one pod of
+    /// each instead ([`Deliver::members`]).
     tells_presence: bool,
 }
 
@@ -157,6 +158,26 @@ impl Deliver for Sink {
         }
     }
 
+    fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
+        if self.webhooks.wants(WebhookType::Join) {
+            for member in joins {
+                self.webhooks.emit(WebhookEvent::Join {
+                    topic: topic.clone(),
+                    user: member.user.clone(),
+                    info: member.info.clone(),
+                });
+            }
+        }
+        if self.webhooks.wants(WebhookType::Leave) {
+            for user in leaves {
+                self.webhooks.emit(WebhookEvent::Leave {
+                    topic: topic.clone(),
+                    user: user.clone(),
+                });
+            }
+        }
+    }
+
     fn occupancy(&self, topic: &Topic, occupied: bool) {
         let topic = topic.clone();
         self.webhooks.emit(if occupied {
@@ -210,6 +231,8 @@ impl Node {
                     pod_ttl: config.presence.pod_ttl,
                     pod: pod_name.to_string(),
                     occupancy: config.webhooks.tracks_occupancy(),
+                    members: config.webhooks.wants("presence.join")
+                        || config.webhooks.wants("presence.leave"),
                 };
                 let redis =
                     RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;
