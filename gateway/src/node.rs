@@ -84,12 +84,9 @@ struct Sink {
     live: Arc<Registry>,
     metrics: Arc<Metrics>,
     presence: Arc<Presence>,
+    /// Events to the backend: occupancy and members as the engine tells
+    /// them (one pod each, across pods).
     webhooks: Arc<Webhooks>,
-    /// Whether this pod tells of `presence.join`/`leave` from the changes
-    /// it applies: with the embedded engine, the only pod. With Redis every
-    /// pod watching a topic sees its changes: the engine tells one pod of
-    /// each instead ([`Deliver::members`]).
-    tells_presence: bool,
 }
 
 impl Deliver for Sink {
@@ -137,25 +134,6 @@ impl Deliver for Sink {
 
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         self.presence.change(topic, change);
-        if self.tells_presence && !change.is_quiet() {
-            if self.webhooks.wants(WebhookType::Join) {
-                for member in &change.joins {
-                    self.webhooks.emit(WebhookEvent::Join {
-                        topic: topic.clone(),
-                        user: member.user.clone(),
-                        info: member.info.clone(),
-                    });
-                }
-            }
-            if self.webhooks.wants(WebhookType::Leave) {
-                for user in &change.leaves {
-                    self.webhooks.emit(WebhookEvent::Leave {
-                        topic: topic.clone(),
-                        user: user.clone(),
-                    });
-                }
-            }
-        }
     }
 
     fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
@@ -217,7 +195,6 @@ impl Node {
             metrics: metrics.clone(),
             presence: presence.clone(),
             webhooks: webhooks.clone(),
-            tells_presence: config.broker == BrokerKind::Memory,
         });
         let verifier = Verifier::new(&config.auth).await?;
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {

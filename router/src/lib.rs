@@ -203,8 +203,7 @@ pub trait Deliver: Send + Sync + 'static {
     /// or stopped being one (on no pod now), told once across pods: by the
     /// pod whose write made the change, or the one that cleaned up after a
     /// dead pod (Redis, when [`PresenceSettings::members`] asks for it).
-    /// The embedded engine's pod has every change in
-    /// [`Deliver::presence`] and is not told here.
+    /// The embedded engine tells its one pod of every change's.
     fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
         let _ = (topic, joins, leaves);
     }

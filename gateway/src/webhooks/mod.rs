@@ -118,14 +118,17 @@ impl Webhooks {
     }
 
     /// A connection that had said `hello` ended (`connection.close`): its
-    /// close code (1006 where none was sent: the connection was lost or
-    /// the client closed) and reason.
+    /// close code (where the server sent none: 1000 when the client closed,
+    /// 1006 when the connection was lost) and reason.
     pub fn closed(&self, client: ConnId, user: Option<&Arc<str>>, reason: CloseReason) {
         if self.wants(Type::Close) {
             self.emit(Event::Close {
                 client,
                 user: user.cloned(),
-                code: reason.code().unwrap_or(1006),
+                code: reason.code().unwrap_or(match reason {
+                    CloseReason::ClientClosed => 1000,
+                    _ => 1006,
+                }),
                 reason: reason.as_str(),
             });
         }

@@ -381,3 +381,140 @@ fn webhooks_settings_are_checked_at_start_naming_the_key() {
             .enabled()
     );
 }
+
+/// The `presence.join`s (`true`) and `presence.leave`s of `user` in
+/// `topic`, in the order received.
+fn membership(events: &[Value], topic: &str, user: &str) -> Vec<bool> {
+    events
+        .iter()
+        .filter(|e| e["topic"] == topic && e["user"] == user)
+        .filter_map(|e| match e["type"].as_str() {
+            Some("presence.join") => Some(true),
+            Some("presence.leave") => Some(false),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_on_two_pods_joins_and_leaves_once_and_a_killed_pods_leave_is_told() {
+    use crate::presence::{SECRET as TOKEN_SECRET, connect};
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let redis = Redis::start().await;
+    let extra = [
+        ("HERALD_AUTH__HMAC_SECRET", TOKEN_SECRET),
+        ("HERALD_AUTH__ALLOW_ANONYMOUS", "true"),
+        ("HERALD_NAMESPACES__ROOM__PRESENCE", "true"),
+        ("HERALD_PRESENCE__DIFF_INTERVAL", "100ms"),
+        ("HERALD_PRESENCE__POD_TTL", "2s"),
+    ];
+    let env = env(&url, "presence.join,presence.leave", &extra);
+    let a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let mut b = Herald::pod(HERALD, &redis.url(), &env).await;
+    // Alice on a, then on b too; a's connection goes, then b's.
+    let (mut alice_a, _) = connect(&a.ws_url(), Some("alice")).await;
+    alice_a.sub(1, "room:1").await;
+    let seen = receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true])
+        .await;
+    let join = seen
+        .iter()
+        .find(|e| e["type"] == "presence.join")
+        .expect("a join");
+    assert_eq!(join["info"], json!({"name": "ALICE"}), "{join}");
+    let (mut alice_b, _) = connect(&b.ws_url(), Some("alice")).await;
+    alice_b.sub(1, "room:1").await;
+    // Bob, after alice on b: once his join is told, b wrote alice too.
+    let (mut bob, _) = connect(&b.ws_url(), Some("bob")).await;
+    bob.sub(1, "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "bob") == [true])
+        .await;
+    alice_a.ws.close(None).await.expect("close");
+    alice_a.closed().await;
+    alice_b.ws.close(None).await.expect("close");
+    alice_b.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true, false])
+        .await;
+    assert_eq!(
+        membership(&seen, "room:1", "alice"),
+        [true, false],
+        "{seen:?}"
+    );
+    // b dies with bob on it: a's cleanup tells his leave, once.
+    b.kill9();
+    let seen = receiver
+        .wait_for(Duration::from_secs(10), |e| {
+            membership(e, "room:1", "bob") == [true, false]
+        })
+        .await;
+    assert_eq!(
+        membership(&seen, "room:1", "bob"),
+        [true, false],
+        "{seen:?}"
+    );
+    tokio::time::sleep(QUIET).await;
+    let seen = receiver.events();
+    assert_eq!(
+        membership(&seen, "room:1", "alice"),
+        [true, false],
+        "{seen:?}"
+    );
+    assert_eq!(
+        membership(&seen, "room:1", "bob"),
+        [true, false],
+        "{seen:?}"
+    );
+    drop((a, bob));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pod_tells_a_connections_open_join_leave_and_close() {
+    use crate::presence::{SECRET as TOKEN_SECRET, connect};
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let extra = [
+        ("HERALD_AUTH__HMAC_SECRET", TOKEN_SECRET),
+        ("HERALD_NAMESPACES__ROOM__PRESENCE", "true"),
+        ("HERALD_PRESENCE__DIFF_INTERVAL", "100ms"),
+    ];
+    let events = "presence.join,presence.leave,connection.open,connection.close";
+    let pod = Herald::start(HERALD, &env(&url, events, &extra), &[]).await;
+    let (mut alice, _) = connect(&pod.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true])
+        .await;
+    alice.ws.close(None).await.expect("close");
+    alice.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| {
+            e.iter().any(|e| e["type"] == "connection.close")
+                && membership(e, "room:1", "alice") == [true, false]
+        })
+        .await;
+    // The leave is written at the next presence interval: after the
+    // close, or before.
+    let kinds: Vec<&str> = seen.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds[..2], ["connection.open", "presence.join"], "{seen:?}");
+    assert_eq!(kinds.len(), 4, "{seen:?}");
+    let open = &seen[0];
+    let close = seen
+        .iter()
+        .find(|e| e["type"] == "connection.close")
+        .expect("a close");
+    assert_eq!(open["user"], "alice");
+    assert_eq!(close["user"], "alice");
+    assert_eq!(open["client"], close["client"]);
+    assert_eq!(
+        (&close["reason"], &close["code"]),
+        (&json!("client_closed"), &json!(1000)),
+        "{close}"
+    );
+    assert!(
+        open.get("session").is_none(),
+        "never the session id: {open}"
+    );
+}
