@@ -518,3 +518,58 @@ async fn one_pod_tells_a_connections_open_join_leave_and_close() {
         "never the session id: {open}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pod_tells_occupied_at_the_first_subscriber_and_vacated_after_the_last() {
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let pod = Herald::start(HERALD, &env(&url, "topic.occupied,topic.vacated", &[]), &[]).await;
+    let mut first = subscriber(&pod.ws_url(), "room:1").await;
+    let mut second = subscriber(&pod.ws_url(), "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| count(e, "topic.occupied", "room:1") == 1)
+        .await;
+    first.ws.close(None).await.expect("close");
+    first.closed().await;
+    // A marker after the first left: the pod tells in order.
+    let _marker = subscriber(&pod.ws_url(), "room:m").await;
+    let seen = receiver
+        .wait_for(WAIT, |e| count(e, "topic.occupied", "room:m") == 1)
+        .await;
+    assert_eq!(count(&seen, "topic.vacated", "room:1"), 0, "{seen:?}");
+    second.ws.close(None).await.expect("close");
+    second.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| count(e, "topic.vacated", "room:1") == 1)
+        .await;
+    let kinds: Vec<&str> = about(&seen, "topic.occupied", "room:1")
+        .into_iter()
+        .chain(about(&seen, "topic.vacated", "room:1"))
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["topic.occupied", "topic.vacated"], "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_drains_sends_its_last_events_before_it_exits() {
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let extra = [("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "1s")];
+    let mut pod = Herald::start(HERALD, &env(&url, "connection.close", &extra), &[]).await;
+    let mut client = subscriber(&pod.ws_url(), "room:1").await;
+    pod.sigterm();
+    // The client leaves when the draining pod advises it to.
+    client.expect("reconnect").await;
+    client.ws.close(None).await.expect("close");
+    client.closed().await;
+    assert!(pod.wait_exit(WAIT).await.is_some(), "the pod exits");
+    // No waiting here: it was sent before the pod exited.
+    let seen = receiver.events();
+    assert_eq!(
+        seen.iter()
+            .filter(|e| e["type"] == "connection.close")
+            .count(),
+        1,
+        "{seen:?}"
+    );
+}
