@@ -19,7 +19,7 @@ use router::{
     Broker, Deliver, Member, NamespaceSettings, Namespaces, Position, PresenceSettings,
     PresenceUpdate, Publication, RedisBroker, RedisSettings, Topic,
 };
-use testkit::{Redis, WAIT, eventually};
+use testkit::{Redis, RedisCluster, WAIT, eventually};
 
 /// Every occupancy transition a pod was told of, in order; and every
 /// member's join (`true`) and leave, as `"topic user"`.
@@ -74,6 +74,10 @@ fn settings(url: String, pod: &str, tracked: bool) -> RedisSettings {
 }
 
 async fn pod(redis: &Redis, name: &str, occupancy: bool) -> (RedisBroker, Arc<Transitions>) {
+    start(settings(redis.url(), name, occupancy)).await
+}
+
+async fn start(settings: RedisSettings) -> (RedisBroker, Arc<Transitions>) {
     let sink = Arc::new(Transitions::default());
     let namespaces = Namespaces::new(&BTreeMap::from([(
         "room".to_owned(),
@@ -84,7 +88,7 @@ async fn pod(redis: &Redis, name: &str, occupancy: bool) -> (RedisBroker, Arc<Tr
     )]))
     .expect("namespaces");
     let broker = RedisBroker::start(
-        settings(redis.url(), name, occupancy),
+        settings,
         Arc::new(namespaces),
         sink.clone(),
         Arc::new(Ignore),
@@ -290,4 +294,50 @@ async fn a_member_joins_and_leaves_once_across_pods_and_a_dead_pods_leave_is_the
         .map(|(_, joined)| joined)
         .collect();
     assert_eq!(bobs, [false, true], "one join (b), one leave (a)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_each_topics_keys_are_in_its_slot_and_transitions_are_told_once() {
+    let cluster = RedisCluster::start().await;
+    let on_cluster = |name: &str| RedisSettings {
+        url: "redis://127.0.0.1".into(),
+        cluster: cluster.urls(),
+        ..settings(String::new(), name, true)
+    };
+    let (a, on_a) = start(on_cluster("a")).await;
+    let (b, on_b) = start(on_cluster("b")).await;
+    // Topics over every master.
+    let names: Vec<String> = (0..12).map(|i| format!("room:{i}")).collect();
+    for name in &names {
+        a.watch(&topic(name)).await.expect("watch");
+        b.watch(&topic(name)).await.expect("watch");
+    }
+    for name in &names {
+        assert_eq!(told(&[&on_a, &on_b], name, 1).await, [true], "{name}");
+    }
+    // A member on both pods: one join.
+    let room = topic("room:0");
+    a.presence_update(&room, holds("ann", 1))
+        .await
+        .expect("update");
+    b.presence_update(&room, holds("ann", 1))
+        .await
+        .expect("update");
+    assert_eq!(told(&[&on_a, &on_b], "room:0 ann", 1).await, [true]);
+    for name in &names {
+        a.unwatch(&topic(name)).await;
+    }
+    // A marker after a's unwatches: once told, a's writes are done.
+    a.watch(&topic("room:marker")).await.expect("watch");
+    told(&[&on_a], "room:marker", 1).await;
+    for name in &names {
+        b.unwatch(&topic(name)).await;
+    }
+    for name in &names {
+        assert_eq!(
+            told(&[&on_a, &on_b], name, 2).await,
+            [true, false],
+            "{name}"
+        );
+    }
 }
