@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
+    Broker, Deliver, Member, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
     RedisBroker, ServerSubscription, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -29,6 +29,7 @@ use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry, Replays};
+use crate::webhooks::{Event as WebhookEvent, Type as WebhookType, Webhooks};
 
 pub struct Node {
     pub config: Arc<Config>,
@@ -89,6 +90,9 @@ struct Sink {
     live: Arc<Registry>,
     metrics: Arc<Metrics>,
     presence: Arc<Presence>,
+    /// Events to the backend: occupancy and members as the engine tells
+    /// them (one pod each, across pods).
+    webhooks: Arc<Webhooks>,
 }
 
 impl Deliver for Sink {
@@ -137,6 +141,35 @@ impl Deliver for Sink {
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         self.presence.change(topic, change);
     }
+
+    fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
+        if self.webhooks.wants(WebhookType::Join) {
+            for member in joins {
+                self.webhooks.emit(WebhookEvent::Join {
+                    topic: topic.clone(),
+                    user: member.user.clone(),
+                    info: member.info.clone(),
+                });
+            }
+        }
+        if self.webhooks.wants(WebhookType::Leave) {
+            for user in leaves {
+                self.webhooks.emit(WebhookEvent::Leave {
+                    topic: topic.clone(),
+                    user: user.clone(),
+                });
+            }
+        }
+    }
+
+    fn occupancy(&self, topic: &Topic, occupied: bool) {
+        let topic = topic.clone();
+        self.webhooks.emit(if occupied {
+            WebhookEvent::Occupied { topic }
+        } else {
+            WebhookEvent::Vacated { topic }
+        });
+    }
 }
 
 impl Node {
@@ -160,14 +193,16 @@ impl Node {
             hub.clone(),
             metrics.clone(),
         ));
+        let pod_name = pod_name(std::env::vars());
+        let webhooks = Webhooks::start(&config.webhooks, &pod_name, metrics.clone());
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
             metrics: metrics.clone(),
             presence: presence.clone(),
+            webhooks: webhooks.clone(),
         });
         let verifier = Verifier::new(&config.auth).await?;
-        let pod_name = pod_name(std::env::vars());
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
                 let memory = MemoryBroker::new(namespaces.clone(), sink);
@@ -178,6 +213,9 @@ impl Node {
                 settings.presence = PresenceSettings {
                     pod_ttl: config.presence.pod_ttl,
                     pod: pod_name.to_string(),
+                    occupancy: config.webhooks.tracks_occupancy(),
+                    members: config.webhooks.wants("presence.join")
+                        || config.webhooks.wants("presence.leave"),
                 };
                 let redis =
                     RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;
@@ -209,6 +247,7 @@ impl Node {
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
             presence: presence.clone(),
             hooks: Arc::new(Hooks::start(&config, pod_name.clone(), metrics.clone())?),
+            webhooks,
         });
         let node = Arc::new(Self {
             config,

@@ -235,14 +235,22 @@ impl Broker for MemoryBroker {
             .or_insert_with(|| TopicState::new(now));
         state.watchers += 1;
         state.touched = now;
+        if state.watchers == 1 {
+            // One pod: its first watch is the topic's first subscriber.
+            self.inner.sink.occupancy(topic, true);
+        }
         Ok(())
     }
 
     async fn unwatch(&self, topic: &Topic) {
         let now = Instant::now();
         if let Some(state) = self.inner.shard(topic).get_mut(topic) {
-            state.watchers = state.watchers.saturating_sub(1);
+            let was = state.watchers;
+            state.watchers = was.saturating_sub(1);
             state.touched = now;
+            if was == 1 {
+                self.inner.sink.occupancy(topic, false);
+            }
         }
     }
 
@@ -319,10 +327,18 @@ impl Broker for MemoryBroker {
             .entry(topic.clone())
             .or_insert_with(|| TopicState::new(now));
         state.touched = now;
-        if let Some(change) = state.presence.update(&update)
-            && state.watchers > 0
-        {
-            self.inner.sink.presence(topic, &change);
+        if let Some(change) = state.presence.update(&update) {
+            // One pod: every join and leave is its own, watched or not (a
+            // topic's last subscriber has left by the time its leave is
+            // written).
+            if !change.is_quiet() {
+                self.inner
+                    .sink
+                    .members(topic, &change.joins, &change.leaves);
+            }
+            if state.watchers > 0 {
+                self.inner.sink.presence(topic, &change);
+            }
         }
         Ok(())
     }

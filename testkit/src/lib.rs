@@ -29,6 +29,8 @@
 //!   evening out).
 //! - [`mod@http`]: one HTTP request, metrics, the gRPC client.
 //! - [`process`]: a helper program run to completion, bounded in time.
+//! - [`webhooks`]: a webhook receiver recording every POST, made to fail
+//!   on demand ([`webhooks::Receiver`]).
 //! - [`backend`]: a programmable application backend for the proxies: an
 //!   HTTP JSON server ([`HttpBackend`]) and a gRPC `ProxyBackend` server
 //!   ([`GrpcBackend`]) answering what the test says.
@@ -55,6 +57,7 @@ pub mod raw;
 pub mod redis;
 pub mod redis_cluster;
 pub mod sentinel;
+pub mod webhooks;
 
 use std::time::Duration;
 

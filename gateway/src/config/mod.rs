@@ -158,7 +158,7 @@ const TOP_LEVEL_KEYS: [&str; 19] = [
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 6] = [
+const LIST_VARS: [(&str, &str); 7] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
     (
         "HERALD_REDIS__SENTINEL__ADDRESSES",
@@ -170,6 +170,7 @@ const LIST_VARS: [(&str, &str); 6] = [
         "HERALD_WEBSOCKET__ALLOWED_ORIGINS",
         "websocket.allowed_origins",
     ),
+    ("HERALD_WEBHOOKS__EVENTS", "webhooks.events"),
     ("HERALD_PROXY__CONNECT__HEADERS", "proxy.connect.headers"),
 ];
 

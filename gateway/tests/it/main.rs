@@ -60,3 +60,4 @@ mod sessions;
 mod shutdown;
 mod slow_consumer;
 mod tracing;
+mod webhooks;

@@ -34,6 +34,14 @@ pub struct PresenceSettings {
     /// random suffix per process is added, so that a restarted pod is a new
     /// instance and never mistaken for the old one).
     pub pod: String,
+    /// Whether the engine tracks which topics have a subscriber on some pod
+    /// ([`crate::Deliver::occupancy`]): with Redis, a write per topic's
+    /// first and last local subscriber, and liveness beats.
+    pub occupancy: bool,
+    /// Whether the engine tells exactly one pod of each member's join and
+    /// leave ([`crate::Deliver::members`]): with Redis, a count per user
+    /// and topic kept with each write of a pod's part.
+    pub members: bool,
 }
 
 impl Default for PresenceSettings {
@@ -41,6 +49,8 @@ impl Default for PresenceSettings {
         Self {
             pod_ttl: DEFAULT_POD_TTL,
             pod: "herald".to_owned(),
+            occupancy: false,
+            members: false,
         }
     }
 }
