@@ -129,7 +129,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 17] = [
+const TOP_LEVEL_KEYS: [&str; 19] = [
     "listen",
     "broker",
     "redis",
@@ -147,6 +147,8 @@ const TOP_LEVEL_KEYS: [&str; 17] = [
     "presence",
     "auth",
     "namespaces",
+    "proxy",
+    "webhooks",
 ];
 
 /// The variable that names the configuration file when `--config` is not given.
