@@ -25,6 +25,8 @@
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
 //! - [`hooks`]: the application's backend, asked (connect, refresh,
 //!   subscribe, publish and rpc proxies) and told (webhooks).
+//! - [`webhooks`]: the events the backend is told of (issue #24): a
+//!   bounded queue and one batching, signing, retrying sender per pod.
 //! - [`presence`]: who is subscribed to a topic, across pods: this pod's
 //!   members, written to the broker, and the diffs its subscribers get.
 //! - [`frame`]: server frames, encoded once per publication.
@@ -76,6 +78,7 @@ pub mod server;
 pub mod session;
 pub mod signal;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use config::Config;
 pub use node::Node;

@@ -29,6 +29,7 @@ use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
 use crate::session::{Pod, Registry, Replays};
+use crate::webhooks::{Event as WebhookEvent, Type as WebhookType, Webhooks};
 
 pub struct Node {
     pub config: Arc<Config>,
@@ -83,6 +84,11 @@ struct Sink {
     live: Arc<Registry>,
     metrics: Arc<Metrics>,
     presence: Arc<Presence>,
+    webhooks: Arc<Webhooks>,
+    /// Whether this pod tells of `presence.join`/`leave`: with the
+    /// embedded engine, the only pod. With Redis every pod watching a topic
+    /// sees its changes, and no rule picks one yet: not sent.
+    tells_presence: bool,
 }
 
 impl Deliver for Sink {
@@ -130,6 +136,34 @@ impl Deliver for Sink {
 
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         self.presence.change(topic, change);
+        if self.tells_presence && !change.is_quiet() {
+            if self.webhooks.wants(WebhookType::Join) {
+                for member in &change.joins {
+                    self.webhooks.emit(WebhookEvent::Join {
+                        topic: topic.clone(),
+                        user: member.user.clone(),
+                        info: member.info.clone(),
+                    });
+                }
+            }
+            if self.webhooks.wants(WebhookType::Leave) {
+                for user in &change.leaves {
+                    self.webhooks.emit(WebhookEvent::Leave {
+                        topic: topic.clone(),
+                        user: user.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn occupancy(&self, topic: &Topic, occupied: bool) {
+        let topic = topic.clone();
+        self.webhooks.emit(if occupied {
+            WebhookEvent::Occupied { topic }
+        } else {
+            WebhookEvent::Vacated { topic }
+        });
     }
 }
 
@@ -154,14 +188,17 @@ impl Node {
             hub.clone(),
             metrics.clone(),
         ));
+        let pod_name = pod_name(std::env::vars());
+        let webhooks = Webhooks::start(&config.webhooks, &pod_name, metrics.clone());
         let sink = Arc::new(Sink {
             hub: hub.clone(),
             live: live.clone(),
             metrics: metrics.clone(),
             presence: presence.clone(),
+            webhooks: webhooks.clone(),
+            tells_presence: config.broker == BrokerKind::Memory,
         });
         let verifier = Verifier::new(&config.auth).await?;
-        let pod_name = pod_name(std::env::vars());
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
             BrokerKind::Memory => {
                 let memory = MemoryBroker::new(namespaces.clone(), sink);
@@ -172,6 +209,7 @@ impl Node {
                 settings.presence = PresenceSettings {
                     pod_ttl: config.presence.pod_ttl,
                     pod: pod_name.to_string(),
+                    occupancy: config.webhooks.tracks_occupancy(),
                 };
                 let redis =
                     RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;
@@ -203,6 +241,7 @@ impl Node {
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
             presence: presence.clone(),
             hooks: Arc::new(Hooks::new(&config.proxy, metrics.clone())),
+            webhooks,
         });
         let node = Arc::new(Self {
             config,

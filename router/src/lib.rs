@@ -188,6 +188,16 @@ pub trait Deliver: Send + Sync + 'static {
     fn resumed(&self, session: &str) {
         let _ = session;
     }
+
+    /// A topic's occupancy changed (issue #24's webhooks): `true`, its
+    /// first subscriber on any pod came (on this pod); `false`, its last
+    /// one anywhere left (on this pod, or on a dead pod this one cleaned up
+    /// after). Exactly one pod is told of each transition. The embedded
+    /// engine always tells; Redis only when
+    /// [`PresenceSettings::occupancy`] asks it to track occupancy.
+    fn occupancy(&self, topic: &Topic, occupied: bool) {
+        let _ = (topic, occupied);
+    }
 }
 
 /// What an engine says of its state: for `/readyz` and the admin status.

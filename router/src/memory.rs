@@ -235,14 +235,22 @@ impl Broker for MemoryBroker {
             .or_insert_with(|| TopicState::new(now));
         state.watchers += 1;
         state.touched = now;
+        if state.watchers == 1 {
+            // One pod: its first watch is the topic's first subscriber.
+            self.inner.sink.occupancy(topic, true);
+        }
         Ok(())
     }
 
     async fn unwatch(&self, topic: &Topic) {
         let now = Instant::now();
         if let Some(state) = self.inner.shard(topic).get_mut(topic) {
-            state.watchers = state.watchers.saturating_sub(1);
+            let was = state.watchers;
+            state.watchers = was.saturating_sub(1);
             state.touched = now;
+            if was == 1 {
+                self.inner.sink.occupancy(topic, false);
+            }
         }
     }
 

@@ -129,6 +129,7 @@ async fn pod(cluster: &RedisCluster) -> (RedisBroker, Arc<Streams>) {
         presence: PresenceSettings {
             pod_ttl: PRESENCE_TTL,
             pod: "pod".to_owned(),
+            ..PresenceSettings::default()
         },
     };
     let broker = RedisBroker::start(

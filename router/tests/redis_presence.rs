@@ -72,6 +72,7 @@ fn settings(url: String, pod: &str, pod_ttl: Duration) -> RedisSettings {
         presence: PresenceSettings {
             pod_ttl,
             pod: pod.to_owned(),
+            ..PresenceSettings::default()
         },
     }
 }

@@ -29,6 +29,8 @@
 //!   evening out).
 //! - [`mod@http`]: one HTTP request, metrics, the gRPC client.
 //! - [`process`]: a helper program run to completion, bounded in time.
+//! - [`webhooks`]: a webhook receiver recording every POST, made to fail
+//!   on demand ([`webhooks::Receiver`]).
 //! - [`mod@eventually`]: the bounded poll that replaces hand-written "until the
 //!   deadline" loops, for state that has no event to await.
 //!
@@ -51,6 +53,7 @@ pub mod raw;
 pub mod redis;
 pub mod redis_cluster;
 pub mod sentinel;
+pub mod webhooks;
 
 use std::time::Duration;
 

@@ -36,9 +36,170 @@ fn default_timeout() -> Duration {
     Duration::from_secs(1)
 }
 
+/// The event types a `[webhooks]` backend can be sent.
+pub const WEBHOOK_EVENT_TYPES: [&str; 7] = [
+    "topic.occupied",
+    "topic.vacated",
+    "presence.join",
+    "presence.leave",
+    "client.publish",
+    "connection.open",
+    "connection.close",
+];
+
+/// `webhooks.events` when not set: what a backend needs to follow its rooms,
+/// without one event per message or connection.
+pub const DEFAULT_WEBHOOK_EVENTS: [&str; 4] = [
+    "topic.occupied",
+    "topic.vacated",
+    "presence.join",
+    "presence.leave",
+];
+/// Events per POST at most.
+pub const DEFAULT_WEBHOOK_BATCH_SIZE: usize = 100;
+/// Longest an event waits for company before its batch leaves.
+pub const DEFAULT_WEBHOOK_BATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// Events held per pod at most; beyond, dropped and counted.
+pub const DEFAULT_WEBHOOK_QUEUE: usize = 10_000;
+/// Longest one POST may take.
+pub const DEFAULT_WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a batch is retried before it is dropped and counted.
+pub const DEFAULT_WEBHOOK_RETRY_FOR: Duration = Duration::from_secs(60);
+
 /// `[webhooks]`: events to the backend; off unless `url` is set.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhooksConfig {
+    /// `http://` or `https://`; `""`: no webhooks.
     pub url: String,
+    /// The HMAC-SHA256 key of `X-Herald-Signature` (or `secret_file`).
+    pub secret: String,
+    /// A file holding the secret (a mounted Secret); its trailing newline is
+    /// not part of it.
+    pub secret_file: String,
+    /// Which event types are sent ([`WEBHOOK_EVENT_TYPES`]).
+    pub events: Vec<String>,
+    pub batch_size: usize,
+    #[serde(with = "humantime_serde")]
+    pub batch_interval: Duration,
+    /// Events held per pod at most.
+    pub queue: usize,
+    /// Per POST.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_for: Duration,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            secret: String::new(),
+            secret_file: String::new(),
+            events: DEFAULT_WEBHOOK_EVENTS.map(str::to_owned).to_vec(),
+            batch_size: DEFAULT_WEBHOOK_BATCH_SIZE,
+            batch_interval: DEFAULT_WEBHOOK_BATCH_INTERVAL,
+            queue: DEFAULT_WEBHOOK_QUEUE,
+            timeout: DEFAULT_WEBHOOK_TIMEOUT,
+            retry_for: DEFAULT_WEBHOOK_RETRY_FOR,
+        }
+    }
+}
+
+impl WebhooksConfig {
+    /// Whether webhooks are on.
+    pub fn enabled(&self) -> bool {
+        !self.url.is_empty()
+    }
+
+    /// Whether events of type `name` are sent.
+    pub fn wants(&self, name: &str) -> bool {
+        self.enabled() && self.events.iter().any(|e| e == name)
+    }
+
+    /// Whether the pods must track which topics have subscribers anywhere
+    /// (Redis writes per topic's first and last local subscriber).
+    pub fn tracks_occupancy(&self) -> bool {
+        self.wants("topic.occupied") || self.wants("topic.vacated")
+    }
+
+    /// The signing key: `secret`, or `secret_file`'s content without its
+    /// trailing newline.
+    pub fn secret(&self) -> Result<Vec<u8>, String> {
+        if !self.secret_file.is_empty() {
+            let text = std::fs::read(&self.secret_file)
+                .map_err(|e| format!("cannot read {}: {e}", self.secret_file))?;
+            let end = text
+                .iter()
+                .rposition(|b| !matches!(b, b'\n' | b'\r'))
+                .map_or(0, |i| i + 1);
+            return Ok(text[..end].to_vec());
+        }
+        Ok(self.secret.as_bytes().to_vec())
+    }
+
+    /// The start-up checks: `(key, reason)` of the first refusal.
+    pub(super) fn check(&self) -> Result<(), (&'static str, String)> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let scheme = self.url.split_once("://").map(|(s, _)| s);
+        if !matches!(scheme, Some("http" | "https")) || self.url.parse::<hyper::Uri>().is_err() {
+            return Err(("webhooks.url", "must be an http:// or https:// URL".into()));
+        }
+        if !self.secret.is_empty() && !self.secret_file.is_empty() {
+            return Err((
+                "webhooks.secret",
+                "set secret or secret_file, not both".into(),
+            ));
+        }
+        match self.secret() {
+            Err(e) => return Err(("webhooks.secret_file", e)),
+            Ok(secret) if secret.is_empty() => {
+                return Err((
+                    "webhooks.secret",
+                    "webhooks need a secret (secret or secret_file) to sign with".into(),
+                ));
+            }
+            Ok(_) => {}
+        }
+        if let Some(unknown) = self
+            .events
+            .iter()
+            .find(|e| !WEBHOOK_EVENT_TYPES.contains(&e.as_str()))
+        {
+            return Err((
+                "webhooks.events",
+                format!(
+                    "unknown event type `{unknown}` (known: {})",
+                    WEBHOOK_EVENT_TYPES.join(", ")
+                ),
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(("webhooks.batch_size", "must be at least 1".into()));
+        }
+        if self.queue == 0 {
+            return Err(("webhooks.queue", "must be at least 1".into()));
+        }
+        for (key, d) in [
+            ("webhooks.batch_interval", self.batch_interval),
+            ("webhooks.timeout", self.timeout),
+        ] {
+            if d.is_zero() {
+                return Err((key, "must be longer than 0s".into()));
+            }
+        }
+        for (key, d) in [
+            ("webhooks.batch_interval", self.batch_interval),
+            ("webhooks.timeout", self.timeout),
+            ("webhooks.retry_for", self.retry_for),
+        ] {
+            if d > super::defaults::MAX_DURATION {
+                return Err((key, "must be at most 365 days".into()));
+            }
+        }
+        Ok(())
+    }
 }

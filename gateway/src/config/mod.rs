@@ -155,7 +155,7 @@ const TOP_LEVEL_KEYS: [&str; 19] = [
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 5] = [
+const LIST_VARS: [(&str, &str); 6] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
     (
         "HERALD_REDIS__SENTINEL__ADDRESSES",
@@ -167,6 +167,7 @@ const LIST_VARS: [(&str, &str); 5] = [
         "HERALD_WEBSOCKET__ALLOWED_ORIGINS",
         "websocket.allowed_origins",
     ),
+    ("HERALD_WEBHOOKS__EVENTS", "webhooks.events"),
 ];
 
 impl Config {

@@ -179,6 +179,10 @@ impl Config {
         if let Err((key, reason)) = self.presence.check() {
             return invalid(key, reason);
         }
+        // Webhooks (issue #24).
+        if let Err((key, reason)) = self.webhooks.check() {
+            return invalid(key, &reason);
+        }
         if self.session.flush_interval.is_zero() {
             return invalid("session.flush_interval", "must be longer than 0s");
         }

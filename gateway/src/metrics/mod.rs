@@ -73,6 +73,11 @@ pub struct Metrics {
     pub presence_write_failures: IntCounter,
     pub presence_dead_pods: IntCounter,
     pub presence_dead_pod_members: IntCounter,
+    // Webhooks (issue #24).
+    pub webhook_events: IntCounterVec,
+    pub webhook_batches: IntCounterVec,
+    pub webhook_queue: IntGauge,
+    pub webhook_post_seconds: Histogram,
 }
 
 impl Metrics {
@@ -392,6 +397,28 @@ impl Metrics {
                 r,
                 "herald_presence_dead_pod_members_total",
                 "Members removed from topics by this pod's cleanups of dead pods.",
+            ),
+            webhook_events: counter_vec(
+                r,
+                "herald_webhook_events_total",
+                "Webhook events by type and result: queued, sent (acknowledged by the backend), dropped_full (the queue was full), dropped_retries (not acknowledged within retry_for).",
+                &["type", "result"],
+            ),
+            webhook_batches: counter_vec(
+                r,
+                "herald_webhook_batches_total",
+                "Webhook POSTs by result: sent (2xx), failed (another answer or none: tried again), dropped (retry_for over).",
+                &["result"],
+            ),
+            webhook_queue: gauge(
+                r,
+                "herald_webhook_queue_events",
+                "Webhook events waiting in this pod's queue (at most webhooks.queue).",
+            ),
+            webhook_post_seconds: histogram(
+                r,
+                "herald_webhook_post_seconds",
+                "How long each webhook POST took, answer read.",
             ),
             registry,
         };

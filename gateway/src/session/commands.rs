@@ -192,6 +192,7 @@ impl Session {
                 self.draw(id, &topic, Access::Publish)?;
                 // `data` points into the frame: publish it without a copy.
                 let data = text.slice_ref(data.get().as_bytes());
+                let told = self.node.webhooks.keep_data(&data);
                 let position = self
                     .node
                     .broker
@@ -199,6 +200,8 @@ impl Session {
                     .await
                     .map_err(|e| broker_error(Some(id), &e).about(topic.as_str()))?;
                 self.node.metrics.published.inc();
+                let user = self.claims.as_ref().map(|c| &c.user);
+                self.node.webhooks.published(&topic, user, &position, told);
                 self.reply(ServerMessage::Ok {
                     id,
                     topic: Some(topic.as_str()),

@@ -184,6 +184,10 @@ impl Session {
         }
         self.subscriptions.end();
         self.node.metrics.closed(reason);
+        if self.id.is_some() {
+            let user = self.claims.as_ref().map(|c| &c.user);
+            self.node.webhooks.closed(self.conn, user, reason);
+        }
         let session = self.id.as_deref().map_or_else(|| "-".to_owned(), tag);
         match reason {
             CloseReason::SlowConsumer | CloseReason::WriteTimeout | CloseReason::DeadPeer => {

@@ -173,6 +173,10 @@ impl Session {
             self.out.close(reason, true);
             return;
         }
+        let user = self.claims.as_ref().map(|c| &c.user);
+        self.node
+            .webhooks
+            .opened(self.conn, user, self.address.addr());
         self.restore(states).await;
         // A resumed session has them already, or the client unsubscribed.
         if !self.resumed {

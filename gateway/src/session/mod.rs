@@ -108,6 +108,8 @@ pub struct Pod {
     pub presence: Arc<Presence>,
     /// The application's backend: proxies and webhooks.
     pub hooks: Arc<Hooks>,
+    /// Events to the backend (`[webhooks]`).
+    pub webhooks: Arc<crate::webhooks::Webhooks>,
 }
 
 /// Serves an upgraded connection until it ends.

@@ -85,6 +85,7 @@ fn pod_with(config: Config, fault: Fault) -> (Arc<Pod>, Arc<Faulty>) {
         flush_soon: None,
         budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
         hooks: Arc::new(crate::hooks::Hooks::new(&config.proxy, metrics.clone())),
+        webhooks: Arc::new(crate::webhooks::Webhooks::off()),
         metrics,
         config,
     });

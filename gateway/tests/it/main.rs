@@ -58,3 +58,4 @@ mod sessions;
 mod shutdown;
 mod slow_consumer;
 mod tracing;
+mod webhooks;

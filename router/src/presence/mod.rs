@@ -34,6 +34,10 @@ pub struct PresenceSettings {
     /// random suffix per process is added, so that a restarted pod is a new
     /// instance and never mistaken for the old one).
     pub pod: String,
+    /// Whether the engine tracks which topics have a subscriber on some pod
+    /// ([`crate::Deliver::occupancy`]): with Redis, a write per topic's
+    /// first and last local subscriber, and liveness beats.
+    pub occupancy: bool,
 }
 
 impl Default for PresenceSettings {
@@ -41,6 +45,7 @@ impl Default for PresenceSettings {
         Self {
             pod_ttl: DEFAULT_POD_TTL,
             pod: "herald".to_owned(),
+            occupancy: false,
         }
     }
 }

@@ -242,6 +242,11 @@ impl Broker for RedisBroker {
             Ok(Err(_)) => return Err(ended("pub/sub task")),
             Err(_) => return Err(BrokerError::Unavailable(Unavailable::TimedOut("subscribe"))),
         }
+        // Counted only once watched: the caller unwatches only a watch that
+        // succeeded.
+        if let Some(occupancy) = self.inner.presence.occupancy() {
+            occupancy.watched(topic);
+        }
         if presence {
             // Its room read too, so that a page asked for now has every
             // change after it handed on. Watched all the same if not: the
@@ -255,6 +260,9 @@ impl Broker for RedisBroker {
     }
 
     async fn unwatch(&self, topic: &Topic) {
+        if let Some(occupancy) = self.inner.presence.occupancy() {
+            occupancy.unwatched(topic);
+        }
         let _ = self
             .inner
             .watches

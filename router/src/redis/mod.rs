@@ -48,6 +48,7 @@ mod connection;
 mod control;
 mod history;
 mod lineage;
+mod occupancy;
 mod pages;
 mod presence;
 mod publisher;

@@ -6,7 +6,9 @@
 //! instances whose expiry passed: under a lock (`SET NX PX pod_ttl`), topic
 //! by topic from the instance's topic set, each removal a change with the
 //! instance's leaves ([`super::scripts::WRITE`] with an empty part), then
-//! the instance itself. Each step is idempotent: a cleaner killed midway
+//! the instance itself. When occupancy is tracked, the instance's
+//! subscriptions go too ([`Occupancy::clean`]), the cleaner telling of the
+//! `vacated`s. Each step is idempotent: a cleaner killed midway
 //! leaves the lock to expire, and the next pod to find the instance expired
 //! finishes.
 //!
@@ -30,6 +32,7 @@ use super::scripts::{BEAT, FORGET, WRITE};
 use super::{Context, Presence};
 use crate::redis::call::{timed, unreadable};
 use crate::redis::millis;
+use crate::redis::occupancy::Occupancy;
 use crate::{BrokerError, Causes, Topic};
 
 /// How often a pod beats: a fifth of `pod_ttl`, at least every 10 ms.
@@ -79,11 +82,17 @@ async fn beat(presence: &Presence, beaten: bool) -> Result<(), BrokerError> {
         );
     }
     presence.writer.rewrite(added && beaten).await;
+    if added
+        && beaten
+        && let Some(occupancy) = &presence.occupancy
+    {
+        occupancy.rewrite();
+    }
     for dead in expired {
         if dead == *context.instance {
             continue;
         }
-        if let Err(e) = clean(context, &dead).await {
+        if let Err(e) = clean(context, presence.occupancy.as_deref(), &dead).await {
             tracing::warn!(instance = %dead, error = %Causes(&e), "presence: removing a dead pod's members failed; another beat tries again");
         }
     }
@@ -125,8 +134,13 @@ fn parse_beat(value: Value) -> Option<(bool, Vec<String>)> {
 }
 
 /// Removes a dead instance's presence, topic by topic, under the cleanup
-/// lock; nothing when another pod holds the lock.
-async fn clean(context: &Context, dead: &str) -> Result<(), BrokerError> {
+/// lock, and its occupancy (each `vacated` it causes told by this pod);
+/// nothing when another pod holds the lock.
+async fn clean(
+    context: &Context,
+    occupancy: Option<&Occupancy>,
+    dead: &str,
+) -> Result<(), BrokerError> {
     let observer = &*context.observer;
     let lock = context.keys.cleaning(dead);
     let take = redis::cmd("SET")
@@ -176,6 +190,10 @@ async fn clean(context: &Context, dead: &str) -> Result<(), BrokerError> {
             context.shards.command::<Value>(&listing, &remove),
         )
         .await?;
+    }
+    if let Some(occupancy) = occupancy {
+        let topics = occupancy.clean(dead).await?;
+        tracing::info!(instance = %dead, topics, "occupancy: removed a dead pod's subscriptions");
     }
     let pods = context.keys.pods();
     let mut forget = FORGET.prepare_invoke();

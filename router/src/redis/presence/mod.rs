@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::call::unreadable;
+use super::occupancy::Occupancy;
 use super::scripts::Keys;
 use super::shards::Shards;
 use crate::observe::Observer;
@@ -62,8 +63,12 @@ pub struct Presence {
     replicas: Arc<Replicas>,
     writer: Writer,
     stopped: AtomicBool,
-    /// Whether it beats: a deployment with a presence namespace.
+    /// Whether it beats: a deployment with a presence namespace, or one
+    /// that tracks occupancy.
     used: bool,
+    /// Which topics have a subscriber anywhere, when tracked: its dead
+    /// instances are cleaned with their presence.
+    occupancy: Option<Arc<Occupancy>>,
 }
 
 /// This process's instance id: the pod's name (what is safe of it in a key)
@@ -100,8 +105,19 @@ impl Presence {
         used: bool,
     ) -> Arc<Self> {
         let cluster = shards.is_cluster();
+        let instance: Arc<str> = Arc::from(instance_id(&settings.pod));
+        let occupancy = settings.occupancy.then(|| {
+            Occupancy::start(
+                shards.clone(),
+                prefix,
+                instance.clone(),
+                sink.clone(),
+                observer.clone(),
+            )
+        });
+        let used = used || occupancy.is_some();
         let context = Arc::new(Context {
-            instance: Arc::from(instance_id(&settings.pod)),
+            instance,
             shards,
             reads,
             keys: PresenceKeys::new(prefix),
@@ -118,6 +134,7 @@ impl Presence {
             context,
             stopped: AtomicBool::new(false),
             used,
+            occupancy,
         });
         if used {
             let period = liveness::period(presence.context.settings.pod_ttl);
@@ -129,6 +146,11 @@ impl Presence {
     /// The replicas, which the pub/sub task feeds.
     pub fn replicas(&self) -> Arc<Replicas> {
         self.replicas.clone()
+    }
+
+    /// Occupancy, when tracked.
+    pub fn occupancy(&self) -> Option<&Arc<Occupancy>> {
+        self.occupancy.as_ref()
     }
 
     /// This process's instance id.
