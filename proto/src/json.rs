@@ -336,7 +336,9 @@ impl CommandError {
 
     /// The `code` the client's `err` carries.
     pub fn wire_code(&self) -> &str {
-        self.app.as_ref().map_or(self.code.as_str(), AppCode::as_str)
+        self.app
+            .as_ref()
+            .map_or(self.code.as_str(), AppCode::as_str)
     }
 
     /// The same error, about `topic`.
@@ -1065,7 +1067,11 @@ mod tests {
         for bad in ["", "a b", "é", &"m".repeat(MAX_METHOD_BYTES + 1)] {
             let text = format!(r#"{{"op":"rpc","id":4,"method":"{bad}"}}"#);
             let err = Command::decode(&text).unwrap_err();
-            assert_eq!((err.code, err.id), (ErrorCode::Malformed, Some(4)), "{bad:?}");
+            assert_eq!(
+                (err.code, err.id),
+                (ErrorCode::Malformed, Some(4)),
+                "{bad:?}"
+            );
         }
         let err = Command::decode(r#"{"op":"rpc","id":4}"#).unwrap_err();
         assert_eq!(err.code, ErrorCode::MissingField);
@@ -1085,7 +1091,12 @@ mod tests {
     #[test]
     fn app_codes_are_lower_case_words() {
         for good in ["a", "not_found", "e2e", &"x".repeat(32)] {
-            assert_eq!(AppCode::parse(good).map(|c| c.as_str().to_owned()).as_deref(), Some(good));
+            assert_eq!(
+                AppCode::parse(good)
+                    .map(|c| c.as_str().to_owned())
+                    .as_deref(),
+                Some(good)
+            );
         }
         for bad in ["", "Upper", "1abc", "_a", "a-b", "a b", &"x".repeat(33)] {
             assert!(AppCode::parse(bad).is_none(), "{bad:?}");
@@ -1093,7 +1104,10 @@ mod tests {
         let code = AppCode::parse("room_full").unwrap_or_else(|| panic!());
         let e = CommandError::app(Some(3), code, "full");
         assert_eq!((e.code, e.wire_code()), (ErrorCode::Forbidden, "room_full"));
-        assert_eq!(CommandError::new(None, ErrorCode::Disabled, "").wire_code(), "disabled");
+        assert_eq!(
+            CommandError::new(None, ErrorCode::Disabled, "").wire_code(),
+            "disabled"
+        );
     }
 
     #[test]
