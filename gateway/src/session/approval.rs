@@ -55,6 +55,16 @@ impl Session {
         .about(topic.as_str()))
     }
 
+    /// Whether the client may read `topic`'s history or presence: where it
+    /// may subscribe by the namespace's rule, or, where a subscribe proxy
+    /// decides, where the backend let it subscribe (it is subscribed now).
+    pub(super) fn may_read(&self, id: u64, topic: &Topic) -> Result<(), CommandError> {
+        if self.asks_backend(topic, Access::Subscribe) && self.subscriptions.contains(topic) {
+            return Ok(());
+        }
+        self.may(Some(id), topic, Access::Subscribe)
+    }
+
     /// The subscribe proxy's answer to a client's `sub`: `Ok(None)` when
     /// the backend could not answer (the client was told `unavailable`,
     /// not held against it as a bad command).

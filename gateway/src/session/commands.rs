@@ -291,7 +291,7 @@ impl Session {
             } => {
                 let topic = self.topic(Some(id), &topic)?;
                 // Whoever may subscribe may look; no subscription needed.
-                self.may(Some(id), &topic, Access::Subscribe)?;
+                self.may_read(id, &topic)?;
                 let page = self
                     .node
                     .presence
@@ -328,7 +328,7 @@ impl Session {
         let node = self.node.clone();
         let checked = self
             .topic(Some(id), topic)
-            .and_then(|topic| self.may(Some(id), &topic, Access::Subscribe).map(|_| topic))
+            .and_then(|topic| self.may_read(id, &topic).map(|_| topic))
             // A read touches the topic's keys (a topic not seen before gets
             // its position made), as a publish does: it counts against the
             // topics the client may touch in a minute.

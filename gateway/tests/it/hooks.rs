@@ -259,9 +259,10 @@ async fn the_backends_refusals_close_like_a_refused_token() {
 
 #[tokio::test]
 async fn a_backend_down_is_unavailable_while_token_clients_connect() {
+    // Down before the pod starts: the pod starts all the same.
     let backend = HttpBackend::start(app).await;
-    let gateway = gateway_of(&backend).await;
     backend.stop();
+    let gateway = gateway_of(&backend).await;
     let mut client = client_with(&gateway, &[("Cookie", ALICE_COOKIE)]).await;
     let (err, close) = refused(&mut client, json!({"op": "hello"})).await;
     // Come back later: 4003.
@@ -305,6 +306,50 @@ async fn a_refresh_refused_ends_the_connection_as_an_expired_token() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_refresh_unanswered_is_asked_again_until_it_is_answered() {
+    // Expires in 3 s: refreshed at once (under the margin); the backend
+    // fails the first refresh (500), approves the second for a minute.
+    let expires = unix_now() + 3;
+    let refreshes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = refreshes.clone();
+    let backend = HttpBackend::start(move |request: &Request| match request.path.as_str() {
+        "/connect" => Answer::json(json!({"user": "alice", "expires": expires})),
+        "/refresh" if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 => {
+            Answer::status(500)
+        }
+        "/refresh" => Answer::json(json!({"user": "alice", "expires": unix_now() + 60})),
+        _ => Answer::status(404),
+    })
+    .await;
+    let gateway = gateway_of(&backend).await;
+    let mut client = client_with(&gateway, &[]).await;
+    client.hello(None).await;
+    // Past the first `expires` (a time to pass, not a wait for an event):
+    // the connection lives on.
+    let past = UNIX_EPOCH + Duration::from_secs(expires) + Duration::from_millis(500);
+    let left = past.duration_since(SystemTime::now()).unwrap_or_default();
+    tokio::time::sleep(left).await;
+    client.send(json!({"op": "ping", "id": 1})).await;
+    assert_eq!(client.expect("ok").await["id"], 1);
+    assert_eq!(refreshes.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_forwarded_header_over_the_bound_is_left_out() {
+    let backend = HttpBackend::start(app).await;
+    let gateway = gateway_of(&backend).await;
+    let huge = format!("{ALICE_COOKIE}; pad={}", "x".repeat(9000));
+    let mut client = client_with(&gateway, &[("Cookie", &huge), ("Origin", "http://a.test")]).await;
+    let (err, close) = refused(&mut client, json!({"op": "hello"})).await;
+    assert_eq!(
+        (err["code"].as_str(), close),
+        (Some("unauthorized"), Some(4502))
+    );
+    let connect = &backend.requests()[0];
+    assert_eq!(connect.body["headers"], json!({"origin": "http://a.test"}));
 }
 
 #[tokio::test]
