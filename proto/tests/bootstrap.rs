@@ -15,7 +15,7 @@ fn generated_code_matches_the_proto_files() {
     let protoc = protoc_bin_vendored::protoc_bin_path().expect("vendored protoc");
     let mut prost = tonic_prost_build::Config::new();
     prost.protoc_executable(protoc);
-    // The messages, the `Publisher` server and a client over any channel
+    // The messages, the `Publisher` and `ProxyBackend` servers and clients over any channel
     // (`build_transport(false)`: the client needs no tonic transport, and the
     // tests bring their own).
     tonic_prost_build::configure()
@@ -25,10 +25,13 @@ fn generated_code_matches_the_proto_files() {
         .out_dir(&out)
         .compile_with_config(
             prost,
-            &[root.join("proto/herald/v1/herald.proto")],
+            &[
+                root.join("proto/herald/v1/herald.proto"),
+                root.join("proto/herald/v1/hooks.proto"),
+            ],
             &[root.join("proto")],
         )
-        .expect("protoc compiles herald.proto");
+        .expect("protoc compiles herald.proto and hooks.proto");
 
     let fresh = std::fs::read_to_string(out.join("herald.v1.rs")).expect("generated file");
     let _ = std::fs::remove_dir_all(&out);

@@ -31,6 +31,9 @@
 //! - [`process`]: a helper program run to completion, bounded in time.
 //! - [`webhooks`]: a webhook receiver recording every POST, made to fail
 //!   on demand ([`webhooks::Receiver`]).
+//! - [`backend`]: a programmable application backend for the proxies: an
+//!   HTTP JSON server ([`HttpBackend`]) and a gRPC `ProxyBackend` server
+//!   ([`GrpcBackend`]) answering what the test says.
 //! - [`mod@eventually`]: the bounded poll that replaces hand-written "until the
 //!   deadline" loops, for state that has no event to await.
 //!
@@ -39,6 +42,7 @@
 // Test support: a failed expectation here is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod backend;
 pub mod client;
 pub mod cluster;
 pub mod eventually;
@@ -58,6 +62,7 @@ pub mod webhooks;
 use std::time::Duration;
 
 pub use self::gateway::Gateway;
+pub use backend::{Answer, GrpcBackend, HttpBackend};
 pub use client::Client;
 pub use eventually::eventually;
 pub use faults::FaultyRedis;

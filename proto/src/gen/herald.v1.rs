@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -29,6 +29,8 @@ pub mod client_command {
         Presence(super::Presence),
         #[prost(message, tag = "9")]
         History(super::History),
+        #[prost(message, tag = "10")]
+        Rpc(super::Rpc),
     }
 }
 #[allow(clippy::all)]
@@ -40,6 +42,10 @@ pub struct Hello {
     /// A session token from an earlier `welcome`, to resume that session.
     #[prost(string, optional, tag = "2")]
     pub resume: ::core::option::Option<::prost::alloc::string::String>,
+    /// JSON text, for the connect proxy (a `hello` without a token); ignored
+    /// otherwise.
+    #[prost(bytes = "vec", optional, tag = "3")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -54,6 +60,9 @@ pub struct Sub {
     /// The epoch `since` belongs to; the topic's current epoch when absent.
     #[prost(string, optional, tag = "4")]
     pub epoch: ::core::option::Option<::prost::alloc::string::String>,
+    /// JSON text, for the subscribe proxy; ignored otherwise.
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -120,6 +129,21 @@ pub struct Presence {
     #[prost(uint32, optional, tag = "4")]
     pub limit: ::core::option::Option<u32>,
 }
+/// A call of the application's backend (the rpc proxy): answered with `ok`
+/// (its `data`) or `err` (`disabled` without an rpc proxy; the backend's own
+/// code when it refused).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Rpc {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// 1 to 128 bytes of \[A-Za-z0-9_.:/-\].
+    #[prost(string, tag = "2")]
+    pub method: ::prost::alloc::string::String,
+    /// JSON text.
+    #[prost(bytes = "vec", optional, tag = "3")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
 /// What the server sends.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -167,7 +191,8 @@ pub struct Welcome {
     #[prost(string, optional, tag = "5")]
     pub reason: ::core::option::Option<::prost::alloc::string::String>,
 }
-/// The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`.
+/// The reply to `sub`, `unsub`, `pub`, `refresh`, `ping`, `history`,
+/// `presence` and `rpc`. A `pub` the publish proxy skipped has no `seq`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Ok {
@@ -207,6 +232,10 @@ pub struct Ok {
     /// Only in the reply to `history`: the page, in the order asked for.
     #[prost(message, repeated, tag = "13")]
     pub publications: ::prost::alloc::vec::Vec<Publication>,
+    /// JSON text: the backend's answer to an `rpc`, or to a `sub` its
+    /// subscribe proxy approved.
+    #[prost(bytes = "vec", optional, tag = "14")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -224,6 +253,8 @@ pub struct Msg {
 pub struct Err {
     #[prost(uint64, optional, tag = "1")]
     pub id: ::core::option::Option<u64>,
+    /// One of Herald's codes (docs/protocol.md), or an application's own
+    /// ([a-z][a-z0-9_]{0,31}) when its backend refused an `rpc`, `sub` or `pub`.
     #[prost(string, tag = "2")]
     pub code: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
@@ -1446,6 +1477,748 @@ pub mod publisher_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "herald.v1.Publisher";
     impl<T> tonic::server::NamedService for PublisherServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// An error the backend names: the client's `err` carries `code` when it is
+/// `[a-z][a-z0-9_]{0,31}` (else `forbidden`). For connect and refresh, any
+/// error is `forbidden`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProxyError {
+    #[prost(string, tag = "1")]
+    pub code: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub message: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ConnectProxyRequest {
+    /// The connection's id on its pod.
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    /// The pod's name.
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    /// "websocket".
+    #[prost(string, tag = "3")]
+    pub transport: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub remote_addr: ::prost::alloc::string::String,
+    /// The allow-listed request headers of the upgrade (lower-case names).
+    #[prost(map = "string, string", tag = "5")]
+    pub headers: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    /// `hello.data` (JSON text).
+    #[prost(bytes = "vec", optional, tag = "6")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RefreshProxyRequest {
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub user: ::prost::alloc::string::String,
+}
+/// The meanings of a token's claims `sub`, `info`, `subscribe`, `publish`,
+/// `topics`, `exp`, with the same limits.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConnectProxyReply {
+    /// Empty: anonymous (when the pod allows anonymous clients).
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    /// A JSON object (JSON text): the user's presence `info`.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub info: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(string, repeated, tag = "3")]
+    pub subscribe: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "4")]
+    pub publish: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "5")]
+    pub topics: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Unix seconds; absent: the connection's claims never expire.
+    #[prost(uint64, optional, tag = "6")]
+    pub expires: ::core::option::Option<u64>,
+    #[prost(message, optional, tag = "7")]
+    pub error: ::core::option::Option<ProxyError>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SubscribeProxyRequest {
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    /// Absent: an anonymous client.
+    #[prost(string, optional, tag = "3")]
+    pub user: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, tag = "4")]
+    pub topic: ::prost::alloc::string::String,
+    /// `sub.data` (JSON text).
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SubscribeProxyReply {
+    /// A JSON object (JSON text): the user's presence `info` in this topic.
+    #[prost(bytes = "vec", optional, tag = "1")]
+    pub info: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// JSON text, sent to the client in the `sub`'s `ok`.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(message, optional, tag = "3")]
+    pub error: ::core::option::Option<ProxyError>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PublishProxyRequest {
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "3")]
+    pub user: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, tag = "4")]
+    pub topic: ::prost::alloc::string::String,
+    /// The client's `pub.data` (JSON text).
+    #[prost(bytes = "vec", tag = "5")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PublishProxyReply {
+    /// JSON text to publish instead of the client's; absent: publish as sent.
+    #[prost(bytes = "vec", optional, tag = "1")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// Accepted, not published.
+    #[prost(bool, tag = "2")]
+    pub skip: bool,
+    #[prost(message, optional, tag = "3")]
+    pub error: ::core::option::Option<ProxyError>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RpcProxyRequest {
+    #[prost(string, tag = "1")]
+    pub client: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "3")]
+    pub user: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, tag = "4")]
+    pub method: ::prost::alloc::string::String,
+    /// `rpc.data` (JSON text).
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RpcProxyReply {
+    /// JSON text: the client's `ok.data`.
+    #[prost(bytes = "vec", optional, tag = "1")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(message, optional, tag = "2")]
+    pub error: ::core::option::Option<ProxyError>,
+}
+/// Generated client implementations.
+pub mod proxy_backend_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    #[derive(Debug, Clone)]
+    pub struct ProxyBackendClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> ProxyBackendClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> ProxyBackendClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            ProxyBackendClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// A client's `hello` without a token: who it is.
+        pub async fn connect(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ConnectProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ConnectProxyReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.ProxyBackend/Connect",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.ProxyBackend", "Connect"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A proxy-authenticated connection nearing its `expires`: the same user again.
+        pub async fn refresh(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RefreshProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ConnectProxyReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.ProxyBackend/Refresh",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.ProxyBackend", "Refresh"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A client's `sub` in a namespace with `subscribe_proxy = true`.
+        pub async fn subscribe(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SubscribeProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SubscribeProxyReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.ProxyBackend/Subscribe",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.ProxyBackend", "Subscribe"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A client's `pub` in a namespace with `publish_proxy = true`.
+        pub async fn publish(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PublishProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PublishProxyReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.ProxyBackend/Publish",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.ProxyBackend", "Publish"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A client's `rpc`.
+        pub async fn rpc(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RpcProxyRequest>,
+        ) -> std::result::Result<tonic::Response<super::RpcProxyReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/herald.v1.ProxyBackend/Rpc",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("herald.v1.ProxyBackend", "Rpc"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod proxy_backend_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with ProxyBackendServer.
+    #[async_trait]
+    pub trait ProxyBackend: std::marker::Send + std::marker::Sync + 'static {
+        /// A client's `hello` without a token: who it is.
+        async fn connect(
+            &self,
+            request: tonic::Request<super::ConnectProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ConnectProxyReply>,
+            tonic::Status,
+        >;
+        /// A proxy-authenticated connection nearing its `expires`: the same user again.
+        async fn refresh(
+            &self,
+            request: tonic::Request<super::RefreshProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ConnectProxyReply>,
+            tonic::Status,
+        >;
+        /// A client's `sub` in a namespace with `subscribe_proxy = true`.
+        async fn subscribe(
+            &self,
+            request: tonic::Request<super::SubscribeProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SubscribeProxyReply>,
+            tonic::Status,
+        >;
+        /// A client's `pub` in a namespace with `publish_proxy = true`.
+        async fn publish(
+            &self,
+            request: tonic::Request<super::PublishProxyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PublishProxyReply>,
+            tonic::Status,
+        >;
+        /// A client's `rpc`.
+        async fn rpc(
+            &self,
+            request: tonic::Request<super::RpcProxyRequest>,
+        ) -> std::result::Result<tonic::Response<super::RpcProxyReply>, tonic::Status>;
+    }
+    #[derive(Debug)]
+    pub struct ProxyBackendServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> ProxyBackendServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for ProxyBackendServer<T>
+    where
+        T: ProxyBackend,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/herald.v1.ProxyBackend/Connect" => {
+                    #[allow(non_camel_case_types)]
+                    struct ConnectSvc<T: ProxyBackend>(pub Arc<T>);
+                    impl<
+                        T: ProxyBackend,
+                    > tonic::server::UnaryService<super::ConnectProxyRequest>
+                    for ConnectSvc<T> {
+                        type Response = super::ConnectProxyReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ConnectProxyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ProxyBackend>::connect(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ConnectSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.ProxyBackend/Refresh" => {
+                    #[allow(non_camel_case_types)]
+                    struct RefreshSvc<T: ProxyBackend>(pub Arc<T>);
+                    impl<
+                        T: ProxyBackend,
+                    > tonic::server::UnaryService<super::RefreshProxyRequest>
+                    for RefreshSvc<T> {
+                        type Response = super::ConnectProxyReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RefreshProxyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ProxyBackend>::refresh(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RefreshSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.ProxyBackend/Subscribe" => {
+                    #[allow(non_camel_case_types)]
+                    struct SubscribeSvc<T: ProxyBackend>(pub Arc<T>);
+                    impl<
+                        T: ProxyBackend,
+                    > tonic::server::UnaryService<super::SubscribeProxyRequest>
+                    for SubscribeSvc<T> {
+                        type Response = super::SubscribeProxyReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SubscribeProxyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ProxyBackend>::subscribe(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SubscribeSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.ProxyBackend/Publish" => {
+                    #[allow(non_camel_case_types)]
+                    struct PublishSvc<T: ProxyBackend>(pub Arc<T>);
+                    impl<
+                        T: ProxyBackend,
+                    > tonic::server::UnaryService<super::PublishProxyRequest>
+                    for PublishSvc<T> {
+                        type Response = super::PublishProxyReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PublishProxyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ProxyBackend>::publish(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PublishSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/herald.v1.ProxyBackend/Rpc" => {
+                    #[allow(non_camel_case_types)]
+                    struct RpcSvc<T: ProxyBackend>(pub Arc<T>);
+                    impl<
+                        T: ProxyBackend,
+                    > tonic::server::UnaryService<super::RpcProxyRequest> for RpcSvc<T> {
+                        type Response = super::RpcProxyReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RpcProxyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ProxyBackend>::rpc(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RpcSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for ProxyBackendServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "herald.v1.ProxyBackend";
+    impl<T> tonic::server::NamedService for ProxyBackendServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
