@@ -43,7 +43,10 @@ pub use clients::{
 };
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
-pub use hooks::{Endpoint, ProxyConfig, WebhooksConfig};
+pub use hooks::{
+    DEFAULT_PROXY_MAX_IN_FLIGHT, DEFAULT_PROXY_MAX_RESPONSE_BYTES, Endpoint, ProxyConfig, Scheme,
+    UrlError, WebhooksConfig,
+};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
@@ -145,17 +148,17 @@ const TOP_LEVEL_KEYS: [&str; 19] = [
     "log",
     "telemetry",
     "presence",
-    "auth",
-    "namespaces",
     "proxy",
     "webhooks",
+    "auth",
+    "namespaces",
 ];
 
 /// The variable that names the configuration file when `--config` is not given.
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 6] = [
+const LIST_VARS: [(&str, &str); 7] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
     (
         "HERALD_REDIS__SENTINEL__ADDRESSES",
@@ -168,6 +171,7 @@ const LIST_VARS: [(&str, &str); 6] = [
         "websocket.allowed_origins",
     ),
     ("HERALD_WEBHOOKS__EVENTS", "webhooks.events"),
+    ("HERALD_PROXY__CONNECT__HEADERS", "proxy.connect.headers"),
 ];
 
 impl Config {

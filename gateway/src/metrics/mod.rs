@@ -5,9 +5,11 @@
 
 mod labels;
 mod observer;
+mod proxy;
 mod register;
 
 pub use labels::*;
+pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 
 use prometheus::{
@@ -78,6 +80,8 @@ pub struct Metrics {
     pub webhook_batches: IntCounterVec,
     pub webhook_queue: IntGauge,
     pub webhook_post_seconds: Histogram,
+    /// The proxies' (issue #24).
+    pub proxy: ProxyMetrics,
 }
 
 impl Metrics {
@@ -420,6 +424,7 @@ impl Metrics {
                 "herald_webhook_post_seconds",
                 "How long each webhook POST took, answer read.",
             ),
+            proxy: ProxyMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();
