@@ -4,14 +4,33 @@
 // (the `ws` package, whose upgrade request carries the cookie) and headless
 // Chromium (a page that sets a cookie and connects with no token at all).
 // And, against a tiny WebSocket server, what the SDK sends: `hello.data` on
-// every connection, the resume included.
+// every connection, the resume included. Last, the example backend of
+// docs/hooks.md (Python's standard library), run as the doc has it.
 
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { DisabledError, HeraldClient, HeraldError, UnauthorizedError } from '../dist/index.js';
-import { Events, STEP, bounded, cleanups, config, sdkPage, startBackend, startHerald, test } from './harness.mjs';
+import {
+  Events,
+  REPO,
+  START_WAIT,
+  STEP,
+  bounded,
+  cleanups,
+  config,
+  freePort,
+  poll,
+  sdkPage,
+  spawnOwned,
+  startBackend,
+  startHerald,
+  tempDir,
+  test,
+} from './harness.mjs';
 
 /**
  * Set while the gateway's side of the hooks (the proxies in the session:
@@ -214,3 +233,56 @@ test(
   },
   { skip: GATEWAY },
 );
+
+test('hooks: the example backend of docs/hooks.md, as written there, logs a client in by its cookie and logs the signed webhooks', async (t) => {
+  const cleanup = cleanups(t);
+  // The doc's backend, byte for byte: the fenced block that starts the server.
+  const doc = readFileSync(join(REPO, 'docs/hooks.md'), 'utf8');
+  const code = [...doc.matchAll(/```python\n([\s\S]*?)```/g)].map(([, c]) => c).find((c) => c.includes('serve_forever'));
+  assert.ok(code, 'a python block with the example backend in docs/hooks.md');
+  const file = join(tempDir(cleanup, 'backend'), 'backend.py');
+  writeFileSync(file, code);
+  const port = await freePort();
+  const logged = new Events();
+  const backend = spawnOwned('python3', ['-u', file], { env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const exited = new Promise((r) => backend.on('exit', r));
+  cleanup.push(async () => {
+    backend.kill('SIGKILL');
+    await exited;
+  });
+  let lines = '';
+  backend.stderr.on('data', (d) => {
+    lines += d;
+    for (const line of String(d).split('\n')) if (line) logged.push(line);
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await poll('the example backend answers', START_WAIT, async () => {
+    const res = await fetch(`${url}/herald/connect`, { method: 'POST', body: '{}', signal: AbortSignal.timeout(STEP) });
+    return res.status === 401;
+  });
+  const herald = await startHerald(
+    cleanup,
+    config({
+      auth: { hmac_secret: SECRET },
+      'proxy.connect': { url: `${url}/herald/connect`, timeout: '5s', headers: ['Cookie'] },
+      webhooks: { url: `${url}/herald/events`, secret: 'change-me', batch_interval: '20ms' },
+      'namespaces.rooms': { subscribe: 'granted', publish: 'nobody' },
+    }),
+  );
+  const events = new Events();
+  const c = client(cleanup, events, [herald.ws], { WebSocket: withCookie('session=8f2c0e') });
+  const sub = c.subscribe('rooms:42');
+  sub.on('subscribed', (s) => events.push({ t: 'subscribed', ...s }));
+  sub.on('error', (e) => events.push({ t: 'suberror', code: e.code }));
+  await c.connect();
+  // Granted `rooms:*` by the backend's reply, as a token's `subscribe` would.
+  await events.wait('rooms:42 subscribed', (e) => e.t === 'subscribed' || e.t === 'suberror');
+  assert.deepEqual(events.filter((e) => e.t === 'suberror'), []);
+  // The first subscriber anywhere: `topic.occupied`, signed (the backend checked it before logging).
+  const occupied = await logged.wait('the backend logged topic.occupied', (l) => l.includes('"type": "topic.occupied"') && l.includes('"topic": "rooms:42"'));
+  assert.match(occupied, /"id": "[^"]+-1"/);
+  assert.doesNotMatch(lines, /bad signature|Traceback/);
+  // Without the cookie: the backend's 401, a terminal close.
+  const stranger = client(cleanup, new Events(), [herald.ws]);
+  await assert.rejects(stranger.connect(), (e) => e instanceof UnauthorizedError && e.closeCode === 4502);
+});
