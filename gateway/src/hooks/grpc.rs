@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use super::call::Denied;
-use super::{Failure, HookError};
+use super::{Failure, HookError, reply};
 use crate::telemetry;
 
 /// How tonic words a reply over the decoding limit (an `OUT_OF_RANGE`).
@@ -59,7 +59,7 @@ impl Client {
 
 /// A call's status, as the session sees it.
 pub(super) fn denied(status: Status) -> Denied {
-    let message = status.message().to_owned();
+    let message = reply::bounded(status.message().to_owned());
     match status.code() {
         Code::Unauthenticated => Denied::Refusal(HookError::Unauthorized(message)),
         Code::PermissionDenied => Denied::Refusal(HookError::Forbidden(message)),

@@ -14,17 +14,17 @@ use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT};
 use hyper::{Request, Response, StatusCode, Uri, body::Incoming};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{self, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::value::RawValue;
 
 use super::call::Denied;
-use super::{Failure, HookError};
+use super::{Failure, HookError, reply};
 use crate::telemetry;
 
-/// Longest message of a 401 or 403 kept for the client, in bytes.
-const MAX_MESSAGE_BYTES: usize = 512;
+/// How long an idle connection to a backend is kept for the next call.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The pod's HTTP client for every HTTP proxy: plain, or with rustls for
 /// `https://` (and `http://`) where some proxy's URL is `https://` (so a pod
@@ -36,7 +36,14 @@ pub(super) enum Client {
 
 impl Client {
     pub(super) fn new(https: bool) -> Result<Self, std::io::Error> {
-        let builder = legacy::Client::builder(TokioExecutor::new());
+        let mut builder = legacy::Client::builder(TokioExecutor::new());
+        // An idle connection is let go before common backends close theirs
+        // (Node's 5 s): a request sent just as the server closes it would
+        // fail, and is not retried (a publish or rpc is not idempotent).
+        // Calls more often than this keep one connection.
+        builder
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new());
         let mut connector = HttpConnector::new();
         // Small requests and answers, waited on by a client: no Nagle delay.
         connector.set_nodelay(true);
@@ -168,17 +175,10 @@ async fn message(response: Response<Incoming>, max_bytes: usize) -> String {
     let Ok(body) = read(response, max_bytes).await else {
         return String::new();
     };
-    let Ok(Body { mut message }) = serde_json::from_slice::<Body>(&body) else {
-        return String::new();
-    };
-    if message.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
+    match serde_json::from_slice::<Body>(&body) {
+        Ok(Body { message }) => reply::bounded(message),
+        Err(_) => String::new(),
     }
-    message
 }
 
 /// An error with its causes, for the log (hyper's say little alone:

@@ -17,7 +17,8 @@ use crate::auth::{Claims, Vouched};
 /// Longest app error code the client is given; one that is longer, or not
 /// `[a-z][a-z0-9_]*`, is `forbidden`.
 const MAX_CODE_BYTES: usize = 32;
-/// Longest app error message kept for the client, in bytes.
+/// Longest refusal message kept for the client (an app error's, a 401's or
+/// 403's body, a gRPC status's), in bytes.
 const MAX_MESSAGE_BYTES: usize = 512;
 
 /// `{"error": {"code": "...", "message": "..."}}`.
@@ -52,7 +53,8 @@ fn is_app_code(code: &str) -> bool {
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-fn bounded(mut message: String) -> String {
+/// A refusal's message for the client, at most [`MAX_MESSAGE_BYTES`].
+pub(super) fn bounded(mut message: String) -> String {
     if message.len() > MAX_MESSAGE_BYTES {
         let mut end = MAX_MESSAGE_BYTES;
         while !message.is_char_boundary(end) {

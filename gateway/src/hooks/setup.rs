@@ -20,6 +20,9 @@ pub enum HooksError {
         url: String,
         error: UrlError,
     },
+    /// A `grpc://` proxy built outside a tokio runtime (a bug).
+    #[error("gRPC proxies are built within the runtime")]
+    NoRuntime,
     /// An `https://` proxy, and no root certificates to check it with.
     #[error("HTTPS proxies: no root certificates: {0}")]
     Roots(std::io::Error),
@@ -123,6 +126,10 @@ impl Hooks {
         for (kind, scheme, uri, timeout) in targets {
             let transport = match (scheme, &http) {
                 (Scheme::Grpc, _) => {
+                    // The channel's worker is a task: it needs the runtime.
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        return Err(HooksError::NoRuntime);
+                    }
                     Transport::Grpc(grpc::Client::new(uri, timeout, config.max_response_bytes))
                 }
                 (_, Some(client)) => Transport::Http(client.clone(), uri),

@@ -805,21 +805,48 @@ async fn an_endless_answer_is_cut_at_max_response_bytes_and_a_stalled_one_times_
 }
 
 #[tokio::test]
-async fn a_pod_starts_with_proxies_whose_backends_are_down() {
-    let env = [
-        ("HERALD_PROXY__CONNECT__URL", "http://127.0.0.1:1/connect"),
-        ("HERALD_PROXY__CONNECT__HEADERS", "Cookie"),
-        ("HERALD_PROXY__RPC__URL", "grpc://127.0.0.1:1"),
-    ]
-    .map(|(k, v)| (k.to_owned(), v.to_owned()));
-    let config = Config::load(None, env).unwrap();
-    let node = crate::node::Node::start(config).await.unwrap();
-    let hooks = &node.pod.hooks;
-    assert!(hooks.connects());
-    assert_eq!(hooks.forwarded_headers(), ["cookie"]);
-    let failed = rpc(hooks, None).await;
+async fn an_https_proxy_speaks_tls_and_http_proxies_share_its_client() {
+    // A plain HTTP backend: the TLS handshake with it fails.
+    let backend = HttpBackend::start(application).await;
+    let https = backend.url("/rpc").replace("http://", "https://");
+    let config = ProxyConfig {
+        rpc: Some(Endpoint {
+            url: https,
+            timeout: WAIT,
+            headers: Vec::new(),
+        }),
+        publish: Some(Endpoint {
+            url: backend.url("/publish"),
+            timeout: WAIT,
+            headers: Vec::new(),
+        }),
+        ..ProxyConfig::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let hooks = match Hooks::build(&config, Arc::from("pod-a"), 256, metrics.clone()) {
+        Ok(hooks) => hooks,
+        // A machine without root certificates.
+        Err(HooksError::Roots(_)) => return,
+        Err(other) => panic!("{other:?}"),
+    };
+    let failed = tokio::time::timeout(WAIT, rpc(&hooks, None)).await.unwrap();
     assert!(
         matches!(failed, Err(HookError::Unavailable(Failure::Connect))),
         "{failed:?}"
     );
+    // The same client speaks plain HTTP to an http:// proxy.
+    let topic = topic();
+    let data = raw(json!({"x": 1}));
+    let request = PublishRequest {
+        client: 1,
+        user: None,
+        topic: &topic,
+        data: &data,
+    };
+    assert!(matches!(
+        hooks.publish(&request).await,
+        Ok(PublishReply::AsIs)
+    ));
+    let paths: Vec<String> = backend.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/publish"], "the TLS hello was no request");
 }
