@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
+    Broker, Deliver, Member, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
     RedisBroker, ServerSubscription, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -90,11 +90,9 @@ struct Sink {
     live: Arc<Registry>,
     metrics: Arc<Metrics>,
     presence: Arc<Presence>,
+    /// Events to the backend: occupancy and members as the engine tells
+    /// them (one pod each, across pods).
     webhooks: Arc<Webhooks>,
-    /// Whether this pod tells of `presence.join`/`leave`: with the
-    /// embedded engine, the only pod. With Redis every pod watching a topic
-    /// sees its changes, and no rule picks one yet: not sent.
-    tells_presence: bool,
 }
 
 impl Deliver for Sink {
@@ -142,23 +140,24 @@ impl Deliver for Sink {
 
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         self.presence.change(topic, change);
-        if self.tells_presence && !change.is_quiet() {
-            if self.webhooks.wants(WebhookType::Join) {
-                for member in &change.joins {
-                    self.webhooks.emit(WebhookEvent::Join {
-                        topic: topic.clone(),
-                        user: member.user.clone(),
-                        info: member.info.clone(),
-                    });
-                }
+    }
+
+    fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
+        if self.webhooks.wants(WebhookType::Join) {
+            for member in joins {
+                self.webhooks.emit(WebhookEvent::Join {
+                    topic: topic.clone(),
+                    user: member.user.clone(),
+                    info: member.info.clone(),
+                });
             }
-            if self.webhooks.wants(WebhookType::Leave) {
-                for user in &change.leaves {
-                    self.webhooks.emit(WebhookEvent::Leave {
-                        topic: topic.clone(),
-                        user: user.clone(),
-                    });
-                }
+        }
+        if self.webhooks.wants(WebhookType::Leave) {
+            for user in leaves {
+                self.webhooks.emit(WebhookEvent::Leave {
+                    topic: topic.clone(),
+                    user: user.clone(),
+                });
             }
         }
     }
@@ -202,7 +201,6 @@ impl Node {
             metrics: metrics.clone(),
             presence: presence.clone(),
             webhooks: webhooks.clone(),
-            tells_presence: config.broker == BrokerKind::Memory,
         });
         let verifier = Verifier::new(&config.auth).await?;
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {
@@ -216,6 +214,8 @@ impl Node {
                     pod_ttl: config.presence.pod_ttl,
                     pod: pod_name.to_string(),
                     occupancy: config.webhooks.tracks_occupancy(),
+                    members: config.webhooks.wants("presence.join")
+                        || config.webhooks.wants("presence.leave"),
                 };
                 let redis =
                     RedisBroker::start(settings, namespaces.clone(), sink, metrics.clone()).await?;

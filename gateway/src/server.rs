@@ -145,6 +145,8 @@ pub async fn serve(
     // Only once the clients are gone (or the drain timed out): their users
     // are lingering members now.
     node.presence.depart().await;
+    // Its last events (closes, vacated) to the backend, bounded.
+    node.pod.webhooks.flush().await;
 }
 
 /// The next connection on `listener`; never, without one.

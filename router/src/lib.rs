@@ -198,6 +198,15 @@ pub trait Deliver: Send + Sync + 'static {
     fn occupancy(&self, topic: &Topic, occupied: bool) {
         let _ = (topic, occupied);
     }
+
+    /// Users who became members of a topic's presence (on no pod before)
+    /// or stopped being one (on no pod now), told once across pods: by the
+    /// pod whose write made the change, or the one that cleaned up after a
+    /// dead pod (Redis, when [`PresenceSettings::members`] asks for it).
+    /// The embedded engine tells its one pod of every change's.
+    fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
+        let _ = (topic, joins, leaves);
+    }
 }
 
 /// What an engine says of its state: for `/readyz` and the admin status.

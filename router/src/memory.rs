@@ -327,10 +327,18 @@ impl Broker for MemoryBroker {
             .entry(topic.clone())
             .or_insert_with(|| TopicState::new(now));
         state.touched = now;
-        if let Some(change) = state.presence.update(&update)
-            && state.watchers > 0
-        {
-            self.inner.sink.presence(topic, &change);
+        if let Some(change) = state.presence.update(&update) {
+            // One pod: every join and leave is its own, watched or not (a
+            // topic's last subscriber has left by the time its leave is
+            // written).
+            if !change.is_quiet() {
+                self.inner
+                    .sink
+                    .members(topic, &change.joins, &change.leaves);
+            }
+            if state.watchers > 0 {
+                self.inner.sink.presence(topic, &change);
+            }
         }
         Ok(())
     }

@@ -19,7 +19,8 @@ pub mod sender;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use event::Stamped;
@@ -28,6 +29,7 @@ use queue::Queue;
 
 use bytes::Bytes;
 use router::{Position, Topic};
+use tokio::sync::Notify;
 
 use crate::admission::ConnId;
 use crate::config::WebhooksConfig;
@@ -37,6 +39,11 @@ use crate::metrics::Metrics;
 /// The pod's webhooks: off (nothing wanted) unless `[webhooks] url` is set.
 pub struct Webhooks {
     queue: Option<Queue>,
+    /// Events queued and not yet acknowledged or dropped: what a departing
+    /// pod waits for ([`Webhooks::flush`]).
+    pending: Arc<Pending>,
+    /// How long [`Webhooks::flush`] waits: one POST's timeout.
+    flush_for: Duration,
     /// The [`Type::bit`]s of the types configured.
     wanted: u8,
     next: AtomicU64,
@@ -60,13 +67,16 @@ impl Webhooks {
             }
         };
         let (queue, drain) = queue::bounded(config.queue, metrics);
-        tokio::spawn(sender.run(drain));
+        let pending = Arc::new(Pending::default());
+        tokio::spawn(sender.run(drain, pending.clone()));
         let wanted = Type::ALL
             .iter()
             .filter(|t| config.wants(t.as_str()))
             .fold(0, |bits, t| bits | t.bit());
         Arc::new(Self {
             queue: Some(queue),
+            pending,
+            flush_for: config.timeout,
             wanted,
             next: AtomicU64::new(1),
         })
@@ -76,6 +86,8 @@ impl Webhooks {
     pub fn off() -> Self {
         Self {
             queue: None,
+            pending: Arc::default(),
+            flush_for: Duration::ZERO,
             wanted: 0,
             next: AtomicU64::new(1),
         }
@@ -99,7 +111,47 @@ impl Webhooks {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let _ = queue.push(Stamped { id, time, event });
+        self.pending.count.fetch_add(1, Ordering::AcqRel);
+        if queue.push(Stamped { id, time, event }).is_err() {
+            self.pending.done(1);
+        }
+    }
+
+    /// Waits (one POST's timeout at most) until every event queued so far
+    /// was acknowledged or dropped: a departing pod's last events (its
+    /// connections' closes, its topics' vacated) leave before it exits.
+    pub async fn flush(&self) {
+        let deadline = tokio::time::Instant::now() + self.flush_for;
+        loop {
+            let idle = self.pending.idle.notified();
+            let left = self.pending.count.load(Ordering::Acquire);
+            if left == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                tracing::warn!(
+                    events = left,
+                    "webhooks: the pod leaves with events not yet acknowledged"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Events between [`Webhooks::emit`] and their batch's end.
+#[derive(Default)]
+pub struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Pending {
+    /// `n` events were acknowledged or dropped.
+    pub fn done(&self, n: usize) {
+        if self.count.fetch_sub(n, Ordering::AcqRel) == n {
+            self.idle.notify_waiters();
+        }
     }
 }
 
@@ -118,14 +170,17 @@ impl Webhooks {
     }
 
     /// A connection that had said `hello` ended (`connection.close`): its
-    /// close code (1006 where none was sent: the connection was lost or
-    /// the client closed) and reason.
+    /// close code (where the server sent none: 1000 when the client closed,
+    /// 1006 when the connection was lost) and reason.
     pub fn closed(&self, client: ConnId, user: Option<&Arc<str>>, reason: CloseReason) {
         if self.wants(Type::Close) {
             self.emit(Event::Close {
                 client,
                 user: user.cloned(),
-                code: reason.code().unwrap_or(1006),
+                code: reason.code().unwrap_or(match reason {
+                    CloseReason::ClientClosed => 1000,
+                    _ => 1006,
+                }),
                 reason: reason.as_str(),
             });
         }

@@ -124,7 +124,7 @@ impl Sender {
     }
 
     /// Sends batches until every queue end is gone.
-    pub async fn run(self, mut drain: Drain) {
+    pub async fn run(self, mut drain: Drain, pending: Arc<super::Pending>) {
         let mut batch: Vec<Stamped> = Vec::with_capacity(self.batch_size);
         while let Some(first) = drain.next().await {
             batch.push(first);
@@ -136,6 +136,7 @@ impl Sender {
                 }
             }
             self.deliver(&batch).await;
+            pending.done(batch.len());
             batch.clear();
         }
     }

@@ -304,3 +304,272 @@ async fn a_full_queue_drops_and_counts_without_holding_up_delivery() {
         3.0
     );
 }
+
+/// `[webhooks]` from `HERALD_*` variables, over the required ones.
+fn load(vars: &[(&str, &str)]) -> Result<gateway::config::Config, gateway::config::ConfigError> {
+    let mut all: Vec<(String, String)> = vec![
+        (
+            "HERALD_WEBHOOKS__URL".into(),
+            "http://127.0.0.1:9/events".into(),
+        ),
+        ("HERALD_WEBHOOKS__SECRET".into(), "s".into()),
+    ];
+    for (k, v) in vars {
+        all.retain(|(key, _)| key != k);
+        all.push(((*k).into(), (*v).into()));
+    }
+    gateway::config::Config::load(None, all)
+}
+
+#[track_caller]
+fn refused(vars: &[(&str, &str)], key: &str) {
+    match load(vars) {
+        Ok(_) => panic!("expected a refusal naming `{key}`"),
+        Err(e) => assert!(e.to_string().contains(key), "the error names `{key}`: {e}"),
+    }
+}
+
+#[test]
+fn webhooks_settings_are_checked_at_start_naming_the_key() {
+    let config = load(&[]).expect("url and secret are enough");
+    let webhooks = &config.webhooks;
+    assert_eq!(
+        webhooks.events,
+        [
+            "topic.occupied",
+            "topic.vacated",
+            "presence.join",
+            "presence.leave"
+        ]
+    );
+    assert_eq!((webhooks.batch_size, webhooks.queue), (100, 10_000));
+    assert_eq!(webhooks.retry_for, Duration::from_secs(60));
+    refused(&[("HERALD_WEBHOOKS__SECRET", "")], "webhooks.secret");
+    refused(&[("HERALD_WEBHOOKS__URL", "ftp://x/y")], "webhooks.url");
+    refused(
+        &[("HERALD_WEBHOOKS__EVENTS", "topic.occupied,room.burned")],
+        "webhooks.events",
+    );
+    refused(
+        &[("HERALD_WEBHOOKS__BATCH_SIZE", "0")],
+        "webhooks.batch_size",
+    );
+    refused(&[("HERALD_WEBHOOKS__QUEUE", "0")], "webhooks.queue");
+    refused(&[("HERALD_WEBHOOKS__TIMEOUT", "0s")], "webhooks.timeout");
+    refused(
+        &[("HERALD_WEBHOOKS__SECRET_FILE", "/nonexistent/secret")],
+        "webhooks.secret",
+    );
+    // The secret from a file, without its trailing newline.
+    let dir = std::env::temp_dir().join(format!("herald-webhooks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("secret");
+    std::fs::write(&file, "from-a-file\n").expect("write");
+    let path = file.to_str().expect("utf-8");
+    let config = load(&[
+        ("HERALD_WEBHOOKS__SECRET", ""),
+        ("HERALD_WEBHOOKS__SECRET_FILE", path),
+    ])
+    .expect("a secret file");
+    assert_eq!(config.webhooks.secret().expect("read"), b"from-a-file");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Off without a URL: nothing else is required.
+    assert!(
+        !gateway::config::Config::load(None, Vec::new())
+            .expect("defaults")
+            .webhooks
+            .enabled()
+    );
+}
+
+/// The `presence.join`s (`true`) and `presence.leave`s of `user` in
+/// `topic`, in the order received.
+fn membership(events: &[Value], topic: &str, user: &str) -> Vec<bool> {
+    events
+        .iter()
+        .filter(|e| e["topic"] == topic && e["user"] == user)
+        .filter_map(|e| match e["type"].as_str() {
+            Some("presence.join") => Some(true),
+            Some("presence.leave") => Some(false),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_on_two_pods_joins_and_leaves_once_and_a_killed_pods_leave_is_told() {
+    use crate::presence::{SECRET as TOKEN_SECRET, connect};
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let redis = Redis::start().await;
+    let extra = [
+        ("HERALD_AUTH__HMAC_SECRET", TOKEN_SECRET),
+        ("HERALD_AUTH__ALLOW_ANONYMOUS", "true"),
+        ("HERALD_NAMESPACES__ROOM__PRESENCE", "true"),
+        ("HERALD_PRESENCE__DIFF_INTERVAL", "100ms"),
+        ("HERALD_PRESENCE__POD_TTL", "2s"),
+    ];
+    let env = env(&url, "presence.join,presence.leave", &extra);
+    let a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let mut b = Herald::pod(HERALD, &redis.url(), &env).await;
+    // Alice on a, then on b too; a's connection goes, then b's.
+    let (mut alice_a, _) = connect(&a.ws_url(), Some("alice")).await;
+    alice_a.sub(1, "room:1").await;
+    let seen = receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true])
+        .await;
+    let join = seen
+        .iter()
+        .find(|e| e["type"] == "presence.join")
+        .expect("a join");
+    assert_eq!(join["info"], json!({"name": "ALICE"}), "{join}");
+    let (mut alice_b, _) = connect(&b.ws_url(), Some("alice")).await;
+    alice_b.sub(1, "room:1").await;
+    // Bob, after alice on b: once his join is told, b wrote alice too.
+    let (mut bob, _) = connect(&b.ws_url(), Some("bob")).await;
+    bob.sub(1, "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "bob") == [true])
+        .await;
+    alice_a.ws.close(None).await.expect("close");
+    alice_a.closed().await;
+    alice_b.ws.close(None).await.expect("close");
+    alice_b.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true, false])
+        .await;
+    assert_eq!(
+        membership(&seen, "room:1", "alice"),
+        [true, false],
+        "{seen:?}"
+    );
+    // b dies with bob on it: a's cleanup tells his leave, once.
+    b.kill9();
+    let seen = receiver
+        .wait_for(Duration::from_secs(10), |e| {
+            membership(e, "room:1", "bob") == [true, false]
+        })
+        .await;
+    assert_eq!(
+        membership(&seen, "room:1", "bob"),
+        [true, false],
+        "{seen:?}"
+    );
+    tokio::time::sleep(QUIET).await;
+    let seen = receiver.events();
+    assert_eq!(
+        membership(&seen, "room:1", "alice"),
+        [true, false],
+        "{seen:?}"
+    );
+    assert_eq!(
+        membership(&seen, "room:1", "bob"),
+        [true, false],
+        "{seen:?}"
+    );
+    drop((a, bob));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pod_tells_a_connections_open_join_leave_and_close() {
+    use crate::presence::{SECRET as TOKEN_SECRET, connect};
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let extra = [
+        ("HERALD_AUTH__HMAC_SECRET", TOKEN_SECRET),
+        ("HERALD_NAMESPACES__ROOM__PRESENCE", "true"),
+        ("HERALD_PRESENCE__DIFF_INTERVAL", "100ms"),
+    ];
+    let events = "presence.join,presence.leave,connection.open,connection.close";
+    let pod = Herald::start(HERALD, &env(&url, events, &extra), &[]).await;
+    let (mut alice, _) = connect(&pod.ws_url(), Some("alice")).await;
+    alice.sub(1, "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| membership(e, "room:1", "alice") == [true])
+        .await;
+    alice.ws.close(None).await.expect("close");
+    alice.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| {
+            e.iter().any(|e| e["type"] == "connection.close")
+                && membership(e, "room:1", "alice") == [true, false]
+        })
+        .await;
+    // The leave is written at the next presence interval: after the
+    // close, or before.
+    let kinds: Vec<&str> = seen.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds[..2], ["connection.open", "presence.join"], "{seen:?}");
+    assert_eq!(kinds.len(), 4, "{seen:?}");
+    let open = &seen[0];
+    let close = seen
+        .iter()
+        .find(|e| e["type"] == "connection.close")
+        .expect("a close");
+    assert_eq!(open["user"], "alice");
+    assert_eq!(close["user"], "alice");
+    assert_eq!(open["client"], close["client"]);
+    assert_eq!(
+        (&close["reason"], &close["code"]),
+        (&json!("client_closed"), &json!(1000)),
+        "{close}"
+    );
+    assert!(
+        open.get("session").is_none(),
+        "never the session id: {open}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pod_tells_occupied_at_the_first_subscriber_and_vacated_after_the_last() {
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let pod = Herald::start(HERALD, &env(&url, "topic.occupied,topic.vacated", &[]), &[]).await;
+    let mut first = subscriber(&pod.ws_url(), "room:1").await;
+    let mut second = subscriber(&pod.ws_url(), "room:1").await;
+    receiver
+        .wait_for(WAIT, |e| count(e, "topic.occupied", "room:1") == 1)
+        .await;
+    first.ws.close(None).await.expect("close");
+    first.closed().await;
+    // A marker after the first left: the pod tells in order.
+    let _marker = subscriber(&pod.ws_url(), "room:m").await;
+    let seen = receiver
+        .wait_for(WAIT, |e| count(e, "topic.occupied", "room:m") == 1)
+        .await;
+    assert_eq!(count(&seen, "topic.vacated", "room:1"), 0, "{seen:?}");
+    second.ws.close(None).await.expect("close");
+    second.closed().await;
+    let seen = receiver
+        .wait_for(WAIT, |e| count(e, "topic.vacated", "room:1") == 1)
+        .await;
+    let kinds: Vec<&str> = about(&seen, "topic.occupied", "room:1")
+        .into_iter()
+        .chain(about(&seen, "topic.vacated", "room:1"))
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["topic.occupied", "topic.vacated"], "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_drains_sends_its_last_events_before_it_exits() {
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let extra = [("HERALD_SHUTDOWN__DRAIN_TIMEOUT", "1s")];
+    let mut pod = Herald::start(HERALD, &env(&url, "connection.close", &extra), &[]).await;
+    let mut client = subscriber(&pod.ws_url(), "room:1").await;
+    pod.sigterm();
+    // The client leaves when the draining pod advises it to.
+    client.expect("reconnect").await;
+    client.ws.close(None).await.expect("close");
+    client.closed().await;
+    assert!(pod.wait_exit(WAIT).await.is_some(), "the pod exits");
+    // No waiting here: it was sent before the pod exited.
+    let seen = receiver.events();
+    assert_eq!(
+        seen.iter()
+            .filter(|e| e["type"] == "connection.close")
+            .count(),
+        1,
+        "{seen:?}"
+    );
+}

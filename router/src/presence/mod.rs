@@ -38,6 +38,10 @@ pub struct PresenceSettings {
     /// ([`crate::Deliver::occupancy`]): with Redis, a write per topic's
     /// first and last local subscriber, and liveness beats.
     pub occupancy: bool,
+    /// Whether the engine tells exactly one pod of each member's join and
+    /// leave ([`crate::Deliver::members`]): with Redis, a count per user
+    /// and topic kept with each write of a pod's part.
+    pub members: bool,
 }
 
 impl Default for PresenceSettings {
@@ -46,6 +50,7 @@ impl Default for PresenceSettings {
             pod_ttl: DEFAULT_POD_TTL,
             pod: "herald".to_owned(),
             occupancy: false,
+            members: false,
         }
     }
 }

@@ -251,6 +251,9 @@ async fn clear(context: &Context, topic: &Topic, dead: &str) -> Result<u64, Brok
         context.shards.script::<Value>(&hash, &WRITE, &invocation),
     )
     .await?;
+    // The dead instance's users: leaves where it was their last, told by
+    // this pod.
+    super::members::count(context, topic, dead, None).await?;
     Ok(members)
 }
 

@@ -8,6 +8,8 @@
 //!   each (the field, the position, the change message).
 //! - [`replica`]: the rooms of the watched topics, from a snapshot and the
 //!   channel's changes in position order; pages and counts come from them.
+//! - [`members`]: users counted across pods, for join/leave events told
+//!   once (only when asked for).
 //! - [`liveness`]: the beat, and the cleanup of a dead pod's members (the
 //!   bound on how long they stay is documented there).
 //!
@@ -16,6 +18,7 @@
 
 pub mod encoding;
 mod liveness;
+mod members;
 pub mod replica;
 mod scripts;
 mod writer;

@@ -5,6 +5,10 @@
 //!   ([`super::encoding`]), one field per pod instance with members there.
 //! - `<prefix>:presence:{<topic>}:pos`: the presence position, `INCR`ed by
 //!   every write that changes the hash.
+//! - With join/leave events asked for ([`MEMBERS`]):
+//!   `<prefix>:presence:{<topic>}:users`, `HASH user -> instances holding
+//!   them`, and `<prefix>:presence:{<topic>}:of:<instance>`, `SET` of the
+//!   users the instance holds.
 //!
 //! Per deployment and instance (each key its own slot):
 //! - `<prefix>:presence:pods`: `ZSET instance -> expiry (Redis ms)`, the
@@ -39,6 +43,16 @@ impl PresenceKeys {
 
     pub fn position(&self, topic: &Topic) -> String {
         format!("{}:presence:{{{topic}}}:pos", self.prefix)
+    }
+
+    /// The topic's members: `HASH user -> instances holding them`.
+    pub fn users(&self, topic: &Topic) -> String {
+        format!("{}:presence:{{{topic}}}:users", self.prefix)
+    }
+
+    /// The users an instance holds in a topic: `SET`.
+    pub fn users_of(&self, topic: &Topic, instance: &str) -> String {
+        format!("{}:presence:{{{topic}}}:of:{instance}", self.prefix)
     }
 
     pub fn pods(&self) -> String {
@@ -89,6 +103,46 @@ else
 end
 redis.call(ARGV[6], ARGV[5], string.format('!p%d:%s:%s:', pos, kind, ARGV[1]) .. body)
 return pos
+"#,
+    )
+});
+
+/// Sets the users an instance holds in a topic to `ARGV` (all of them),
+/// counting per user the instances holding them: `[joins, leaves]`, the
+/// users whose count went 0 -> 1 and 1 -> 0. Atomic, so each transition is
+/// returned to one caller; running it again with the same users changes
+/// nothing (a retry is safe). Kept only when join/leave events are asked
+/// for (`PresenceSettings::members`).
+///
+/// KEYS: the topic's users hash, the instance's set. ARGV: its users.
+pub static MEMBERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local now = {}
+for i = 1, #ARGV do now[ARGV[i]] = true end
+local joins, leaves = {}, {}
+for _, u in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if now[u] then
+    now[u] = false
+  else
+    redis.call('SREM', KEYS[2], u)
+    if redis.call('HINCRBY', KEYS[1], u, -1) <= 0 then
+      redis.call('HDEL', KEYS[1], u)
+      leaves[#leaves + 1] = u
+    end
+  end
+end
+for i = 1, #ARGV do
+  local u = ARGV[i]
+  if now[u] then
+    now[u] = false
+    redis.call('SADD', KEYS[2], u)
+    if redis.call('HINCRBY', KEYS[1], u, 1) == 1 then
+      joins[#joins + 1] = u
+    end
+  end
+end
+return {joins, leaves}
 "#,
     )
 });

@@ -184,6 +184,8 @@ impl Writer {
             _ => return Err(unreadable("presence write")),
         };
         own.written = (position > 0).then_some(position);
+        // Dirty until counted too: the next write counts again.
+        super::members::count(context, topic, instance, Some(&own.part)).await?;
         own.dirty = false;
         if own.part.is_empty() && own.listed {
             let remove = redis::cmd("SREM").arg(&listing).arg(topic.as_str()).clone();
