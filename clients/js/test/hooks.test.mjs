@@ -178,7 +178,7 @@ test(
   { skip: GATEWAY },
 );
 
-test('hooks, Node: hello.data goes with every hello, the resume too, from a function called before each connection', async (t) => {
+test('hooks, Node: hello.data goes with every hello, the resume too, from a function called before each connection; an rpc ends at its own timeout', async (t) => {
   const cleanup = cleanups(t);
   const events = new Events();
   const server = new WebSocketServer({ host: '127.0.0.1', port: 0 });
@@ -208,7 +208,10 @@ test('hooks, Node: hello.data goes with every hello, the resume too, from a func
       [undefined, { csrf: 'c1' }],
       ['s1', { csrf: 'c2' }],
     ],
-  );
+  );  // This server never answers an `rpc`: the call's own timeout ends it.
+  const started = Date.now();
+  await assert.rejects(c.rpc('slow', null, { timeoutMs: 200 }), (e) => e instanceof HeraldError && e.code === 'timeout');
+  assert.ok(Date.now() - started < 5_000, 'the call\'s timeout, not the client\'s 10 s');
 });
 
 test(
