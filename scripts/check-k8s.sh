@@ -356,6 +356,10 @@ refuses "a key the chart owns (config.grpc.listen)" "listen" "${DEFAULTS[@]}" \
 refuses "the replaced namespace key client_publish (schema)" "client_publish" "${DEFAULTS[@]}" \
     --set config.namespaces.default.client_publish=true
 refuses "a mistyped value (schema)" "replicaCount" "${DEFAULTS[@]}" --set replicaCount=three
+refuses "webhooks without a secret" "webhooks.url needs a secret" "${DEFAULTS[@]}" \
+    --set webhooks.url=http://app.backend:8000/herald/events
+refuses "a proxy URL that is not http, https or grpc (schema)" "proxy" "${DEFAULTS[@]}" \
+    --set proxy.connect.url=ftp://app.backend/connect
 
 say "kubernetes manifests: kustomize (k8s/)"
 "$HELM" template herald "$CHART" --kube-version "$RENDER_KUBE_VERSION" "${DEFAULTS[@]}" \

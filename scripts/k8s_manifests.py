@@ -45,13 +45,17 @@ API_KEYS_ENV = "HERALD_HTTP__API_KEYS"
 # kubelet updates it: a rotation restarts nothing).
 API_KEYS_FILE_ENV = "HERALD_HTTP__API_KEYS_FILE"
 TOKEN_KEY_ENVS = ("HERALD_AUTH__HMAC_SECRET", "HERALD_AUTH__PUBLIC_KEY")
-SECRET_TOML_KEYS = (("http", "api_keys"), ("auth", "hmac_secret"), ("auth", "public_key"))
+# The webhooks' HMAC secret (docs/hooks.md): a Secret's too, never herald.toml.
+WEBHOOKS_SECRET_ENV = "HERALD_WEBHOOKS__SECRET"
+SECRET_TOML_KEYS = (("http", "api_keys"), ("auth", "hmac_secret"), ("auth", "public_key"),
+                    ("webhooks", "secret"))
 # Stand-ins of the right form for what a Secret the user manages holds, so
 # that herald --check sees the pod's configuration whole.
 STAND_INS = {
     "HERALD_REDIS__URL": "redis://redis.example:6379",
     "HERALD_REDIS__PASSWORD": "stand-in-redis-password",
     "HERALD_REDIS__SENTINEL__PASSWORD": "stand-in-sentinel-password",
+    WEBHOOKS_SECRET_ENV: "stand-in-webhooks-secret",
     API_KEYS_ENV: "stand-in-key-one,stand-in-key-two",
     "HERALD_AUTH__HMAC_SECRET": "stand-in-hmac-secret-0123456789abcdef0123456789abcdef",
     # An EC P-256 public key made for this check; nobody holds its private key.
@@ -310,7 +314,7 @@ def check_credentials(name, c, volumes, config, open_ok):
     """Keys come from a Secret, and unless the render is meant to be open,
     there are API keys and a way to check clients' tokens."""
     env = {e["name"]: e for e in c.get("env", [])}
-    for var in (API_KEYS_ENV,) + TOKEN_KEY_ENVS:
+    for var in (API_KEYS_ENV, WEBHOOKS_SECRET_ENV) + TOKEN_KEY_ENVS:
         if var in env and "secretKeyRef" not in env[var].get("valueFrom", {}):
             raise CheckFailed(f"{name}: {var} is not read from a Secret")
     if API_KEYS_FILE_ENV in env:
@@ -325,6 +329,8 @@ def check_credentials(name, c, volumes, config, open_ok):
         missing.append("API keys")
     if not any(v in env for v in TOKEN_KEY_ENVS) and not config.get("auth", {}).get("jwks_url"):
         missing.append("token key")
+    if config.get("webhooks", {}).get("url") and WEBHOOKS_SECRET_ENV not in env:
+        raise CheckFailed(f"{name}: webhooks.url without {WEBHOOKS_SECRET_ENV} from a Secret")
     if missing and not open_ok:
         raise CheckFailed(f"{name}: open: no {' and no '.join(missing)}")
     if not missing and open_ok:

@@ -22,8 +22,8 @@ use crate::presence::{Loaded, Told, Tracker};
 use crate::wire::{self, Frame};
 use crate::{
     Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, HistoryPage, HistoryQuery,
-    HistoryReply, Message, Origin, PresenceReply, Publication, Published, Reply, Shared, Since,
-    State, TokenFn, reconnects_after,
+    HistoryReply, Message, Origin, PresenceReply, Publication, Published, Reply, RpcReply, Shared,
+    Since, State, TokenFn, reconnects_after,
 };
 
 type Ws = WebSocketStream<TcpStream>;
@@ -41,6 +41,8 @@ const FAR: Duration = Duration::from_secs(86_400);
 pub(crate) struct Settings {
     pub endpoints: Arc<dyn Endpoints>,
     pub token: Option<TokenFn>,
+    /// `hello.data`, on every connection.
+    pub hello_data: Option<Box<RawValue>>,
     pub backoff: Backoff,
     pub ack_interval: Duration,
     pub resume: bool,
@@ -76,6 +78,11 @@ pub(crate) enum Command {
         topic: Arc<str>,
         query: HistoryQuery,
         reply: HistoryReply,
+    },
+    Rpc {
+        method: String,
+        data: Option<Box<RawValue>>,
+        reply: RpcReply,
     },
     Track {
         topic: Arc<str>,
@@ -119,6 +126,7 @@ enum Pending {
     Refresh,
     Presence(PresenceReply),
     History(HistoryReply),
+    Rpc(RpcReply),
     /// A page of a tracked topic's load.
     Load {
         topic: Arc<str>,
@@ -295,7 +303,8 @@ impl Driver {
             Command::Track { topic } => {
                 self.trackers.entry(topic).or_default();
             }
-            request @ (Command::Presence { .. } | Command::History { .. }) => {
+            request
+            @ (Command::Presence { .. } | Command::History { .. } | Command::Rpc { .. }) => {
                 self.requests.push(request);
             }
             Command::Cut(_) | Command::Close => {}
@@ -394,6 +403,7 @@ impl Driver {
         let hello = wire::Command::Hello {
             token: token.as_deref(),
             resume,
+            data: self.s.hello_data.as_deref(),
         };
         let asked = resume.is_some();
         if let Err(e) = ws.send(WsMessage::text(hello.to_json())).await {
@@ -564,6 +574,19 @@ impl Driver {
                     epoch: query.epoch.as_deref(),
                     limit: query.limit,
                     reverse: query.reverse,
+                }
+                .to_json()
+            }
+            Command::Rpc {
+                method,
+                data,
+                reply,
+            } => {
+                let id = self.id(Pending::Rpc(reply));
+                wire::Command::Rpc {
+                    id,
+                    method: &method,
+                    data: data.as_deref(),
                 }
                 .to_json()
             }
@@ -796,7 +819,8 @@ impl Driver {
                 }
                 return Ok(());
             }
-            request @ (Command::Presence { .. } | Command::History { .. }) => {
+            request
+            @ (Command::Presence { .. } | Command::History { .. } | Command::Rpc { .. }) => {
                 match self.request(request) {
                     Some(text) => text,
                     None => return Ok(()),
@@ -1057,6 +1081,12 @@ impl Driver {
                     publications,
                 }));
             }
+            Pending::Rpc(reply) => {
+                let data = frame
+                    .data
+                    .map_or_else(|| RawValue::NULL.to_owned(), |d| d.to_owned());
+                let _ = reply.send(Ok(data));
+            }
             Pending::Load { topic, load } => return self.presence_loaded(topic, load, frame).await,
             Pending::Pub(reply) => {
                 let published = Published {
@@ -1116,6 +1146,9 @@ impl Driver {
             }
             Some(Pending::History(reply)) => {
                 let _ = reply.send(Err(server(frame.topic.as_deref().map(str::to_owned))));
+            }
+            Some(Pending::Rpc(reply)) => {
+                let _ = reply.send(Err(server(None)));
             }
             Some(Pending::Load { topic, .. }) => {
                 self.emit(Event::Error(server(Some(topic.to_string()))))
@@ -1293,6 +1326,9 @@ impl Driver {
                     let _ = reply.send(Err(Error::ConnectionLost));
                 }
                 Pending::History(reply) => {
+                    let _ = reply.send(Err(Error::ConnectionLost));
+                }
+                Pending::Rpc(reply) => {
                     let _ = reply.send(Err(Error::ConnectionLost));
                 }
                 _ => {}

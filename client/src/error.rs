@@ -125,11 +125,12 @@ pub enum Error {
     /// A frame the client could not read (it is skipped).
     #[error("unreadable server frame ({reason}): {frame}")]
     Protocol { reason: String, frame: String },
-    /// The connection ended before the reply to a `pub` came: it may or may
-    /// not have been published. (For `presence` and `history`: ask again.)
+    /// The connection ended before the reply to a `pub` or an `rpc` came: it
+    /// may or may not have been published (or run by the backend). (For
+    /// `presence` and `history`: ask again.)
     #[error("the connection ended before the reply")]
     ConnectionLost,
-    /// `data` to publish that is not JSON.
+    /// `data` to publish (or for `hello`, `rpc`) that is not JSON.
     #[error("data is not JSON: {0}")]
     Data(String),
     /// A URL the client cannot use (only `ws://` is supported).

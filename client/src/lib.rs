@@ -191,6 +191,8 @@ pub struct HistoryPage {
     pub publications: Vec<Publication>,
 }
 
+/// Where a [`Client::rpc`] waits for the backend's reply.
+type RpcReply = oneshot::Sender<Result<Box<RawValue>, Error>>;
 /// Where a [`Client::presence`] waits for its page.
 type PresenceReply = oneshot::Sender<Result<PresencePage, Error>>;
 /// Where a [`Client::history`] waits for its page.
@@ -203,6 +205,7 @@ type TokenFn = Arc<dyn Fn() -> TokenFuture + Send + Sync>;
 pub struct Builder {
     endpoints: Result<Arc<dyn Endpoints>, Error>,
     token: Option<TokenFn>,
+    hello_data: Result<Option<Box<RawValue>>, Error>,
     backoff: Backoff,
     acks: Acks,
     resume: bool,
@@ -240,6 +243,17 @@ impl Builder {
             let fut = token();
             Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
         }));
+        self
+    }
+
+    /// Sends `data` (any JSON) as `hello.data` on every connection, the
+    /// resumes too: Herald gives it to the backend's connect proxy when the
+    /// `hello` has no token (docs/hooks.md), and ignores it otherwise. Data
+    /// that does not serialize to JSON fails [`Builder::build`].
+    pub fn hello_data(mut self, data: &impl Serialize) -> Self {
+        self.hello_data = serde_json::value::to_raw_value(data)
+            .map(Some)
+            .map_err(|e| Error::Data(e.to_string()));
         self
     }
 
@@ -314,12 +328,14 @@ impl Builder {
     /// connects at once. Fails only on unusable URLs.
     pub fn build(self) -> Result<(Client, Events), Error> {
         let endpoints = self.endpoints?;
+        let hello_data = self.hello_data?;
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events) = mpsc::channel(self.buffer);
         let shared = Arc::new(Shared::default());
         let settings = driver::Settings {
             endpoints,
             token: self.token,
+            hello_data,
             backoff: self.backoff,
             ack_interval: self.acks.interval(),
             resume: self.resume,
@@ -373,6 +389,7 @@ impl Client {
         Builder {
             endpoints: Urls::new(urls).map(|u| Arc::new(u) as Arc<dyn Endpoints>),
             token: None,
+            hello_data: Ok(None),
             backoff: DEFAULT_BACKOFF,
             acks: Acks::Auto {
                 interval: DEFAULT_ACK_INTERVAL,
@@ -429,6 +446,41 @@ impl Client {
         let (reply, answer) = oneshot::channel();
         self.send(driver::Command::Publish {
             topic: Arc::from(topic.into()),
+            data,
+            reply,
+        })?;
+        answer.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Calls `method` (1..128 bytes of `[A-Za-z0-9_.:/-]`) on the
+    /// application's backend through Herald's rpc proxy, as this
+    /// connection's user, with `data` (any JSON, `None` for none), and
+    /// waits for the backend's reply `data` (JSON `null` if it gave none).
+    /// Sent on the next connection if there is none now; never retried (the
+    /// backend could run it twice): [`Error::ConnectionLost`] means it may
+    /// or may not have run. A refusal is [`Error::Server`] with the
+    /// backend's own code ([`ErrorCode::Other`]), [`ErrorCode::Disabled`]
+    /// where Herald has no rpc proxy, [`ErrorCode::Unavailable`] when the
+    /// backend did not answer in time.
+    ///
+    /// ```no_run
+    /// # async fn run(client: herald_client::Client) -> Result<(), herald_client::Error> {
+    /// let cart = client.rpc("cart.add", Some(&serde_json::json!({"sku": "A-1"}))).await?;
+    /// println!("{}", cart.get());
+    /// # Ok(()) }
+    /// ```
+    pub async fn rpc<D: Serialize>(
+        &self,
+        method: impl Into<String>,
+        data: Option<&D>,
+    ) -> Result<Box<RawValue>, Error> {
+        let data = data
+            .map(serde_json::value::to_raw_value)
+            .transpose()
+            .map_err(|e| Error::Data(e.to_string()))?;
+        let (reply, answer) = oneshot::channel();
+        self.send(driver::Command::Rpc {
+            method: method.into(),
             data,
             reply,
         })?;

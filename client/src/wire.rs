@@ -141,6 +141,9 @@ pub(crate) enum Command<'a> {
         token: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         resume: Option<&'a str>,
+        /// For the connect proxy (a `hello` without a token).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
     },
     Sub {
         id: u64,
@@ -188,6 +191,13 @@ pub(crate) enum Command<'a> {
         limit: Option<u32>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         reverse: bool,
+    },
+    /// A call to the backend's rpc proxy.
+    Rpc {
+        id: u64,
+        method: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
     },
 }
 
@@ -274,8 +284,35 @@ mod tests {
         let hello = Command::Hello {
             token: None,
             resume: None,
+            data: None,
         };
         assert_eq!(hello.to_json(), r#"{"op":"hello"}"#);
+        let data =
+            RawValue::from_string(r#"{"csrf":"x"}"#.to_owned()).unwrap_or_else(|e| panic!("{e}"));
+        let hello = Command::Hello {
+            token: None,
+            resume: Some("s1"),
+            data: Some(&data),
+        };
+        assert_eq!(
+            hello.to_json(),
+            r#"{"op":"hello","resume":"s1","data":{"csrf":"x"}}"#
+        );
+        let rpc = Command::Rpc {
+            id: 4,
+            method: "cart.add",
+            data: Some(&data),
+        };
+        assert_eq!(
+            rpc.to_json(),
+            r#"{"op":"rpc","id":4,"method":"cart.add","data":{"csrf":"x"}}"#
+        );
+        let rpc = Command::Rpc {
+            id: 5,
+            method: "ping",
+            data: None,
+        };
+        assert_eq!(rpc.to_json(), r#"{"op":"rpc","id":5,"method":"ping"}"#);
         let history = Command::History {
             id: 2,
             topic: "news",

@@ -4,7 +4,8 @@
 //! that answers as the protocol says, frame by frame): a subscription the
 //! server makes (its messages acked, `unsubscribed` ending it), a tracked
 //! topic whose diffs race its pages, `history` pages and the typed
-//! `history_lost` and `disabled`.
+//! `history_lost` and `disabled`; `hello.data` and `rpc` (the backend
+//! hooks' client side: the backend's reply, its own error code).
 
 mod common;
 
@@ -220,4 +221,51 @@ async fn history_and_presence_answers_and_their_typed_refusals() {
         Err(Error::Server { code, .. }) => assert_eq!(code, ErrorCode::Disabled),
         other => panic!("not `disabled`: {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_data_goes_with_every_hello_and_rpc_returns_the_backends_data_or_its_code() {
+    let (url, mut commands) = scripted(|c| {
+        let id = c["id"].clone();
+        match (c["op"].as_str(), c["method"].as_str()) {
+            (Some("rpc"), Some("cart.add")) => {
+                vec![json!({"op": "ok", "id": id, "data": {"items": 1, "sku": c["data"]["sku"]}})]
+            }
+            (Some("rpc"), Some("ping")) => vec![json!({"op": "ok", "id": id})],
+            (Some("rpc"), _) => vec![json!({
+                "op": "err", "id": id, "code": "insufficient_funds", "message": "balance 0"
+            })],
+            _ => vec![],
+        }
+    })
+    .await;
+    let (client, _events) = Client::builder([url])
+        .hello_data(&json!({"csrf": "c1"}))
+        .build()
+        .unwrap();
+    let cart = client
+        .rpc("cart.add", Some(&json!({"sku": "A-1"})))
+        .await
+        .unwrap();
+    assert_eq!(cart.get(), r#"{"items":1,"sku":"A-1"}"#);
+    let hello = command(&mut commands, |c| c["op"] == "hello").await;
+    assert_eq!(hello["data"], json!({"csrf": "c1"}));
+    let sent = command(&mut commands, |c| c["op"] == "rpc").await;
+    assert_eq!(sent["method"], "cart.add");
+    // No data asked, none sent; no data answered: JSON null.
+    let pong = client.rpc::<Value>("ping", None).await.unwrap();
+    assert_eq!(pong.get(), "null");
+    let sent = command(&mut commands, |c| c["op"] == "rpc").await;
+    assert!(sent.get("data").is_none(), "{sent}");
+    match client.rpc("pay", Some(&5)).await {
+        Err(Error::Server { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::Other("insufficient_funds".to_owned()));
+            assert_eq!(message, "balance 0");
+        }
+        other => panic!("not the backend's code: {other:?}"),
+    }
+    // A new connection (the client comes back after a cut): the same data with its `hello`.
+    client.cut(herald_client::Cut::Reset).unwrap();
+    let again = command(&mut commands, |c| c["op"] == "hello").await;
+    assert_eq!(again["data"], json!({"csrf": "c1"}));
 }

@@ -64,6 +64,7 @@ fn encode(c: &mut Criterion) {
         epoch: Some("a81f0c3e5d2b9a77"),
         recovered: None,
         expires: None,
+        data: None,
     };
     let ok_len = frame::message(&ok).len() as u64;
     let stamp = 1_234_567_890u64.to_be_bytes();

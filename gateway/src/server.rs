@@ -377,6 +377,9 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
             return reject("bad_handshake", StatusCode::BAD_REQUEST, &format!("{e}\n"));
         }
     };
+    // Only where a connect proxy is configured: what it is told of this
+    // request, until the client's `hello`.
+    let handshake = session::Handshake::capture(&node.pod.hooks, req.headers(), ip);
     let tasks = node.tasks.clone();
     tasks.spawn(async move {
         // The socket alone, out of its `WebSocket` (and this `match`) before
@@ -389,7 +392,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
                 return;
             }
         };
-        session::serve_upgraded(upgraded, node.pod.clone(), admission).await;
+        session::serve_upgraded(upgraded, node.pod.clone(), admission, handshake).await;
     });
     response.map(|_| Body::default())
 }

@@ -17,12 +17,16 @@ pub enum Command<'a> {
     Hello {
         token: Option<Cow<'a, str>>,
         resume: Option<Cow<'a, str>>,
+        /// For the connect proxy (a `hello` without a token), verbatim.
+        data: Option<&'a RawValue>,
     },
     Sub {
         id: u64,
         topic: Cow<'a, str>,
         since: Option<u64>,
         epoch: Option<Cow<'a, str>>,
+        /// For the subscribe proxy, verbatim.
+        data: Option<&'a RawValue>,
     },
     Unsub {
         id: u64,
@@ -65,6 +69,27 @@ pub enum Command<'a> {
         /// Members per page; `None`: `presence.page_size`.
         limit: Option<u64>,
     },
+    /// A call of the application's backend (the rpc proxy), answered with
+    /// `ok` and its `data`, or `err`.
+    Rpc {
+        id: u64,
+        /// 1 to [`MAX_METHOD_BYTES`] bytes of `[A-Za-z0-9_.:/-]`.
+        method: Cow<'a, str>,
+        data: Option<&'a RawValue>,
+    },
+}
+
+/// Longest `rpc` method name, in bytes.
+pub const MAX_METHOD_BYTES: usize = 128;
+
+/// Whether `method` is an `rpc` method name: 1 to [`MAX_METHOD_BYTES`]
+/// bytes of `[A-Za-z0-9_.:/-]` (safe in a URL path, a log line and a
+/// metric-free label).
+pub fn valid_method(method: &str) -> bool {
+    (1..=MAX_METHOD_BYTES).contains(&method.len())
+        && method
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'/' | b'-'))
 }
 
 /// Every key any command may carry. Unknown keys are ignored, so that newer
@@ -90,6 +115,8 @@ struct RawCommand<'a> {
     reverse: Option<bool>,
     #[serde(borrow)]
     cursor: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    method: Option<Cow<'a, str>>,
 }
 
 impl<'a> Command<'a> {
@@ -109,12 +136,14 @@ impl<'a> Command<'a> {
             "hello" => Command::Hello {
                 token: raw.token,
                 resume: raw.resume,
+                data: raw.data,
             },
             "sub" => Command::Sub {
                 id: id.ok_or_else(|| missing("id"))?,
                 topic: raw.topic.ok_or_else(|| missing("topic"))?,
                 since: raw.since,
                 epoch: raw.epoch,
+                data: raw.data,
             },
             "unsub" => Command::Unsub {
                 id: id.ok_or_else(|| missing("id"))?,
@@ -152,6 +181,24 @@ impl<'a> Command<'a> {
                 cursor: raw.cursor,
                 limit: raw.limit,
             },
+            "rpc" => {
+                let id = id.ok_or_else(|| missing("id"))?;
+                let method = raw.method.ok_or_else(|| missing("method"))?;
+                if !valid_method(&method) {
+                    return Err(CommandError::new(
+                        Some(id),
+                        ErrorCode::Malformed,
+                        format!(
+                            "`method` must be 1 to {MAX_METHOD_BYTES} bytes of A-Z, a-z, 0-9, `_.:/-`"
+                        ),
+                    ));
+                }
+                Command::Rpc {
+                    id,
+                    method,
+                    data: raw.data,
+                }
+            }
             other => {
                 return Err(CommandError::new(
                     id,
@@ -166,20 +213,27 @@ impl<'a> Command<'a> {
     pub fn to_proto(&self) -> v1::ClientCommand {
         use v1::client_command::Op;
         let op = match self {
-            Command::Hello { token, resume } => Op::Hello(v1::Hello {
+            Command::Hello {
+                token,
+                resume,
+                data,
+            } => Op::Hello(v1::Hello {
                 token: token.as_deref().map(str::to_owned),
                 resume: resume.as_deref().map(str::to_owned),
+                data: data.map(json_bytes),
             }),
             Command::Sub {
                 id,
                 topic,
                 since,
                 epoch,
+                data,
             } => Op::Sub(v1::Sub {
                 id: *id,
                 topic: topic.to_string(),
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
+                data: data.map(json_bytes),
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,
@@ -227,9 +281,19 @@ impl<'a> Command<'a> {
                 cursor: cursor.as_deref().map(str::to_owned),
                 limit: limit.map(|l| u32::try_from(l).unwrap_or(u32::MAX)),
             }),
+            Command::Rpc { id, method, data } => Op::Rpc(v1::Rpc {
+                id: *id,
+                method: method.to_string(),
+                data: data.map(json_bytes),
+            }),
         };
         v1::ClientCommand { op: Some(op) }
     }
+}
+
+/// A JSON value as protobuf carries it: its text, as bytes.
+fn json_bytes(value: &RawValue) -> Vec<u8> {
+    value.get().as_bytes().to_vec()
 }
 
 /// A command the server could not act on: the client gets it as an `err`.
@@ -243,6 +307,11 @@ pub struct CommandError {
     /// The topic the error is about, when it is about one: a client learns
     /// which subscription an `err` without an `id` ended from it.
     pub topic: Option<String>,
+    /// The application's own code for it (a backend's refusal of an `rpc`,
+    /// `sub` or `pub`): the client's `err` carries it instead of `code`,
+    /// which stays the kind of error it is (`forbidden`) for the pod's
+    /// metrics and logs.
+    pub app: Option<AppCode>,
 }
 
 impl CommandError {
@@ -252,7 +321,24 @@ impl CommandError {
             code,
             message: message.into(),
             topic: None,
+            app: None,
         }
+    }
+
+    /// An error the application's backend named: the client sees its
+    /// `code`, the pod counts it as `forbidden`.
+    pub fn app(id: Option<u64>, code: AppCode, message: impl Into<String>) -> Self {
+        Self {
+            app: Some(code),
+            ..Self::new(id, ErrorCode::Forbidden, message)
+        }
+    }
+
+    /// The `code` the client's `err` carries.
+    pub fn wire_code(&self) -> &str {
+        self.app
+            .as_ref()
+            .map_or(self.code.as_str(), AppCode::as_str)
     }
 
     /// The same error, about `topic`.
@@ -260,6 +346,29 @@ impl CommandError {
     pub fn about(mut self, topic: impl Into<String>) -> Self {
         self.topic = Some(topic.into());
         self
+    }
+}
+
+/// An application's error code, as a backend named it: `[a-z][a-z0-9_]{0,31}`,
+/// so that a client can switch on it as on Herald's own codes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AppCode(Box<str>);
+
+impl AppCode {
+    /// `code` when it is `[a-z][a-z0-9_]{0,31}`; `None` otherwise (the
+    /// caller falls back to `forbidden`).
+    pub fn parse(code: &str) -> Option<Self> {
+        let bytes = code.as_bytes();
+        let valid = (1..=32).contains(&bytes.len())
+            && bytes[0].is_ascii_lowercase()
+            && bytes[1..]
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
+        valid.then(|| Self(code.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -358,6 +467,10 @@ pub enum ServerMessage<'a> {
         /// The reply to `refresh`: when the new token expires.
         #[serde(skip_serializing_if = "Option::is_none")]
         expires: Option<u64>,
+        /// The backend's answer: to an `rpc`, and to a `sub` its subscribe
+        /// proxy approved.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
     },
     Msg {
         topic: &'a str,
@@ -367,7 +480,8 @@ pub enum ServerMessage<'a> {
     Err {
         #[serde(skip_serializing_if = "Option::is_none")]
         id: Option<u64>,
-        code: ErrorCode,
+        /// An [`ErrorCode`]'s text, or an application's ([`AppCode`]).
+        code: &'a str,
         message: &'a str,
         /// The topic the error is about, when it is about one.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -575,6 +689,7 @@ impl ServerMessage<'_> {
                 epoch,
                 recovered,
                 expires,
+                data,
             } => Op::Ok(v1::Ok {
                 id,
                 topic: topic.map(str::to_owned),
@@ -582,6 +697,7 @@ impl ServerMessage<'_> {
                 epoch: epoch.map(str::to_owned),
                 recovered,
                 expires,
+                data: data.map(json_bytes),
                 ..v1::Ok::default()
             }),
             ServerMessage::Subscribed {
@@ -629,7 +745,7 @@ impl ServerMessage<'_> {
                 topic,
             } => Op::Err(v1::Err {
                 id,
-                code: code.as_str().to_owned(),
+                code: code.to_owned(),
                 message: message.to_owned(),
                 topic: topic.map(str::to_owned),
             }),
@@ -934,6 +1050,64 @@ mod tests {
             Some("null")
         );
         assert!(Command::decode(r#"{"op":"pub","id":1,"topic":"a","data":null}"#).is_ok());
+    }
+
+    #[test]
+    fn rpc_and_hook_data_decode() {
+        let text = r#"{"op":"rpc","id":9,"method":"rooms/create:v1.x-y_z","data":{"n":1}}"#;
+        let Ok(Command::Rpc { id, method, data }) = Command::decode(text) else {
+            panic!("rpc decodes")
+        };
+        assert_eq!((id, &*method), (9, "rooms/create:v1.x-y_z"));
+        assert_eq!(data.map(RawValue::get), Some(r#"{"n":1}"#));
+        assert!(matches!(
+            Command::decode(r#"{"op":"rpc","id":1,"method":"m"}"#),
+            Ok(Command::Rpc { data: None, .. })
+        ));
+        for bad in ["", "a b", "é", &"m".repeat(MAX_METHOD_BYTES + 1)] {
+            let text = format!(r#"{{"op":"rpc","id":4,"method":"{bad}"}}"#);
+            let err = Command::decode(&text).unwrap_err();
+            assert_eq!(
+                (err.code, err.id),
+                (ErrorCode::Malformed, Some(4)),
+                "{bad:?}"
+            );
+        }
+        let err = Command::decode(r#"{"op":"rpc","id":4}"#).unwrap_err();
+        assert_eq!(err.code, ErrorCode::MissingField);
+        let Ok(Command::Hello { data, .. }) = Command::decode(r#"{"op":"hello","data":[1]}"#)
+        else {
+            panic!("hello decodes")
+        };
+        assert_eq!(data.map(RawValue::get), Some("[1]"));
+        let Ok(Command::Sub { data, .. }) =
+            Command::decode(r#"{"op":"sub","id":1,"topic":"a","data":"x"}"#)
+        else {
+            panic!("sub decodes")
+        };
+        assert_eq!(data.map(RawValue::get), Some(r#""x""#));
+    }
+
+    #[test]
+    fn app_codes_are_lower_case_words() {
+        for good in ["a", "not_found", "e2e", &"x".repeat(32)] {
+            assert_eq!(
+                AppCode::parse(good)
+                    .map(|c| c.as_str().to_owned())
+                    .as_deref(),
+                Some(good)
+            );
+        }
+        for bad in ["", "Upper", "1abc", "_a", "a-b", "a b", &"x".repeat(33)] {
+            assert!(AppCode::parse(bad).is_none(), "{bad:?}");
+        }
+        let code = AppCode::parse("room_full").unwrap_or_else(|| panic!());
+        let e = CommandError::app(Some(3), code, "full");
+        assert_eq!((e.code, e.wire_code()), (ErrorCode::Forbidden, "room_full"));
+        assert_eq!(
+            CommandError::new(None, ErrorCode::Disabled, "").wire_code(),
+            "disabled"
+        );
     }
 
     #[test]

@@ -17,4 +17,4 @@ pub mod v1 {
     include!("gen/herald.v1.rs");
 }
 
-pub use json::{Command, CommandError, ErrorCode, ServerMessage};
+pub use json::{AppCode, Command, CommandError, ErrorCode, ServerMessage};

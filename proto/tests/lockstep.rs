@@ -77,8 +77,8 @@ fn assert_fields_covered(samples: &[(String, BTreeSet<String>)]) {
 #[test]
 fn every_command_matches_its_proto_message() {
     let commands = [
-        r#"{"op":"hello","token":"t","resume":"s"}"#,
-        r#"{"op":"sub","id":1,"topic":"news","since":41,"epoch":"9f3c"}"#,
+        r#"{"op":"hello","token":"t","resume":"s","data":{"device":"phone"}}"#,
+        r#"{"op":"sub","id":1,"topic":"news","since":41,"epoch":"9f3c","data":{"invite":"x"}}"#,
         r#"{"op":"unsub","id":2,"topic":"news"}"#,
         r#"{"op":"pub","id":3,"topic":"news","data":{"any":"json"}}"#,
         r#"{"op":"ack","topic":"news","seq":42,"epoch":"9f3c"}"#,
@@ -86,6 +86,7 @@ fn every_command_matches_its_proto_message() {
         r#"{"op":"ping","id":5}"#,
         r#"{"op":"history","id":6,"topic":"news","since":40,"epoch":"9f3c","limit":50,"reverse":true}"#,
         r#"{"op":"presence","id":6,"topic":"room:1","cursor":"YWxpY2U","limit":50}"#,
+        r#"{"op":"rpc","id":7,"method":"rooms.create","data":{"name":"x"}}"#,
     ];
     let mut ops = BTreeSet::new();
     for text in commands {
@@ -134,6 +135,7 @@ fn every_server_message_matches_its_proto_message() {
             epoch: Some("9f3c"),
             recovered: Some(true),
             expires: Some(1_700_000_000),
+            data: Some(&data),
         },
         ServerMessage::Msg {
             topic: "news",
@@ -142,7 +144,7 @@ fn every_server_message_matches_its_proto_message() {
         },
         ServerMessage::Err {
             id: Some(3),
-            code: ErrorCode::Forbidden,
+            code: ErrorCode::Forbidden.as_str(),
             message: "no",
             topic: Some("news"),
         },

@@ -11,6 +11,11 @@
 //! - `herald-cli history TOPIC [--since N] [--limit N] [--reverse]`: a page
 //!   of the topic's kept messages over the WebSocket, as the server answers
 //!   it (`{"topic","epoch","seq","publications"}`).
+//! - `herald-cli rpc METHOD [DATA] [--hello-data JSON]`: calls the
+//!   application's backend through Herald's rpc proxy and prints its reply
+//!   `data` (JSON); a refusal is the backend's code and message on stderr
+//!   and exit status 1. `--hello-data` (every command that connects has
+//!   it) is `hello.data`, for a connect proxy (docs/hooks.md).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,7 +32,7 @@ const DEFAULT_URL: &str = "ws://127.0.0.1:8080/ws";
 const DEFAULT_API: &str = "http://127.0.0.1:8080";
 /// Longest a publish may take, connection included.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest `presence` or `history` may take, connection included.
+/// Longest `presence`, `history` or `rpc` may take, connection included.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Parser)]
@@ -80,12 +85,8 @@ enum Command {
     /// Print a topic's presence (every page, merged) as one JSON object.
     Presence {
         topic: String,
-        /// A gateway's WebSocket URL.
-        #[arg(long, default_value = DEFAULT_URL)]
-        url: String,
-        /// A token for `hello` (a JWT), where the gateway checks them.
-        #[arg(long)]
-        token: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
     },
     /// Print a page of a topic's kept messages as one JSON object.
     History {
@@ -102,13 +103,33 @@ enum Command {
         /// Newest first.
         #[arg(long)]
         reverse: bool,
-        /// A gateway's WebSocket URL.
-        #[arg(long, default_value = DEFAULT_URL)]
-        url: String,
-        /// A token for `hello` (a JWT), where the gateway checks them.
-        #[arg(long)]
-        token: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
     },
+    /// Call METHOD on the application's backend (Herald's rpc proxy) with
+    /// DATA (JSON; anything else is sent as a JSON string) and print its
+    /// reply's data.
+    Rpc {
+        method: String,
+        data: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// Where a one-shot command connects, and as whom.
+#[derive(clap::Args)]
+struct Conn {
+    /// A gateway's WebSocket URL.
+    #[arg(long, default_value = DEFAULT_URL)]
+    url: String,
+    /// A token for `hello` (a JWT), where the gateway checks them.
+    #[arg(long)]
+    token: Option<String>,
+    /// `hello.data` (JSON; anything else is sent as a JSON string): what a
+    /// connect proxy reads when there is no token.
+    #[arg(long)]
+    hello_data: Option<String>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -142,15 +163,14 @@ async fn main() -> ExitCode {
             )
             .await
         }
-        Command::Presence { topic, url, token } => presence(topic, url, token).await,
+        Command::Presence { topic, conn } => presence(topic, conn).await,
         Command::History {
             topic,
             since,
             epoch,
             limit,
             reverse,
-            url,
-            token,
+            conn,
         } => {
             let query = HistoryQuery {
                 since,
@@ -158,8 +178,9 @@ async fn main() -> ExitCode {
                 limit,
                 reverse,
             };
-            history(topic, url, token, query).await
+            history(topic, conn, query).await
         }
+        Command::Rpc { method, data, conn } => rpc(method, data, conn).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -241,12 +262,12 @@ async fn sub(
 
 /// A client of `url` whose events are drained (a query's answer comes
 /// while someone reads them); a terminal error ends the query.
-fn query_client(
-    url: String,
-    token: Option<String>,
-) -> Result<(Client, tokio::sync::oneshot::Receiver<String>), String> {
-    let mut builder = Client::builder([url]);
-    if let Some(token) = token {
+fn query_client(conn: Conn) -> Result<(Client, tokio::sync::oneshot::Receiver<String>), String> {
+    let mut builder = Client::builder([conn.url]);
+    if let Some(data) = conn.hello_data {
+        builder = builder.hello_data(&json_or_string(&data));
+    }
+    if let Some(token) = conn.token {
         builder = builder.token(move || {
             let token = token.clone();
             async move { Ok::<_, String>(token) }
@@ -268,8 +289,8 @@ fn query_client(
 }
 
 /// Every page of `topic`'s presence, printed as one JSON object.
-async fn presence(topic: String, url: String, token: Option<String>) -> Result<(), String> {
-    let (client, fatal) = query_client(url, token)?;
+async fn presence(topic: String, conn: Conn) -> Result<(), String> {
+    let (client, fatal) = query_client(conn)?;
     let asked = tokio::time::timeout(QUERY_TIMEOUT, async {
         tokio::select! {
             room = client.presence_all(topic.clone()) => room.map_err(|e| e.to_string()),
@@ -301,13 +322,8 @@ async fn presence(topic: String, url: String, token: Option<String>) -> Result<(
 }
 
 /// A page of `topic`'s history, printed as one JSON object.
-async fn history(
-    topic: String,
-    url: String,
-    token: Option<String>,
-    query: HistoryQuery,
-) -> Result<(), String> {
-    let (client, fatal) = query_client(url, token)?;
+async fn history(topic: String, conn: Conn, query: HistoryQuery) -> Result<(), String> {
+    let (client, fatal) = query_client(conn)?;
     let asked = tokio::time::timeout(QUERY_TIMEOUT, async {
         tokio::select! {
             page = client.history(topic, query) => page.map_err(|e| e.to_string()),
@@ -336,6 +352,29 @@ async fn history(
     Ok(())
 }
 
+/// `method` on the backend through the rpc proxy; prints the reply's data.
+async fn rpc(method: String, data: Option<String>, conn: Conn) -> Result<(), String> {
+    let data = data.as_deref().map(json_or_string);
+    let (client, fatal) = query_client(conn)?;
+    let asked = tokio::time::timeout(QUERY_TIMEOUT, async {
+        tokio::select! {
+            reply = client.rpc(method, data.as_ref()) => reply.map_err(|e| e.to_string()),
+            Ok(e) = fatal => Err(e),
+        }
+    });
+    let reply = asked
+        .await
+        .map_err(|_| format!("no answer within {QUERY_TIMEOUT:?}"))??;
+    client.close();
+    println!("{}", reply.get());
+    Ok(())
+}
+
+/// `text` as JSON, or as a JSON string if it is not JSON.
+fn json_or_string(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
 /// `POST {api}/v1/publish`; prints the answer.
 async fn publish(
     api: &str,
@@ -344,7 +383,7 @@ async fn publish(
     key: Option<&str>,
     idempotency_key: Option<&str>,
 ) -> Result<(), String> {
-    let data: Value = serde_json::from_str(data).unwrap_or_else(|_| Value::String(data.to_owned()));
+    let data = json_or_string(data);
     let body = json!({"topic": topic, "data": data}).to_string();
     let (host, prefix) = split_api(api)?;
     let path = format!("{prefix}/v1/publish");

@@ -12,6 +12,7 @@ import {
   type PubCommand,
   type Publication,
   type RefreshCommand,
+  type RpcCommand,
   type ServerFrame,
   type UnsubscribedFrame,
   type WelcomeFrame,
@@ -23,6 +24,7 @@ import {
   DEFAULT_BACKOFF_MAX_MS,
   DEFAULT_TIMEOUT_MS,
   type HeraldClientOptions,
+  type HelloData,
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
 import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
@@ -113,12 +115,29 @@ export interface SubscribeOptions {
   since?: number;
   /** The epoch `since` belongs to; without it the topic's current epoch is assumed. */
   epoch?: string;
+  /**
+   * Any JSON value, sent with every `sub` of this subscription (the first
+   * and each re-subscribe): Herald gives it to the namespace's subscribe
+   * proxy. What the proxy attaches comes back as `subscribed`'s `data`.
+   */
+  data?: unknown;
+}
+
+/** The options of {@link HeraldClient.rpc}. */
+export interface RpcOptions {
+  /** Longest to wait for the answer (default: the client's `timeoutMs`). */
+  timeoutMs?: number;
 }
 
 /** What a `pub` was given. */
 export interface Published {
   seq: number;
   epoch: string;
+  /**
+   * The namespace's publish proxy accepted the message but did not publish
+   * it (`seq` 0, `epoch` empty then).
+   */
+  skipped?: true;
 }
 
 /** The part of the WHATWG WebSocket the client uses: browsers, Node 22's global, the `ws` package. */
@@ -139,7 +158,8 @@ type Request =
   | Omit<PubCommand, 'id'>
   | Omit<RefreshCommand, 'id'>
   | Omit<PresenceCommand, 'id'>
-  | Omit<HistoryCommand, 'id'>;
+  | Omit<HistoryCommand, 'id'>
+  | Omit<RpcCommand, 'id'>;
 
 interface Pending {
   resolve(frame: OkFrame): void;
@@ -168,6 +188,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   readonly _autoAck: boolean;
 
   #getToken: TokenSource | undefined;
+  #helloData: HelloData;
   #urls: string[];
   #next = 0;
   #Socket: new (url: string) => unknown;
@@ -210,6 +231,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     if (!Socket) throw new TypeError('HeraldClient: no global WebSocket here; pass `WebSocket` (e.g. the `ws` package)');
     this.#Socket = Socket;
     this.#getToken = options.getToken;
+    this.#helloData = options.helloData;
     this.#initialMs = options.backoff?.initialMs ?? DEFAULT_BACKOFF_INITIAL_MS;
     this.#maxMs = options.backoff?.maxMs ?? DEFAULT_BACKOFF_MAX_MS;
     this.#refresh = new TokenRefresh(
@@ -256,7 +278,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    */
   subscribe<T = unknown>(topic: string, options: SubscribeOptions = {}): Subscription<T> {
     if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
-    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e));
+    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e), options.data);
     this.#subs.set(topic, sub);
     if (this.#welcomed) this.#subscribe(sub);
     return sub;
@@ -278,7 +300,30 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    */
   async publish(topic: string, data: unknown): Promise<Published> {
     const ok = await this.#request({ op: 'pub', topic, data });
-    return { seq: ok.seq ?? 0, epoch: ok.epoch ?? '' };
+    // No position: the publish proxy swallowed it.
+    if (ok.seq === undefined) return { seq: 0, epoch: '', skipped: true };
+    return { seq: ok.seq, epoch: ok.epoch ?? '' };
+  }
+
+  /**
+   * Calls `method` on the application's backend through Herald's rpc
+   * proxy, as this connection's user, and resolves with the backend's
+   * reply `data` (`T`, not checked). Rejects with a {@link HeraldError}
+   * whose `code` is the backend's own (`insufficient_funds`, say) when it
+   * refused, `disabled` where Herald has no rpc proxy, `unavailable` when
+   * the backend did not answer, `timeout`, or `not_connected` (nothing was
+   * sent: a call is never retried, as the backend could then run it twice).
+   *
+   * ```ts
+   * const cart = await client.rpc<Cart>('cart.add', { sku: 'A-1' }, { timeoutMs: 3000 });
+   * ```
+   */
+  async rpc<T = unknown>(method: string, data?: unknown, options: RpcOptions = {}): Promise<T> {
+    const command: Omit<RpcCommand, 'id'> = { op: 'rpc', method };
+    if (data !== undefined) command.data = data;
+    const ok = await this.#request(command, options.timeoutMs);
+    // `T` is the app's word for what its backend answers: nothing here checks it.
+    return ok.data as T;
   }
 
   /**
@@ -362,15 +407,15 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     const gen = ++this.#gen;
     this.#set({ state: 'connecting' });
     let token: string | null | undefined;
-    if (this.#getToken) {
-      try {
-        token = await this.#getToken();
-      } catch (e) {
-        if (gen !== this.#gen) return;
-        this.#fault(e);
-        this.#retry(1006);
-        return;
-      }
+    let data: unknown;
+    try {
+      if (this.#getToken) token = await this.#getToken();
+      data = typeof this.#helloData === 'function' ? await this.#helloData() : this.#helloData;
+    } catch (e) {
+      if (gen !== this.#gen) return;
+      this.#fault(e);
+      this.#retry(1006);
+      return;
     }
     // Closed meanwhile: by the app (in a `state` listener, say), or for good.
     if (gen !== this.#gen) return;
@@ -392,6 +437,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       const hello: HelloCommand = { op: 'hello' };
       if (token) hello.token = token;
       if (this.session) hello.resume = this.session;
+      if (data !== undefined) hello.data = data;
       this.#send(hello);
     };
     ws.onmessage = (ev) => {
@@ -533,7 +579,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
         return;
       }
-      sub._ok(m.seq ?? 0, m.epoch, m.recovered);
+      sub._ok(m.seq ?? 0, m.epoch, m.recovered, m.data);
       return;
     }
     const p = this.#pending.get(id);
@@ -631,7 +677,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
   }
 
-  #request(command: Request): Promise<OkFrame> {
+  #request(command: Request, timeoutMs = this.#timeoutMs): Promise<OkFrame> {
     return new Promise((resolve, reject) => {
       if (!this.#welcomed) {
         reject(new HeraldError('not_connected', 'not connected'));
@@ -640,8 +686,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       const id = ++this.#id;
       const timer = setTimeout(() => {
         this.#pending.delete(id);
-        reject(new HeraldError('timeout', `no answer to \`${command.op}\` in ${this.#timeoutMs} ms`));
-      }, this.#timeoutMs);
+        reject(new HeraldError('timeout', `no answer to \`${command.op}\` in ${timeoutMs} ms`));
+      }, timeoutMs);
       this.#pending.set(id, { resolve, reject, timer });
       this.#send({ ...command, id });
     });

@@ -3,7 +3,11 @@
  * and {@link HeraldError} (with its `code`) for the rest.
  */
 
-/** The `err` codes of docs/protocol.md, and the SDK's own (`closed`, `timeout`, `not_connected`). */
+/**
+ * The `err` codes of docs/protocol.md, and the SDK's own (`closed`,
+ * `timeout`, `not_connected`). A backend behind Herald's proxies may answer
+ * with codes of its own (`[a-z][a-z0-9_]{0,31}`): they come as they are.
+ */
 export type ErrorCode =
   | 'malformed'
   | 'unknown_op'
@@ -19,7 +23,7 @@ export type ErrorCode =
   | 'too_many_subscriptions'
   | 'unavailable'
   | 'internal'
-  /** The namespace has no presence (`presence`). */
+  /** The namespace has no presence (`presence`), or Herald has no rpc proxy (`rpc`). */
   | 'disabled'
   /** `history` with a `since` out of the kept window or of another epoch. */
   | 'history_lost'
@@ -52,7 +56,7 @@ export class TokenExpiredError extends HeraldError {}
 export class ForbiddenError extends HeraldError {}
 /** Commands came faster than the pod allows. */
 export class RateLimitedError extends HeraldError {}
-/** The broker could not take the request now: retry later. */
+/** The broker, or the backend behind a proxy, could not take the request now: retry later. */
 export class UnavailableError extends HeraldError {}
 /** The feature is off for the topic's namespace (`presence` where `presence = false`). */
 export class DisabledError extends HeraldError {}

@@ -33,8 +33,8 @@ export interface Publication<T = unknown> {
 }
 
 /**
- * The reply to `sub`, `unsub`, `pub`, `refresh`, `ping`, `presence` and
- * `history`; without `id` (and with `reason`), a subscription the server
+ * The reply to `sub`, `unsub`, `pub`, `refresh`, `ping`, `presence`,
+ * `history` and `rpc`; without `id` (and with `reason`), a subscription the server
  * made on its own: a backend's `POST /v1/subscribe` (`server`) or the
  * token's `topics` claim (`token`).
  */
@@ -63,6 +63,8 @@ export interface OkFrame {
   cursor?: string;
   /** `history`: the kept messages asked for. */
   publications?: Publication[];
+  /** `rpc`: the backend's reply; `sub`: what the subscribe proxy attached (any JSON value). */
+  data?: unknown;
 }
 
 /** A message of a topic. */
@@ -137,6 +139,8 @@ export interface HelloCommand {
   op: 'hello';
   token?: string;
   resume?: string;
+  /** Any JSON value, given to the connect proxy (a `hello` without a token). */
+  data?: unknown;
 }
 
 export interface SubCommand {
@@ -145,6 +149,8 @@ export interface SubCommand {
   topic: string;
   since?: number;
   epoch?: string;
+  /** Any JSON value, given to the namespace's subscribe proxy. */
+  data?: unknown;
 }
 
 export interface UnsubCommand {
@@ -198,6 +204,15 @@ export interface HistoryCommand {
   reverse?: boolean;
 }
 
+/** A call to the backend's rpc proxy: answered by `ok` with the backend's `data`, or `err` with its code. */
+export interface RpcCommand {
+  op: 'rpc';
+  id: number;
+  /** 1..128 bytes of `[A-Za-z0-9_.:/-]`. */
+  method: string;
+  data?: unknown;
+}
+
 /** A command to the server. */
 export type Command =
   | HelloCommand
@@ -208,7 +223,8 @@ export type Command =
   | RefreshCommand
   | PingCommand
   | PresenceCommand
-  | HistoryCommand;
+  | HistoryCommand
+  | RpcCommand;
 
 /**
  * The frame in a text message from the server, or `undefined` for one the

@@ -24,6 +24,7 @@ export {
   type ClientEvents,
   type SubscribeOptions,
   type Published,
+  type RpcOptions,
   type ServerSubscribed,
   type ServerUnsubscribed,
   type PresenceOptions,
@@ -46,6 +47,7 @@ export {
   DEFAULT_BACKOFF_MAX_MS,
   DEFAULT_TIMEOUT_MS,
   type HeraldClientOptions,
+  type HelloData,
 } from './options.js';
 export {
   Subscription,

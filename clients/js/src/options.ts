@@ -1,12 +1,15 @@
 import type { TokenSource } from './refresh.js';
 
+/** `hello.data`: a JSON value, or a function returning one (or a promise of one). */
+export type HelloData = unknown | (() => unknown | Promise<unknown>);
+
 /** First reconnect delay cap; doubled per failed attempt up to {@link DEFAULT_BACKOFF_MAX_MS}. */
 export const DEFAULT_BACKOFF_INITIAL_MS = 500;
 /** Largest reconnect delay cap. Each delay is a random fraction of the cap (full jitter). */
 export const DEFAULT_BACKOFF_MAX_MS = 20_000;
 /** Acks are batched: at most one per topic per this interval. */
 export const DEFAULT_ACK_INTERVAL_MS = 100;
-/** Longest the client waits for `welcome`, or for the answer to a `pub` or `refresh`. */
+/** Longest the client waits for `welcome`, or for the answer to a `pub`, `refresh` or `rpc` (unless the call gives its own). */
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
 /** The options of a `HeraldClient`: where to connect, with which token, and its timings. */
@@ -20,6 +23,14 @@ export interface HeraldClientOptions {
    * fetching is costly.
    */
   getToken?: TokenSource;
+  /**
+   * Sent as `hello.data` on every connection (the first and each resume):
+   * any JSON value, or a function returning one (called before each attempt,
+   * so it can carry something fresh, such as a CSRF token). Herald gives it
+   * to the backend's connect proxy when the `hello` has no token (see
+   * docs/hooks.md); it is ignored otherwise.
+   */
+  helloData?: HelloData;
   /** Reconnect backoff (exponential, full jitter). */
   backoff?: { initialMs?: number; maxMs?: number };
   /**

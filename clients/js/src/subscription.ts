@@ -30,6 +30,11 @@ export interface Subscribed {
    * `reset` follows.
    */
   resumed: boolean;
+  /**
+   * What the namespace's subscribe proxy attached to this subscription (any
+   * JSON value), on the `subscribed` that answers a `sub`; absent otherwise.
+   */
+  data?: unknown;
 }
 
 /** Continuity was lost: resync the topic from its source, then continue live after `seq` in `epoch`. */
@@ -107,10 +112,20 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   #owner: Owner;
   #fault: Fault;
   #presence: Presence | undefined;
+  /** `sub.data`, for the subscribe proxy. */
+  #data: unknown;
 
   /** @internal */
-  constructor(owner: Owner, topic: string, since: number | undefined, epoch: string | undefined, fault: Fault) {
+  constructor(
+    owner: Owner,
+    topic: string,
+    since: number | undefined,
+    epoch: string | undefined,
+    fault: Fault,
+    data?: unknown,
+  ) {
     super(fault);
+    this.#data = data;
     this.#fault = fault;
     this.#owner = owner;
     this.topic = topic;
@@ -188,12 +203,15 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       sub.since = this.seq;
       if (this.epoch !== undefined) sub.epoch = this.epoch;
     }
+    if (this.#data !== undefined) sub.data = this.#data;
     return sub;
   }
 
   /** @internal The `ok` to our `sub`. */
-  _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined): void {
+  _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined, data?: unknown): void {
     this._held = true;
+    // The subscribe proxy's `data`, on each `subscribed` this `ok` causes.
+    const extra = data === undefined ? {} : { data };
     const since = this.#since;
     this.#since = undefined;
     this.#wire = Math.max(this.#wire ?? 0, seq);
@@ -203,19 +221,19 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       this._processed = seq;
       this.#acked = seq;
       this.#ackedEpoch = epoch;
-      this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false });
+      this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false, ...extra });
       this.#subscribed();
       return;
     }
     if (recovered) {
       this.epoch = epoch ?? this.epoch;
-      this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: false });
+      this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: false, ...extra });
       this.#subscribed();
       return;
     }
     // Not recovered: live from the current seq. Within the same epoch the
     // position never goes back, so that no seq is handed over twice.
-    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: false, resumed: false });
+    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: false, resumed: false, ...extra });
     this.#subscribed();
     this._reset(epoch, epoch === this.epoch ? Math.max(since, seq) : seq);
   }

@@ -78,8 +78,8 @@ export async function bounded(what, ms, promise) {
  * node:test's `test`, bounded by `timeout` (each test its own: one that
  * overruns fails, its cleanup runs, the file goes on).
  */
-export function test(name, fn, { timeout = TEST_TIMEOUT } = {}) {
-  return nodeTest(name, { timeout }, async (t) => {
+export function test(name, fn, { timeout = TEST_TIMEOUT, skip } = {}) {
+  return nodeTest(name, { timeout, skip }, async (t) => {
     try {
       await fn(t);
     } catch (e) {
@@ -239,7 +239,8 @@ export async function startRedis(cleanup) {
 
 /** TOML for `settings`: `{ top: value, section: { key: value } }`, one level of sections (dotted names allowed). */
 function toml(settings) {
-  const value = (v) => (typeof v === 'string' ? JSON.stringify(v) : String(v));
+  // A string or an array of strings is JSON's spelling in TOML too.
+  const value = (v) => (typeof v === 'string' || Array.isArray(v) ? JSON.stringify(v) : String(v));
   const lines = [];
   for (const [k, v] of Object.entries(settings)) if (typeof v !== 'object') lines.push(`${k} = ${value(v)}`);
   for (const [k, v] of Object.entries(settings)) {
@@ -351,6 +352,41 @@ export async function publish(pod, topic, data) {
   } finally {
     done();
   }
+}
+
+/**
+ * The application's backend behind Herald's proxies (docs/hooks.md), as a
+ * plain node:http server on a loopback port: `routes` maps a path to a
+ * handler of the request's JSON body (and its headers) returning `[status,
+ * body]` (or a promise of it). Every request is kept in `requests` (with
+ * `path`), in order. Closed at cleanup.
+ */
+export async function startBackend(cleanup, routes) {
+  const requests = new Events();
+  const server = createServer(async (req, res) => {
+    let text = '';
+    for await (const chunk of req) text += chunk;
+    let body;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      res.writeHead(400).end();
+      return;
+    }
+    const path = new URL(req.url, 'http://x').pathname;
+    requests.push({ path, body, headers: req.headers });
+    const route = routes[path];
+    const [status, reply] = route ? await route(body, req.headers) : [404, {}];
+    res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(reply));
+  });
+  server.keepAliveTimeout = 60_000;
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  cleanup.push(() => {
+    server.closeAllConnections();
+    return new Promise((r) => server.close(r));
+  });
+  return { url: `http://127.0.0.1:${server.address().port}`, requests };
 }
 
 // ------------------------------------------------------------------ tokens
@@ -472,7 +508,7 @@ export async function browser(cleanup) {
  * which starts a client on one topic and reports each event to `events`.
  * `tokens()`, if given, is the page's `getToken`.
  */
-export async function sdkPage(cleanup, events, { tokens } = {}) {
+export async function sdkPage(cleanup, events, { tokens, cookie } = {}) {
   const context = await browser(cleanup);
   const origin = await serveStatic(cleanup, JS_ROOT);
   const page = context.pages()[0] ?? (await context.newPage());
@@ -480,6 +516,8 @@ export async function sdkPage(cleanup, events, { tokens } = {}) {
   await page.exposeFunction('report', (event) => events.push(event));
   if (tokens) await page.exposeFunction('nodeToken', () => tokens());
   await page.goto(`${origin}/test/page.html`, { timeout: START_WAIT });
+  // As the app's login would: a cookie for the host (any port: the pods' too).
+  if (cookie) await page.evaluate((c) => (document.cookie = `${c}; path=/; SameSite=Lax`), cookie);
   await page.waitForFunction(() => window.herald !== undefined, null, { timeout: START_WAIT });
   return page;
 }

@@ -190,7 +190,7 @@ test('every server frame of herald.proto is in the SDK\'s ServerFrame union, wit
 
 test('every command of herald.proto is in the SDK\'s Command union, with the same fields, optionality and types, and nothing else is', () => {
   const proto = protoOps('ClientCommand');
-  assert.deepEqual([...proto.keys()].sort(), ['ack', 'hello', 'history', 'ping', 'presence', 'pub', 'refresh', 'sub', 'unsub']);
+  assert.deepEqual([...proto.keys()].sort(), ['ack', 'hello', 'history', 'ping', 'presence', 'pub', 'refresh', 'rpc', 'sub', 'unsub']);
   assert.deepEqual(differences(proto, sdkOps('Command')), []);
 });
 
@@ -219,6 +219,9 @@ test('the parser: a frame the client knows passes as it came; anything else is u
     { op: 'presence_diff', topic: 'room:1', from: 17, to: 19, joins: [{ user: 'carol' }], leaves: ['bob'], users: 2, connections: 2 },
     { op: 'presence_diff', topic: 'room:1', from: 19, to: 20, users: 20001, connections: 20400 },
     { op: 'unsubscribed', topic: 'news', reason: 'server' },
+    { op: 'ok', id: 6, data: { cart: ['A-1'] } },
+    { op: 'ok', id: 7, topic: 'room:1', seq: 0, epoch: '9f3c', data: { role: 'guest' } },
+    { op: 'err', id: 8, code: 'insufficient_funds', message: 'balance 0' },
   ];
   for (const frame of frames) assert.deepEqual(parseFrame(JSON.stringify(frame)), frame);
   const turnedAway = [

@@ -176,3 +176,39 @@ async function features(): Promise<void> {
   }
 }
 void features;
+
+// ---------------------------------------------------------------- backend hooks
+
+async function hooks(): Promise<void> {
+  // `hello.data`: any JSON value, or a function (sync or async) called before each connection.
+  new HeraldClient({ urls: 'ws://h/ws', helloData: { csrf: 'x' } });
+  new HeraldClient({ urls: 'ws://h/ws', helloData: async () => ({ csrf: await Promise.resolve('x') }) });
+
+  // `rpc<T>` resolves with the backend's `data` as `T` (unknown without it).
+  const cart = await client.rpc<{ items: number }>('cart.add', { sku: 'A-1' }, { timeoutMs: 3000 });
+  same<typeof cart, { items: number }>(true);
+  same<Awaited<ReturnType<typeof client.rpc>>, unknown>(true);
+  await client.rpc('ping');
+  // @ts-expect-error: `timeoutMs` is a number
+  await client.rpc('ping', null, { timeoutMs: '3s' });
+  // @ts-expect-error: the method is a string
+  await client.rpc(42);
+
+  // `sub.data` out, the subscribe proxy's `data` back on `subscribed`.
+  client.subscribe('room:1', { data: { invite: 'abc' } }).on('subscribed', (s) => same<typeof s.data, unknown>(true));
+
+  // A publish the publish proxy swallowed.
+  const published = await client.publish('chat:1', 'hi');
+  same<typeof published.skipped, true | undefined>(true);
+
+  try {
+    await client.rpc('pay');
+  } catch (e) {
+    // A backend's own code comes as it is.
+    if (e instanceof HeraldError && e.code === 'insufficient_funds') void e.message;
+  }
+}
+void hooks;
+
+const rpcCommand: Command = { op: 'rpc', id: 1, method: 'cart.add', data: { sku: 'A-1' } };
+void rpcCommand;

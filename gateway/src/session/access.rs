@@ -53,6 +53,14 @@ impl Access {
     }
 }
 
+impl Access {
+    /// What is left of the rule where the application's backend decides (a
+    /// subscribe or publish proxy): a personal topic is its user's alone.
+    pub fn personal_allows(ns: &NamespaceSettings, topic: &Topic, claims: Option<&Claims>) -> bool {
+        !ns.personal || claims.is_some_and(|c| *c.user == *name(topic))
+    }
+}
+
 /// The topic's name within its namespace: `user:alice` -> `alice`.
 fn name(topic: &Topic) -> &str {
     let full = topic.as_str();

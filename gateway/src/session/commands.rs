@@ -12,6 +12,7 @@ use crate::budget::{Limit, Principal};
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::history;
+use crate::hooks::{PublishReply, SubscribeReply};
 use crate::presence::PresenceError;
 
 impl Session {
@@ -40,8 +41,12 @@ impl Session {
             Ok(Command::Ack { topic, seq, epoch }) if self.id.is_some() => {
                 self.ack(&topic, seq, epoch.as_deref())
             }
-            Ok(Command::Hello { token, resume }) if self.id.is_none() => {
-                Box::pin(self.hello(token.as_deref(), resume.as_deref())).await;
+            Ok(Command::Hello {
+                token,
+                resume,
+                data,
+            }) if self.id.is_none() => {
+                Box::pin(self.hello(token.as_deref(), resume.as_deref(), data)).await;
                 self.settle_account();
                 Ok(())
             }
@@ -53,7 +58,7 @@ impl Session {
             Ok(command) => {
                 if self.id.is_none() {
                     // Implied: an anonymous `hello`.
-                    Box::pin(self.hello(None, None)).await;
+                    Box::pin(self.hello(None, None, None)).await;
                     if self.id.is_none() {
                         return;
                     }
@@ -79,14 +84,15 @@ impl Session {
                 | Command::Refresh { id, .. }
                 | Command::Ping { id }
                 | Command::History { id, .. }
-                | Command::Presence { id, .. },
+                | Command::Presence { id, .. }
+                | Command::Rpc { id, .. },
             ) => Some(*id),
             _ => None,
         };
         let ws = &self.node.config.websocket;
         self.reply(ServerMessage::Err {
             id,
-            code: ErrorCode::RateLimited,
+            code: ErrorCode::RateLimited.as_str(),
             message: &format!(
                 "at most {} commands per second (bursts of {})",
                 ws.commands_per_second, ws.commands_burst
@@ -116,6 +122,7 @@ impl Session {
                     epoch: None,
                     recovered: None,
                     expires: None,
+                    data: None,
                 })
                 .await;
                 Ok(())
@@ -131,9 +138,15 @@ impl Session {
                 topic,
                 since,
                 epoch,
+                data,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
-                self.may(Some(id), &topic, Access::Subscribe)?;
+                let proxied = self.asks_backend(&topic, Access::Subscribe);
+                if proxied {
+                    self.may_ask(id, &topic, Access::Subscribe)?;
+                } else {
+                    self.may(Some(id), &topic, Access::Subscribe)?;
+                }
                 if self.subscriptions.contains(&topic) {
                     return Err(CommandError::new(
                         Some(id),
@@ -155,10 +168,20 @@ impl Session {
                 }
                 self.draw(id, &topic, Access::Subscribe)?;
                 let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
-                let subscribed = self
-                    .subscribe(Origin::Command(id), topic.clone(), since)
-                    .await
-                    .map_err(|e| e.to_command(Origin::Command(id), &topic));
+                // Charged before the backend is asked; given back below if
+                // it does not approve.
+                let approved = match proxied {
+                    true => Box::pin(self.approve_subscribe(id, &topic, data)).await,
+                    false => Ok(Some(SubscribeReply::default())),
+                };
+                let subscribed = match approved {
+                    Ok(Some(approved)) => self
+                        .subscribe_approved(Origin::Command(id), topic.clone(), since, approved)
+                        .await
+                        .map_err(|e| e.to_command(Origin::Command(id), &topic)),
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
                 if !self.subscriptions.contains(&topic)
                     && let Some(account) = self.account.as_mut()
                 {
@@ -182,16 +205,46 @@ impl Session {
                     epoch: None,
                     recovered: None,
                     expires: None,
+                    data: None,
                 })
                 .await;
                 Ok(())
             }
             Command::Pub { id, topic, data } => {
                 let topic = self.topic(Some(id), &topic)?;
-                self.may(Some(id), &topic, Access::Publish)?;
+                let proxied = self.asks_backend(&topic, Access::Publish);
+                if proxied {
+                    self.may_ask(id, &topic, Access::Publish)?;
+                } else {
+                    self.may(Some(id), &topic, Access::Publish)?;
+                }
                 self.draw(id, &topic, Access::Publish)?;
                 // `data` points into the frame: publish it without a copy.
-                let data = text.slice_ref(data.get().as_bytes());
+                let mut payload = text.slice_ref(data.get().as_bytes());
+                if proxied {
+                    match Box::pin(self.approve_publish(id, &topic, data)).await? {
+                        Some(PublishReply::AsIs) => {}
+                        Some(PublishReply::Replace(data)) => {
+                            payload = Bytes::from(String::from(Box::<str>::from(data)));
+                        }
+                        Some(PublishReply::Skip) => {
+                            // Accepted, not published: no position.
+                            self.reply(ServerMessage::Ok {
+                                id,
+                                topic: Some(topic.as_str()),
+                                seq: None,
+                                epoch: None,
+                                recovered: None,
+                                expires: None,
+                                data: None,
+                            })
+                            .await;
+                            return Ok(());
+                        }
+                        None => return Ok(()),
+                    }
+                }
+                let data = payload;
                 let told = self.node.webhooks.keep_data(&data);
                 let position = self
                     .node
@@ -209,11 +262,13 @@ impl Session {
                     epoch: Some(&position.epoch),
                     recovered: None,
                     expires: None,
+                    data: None,
                 })
                 .await;
                 Ok(())
             }
             Command::Ack { topic, seq, epoch } => self.ack(&topic, seq, epoch.as_deref()),
+            Command::Rpc { id, method, data } => Box::pin(self.rpc(id, &method, data)).await,
             Command::History {
                 id,
                 topic,
@@ -239,7 +294,7 @@ impl Session {
             } => {
                 let topic = self.topic(Some(id), &topic)?;
                 // Whoever may subscribe may look; no subscription needed.
-                self.may(Some(id), &topic, Access::Subscribe)?;
+                self.may_read(id, &topic)?;
                 let page = self
                     .node
                     .presence
@@ -276,7 +331,7 @@ impl Session {
         let node = self.node.clone();
         let checked = self
             .topic(Some(id), topic)
-            .and_then(|topic| self.may(Some(id), &topic, Access::Subscribe).map(|_| topic))
+            .and_then(|topic| self.may_read(id, &topic).map(|_| topic))
             // A read touches the topic's keys (a topic not seen before gets
             // its position made), as a publish does: it counts against the
             // topics the client may touch in a minute.
@@ -410,7 +465,8 @@ impl Session {
             )
             .about(topic.as_str()));
         };
-        let open = self.node.verifier.is_none();
+        // Open mode: no key, and no connect proxy to say who anyone is.
+        let open = self.node.verifier.is_none() && !self.node.hooks.connects();
         if access.allows(ns, topic, self.claims.as_deref(), open) {
             return Ok(());
         }
@@ -432,7 +488,7 @@ impl Session {
     pub(super) async fn tell(&self, e: CommandError) {
         self.reply(ServerMessage::Err {
             id: e.id,
-            code: e.code,
+            code: e.wire_code(),
             message: &e.message,
             topic: e.topic.as_deref(),
         })

@@ -26,10 +26,7 @@ impl Session {
             // the last frame) and the session's own (its first command, its
             // token's expiry).
             let silent = Instant::now() + idle;
-            let (due, expired) = match self.deadline() {
-                Some((at, reason)) if at < silent => (at, reason),
-                _ => (silent, CloseReason::DeadPeer),
-            };
+            let (mut due, mut expired) = self.next_deadline(silent);
             // The read borrows a handle of its own: the session stays free
             // for a server-side command between two polls of the read.
             let out = self.out.clone();
@@ -62,7 +59,17 @@ impl Session {
                         next = &mut read => break Ok(next),
                         _ = tokio::time::sleep_until(due.min(ping_at)) => {
                             if Instant::now() < ping_at {
-                                break Err(());
+                                if expired != CloseReason::TokenExpired || !self.proxied {
+                                    break Err(());
+                                }
+                                // A proxy-authenticated connection's
+                                // deadline is its refresh, with the read
+                                // left as it was. Boxed, as a command is.
+                                if !Box::pin(self.refresh_by_proxy()).await {
+                                    return;
+                                }
+                                (due, expired) = self.next_deadline(silent);
+                                continue;
                             }
                             self.ping();
                             ping_at = Instant::now() + ws.ping_interval;
@@ -114,13 +121,24 @@ impl Session {
         }
     }
 
-    /// The session's next deadline besides the dead-peer timer's: the first
-    /// command's, then the token's expiry.
-    pub(super) fn deadline(&self) -> Option<(Instant, CloseReason)> {
-        if self.id.is_none() {
-            return Some((self.hello_by, CloseReason::HelloTimeout));
+    /// Whichever comes first of the session's deadline and `silent`, the
+    /// dead peer's.
+    fn next_deadline(&self, silent: Instant) -> (Instant, CloseReason) {
+        match self.deadline() {
+            Some((at, reason)) if at < silent => (at, reason),
+            _ => (silent, CloseReason::DeadPeer),
         }
-        self.token_expires.map(|at| (at, CloseReason::TokenExpired))
+    }
+
+    /// The session's next deadline besides the dead-peer timer's: the first
+    /// command's, then the token's expiry (for a client the connect proxy
+    /// let in: its refresh, [`Session::refresh_by_proxy`]).
+    pub(super) fn deadline(&self) -> Option<(Instant, CloseReason)> {
+        let at = self.due?;
+        if self.id.is_none() {
+            return Some((at, CloseReason::HelloTimeout));
+        }
+        Some((at, CloseReason::TokenExpired))
     }
 
     /// While the connection closes (a drain, a move) commands are ignored,

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use proto::{CommandError, ErrorCode, ServerMessage};
 use router::{BrokerError, Position, Since, Topic};
 use tokio::sync::OnceCell;
@@ -31,6 +32,7 @@ use super::{Pod, Session};
 use crate::admission::ConnId;
 use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
+use crate::hooks::SubscribeReply;
 use crate::presence::Who;
 
 /// Where a subscription comes from. It decides how the handshake answers:
@@ -125,7 +127,10 @@ pub(super) struct Joining {
 
 impl Joining {
     /// Joins `session`'s connection to `topic` as a buffering subscriber.
-    pub(super) fn join(session: &Session, topic: Topic) -> Self {
+    ///
+    /// `info`: its presence `info` in this topic, where a subscribe proxy
+    /// gave one (else its claims').
+    pub(super) fn join(session: &Session, topic: Topic, info: Option<Bytes>) -> Self {
         let node = session.node.clone();
         let joined = node.hub.join(
             &topic,
@@ -134,7 +139,13 @@ impl Joining {
             session.subscriptions.clone(),
         );
         // Every origin counts: a command's, a restore's.
-        node.presence.enter(&topic, session.conn, || session.who());
+        node.presence.enter(&topic, session.conn, || {
+            let mut who = session.who();
+            if info.is_some() {
+                who.info = info;
+            }
+            who
+        });
         Self {
             node,
             topic,
@@ -236,6 +247,20 @@ impl Session {
         topic: Topic,
         since: Option<Since>,
     ) -> Result<(), SubscribeError> {
+        self.subscribe_approved(origin, topic, since, SubscribeReply::default())
+            .await
+    }
+
+    /// [`subscribe`](Self::subscribe), with what a subscribe proxy said:
+    /// the member's `info` in the topic's presence, and `data` for the
+    /// client's `ok`.
+    pub(super) async fn subscribe_approved(
+        &mut self,
+        origin: Origin,
+        topic: Topic,
+        since: Option<Since>,
+        approved: SubscribeReply,
+    ) -> Result<(), SubscribeError> {
         let node = self.node.clone();
         // 1. Before anything is held aside or read for it.
         let _turn = match since {
@@ -248,7 +273,7 @@ impl Session {
             None => None,
         };
         // 2. From here on, `?` leaves the topic.
-        let joining = Joining::join(self, topic.clone());
+        let joining = Joining::join(self, topic.clone(), approved.info);
         // 3.
         joining.watch().await.map_err(SubscribeError::Watch)?;
         let recovery = node
@@ -306,6 +331,7 @@ impl Session {
                     epoch: Some(&position.epoch),
                     recovered: since.as_ref().map(|_| recovery.recovered),
                     expires: None,
+                    data: approved.data.as_deref(),
                 })
                 .await;
             }

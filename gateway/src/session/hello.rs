@@ -6,9 +6,9 @@ use std::time::UNIX_EPOCH;
 
 use proto::{CommandError, ErrorCode, ServerMessage};
 use router::{Causes, Claim, SessionUser};
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::access::Access;
 use super::{LiveSession, Session, Unregistered, random_id, tag};
 use crate::auth::{Claims, Refused};
 use crate::disconnect::CloseReason;
@@ -41,7 +41,7 @@ impl Session {
         tracing::debug!(conn = self.conn, reason, "token refused");
         self.reply(ServerMessage::Err {
             id: None,
-            code,
+            code: code.as_str(),
             message: &denied.to_string(),
             topic: None,
         })
@@ -56,7 +56,7 @@ impl Session {
         tracing::debug!(conn = self.conn, message, "token refused");
         self.reply(ServerMessage::Err {
             id: None,
-            code: ErrorCode::Unauthorized,
+            code: ErrorCode::Unauthorized.as_str(),
             message,
             topic: None,
         })
@@ -75,30 +75,53 @@ impl Session {
     /// token expires, with the same leeway the verifier allowed.
     pub(super) fn adopt(&mut self, claims: Option<Claims>) {
         let leeway = self.node.config.auth.leeway;
-        self.token_expires = claims
+        self.due = claims
             .as_ref()
             .and_then(|c| c.deadline(leeway, std::time::SystemTime::now(), Instant::now()));
         self.claims = claims.map(Box::new);
+        self.proxied = false;
     }
 
     /// Starts (or restores) the session and sends `welcome`. A resume that
     /// cannot be completed now (store or broker unavailable) closes with
     /// 4003, leaving the stored session as it was: the client comes back
     /// and resumes, rather than losing what it missed to a fresh session.
-    pub(super) async fn hello(&mut self, token: Option<&str>, resume: Option<&str>) {
+    ///
+    /// Without a token, and with a connect proxy, the backend says who the
+    /// client is (given `data`, `hello.data`); a token always wins.
+    pub(super) async fn hello(
+        &mut self,
+        token: Option<&str>,
+        resume: Option<&str>,
+        data: Option<&RawValue>,
+    ) {
         // Before the store is asked: a disconnect from now on reaches this
         // connection, whether or not the claim saw it.
         let arrived = self.node.live.arrival();
-        let claims = match self.authenticate(token).await {
-            Ok(claims) => claims,
-            Err(denied) => return self.deny(denied).await,
+        let by_proxy = token.is_none() && self.node.hooks.connects();
+        let claims = if by_proxy {
+            match Box::pin(self.connect_by_proxy(data)).await {
+                Ok(claims) => claims,
+                Err(refused) => return self.deny_by_proxy(refused).await,
+            }
+        } else {
+            // Used or not, the upgrade's headers go now.
+            self.handshake = None;
+            match self.authenticate(token).await {
+                Ok(claims) => claims,
+                Err(denied) => return self.deny(denied).await,
+            }
         };
         let topics = match self.token_topics(claims.as_ref()) {
             Ok(topics) => topics,
             Err(message) => return self.deny_topics(&message).await,
         };
         let user = claims.as_ref().map(|c| c.user.clone());
-        self.adopt(claims);
+        if by_proxy {
+            self.adopt_proxied(claims);
+        } else {
+            self.adopt(claims);
+        }
         let mut restored = None;
         let mut not_resumed = None;
         if let Some(id) = resume {
@@ -222,17 +245,7 @@ impl Session {
         let info = claims.info.clone();
         self.adopt(Some(claims));
         self.node.presence.refreshed(self.conn, info.as_ref());
-        for topic in self.subscriptions.topics() {
-            if self.subscriptions.is_server(&topic) {
-                continue;
-            }
-            if let Err(mut e) = self.may(None, &topic, Access::Subscribe) {
-                self.subscriptions.remove(&topic);
-                self.leave(&topic).await;
-                e.message = format!("`{topic}` is no longer granted; unsubscribed");
-                self.tell(e).await;
-            }
-        }
+        self.leave_ungranted().await;
         self.reply(ServerMessage::Ok {
             id,
             topic: None,
@@ -240,6 +253,7 @@ impl Session {
             epoch: None,
             recovered: None,
             expires: self.expires_unix(),
+            data: None,
         })
         .await;
         Ok(())

@@ -16,7 +16,11 @@
 //!   commands, the heartbeat, the session's deadlines, and its end.
 //! - [`commands`]: each command dispatched, rate-limited ([`rate`]), checked
 //!   against the client's grants ([`access`]) and budgets, and answered.
-//! - [`hello`]: who the client is (`hello`, its token, `refresh`).
+//! - [`hello`]: who the client is (`hello`, its token, `refresh`);
+//!   [`connect`]: or who the application's backend says it is (the connect
+//!   and refresh proxies).
+//! - [`approval`]: the subscribe and publish proxies; [`rpc`]: the client's
+//!   calls of the backend.
 //! - [`resume`]: a session claimed from whoever held it last, its
 //!   subscriptions restored, and the session saved to the store.
 //! - [`handshake`]: how a subscription starts, whoever asked for it: hub
@@ -29,7 +33,9 @@
 //! - `fuzzing` (tests and fuzz builds only): what the fuzz targets check.
 
 mod access;
+mod approval;
 mod commands;
+mod connect;
 mod connection;
 pub mod echo;
 #[cfg(any(test, fuzzing))]
@@ -42,12 +48,14 @@ mod reader;
 mod registry;
 mod replay;
 mod resume;
+mod rpc;
 mod server_side;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
 
 pub use crate::config::{Limits, Overflow};
+pub use connect::Handshake;
 pub use registry::{Arrival, LiveSession, MAX_SERVER_COMMANDS, Registry, TakeOver, Unregistered};
 pub use replay::Replays;
 pub use subscriptions::Subscriptions;
@@ -118,13 +126,25 @@ pub struct Pod {
 /// future: an `async fn` keeps its arguments (the upgraded socket) in its
 /// state for as long as it runs, next to what it made of them, and an idle
 /// connection's task is mostly that state (issue #16).
+///
+/// `handshake`: what the connect proxy is given of the upgrade request, when
+/// there is one (boxed: dropped at `hello`, absent otherwise).
 pub fn serve_upgraded(
     upgraded: Upgraded,
     node: Arc<Pod>,
     admission: Admission,
+    handshake: Option<Box<Handshake>>,
 ) -> impl Future<Output = ()> {
     let limits = node.config.queue_limits();
-    split(upgraded, limits, Herald { node, admission })
+    split(
+        upgraded,
+        limits,
+        Herald {
+            node,
+            admission,
+            handshake,
+        },
+    )
 }
 
 /// What runs over an upgraded connection once it is split: a Herald session,
@@ -147,6 +167,7 @@ trait Serve {
 struct Herald {
     node: Arc<Pod>,
     admission: Admission,
+    handshake: Option<Box<Handshake>>,
 }
 
 impl Serve for Herald {
@@ -158,7 +179,14 @@ impl Serve for Herald {
         let ws = &self.node.config.websocket;
         let reader =
             Reader::new(read, ws.max_message_bytes, ws.message_timeout).after_handshake(&early);
-        serve(reader, write, out, self.node, self.admission)
+        serve(
+            reader,
+            write,
+            out,
+            self.node,
+            self.admission,
+            self.handshake,
+        )
     }
 }
 
@@ -191,12 +219,14 @@ fn serve<R, W>(
     out: Outbound,
     node: Arc<Pod>,
     admission: Admission,
+    handshake: Option<Box<Handshake>>,
 ) -> impl Future<Output = ()>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let mut session = Session::new(node, &admission, out);
+    session.handshake = handshake;
     async move {
         let writing = writer::run(write, session.out.clone(), session.node.writing.clone());
         // The writer in the reader's task, not a task of its own: an idle
@@ -229,11 +259,18 @@ struct Session {
     /// What the client's token says; `None` for an anonymous client.
     /// Boxed: most of a pod's connections may be anonymous.
     claims: Option<Box<Claims>>,
-    /// When the token expires: the connection closes then, unless a
-    /// `refresh` moves it.
-    token_expires: Option<Instant>,
-    /// The first command must come by then.
-    hello_by: Instant,
+    /// The session's own deadline ([`Session::deadline`]): until `hello`,
+    /// when the first command must have come; then when the token expires
+    /// (the connection closes, unless a `refresh` moves it), or, for a
+    /// client the connect proxy let in, when to ask the refresh proxy. One
+    /// field for both: an idle connection's task should stay small.
+    due: Option<Instant>,
+    /// The upgrade request's headers and address, for the connect proxy:
+    /// taken (and dropped) by `hello`; `None` without a connect proxy.
+    handshake: Option<Box<Handshake>>,
+    /// The connect proxy let the client in: its expiry is a refresh
+    /// proxy's call (`due` says when), not a token's end.
+    proxied: bool,
     commands: Bucket,
     limited_in_a_row: u32,
     bad_in_a_row: u32,
@@ -287,8 +324,9 @@ impl Session {
             address: admission.address,
             account: None,
             claims: None,
-            token_expires: None,
-            hello_by: Instant::now() + ws.hello_timeout,
+            due: Some(Instant::now() + ws.hello_timeout),
+            handshake: None,
+            proxied: false,
             commands: Bucket::new(ws.commands_per_second, ws.commands_burst),
             limited_in_a_row: 0,
             bad_in_a_row: 0,
@@ -320,9 +358,9 @@ mod sizes {
     use super::*;
 
     /// The size of what `f` returns, without calling it.
-    fn returns<A, B, C, F, Fut>(_: F) -> usize
+    fn returns<A, B, C, D, F, Fut>(_: F) -> usize
     where
-        F: Fn(A, B, C) -> Fut,
+        F: Fn(A, B, C, D) -> Fut,
     {
         std::mem::size_of::<Fut>()
     }

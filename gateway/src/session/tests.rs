@@ -491,7 +491,7 @@ async fn a_resumed_subscription_is_restored_without_an_ok_and_a_clients_own_sub_
     let saved = node.sessions.save("s1", "before", stored, window).await;
     assert!(matches!(saved, Ok(true)), "{saved:?}");
     let (mut session, out) = connect(&node);
-    session.hello(None, Some("s1")).await;
+    session.hello(None, Some("s1"), None).await;
     let chat = topic("chat");
     session
         .subscribe(Origin::Command(7), chat.clone(), None)
@@ -563,7 +563,7 @@ async fn a_hello_without_a_token_where_one_is_required_is_told_and_closed() {
         (Some("not a token"), "token is not a well-formed JWT"),
     ] {
         let (mut session, out) = connect(&node);
-        session.hello(token, None).await;
+        session.hello(token, None, None).await;
         assert!(session.id.is_none(), "no session for {token:?}");
         assert_eq!(out.reason(), Some(CloseReason::Unauthorized));
         let sent = sent(&out);
@@ -598,7 +598,7 @@ async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_re
     let saved = node.sessions.save("s1", "before", stored, window).await;
     assert!(matches!(saved, Ok(true)), "{saved:?}");
     let (mut session, out) = connect(&node);
-    session.hello(None, Some("s1")).await;
+    session.hello(None, Some("s1"), None).await;
     // The client is to come back; the session it comes back to must send
     // that reset again.
     assert_eq!(

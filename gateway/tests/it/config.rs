@@ -816,3 +816,16 @@ fn presence_settings_are_checked_by_name() {
     }
     assert_names(load_file("[presence]\npage = 1\n"), "page");
 }
+
+#[test]
+fn the_backend_hooks_sections_load_from_a_file() {
+    // `[proxy]` and `[webhooks]` are top-level keys like the others (a file
+    // with them was once refused as a typo, while their variables worked).
+    let config = load_file(
+        "[proxy.connect]\nurl = \"http://127.0.0.1:8000/herald/connect\"\nheaders = [\"Cookie\"]\n\n[webhooks]\nurl = \"\"\n",
+    )
+    .expect("[proxy] and [webhooks] load");
+    let connect = config.proxy.connect.expect("[proxy.connect]");
+    assert_eq!(connect.url, "http://127.0.0.1:8000/herald/connect");
+    assert_eq!(connect.headers, ["Cookie"]);
+}

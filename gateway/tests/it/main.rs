@@ -32,6 +32,7 @@ mod grpc;
 mod happy_path;
 mod heartbeat;
 mod history;
+mod hooks;
 mod http_api;
 mod leftovers;
 mod limits;

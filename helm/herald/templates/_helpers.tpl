@@ -337,7 +337,49 @@ Secret. */}}
 {{- $_ = set $cfg "telemetry" (dict "otlp_endpoint" .otlpEndpoint "service_name" .serviceName "sample_ratio" (float64 .sampleRatio)) }}
 {{- end }}
 {{- end }}
+{{- /* [proxy] and [webhooks]: what is set (the webhook secret comes as
+HERALD_WEBHOOKS__SECRET from a Secret). */}}
+{{- $proxy := dict }}
+{{- range $name := list "connect" "refresh" "subscribe" "publish" "rpc" }}
+{{- $p := index $.Values.proxy $name }}
+{{- if $p.url }}
+{{- $endpoint := dict "url" $p.url "timeout" $p.timeout }}
+{{- if and (eq $name "connect") $p.headers }}{{ $_ := set $endpoint "headers" $p.headers }}{{ end }}
+{{- $_ := set $proxy $name $endpoint }}
+{{- end }}
+{{- end }}
+{{- if $proxy }}
+{{- with .Values.proxy.maxInFlight }}{{ $_ := set $proxy "max_in_flight" . }}{{ end }}
+{{- with .Values.proxy.maxResponseBytes }}{{ $_ := set $proxy "max_response_bytes" . }}{{ end }}
+{{- $_ := set $cfg "proxy" $proxy }}
+{{- end }}
+{{- with .Values.webhooks }}
+{{- if .url }}
+{{- if not (include "herald.webhooksSecretName" $) }}
+{{- fail "webhooks.url needs a secret: webhooks.existingSecret (and existingSecretKey), or webhooks.secret" }}
+{{- end }}
+{{- $w := dict "url" .url }}
+{{- with .events }}{{ $_ := set $w "events" . }}{{ end }}
+{{- with .batchSize }}{{ $_ := set $w "batch_size" . }}{{ end }}
+{{- with .batchInterval }}{{ $_ := set $w "batch_interval" . }}{{ end }}
+{{- with .queue }}{{ $_ := set $w "queue" . }}{{ end }}
+{{- with .timeout }}{{ $_ := set $w "timeout" . }}{{ end }}
+{{- with .retryFor }}{{ $_ := set $w "retry_for" . }}{{ end }}
+{{- $_ := set $cfg "webhooks" $w }}
+{{- end }}
+{{- end }}
 {{- include "herald.tomlTable" (dict "prefix" "" "table" $cfg) }}
+{{- end }}
+
+{{/* The Secret the webhooks' HMAC secret comes from: the user's
+(webhooks.existingSecret) or the chart's <fullname>-webhooks. Empty: none. */}}
+{{- define "herald.webhooksSecretName" -}}
+{{- $w := .Values.webhooks }}
+{{- if $w.existingSecret }}
+{{- $w.existingSecret }}
+{{- else if $w.secret }}
+{{- printf "%s-webhooks" (include "herald.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 
 {{/* One TOML table: its plain keys, then each sub-table under its header. */}}

@@ -3,7 +3,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClientCommand {
-    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "client_command::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: ::core::option::Option<client_command::Op>,
 }
 /// Nested message and enum types in `ClientCommand`.
@@ -29,6 +29,8 @@ pub mod client_command {
         Presence(super::Presence),
         #[prost(message, tag = "9")]
         History(super::History),
+        #[prost(message, tag = "10")]
+        Rpc(super::Rpc),
     }
 }
 #[allow(clippy::all)]
@@ -40,6 +42,10 @@ pub struct Hello {
     /// A session token from an earlier `welcome`, to resume that session.
     #[prost(string, optional, tag = "2")]
     pub resume: ::core::option::Option<::prost::alloc::string::String>,
+    /// JSON text, for the connect proxy (a `hello` without a token); ignored
+    /// otherwise.
+    #[prost(bytes = "vec", optional, tag = "3")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -54,6 +60,9 @@ pub struct Sub {
     /// The epoch `since` belongs to; the topic's current epoch when absent.
     #[prost(string, optional, tag = "4")]
     pub epoch: ::core::option::Option<::prost::alloc::string::String>,
+    /// JSON text, for the subscribe proxy; ignored otherwise.
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -120,6 +129,21 @@ pub struct Presence {
     #[prost(uint32, optional, tag = "4")]
     pub limit: ::core::option::Option<u32>,
 }
+/// A call of the application's backend (the rpc proxy): answered with `ok`
+/// (its `data`) or `err` (`disabled` without an rpc proxy; the backend's own
+/// code when it refused).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Rpc {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// 1 to 128 bytes of \[A-Za-z0-9_.:/-\].
+    #[prost(string, tag = "2")]
+    pub method: ::prost::alloc::string::String,
+    /// JSON text.
+    #[prost(bytes = "vec", optional, tag = "3")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
 /// What the server sends.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -167,7 +191,8 @@ pub struct Welcome {
     #[prost(string, optional, tag = "5")]
     pub reason: ::core::option::Option<::prost::alloc::string::String>,
 }
-/// The reply to `sub`, `unsub`, `pub`, `refresh` and `ping`.
+/// The reply to `sub`, `unsub`, `pub`, `refresh`, `ping`, `history`,
+/// `presence` and `rpc`. A `pub` the publish proxy skipped has no `seq`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Ok {
@@ -207,6 +232,10 @@ pub struct Ok {
     /// Only in the reply to `history`: the page, in the order asked for.
     #[prost(message, repeated, tag = "13")]
     pub publications: ::prost::alloc::vec::Vec<Publication>,
+    /// JSON text: the backend's answer to an `rpc`, or to a `sub` its
+    /// subscribe proxy approved.
+    #[prost(bytes = "vec", optional, tag = "14")]
+    pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -224,6 +253,8 @@ pub struct Msg {
 pub struct Err {
     #[prost(uint64, optional, tag = "1")]
     pub id: ::core::option::Option<u64>,
+    /// One of Herald's codes (docs/protocol.md), or an application's own
+    /// ([a-z][a-z0-9_]{0,31}) when its backend refused an `rpc`, `sub` or `pub`.
     #[prost(string, tag = "2")]
     pub code: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]

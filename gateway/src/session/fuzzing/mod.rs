@@ -383,14 +383,17 @@ fn command(frame: &Bytes, text: &str) {
                 | Command::Ack { topic, .. }
                 | Command::History { topic, .. }
                 | Command::Presence { topic, .. } => check_topic(topic),
-                Command::Hello { .. } | Command::Refresh { .. } | Command::Ping { .. } => {}
+                Command::Hello { .. }
+                | Command::Refresh { .. }
+                | Command::Ping { .. }
+                | Command::Rpc { .. } => {}
             }
         }
         Err(e) => {
             // The `err` the client gets is JSON that says what went wrong.
             let reply = ServerMessage::Err {
                 id: e.id,
-                code: e.code,
+                code: e.wire_code(),
                 message: &e.message,
                 topic: e.topic.as_deref(),
             }
@@ -478,6 +481,7 @@ fn check_topic(name: &str) {
         epoch: None,
         recovered: None,
         expires: None,
+        data: None,
     }
     .to_json();
     let ok: Value = serde_json::from_slice(&ok).unwrap_or_else(|e| panic!("`ok`: {e}"));
