@@ -137,7 +137,7 @@ pub struct Presence {
 pub struct Rpc {
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    /// 1 to 128 bytes of \[A-Za-z0-9_.:/-\].
+    /// 1 to 128 bytes of `\[A-Za-z0-9_.:/-\]`.
     #[prost(string, tag = "2")]
     pub method: ::prost::alloc::string::String,
     /// JSON text.
@@ -254,7 +254,7 @@ pub struct Err {
     #[prost(uint64, optional, tag = "1")]
     pub id: ::core::option::Option<u64>,
     /// One of Herald's codes (docs/protocol.md), or an application's own
-    /// ([a-z][a-z0-9_]{0,31}) when its backend refused an `rpc`, `sub` or `pub`.
+    /// (`[a-z][a-z0-9_]{0,31}`) when its backend refused an `rpc`, `sub` or `pub`.
     #[prost(string, tag = "2")]
     pub code: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
