@@ -21,7 +21,7 @@ use crate::admission::Slots;
 use crate::auth::{AuthError, Verifier};
 use crate::budget::Budgets;
 use crate::config::{BrokerKind, Config};
-use crate::hooks::Hooks;
+use crate::hooks::{Hooks, HooksError};
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbound::Writing;
@@ -64,6 +64,8 @@ pub enum StartError {
     Broker(#[from] router::redis::StartError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error(transparent)]
+    Hooks(#[from] HooksError),
 }
 
 impl StartError {
@@ -71,7 +73,11 @@ impl StartError {
     /// [`crate::config::EXIT_BAD_CONFIG`]), not what the pod found when it
     /// started.
     pub fn is_config(&self) -> bool {
-        matches!(self, Self::Broker(router::redis::StartError::Config(_)))
+        matches!(
+            self,
+            Self::Broker(router::redis::StartError::Config(_))
+                | Self::Hooks(HooksError::Url { .. })
+        )
     }
 }
 
@@ -202,7 +208,7 @@ impl Node {
             flush_soon: flush_soon.clone(),
             budgets: Arc::new(Budgets::new(&config.session, metrics.clone())),
             presence: presence.clone(),
-            hooks: Arc::new(Hooks::new(&config.proxy, metrics.clone())),
+            hooks: Arc::new(Hooks::start(&config, pod_name.clone(), metrics.clone())?),
         });
         let node = Arc::new(Self {
             config,

@@ -190,29 +190,83 @@ impl Payload {
         {
             return Err(Refused::NotYetValid);
         }
-        let subscribe = grants(
-            self.subscribe.as_deref(),
-            "`subscribe` must be an array of strings",
-        )?;
-        let publish = grants(
-            self.publish.as_deref(),
-            "`publish` must be an array of strings",
-        )?;
-        let topics = topics(self.topics.as_deref())?;
-        let info = parse::<serde_json::Map<String, serde_json::Value>>(
-            self.info.as_deref(),
-            "`info` must be a JSON object",
-        )?
-        .map(|object| Bytes::from(serde_json::Value::Object(object).to_string()));
-        Ok(Claims {
-            user: Arc::from(user),
-            expires,
-            subscribe,
-            publish,
-            topics,
-            info,
-        })
+        let granted = [&self.subscribe, &self.publish, &self.topics, &self.info];
+        with_grants(user, expires, granted)
     }
+}
+
+/// The claims the application's backend vouches for in its connect or
+/// refresh proxy's reply (docs/hooks.md): a token's claims by other names
+/// (`user` for `sub`, `expires` for `exp`), as raw JSON, under the same
+/// checks ([`Vouched::into_claims`]), so that a connection let in by the
+/// backend is held to a token's bounds.
+#[derive(Debug, Default, Deserialize)]
+pub struct Vouched {
+    #[serde(default)]
+    pub user: Option<Box<RawValue>>,
+    #[serde(default)]
+    pub expires: Option<Box<RawValue>>,
+    #[serde(default)]
+    pub subscribe: Option<Box<RawValue>>,
+    #[serde(default)]
+    pub publish: Option<Box<RawValue>>,
+    #[serde(default)]
+    pub topics: Option<Box<RawValue>>,
+    #[serde(default)]
+    pub info: Option<Box<RawValue>>,
+}
+
+impl Vouched {
+    /// The claims, checked as a token's are, except that `user` may be
+    /// missing or empty (an anonymous client: an empty [`Claims::user`],
+    /// which the session admits only where anonymous clients are) and
+    /// `expires` may be missing (the claims hold as long as the
+    /// connection). `info` is bounded by [`Claims::check_info`] still.
+    pub fn into_claims(self) -> Result<Claims, Refused> {
+        let user: String =
+            parse(self.user.as_deref(), "`user` must be a string")?.unwrap_or_default();
+        if user.len() > MAX_USER_BYTES {
+            return Err(Refused::Claims("`user` must be at most 256 bytes"));
+        }
+        let expires = numeric_date(self.expires.as_deref(), "`expires` must be a number")?
+            .map(|exp| {
+                UNIX_EPOCH
+                    .checked_add(Duration::from_secs(exp))
+                    .ok_or(Refused::Claims("`expires` is out of range"))
+            })
+            .transpose()?;
+        let granted = [&self.subscribe, &self.publish, &self.topics, &self.info];
+        with_grants(user, expires, granted)
+    }
+}
+
+/// Claims of `user` until `expires`, with the claims a token and a
+/// backend's reply share (`subscribe`, `publish`, `topics`, `info`, in that
+/// order), checked.
+fn with_grants(
+    user: String,
+    expires: Option<SystemTime>,
+    [subscribe, publish, topics, info]: [&Option<Box<RawValue>>; 4],
+) -> Result<Claims, Refused> {
+    let subscribe = grants(
+        subscribe.as_deref(),
+        "`subscribe` must be an array of strings",
+    )?;
+    let publish = grants(publish.as_deref(), "`publish` must be an array of strings")?;
+    let topics = self::topics(topics.as_deref())?;
+    let info = parse::<serde_json::Map<String, serde_json::Value>>(
+        info.as_deref(),
+        "`info` must be a JSON object",
+    )?
+    .map(|object| Bytes::from(serde_json::Value::Object(object).to_string()));
+    Ok(Claims {
+        user: Arc::from(user),
+        expires,
+        subscribe,
+        publish,
+        topics,
+        info,
+    })
 }
 
 /// A claim as `T`; `None` when it is missing or `null`.

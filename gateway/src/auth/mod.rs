@@ -36,7 +36,7 @@ use jsonwebtoken::{Algorithm, AlgorithmFamily};
 use serde::Deserialize;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-pub use claims::{Claims, Grants};
+pub use claims::{Claims, Grants, Vouched};
 pub use refused::Refused;
 
 use claims::Payload;

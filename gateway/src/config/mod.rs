@@ -43,7 +43,10 @@ pub use clients::{
 };
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
-pub use hooks::{Endpoint, ProxyConfig, WebhooksConfig};
+pub use hooks::{
+    DEFAULT_PROXY_MAX_IN_FLIGHT, DEFAULT_PROXY_MAX_RESPONSE_BYTES, Endpoint, ProxyConfig, Scheme,
+    UrlError, WebhooksConfig,
+};
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
@@ -129,7 +132,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 17] = [
+const TOP_LEVEL_KEYS: [&str; 19] = [
     "listen",
     "broker",
     "redis",
@@ -145,6 +148,8 @@ const TOP_LEVEL_KEYS: [&str; 17] = [
     "log",
     "telemetry",
     "presence",
+    "proxy",
+    "webhooks",
     "auth",
     "namespaces",
 ];
@@ -153,7 +158,7 @@ const TOP_LEVEL_KEYS: [&str; 17] = [
 pub const CONFIG_FILE_VAR: &str = "HERALD_CONFIG";
 
 /// Variables that hold comma-separated lists, and their keys.
-const LIST_VARS: [(&str, &str); 5] = [
+const LIST_VARS: [(&str, &str); 6] = [
     ("HERALD_HTTP__API_KEYS", "http.api_keys"),
     (
         "HERALD_REDIS__SENTINEL__ADDRESSES",
@@ -165,6 +170,7 @@ const LIST_VARS: [(&str, &str); 5] = [
         "HERALD_WEBSOCKET__ALLOWED_ORIGINS",
         "websocket.allowed_origins",
     ),
+    ("HERALD_PROXY__CONNECT__HEADERS", "proxy.connect.headers"),
 ];
 
 impl Config {

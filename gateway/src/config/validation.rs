@@ -190,6 +190,10 @@ impl Config {
                 return invalid("redis.command_timeout", "must be longer than 0s");
             }
         }
+        // [proxy] (issue #24, the proxies' transport).
+        if let Err((key, reason)) = self.proxy.check(&self.namespaces) {
+            return invalid(key, &reason);
+        }
         if let Err(e) = Namespaces::new(&self.namespaces) {
             return Err(ConfigError::Invalid {
                 key: "namespaces",

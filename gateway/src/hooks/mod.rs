@@ -11,6 +11,21 @@
 //!   sender per pod, from a bounded queue that never blocks delivery.
 //!
 //! The session asks [`Hooks`]; nothing here knows a session.
+//!
+//! - [`call`]: one proxy, and what every call goes through (its slots, its
+//!   timeout, its metrics and warnings).
+//! - [`http`]: the HTTP JSON transport (one pooled client per pod);
+//!   [`grpc`]: the gRPC one (one lazily connected channel per proxy).
+//! - [`reply`]: the backend's replies as the session's types.
+//! - [`setup`]: the hooks built from `[proxy]`.
+
+mod call;
+mod grpc;
+mod http;
+mod reply;
+mod setup;
+#[cfg(test)]
+mod tests;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,15 +34,25 @@ use bytes::Bytes;
 use router::Topic;
 use serde_json::value::RawValue;
 
+pub use self::setup::HooksError;
+
+use self::call::{Denied, Proxy, Transport};
 use crate::admission::ConnId;
 use crate::auth::Claims;
 use crate::config::ProxyConfig;
-use crate::metrics::Metrics;
 
 /// The pod's hooks: one per pod, shared by its sessions.
 pub struct Hooks {
     config: ProxyConfig,
-    metrics: Arc<Metrics>,
+    /// The pod's name, in every request.
+    pod: Arc<str>,
+    /// `presence.max_info_bytes`: the bound of an `info` in a reply.
+    max_info_bytes: usize,
+    connect: Option<Proxy>,
+    refresh: Option<Proxy>,
+    subscribe: Option<Proxy>,
+    publish: Option<Proxy>,
+    rpc: Option<Proxy>,
 }
 
 /// The request headers a connect proxy is given: the allow-list's, as the
@@ -178,14 +203,24 @@ pub enum Failure {
     Malformed,
 }
 
-impl Hooks {
-    pub fn new(config: &ProxyConfig, metrics: Arc<Metrics>) -> Self {
-        Self {
-            config: config.clone(),
-            metrics,
+impl Failure {
+    /// The label of `herald_proxy_failures_total{reason}`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Failure::NotConfigured => "not_configured",
+            Failure::Saturated => "saturated",
+            Failure::Timeout => "timeout",
+            Failure::Connect => "connect",
+            Failure::Status => "status",
+            Failure::Redirect => "redirect",
+            Failure::ContentType => "content_type",
+            Failure::TooLarge => "too_large",
+            Failure::Malformed => "malformed",
         }
     }
+}
 
+impl Hooks {
     /// Whether `hello` without a token goes to the connect proxy.
     pub fn connects(&self) -> bool {
         self.config.connect.is_some()
@@ -200,35 +235,232 @@ impl Hooks {
             .map_or(&[], |endpoint| &endpoint.headers[..])
     }
 
+    /// A configured proxy, or `unavailable` (not configured: no metric,
+    /// as no backend was asked).
+    fn proxy(proxy: &Option<Proxy>) -> Result<&Proxy, HookError> {
+        proxy
+            .as_ref()
+            .ok_or(HookError::Unavailable(Failure::NotConfigured))
+    }
+
     /// Who the client is, by the connect proxy: the claims a token would
-    /// carry (`expires` from the reply's, if any).
+    /// carry (`expires` from the reply's, if any). An empty `user`: the
+    /// backend named nobody (anonymous, where the pod lets such clients in).
     pub async fn connect(&self, request: &ConnectRequest<'_>) -> Result<Claims, HookError> {
-        let _ = (request, &self.metrics);
-        Err(HookError::Unavailable(Failure::NotConfigured))
+        let proxy = Self::proxy(&self.connect)?;
+        let max_info = self.max_info_bytes;
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let body = http::json(&http::ConnectBody {
+                            client: request.client.to_string(),
+                            pod: &self.pod,
+                            transport: "websocket",
+                            remote_addr: request.remote_addr,
+                            headers: http::Headers(request.headers),
+                            data: request.data,
+                        })?;
+                        let reply = client.post(uri, body, max_bytes).await?;
+                        reply::claims(Kind::Connect, &reply, max_info)
+                    }
+                    Transport::Grpc(client) => {
+                        let message = proto::v1::ConnectProxyRequest {
+                            client: request.client.to_string(),
+                            pod: self.pod.to_string(),
+                            transport: "websocket".to_owned(),
+                            remote_addr: request.remote_addr.to_string(),
+                            headers: request
+                                .headers
+                                .iter()
+                                .map(|(name, value)| (name.to_string(), value.to_string()))
+                                .collect(),
+                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
+                        };
+                        let reply = client
+                            .handle()
+                            .connect(client.request(message))
+                            .await
+                            .map_err(grpc::denied)?;
+                        reply::claims_proto(Kind::Connect, reply.into_inner(), max_info)
+                    }
+                    Transport::Broken => Err(broken()),
+                }
+            })
+            .await
     }
 
     /// The connection's user again, by the refresh proxy: its new claims
-    /// (the same user).
+    /// (the same user; another is `Forbidden`).
     pub async fn refresh(&self, request: &RefreshRequest<'_>) -> Result<Claims, HookError> {
-        let _ = request;
-        Err(HookError::Unavailable(Failure::NotConfigured))
+        let proxy = Self::proxy(&self.refresh)?;
+        let max_info = self.max_info_bytes;
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                let claims = match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let body = http::json(&http::RefreshBody {
+                            client: request.client.to_string(),
+                            pod: &self.pod,
+                            user: request.user,
+                        })?;
+                        let reply = client.post(uri, body, max_bytes).await?;
+                        reply::claims(Kind::Refresh, &reply, max_info)?
+                    }
+                    Transport::Grpc(client) => {
+                        let message = proto::v1::RefreshProxyRequest {
+                            client: request.client.to_string(),
+                            pod: self.pod.to_string(),
+                            user: request.user.to_owned(),
+                        };
+                        let reply = client
+                            .handle()
+                            .refresh(client.request(message))
+                            .await
+                            .map_err(grpc::denied)?;
+                        reply::claims_proto(Kind::Refresh, reply.into_inner(), max_info)?
+                    }
+                    Transport::Broken => return Err(broken()),
+                };
+                if *claims.user != *request.user {
+                    return Err(Denied::Refusal(HookError::Forbidden(
+                        "the backend named another user".to_owned(),
+                    )));
+                }
+                Ok(claims)
+            })
+            .await
     }
 
+    /// Whether the client may subscribe, by the subscribe proxy: its
+    /// presence `info` in the topic and data for its `ok`.
     pub async fn subscribe(
         &self,
         request: &SubscribeRequest<'_>,
     ) -> Result<SubscribeReply, HookError> {
-        let _ = request;
-        Err(HookError::Unavailable(Failure::NotConfigured))
+        let proxy = Self::proxy(&self.subscribe)?;
+        let max_info = self.max_info_bytes;
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let body = http::json(&http::SubscribeBody {
+                            client: request.client.to_string(),
+                            pod: &self.pod,
+                            user: request.user,
+                            topic: request.topic.as_str(),
+                            data: request.data,
+                        })?;
+                        let reply = client.post(uri, body, max_bytes).await?;
+                        reply::subscribe(&reply, max_info)
+                    }
+                    Transport::Grpc(client) => {
+                        let message = proto::v1::SubscribeProxyRequest {
+                            client: request.client.to_string(),
+                            pod: self.pod.to_string(),
+                            user: request.user.map(str::to_owned),
+                            topic: request.topic.as_str().to_owned(),
+                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
+                        };
+                        let reply = client
+                            .handle()
+                            .subscribe(client.request(message))
+                            .await
+                            .map_err(grpc::denied)?;
+                        reply::subscribe_proto(reply.into_inner(), max_info)
+                    }
+                    Transport::Broken => Err(broken()),
+                }
+            })
+            .await
     }
 
+    /// What to publish of a client's `pub`, by the publish proxy.
     pub async fn publish(&self, request: &PublishRequest<'_>) -> Result<PublishReply, HookError> {
-        let _ = request;
-        Err(HookError::Unavailable(Failure::NotConfigured))
+        let proxy = Self::proxy(&self.publish)?;
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let body = http::json(&http::PublishBody {
+                            client: request.client.to_string(),
+                            pod: &self.pod,
+                            user: request.user,
+                            topic: request.topic.as_str(),
+                            data: request.data,
+                        })?;
+                        let reply = client.post(uri, body, max_bytes).await?;
+                        reply::publish(&reply)
+                    }
+                    Transport::Grpc(client) => {
+                        let message = proto::v1::PublishProxyRequest {
+                            client: request.client.to_string(),
+                            pod: self.pod.to_string(),
+                            user: request.user.map(str::to_owned),
+                            topic: request.topic.as_str().to_owned(),
+                            data: request.data.get().as_bytes().to_vec(),
+                        };
+                        let reply = client
+                            .handle()
+                            .publish(client.request(message))
+                            .await
+                            .map_err(grpc::denied)?;
+                        reply::publish_proto(reply.into_inner())
+                    }
+                    Transport::Broken => Err(broken()),
+                }
+            })
+            .await
     }
 
+    /// A client's `rpc`, answered by the rpc proxy.
     pub async fn rpc(&self, request: &RpcRequest<'_>) -> Result<RpcReply, HookError> {
-        let _ = request;
-        Err(HookError::Unavailable(Failure::NotConfigured))
+        let proxy = Self::proxy(&self.rpc)?;
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let body = http::json(&http::RpcBody {
+                            client: request.client.to_string(),
+                            pod: &self.pod,
+                            user: request.user,
+                            method: request.method,
+                            data: request.data,
+                        })?;
+                        let reply = client.post(uri, body, max_bytes).await?;
+                        reply::rpc(&reply)
+                    }
+                    Transport::Grpc(client) => {
+                        let message = proto::v1::RpcProxyRequest {
+                            client: request.client.to_string(),
+                            pod: self.pod.to_string(),
+                            user: request.user.map(str::to_owned),
+                            method: request.method.to_owned(),
+                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
+                        };
+                        let reply = client
+                            .handle()
+                            .rpc(client.request(message))
+                            .await
+                            .map_err(grpc::denied)?;
+                        reply::rpc_proto(reply.into_inner())
+                    }
+                    Transport::Broken => Err(broken()),
+                }
+            })
+            .await
     }
+}
+
+/// A call to a proxy whose client could not be built.
+fn broken() -> Denied {
+    Denied::failed(
+        Failure::Connect,
+        "the proxy's client could not be built (see the error at start)",
+    )
 }

@@ -5,9 +5,11 @@
 
 mod labels;
 mod observer;
+mod proxy;
 mod register;
 
 pub use labels::*;
+pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 
 use prometheus::{
@@ -73,6 +75,8 @@ pub struct Metrics {
     pub presence_write_failures: IntCounter,
     pub presence_dead_pods: IntCounter,
     pub presence_dead_pod_members: IntCounter,
+    /// The proxies' (issue #24).
+    pub proxy: ProxyMetrics,
 }
 
 impl Metrics {
@@ -393,6 +397,7 @@ impl Metrics {
                 "herald_presence_dead_pod_members_total",
                 "Members removed from topics by this pod's cleanups of dead pods.",
             ),
+            proxy: ProxyMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();

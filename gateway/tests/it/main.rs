@@ -41,6 +41,8 @@ mod observability;
 mod pod;
 mod presence;
 mod presence_pods;
+// Issue #24: the proxies' transport (h-proxy).
+mod proxy_transport;
 mod python_client;
 mod rebalance;
 mod redis_access;
