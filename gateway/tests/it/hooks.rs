@@ -276,12 +276,18 @@ async fn no_user_is_anonymous_where_anonymous_clients_are_let_in() {
     let gateway = Gateway::with(config).await;
     let mut client = client_with(&gateway, &[]).await;
     client.hello(None).await;
-    // Anonymous: no grant of `vip`, but `chat` is anyone's.
+    // Anonymous: no grant of `vip`, and not the authenticated of `chat`;
+    // but in.
     client
         .send(json!({"op": "sub", "id": 1, "topic": "vip:lobby"}))
         .await;
     assert_eq!(client.expect("err").await["code"], "forbidden");
-    client.sub(2, "chat:general").await;
+    client
+        .send(json!({"op": "sub", "id": 2, "topic": "chat:general"}))
+        .await;
+    assert_eq!(client.expect("err").await["code"], "forbidden");
+    client.send(json!({"op": "ping", "id": 3})).await;
+    assert_eq!(client.expect("ok").await["id"], 3);
 }
 
 #[tokio::test]
