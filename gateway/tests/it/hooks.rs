@@ -684,3 +684,30 @@ async fn a_saturated_proxy_is_unavailable_at_once() {
     second.sub(2, "rooms:1").await;
     second.sub(3, "chat:general").await;
 }
+
+#[tokio::test]
+async fn subscribe_and_publish_over_grpc() {
+    let backend = GrpcBackend::start(app).await;
+    let gateway = Gateway::with(config(|_| backend.url(), Duration::from_secs(5))).await;
+    let mut client = alice(&gateway).await;
+    client
+        .send(json!({"op": "sub", "id": 1, "topic": "rooms:1", "data": "x"}))
+        .await;
+    assert_eq!(client.expect("ok").await["data"], json!({"welcome": "x"}));
+    client
+        .send(json!({"op": "sub", "id": 2, "topic": "rooms:closed"}))
+        .await;
+    assert_eq!(client.expect("err").await["code"], "room_closed");
+    client.sub(3, "feed:news").await;
+    client
+        .send(json!({"op": "pub", "id": 4, "topic": "feed:news", "data": "skip"}))
+        .await;
+    assert!(client.expect("ok").await.get("seq").is_none());
+    client
+        .send(json!({"op": "pub", "id": 5, "topic": "feed:news", "data": "hi"}))
+        .await;
+    // The `ok` and the message, in either order.
+    let (a, b) = (client.recv().await, client.recv().await);
+    let msg = if a["op"] == "msg" { a } else { b };
+    assert_eq!(msg["data"], "HI!");
+}
