@@ -711,3 +711,25 @@ async fn subscribe_and_publish_over_grpc() {
     let msg = if a["op"] == "msg" { a } else { b };
     assert_eq!(msg["data"], "HI!");
 }
+
+#[tokio::test]
+async fn a_session_resumes_as_the_user_the_backend_names() {
+    let backend = HttpBackend::start(app).await;
+    let gateway = gateway_of(&backend).await;
+    let mut first = client_with(&gateway, &[("Cookie", ALICE_COOKIE)]).await;
+    let welcome = first.hello(None).await;
+    first.expect("ok").await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    first.sub(1, "vip:backstage").await;
+    drop(first);
+    // Alice again, by her cookie: her session and its subscriptions.
+    let mut again = client_with(&gateway, &[("Cookie", ALICE_COOKIE)]).await;
+    let welcome = again.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    let connects = backend
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/connect")
+        .count();
+    assert_eq!(connects, 2);
+}
