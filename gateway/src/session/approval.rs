@@ -152,3 +152,40 @@ fn or_default(message: &str, e: &HookError) -> String {
         message.to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::Failure;
+
+    #[test]
+    fn a_refusal_is_told_with_the_backends_code_where_it_is_one() {
+        let told = |e: HookError| {
+            let e = hook_error(Some(1), &e);
+            (e.wire_code().to_owned(), e.message)
+        };
+        let refused = |code: &str| HookError::Refused {
+            code: code.to_owned(),
+            message: "full".to_owned(),
+        };
+        assert_eq!(
+            told(refused("room_full")),
+            ("room_full".into(), "full".into())
+        );
+        // Not a code a client could switch on: `forbidden`.
+        assert_eq!(told(refused("Room Full!")).0, "forbidden");
+        assert_eq!(
+            told(HookError::Unauthorized(String::new())).0,
+            "unauthorized"
+        );
+        assert_eq!(
+            told(HookError::Forbidden("no".into())),
+            ("forbidden".into(), "no".into())
+        );
+        let (code, message) = told(HookError::Unavailable(Failure::Timeout));
+        assert_eq!(
+            (code.as_str(), message.contains("timeout")),
+            ("unavailable", true)
+        );
+    }
+}

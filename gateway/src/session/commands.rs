@@ -170,15 +170,17 @@ impl Session {
                 let since = since.map(|seq| Since::claimed(seq, epoch.map(|e| e.into_owned())));
                 // Charged before the backend is asked; given back below if
                 // it does not approve.
-                let approved = match proxied {
-                    true => Box::pin(self.approve_subscribe(id, &topic, data)).await,
-                    false => Ok(Some(SubscribeReply::default())),
+                let approved = if proxied {
+                    Box::pin(self.approve_subscribe(id, &topic, data)).await
+                } else {
+                    Ok(Some(SubscribeReply::default()))
                 };
                 let subscribed = match approved {
                     Ok(Some(approved)) => self
                         .subscribe_approved(Origin::Command(id), topic.clone(), since, approved)
                         .await
                         .map_err(|e| e.to_command(Origin::Command(id), &topic)),
+                    // The backend did not answer: told so already.
                     Ok(None) => Ok(()),
                     Err(e) => Err(e),
                 };
@@ -241,6 +243,7 @@ impl Session {
                             .await;
                             return Ok(());
                         }
+                        // The backend did not answer: told so already.
                         None => return Ok(()),
                     }
                 }

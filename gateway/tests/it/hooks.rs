@@ -258,6 +258,39 @@ async fn the_backends_refusals_close_like_a_refused_token() {
 }
 
 #[tokio::test]
+async fn no_user_is_anonymous_where_anonymous_clients_are_let_in() {
+    let backend = HttpBackend::start(|request: &Request| match request.path.as_str() {
+        "/connect" => Answer::json(json!({"user": ""})),
+        _ => app(request),
+    })
+    .await;
+    let mut config = config(|p| backend.url(&format!("/{p}")), Duration::from_secs(5));
+    let gateway = Gateway::with(config.clone()).await;
+    let mut client = client_with(&gateway, &[]).await;
+    let (err, close) = refused(&mut client, json!({"op": "hello"})).await;
+    assert_eq!(
+        (err["code"].as_str(), close),
+        (Some("unauthorized"), Some(4502))
+    );
+    config.auth.allow_anonymous = true;
+    let gateway = Gateway::with(config).await;
+    let mut client = client_with(&gateway, &[]).await;
+    client.hello(None).await;
+    // Anonymous: no grant of `vip`, and not the authenticated of `chat`;
+    // but in.
+    client
+        .send(json!({"op": "sub", "id": 1, "topic": "vip:lobby"}))
+        .await;
+    assert_eq!(client.expect("err").await["code"], "forbidden");
+    client
+        .send(json!({"op": "sub", "id": 2, "topic": "chat:general"}))
+        .await;
+    assert_eq!(client.expect("err").await["code"], "forbidden");
+    client.send(json!({"op": "ping", "id": 3})).await;
+    assert_eq!(client.expect("ok").await["id"], 3);
+}
+
+#[tokio::test]
 async fn a_backend_down_is_unavailable_while_token_clients_connect() {
     // Down before the pod starts: the pod starts all the same.
     let backend = HttpBackend::start(app).await;
@@ -606,4 +639,97 @@ async fn connect_and_rpc_over_grpc() {
         .find(|r| r.path == "/connect")
         .expect("a connect");
     assert_eq!(connect.body["headers"]["cookie"], ALICE_COOKIE);
+}
+
+#[tokio::test]
+async fn a_saturated_proxy_is_unavailable_at_once() {
+    // One call in flight at most; the backend's rpc hangs (past the test).
+    let backend = HttpBackend::start(|request: &Request| match request.path.as_str() {
+        "/rpc" => Answer::hang(),
+        _ => app(request),
+    })
+    .await;
+    let mut config = config(|p| backend.url(&format!("/{p}")), Duration::from_secs(30));
+    config.proxy.max_in_flight = 1;
+    let gateway = Gateway::with(config).await;
+    let mut hanging = alice(&gateway).await;
+    hanging
+        .send(json!({"op": "rpc", "id": 1, "method": "slow"}))
+        .await;
+    // Once the backend holds that call, the next one is refused at once,
+    // not queued behind it (the timeout is 30 s).
+    testkit::eventually(testkit::WAIT, || async {
+        match backend.requests().iter().any(|r| r.path == "/rpc") {
+            true => Ok(()),
+            false => Err("the first rpc has not reached the backend"),
+        }
+    })
+    .await;
+    let mut second = alice(&gateway).await;
+    let started = Instant::now();
+    second
+        .send(json!({"op": "rpc", "id": 2, "method": "slow"}))
+        .await;
+    let err = second.expect("err").await;
+    assert_eq!(
+        (err["id"].as_u64(), err["code"].as_str()),
+        (Some(2), Some("unavailable"))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Another proxy, and a namespace without any, are not held up.
+    second.sub(2, "rooms:1").await;
+    second.sub(3, "chat:general").await;
+}
+
+#[tokio::test]
+async fn subscribe_and_publish_over_grpc() {
+    let backend = GrpcBackend::start(app).await;
+    let gateway = Gateway::with(config(|_| backend.url(), Duration::from_secs(5))).await;
+    let mut client = alice(&gateway).await;
+    client
+        .send(json!({"op": "sub", "id": 1, "topic": "rooms:1", "data": "x"}))
+        .await;
+    assert_eq!(client.expect("ok").await["data"], json!({"welcome": "x"}));
+    client
+        .send(json!({"op": "sub", "id": 2, "topic": "rooms:closed"}))
+        .await;
+    assert_eq!(client.expect("err").await["code"], "room_closed");
+    client.sub(3, "feed:news").await;
+    client
+        .send(json!({"op": "pub", "id": 4, "topic": "feed:news", "data": "skip"}))
+        .await;
+    assert!(client.expect("ok").await.get("seq").is_none());
+    client
+        .send(json!({"op": "pub", "id": 5, "topic": "feed:news", "data": "hi"}))
+        .await;
+    // The `ok` and the message, in either order.
+    let (a, b) = (client.recv().await, client.recv().await);
+    let msg = if a["op"] == "msg" { a } else { b };
+    assert_eq!(msg["data"], "HI!");
+}
+
+#[tokio::test]
+async fn a_session_resumes_as_the_user_the_backend_names() {
+    let backend = HttpBackend::start(app).await;
+    let gateway = gateway_of(&backend).await;
+    let mut first = client_with(&gateway, &[("Cookie", ALICE_COOKIE)]).await;
+    let welcome = first.hello(None).await;
+    first.expect("ok").await;
+    let session = welcome["session"].as_str().expect("session").to_owned();
+    first.sub(1, "vip:backstage").await;
+    drop(first);
+    // Alice again, by her cookie: her session and its subscriptions.
+    let mut again = client_with(&gateway, &[("Cookie", ALICE_COOKIE)]).await;
+    let welcome = again.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    let connects = backend
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/connect")
+        .count();
+    assert_eq!(connects, 2);
 }
