@@ -23,8 +23,8 @@
 //!   fan-out's direct writes to it, and the writer (replies, pings, and what
 //!   a socket did not take at once), which runs in the connection's task.
 //! - [`hub`]: the pod's local subscribers by topic; fan-out.
-//! - [`hooks`]: the application's backend, asked (connect, refresh,
-//!   subscribe, publish and rpc proxies) and told (webhooks).
+//! - [`hooks`]: the application's backend, asked: the connect, refresh,
+//!   subscribe, publish and rpc proxies.
 //! - [`webhooks`]: the events the backend is told of (issue #24): a
 //!   bounded queue and one batching, signing, retrying sender per pod.
 //! - [`presence`]: who is subscribed to a topic, across pods: this pod's
