@@ -60,6 +60,18 @@ impl Client {
         buffer_bytes: usize,
         seed: u64,
     ) -> io::Result<Self> {
+        Self::connect_with_headers(source, target, buffer_bytes, seed, &[]).await
+    }
+
+    /// As [`Self::connect`], with more request headers on the upgrade
+    /// (`hooks`: the `Cookie` a connect proxy authenticates by).
+    pub async fn connect_with_headers(
+        source: Option<SocketAddr>,
+        target: &Target,
+        buffer_bytes: usize,
+        seed: u64,
+        headers: &[(&str, &str)],
+    ) -> io::Result<Self> {
         let socket = if target.addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
@@ -77,18 +89,22 @@ impl Client {
             end: 0,
             mask: (seed as u32 ^ (seed >> 32) as u32) | 1,
         };
-        client.handshake(target).await?;
+        client.handshake(target, headers).await?;
         Ok(client)
     }
 
-    async fn handshake(&mut self, target: &Target) -> io::Result<()> {
-        let request = format!(
+    async fn handshake(&mut self, target: &Target, headers: &[(&str, &str)]) -> io::Result<()> {
+        let mut request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: {}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+             Sec-WebSocket-Key: {}\r\nSec-WebSocket-Version: 13\r\n",
             target.ws_path,
             target.addr,
             generate_key()
         );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
         self.stream.write_all(request.as_bytes()).await?;
         loop {
             if let Some(at) = find(&self.buf[..self.end], b"\r\n\r\n") {
