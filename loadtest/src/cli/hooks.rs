@@ -46,6 +46,11 @@ pub struct HooksArgs {
     /// Publishes of each of them.
     #[arg(long, value_name = "N", value_parser = number)]
     pub webhook_publishes: Option<usize>,
+    /// The event types the webhooks pod sends, comma-separated [default:
+    /// connection.open, connection.close, client.publish, topic.occupied,
+    /// topic.vacated].
+    #[arg(long, value_name = "TYPES", value_delimiter = ',')]
+    pub webhook_events: Option<Vec<String>>,
     /// Longest to wait for the last webhook after the clients are done.
     #[arg(long, value_name = "TIME")]
     pub settle: Option<humantime::Duration>,
@@ -75,6 +80,9 @@ impl HooksArgs {
         options.webhook_publishes = self
             .webhook_publishes
             .map_or(options.webhook_publishes, |n| n as u64);
+        if let Some(events) = &self.webhook_events {
+            options.webhook_events = events.clone();
+        }
         options.settle = self.settle.map_or(options.settle, Into::into);
         options.env = self.env.clone();
         options

@@ -13,8 +13,9 @@
 //!    namespace with the publish proxy and to one without; `pub`→`ok` of
 //!    each, the proxied ones less the backend's own time for them;
 //! 3. webhooks ([`webhooks`]) on a second pod (the first stopped):
-//!    clients connect, publish and close, each step an event; events per
-//!    second delivered, batch sizes, every event accounted for.
+//!    clients connect, subscribe to a topic of their own, publish and
+//!    close, each step an event; events per second delivered, batch sizes,
+//!    every event accounted for.
 //!
 //! Loopback only; each phase bounded in count and time; the pods and the
 //! backend stop with the run.
@@ -26,6 +27,7 @@ pub mod pods;
 mod publish;
 mod webhooks;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,9 @@ pub struct Options {
     pub publish_duration: Duration,
     pub webhook_clients: usize,
     pub webhook_publishes: u64,
+    /// The event types the webhooks pod sends ([`pods::WEBHOOK_EVENTS`]
+    /// by default); only these are expected.
+    pub webhook_events: Vec<String>,
     pub settle: Duration,
     /// More `HERALD_*` settings for both pods.
     pub env: Vec<(String, String)>,
@@ -96,6 +101,7 @@ impl Options {
             publish_duration: DEFAULT_PUBLISH_DURATION,
             webhook_clients: DEFAULT_WEBHOOK_CLIENTS,
             webhook_publishes: DEFAULT_WEBHOOK_PUBLISHES,
+            webhook_events: pods::WEBHOOK_EVENTS.map(str::to_owned).to_vec(),
             settle: DEFAULT_SETTLE,
             env: Vec::new(),
         }
@@ -136,6 +142,19 @@ impl Options {
         }
         if !(self.publish_rate > 0.0 && self.publish_rate <= 100_000.0) {
             return bad("--publish-rate must be over 0 and at most 100,000");
+        }
+        if let Some(e) = self
+            .webhook_events
+            .iter()
+            .find(|e| !pods::WEBHOOK_EVENTS.contains(&e.as_str()))
+        {
+            return Err(Error::Options(format!(
+                "--webhook-events: `{e}` is none of {}",
+                pods::WEBHOOK_EVENTS.join(", ")
+            )));
+        }
+        if self.webhook_events.is_empty() {
+            return bad("--webhook-events must name at least one");
         }
         if self.webhook_publishes == 0 || self.webhook_publishes > 100_000 {
             return bad("--webhook-publishes must be over 0 and at most 100,000");
@@ -267,7 +286,7 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
     }
 
     // 3. webhooks, on a pod of their own.
-    let expected = options.webhook_clients as u64 * (options.webhook_publishes + 2);
+    let expected = options.webhook_clients as u64 * (options.webhook_publishes + 4);
     let pod = Pod::webhooks(&options, &backend, expected + 10_000).await?;
     let target = Target::at(pod.herald.addr)?;
     let pid: Vec<u32> = pod.herald.pid().into_iter().collect();
@@ -281,7 +300,18 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
         options.webhook_publishes,
     )
     .await;
-    let caused = done.connected * 2 + done.published;
+    let expected_by_type: BTreeMap<String, u64> = [
+        ("connection.open", done.connected),
+        ("connection.close", done.connected),
+        ("client.publish", done.published),
+        ("topic.occupied", done.subscribed),
+        ("topic.vacated", done.subscribed),
+    ]
+    .into_iter()
+    .filter(|(kind, _)| options.webhook_events.iter().any(|e| e == kind))
+    .map(|(kind, n)| (kind.to_owned(), n))
+    .collect();
+    let caused: u64 = expected_by_type.values().sum();
     let settle = Instant::now() + options.settle;
     while (backend.tally.distinct_events() as u64) < caused && Instant::now() < settle {
         tokio::time::sleep(POLL).await;
@@ -295,6 +325,7 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
         clients: options.webhook_clients,
         publishes_per_client: options.webhook_publishes,
         expected: caused,
+        expected_by_type,
         received: events.received,
         distinct: events.ids.len() as u64,
         by_type: events.by_type,

@@ -65,8 +65,10 @@ pub struct Publishes {
 pub struct Webhooks {
     pub clients: usize,
     pub publishes_per_client: u64,
-    /// Events the clients caused (opens, publishes, closes).
+    /// Events the clients caused (opens, publishes, closes, their topics'
+    /// occupied and vacated), in all and by type.
     pub expected: u64,
+    pub expected_by_type: BTreeMap<String, u64>,
     /// Events received, a retried batch's again included; and distinct ids.
     pub received: u64,
     pub distinct: u64,
@@ -233,8 +235,8 @@ fn rows(r: &Hooks) -> Vec<Row> {
         rows.push(Row::new(
             "webhooks: events",
             format!(
-                "{} of {} arrived ({} with retries), {:?}",
-                w.distinct, w.expected, w.received, w.by_type
+                "{} of {} arrived ({} with retries); by type {:?} of {:?}",
+                w.distinct, w.expected, w.received, w.by_type, w.expected_by_type
             ),
         ));
         rows.push(Row::new(

@@ -7,8 +7,8 @@
 //!   `[proxy.publish]` at the backend, HS256 tokens as well (a `hello` with
 //!   a token is verified, one without goes to the connect proxy), namespace
 //!   `hooked` with `publish_proxy` and `plain` without;
-//! - the *webhooks pod*: `[webhooks]` at the backend with the connection and
-//!   publish events, namespace `events` open to publishing.
+//! - the *webhooks pod*: `[webhooks]` at the backend with the connection,
+//!   publish and occupancy events, namespace `events` open to publishing.
 //!
 //! Both on the memory broker: the figures are the hooks', not Redis's.
 
@@ -26,8 +26,14 @@ pub const HOOKED: &str = "hooked";
 pub const PLAIN: &str = "plain";
 /// The webhooks pod's namespace.
 pub const EVENTS: &str = "events";
-/// The events the webhooks pod sends.
-pub const WEBHOOK_EVENTS: [&str; 3] = ["connection.open", "connection.close", "client.publish"];
+/// The events the webhooks pod sends (all but presence's).
+pub const WEBHOOK_EVENTS: [&str; 5] = [
+    "connection.open",
+    "connection.close",
+    "client.publish",
+    "topic.occupied",
+    "topic.vacated",
+];
 /// Commands per second and burst per connection: the clients publish
 /// faster than the default 50/s allows.
 const COMMANDS_PER_SECOND: u32 = 100_000;
@@ -84,7 +90,11 @@ impl Pod {
 
     /// The webhooks pod: events to `backend`, a queue that holds all the run makes.
     pub async fn webhooks(options: &Options, backend: &Backend, queue: u64) -> Result<Self, Error> {
-        let events: Vec<String> = WEBHOOK_EVENTS.iter().map(|e| format!("{e:?}")).collect();
+        let events: Vec<String> = options
+            .webhook_events
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
         let config = format!(
             "[webhooks]\n\
              url = {url:?}\n\

@@ -1,8 +1,9 @@
 //! What makes the webhooks pod's events: `clients` anonymous clients, all at
-//! once, each connects (`connection.open`), publishes `publishes` messages
-//! with up to [`WINDOW`] unanswered (`client.publish` each), and closes
-//! (`connection.close`): `clients × (publishes + 2)` events, as fast as the
-//! pod takes them. The backend counts what arrives.
+//! once, each connects (`connection.open`), subscribes to a topic of its own
+//! (`topic.occupied`), publishes `publishes` messages with up to [`WINDOW`]
+//! unanswered (`client.publish` each), and closes (`connection.close`, and
+//! its topic's `topic.vacated`): `clients × (publishes + 4)` events, as fast
+//! as the pod takes them. The backend counts what arrives.
 
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ const BUFFER_BYTES: usize = 16 * 1024;
 pub struct Done {
     /// Clients that connected (each an open and, at its end, a close event).
     pub connected: u64,
+    /// Clients whose own topic was subscribed (its occupied and vacated).
+    pub subscribed: u64,
     /// Publishes answered `ok`.
     pub published: u64,
     pub errors: u64,
@@ -59,6 +62,7 @@ pub async fn run(target: &Target, first: usize, clients: usize, publishes: u64) 
             Ok((client, progress, result)) => {
                 done.published += progress.published;
                 done.connected += u64::from(progress.connected);
+                done.subscribed += u64::from(progress.subscribed);
                 if let Err(e) = result {
                     done.errors += 1;
                     done.first_error
@@ -76,6 +80,7 @@ pub async fn run(target: &Target, first: usize, clients: usize, publishes: u64) 
 #[derive(Deserialize)]
 struct Reply {
     op: String,
+    id: Option<u64>,
     code: Option<String>,
 }
 
@@ -84,6 +89,7 @@ struct Reply {
 struct Progress {
     /// Upgraded (its open event, and its close when the socket goes).
     connected: bool,
+    subscribed: bool,
     published: u64,
 }
 
@@ -99,14 +105,18 @@ async fn one(
         .await
         .map_err(|e| format!("connecting: {e}"))?;
     progress.connected = true;
-    let published = &mut progress.published;
     let topic = format!("{EVENTS}:lt.{}", client % TOPICS);
-    ws.send(OP_TEXT, br#"{"op":"hello"}"#)
-        .await
-        .map_err(|e| format!("sending hello: {e}"))?;
-    let (mut sent, mut welcomed) = (0u64, false);
-    while *published < publishes {
-        while welcomed && sent < publishes && sent - *published < WINDOW {
+    // Its own topic: `sub` id 0, the `pub`s 1 and on.
+    let hello = r#"{"op":"hello"}"#.to_owned();
+    let sub = format!(r#"{{"op":"sub","id":0,"topic":"{EVENTS}:own.{client}"}}"#);
+    for command in [hello, sub] {
+        ws.send(OP_TEXT, command.as_bytes())
+            .await
+            .map_err(|e| format!("sending {command}: {e}"))?;
+    }
+    let mut sent = 0u64;
+    while progress.published < publishes || !progress.subscribed {
+        while progress.subscribed && sent < publishes && sent - progress.published < WINDOW {
             sent += 1;
             let pub_ = format!(r#"{{"op":"pub","id":{sent},"topic":"{topic}","data":{sent}}}"#);
             ws.send(OP_TEXT, pub_.as_bytes())
@@ -122,11 +132,15 @@ async fn one(
             OP_TEXT => {
                 let reply: Reply = serde_json::from_slice(frame.payload)
                     .map_err(|e| format!("not a server frame: {e}"))?;
-                match reply.op.as_str() {
-                    "welcome" => welcomed = true,
-                    "ok" => *published += 1,
-                    "err" => {
-                        return Err(format!("pub refused: {}", reply.code.unwrap_or_default()));
+                match (reply.op.as_str(), reply.id) {
+                    ("ok", Some(0)) => progress.subscribed = true,
+                    ("ok", Some(_)) => progress.published += 1,
+                    ("err", _) => {
+                        return Err(format!(
+                            "refused: {} (id {:?})",
+                            reply.code.unwrap_or_default(),
+                            reply.id
+                        ));
                     }
                     _ => {}
                 }
