@@ -261,7 +261,7 @@ if wants hooks; then
     say "hooks: $CLIENTS handshakes through the connect proxy (backend 1 ms), then $CLIENTS with HS256 tokens, same pod;"
     say "       pubs through the publish proxy beside pubs without; webhooks while clients connect, publish, close"
     # It runs its own pods (their configuration names its backend's port);
-    # their configuration files and logs stay in $OUT/hooks. HOOKS_QUICK=1:
+    # their logs stay in $OUT/hooks. HOOKS_QUICK=1:
     # the run of well under a minute (1,000 handshakes of each kind).
     rm -rf "$OUT/hooks"
     size=(--handshakes "$CLIENTS")

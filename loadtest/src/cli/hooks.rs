@@ -15,7 +15,7 @@ pub struct HooksArgs {
     /// The herald binary the pods run (target/release/herald).
     #[arg(long, value_name = "PATH")]
     pub herald: PathBuf,
-    /// Where the pods' configuration files and logs go [default: scratch files].
+    /// Where the pods' logs go [default: scratch files].
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// A run of well under a minute (1,000 handshakes of each kind, 3 s of

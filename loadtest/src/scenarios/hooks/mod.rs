@@ -70,7 +70,7 @@ const POLL: Duration = Duration::from_millis(50);
 pub struct Options {
     /// The herald binary the pods run.
     pub herald: PathBuf,
-    /// Where the pods' configuration and logs go (kept); `None`: scratch.
+    /// Where the pods' logs go (kept); `None`: scratch files.
     pub dir: Option<PathBuf>,
     pub handshakes: usize,
     pub concurrency: usize,
@@ -182,112 +182,128 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
     )?;
     let backend = Backend::start(options.delay).await?;
     println!("hooks: backend on {}", backend.addr);
-    let secret = crate::token::secret();
     let mut result = Hooks {
         backend_delay_ms: options.delay.as_secs_f64() * 1000.0,
         ..Hooks::default()
     };
+    // A pod that does not start (a build without a hook's settings) is a
+    // problem of the run; the other pod's phase still runs.
+    if let Err(e) = proxy_phases(&options, &backend, &mut result).await {
+        result.problems.push(format!("proxy pod: {e}"));
+    }
+    match webhooks_phase(&options, &backend).await {
+        Ok(w) => result.webhooks = Some(w),
+        Err(e) => result.problems.push(format!("webhooks pod: {e}")),
+    }
+    let (bad, last) = backend.tally.bad();
+    result.backend_bad_requests = bad;
+    result.backend_last_bad = last;
+    Ok(result)
+}
 
-    {
-        let pod = Pod::proxies(&options, &backend, &secret).await?;
-        let target = Target::at(pod.herald.addr)?;
-        let pid: Vec<u32> = pod.herald.pid().into_iter().collect();
-        // 1. handshakes: tokens minted before any clock runs.
-        let tokens: Arc<[String]> = (0..options.handshakes)
-            .map(|n| crate::token::mint(&secret, &format!("u{n}"), None))
-            .collect::<Result<Vec<_>, _>>()?
-            .into();
-        let warmup = (options.handshakes / 10).clamp(1, 500);
-        for auth in [Auth::Proxy, Auth::Token(Arc::clone(&tokens))] {
-            let batch = |first, count| Batch {
-                first,
-                count,
-                concurrency: options.concurrency,
-                auth: auth.clone(),
-            };
-            let _ = handshake::run(&target, batch(0, warmup)).await;
-            let _ = backend.tally.take_connect();
-            let meter = Meter::start(&pid);
-            let done = handshake::run(&target, batch(warmup, options.handshakes)).await;
-            let cpu = meter.stop();
-            let wall_s = done.wall.as_secs_f64();
-            let mut latency = done.latency_us;
-            let phase = Handshakes {
-                auth: match auth {
-                    Auth::Proxy => "proxy",
-                    Auth::Token(_) => "token",
-                }
-                .to_owned(),
-                handshakes: latency.len() as u64,
-                failed: done.failed,
-                first_failure: done.first_failure,
-                concurrency: options.concurrency,
-                wall_s,
-                per_s: latency.len() as f64 / wall_s.max(1e-9),
-                latency: Summary::of(&mut latency),
-                backend: Summary::of(&mut backend.tally.take_connect()),
-                cpu,
-            };
-            println!(
-                "hooks: {} handshakes {:.0}/s, latency {}",
-                phase.auth,
-                phase.per_s,
-                phase.latency.brief()
-            );
-            result.handshakes.push(phase);
-        }
-
-        // 2. publishes, through the publish proxy and not.
-        let publishers: Vec<String> = (0..options.publish_clients)
-            .map(|n| crate::token::mint(&secret, &format!("p{n}"), None))
-            .collect::<Result<_, _>>()?;
-        let _ = backend.tally.take_publish();
+/// Phases 1 and 2, on the proxy pod.
+async fn proxy_phases(
+    options: &Options,
+    backend: &Backend,
+    result: &mut Hooks,
+) -> Result<(), Error> {
+    let secret = crate::token::secret();
+    let pod = Pod::proxies(options, backend, &secret).await?;
+    let target = Target::at(pod.herald.addr)?;
+    let pid: Vec<u32> = pod.herald.pid().into_iter().collect();
+    // 1. handshakes: tokens minted before any clock runs.
+    let tokens: Arc<[String]> = (0..options.handshakes)
+        .map(|n| crate::token::mint(&secret, &format!("u{n}"), None))
+        .collect::<Result<Vec<_>, _>>()?
+        .into();
+    let warmup = (options.handshakes / 10).clamp(1, 500);
+    for auth in [Auth::Proxy, Auth::Token(Arc::clone(&tokens))] {
+        let batch = |first, count| Batch {
+            first,
+            count,
+            concurrency: options.concurrency,
+            auth: auth.clone(),
+        };
+        let _ = handshake::run(&target, batch(0, warmup)).await;
+        let _ = backend.tally.take_connect();
         let meter = Meter::start(&pid);
-        let done = publish::run(
-            &target,
-            &publishers,
-            options.publish_rate,
-            options.publish_duration,
-        )
-        .await;
+        let done = handshake::run(&target, batch(warmup, options.handshakes)).await;
         let cpu = meter.stop();
-        match done {
-            Ok(done) => {
-                let own = backend.tally.take_publish();
-                let (mut net, unmatched) = publish::net_of_backend(&done.samples, &own);
-                let mut own: Vec<u32> = own.into_values().collect();
-                let plain = Summary::of(&mut publish::latencies(&done.samples, false));
-                let proxied = Summary::of(&mut publish::latencies(&done.samples, true));
-                let proxied_net = Summary::of(&mut net);
-                let p = Publishes {
-                    clients: options.publish_clients,
-                    rate_per_s: options.publish_rate,
-                    duration_s: options.publish_duration.as_secs_f64(),
-                    added_p50_us: f64::from(proxied_net.p50_us) - f64::from(plain.p50_us),
-                    added_p99_us: f64::from(proxied_net.p99_us) - f64::from(plain.p99_us),
-                    plain,
-                    proxied,
-                    proxied_net,
-                    backend: Summary::of(&mut own),
-                    unmatched,
-                    errors: done.errors,
-                    first_error: done.first_error,
-                    cpu,
-                };
-                println!(
-                    "hooks: publish plain {}, proxied less backend {}",
-                    p.plain.brief(),
-                    p.proxied_net.brief()
-                );
-                result.publish = Some(p);
+        let wall_s = done.wall.as_secs_f64();
+        let mut latency = done.latency_us;
+        let phase = Handshakes {
+            auth: match auth {
+                Auth::Proxy => "proxy",
+                Auth::Token(_) => "token",
             }
-            Err(e) => result.problems.push(format!("publish: {e}")),
-        }
+            .to_owned(),
+            handshakes: latency.len() as u64,
+            failed: done.failed,
+            first_failure: done.first_failure,
+            concurrency: options.concurrency,
+            wall_s,
+            per_s: latency.len() as f64 / wall_s.max(1e-9),
+            latency: Summary::of(&mut latency),
+            backend: Summary::of(&mut backend.tally.take_connect()),
+            cpu,
+        };
+        println!(
+            "hooks: {} handshakes {:.0}/s, latency {}",
+            phase.auth,
+            phase.per_s,
+            phase.latency.brief()
+        );
+        result.handshakes.push(phase);
     }
 
-    // 3. webhooks, on a pod of their own.
-    let expected = options.webhook_clients as u64 * (options.webhook_publishes + 4);
-    let pod = Pod::webhooks(&options, &backend, expected + 10_000).await?;
+    // 2. publishes, through the publish proxy and not.
+    let publishers: Vec<String> = (0..options.publish_clients)
+        .map(|n| crate::token::mint(&secret, &format!("p{n}"), None))
+        .collect::<Result<_, _>>()?;
+    let _ = backend.tally.take_publish();
+    let meter = Meter::start(&pid);
+    let done = publish::run(
+        &target,
+        &publishers,
+        options.publish_rate,
+        options.publish_duration,
+    )
+    .await?;
+    let cpu = meter.stop();
+    let own = backend.tally.take_publish();
+    let (mut net, unmatched) = publish::net_of_backend(&done.samples, &own);
+    let mut own: Vec<u32> = own.into_values().collect();
+    let plain = Summary::of(&mut publish::latencies(&done.samples, false));
+    let proxied = Summary::of(&mut publish::latencies(&done.samples, true));
+    let proxied_net = Summary::of(&mut net);
+    let p = Publishes {
+        clients: options.publish_clients,
+        rate_per_s: options.publish_rate,
+        duration_s: options.publish_duration.as_secs_f64(),
+        added_p50_us: f64::from(proxied_net.p50_us) - f64::from(plain.p50_us),
+        added_p99_us: f64::from(proxied_net.p99_us) - f64::from(plain.p99_us),
+        plain,
+        proxied,
+        proxied_net,
+        backend: Summary::of(&mut own),
+        unmatched,
+        errors: done.errors,
+        first_error: done.first_error,
+        cpu,
+    };
+    println!(
+        "hooks: publish plain {}, proxied less backend {}",
+        p.plain.brief(),
+        p.proxied_net.brief()
+    );
+    result.publish = Some(p);
+    Ok(())
+}
+
+/// Phase 3, on a pod of its own (the proxy pod is gone by now).
+async fn webhooks_phase(options: &Options, backend: &Backend) -> Result<Webhooks, Error> {
+    let most = options.webhook_clients as u64 * (options.webhook_publishes + 4);
+    let pod = Pod::webhooks(options, backend, most + 10_000).await?;
     let target = Target::at(pod.herald.addr)?;
     let pid: Vec<u32> = pod.herald.pid().into_iter().collect();
     let _ = backend.tally.take_events();
@@ -311,20 +327,19 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
     .filter(|(kind, _)| options.webhook_events.iter().any(|e| e == kind))
     .map(|(kind, n)| (kind.to_owned(), n))
     .collect();
-    let caused: u64 = expected_by_type.values().sum();
+    let expected: u64 = expected_by_type.values().sum();
     let settle = Instant::now() + options.settle;
-    while (backend.tally.distinct_events() as u64) < caused && Instant::now() < settle {
+    while (backend.tally.distinct_events() as u64) < expected && Instant::now() < settle {
         tokio::time::sleep(POLL).await;
     }
     let cpu = meter.stop();
     let events = backend.tally.take_events();
-    let since_start = |at: Option<Instant>| at.map_or(0.0, |t| (t - started).as_secs_f64());
-    let delivered_s = since_start(events.last);
+    let delivered_s = events.last.map_or(0.0, |t| (t - started).as_secs_f64());
     let batches = events.batch_sizes.len() as u64;
     let w = Webhooks {
         clients: options.webhook_clients,
         publishes_per_client: options.webhook_publishes,
-        expected: caused,
+        expected,
         expected_by_type,
         received: events.received,
         distinct: events.ids.len() as u64,
@@ -349,10 +364,5 @@ pub async fn run(options: Options) -> Result<Hooks, Error> {
         "hooks: webhooks {} of {} events, {:.0}/s, {:.1} per batch",
         w.distinct, w.expected, w.per_s, w.batch_mean
     );
-    result.webhooks = Some(w);
-    drop(pod);
-    let (bad, last) = backend.tally.bad();
-    result.backend_bad_requests = bad;
-    result.backend_last_bad = last;
-    Ok(result)
+    Ok(w)
 }

@@ -1,7 +1,6 @@
 //! The two herald pods `hooks` runs, each a process of the binary under
-//! test configured by a TOML file written for the run (the proxies' and
-//! webhooks' keys are tables and lists, which the environment does not
-//! carry well), with the load tool's usual settings on top
+//! test configured through `HERALD_*` variables (as every pod the load tool
+//! starts), on top of the load tool's usual settings
 //! ([`pod_env`](crate::bench::servers::pod_env)):
 //! - the *proxy pod*: `[proxy.connect]` (forwarding `Cookie`) and
 //!   `[proxy.publish]` at the backend, HS256 tokens as well (a `hello` with
@@ -12,7 +11,8 @@
 //!
 //! Both on the memory broker: the figures are the hooks', not Redis's.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::Duration;
 
 use rig::{Herald, Spec};
 
@@ -36,22 +36,17 @@ pub const WEBHOOK_EVENTS: [&str; 5] = [
 ];
 /// Commands per second and burst per connection: the clients publish
 /// faster than the default 50/s allows.
-const COMMANDS_PER_SECOND: u32 = 100_000;
+const COMMANDS_PER_SECOND: &str = "100000";
+/// The connect proxy's forwarded headers: the backend names the user by
+/// its cookie. A build that cannot take the list from the environment
+/// forwards none, and the backend names the user by the connection.
+const CONNECT_HEADERS: (&str, &str) = ("HERALD_PROXY__CONNECT__HEADERS", "Cookie");
+/// Longest `herald --check` may take.
+const CHECK_WAIT: Duration = Duration::from_secs(10);
 
-/// A pod and the configuration file it was started with (removed on drop
-/// unless it is in the run's directory).
+/// A running pod.
 pub struct Pod {
     pub herald: Herald,
-    config: PathBuf,
-    keep: bool,
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.config);
-        }
-    }
 }
 
 impl Pod {
@@ -62,83 +57,57 @@ impl Pod {
         backend: &Backend,
         secret: &str,
     ) -> Result<Self, Error> {
-        let config = format!(
-            "[auth]\n\
-             hmac_secret = {secret:?}\n\
-             \n\
-             [proxy.connect]\n\
-             url = {connect:?}\n\
-             timeout = \"1s\"\n\
-             headers = [\"Cookie\"]\n\
-             \n\
-             [proxy.publish]\n\
-             url = {publish:?}\n\
-             timeout = \"1s\"\n\
-             {websocket}\
-             \n\
-             [namespaces.{HOOKED}]\n\
-             publish_proxy = true\n\
-             \n\
-             [namespaces.{PLAIN}]\n\
-             publish = \"authenticated\"\n",
-            connect = backend.url(CONNECT_PATH),
-            publish = backend.url(PUBLISH_PATH),
-            websocket = websocket(),
-        );
-        Self::start(options, "proxies", &config).await
+        let mut env = vec![
+            var("HERALD_AUTH__HMAC_SECRET", secret),
+            var("HERALD_PROXY__CONNECT__URL", &backend.url(CONNECT_PATH)),
+            var("HERALD_PROXY__CONNECT__TIMEOUT", "1s"),
+            var("HERALD_PROXY__PUBLISH__URL", &backend.url(PUBLISH_PATH)),
+            var("HERALD_PROXY__PUBLISH__TIMEOUT", "1s"),
+            var("HERALD_NAMESPACES__HOOKED__PUBLISH_PROXY", "true"),
+            var("HERALD_NAMESPACES__PLAIN__PUBLISH", "authenticated"),
+        ];
+        let mut with_headers = env.clone();
+        with_headers.push(var(CONNECT_HEADERS.0, CONNECT_HEADERS.1));
+        if check(options, &with_headers).await.is_ok() {
+            env = with_headers;
+        } else {
+            println!(
+                "hooks: this build takes no {}: the connect proxy is given no headers",
+                CONNECT_HEADERS.0
+            );
+        }
+        Self::start(options, "proxies", env).await
     }
 
     /// The webhooks pod: events to `backend`, a queue that holds all the run makes.
     pub async fn webhooks(options: &Options, backend: &Backend, queue: u64) -> Result<Self, Error> {
-        let events: Vec<String> = options
-            .webhook_events
-            .iter()
-            .map(|e| format!("{e:?}"))
-            .collect();
-        let config = format!(
-            "[webhooks]\n\
-             url = {url:?}\n\
-             secret = \"herald-loadtest-webhooks-secret\"\n\
-             events = [{events}]\n\
-             queue = {queue}\n\
-             {websocket}\
-             \n\
-             [namespaces.{EVENTS}]\n\
-             publish = \"authenticated\"\n",
-            url = backend.url(EVENTS_PATH),
-            events = events.join(", "),
-            websocket = websocket(),
-        );
-        Self::start(options, "webhooks", &config).await
+        let env = vec![
+            var("HERALD_WEBHOOKS__URL", &backend.url(EVENTS_PATH)),
+            var("HERALD_WEBHOOKS__SECRET", "herald-loadtest-webhooks-secret"),
+            var("HERALD_WEBHOOKS__EVENTS", &options.webhook_events.join(",")),
+            var("HERALD_WEBHOOKS__QUEUE", &queue.to_string()),
+            var("HERALD_NAMESPACES__EVENTS__PUBLISH", "authenticated"),
+        ];
+        Self::start(options, "webhooks", env).await
     }
 
-    async fn start(options: &Options, name: &str, config: &str) -> Result<Self, Error> {
-        let (path, log, keep) = match &options.dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e))?;
-                (
-                    dir.join(format!("{name}.toml")),
-                    Some(dir.join(format!("{name}.log"))),
-                    true,
-                )
-            }
-            None => (
-                std::env::temp_dir().join(format!(
-                    "herald-loadtest-hooks-{}-{name}.toml",
-                    std::process::id()
-                )),
-                None,
-                false,
-            ),
-        };
-        std::fs::write(&path, config).map_err(|e| write_err(&path, e))?;
-        let mut env = crate::bench::servers::pod_env(&options.herald).await;
-        env.extend(options.env.iter().cloned());
-        let mut spec = Spec::new(&options.herald)
-            .args(["--config".to_owned(), path.display().to_string()])
-            .envs(env);
-        if let Some(log) = log {
-            spec = spec.log(log);
+    async fn start(
+        options: &Options,
+        name: &str,
+        mut env: Vec<(String, String)>,
+    ) -> Result<Self, Error> {
+        env.push(var(
+            "HERALD_WEBSOCKET__COMMANDS_PER_SECOND",
+            COMMANDS_PER_SECOND,
+        ));
+        env.push(var("HERALD_WEBSOCKET__COMMANDS_BURST", COMMANDS_PER_SECOND));
+        let mut all = crate::bench::servers::pod_env(&options.herald).await;
+        all.extend(env);
+        all.extend(options.env.iter().cloned());
+        let mut spec = Spec::new(&options.herald).envs(all);
+        if let Some(dir) = &options.dir {
+            std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e))?;
+            spec = spec.log(dir.join(format!("{name}.log")));
         }
         let herald = Herald::start(spec).await?;
         println!(
@@ -148,21 +117,31 @@ impl Pod {
                 .pid()
                 .map_or_else(|| "?".to_owned(), |p| p.to_string())
         );
-        Ok(Self {
-            herald,
-            config: path,
-            keep,
-        })
+        Ok(Self { herald })
     }
 }
 
-/// `[websocket]`: the command rate out of the way.
-fn websocket() -> String {
-    format!(
-        "\n[websocket]\n\
-         commands_per_second = {COMMANDS_PER_SECOND}\n\
-         commands_burst = {COMMANDS_PER_SECOND}\n"
-    )
+fn var(key: &str, value: &str) -> (String, String) {
+    (key.to_owned(), value.to_owned())
+}
+
+/// Whether `herald --check` takes `env` (with the run's other settings).
+async fn check(options: &Options, env: &[(String, String)]) -> Result<(), String> {
+    let mut command = tokio::process::Command::new(&options.herald);
+    command
+        .arg("--check")
+        .envs(env.iter().cloned())
+        .envs(options.env.iter().cloned())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    match tokio::time::timeout(CHECK_WAIT, command.output()).await {
+        Ok(Ok(out)) if out.status.success() => Ok(()),
+        Ok(Ok(out)) => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("herald --check took too long".to_owned()),
+    }
 }
 
 fn write_err(path: &Path, source: std::io::Error) -> Error {
