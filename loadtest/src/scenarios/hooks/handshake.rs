@@ -22,6 +22,9 @@ use crate::raw::{self, Client, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT};
 
 /// Longest one handshake may take, connect to `welcome`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a batch runs: no handshake starts after it (those left are
+/// counted as failed), so a pod that stalls ends the batch in bounded time.
+pub const BATCH_LIMIT: Duration = Duration::from_secs(120);
 /// Each client's read buffer: a `welcome` is ~120 bytes.
 const BUFFER_BYTES: usize = 1024;
 
@@ -68,6 +71,14 @@ pub async fn run(target: &Target, batch: Batch) -> Done {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= count {
+                    return done;
+                }
+                if started.elapsed() >= BATCH_LIMIT {
+                    // This one, and every one no worker has taken yet.
+                    let taken = next.swap(count, Ordering::Relaxed);
+                    done.failed += 1 + count.saturating_sub(taken) as u64;
+                    done.first_failure
+                        .get_or_insert_with(|| format!("not started within {BATCH_LIMIT:?}"));
                     return done;
                 }
                 let client = first + n;

@@ -165,7 +165,7 @@ async fn publish(
             break;
         }
         n += 1;
-        let proxied = n % 2 == 0;
+        let proxied = n.is_multiple_of(2);
         let namespace = if proxied { HOOKED } else { PLAIN };
         let key = key(client, n);
         let pub_ = format!(
