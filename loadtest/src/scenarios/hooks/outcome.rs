@@ -257,3 +257,43 @@ fn rows(r: &Hooks) -> Vec<Row> {
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Outcome;
+
+    #[test]
+    fn failed_handshakes_and_events_that_never_arrived_fail_the_run_and_targets_do_not() {
+        let mut hooks = Hooks {
+            handshakes: vec![Handshakes {
+                auth: "proxy".to_owned(),
+                handshakes: 10,
+                per_s: 10.0,
+                ..Handshakes::default()
+            }],
+            webhooks: Some(Webhooks {
+                expected: 5,
+                distinct: 5,
+                ..Webhooks::default()
+            }),
+            ..Hooks::default()
+        };
+        // A missed target is the page's verdict, not a failure.
+        assert!(hooks.failures().is_empty(), "{:?}", hooks.failures());
+        assert!(
+            rows(&hooks)
+                .iter()
+                .any(|r| r.value.contains("≥ 5000/s: MISSED")),
+        );
+        hooks.handshakes[0].failed = 2;
+        hooks.handshakes[0].first_failure = Some("closed 4003".to_owned());
+        if let Some(w) = hooks.webhooks.as_mut() {
+            w.distinct = 3;
+        }
+        let failures = hooks.failures();
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert!(failures[0].contains("2 proxy handshakes failed; first: closed 4003"));
+        assert!(failures[1].contains("2 of 5 webhook events never arrived"));
+    }
+}
