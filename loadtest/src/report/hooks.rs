@@ -136,11 +136,11 @@ fn details(res: &Hooks) -> String {
     }
     if let Some(p) = &res.publish {
         lines.push(format!(
-            "Publishes: {} clients, {:.0} pub/s in all for {:.0} s, every other one through the \
+            "Publishes: {} clients, {} pub/s in all for {:.0} s, every other one through the \
              proxy; pub→ok p50/p99 without the proxy {} / {}, with it {} / {} ({} / {} less the \
              backend's own {} / {}). {}",
             p.clients,
-            p.rate_per_s,
+            thousands(p.rate_per_s),
             p.duration_s,
             fine_ms(f64::from(p.plain.p50_us)),
             fine_ms(f64::from(p.plain.p99_us)),
