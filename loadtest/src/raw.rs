@@ -1,10 +1,11 @@
-//! A raw WebSocket client over TCP (RFC 6455, client side), for three jobs a
+//! A raw WebSocket client over TCP (RFC 6455, client side), for jobs a
 //! general library does not do: counting the exact bytes of each server frame
 //! (`wire`); holding tens of thousands of connections cheaply, each a socket,
 //! a small buffer and a task, answering every ping as it comes (`idle`); and
 //! counting a stream of `msg` frames from their fixed prefix without parsing
 //! their JSON, so that the clients cost little CPU next to the gateway
-//! (`throughput`).
+//! (`throughput`); and thousands of short handshakes a second, each with the
+//! headers it is told (`hooks`), costing the load tool little.
 //!
 //! Client frames are masked, as the protocol requires; server frames are
 //! never masked nor fragmented in Herald, and are refused if they are. The
