@@ -617,6 +617,7 @@ async fn hooks_measures_proxied_handshakes_publishes_and_webhooks() {
     }
     let proxy = outcome.batch("proxy").expect("proxy");
     assert_eq!(proxy.backend.count, 100, "the backend answered each");
+    assert_eq!(proxy.backend_cookies, 100, "named by the forwarded cookie");
     assert!(proxy.backend.p50_us >= 1000, "after its 1 ms delay");
     let publish = outcome.publish.as_ref().expect("the publishes");
     assert!(publish.plain.count > 0 && publish.proxied.count > 0);

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -62,6 +63,8 @@ pub struct Tally {
     delay: Duration,
     /// The connect proxy's own time per call, µs.
     connect_us: Mutex<Vec<u32>>,
+    /// Connect calls whose user came from the forwarded cookie.
+    cookies: AtomicU64,
     /// The publish proxy's own time per call, µs, by the publish's key.
     publish_us: Mutex<HashMap<u64, u32>>,
     /// Requests it could not read (a body that is not the contract's).
@@ -91,6 +94,11 @@ impl Tally {
     /// The connect proxy's times since the last call.
     pub fn take_connect(&self) -> Vec<u32> {
         std::mem::take(&mut *lock(&self.connect_us))
+    }
+
+    /// Connect calls named by their cookie since the last call.
+    pub fn take_cookies(&self) -> u64 {
+        self.cookies.swap(0, Ordering::Relaxed)
     }
 
     /// The publish proxy's times since the last call, by key.
@@ -223,7 +231,10 @@ async fn answer(tally: &Tally, request: Request<Incoming>) -> Response<Full<Byte
     match path.as_str() {
         CONNECT_PATH => match serde_json::from_slice::<Connect>(&body) {
             Ok(connect) => {
-                let user = user_of(&connect);
+                let (user, by_cookie) = user_of(&connect);
+                if by_cookie {
+                    tally.cookies.fetch_add(1, Ordering::Relaxed);
+                }
                 tokio::time::sleep(tally.delay).await;
                 let reply = json(serde_json::json!({ "user": user }).to_string());
                 lock(&tally.connect_us).push(micros(started.elapsed()));
@@ -276,21 +287,21 @@ async fn answer(tally: &Tally, request: Request<Incoming>) -> Response<Full<Byte
 }
 
 /// The user a connect names by its cookie (`session=<user>`), else the
-/// connection's id.
-fn user_of(connect: &Connect) -> String {
-    connect
-        .headers
-        .get("cookie")
-        .and_then(|cookie| {
-            cookie.split(';').find_map(|pair| {
-                let (name, value) = pair.trim().split_once('=')?;
-                (name == SESSION_COOKIE && !value.is_empty()).then(|| value.to_owned())
-            })
+/// connection's id; whether it was the cookie.
+fn user_of(connect: &Connect) -> (String, bool) {
+    let cookie = connect.headers.get("cookie").and_then(|cookie| {
+        cookie.split(';').find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == SESSION_COOKIE && !value.is_empty()).then(|| value.to_owned())
         })
-        .unwrap_or_else(|| match &connect.client {
-            serde_json::Value::String(id) => format!("c{id}"),
-            other => format!("c{other}"),
-        })
+    });
+    match cookie {
+        Some(user) => (user, true),
+        None => match &connect.client {
+            serde_json::Value::String(id) => (format!("c{id}"), false),
+            other => (format!("c{other}"), false),
+        },
+    }
 }
 
 fn json(body: String) -> Response<Full<Bytes>> {
@@ -321,8 +332,14 @@ mod tests {
                 .into_iter()
                 .collect(),
         };
-        assert_eq!(user_of(&connect(Some("a=1; session=u42"))), "u42");
-        assert_eq!(user_of(&connect(Some("session="))), "c17");
-        assert_eq!(user_of(&connect(None)), "c17");
+        assert_eq!(
+            user_of(&connect(Some("a=1; session=u42"))),
+            ("u42".to_owned(), true)
+        );
+        assert_eq!(
+            user_of(&connect(Some("session="))),
+            ("c17".to_owned(), false)
+        );
+        assert_eq!(user_of(&connect(None)), ("c17".to_owned(), false));
     }
 }

@@ -226,6 +226,7 @@ async fn proxy_phases(
         };
         let _ = handshake::run(&target, batch(0, warmup)).await;
         let _ = backend.tally.take_connect();
+        let _ = backend.tally.take_cookies();
         let meter = Meter::start(&pid);
         let done = handshake::run(&target, batch(warmup, options.handshakes)).await;
         let cpu = meter.stop();
@@ -245,6 +246,7 @@ async fn proxy_phases(
             per_s: latency.len() as f64 / wall_s.max(1e-9),
             latency: Summary::of(&mut latency),
             backend: Summary::of(&mut backend.tally.take_connect()),
+            backend_cookies: backend.tally.take_cookies(),
             cpu,
         };
         println!(

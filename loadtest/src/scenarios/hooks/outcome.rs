@@ -32,6 +32,9 @@ pub struct Handshakes {
     pub latency: Summary,
     /// The connect proxy's own time per call (empty with tokens).
     pub backend: Summary,
+    /// Connect calls that named their user by the forwarded `Cookie`.
+    #[serde(default)]
+    pub backend_cookies: u64,
     /// The pod watched.
     pub cpu: Usage,
 }
@@ -197,7 +200,11 @@ fn rows(r: &Hooks) -> Vec<Row> {
         if h.backend.count > 0 {
             rows.push(Row::new(
                 format!("  backend's own time, {}", h.auth),
-                h.backend.brief(),
+                format!(
+                    "{} ({} users by cookie)",
+                    h.backend.brief(),
+                    h.backend_cookies
+                ),
             ));
         }
         rows.push(Row::new(format!("  CPU, {}", h.auth), h.cpu.brief()));
