@@ -18,7 +18,7 @@
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
-#                                    chaos-cluster presence fanout-presence),
+#                                    chaos-cluster presence fanout-presence hooks),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
@@ -26,6 +26,7 @@
 #                                    measure it as well, in the same run, for a
 #                                    before/after (BEFORE_LABEL names it in
 #                                    BENCHMARKS.md)
+#   HOOKS_QUICK=1: `hooks` at its --quick size (well under a minute)
 #   BUILD=debug: debug binaries, to check the plumbing quickly with small
 #                sizes (CLIENTS=50 ROUNDS=3 BUILD=debug scripts/bench.sh fanout);
 #                its figures mean nothing, so its page is $OUT/BENCHMARKS.md
@@ -43,7 +44,7 @@ ROUNDS=${ROUNDS:-40}
 BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
-           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence)
+           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -258,6 +259,18 @@ if wants fanout-presence; then
     run fanout-presence-off -- fanout "${fanout_presence[@]}"
     run fanout-presence-on --env HERALD_NAMESPACES__DEFAULT__PRESENCE=true \
         --env HERALD_NAMESPACES__DEFAULT__JOIN_LEAVE=true -- fanout "${fanout_presence[@]}"
+fi
+
+if wants hooks; then
+    say "hooks: $CLIENTS handshakes through the connect proxy (backend 1 ms), then $CLIENTS with HS256 tokens, same pod;"
+    say "       pubs through the publish proxy beside pubs without; webhooks while clients connect, publish, close"
+    # It runs its own pods (their configuration names its backend's port);
+    # their logs stay in $OUT/hooks. HOOKS_QUICK=1:
+    # the run of well under a minute (1,000 handshakes of each kind).
+    rm -rf "$OUT/hooks"
+    size=(--handshakes "$CLIENTS")
+    [ -z "${HOOKS_QUICK:-}" ] || size=(--quick)
+    "$LOADTEST" hooks --herald "$HERALD" --dir "$OUT/hooks" --out "$OUT/hooks.json" "${size[@]}" || failed=1
 fi
 
 # A debug build's figures mean nothing: its page stays beside its results.

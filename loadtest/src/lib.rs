@@ -65,6 +65,9 @@
 //! - [`scenarios::presence`]: a 10,000-member room on 4 pods it runs: its
 //!   presence memory and writes in Redis, diffs per subscriber through a
 //!   rolling restart, page latency, a killed pod's leaves.
+//! - [`scenarios::hooks`]: the backend hooks on pods it runs, against a
+//!   backend inside the tool: connect-proxy handshakes per second beside
+//!   token ones, what the publish proxy adds to a `pub`, webhooks per second.
 //!
 //! One message's way in `fanout` (and `pods`, `slow`), driven by
 //! [`scenarios::fanout::engine`]: the publisher takes a connection from the

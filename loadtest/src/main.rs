@@ -14,7 +14,8 @@ use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
-    chaos, fanout, floor, idle, pods, presence, publish, slow, stall, storm, throughput, wire,
+    chaos, fanout, floor, hooks, idle, pods, presence, publish, slow, stall, storm, throughput,
+    wire,
 };
 
 /// Exit code when a figure that must be zero was not.
@@ -132,6 +133,14 @@ fn run(command: Command) -> anyhow::Result<bool> {
                 let outcome = tokio::select! {
                     outcome = presence::run(args.options()) => outcome.context("presence")?,
                     _ = tokio::signal::ctrl_c() => anyhow::bail!("presence: interrupted"),
+                };
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Hooks(args) => {
+                // Ctrl-C ends the run; its pods and backend die with it.
+                let outcome = tokio::select! {
+                    outcome = hooks::run(args.options()) => outcome.context("hooks")?,
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("hooks: interrupted"),
                 };
                 emit(&outcome, args.out.out.as_deref())
             }

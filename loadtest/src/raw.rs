@@ -1,10 +1,11 @@
-//! A raw WebSocket client over TCP (RFC 6455, client side), for three jobs a
+//! A raw WebSocket client over TCP (RFC 6455, client side), for jobs a
 //! general library does not do: counting the exact bytes of each server frame
 //! (`wire`); holding tens of thousands of connections cheaply, each a socket,
 //! a small buffer and a task, answering every ping as it comes (`idle`); and
 //! counting a stream of `msg` frames from their fixed prefix without parsing
 //! their JSON, so that the clients cost little CPU next to the gateway
-//! (`throughput`).
+//! (`throughput`); and thousands of short handshakes a second, each with the
+//! headers it is told (`hooks`), costing the load tool little.
 //!
 //! Client frames are masked, as the protocol requires; server frames are
 //! never masked nor fragmented in Herald, and are refused if they are. The
@@ -60,6 +61,18 @@ impl Client {
         buffer_bytes: usize,
         seed: u64,
     ) -> io::Result<Self> {
+        Self::connect_with_headers(source, target, buffer_bytes, seed, &[]).await
+    }
+
+    /// As [`Self::connect`], with more request headers on the upgrade
+    /// (`hooks`: the `Cookie` a connect proxy authenticates by).
+    pub async fn connect_with_headers(
+        source: Option<SocketAddr>,
+        target: &Target,
+        buffer_bytes: usize,
+        seed: u64,
+        headers: &[(&str, &str)],
+    ) -> io::Result<Self> {
         let socket = if target.addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
@@ -77,18 +90,22 @@ impl Client {
             end: 0,
             mask: (seed as u32 ^ (seed >> 32) as u32) | 1,
         };
-        client.handshake(target).await?;
+        client.handshake(target, headers).await?;
         Ok(client)
     }
 
-    async fn handshake(&mut self, target: &Target) -> io::Result<()> {
-        let request = format!(
+    async fn handshake(&mut self, target: &Target, headers: &[(&str, &str)]) -> io::Result<()> {
+        let mut request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: {}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+             Sec-WebSocket-Key: {}\r\nSec-WebSocket-Version: 13\r\n",
             target.ws_path,
             target.addr,
             generate_key()
         );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
         self.stream.write_all(request.as_bytes()).await?;
         loop {
             if let Some(at) = find(&self.buf[..self.end], b"\r\n\r\n") {

@@ -5,9 +5,10 @@
 //! from the same files before the renderer moved into the load tool, but
 //! for one name: a run's first pod's log is named after the run now
 //! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`),
-//! and for the `presence` section (issue #23), which came later: its
-//! result files (`presence.json`, `presence-off.json`) are made-up figures
-//! in the shape the scenario writes.
+//! and for the `presence` section (issue #23) and the `hooks` one (issue
+//! #24), which came later: their result files (`presence.json`,
+//! `presence-off.json`, `hooks.json`) are made-up figures in the shape the
+//! scenarios write.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -60,6 +61,9 @@ fn the_page_keeps_the_before_columns_and_the_floor_comparisons() {
         "**failed**: no result (`idle-pods-cluster.log` in the results)",
         "this run's floor spent 6.8 µs of CPU per 1 KiB loopback",
         "| rolling restart: presence deliveries, whole room | 310,000 | ≤ 500,000: met | 100 million |",
+        "| connect-proxy handshakes per second (backend 1 ms) | 6,250/s | ≥ 5,000/s: met |",
+        "| publish proxy: pub→ok p99 added over the backend's own time | 0.50 ms (1.40 ms less the \
+         backend, 0.90 ms without the proxy) | ≤ 2 ms: met |",
     ] {
         assert!(page.contains(line), "missing: {line}");
     }
@@ -74,8 +78,8 @@ fn a_directory_without_results_says_what_was_not_run() {
     let page = render(&results.expect("read"));
     assert!(page.starts_with("# Herald benchmarks\n"));
     assert!(page.contains("Machine: ? cores, ?, Linux ?; run on "));
-    // fanout, slow, storm, both chaos, presence, stall, throughput, wire.
-    assert_eq!(page.matches("\n\nNot run.\n\n").count(), 9, "{page}");
+    // fanout, slow, storm, both chaos, presence, hooks, stall, throughput, wire.
+    assert_eq!(page.matches("\n\nNot run.\n\n").count(), 10, "{page}");
     assert!(page.contains("Latency with presence on and off: not run."));
     assert!(page.contains("Not run (perf unavailable, or the part was not asked for)."));
     assert!(page.contains("| 19,000 on one gateway, 60 s, ping every 5 s | not run |"));

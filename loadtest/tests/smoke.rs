@@ -14,8 +14,8 @@ use loadtest::Target;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, slow};
+use loadtest::scenarios::{hooks, pods, presence, publish, stall, storm};
 use loadtest::scenarios::{idle, throughput, wire};
-use loadtest::scenarios::{pods, presence, publish, stall, storm};
 use testkit::Redis;
 use tokio::net::TcpListener;
 
@@ -590,6 +590,52 @@ async fn presence_counts_a_room_through_a_rolling_restart_and_a_kill() {
     let _ = std::fs::remove_file(&path);
     let file = loadtest::report::results::File::parse(&text).expect("read back");
     assert_eq!(file.scenario, "presence");
+}
+
+/// `hooks` at CI size against pods of the `herald` binary it runs and a
+/// backend of its own: every handshake through the connect proxy (each one
+/// a call the backend answered) and with a token gets its `welcome`, every
+/// `pub` through the publish proxy and without it its `ok`, each proxied
+/// one timed by the backend too, and every webhook event the clients caused
+/// arrives, of each type as many as caused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_measures_proxied_handshakes_publishes_and_webhooks() {
+    let mut options = hooks::Options::new(herald_binary());
+    options.handshakes = 100;
+    options.concurrency = 8;
+    options.publish_clients = 10;
+    options.publish_rate = 100.0;
+    options.publish_duration = Duration::from_secs(2);
+    options.webhook_clients = 10;
+    options.webhook_publishes = 20;
+    let outcome = hooks::run(options).await.expect("hooks runs");
+    assert_passed(&outcome);
+    for auth in ["proxy", "token"] {
+        let batch = outcome.batch(auth).expect(auth);
+        assert_eq!((batch.handshakes, batch.failed), (100, 0), "{auth}");
+        assert!(batch.per_s > 0.0 && batch.latency.count == 100, "{auth}");
+    }
+    let proxy = outcome.batch("proxy").expect("proxy");
+    assert_eq!(proxy.backend.count, 100, "the backend answered each");
+    assert_eq!(proxy.backend_cookies, 100, "named by the forwarded cookie");
+    assert!(proxy.backend.p50_us >= 1000, "after its 1 ms delay");
+    let publish = outcome.publish.as_ref().expect("the publishes");
+    assert!(publish.plain.count > 0 && publish.proxied.count > 0);
+    assert_eq!(publish.proxied_net.count, publish.proxied.count);
+    assert_eq!(publish.unmatched, 0);
+    let webhooks = outcome.webhooks.as_ref().expect("the webhooks");
+    assert_eq!(webhooks.expected, 10 * (20 + 4));
+    assert_eq!(webhooks.distinct, webhooks.expected);
+    assert_eq!(webhooks.by_type, webhooks.expected_by_type);
+    assert!(webhooks.batches > 0 && webhooks.batch_max >= 1);
+
+    // `herald-loadtest report` reads the result back through its type.
+    let path = std::env::temp_dir().join(format!("herald-hooks-{}.json", std::process::id()));
+    report::write_json(&path, &outcome).expect("written");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let _ = std::fs::remove_file(&path);
+    let file = loadtest::report::results::File::parse(&text).expect("read back");
+    assert_eq!(file.scenario, "hooks");
 }
 
 #[tokio::test]

@@ -17,6 +17,8 @@
 //!   they go through.
 //! - [`mod@presence`]: `presence`, a room of many members on pods it
 //!   runs, drains and kills.
+//! - [`mod@hooks`]: `hooks`, the backend hooks (connect and publish
+//!   proxies, webhooks) against a backend of its own, on pods it runs.
 //! - [`mod@run`]: `run`, one run of scripts/bench.sh.
 //! - [`output`]: the flags every scenario's result takes ([`Out`],
 //!   [`Watch`]).
@@ -25,6 +27,7 @@
 mod capacity;
 mod fanout;
 mod faults;
+mod hooks;
 mod output;
 mod presence;
 mod run;
@@ -39,6 +42,7 @@ use crate::scenarios::{floor, idle};
 pub use self::capacity::{IdleArgs, PublishArgs, ThroughputArgs, WireArgs, WorkerArgs};
 pub use self::fanout::{FanoutArgs, FloorArgs, PodsArgs, ReadersArgs, Rounds, SlowArgs, Spread};
 pub use self::faults::{ChaosArgs, ProxyArgs, StallArgs, StormArgs};
+pub use self::hooks::HooksArgs;
 pub use self::output::{Out, Watch};
 pub use self::presence::PresenceArgs;
 pub use self::run::RunArgs;
@@ -155,6 +159,20 @@ pub enum Command {
     /// pod with the most members (until they are gone from presence and
     /// every leave is sent). Needs redis-server and redis-cli.
     Presence(PresenceArgs),
+    /// Issue #24's backend hooks on pods of --herald it runs, against a
+    /// backend of its own on loopback answering each proxy call after
+    /// --delay (timing itself) and counting webhooks.
+    ///
+    /// Handshakes: --handshakes clients (--concurrency at once) say `hello`
+    /// without a token (the connect proxy, user by cookie), then as many
+    /// with an HS256 token (no proxy): handshakes per second, latency,
+    /// target >= 5,000/s through the proxy. Publishes: clients alternate
+    /// `pub`s through the publish proxy and without it: pub->ok less the
+    /// backend's own time, target <= 2 ms added at p99. Webhooks (a second
+    /// pod): clients connect, publish and close; events per second
+    /// delivered, batch sizes, every event accounted for. --quick: a run of
+    /// well under a minute.
+    Hooks(HooksArgs),
     /// A TCP proxy on this machine that adds a delay, loss or a partition
     /// between its clients and --upstream (Redis behind a bad network, where
     /// `tc netem` is not available), changed through --control: one command

@@ -13,7 +13,7 @@
 //! - [`page`]: the header, the sections in order, the notes at the end.
 //! - One module per section, named for its scenario: [`fanout`],
 //!   [`profile`], [`slow`], [`idle`], [`storm`], [`identity`], [`chaos`],
-//!   [`presence`], [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
+//!   [`presence`], [`hooks`], [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,6 +24,7 @@ use crate::Error;
 
 mod chaos;
 mod fanout;
+mod hooks;
 mod identity;
 mod idle;
 pub mod markdown;

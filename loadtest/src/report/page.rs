@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::results::Results;
 use super::{
-    chaos, fanout, identity, idle, micro, pods, presence, profile, publish, slow, stall, storm,
-    throughput, wire,
+    chaos, fanout, hooks, identity, idle, micro, pods, presence, profile, publish, slow, stall,
+    storm, throughput, wire,
 };
 
 /// The whole page, from a results directory.
@@ -26,6 +26,7 @@ pub fn render(results: &Results) -> String {
         chaos::cluster_section(results),
         pods::section(results),
         presence::section(results),
+        hooks::section(results),
         publish::section(results),
         stall::section(results),
         throughput::section(results),

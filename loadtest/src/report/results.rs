@@ -19,6 +19,7 @@ use crate::report::{Envelope, Machine, Outcome};
 use crate::scenarios::chaos::Chaos;
 use crate::scenarios::fanout::Fanout;
 use crate::scenarios::floor::Floor;
+use crate::scenarios::hooks::Hooks;
 use crate::scenarios::idle::Idle;
 use crate::scenarios::pods::Pods;
 use crate::scenarios::presence::Presence;
@@ -68,6 +69,7 @@ pub enum Figures {
     Wire(Wire),
     Chaos(Chaos),
     Presence(Presence),
+    Hooks(Hooks),
 }
 
 /// One result file: its envelope, and its scenario's result.
@@ -216,6 +218,13 @@ impl Results {
         }
     }
 
+    pub fn hooks(&self, name: &str) -> Option<&Hooks> {
+        match &self.file(name)?.figures {
+            Figures::Hooks(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// A file of the directory, other than a result: its text, if there.
     pub fn text(&self, file: &str) -> Option<String> {
         std::fs::read(self.dir.join(file))
@@ -294,6 +303,7 @@ impl File {
             Wire::SCENARIO => typed(text, Figures::Wire)?,
             Chaos::SCENARIO => typed(text, Figures::Chaos)?,
             Presence::SCENARIO => typed(text, Figures::Presence)?,
+            Hooks::SCENARIO => typed(text, Figures::Hooks)?,
             _ => return Err(FileError::Scenario(scenario)),
         })
     }

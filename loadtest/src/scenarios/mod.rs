@@ -26,6 +26,9 @@
 //! - [`presence`]: a 10,000-member room on 4 pods it runs itself, while
 //!   messages flow, members churn, pods restart and one is killed: presence's
 //!   Redis memory and writes, diffs per subscriber, page latency, leaves.
+//! - [`hooks`]: the backend hooks (issue #24) on pods it runs, against a
+//!   backend of its own: connect-proxy handshakes per second beside tokens,
+//!   what the publish proxy adds to a `pub`, webhook events per second.
 //! - [`chaos`]: pods, a Redis master and replica it runs itself, clients
 //!   resuming across pods and publishers, while Redis is frozen, delayed,
 //!   failed over and restarted from an old dump: every stream checked.
@@ -37,6 +40,7 @@ use crate::Error;
 pub mod chaos;
 pub mod fanout;
 pub mod floor;
+pub mod hooks;
 pub mod idle;
 pub mod pods;
 pub mod presence;
