@@ -103,7 +103,8 @@ fn notes(results: &Results) -> String {
   pings, three more cancellation tokens, and an emptied queue kept its buffer: 6.7 KiB here. Since
   that count: issue #23's server-side commands added 72 B to the task, and the drain's advice moved
   from a token watched per connection to the registry, which took the drain token and 96 B of the
-  task away (its future is 1,584 B: `cargo test -p gateway --lib sizes -- --nocapture`).
+  task away; issue #24 made `hello`'s deadline and the token's one field, 8 B more (its future is
+  1,576 B: `cargo test -p gateway --lib sizes -- --nocapture`).
 - **slow, healthy p99 within 10%.** Within the run-to-run spread of the fan-out itself. At 1 KiB ×
   40 rounds the slow client is never closed, because the kernel buffers all it is sent; the
   large-frame run shows the close.
