@@ -1,14 +1,11 @@
 //! Backend hooks (issue #24): the application's own backend decides who a
-//! client is and what it may do (the *proxies*), and is told what happens
-//! (the *webhooks*).
-//!
-//! - Proxies (`[proxy.connect]`, `[proxy.refresh]`, `[proxy.subscribe]`,
-//!   `[proxy.publish]`, `[proxy.rpc]`): each an HTTP JSON endpoint or a gRPC
-//!   `herald.v1.ProxyBackend` service, called with a bound on calls in
-//!   flight and a timeout; a refusal is the client's `err`, a failure is
-//!   `unavailable` and a metric. docs/hooks.md is the contract.
-//! - Webhooks (`[webhooks]`): events batched, signed and retried by one
-//!   sender per pod, from a bounded queue that never blocks delivery.
+//! client is and what it may do, through the proxies (`[proxy.connect]`,
+//! `[proxy.refresh]`, `[proxy.subscribe]`, `[proxy.publish]`,
+//! `[proxy.rpc]`): each an HTTP JSON endpoint or a gRPC
+//! `herald.v1.ProxyBackend` service, called with a bound on calls in flight
+//! and a timeout; a refusal is the client's `err`, a failure is
+//! `unavailable` and a metric. docs/hooks.md is the contract. (What the
+//! backend is told, the webhooks, is [`crate::webhooks`].)
 //!
 //! The session asks [`Hooks`]; nothing here knows a session.
 //!
@@ -243,52 +240,69 @@ impl Hooks {
             .ok_or(HookError::Unavailable(Failure::NotConfigured))
     }
 
+    /// One call to `proxy`, whichever its transport: over HTTP, `body` is
+    /// POSTed and the answer read by `read`; over gRPC, `over_grpc` makes
+    /// the call. Its slot, timeout and metrics are [`Proxy::call`]'s.
+    async fn ask<R>(
+        &self,
+        proxy: &Proxy,
+        body: impl FnOnce() -> Result<Bytes, Denied>,
+        read: impl FnOnce(&[u8]) -> Result<R, Denied>,
+        over_grpc: impl AsyncFnOnce(&grpc::Client) -> Result<R, Denied>,
+    ) -> Result<R, HookError> {
+        let max_bytes = self.config.max_response_bytes;
+        proxy
+            .call(async {
+                match &proxy.transport {
+                    Transport::Http(client, uri) => {
+                        let reply = client.post(uri, body()?, max_bytes).await?;
+                        read(&reply)
+                    }
+                    Transport::Grpc(client) => over_grpc(client).await,
+                    Transport::Broken => Err(broken()),
+                }
+            })
+            .await
+    }
+
     /// Who the client is, by the connect proxy: the claims a token would
     /// carry (`expires` from the reply's, if any). An empty `user`: the
     /// backend named nobody (anonymous, where the pod lets such clients in).
     pub async fn connect(&self, request: &ConnectRequest<'_>) -> Result<Claims, HookError> {
         let proxy = Self::proxy(&self.connect)?;
         let max_info = self.max_info_bytes;
-        let max_bytes = self.config.max_response_bytes;
-        proxy
-            .call(async {
-                match &proxy.transport {
-                    Transport::Http(client, uri) => {
-                        let body = http::json(&http::ConnectBody {
-                            client: request.client.to_string(),
-                            pod: &self.pod,
-                            transport: "websocket",
-                            remote_addr: request.remote_addr,
-                            headers: http::Headers(request.headers),
-                            data: request.data,
-                        })?;
-                        let reply = client.post(uri, body, max_bytes).await?;
-                        reply::claims(Kind::Connect, &reply, max_info)
-                    }
-                    Transport::Grpc(client) => {
-                        let message = proto::v1::ConnectProxyRequest {
-                            client: request.client.to_string(),
-                            pod: self.pod.to_string(),
-                            transport: "websocket".to_owned(),
-                            remote_addr: request.remote_addr.to_string(),
-                            headers: request
-                                .headers
-                                .iter()
-                                .map(|(name, value)| (name.to_string(), value.to_string()))
-                                .collect(),
-                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
-                        };
-                        let reply = client
-                            .handle()
-                            .connect(client.request(message))
-                            .await
-                            .map_err(grpc::denied)?;
-                        reply::claims_proto(Kind::Connect, reply.into_inner(), max_info)
-                    }
-                    Transport::Broken => Err(broken()),
-                }
+        let body = || {
+            http::json(&http::ConnectBody {
+                client: request.client.to_string(),
+                pod: &self.pod,
+                transport: "websocket",
+                remote_addr: request.remote_addr,
+                headers: http::Headers(request.headers),
+                data: request.data,
             })
-            .await
+        };
+        let read = |reply: &[u8]| reply::claims(Kind::Connect, reply, max_info);
+        let over_grpc = async |client: &grpc::Client| {
+            let message = proto::v1::ConnectProxyRequest {
+                client: request.client.to_string(),
+                pod: self.pod.to_string(),
+                transport: "websocket".to_owned(),
+                remote_addr: request.remote_addr.to_string(),
+                headers: request
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), value.to_string()))
+                    .collect(),
+                data: request.data.map(|d| d.get().as_bytes().to_vec()),
+            };
+            let reply = client.handle().connect(client.request(message)).await;
+            reply::claims_proto(
+                Kind::Connect,
+                reply.map_err(grpc::denied)?.into_inner(),
+                max_info,
+            )
+        };
+        self.ask(proxy, body, read, over_grpc).await
     }
 
     /// The connection's user again, by the refresh proxy: its new claims
@@ -296,42 +310,33 @@ impl Hooks {
     pub async fn refresh(&self, request: &RefreshRequest<'_>) -> Result<Claims, HookError> {
         let proxy = Self::proxy(&self.refresh)?;
         let max_info = self.max_info_bytes;
-        let max_bytes = self.config.max_response_bytes;
-        proxy
-            .call(async {
-                let claims = match &proxy.transport {
-                    Transport::Http(client, uri) => {
-                        let body = http::json(&http::RefreshBody {
-                            client: request.client.to_string(),
-                            pod: &self.pod,
-                            user: request.user,
-                        })?;
-                        let reply = client.post(uri, body, max_bytes).await?;
-                        reply::claims(Kind::Refresh, &reply, max_info)?
-                    }
-                    Transport::Grpc(client) => {
-                        let message = proto::v1::RefreshProxyRequest {
-                            client: request.client.to_string(),
-                            pod: self.pod.to_string(),
-                            user: request.user.to_owned(),
-                        };
-                        let reply = client
-                            .handle()
-                            .refresh(client.request(message))
-                            .await
-                            .map_err(grpc::denied)?;
-                        reply::claims_proto(Kind::Refresh, reply.into_inner(), max_info)?
-                    }
-                    Transport::Broken => return Err(broken()),
-                };
-                if *claims.user != *request.user {
-                    return Err(Denied::Refusal(HookError::Forbidden(
-                        "the backend named another user".to_owned(),
-                    )));
-                }
-                Ok(claims)
+        let same_user = |claims: Claims| {
+            if *claims.user != *request.user {
+                return Err(Denied::Refusal(HookError::Forbidden(
+                    "the backend named another user".to_owned(),
+                )));
+            }
+            Ok(claims)
+        };
+        let body = || {
+            http::json(&http::RefreshBody {
+                client: request.client.to_string(),
+                pod: &self.pod,
+                user: request.user,
             })
-            .await
+        };
+        let read = |reply: &[u8]| same_user(reply::claims(Kind::Refresh, reply, max_info)?);
+        let over_grpc = async |client: &grpc::Client| {
+            let message = proto::v1::RefreshProxyRequest {
+                client: request.client.to_string(),
+                pod: self.pod.to_string(),
+                user: request.user.to_owned(),
+            };
+            let reply = client.handle().refresh(client.request(message)).await;
+            let reply = reply.map_err(grpc::denied)?.into_inner();
+            same_user(reply::claims_proto(Kind::Refresh, reply, max_info)?)
+        };
+        self.ask(proxy, body, read, over_grpc).await
     }
 
     /// Whether the client may subscribe, by the subscribe proxy: its
@@ -342,118 +347,80 @@ impl Hooks {
     ) -> Result<SubscribeReply, HookError> {
         let proxy = Self::proxy(&self.subscribe)?;
         let max_info = self.max_info_bytes;
-        let max_bytes = self.config.max_response_bytes;
-        proxy
-            .call(async {
-                match &proxy.transport {
-                    Transport::Http(client, uri) => {
-                        let body = http::json(&http::SubscribeBody {
-                            client: request.client.to_string(),
-                            pod: &self.pod,
-                            user: request.user,
-                            topic: request.topic.as_str(),
-                            data: request.data,
-                        })?;
-                        let reply = client.post(uri, body, max_bytes).await?;
-                        reply::subscribe(&reply, max_info)
-                    }
-                    Transport::Grpc(client) => {
-                        let message = proto::v1::SubscribeProxyRequest {
-                            client: request.client.to_string(),
-                            pod: self.pod.to_string(),
-                            user: request.user.map(str::to_owned),
-                            topic: request.topic.as_str().to_owned(),
-                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
-                        };
-                        let reply = client
-                            .handle()
-                            .subscribe(client.request(message))
-                            .await
-                            .map_err(grpc::denied)?;
-                        reply::subscribe_proto(reply.into_inner(), max_info)
-                    }
-                    Transport::Broken => Err(broken()),
-                }
+        let body = || {
+            http::json(&http::SubscribeBody {
+                client: request.client.to_string(),
+                pod: &self.pod,
+                user: request.user,
+                topic: request.topic.as_str(),
+                data: request.data,
             })
-            .await
+        };
+        let read = |reply: &[u8]| reply::subscribe(reply, max_info);
+        let over_grpc = async |client: &grpc::Client| {
+            let message = proto::v1::SubscribeProxyRequest {
+                client: request.client.to_string(),
+                pod: self.pod.to_string(),
+                user: request.user.map(str::to_owned),
+                topic: request.topic.as_str().to_owned(),
+                data: request.data.map(|d| d.get().as_bytes().to_vec()),
+            };
+            let reply = client.handle().subscribe(client.request(message)).await;
+            reply::subscribe_proto(reply.map_err(grpc::denied)?.into_inner(), max_info)
+        };
+        self.ask(proxy, body, read, over_grpc).await
     }
 
     /// What to publish of a client's `pub`, by the publish proxy.
     pub async fn publish(&self, request: &PublishRequest<'_>) -> Result<PublishReply, HookError> {
         let proxy = Self::proxy(&self.publish)?;
-        let max_bytes = self.config.max_response_bytes;
-        proxy
-            .call(async {
-                match &proxy.transport {
-                    Transport::Http(client, uri) => {
-                        let body = http::json(&http::PublishBody {
-                            client: request.client.to_string(),
-                            pod: &self.pod,
-                            user: request.user,
-                            topic: request.topic.as_str(),
-                            data: request.data,
-                        })?;
-                        let reply = client.post(uri, body, max_bytes).await?;
-                        reply::publish(&reply)
-                    }
-                    Transport::Grpc(client) => {
-                        let message = proto::v1::PublishProxyRequest {
-                            client: request.client.to_string(),
-                            pod: self.pod.to_string(),
-                            user: request.user.map(str::to_owned),
-                            topic: request.topic.as_str().to_owned(),
-                            data: request.data.get().as_bytes().to_vec(),
-                        };
-                        let reply = client
-                            .handle()
-                            .publish(client.request(message))
-                            .await
-                            .map_err(grpc::denied)?;
-                        reply::publish_proto(reply.into_inner())
-                    }
-                    Transport::Broken => Err(broken()),
-                }
+        let body = || {
+            http::json(&http::PublishBody {
+                client: request.client.to_string(),
+                pod: &self.pod,
+                user: request.user,
+                topic: request.topic.as_str(),
+                data: request.data,
             })
-            .await
+        };
+        let over_grpc = async |client: &grpc::Client| {
+            let message = proto::v1::PublishProxyRequest {
+                client: request.client.to_string(),
+                pod: self.pod.to_string(),
+                user: request.user.map(str::to_owned),
+                topic: request.topic.as_str().to_owned(),
+                data: request.data.get().as_bytes().to_vec(),
+            };
+            let reply = client.handle().publish(client.request(message)).await;
+            reply::publish_proto(reply.map_err(grpc::denied)?.into_inner())
+        };
+        self.ask(proxy, body, reply::publish, over_grpc).await
     }
 
     /// A client's `rpc`, answered by the rpc proxy.
     pub async fn rpc(&self, request: &RpcRequest<'_>) -> Result<RpcReply, HookError> {
         let proxy = Self::proxy(&self.rpc)?;
-        let max_bytes = self.config.max_response_bytes;
-        proxy
-            .call(async {
-                match &proxy.transport {
-                    Transport::Http(client, uri) => {
-                        let body = http::json(&http::RpcBody {
-                            client: request.client.to_string(),
-                            pod: &self.pod,
-                            user: request.user,
-                            method: request.method,
-                            data: request.data,
-                        })?;
-                        let reply = client.post(uri, body, max_bytes).await?;
-                        reply::rpc(&reply)
-                    }
-                    Transport::Grpc(client) => {
-                        let message = proto::v1::RpcProxyRequest {
-                            client: request.client.to_string(),
-                            pod: self.pod.to_string(),
-                            user: request.user.map(str::to_owned),
-                            method: request.method.to_owned(),
-                            data: request.data.map(|d| d.get().as_bytes().to_vec()),
-                        };
-                        let reply = client
-                            .handle()
-                            .rpc(client.request(message))
-                            .await
-                            .map_err(grpc::denied)?;
-                        reply::rpc_proto(reply.into_inner())
-                    }
-                    Transport::Broken => Err(broken()),
-                }
+        let body = || {
+            http::json(&http::RpcBody {
+                client: request.client.to_string(),
+                pod: &self.pod,
+                user: request.user,
+                method: request.method,
+                data: request.data,
             })
-            .await
+        };
+        let over_grpc = async |client: &grpc::Client| {
+            let message = proto::v1::RpcProxyRequest {
+                client: request.client.to_string(),
+                pod: self.pod.to_string(),
+                user: request.user.map(str::to_owned),
+                method: request.method.to_owned(),
+                data: request.data.map(|d| d.get().as_bytes().to_vec()),
+            };
+            let reply = client.handle().rpc(client.request(message)).await;
+            reply::rpc_proto(reply.map_err(grpc::denied)?.into_inner())
+        };
+        self.ask(proxy, body, reply::rpc, over_grpc).await
     }
 }
 
