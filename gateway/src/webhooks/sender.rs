@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{CONTENT_TYPE, USER_AGENT};
 use hyper::{Request, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -33,6 +33,11 @@ use crate::metrics::Metrics;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two tries of a batch.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Most bytes of a backend's answer read (and dropped): only its status
+/// counts, and an endless one must cost neither memory nor the POST's whole
+/// timeout. Past it the connection is not kept.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// The signature header: `sha256=<lower-case hex of HMAC-SHA256(secret, body)>`.
 pub const SIGNATURE_HEADER: &str = "x-herald-signature";
@@ -211,7 +216,9 @@ impl Sender {
             };
             let status = response.status();
             // Read (and drop) the answer, so the connection is kept alive.
-            let _ = response.into_body().collect().await;
+            let _ = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await;
             if status.is_success() {
                 Ok(())
             } else {
@@ -227,6 +234,42 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_endless_answer_is_read_no_further_than_its_bound() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/events", listener.local_addr().expect("addr"));
+        // A 200 whose chunked body never ends.
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut request = vec![0; 64 * 1024];
+            let _ = socket.read(&mut request).await;
+            let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+            socket.write_all(head.as_bytes()).await.expect("head");
+            let chunk = format!("{:x}\r\n{}\r\n", 4096, "x".repeat(4096));
+            while socket.write_all(chunk.as_bytes()).await.is_ok() {}
+        });
+        let config = WebhooksConfig {
+            url,
+            secret: "s".repeat(32),
+            timeout: Duration::from_secs(60),
+            ..WebhooksConfig::default()
+        };
+        let sender =
+            Sender::new(&config, Arc::from("pod"), Arc::new(Metrics::new())).expect("a sender");
+        // Without the bound, the read would go on to the 60 s timeout.
+        let posted = tokio::time::timeout(
+            Duration::from_secs(30),
+            sender.post(Bytes::from_static(b"{}"), "sha256=00"),
+        )
+        .await
+        .expect("the answer's read stopped at its bound");
+        assert!(posted.is_ok(), "{posted:?}");
+        server.abort();
+    }
 
     #[test]
     fn the_signature_is_rfc_4231s_hmac_sha256_in_lower_case_hex() {
