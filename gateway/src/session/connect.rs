@@ -20,8 +20,7 @@ use super::access::Access;
 use crate::auth::Claims;
 use crate::disconnect::CloseReason;
 use crate::hooks::{
-    ConnectRequest, Failure, Forwarded, HookError, Hooks, MAX_FORWARDED_HEADER_BYTES,
-    RefreshRequest,
+    ConnectRequest, Forwarded, HookError, Hooks, MAX_FORWARDED_HEADER_BYTES, RefreshRequest,
 };
 
 /// What the connect proxy is told of the upgrade request: the client's
@@ -117,15 +116,8 @@ impl Session {
                 "the backend named no user, and anonymous clients are not let in".to_owned(),
             ));
         }
-        let max_info = self.node.config.presence.max_info_bytes;
-        if claims.check_info(max_info).is_err() {
-            tracing::warn!(
-                conn = self.conn,
-                max_info,
-                "the connect proxy answered an `info` over presence.max_info_bytes"
-            );
-            return Err(HookError::Unavailable(Failure::Malformed));
-        }
+        // Held to a token's bounds, `info` to `presence.max_info_bytes`
+        // included, by the hooks already (`Failure::Malformed` otherwise).
         Ok(Some(claims))
     }
 
@@ -206,22 +198,17 @@ impl Session {
             client: self.conn,
             user: &user,
         };
-        let refreshed = self.node.hooks.refresh(&request).await;
-        let refused = match refreshed {
-            Ok(claims) if claims.user == user => {
-                let max_info = self.node.config.presence.max_info_bytes;
-                if claims.check_info(max_info).is_err() {
-                    HookError::Unavailable(Failure::Malformed)
-                } else {
-                    let info = claims.info.clone();
-                    self.adopt_proxied(Some(claims));
-                    self.node.presence.refreshed(self.conn, info.as_ref());
-                    self.leave_ungranted().await;
-                    self.settle_account();
-                    return true;
-                }
+        // The hooks hold the reply to the same user (another is
+        // `Forbidden`) and to a token's bounds (`Malformed`).
+        let refused = match self.node.hooks.refresh(&request).await {
+            Ok(claims) => {
+                let info = claims.info.clone();
+                self.adopt_proxied(Some(claims));
+                self.node.presence.refreshed(self.conn, info.as_ref());
+                self.leave_ungranted().await;
+                self.settle_account();
+                return true;
             }
-            Ok(_) => HookError::Forbidden("the backend named another user".to_owned()),
             Err(refused) => refused,
         };
         if let HookError::Unavailable(failure) = refused {
