@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use gateway::frame;
+use gateway::frame::{self, Format};
 use proto::{Command, ServerMessage};
 use router::{Publication, Topic};
 
@@ -56,7 +56,7 @@ fn encode(c: &mut Criterion) {
         seq: 123_456,
         data: Bytes::from(format!("\"{}\"", "x".repeat(1022))),
     };
-    let msg_len = frame::publication(&publication).len() as u64;
+    let msg_len = frame::publication(Format::WebSocket, &publication).len() as u64;
     let ok = ServerMessage::Ok {
         id: 1,
         topic: Some("news"),
@@ -66,16 +66,18 @@ fn encode(c: &mut Criterion) {
         expires: None,
         data: None,
     };
-    let ok_len = frame::message(&ok).len() as u64;
+    let ok_len = frame::message(Format::WebSocket, &ok).len() as u64;
     let stamp = 1_234_567_890u64.to_be_bytes();
 
     let mut group = c.benchmark_group("encode_frame");
     group.throughput(Throughput::Bytes(msg_len));
     group.bench_function("msg_1KiB_publication", |b| {
-        b.iter(|| frame::publication(black_box(&publication)))
+        b.iter(|| frame::publication(Format::WebSocket, black_box(&publication)))
     });
     group.throughput(Throughput::Bytes(ok_len));
-    group.bench_function("ok_reply", |b| b.iter(|| frame::message(black_box(&ok))));
+    group.bench_function("ok_reply", |b| {
+        b.iter(|| frame::message(Format::WebSocket, black_box(&ok)))
+    });
     group.throughput(Throughput::Bytes(2 + stamp.len() as u64));
     group.bench_function("pong_8_bytes", |b| {
         b.iter(|| frame::encode(frame::OP_PONG, &[black_box(&stamp[..])]))

@@ -4,6 +4,10 @@
 //! pure function of opcode and length. Encoding header and payload into one
 //! [`Bytes`] lets a publication be written to every subscriber without a copy:
 //! the fan-out clones a reference, the writer hands it to `writev`.
+//!
+//! A connection says once, when it opens, how its frames are written: its
+//! [`Format`]. The fan-out encodes a publication once per format among its
+//! subscribers ([`Frames`]), never once per subscriber.
 
 use bytes::Bytes;
 use proto::ServerMessage;
@@ -42,16 +46,71 @@ pub fn encode(opcode: u8, parts: &[&[u8]]) -> Bytes {
     Bytes::from(out)
 }
 
-/// A text frame holding `message`.
-pub fn message(message: &ServerMessage<'_>) -> Bytes {
-    encode(OP_TEXT, &[&message.to_json()])
+/// How a connection's server frames are written: fixed when it opens, read
+/// by everything that encodes for it (its session's replies and replays, the
+/// fan-out, the drain's advice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Format {
+    /// RFC 6455 text frames holding the JSON protocol.
+    #[default]
+    WebSocket,
 }
 
-/// The `msg` frame of a publication: what every subscriber receives.
-pub fn publication(p: &Publication) -> Bytes {
+/// A message of the protocol, as `format` writes it.
+pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
+    match format {
+        Format::WebSocket => encode(OP_TEXT, &[&message.to_json()]),
+    }
+}
+
+/// The `msg` of a publication, as `format` writes it: what every subscriber
+/// in that format receives.
+pub fn publication(format: Format, p: &Publication) -> Bytes {
     let mut prefix = Vec::with_capacity(48 + p.topic.as_str().len());
     proto::json::encode_msg_prefix(&mut prefix, p.topic.as_str(), p.seq);
-    encode(OP_TEXT, &[&prefix, &p.data, b"}"])
+    match format {
+        Format::WebSocket => encode(OP_TEXT, &[&prefix, &p.data, b"}"]),
+    }
+}
+
+/// One server message in each format its receivers use, each encoded at
+/// most once, on first use. A fan-out usually meets one format, two at
+/// most: the first is kept inline, without an allocation.
+pub struct Frames<F> {
+    encode: F,
+    first: Option<(Format, Bytes)>,
+    rest: Vec<(Format, Bytes)>,
+}
+
+impl<F: Fn(Format) -> Bytes> Frames<F> {
+    /// Encodes with `encode`, once per format asked for.
+    pub fn new(encode: F) -> Self {
+        Self {
+            encode,
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    /// The message in `format` (a reference-counted clone).
+    pub fn get(&mut self, format: Format) -> Bytes {
+        match &self.first {
+            None => {
+                let frame = (self.encode)(format);
+                self.first = Some((format, frame.clone()));
+                frame
+            }
+            Some((made, frame)) if *made == format => frame.clone(),
+            Some(_) => {
+                if let Some((_, frame)) = self.rest.iter().find(|(made, _)| *made == format) {
+                    return frame.clone();
+                }
+                let frame = (self.encode)(format);
+                self.rest.push((format, frame.clone()));
+                frame
+            }
+        }
+    }
 }
 
 /// A close frame with `code` and `reason`.
@@ -62,6 +121,25 @@ pub fn close(code: u16, reason: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_encode_each_format_once() {
+        let calls = std::cell::Cell::new(0);
+        let mut frames = Frames::new(|format| {
+            calls.set(calls.get() + 1);
+            message(
+                format,
+                &ServerMessage::Reconnect {
+                    after_ms: 1,
+                    reason: "test",
+                },
+            )
+        });
+        let one = frames.get(Format::WebSocket);
+        let two = frames.get(Format::WebSocket);
+        assert_eq!(one, two);
+        assert_eq!(calls.get(), 1);
+    }
 
     #[test]
     fn headers_use_the_shortest_length_form() {

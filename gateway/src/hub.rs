@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use crate::admission::ConnId;
-use crate::frame;
+use crate::frame::{self, Format, Frames};
 use crate::metrics::Metrics;
 use crate::outbound::{IdleSockets, Outbound, Pushed};
 use crate::telemetry;
@@ -270,13 +270,15 @@ impl Hub {
             .map_or(0, |local| local.subscribers.len())
     }
 
-    /// Pushes `frame`, one not in the topic's seq order (a
+    /// Pushes `message`, one not in the topic's seq order (a
     /// `presence_diff`), to every live subscriber of `topic` here, without
-    /// waiting. How many it was pushed to. One still in its subscribe
-    /// handshake is skipped: it has not had its `ok` yet, and its session
-    /// takes no other command (a `presence` query) before it is live, so
-    /// any page it asks for is at or past what this frame says.
-    pub fn broadcast(&self, topic: &Topic, frame: Bytes) -> usize {
+    /// waiting, encoded once per format. How many it was pushed to. One
+    /// still in its subscribe handshake is skipped: it has not had its `ok`
+    /// yet, and its session takes no other command (a `presence` query)
+    /// before it is live, so any page it asks for is at or past what this
+    /// message says.
+    pub fn broadcast(&self, topic: &Topic, message: &ServerMessage<'_>) -> usize {
+        let mut frames = Frames::new(|format| frame::message(format, message));
         let mut shard = self.shard(topic);
         let Some(local) = shard.get_mut(topic) else {
             return 0;
@@ -288,7 +290,8 @@ impl Hub {
             if subscriber.pending.is_some() {
                 continue;
             }
-            let result = subscriber.out.push(frame.clone(), at, &mut idle);
+            let frame = frames.get(subscriber.out.format());
+            let result = subscriber.out.push(frame, at, &mut idle);
             if result != Pushed::Closed {
                 pushed += 1;
             }
@@ -307,16 +310,17 @@ impl Hub {
 }
 
 impl Hub {
-    /// Pushes `frame` (of `position`) to every subscriber of `topic`, and
-    /// records their number on `span` (a traced fan-out's). The queues are
-    /// filled under the shard lock, which keeps each topic's order; the
-    /// sockets are written after it is released.
+    /// Pushes `frame` (of `position`, encoded once per format among the
+    /// subscribers) to every subscriber of `topic`, and records their number
+    /// on `span` (a traced fan-out's). The queues are filled under the shard
+    /// lock, which keeps each topic's order; the sockets are written after
+    /// it is released.
     fn fan_out(
         &self,
         topic: &Topic,
         kind: Kind,
         position: (&Epoch, u64),
-        frame: impl Fn() -> Bytes,
+        frame: impl Fn(Format) -> Bytes,
         span: Option<&Span>,
     ) {
         let mut shard = self.shard(topic);
@@ -333,17 +337,18 @@ impl Hub {
             );
         }
         local.head = local.head.max(position.1);
-        let frame = frame();
+        let mut frames = Frames::new(frame);
         let at = Instant::now();
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         for subscriber in local.subscribers.values_mut() {
+            let frame = frames.get(subscriber.out.format());
             match &mut subscriber.pending {
                 None => {
                     if admit(&mut subscriber.cursor, kind, position.0, position.1) {
                         if kind == Kind::Reset {
                             subscriber.session.reset(topic, position.0, position.1);
                         }
-                        self.count(subscriber.out.push(frame.clone(), at, &mut idle));
+                        self.count(subscriber.out.push(frame, at, &mut idle));
                     }
                 }
                 // History holds it: the session reads it from there.
@@ -357,7 +362,7 @@ impl Hub {
                         kind,
                         epoch: position.0.clone(),
                         seq: position.1,
-                        frame: frame.clone(),
+                        frame,
                         at,
                     });
                 }
@@ -384,7 +389,7 @@ impl Deliver for Hub {
             &publication.topic,
             Kind::Publication,
             (&publication.epoch, publication.seq),
-            || frame::publication(publication),
+            |format| frame::publication(format, publication),
             span.as_ref(),
         );
     }
@@ -398,12 +403,15 @@ impl Deliver for Hub {
             topic,
             Kind::Reset,
             (&position.epoch, position.seq),
-            || {
-                frame::message(&ServerMessage::Reset {
-                    topic: topic.as_str(),
-                    epoch: &position.epoch,
-                    seq: position.seq,
-                })
+            |format| {
+                frame::message(
+                    format,
+                    &ServerMessage::Reset {
+                        topic: topic.as_str(),
+                        epoch: &position.epoch,
+                        seq: position.seq,
+                    },
+                )
             },
             None,
         );

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use super::direct::{IdleSockets, SocketWriter};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
-use crate::frame;
+use crate::frame::{self, Format};
 use crate::signal::Signal;
 
 /// Slices handed to one `writev` by the writer (Linux allows 1024).
@@ -101,6 +101,8 @@ pub(super) struct Shared {
     /// The connection is over: its reader or its writer ended it, and the
     /// other stops too.
     stopped: Signal,
+    /// How this connection's frames are written.
+    format: Format,
 }
 
 /// Where a queue's frames go.
@@ -211,21 +213,45 @@ impl State {
 impl Outbound {
     /// A queue written by its writer alone.
     pub fn new(limits: Limits) -> Self {
-        Self::build(limits, None)
+        Self::build(limits, None, Format::default())
+    }
+
+    /// A queue of frames in `format`, written by its writer alone.
+    pub fn formatted(limits: Limits, format: Format) -> Self {
+        Self::build(limits, None, format)
     }
 
     /// A queue that fan-outs may also write straight to `socket`, and the
     /// writer's handle on that socket.
     pub fn with_socket(limits: Limits, socket: OwnedWriteHalf) -> (Self, SocketWriter) {
-        let out = Self::build(limits, Some(Socket::Tcp(socket)));
+        Self::with_socket_as(limits, socket, Format::default())
+    }
+
+    /// [`with_socket`](Self::with_socket), for frames in `format`.
+    pub fn with_socket_as(
+        limits: Limits,
+        socket: OwnedWriteHalf,
+        format: Format,
+    ) -> (Self, SocketWriter) {
+        let out = Self::build(limits, Some(Socket::Tcp(socket)), format);
         (out.clone(), SocketWriter(out))
+    }
+
+    /// How this connection's frames are written: whoever encodes for it
+    /// encodes in this.
+    pub fn format(&self) -> Format {
+        self.shared.format
     }
 
     /// A queue whose socket is a counter that takes every byte at once:
     /// for benchmarks of the fan-out's own cost, without the kernel's.
     #[doc(hidden)]
     pub fn with_counting_sink(limits: Limits) -> (Self, SocketWriter) {
-        let out = Self::build(limits, Some(Socket::Counting(AtomicU64::new(0))));
+        let out = Self::build(
+            limits,
+            Some(Socket::Counting(AtomicU64::new(0))),
+            Format::default(),
+        );
         (out.clone(), SocketWriter(out))
     }
 
@@ -239,7 +265,7 @@ impl Outbound {
         }
     }
 
-    fn build(limits: Limits, socket: Option<Socket>) -> Self {
+    fn build(limits: Limits, socket: Option<Socket>, format: Format) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
@@ -248,6 +274,7 @@ impl Outbound {
                 stopped: Signal::default(),
                 limits,
                 socket,
+                format,
             }),
         }
     }

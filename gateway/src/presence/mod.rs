@@ -34,7 +34,6 @@ use tokio::time::Instant;
 
 use crate::admission::ConnId;
 use crate::config::{Config, PresenceConfig};
-use crate::frame;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use diffs::{Diff, Diffs};
@@ -362,7 +361,7 @@ impl Presence {
             .is_some_and(|s| s.counts_only_above > 0 && diff.users > s.counts_only_above);
         let joins = json_members(diff.joins.iter().map(|(u, i)| (&**u, i.as_ref())));
         let leaves: Vec<&str> = diff.leaves.iter().map(|u| &**u).collect();
-        let frame = frame::message(&proto::ServerMessage::PresenceDiff {
+        let message = proto::ServerMessage::PresenceDiff {
             topic: topic.as_str(),
             from: diff.from,
             to: diff.to,
@@ -370,8 +369,8 @@ impl Presence {
             leaves: (!counts_only).then_some(&leaves[..]),
             users: diff.users,
             connections: diff.connections,
-        });
-        if self.hub.broadcast(topic, frame) > 0 {
+        };
+        if self.hub.broadcast(topic, &message) > 0 {
             self.metrics.presence_diffs.inc();
         }
     }

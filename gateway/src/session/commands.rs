@@ -483,7 +483,9 @@ impl Session {
     }
 
     pub(super) async fn reply(&self, message: ServerMessage<'_>) {
-        self.out.send(frame::message(&message)).await;
+        self.out
+            .send(frame::message(self.out.format(), &message))
+            .await;
     }
 
     /// An `err` the client's own command did not cause (a subscription it

@@ -364,7 +364,7 @@ impl Registry {
 fn advise(out: &Outbound, spread: Duration, reason: &'static str, close: CloseReason) {
     let spread_ms = spread.as_millis().max(1) as u64;
     let after_ms = rand::thread_rng().gen_range(0..spread_ms);
-    let advice = frame::message(&ServerMessage::Reconnect { after_ms, reason });
+    let advice = frame::message(out.format(), &ServerMessage::Reconnect { after_ms, reason });
     out.close_after(advice, close);
 }
 

@@ -151,7 +151,11 @@ impl Session {
         let mut page = first;
         loop {
             for publication in page.drain(..) {
-                if !self.out.send(frame::publication(&publication)).await {
+                if !self
+                    .out
+                    .send(frame::publication(self.out.format(), &publication))
+                    .await
+                {
                     joining.keep();
                     return;
                 }
