@@ -24,6 +24,7 @@ mod request;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper::header::{HeaderValue, LOCATION, ORIGIN};
@@ -87,6 +88,16 @@ pub async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Format> {
     }
 }
 
+/// Whether a refusal may be logged at warn: once a second at most, so
+/// that a flood of bad requests cannot flood the log.
+fn warn_now() -> bool {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    LAST.swap(now, Ordering::Relaxed) != now
+}
+
 /// The transport label of `format`.
 fn transport(format: Format) -> &'static str {
     match format {
@@ -116,6 +127,13 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, node: Arc<Node>, for
         .with_label_values(&[label, refused.reason])
         .inc();
     tracing::debug!(%peer, transport = label, reason = refused.reason, message = %refused.message, "stream refused");
+    if warn_now() {
+        tracing::warn!(
+            transport = label,
+            reason = refused.reason,
+            "stream requests refused (one line a second at most; herald_streams_refused_total counts them all)"
+        );
+    }
     let body = serde_json::json!({"error": {"code": refused.code, "message": refused.message}});
     let body = body.to_string();
     let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST);
