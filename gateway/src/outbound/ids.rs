@@ -52,9 +52,19 @@ impl EventIds {
         place.seq = mark.seq;
     }
 
-    /// `id: <id>\n`.
+    /// `id: <id>\n`: one allocation of its exact size, per event and
+    /// connection (this runs in the fan-out, under the queue's lock).
     pub(super) fn render(&self) -> Bytes {
-        let mut out = Vec::with_capacity(5 + self.places.len() * 24);
+        let mut digits = [0u8; 20];
+        let len = 5 + self
+            .places
+            .iter()
+            .map(|p| match &p.epoch {
+                Some(epoch) => epoch.len() + 1 + decimal(p.seq, &mut digits).len() + 1,
+                None => 3,
+            })
+            .sum::<usize>();
+        let mut out = Vec::with_capacity(len);
         out.extend_from_slice(b"id: ");
         for (i, place) in self.places.iter().enumerate() {
             if i > 0 {
@@ -64,7 +74,7 @@ impl EventIds {
                 Some(epoch) => {
                     out.extend_from_slice(epoch.as_bytes());
                     out.push(b':');
-                    out.extend_from_slice(place.seq.to_string().as_bytes());
+                    out.extend_from_slice(decimal(place.seq, &mut digits));
                 }
                 None => out.extend_from_slice(b":0"),
             }
@@ -104,6 +114,19 @@ impl Outbound {
     }
 }
 
+/// `n` in decimal, in `buf`'s tail.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 /// Whether a queued frame is an event's id line (counted with its event,
 /// not as a frame of its own).
 pub(super) fn is_id(frame: &[u8]) -> bool {
@@ -134,5 +157,11 @@ mod tests {
             seq: 1,
         });
         assert_eq!(&ids.render()[..], b"id: :0.ff:9\n");
+        ids.mark(Mark {
+            topic: "a",
+            epoch: "e",
+            seq: u64::MAX,
+        });
+        assert_eq!(&ids.render()[..], b"id: e:18446744073709551615.ff:9\n");
     }
 }
