@@ -7,10 +7,12 @@ mod labels;
 mod observer;
 mod proxy;
 mod register;
+mod stream_commands;
 
 pub use labels::*;
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
+pub use stream_commands::{STREAM_COMMAND_RESULTS, STREAM_FORWARD_RESULTS, StreamCommandMetrics};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -82,6 +84,8 @@ pub struct Metrics {
     pub webhook_post_seconds: Histogram,
     /// The proxies' (issue #24).
     pub proxy: ProxyMetrics,
+    /// HTTP-streaming's command POSTs' (issue #25).
+    pub stream_commands: StreamCommandMetrics,
 }
 
 impl Metrics {
@@ -425,6 +429,7 @@ impl Metrics {
                 "How long each webhook POST took, answer read.",
             ),
             proxy: ProxyMetrics::new(r),
+            stream_commands: StreamCommandMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();
@@ -498,6 +503,8 @@ impl Metrics {
             "presence_beat",
             "presence_clean",
             "resumed",
+            "session_user",
+            "forward",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);
