@@ -81,6 +81,7 @@ pub mod server;
 pub mod session;
 pub mod signal;
 pub mod stream_commands;
+pub mod streams;
 pub mod telemetry;
 pub mod webhooks;
 

@@ -8,11 +8,13 @@ mod observer;
 mod proxy;
 mod register;
 mod stream_commands;
+mod streams;
 
 pub use labels::*;
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 pub use stream_commands::{STREAM_COMMAND_RESULTS, STREAM_FORWARD_RESULTS, StreamCommandMetrics};
+pub use streams::{STREAM_REFUSALS, STREAM_TRANSPORTS, StreamMetrics};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -84,6 +86,8 @@ pub struct Metrics {
     pub webhook_post_seconds: Histogram,
     /// The proxies' (issue #24).
     pub proxy: ProxyMetrics,
+    /// SSE and HTTP-streaming (issue #25).
+    pub streams: StreamMetrics,
     /// HTTP-streaming's command POSTs' (issue #25).
     pub stream_commands: StreamCommandMetrics,
 }
@@ -429,6 +433,7 @@ impl Metrics {
                 "How long each webhook POST took, answer read.",
             ),
             proxy: ProxyMetrics::new(r),
+            streams: StreamMetrics::new(r),
             stream_commands: StreamCommandMetrics::new(r),
             registry,
         };

@@ -32,6 +32,7 @@
 //!   frame's are.
 //! - [`subscriptions`]: the subscriptions and acks a resume needs;
 //!   [`registry`]: the pod's live sessions.
+//! - [`stream`]: the same session over an SSE or HTTP-streaming response.
 //! - [`echo`]: the conformance echo, over the same reader and writer.
 //! - `fuzzing` (tests and fuzz builds only): what the fuzz targets check.
 
@@ -54,6 +55,7 @@ mod replay;
 mod resume;
 mod rpc;
 mod server_side;
+mod stream;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -65,6 +67,7 @@ pub use registry::{
     Unregistered, max_posted_bytes, session_key,
 };
 pub use replay::Replays;
+pub use stream::{Opening, serve_stream};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};
