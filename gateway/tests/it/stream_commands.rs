@@ -6,16 +6,20 @@
 //! status, and nothing reaches the session it named: an unknown session
 //! and another user's get the very same answer.
 //!
-//! (Until the NDJSON stream of `POST /stream` is merged, the session here is
-//! a WebSocket's: its replies arrive on the socket.)
+//! The sessions are HTTP-streaming's (`POST /stream`, NDJSON), read by a
+//! client written here over a plain socket; a WebSocket's session takes
+//! posted commands the same way (the flood's).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
 use gateway::Config;
 use serde_json::{Value, json};
 use testkit::backend::Request;
-use testkit::{Answer, Client, Gateway, Herald, HttpBackend, Redis};
+use testkit::{Answer, Client, Gateway, Herald, HttpBackend, Redis, WAIT};
 
 use crate::pod::{HERALD, publish, saved};
 use crate::server_subscriptions::token_signed;
@@ -64,6 +68,82 @@ async fn login(url: &str, token: &str) -> (Client, String) {
     (client, session)
 }
 
+/// An HTTP-streaming session (`POST /stream`), its NDJSON lines read as
+/// they come: what a client without WebSockets holds.
+struct Stream {
+    read: BufReader<TcpStream>,
+}
+
+impl Stream {
+    /// Opens a stream at `addr` with `hello` (a token in it, or none): the
+    /// stream, after its response head, and the session's id.
+    async fn open(addr: SocketAddr, hello: Value) -> (Self, String) {
+        let body = hello.to_string();
+        let request = format!(
+            "POST /stream HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut socket = TcpStream::connect(addr).await.expect("connect");
+        socket.write_all(request.as_bytes()).await.expect("request");
+        let mut read = BufReader::new(socket);
+        let mut status = String::new();
+        let reading = read.read_line(&mut status);
+        tokio::time::timeout(WAIT, reading)
+            .await
+            .expect("head in time")
+            .expect("head");
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        loop {
+            let mut line = String::new();
+            let reading = read.read_line(&mut line);
+            tokio::time::timeout(WAIT, reading)
+                .await
+                .expect("head in time")
+                .expect("head");
+            if line == "\r\n" {
+                break;
+            }
+            assert!(!line.is_empty(), "the head ended early");
+        }
+        let mut stream = Self { read };
+        let welcome = stream.expect("welcome").await;
+        let session = welcome["session"].as_str().expect("session").to_owned();
+        (stream, session)
+    }
+
+    /// The next frame (heartbeats, empty lines, skipped).
+    async fn recv(&mut self) -> Value {
+        loop {
+            let mut line = String::new();
+            let reading = self.read.read_line(&mut line);
+            let n = tokio::time::timeout(WAIT, reading)
+                .await
+                .expect("a frame in time")
+                .expect("the stream open");
+            assert!(n > 0, "the stream ended");
+            if !line.trim().is_empty() {
+                return serde_json::from_str(&line).unwrap_or_else(|_| panic!("JSON: {line}"));
+            }
+        }
+    }
+
+    async fn expect(&mut self, op: &str) -> Value {
+        let frame = self.recv().await;
+        assert_eq!(frame["op"], op, "expected `{op}`, got {frame}");
+        frame
+    }
+
+    /// The next `msg`: (topic, seq, data).
+    async fn msg(&mut self) -> (String, u64, Value) {
+        let m = self.expect("msg").await;
+        (
+            m["topic"].as_str().expect("topic").to_owned(),
+            m["seq"].as_u64().expect("seq"),
+            m["data"].clone(),
+        )
+    }
+}
+
 /// Two pods sharing `redis`, tokens checked with [`SECRET`], clients may
 /// publish in `chat`.
 async fn pods(redis: &Redis) -> (Herald, Herald) {
@@ -81,7 +161,7 @@ async fn pods(redis: &Redis) -> (Herald, Herald) {
 /// The next `n` frames of `client`, by op and id (a reply), or op and seq (a
 /// `msg`): the order between a `pub`'s `ok` and its own `msg` is the
 /// fan-out's, not the commands'.
-async fn next_frames(client: &mut Client, n: usize) -> Vec<Value> {
+async fn next_frames(client: &mut Stream, n: usize) -> Vec<Value> {
     let mut frames = Vec::new();
     for _ in 0..n {
         frames.push(client.recv().await);
@@ -94,7 +174,7 @@ async fn commands_posted_to_the_pod_that_does_not_hold_the_session_are_answered_
     let redis = Redis::start().await;
     let (a, b) = pods(&redis).await;
     let alice = token("alice");
-    let (mut client, session) = login(&a.ws_url(), &alice).await;
+    let (mut client, session) = Stream::open(a.addr, json!({"op": "hello", "token": alice})).await;
     // At once, to the other pod: the session may not be stored yet (a pod
     // saves a new session at its next flush), and is found all the same.
     let sub = json!({"op": "sub", "id": 1, "topic": "chat:room"});
@@ -193,7 +273,7 @@ async fn the_embedded_broker_runs_posted_commands_on_its_pods_session_and_the_pr
     let backend = HttpBackend::start(app).await;
     let gw = Gateway::with(hooked(&backend)).await;
     let alice = token("alice");
-    let (mut client, session) = login(&gw.ws_url(), &alice).await;
+    let (mut client, session) = Stream::open(gw.addr, json!({"op": "hello", "token": alice})).await;
     let commands = [
         json!({"op": "sub", "id": 1, "topic": "chat:room"}),
         json!({"op": "pub", "id": 2, "topic": "chat:room", "data": 7}),
@@ -301,8 +381,13 @@ async fn bad_posts_get_a_clear_status_and_nothing_reaches_the_session_they_name(
     let redis = Redis::start().await;
     let (a, b) = pods(&redis).await;
     let alice = token("alice");
-    let (mut victim, session) = login(&a.ws_url(), &alice).await;
-    victim.sub(1, "marker").await;
+    let (mut victim, session) = Stream::open(a.addr, json!({"op": "hello", "token": alice})).await;
+    let sub = json!({"op": "sub", "id": 1, "topic": "marker"});
+    assert_eq!(
+        post_as(a.addr, &session, &alice, &lines(&[sub])).await.0,
+        202
+    );
+    assert_eq!(victim.expect("ok").await["id"], 1);
     saved(&redis, &session, "marker").await;
     // What every refused POST asks: it would be seen at once.
     let harm = lines(&[json!({"op": "unsub", "id": 9, "topic": "marker"})]);
@@ -373,7 +458,8 @@ async fn bad_posts_get_a_clear_status_and_nothing_reaches_the_session_they_name(
         .await;
         assert_eq!(refused, 2.0);
     }
-    // The victim's stream: nothing came before the next publication.
+    // The victim's stream: nothing came before the next publication, and it
+    // is still the only one of its session.
     let (status, _) = publish(b.addr, "marker", json!("still here"), None).await;
     assert_eq!(status, 200);
     assert_eq!(
