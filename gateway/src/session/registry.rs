@@ -195,6 +195,8 @@ impl Registry {
         arrived: Arrival,
     ) -> Result<(), Unregistered> {
         let now = Instant::now();
+        // Hashed before the lock is taken: every registration takes it.
+        let key = session_key(&id);
         let mut live = self.live();
         if !live.disconnected.is_empty() {
             live.disconnected
@@ -217,7 +219,7 @@ impl Registry {
             // connection registers between the two unadvised.
             advise(&session.out, spread, "draining", CloseReason::Shutdown);
         }
-        live.keys.insert(session_key(&id), id.clone());
+        live.keys.insert(key, id.clone());
         if let Some(before) = live.sessions.insert(id, session)
             && before.conn != conn
         {
