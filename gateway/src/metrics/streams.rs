@@ -1,6 +1,7 @@
 //! The streams' metrics (issue #25): SSE and HTTP-streaming connections
 //! open, opened and refused, by transport. Their deliveries, closes and
 //! queues count in the connection metrics too: a stream is a connection.
+//! (The command POSTs' are [`super::StreamCommandMetrics`].)
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
@@ -29,10 +30,6 @@ pub struct StreamMetrics {
     pub open: IntGaugeVec,
     pub opened: IntCounterVec,
     pub refused: IntCounterVec,
-    /// Commands posted to a stream's session (`POST /stream/<session>`).
-    pub commands: IntCounterVec,
-    /// Those forwarded to the pod that holds the session.
-    pub commands_forwarded: IntCounterVec,
 }
 
 impl StreamMetrics {
@@ -67,24 +64,10 @@ impl StreamMetrics {
                 refused.with_label_values(&[transport, reason]);
             }
         }
-        let commands = counter_vec(
-            r,
-            "herald_stream_commands_total",
-            "Commands posted to HTTP-streaming sessions, by result.",
-            &["result"],
-        );
-        let commands_forwarded = counter_vec(
-            r,
-            "herald_stream_commands_forwarded_total",
-            "Posted commands forwarded to the pod holding their session, by result.",
-            &["result"],
-        );
         Self {
             open,
             opened,
             refused,
-            commands,
-            commands_forwarded,
         }
     }
 }
