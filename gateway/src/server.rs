@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderValue, ORIGIN, RETRY_AFTER, SEC_WEBSOCKET_VERSION};
 use hyper::server::conn::http1;
@@ -28,6 +29,7 @@ use tokio::sync::Notify;
 
 use crate::admission::Refusal;
 use crate::config::Config;
+use crate::frame::Format;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, StartError};
@@ -178,7 +180,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
         let requested = requested.clone();
         service_fn(move |req| {
             requested.notify_one();
-            route(req, node.clone(), peer, port)
+            respond(req, node.clone(), peer, port)
         })
     };
     // A connection that arrives while the pod drains gets one answer (a
@@ -226,6 +228,30 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
     }
 }
 
+/// A stream request that came after another on its connection (the first
+/// of a connection was sniffed before hyper: [`streams::sniff`]), through
+/// hyper's body; anything else, [`route`]d.
+async fn respond(
+    req: Request<Incoming>,
+    node: Arc<Node>,
+    peer: SocketAddr,
+    port: Port,
+) -> Result<Response<streams::Reply>, Infallible> {
+    let stream = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/sse") => Some(Format::Sse),
+        (&Method::POST, "/stream") => Some(Format::Ndjson),
+        _ => None,
+    };
+    if let Some(format) = stream
+        && matches!(port, Port::Clients { .. })
+        && node.config.streams.enabled
+    {
+        return Ok(streams::serve_hyper(req, &node, peer, format).await);
+    }
+    let response = route(req, node, peer, port).await;
+    response.map(|r| r.map(Either::Left))
+}
+
 async fn route(
     req: Request<Incoming>,
     node: Arc<Node>,
@@ -248,11 +274,6 @@ async fn route(
             http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
-        (&Method::GET, "/sse") | (&Method::POST, "/stream")
-            if ws_here && node.config.streams.enabled =>
-        {
-            streams::redirect(req.uri())
-        }
         (&Method::OPTIONS, path)
             if ws_here
                 && node.config.streams.enabled
@@ -360,10 +381,8 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    if !origin_allowed(
-        &node.config.websocket.allowed_origins,
-        req.headers().get(ORIGIN),
-    ) {
+    let origin = req.headers().get(ORIGIN).map(HeaderValue::as_bytes);
+    if !node.config.websocket.allows_origin(origin) {
         return reject("origin", StatusCode::FORBIDDEN, "origin not allowed\n");
     }
     // RFC 6455 4.4: refuse other versions and name the one spoken here.
@@ -423,13 +442,4 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
         session::serve_upgraded(upgraded, node.pod.clone(), admission, handshake).await;
     });
     response.map(|_| Body::default())
-}
-
-fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
-    if allowed.is_empty() {
-        return true;
-    }
-    origin
-        .and_then(|o| o.to_str().ok())
-        .is_some_and(|o| allowed.iter().any(|a| a.eq_ignore_ascii_case(o)))
 }

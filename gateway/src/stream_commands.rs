@@ -131,29 +131,23 @@ pub async fn post(req: Request<Incoming>, node: &Node, peer: SocketAddr) -> Resp
 }
 
 /// Lets a page of `origin` read the answer, where `/ws` would let it
-/// connect (`websocket.allowed_origins`; empty: any), with credentials (the
-/// cookies a connect proxy may read), as the stream's own response and
-/// preflight do ([`crate::streams`]). A page of another site learns
-/// nothing by it: the session's id, which it would need, is a secret, and
-/// the answer only counts what was accepted.
+/// connect (`websocket.allowed_origins`; empty: any), and with credentials
+/// (the cookies a connect proxy may read) only where that list names it,
+/// as the stream's own response and preflight do ([`crate::streams`]).
 fn allow_origin(config: &Config, origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
     let Some(origin) = origin else { return };
-    if !origin_allowed(&config.websocket.allowed_origins, origin) {
+    let ws = &config.websocket;
+    if !ws.allows_origin(Some(origin.as_bytes())) {
         return;
     }
     headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-    headers.insert(
-        ACCESS_CONTROL_ALLOW_CREDENTIALS,
-        HeaderValue::from_static("true"),
-    );
+    if ws.names_origin(Some(origin.as_bytes())) {
+        headers.insert(
+            ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+    }
     headers.append(VARY, HeaderValue::from_static("Origin"));
-}
-
-fn origin_allowed(allowed: &[String], origin: &HeaderValue) -> bool {
-    allowed.is_empty()
-        || origin
-            .to_str()
-            .is_ok_and(|o| allowed.iter().any(|a| a.eq_ignore_ascii_case(o)))
 }
 
 /// Checks a POST and hands its commands on; how many.
@@ -169,7 +163,7 @@ async fn accept(req: Request<Incoming>, node: &Node, peer: SocketAddr) -> Result
         return Err(Refused::unavailable(format!("not ready: {why}")));
     }
     if let Some(origin) = req.headers().get(ORIGIN)
-        && !origin_allowed(&node.config.websocket.allowed_origins, origin)
+        && !node.config.websocket.allows_origin(Some(origin.as_bytes()))
     {
         return Err(Refused::new(
             StatusCode::FORBIDDEN,

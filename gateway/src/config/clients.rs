@@ -46,6 +46,29 @@ pub struct WebSocketConfig {
     pub ipv6_prefix: u8,
 }
 
+impl WebSocketConfig {
+    /// Whether a page of `origin` (the request's `Origin` header; `None`
+    /// without one) may open a connection or a stream: any, where
+    /// `allowed_origins` is empty; otherwise one listed.
+    pub fn allows_origin(&self, origin: Option<&[u8]>) -> bool {
+        self.allowed_origins.is_empty() || self.names_origin(origin)
+    }
+
+    /// Whether `origin` is listed in `allowed_origins` by name: only such a
+    /// page is let read a stream's answer with its credentials (cookies).
+    /// Were any origin allowed them, any site could read a signed-in user's
+    /// stream from its own page, with the cookie a token or the connect
+    /// proxy reads.
+    pub fn names_origin(&self, origin: Option<&[u8]>) -> bool {
+        let Some(origin) = origin.and_then(|o| std::str::from_utf8(o).ok()) else {
+            return false;
+        };
+        self.allowed_origins
+            .iter()
+            .any(|allowed| allowed.eq_ignore_ascii_case(origin))
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueueConfig {

@@ -67,7 +67,7 @@ pub use registry::{
     Unregistered, max_posted_bytes, session_key,
 };
 pub use replay::Replays;
-pub use stream::{Opening, serve_stream};
+pub use stream::{Opening, serve_piped, serve_stream};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};

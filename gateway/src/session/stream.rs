@@ -60,6 +60,36 @@ pub fn serve_stream(
     // The raw socket, shared with the fan-out as a WebSocket's is: its
     // direct writes reach an idle stream without a wake-up.
     let (out, write) = Outbound::with_socket_as(limits, write, opening.format);
+    serve(read, write, out, node, admission, opening)
+}
+
+/// [`serve_stream`] over a pipe whose other end is an HTTP response's body
+/// (a stream request that came on a kept-alive connection hyper serves):
+/// the writer writes every frame, the fan-out none directly. The pipe's
+/// other end dropped (the client gone) ends the stream as an EOF would.
+pub fn serve_piped(
+    pipe: tokio::io::DuplexStream,
+    node: Arc<Pod>,
+    admission: Admission,
+    opening: Opening,
+) -> impl Future<Output = ()> {
+    let out = Outbound::formatted(node.config.queue_limits(), opening.format);
+    let (read, write) = tokio::io::split(pipe);
+    serve(read, write, out, node, admission, opening)
+}
+
+fn serve<R, W>(
+    read: R,
+    write: W,
+    out: Outbound,
+    node: Arc<Pod>,
+    admission: Admission,
+    opening: Opening,
+) -> impl Future<Output = ()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     if opening.format == Format::Sse {
         out.track_events(places(&opening.topics));
     }

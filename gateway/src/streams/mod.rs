@@ -12,9 +12,10 @@
 //! ([`sniff`]): a stream request's head is read here, bounded (8 KiB, by
 //! `websocket.handshake_timeout`), answered with a close-delimited HTTP/1.1
 //! response (`Connection: close`); any other request goes to hyper
-//! unchanged. A stream request that reaches hyper anyway (the second
-//! request of a kept-alive connection) is redirected to itself (`307`,
-//! `Connection: close`), so the client comes back on a fresh connection.
+//! unchanged. A stream request that reaches hyper anyway (one after another
+//! on a kept-alive connection, as reverse proxies and browsers send them)
+//! is served through hyper's body instead ([`serve_hyper`]): the same
+//! checks and session, a pipe's wake-up per write.
 //!
 //! Refusals come before the response begins, as HTTP statuses with a JSON
 //! body `{"error":{"code":…,"message":…}}`, each counted
@@ -27,13 +28,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper::header::{HeaderValue, LOCATION, ORIGIN};
-use hyper::{Response, StatusCode};
+use std::io;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use futures_util::stream::Map;
+use http_body_util::{BodyExt, Either, LengthLimitError, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{
+    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, CACHE_CONTROL, CONTENT_TYPE,
+    HeaderValue, ORIGIN, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+};
+use hyper::{Request, Response, StatusCode};
 use proto::Command;
 use tokio::io::AsyncWriteExt;
+use tokio::io::DuplexStream;
 use tokio::net::TcpStream;
+use tokio_util::io::ReaderStream;
 
 use crate::admission::Refusal;
+use crate::config::WebSocketConfig;
 use crate::frame::Format;
 use crate::http::{self, Body};
 use crate::listener;
@@ -111,31 +125,15 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, node: Arc<Node>, for
     let label = transport(format);
     let refused = match open(&mut stream, peer, &node, format).await {
         Ok((admission, opening)) => {
-            let metrics = &node.metrics.streams;
-            metrics.opened.with_label_values(&[label]).inc();
-            let open = metrics.open.with_label_values(&[label]);
-            open.inc();
+            let open = opened(&node, label);
             session::serve_stream(stream, node.pod.clone(), admission, opening).await;
             open.dec();
             return;
         }
         Err(refused) => refused,
     };
-    node.metrics
-        .streams
-        .refused
-        .with_label_values(&[label, refused.reason])
-        .inc();
-    tracing::debug!(%peer, transport = label, reason = refused.reason, message = %refused.message, "stream refused");
-    if warn_now() {
-        tracing::warn!(
-            transport = label,
-            reason = refused.reason,
-            "stream requests refused (one line a second at most; herald_streams_refused_total counts them all)"
-        );
-    }
-    let body = serde_json::json!({"error": {"code": refused.code, "message": refused.message}});
-    let body = body.to_string();
+    count_refusal(&node, label, peer, &refused);
+    let body = error_body(&refused);
     let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST);
     let retry = match refused.status {
         503 => "Retry-After: 1\r\n",
@@ -159,6 +157,35 @@ pub async fn serve(mut stream: TcpStream, peer: SocketAddr, node: Arc<Node>, for
     .await;
 }
 
+/// A stream opened: counted, and its gauge (to decrease when it ends).
+fn opened(node: &Node, label: &str) -> prometheus::IntGauge {
+    let metrics = &node.metrics.streams;
+    metrics.opened.with_label_values(&[label]).inc();
+    let open = metrics.open.with_label_values(&[label]);
+    open.inc();
+    open
+}
+
+fn count_refusal(node: &Node, label: &str, peer: SocketAddr, refused: &Refused) {
+    node.metrics
+        .streams
+        .refused
+        .with_label_values(&[label, refused.reason])
+        .inc();
+    tracing::debug!(%peer, transport = label, reason = refused.reason, message = %refused.message, "stream refused");
+    if warn_now() {
+        tracing::warn!(
+            transport = label,
+            reason = refused.reason,
+            "stream requests refused (one line a second at most; herald_streams_refused_total counts them all)"
+        );
+    }
+}
+
+fn error_body(refused: &Refused) -> String {
+    serde_json::json!({"error": {"code": refused.code, "message": refused.message}}).to_string()
+}
+
 /// Reads and checks the request, takes its connection slot, and writes the
 /// response's head: what is left is the session's.
 async fn open(
@@ -167,8 +194,7 @@ async fn open(
     node: &Arc<Node>,
     format: Format,
 ) -> Result<(crate::admission::Admission, Opening), Refused> {
-    let config = &node.config;
-    let ws = &config.websocket;
+    let ws = &node.config.websocket;
     let mut head = request::read_head(stream, ws.handshake_timeout).await?;
     if format == Format::Ndjson {
         request::read_body(
@@ -179,6 +205,43 @@ async fn open(
         )
         .await?;
     }
+    let (admission, opening) = check(&head, peer, node, format).await?;
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nCache-Control: no-cache, no-transform\r\nX-Accel-Buffering: no\r\n{}Connection: close\r\n\r\n",
+        content_type(format),
+        cors(ws, head.headers.get(ORIGIN)),
+    );
+    let written =
+        tokio::time::timeout(ws.write_timeout, stream.write_all(response.as_bytes())).await;
+    if !matches!(written, Ok(Ok(()))) {
+        // Nobody to answer: the slot goes with the connection.
+        return Err(Refused::new(
+            400,
+            "malformed",
+            "timeout",
+            "the response could not be written",
+        ));
+    }
+    Ok((admission, opening))
+}
+
+fn content_type(format: Format) -> &'static str {
+    match format {
+        Format::Sse => "text/event-stream; charset=utf-8",
+        _ => "application/x-ndjson",
+    }
+}
+
+/// Checks a stream request read whole (auth, origin, limits) and takes its
+/// connection slot.
+async fn check(
+    head: &Head,
+    peer: SocketAddr,
+    node: &Arc<Node>,
+    format: Format,
+) -> Result<(crate::admission::Admission, Opening), Refused> {
+    let config = &node.config;
+    let ws = &config.websocket;
     if node.is_draining() {
         return Err(Refused::new(503, "unavailable", "draining", "draining"));
     }
@@ -190,7 +253,7 @@ async fn open(
             format!("not ready: {why}"),
         ));
     }
-    if !origin_allowed(&ws.allowed_origins, head.headers.get(ORIGIN)) {
+    if !ws.allows_origin(head.headers.get(ORIGIN).map(HeaderValue::as_bytes)) {
         return Err(Refused::new(
             403,
             "forbidden",
@@ -200,8 +263,8 @@ async fn open(
     }
     let ip = listener::client_ip(peer, &head.headers, &config.http.trusted_proxies);
     let (token, mut opening) = match format {
-        Format::Sse => sse_opening(&head, node)?,
-        _ => ndjson_opening(&head)?,
+        Format::Sse => sse_opening(head, node)?,
+        _ => ndjson_opening(head)?,
     };
     // Verified before the response begins, so that a bad token is a 401
     // (an `EventSource` stops on it rather than retrying forever).
@@ -250,25 +313,6 @@ async fn open(
             "too many connections from your address",
         ),
     })?;
-    let content_type = match format {
-        Format::Sse => "text/event-stream; charset=utf-8",
-        _ => "application/x-ndjson",
-    };
-    let cors = cors(head.headers.get(ORIGIN));
-    let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache, no-transform\r\nX-Accel-Buffering: no\r\n{cors}Connection: close\r\n\r\n"
-    );
-    let written =
-        tokio::time::timeout(ws.write_timeout, stream.write_all(response.as_bytes())).await;
-    if !matches!(written, Ok(Ok(()))) {
-        // Nobody to answer: the slot goes with the connection.
-        return Err(Refused::new(
-            400,
-            "malformed",
-            "timeout",
-            "the response could not be written",
-        ));
-    }
     Ok((admission, opening))
 }
 
@@ -339,32 +383,43 @@ fn ndjson_opening(head: &Head) -> Result<(Option<String>, Opening), Refused> {
 
 /// The CORS headers of a stream's response to a page of `origin` (checked
 /// against `websocket.allowed_origins` already): a browser reads a
-/// cross-origin `EventSource` or `fetch` only with them. Credentials too:
-/// the token may travel in a cookie (`withCredentials`).
-fn cors(origin: Option<&HeaderValue>) -> String {
-    match origin.and_then(|o| o.to_str().ok()) {
-        Some(origin) if !origin.contains(['\r', '\n']) => format!(
-            "Access-Control-Allow-Origin: {origin}\r\nAccess-Control-Allow-Credentials: true\r\nVary: Origin\r\n"
-        ),
-        _ => String::new(),
+/// cross-origin `EventSource` or `fetch` only with them. Credentials (the
+/// token in a cookie, `withCredentials`) only for an origin the list names:
+/// with any origin allowed, any site could otherwise read a signed-in
+/// user's stream ([`crate::config::WebSocketConfig::names_origin`]).
+fn cors(ws: &WebSocketConfig, origin: Option<&HeaderValue>) -> String {
+    let Some(value) = origin.and_then(|o| o.to_str().ok()) else {
+        return String::new();
+    };
+    if value.contains(['\r', '\n']) {
+        return String::new();
     }
+    let credentials = if ws.names_origin(origin.map(HeaderValue::as_bytes)) {
+        "Access-Control-Allow-Credentials: true\r\n"
+    } else {
+        ""
+    };
+    format!("Access-Control-Allow-Origin: {value}\r\n{credentials}Vary: Origin\r\n")
 }
 
 /// A browser's preflight of `POST /stream` (its JSON body and its
 /// `Authorization` make it one) or of `GET /sse` with a header: allowed
 /// from the origins `/ws` allows.
 pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
-    if !origin_allowed(&node.config.websocket.allowed_origins, origin) {
+    let ws = &node.config.websocket;
+    if !ws.allows_origin(origin.map(HeaderValue::as_bytes)) {
         return http::text(StatusCode::FORBIDDEN, "origin not allowed\n");
     }
     let mut response = http::text(StatusCode::NO_CONTENT, "");
     let headers = response.headers_mut();
     if let Some(origin) = origin {
         headers.insert("access-control-allow-origin", origin.clone());
-        headers.insert(
-            "access-control-allow-credentials",
-            HeaderValue::from_static("true"),
-        );
+        if ws.names_origin(Some(origin.as_bytes())) {
+            headers.insert(
+                "access-control-allow-credentials",
+                HeaderValue::from_static("true"),
+            );
+        }
         headers.insert("vary", HeaderValue::from_static("Origin"));
     }
     headers.insert(
@@ -379,28 +434,132 @@ pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
     response
 }
 
-fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
-    if allowed.is_empty() {
-        return true;
+/// A stream's answer on a connection hyper serves: an error's whole body,
+/// or the stream's, read from the pipe its session writes.
+pub type Reply = Either<Body, Piped>;
+
+/// A stream's body through hyper: what its session writes into the pipe.
+pub type Piped = StreamBody<Map<ReaderStream<DuplexStream>, fn(io::Result<Bytes>) -> Chunk>>;
+
+type Chunk = io::Result<Frame<Bytes>>;
+
+/// The pipe between a session and hyper: room for a few events; a slow
+/// client fills the stream's bounded queue behind it, as a socket would.
+const PIPE_BYTES: usize = 64 * 1024;
+
+/// Serves a stream request that hyper read (one that came on a kept-alive
+/// connection after another request: reverse proxies and browsers reuse
+/// connections, so this is common behind an ingress). The same checks and
+/// session as [`serve`]'s; its frames go through hyper's body rather than
+/// straight to the socket, which costs a wake-up per write but keeps the
+/// connection's other requests working.
+pub async fn serve_hyper(
+    req: Request<Incoming>,
+    node: &Arc<Node>,
+    peer: SocketAddr,
+    format: Format,
+) -> Response<Reply> {
+    let label = transport(format);
+    let ws = &node.config.websocket;
+    let origin = req.headers().get(ORIGIN).cloned();
+    let checked = match hyper_head(req, format, ws).await {
+        Ok(head) => check(&head, peer, node, format).await,
+        Err(refused) => Err(refused),
+    };
+    let (admission, opening) = match checked {
+        Ok(opened) => opened,
+        Err(refused) => {
+            count_refusal(node, label, peer, &refused);
+            let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST);
+            let mut response =
+                Response::new(Either::Left(Body::new(Bytes::from(error_body(&refused)))));
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            match refused.status {
+                503 => drop(headers.insert(RETRY_AFTER, HeaderValue::from_static("1"))),
+                401 => drop(headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))),
+                _ => {}
+            }
+            return response;
+        }
+    };
+    let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+    let gauge = opened(node, label);
+    let session = session::serve_piped(ours, node.pod.clone(), admission, opening);
+    node.tasks.spawn(async move {
+        session.await;
+        gauge.dec();
+    });
+    let chunks = ReaderStream::new(theirs).map(frame as fn(io::Result<Bytes>) -> Chunk);
+    let mut response = Response::new(Either::Right(StreamBody::new(chunks)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type(format)));
+    headers.insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    if let Some(origin) = origin.filter(|o| ws.allows_origin(Some(o.as_bytes()))) {
+        if ws.names_origin(Some(origin.as_bytes())) {
+            headers.insert(
+                ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
+        }
+        headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        headers.insert(VARY, HeaderValue::from_static("Origin"));
     }
-    origin
-        .and_then(|o| o.to_str().ok())
-        .is_some_and(|o| allowed.iter().any(|a| a.eq_ignore_ascii_case(o)))
+    response
 }
 
-/// A stream request hyper got (not the first of its connection): sent back
-/// to itself on a fresh connection.
-pub fn redirect(uri: &hyper::Uri) -> Response<Body> {
-    let mut response = http::text(
-        StatusCode::TEMPORARY_REDIRECT,
-        "open streams on a new connection\n",
-    );
-    let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    if let Ok(location) = HeaderValue::from_str(target) {
-        response.headers_mut().insert(LOCATION, location);
+fn frame(chunk: io::Result<Bytes>) -> Chunk {
+    chunk.map(Frame::data)
+}
+
+/// A hyper request as [`check`] reads it: its head, and an HTTP-streaming
+/// request's body (bounded, within the handshake's time).
+async fn hyper_head(
+    req: Request<Incoming>,
+    format: Format,
+    ws: &WebSocketConfig,
+) -> Result<Head, Refused> {
+    let (parts, body) = req.into_parts();
+    let mut head = Head {
+        method: parts.method.as_str().to_owned(),
+        query: parts.uri.query().unwrap_or("").to_owned(),
+        headers: parts.headers,
+        body: BytesMut::new(),
+    };
+    if format == Format::Ndjson {
+        let limited = Limited::new(body, ws.max_message_bytes).collect();
+        match tokio::time::timeout(ws.handshake_timeout, limited).await {
+            Ok(Ok(collected)) => head.body = BytesMut::from(&collected.to_bytes()[..]),
+            Ok(Err(e)) if e.is::<LengthLimitError>() => {
+                return Err(Refused::new(
+                    413,
+                    "too_large",
+                    "too_large",
+                    format!("the body is over {} bytes", ws.max_message_bytes),
+                ));
+            }
+            Ok(Err(_)) => {
+                return Err(Refused::new(
+                    400,
+                    "malformed",
+                    "malformed",
+                    "the body ended early",
+                ));
+            }
+            Err(_) => {
+                return Err(Refused::new(
+                    408,
+                    "timeout",
+                    "timeout",
+                    "the body took too long",
+                ));
+            }
+        }
     }
-    response
-        .headers_mut()
-        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    Ok(head)
 }

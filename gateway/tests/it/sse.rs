@@ -103,6 +103,59 @@ impl Stream {
         }
     }
 
+    /// The next response's head on `reader` (a connection that carried
+    /// another response before).
+    pub async fn head_of(reader: BufReader<TcpStream>) -> Stream {
+        let mut stream = Stream {
+            status: 0,
+            head: String::new(),
+            reader,
+            comments: 0,
+        };
+        let head = &mut stream.head;
+        let reader = &mut stream.reader;
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).await.expect("head") == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+        })
+        .await
+        .expect("a response head in time");
+        stream.status = stream
+            .head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("a status line: {:?}", stream.head));
+        stream
+    }
+
+    /// A chunked body, decoded, until it holds `needle`: all of it so far.
+    pub async fn dechunk_until(&mut self, needle: &str) -> String {
+        let mut body = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            while !String::from_utf8_lossy(&body).contains(needle) {
+                let mut size = String::new();
+                self.reader
+                    .read_line(&mut size)
+                    .await
+                    .expect("a chunk's size");
+                let size = usize::from_str_radix(size.trim(), 16).expect("a hex size");
+                assert!(size > 0, "the body ended before {needle:?}");
+                let mut chunk = vec![0u8; size + 2];
+                self.reader.read_exact(&mut chunk).await.expect("a chunk");
+                body.extend_from_slice(&chunk[..size]);
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{needle:?} in time: {}", String::from_utf8_lossy(&body)));
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     /// `GET /sse?<query>` with `headers`.
     pub async fn sse(addr: SocketAddr, query: &str, headers: &[(&str, &str)]) -> Stream {
         let mut request =
@@ -661,7 +714,8 @@ for e in events:
 /// checked as for `/ws`, and a stream request that comes second on a
 /// kept-alive connection sent to a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn browsers_get_cors_origins_are_checked_and_a_second_request_is_redirected() {
+async fn browsers_get_cors_origins_are_checked_and_a_stream_may_follow_a_request_on_its_connection()
+{
     let mut config = config();
     config.websocket.allowed_origins = vec!["https://app.example".to_owned()];
     let gw = Gateway::with(config).await;
@@ -706,23 +760,58 @@ async fn browsers_get_cors_origins_are_checked_and_a_second_request_is_redirecte
         head.contains("access-control-allow-headers: authorization, content-type, last-event-id"),
         "{head}"
     );
-    // A probe, then a stream on the same connection: redirected to itself.
-    let second = Stream::request(
-        gw.addr,
+    // Credentials only for an origin the list names: with any origin
+    // allowed, any site's page could otherwise read a signed-in user's
+    // stream with the cookie.
+    let open = Gateway::with(self::config()).await;
+    let any = Stream::sse(
+        open.addr,
+        "topic=chat:a",
+        &[("Origin", "https://any.example")],
+    )
+    .await;
+    assert_eq!(any.status, 200, "{}", any.head);
+    let head = any.head.to_ascii_lowercase();
+    assert!(
+        head.contains("access-control-allow-origin: https://any.example"),
+        "{head}"
+    );
+    assert!(!head.contains("access-control-allow-credentials"), "{head}");
+
+    // A probe, then a stream on the same kept-alive connection (as a
+    // reverse proxy reuses its upstream connections): the stream is served
+    // there, through hyper, chunked.
+    let mut second = Stream::request(
+        open.addr,
         "GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\nGET /sse?topic=chat:a HTTP/1.1\r\nHost: herald\r\n\r\n".to_owned(),
     )
     .await;
     assert_eq!(second.status, 200);
-    let mut reader = second.reader;
-    let mut rest = String::new();
-    tokio::time::timeout(WAIT, reader.read_to_string(&mut rest))
+    let mut probe = [0u8; 3];
+    tokio::time::timeout(WAIT, second.reader.read_exact(&mut probe))
         .await
-        .expect("the connection closes")
+        .expect("the probe's body in time")
         .expect("read");
-    assert!(rest.contains("HTTP/1.1 307"), "{rest}");
+    assert_eq!(&probe, b"ok\n");
+    let mut stream = Stream::head_of(second.reader).await;
+    assert_eq!(stream.status, 200, "{}", stream.head);
+    let head = stream.head.to_ascii_lowercase();
     assert!(
-        rest.to_ascii_lowercase()
-            .contains("location: /sse?topic=chat:a"),
-        "{rest}"
+        head.contains("content-type: text/event-stream; charset=utf-8"),
+        "{head}"
     );
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let body = stream.dechunk_until("\"op\":\"ok\"").await;
+    assert!(body.contains("\"reason\":\"sse\""), "{body}");
+    open.publish("chat:a", json!("after the probe")).await;
+    let body = stream.dechunk_until("after the probe").await;
+    let event = body
+        .split("\n\n")
+        .find(|event| event.contains("after the probe"))
+        .expect("the event");
+    assert!(
+        event.starts_with("id: ") || event.contains("\nid: "),
+        "{event}"
+    );
+    assert!(event.contains("\"op\":\"msg\""), "{event}");
 }
