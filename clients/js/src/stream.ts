@@ -49,6 +49,9 @@ export function batchSize(queue: readonly string[]): number {
   return n;
 }
 
+/** A refused `POST /stream`'s status, as the close code a WebSocket would have been given. */
+const REFUSALS: Record<number, number> = { 400: 1002, 401: 4502, 403: 4502, 413: 1009, 429: 4003, 503: 1012 };
+
 /**
  * What a refused `POST /stream` means, as the close code a WebSocket would
  * have been given, from its status and Herald's error `code` (`undefined`
@@ -57,13 +60,7 @@ export function batchSize(queue: readonly string[]): number {
  */
 export function refusalCode(status: number, code: string | undefined): number | undefined {
   if (code === undefined) return undefined;
-  if (code === 'token_expired') return 4004;
-  if (status === 401 || status === 403) return code === 'unavailable' ? 4003 : 4502;
-  if (status === 503) return 1012;
-  if (status === 429) return 4003;
-  if (status === 413) return 1009;
-  if (status === 400) return 1002;
-  return undefined;
+  return code === 'token_expired' ? 4004 : code === 'unavailable' ? 4003 : REFUSALS[status];
 }
 
 /**

@@ -7,17 +7,22 @@
 // balancer would: it passes every HTTP request through (streaming, not
 // buffering), answers the WebSocket upgrade as it is told (refused with
 // 403, dropped, accepted and then closed before anything, or let through),
-// and cuts the streams it carries on demand.
+// and cuts the streams it carries on demand. It also serves the SDK and the
+// test page, so that the page and the pod share an origin, as behind a
+// deployment's reverse proxy (a cross-origin page needs the pod to answer
+// CORS for `/stream`: docs/clients.md).
 
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
+import { existsSync, readFileSync } from 'node:fs';
 import { createServer, request } from 'node:http';
 import net from 'node:net';
+import { extname, join, normalize } from 'node:path';
 import WebSocket from 'ws';
 
 import { HeraldClient } from '../dist/index.js';
-import { Events, STEP, cleanups, config, hs256, pod, publish, sdkPage, startHerald, startRedis, test } from './harness.mjs';
+import { Events, JS_ROOT, STEP, cleanups, config, hs256, pod, publish, sdkPage, startHerald, startRedis, test } from './harness.mjs';
 
 /**
  * Why the stories against `herald` are skipped: the server side of
@@ -45,12 +50,21 @@ const UPGRADES = ['refuse', 'drop', 'mute', 'pass'];
  * (the connection closed, no answer), `mute` (a valid `101`, then the
  * connection closed once the client speaks: an upgrade that opens and
  * carries nothing), `pass` (through to the pod). `cut()` ends every stream
- * it carries; `upgradesSeen` counts the upgrades asked for.
+ * it carries; `upgradesSeen` counts the upgrades asked for. `GET /dist/…`
+ * and `GET /test/…` are the SDK's files (`JS_ROOT`): the page's origin is the
+ * proxy's.
  */
 async function startProxy(cleanup, pod, upgrades = 'refuse') {
   const proxy = { upgrades, upgradesSeen: 0, streamsSeen: 0 };
   const streams = new Set();
   const server = createServer((req, res) => {
+    const path = normalize(decodeURIComponent(new URL(req.url, 'http://x').pathname));
+    if (req.method === 'GET' && (path.startsWith('/dist/') || path.startsWith('/test/'))) {
+      const file = join(JS_ROOT, path);
+      if (!existsSync(file)) return res.writeHead(404).end();
+      const type = { '.html': 'text/html', '.js': 'text/javascript' }[extname(file)] ?? 'application/octet-stream';
+      return res.writeHead(200, { 'content-type': type }).end(readFileSync(file));
+    }
     const up = request(
       { host: '127.0.0.1', port: pod.port, method: req.method, path: req.url, headers: req.headers, agent: false },
       (answer) => {
@@ -105,6 +119,7 @@ async function startProxy(cleanup, pod, upgrades = 'refuse') {
   });
   const port = server.address().port;
   Object.assign(proxy, {
+    http: `http://127.0.0.1:${port}`,
     ws: `ws://127.0.0.1:${port}/ws`,
     /** Ends every stream the proxy carries, as a network cut would. */
     cut() {
@@ -202,7 +217,7 @@ test(
     const herald = await pod(cleanup, redis);
     const proxy = await startProxy(cleanup, herald, 'refuse');
     const events = new Events();
-    const page = await sdkPage(cleanup, events);
+    const page = await sdkPage(cleanup, events, { origin: proxy.http });
     // A retry time of 0: each reconnect on the fallback tries the WebSocket first (the 60 s default is the unit tests').
     await page.evaluate(([urls]) => window.follow(urls, 'ticker', { backoff: { initialMs: 50, maxMs: 300 }, webSocketRetryMs: 0 }), [[proxy.ws]]);
     const fallback = await events.wait('on the stream', (e) => e.t === 'transport');
