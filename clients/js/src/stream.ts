@@ -146,6 +146,11 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
       end(1006, `POST ${base}: ${e}`);
       return;
     }
+    if (res.status === 200 && !res.body) {
+      // A `fetch` that cannot stream a response: as good as no stream.
+      end(1006, `POST ${base}: no response stream`);
+      return;
+    }
     if (res.status !== 200 || !res.body) {
       // Herald says why in JSON (`{"error":{"code","message"}}`); a proxy's page says nothing of the session.
       let error: { code?: unknown; message?: unknown } | undefined;
