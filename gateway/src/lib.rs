@@ -16,6 +16,9 @@
 //! - [`grpc`]: its gRPC edge (`herald.v1.Publisher`), on its own listener,
 //!   behind [`grpc::gate`] (the API key on a call's headers, a request slot,
 //!   a bound on its message) and [`grpc::connections`] (connection caps).
+//! - [`stream_commands`]: HTTP-streaming's command POSTs
+//!   (`POST /stream/<session>`), taken by any pod: queued on the session
+//!   here, or forwarded through the broker to the pod that holds it.
 //! - [`session`]: one WebSocket connection: its reader (commands), who the
 //!   client is and what it may do, what a resume needs (its subscriptions
 //!   and acks); the registry of the pod's live sessions.
@@ -77,6 +80,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod signal;
+pub mod stream_commands;
 pub mod streams;
 pub mod telemetry;
 pub mod webhooks;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use router::{
-    Broker, Deliver, Member, MemoryBroker, Position, PresenceChange, PresenceSettings, Publication,
-    RedisBroker, ServerSubscription, SessionStore, Topic,
+    Broker, Deliver, Forward, Member, MemoryBroker, Position, PresenceChange, PresenceSettings,
+    Publication, RedisBroker, ServerSubscription, SessionStore, Topic,
 };
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -28,7 +28,7 @@ use crate::outbound::Writing;
 use crate::presence::Presence;
 use crate::rebalance;
 use crate::reload::{self, ApiKeys};
-use crate::session::{Pod, Registry, Replays};
+use crate::session::{Pod, Post, Registry, Replays};
 use crate::webhooks::{Event as WebhookEvent, Type as WebhookType, Webhooks};
 
 pub struct Node {
@@ -93,6 +93,8 @@ struct Sink {
     /// Events to the backend: occupancy and members as the engine tells
     /// them (one pod each, across pods).
     webhooks: Arc<Webhooks>,
+    /// The bytes of posted commands a session may have waiting.
+    posted_bytes: usize,
 }
 
 impl Deliver for Sink {
@@ -140,6 +142,30 @@ impl Deliver for Sink {
 
     fn presence(&self, topic: &Topic, change: &PresenceChange) {
         self.presence.change(topic, change);
+    }
+
+    fn forward(&self, forward: &Forward) {
+        let user = forward.user.as_deref();
+        let posted =
+            self.live
+                .forwarded(&forward.session, user, &forward.commands, self.posted_bytes);
+        let result = match posted {
+            // Another pod's session: every pod hears every forward.
+            Post::NotHere => return,
+            Post::Queued => "queued",
+            Post::Full => "dropped",
+            Post::OtherUser => "other_user",
+        };
+        self.metrics
+            .stream_commands
+            .forwarded
+            .with_label_values(&[result])
+            .inc();
+        tracing::debug!(
+            commands = forward.commands.len(),
+            result,
+            "commands posted on another pod for a session here"
+        );
     }
 
     fn members(&self, topic: &Topic, joins: &[Member], leaves: &[Arc<str>]) {
@@ -201,6 +227,7 @@ impl Node {
             metrics: metrics.clone(),
             presence: presence.clone(),
             webhooks: webhooks.clone(),
+            posted_bytes: crate::session::max_posted_bytes(config.websocket.max_message_bytes),
         });
         let verifier = Verifier::new(&config.auth).await?;
         let (broker, sessions): (Arc<dyn Broker>, Arc<dyn SessionStore>) = match config.broker {

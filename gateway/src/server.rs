@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, StartError};
-use crate::{grpc, session, streams};
+use crate::{grpc, session, stream_commands, streams};
 
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
@@ -254,6 +254,13 @@ async fn route(
             streams::redirect(req.uri())
         }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+        // HTTP-streaming's commands, for a session held here or elsewhere.
+        (&Method::POST, p) if ws_here && p.starts_with("/stream/") => {
+            stream_commands::post(req, &node, peer).await
+        }
+        (&Method::OPTIONS, p) if ws_here && p.starts_with("/stream/") => {
+            stream_commands::preflight(&req, &node.config)
+        }
         (
             _,
             "/v1/publish" | "/v1/publish/batch" | "/v1/disconnect" | "/v1/admin/status"

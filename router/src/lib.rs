@@ -10,6 +10,8 @@
 //!   window rule.
 //! - [`server_subscription`]: a backend's subscribe and unsubscribe of a
 //!   user's connections, carried to every pod.
+//! - [`forward`]: commands posted for a session on a pod that does not hold
+//!   it, carried to the one that does.
 //! - [`SessionStore`]: what a disconnected session needs to resume.
 //! - [`memory`]: the embedded engine for a single pod, implementing both.
 //! - [`redis`]: the engine that spreads topics across pods through Redis.
@@ -22,6 +24,7 @@
 //! watches, and for no other.
 
 pub mod error;
+pub mod forward;
 pub mod history;
 pub mod memory;
 pub mod namespace;
@@ -40,6 +43,7 @@ use bytes::Bytes;
 use tracing::Instrument;
 
 pub use error::{BrokerError, Causes, Unavailable};
+pub use forward::Forward;
 pub use history::{HistoryPage, HistoryQuery};
 pub use memory::MemoryBroker;
 pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
@@ -53,7 +57,7 @@ pub use redis::{InvalidSetting, RedisBroker, RedisSettings, SentinelSettings, Tl
 pub use server_subscription::ServerSubscription;
 pub use session::{
     Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, SessionUser, Stored,
-    SubscriptionState,
+    SubscriptionState, Whose,
 };
 pub use topic::{Topic, TopicError};
 
@@ -179,6 +183,13 @@ pub trait Deliver: Send + Sync + 'static {
     /// theirs on this pod follows it.
     fn subscription(&self, user: &str, command: &ServerSubscription) {
         let _ = (user, command);
+    }
+
+    /// Commands posted for a session on some pod ([`Broker::forward`]):
+    /// the pod that holds the session runs them on it, if it is
+    /// `forward.user`'s; every other pod ignores them.
+    fn forward(&self, forward: &Forward) {
+        let _ = forward;
     }
 
     /// A session was resumed on some pod ([`Broker::resumed`]): a
@@ -398,4 +409,13 @@ pub trait Broker: Send + Sync + 'static {
         user: &str,
         command: ServerSubscription,
     ) -> Result<(), BrokerError>;
+
+    /// Hands commands posted for a session to every pod's
+    /// [`Deliver::forward`], this one's included: the pod that holds the
+    /// session runs them. With Redis, over the control channel that carries
+    /// disconnects (at most once, as [`Broker::subscription`]'s commands).
+    async fn forward(&self, forward: Forward) -> Result<(), BrokerError> {
+        let _ = forward;
+        Err(BrokerError::unavailable("this broker forwards no commands"))
+    }
 }

@@ -19,9 +19,9 @@ use crate::history::{self, HistoryPage, HistoryQuery};
 use crate::page::{self, Page, PageSize};
 use crate::presence::Ledger;
 use crate::{
-    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Namespaces, Position,
-    PresenceCounts, PresencePage, PresenceUpdate, Publication, Recovery, ServerSubscription,
-    SessionSnapshot, SessionStore, Since, Stored, Topic,
+    Broker, BrokerError, BrokerStatus, Claim, Claimed, Deliver, Epoch, Forward, Namespaces,
+    Position, PresenceCounts, PresencePage, PresenceUpdate, Publication, Recovery,
+    ServerSubscription, SessionSnapshot, SessionStore, Since, Stored, Topic, Whose,
 };
 
 /// Topic shards; a power of two well above the core count.
@@ -409,6 +409,12 @@ impl Broker for MemoryBroker {
         self.inner.sink.subscription(user, &command);
         Ok(())
     }
+
+    async fn forward(&self, forward: Forward) -> Result<(), BrokerError> {
+        // One pod: its sink is every pod.
+        self.inner.sink.forward(&forward);
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -488,6 +494,16 @@ impl SessionStore for MemoryBroker {
             .retain(|_, s| !Claim::belongs(s.snapshot.user.as_ref(), Some(user)));
         self.inner.sink.disconnect(user);
         Ok(())
+    }
+
+    async fn whose(&self, id: &str) -> Result<Whose, BrokerError> {
+        // A revocation removes the user's sessions: what is left is theirs.
+        let now = Instant::now();
+        let sessions = self.inner.sessions();
+        Ok(match sessions.get(id).filter(|s| s.deadline > now) {
+            Some(stored) => Whose::of(stored.snapshot.user.as_ref()),
+            None => Whose::Nobody,
+        })
     }
 }
 
@@ -935,5 +951,58 @@ mod tests {
         let refused = b.presence_counts(&topic("nope:x")).await;
         assert!(matches!(refused, Err(BrokerError::UnknownNamespace(_))));
         Ok(())
+    }
+
+    #[tokio::test]
+    async fn whose_reads_a_stored_sessions_user_and_a_forward_goes_to_the_sink() {
+        #[derive(Default)]
+        struct Forwards(Mutex<Vec<Forward>>);
+        impl Deliver for Forwards {
+            fn deliver(&self, _: &Publication, _: Option<&str>) {}
+            fn reset(&self, _: &Topic, _: &Position) {}
+            fn disconnect(&self, _: &str) {}
+            fn forward(&self, forward: &Forward) {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(forward.clone());
+            }
+        }
+        let namespaces = Namespaces::new(&BTreeMap::from([(
+            "default".to_owned(),
+            NamespaceSettings::default(),
+        )]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let sink = Arc::new(Forwards::default());
+        let broker = MemoryBroker::new(Arc::new(namespaces), sink.clone());
+        let ttl = Duration::from_secs(60);
+        let alices = SessionSnapshot {
+            user: Some(crate::SessionUser {
+                id: Arc::from("alice"),
+                since_ms: 0,
+            }),
+            subscriptions: Vec::new(),
+        };
+        let saved = broker.save("s1", "conn", alices, ttl).await;
+        assert!(matches!(saved, Ok(true)));
+        let saved = broker
+            .save("s2", "conn", SessionSnapshot::default(), ttl)
+            .await;
+        assert!(matches!(saved, Ok(true)));
+        assert_eq!(
+            broker.whose("s1").await.ok(),
+            Some(Whose::User(Arc::from("alice")))
+        );
+        assert_eq!(broker.whose("s2").await.ok(), Some(Whose::Anonymous));
+        assert_eq!(broker.whose("s3").await.ok(), Some(Whose::Nobody));
+        assert!(broker.revoke("alice", ttl).await.is_ok());
+        assert_eq!(broker.whose("s1").await.ok(), Some(Whose::Nobody));
+        let posted = Forward {
+            session: "k".to_owned(),
+            user: None,
+            commands: vec![Bytes::from_static(br#"{"op":"ping","id":1}"#)],
+        };
+        assert!(broker.forward(posted.clone()).await.is_ok());
+        assert_eq!(*sink.0.lock().unwrap_or_else(|e| e.into_inner()), [posted]);
     }
 }

@@ -121,6 +121,49 @@ pub trait SessionStore: Send + Sync + 'static {
     /// claimed any more (for at least `ttl`, the resume window), and every
     /// pod's sink is told to close their connections ([`crate::Deliver::disconnect`]).
     async fn revoke(&self, user: &str, ttl: Duration) -> Result<(), BrokerError>;
+
+    /// Whose the stored session `id` is, without claiming it: what a pod
+    /// that does not hold a session checks before it forwards commands
+    /// posted for it ([`crate::Broker::forward`]). A session revoked (or
+    /// expired) is [`Whose::Nobody`], as [`SessionStore::claim`] would find
+    /// it.
+    async fn whose(&self, id: &str) -> Result<Whose, BrokerError> {
+        let _ = id;
+        Err(BrokerError::unavailable(
+            "this store reads no session's user",
+        ))
+    }
+}
+
+/// The answer to [`SessionStore::whose`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whose {
+    /// Not stored: unknown, expired or revoked.
+    Nobody,
+    /// An anonymous session.
+    Anonymous,
+    /// The session of the user with this id.
+    User(Arc<str>),
+}
+
+impl Whose {
+    /// Of a stored session's user.
+    pub fn of(user: Option<&SessionUser>) -> Self {
+        match user {
+            Some(user) => Self::User(user.id.clone()),
+            None => Self::Anonymous,
+        }
+    }
+
+    /// Whether the session is there and `user`'s (`None`: anonymous), the
+    /// rule of [`Claim::belongs`].
+    pub fn belongs(&self, user: Option<&str>) -> bool {
+        match self {
+            Self::Nobody => false,
+            Self::Anonymous => user.is_none(),
+            Self::User(id) => Some(&**id) == user,
+        }
+    }
 }
 
 /// The answer to [`SessionStore::claim`].

@@ -10,20 +10,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use router::observe::Ignore;
 use router::{
-    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, NamespaceSettings, Namespaces, Outgoing,
-    Page, PageSize, Position, Publication, RedisBroker, RedisSettings, SessionSave,
-    SessionSnapshot, SessionStore, SessionUser, Since, Stored, SubscriptionState, Topic,
+    Broker, BrokerError, Claim, Claimed, Deliver, Epoch, Forward, NamespaceSettings, Namespaces,
+    Outgoing, Page, PageSize, Position, Publication, RedisBroker, RedisSettings, SessionSave,
+    SessionSnapshot, SessionStore, SessionUser, Since, Stored, SubscriptionState, Topic, Whose,
 };
 use testkit::{Redis, WAIT, eventually};
 
 /// What was delivered, with which `traceparent`, and whom to disconnect;
-/// and in order, every delivery and reset as `(epoch, seq, is a reset)`.
+/// in order, every delivery and reset as `(epoch, seq, is a reset)`; and
+/// the commands forwarded.
 #[derive(Default)]
 struct Collect(
     Mutex<Vec<(u64, Bytes)>>,
     Mutex<Vec<(u64, Option<String>)>>,
     Mutex<Vec<String>>,
     Mutex<Vec<(String, u64, bool)>>,
+    Mutex<Vec<Forward>>,
 );
 
 impl Collect {
@@ -66,6 +68,9 @@ impl Deliver for Collect {
     }
     fn disconnect(&self, user: &str) {
         self.2.lock().expect("lock").push(user.to_owned());
+    }
+    fn forward(&self, forward: &Forward) {
+        self.4.lock().expect("lock").push(forward.clone());
     }
 }
 
@@ -713,6 +718,66 @@ async fn a_session_belongs_to_its_user_and_a_revoke_reaches_every_pod() {
     assert_eq!(claimed, Claim::NotFound);
     let claimed = pod_b.claim("s2", "conn-c", None).await.expect("claim");
     assert!(matches!(claimed, Claim::Taken(_)));
+}
+
+#[tokio::test]
+async fn any_pod_reads_whose_a_stored_session_is_and_forwarded_commands_reach_every_pod() {
+    let redis = Redis::start().await;
+    let (pod_a, _) = engine(&redis, 10, Duration::from_secs(60)).await;
+    let (pod_b, sink_b) = engine(&redis, 10, Duration::from_secs(60)).await;
+    // Pod b listens on the control channel once a watch has answered.
+    pod_b
+        .watch(&Topic::parse("news").expect("topic"))
+        .await
+        .expect("watch");
+    let ttl = Duration::from_secs(60);
+    let mut alices = snapshot("news", 4);
+    alices.user = Some(SessionUser {
+        id: Arc::from("alice w."),
+        since_ms: router::session::unix_ms(),
+    });
+    assert!(pod_a.save("s1", "conn-a", alices, ttl).await.expect("save"));
+    let anonymous = snapshot("news", 1);
+    assert!(
+        pod_a
+            .save("s2", "conn-a", anonymous, ttl)
+            .await
+            .expect("save")
+    );
+    let whose = |id: &'static str| {
+        let pod_b = &pod_b;
+        async move { pod_b.whose(id).await.expect("whose") }
+    };
+    assert_eq!(whose("s1").await, Whose::User(Arc::from("alice w.")));
+    assert!(whose("s1").await.belongs(Some("alice w.")));
+    assert!(!whose("s1").await.belongs(None));
+    assert_eq!(whose("s2").await, Whose::Anonymous);
+    assert_eq!(whose("missing").await, Whose::Nobody);
+    // Read, not claimed: its owner saves on.
+    assert!(
+        pod_a
+            .save("s2", "conn-a", snapshot("news", 2), ttl)
+            .await
+            .expect("save")
+    );
+    // A revoked session is nobody's, as a claim would find it.
+    pod_a.revoke("alice w.", ttl).await.expect("revoke");
+    assert_eq!(whose("s1").await, Whose::Nobody);
+
+    let posted = Forward {
+        session: "9f3c".to_owned(),
+        user: Some("alice w.".to_owned()),
+        commands: vec![
+            Bytes::from_static(br#"{"op":"sub","id":1,"topic":"a"}"#),
+            Bytes::from_static(br#"{"op":"pub","id":2,"topic":"a","data":"x y"}"#),
+        ],
+    };
+    pod_a.forward(posted.clone()).await.expect("forward");
+    eventually(WAIT, || async {
+        !sink_b.4.lock().expect("lock").is_empty()
+    })
+    .await;
+    assert_eq!(*sink_b.4.lock().expect("lock"), [posted]);
 }
 
 #[tokio::test]

@@ -7,12 +7,14 @@ mod labels;
 mod observer;
 mod proxy;
 mod register;
+mod stream_commands;
 mod streams;
 
 pub use labels::*;
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 pub use streams::{STREAM_REFUSALS, STREAM_TRANSPORTS, StreamMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
+pub use stream_commands::{STREAM_COMMAND_RESULTS, STREAM_FORWARD_RESULTS, StreamCommandMetrics};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -86,6 +88,8 @@ pub struct Metrics {
     pub proxy: ProxyMetrics,
     /// SSE and HTTP-streaming (issue #25).
     pub streams: StreamMetrics,
+    /// HTTP-streaming's command POSTs' (issue #25).
+    pub stream_commands: StreamCommandMetrics,
 }
 
 impl Metrics {
@@ -430,6 +434,7 @@ impl Metrics {
             ),
             proxy: ProxyMetrics::new(r),
             streams: StreamMetrics::new(r),
+            stream_commands: StreamCommandMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();
@@ -503,6 +508,8 @@ impl Metrics {
             "presence_beat",
             "presence_clean",
             "resumed",
+            "session_user",
+            "forward",
         ] {
             self.redis_seconds.with_label_values(&[op]);
             self.redis_errors.with_label_values(&[op]);

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::Session;
 use super::access::Access;
+use crate::admission::ConnId;
 use crate::auth::Claims;
 use crate::disconnect::CloseReason;
 use crate::hooks::{
@@ -76,6 +77,17 @@ impl Handshake {
             remote_addr,
             headers: kept.into_boxed_slice(),
         }))
+    }
+
+    /// The connect proxy's request for this request's client, `client`
+    /// naming it for the backend.
+    pub fn connect_request(&self, client: ConnId) -> ConnectRequest<'_> {
+        ConnectRequest {
+            client,
+            remote_addr: self.remote_addr,
+            headers: &self.headers,
+            data: None,
+        }
     }
 }
 

@@ -51,6 +51,7 @@ impl Session {
                             // Boxed, as a command is: the loop would carry
                             // the handshake's future all along.
                             Box::pin(self.server_commands()).await;
+                            Box::pin(self.posted_commands()).await;
                         }
                         _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);

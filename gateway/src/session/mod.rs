@@ -27,6 +27,9 @@
 //!   join, broker watch and recover, the answer, then [`replay`] to live.
 //! - [`server_side`]: the subscriptions the server makes: a backend's
 //!   subscribe and unsubscribe of the user, the token's `topics`.
+//! - [`posted`]: commands posted for the session over HTTP
+//!   (`POST /stream/<session>`, [`crate::stream_commands`]), run as a
+//!   frame's are.
 //! - [`subscriptions`]: the subscriptions and acks a resume needs;
 //!   [`registry`]: the pod's live sessions.
 //! - [`stream`]: the same session over an SSE or HTTP-streaming response.
@@ -44,6 +47,7 @@ pub mod fuzzing;
 mod handshake;
 mod hello;
 pub(crate) mod parser;
+mod posted;
 mod rate;
 mod reader;
 mod registry;
@@ -58,7 +62,10 @@ mod tests;
 
 pub use crate::config::{Limits, Overflow};
 pub use connect::Handshake;
-pub use registry::{Arrival, LiveSession, MAX_SERVER_COMMANDS, Registry, TakeOver, Unregistered};
+pub use registry::{
+    Arrival, LiveSession, MAX_POSTED_COMMANDS, MAX_SERVER_COMMANDS, Post, Registry, TakeOver,
+    Unregistered, max_posted_bytes, session_key,
+};
 pub use replay::Replays;
 pub use stream::{Opening, serve_stream};
 pub use subscriptions::Subscriptions;

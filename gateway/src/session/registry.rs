@@ -6,9 +6,12 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use proto::ServerMessage;
 use rand::Rng;
-use router::{Causes, Claim, ServerSubscription, SessionSave, SessionSnapshot, SessionStore};
+use router::{
+    Causes, Claim, ServerSubscription, SessionSave, SessionSnapshot, SessionStore, Whose,
+};
 use tokio::time::Instant;
 
 use super::Subscriptions;
@@ -72,6 +75,13 @@ struct Live {
     /// each: here rather than in every session, which an idle connection
     /// would pay for (issue #16).
     commands: HashMap<Arc<str>, VecDeque<ServerSubscription>>,
+    /// Commands posted for a session (`POST /stream/<session>`, here or on
+    /// another pod), waiting for its connection: like `commands`, only for
+    /// sessions that have some.
+    posted: HashMap<Arc<str>, Posted>,
+    /// The sessions by key ([`session_key`]): what a forward from another
+    /// pod names, the id being a credential that never leaves the pod.
+    keys: HashMap<u128, Arc<str>>,
     /// Set when the pod drains: the window its `reconnect` advice spreads
     /// clients over. A session registered after that is advised at once.
     draining: Option<Duration>,
@@ -83,6 +93,52 @@ struct Live {
 /// is refused and counted
 /// (`herald_server_subscriptions_applied_total{outcome="dropped"}`).
 pub const MAX_SERVER_COMMANDS: usize = 64;
+
+/// Posted commands a session may have waiting, at most: four POSTs of the
+/// most a POST carries (64). Past it (or past [`Registry::post`]'s byte
+/// bound), a POST is refused whole: `429`, or, forwarded from another pod,
+/// dropped and told to the client.
+pub const MAX_POSTED_COMMANDS: usize = 256;
+
+/// The bytes of posted commands a session may have waiting, at most: four
+/// POSTs' worth (a POST's body is at most `websocket.max_message_bytes`).
+pub fn max_posted_bytes(max_message_bytes: usize) -> usize {
+    max_message_bytes.saturating_mul(4)
+}
+
+/// The posted commands waiting for one session's connection.
+#[derive(Default)]
+struct Posted {
+    commands: VecDeque<Bytes>,
+    bytes: usize,
+    /// Commands forwarded from another pod and dropped at the bound since
+    /// the connection last ran its posted commands: it tells its client.
+    dropped: usize,
+}
+
+/// What [`Registry::post`] and [`Registry::forwarded`] did with commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Post {
+    /// Queued for the session's connection, which was woken.
+    Queued,
+    /// Not queued: the session has too many waiting.
+    Full,
+    /// No connection on this pod serves the session.
+    NotHere,
+    /// One does, for another user: left alone.
+    OtherUser,
+}
+
+/// A session's key: the first 128 bits of the SHA-256 of its id, as
+/// presence names it too. What the control channel carries instead of the
+/// id, which is a credential.
+pub fn session_key(id: &str) -> u128 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_bytes());
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest[..16]);
+    u128::from_be_bytes(first)
+}
 
 /// When a connection's `hello` began, as the registry orders it against
 /// disconnects: taken before the token is checked and the session claimed.
@@ -161,6 +217,7 @@ impl Registry {
             // connection registers between the two unadvised.
             advise(&session.out, spread, "draining", CloseReason::Shutdown);
         }
+        live.keys.insert(session_key(&id), id.clone());
         if let Some(before) = live.sessions.insert(id, session)
             && before.conn != conn
         {
@@ -175,6 +232,8 @@ impl Registry {
         if live.sessions.get(id).is_some_and(|l| l.conn == conn) {
             live.sessions.remove(id);
             live.commands.remove(id);
+            live.posted.remove(id);
+            live.keys.remove(&session_key(id));
         }
     }
 
@@ -327,6 +386,95 @@ impl Registry {
         next
     }
 
+    /// Whose the session `id` is, if a connection on this pod serves it.
+    pub fn whose(&self, id: &str) -> Option<Whose> {
+        let live = self.live();
+        let session = live.sessions.get(id)?;
+        Some(Whose::of(session.subscriptions.user().as_ref()))
+    }
+
+    /// Queues commands posted for session `id` by `user` (`None`:
+    /// anonymous) for its connection, which runs them between its own
+    /// ([`Self::next_posted`]), all of them or none: at most
+    /// [`MAX_POSTED_COMMANDS`] and `max_bytes` wait per session.
+    pub fn post(&self, id: &str, user: Option<&str>, commands: &[Bytes], max_bytes: usize) -> Post {
+        let mut live = self.live();
+        let Some((id, session)) = live.sessions.get_key_value(id) else {
+            return Post::NotHere;
+        };
+        if !Claim::belongs(session.subscriptions.user().as_ref(), user) {
+            return Post::OtherUser;
+        }
+        let (id, out) = (id.clone(), session.out.clone());
+        let waiting = live.posted.entry(id).or_default();
+        let bytes: usize = commands.iter().map(Bytes::len).sum();
+        if waiting.commands.len() + commands.len() > MAX_POSTED_COMMANDS
+            || waiting.bytes + bytes > max_bytes
+        {
+            return Post::Full;
+        }
+        waiting.commands.extend(commands.iter().cloned());
+        waiting.bytes += bytes;
+        out.poke();
+        Post::Queued
+    }
+
+    /// [`Self::post`] for commands forwarded from another pod, naming the
+    /// session by its key ([`session_key`], hex): those it cannot queue
+    /// are counted for the connection to tell its client.
+    pub fn forwarded(
+        &self,
+        key: &str,
+        user: Option<&str>,
+        commands: &[Bytes],
+        max_bytes: usize,
+    ) -> Post {
+        let Ok(key) = u128::from_str_radix(key, 16) else {
+            return Post::NotHere;
+        };
+        let Some(id) = self.live().keys.get(&key).cloned() else {
+            return Post::NotHere;
+        };
+        let posted = self.post(&id, user, commands, max_bytes);
+        if posted == Post::Full {
+            let mut live = self.live();
+            if let Some(session) = live.sessions.get(&id) {
+                let out = session.out.clone();
+                live.posted.entry(id).or_default().dropped += commands.len();
+                out.poke();
+            }
+        }
+        posted
+    }
+
+    /// The oldest posted command waiting for session `id`.
+    pub fn next_posted(&self, id: &str) -> Option<Bytes> {
+        let mut live = self.live();
+        let waiting = live.posted.get_mut(id)?;
+        let next = waiting.commands.pop_front();
+        if let Some(command) = &next {
+            waiting.bytes -= command.len();
+        }
+        if waiting.commands.is_empty() && waiting.dropped == 0 {
+            live.posted.remove(id);
+        }
+        next
+    }
+
+    /// How many commands forwarded for session `id` were dropped since
+    /// this was last asked (none wait any more, then).
+    pub fn dropped_posted(&self, id: &str) -> usize {
+        let mut live = self.live();
+        let Some(waiting) = live.posted.get_mut(id) else {
+            return 0;
+        };
+        let dropped = std::mem::take(&mut waiting.dropped);
+        if waiting.commands.is_empty() {
+            live.posted.remove(id);
+        }
+        dropped
+    }
+
     /// Closes every connection of `user` on this pod and forgets their
     /// sessions at once; returns how many. A connection of the user's that
     /// is between its `hello` and its registration is refused when it
@@ -344,13 +492,19 @@ impl Registry {
         live.disconnected
             .insert(Arc::from(user), (count, Instant::now()));
         let Live {
-            sessions, commands, ..
+            sessions,
+            commands,
+            posted,
+            keys,
+            ..
         } = &mut *live;
         sessions.retain(|id, live| {
             let theirs = Claim::belongs(live.subscriptions.user().as_ref(), Some(user));
             if theirs {
                 live.out.close(CloseReason::Disconnected, true);
                 commands.remove(id);
+                posted.remove(id);
+                keys.remove(&session_key(id));
                 closed += 1;
             }
             !theirs
@@ -436,5 +590,99 @@ mod tests {
         registry.deregister("s1", 1);
         assert!(registry.next_command("s1").is_none());
         assert!(registry.live().commands.is_empty());
+    }
+
+    fn posted(n: usize) -> Vec<Bytes> {
+        (0..n)
+            .map(|i| Bytes::from(format!(r#"{{"op":"ping","id":{i}}}"#)))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn posted_commands_wait_for_their_session_whole_in_order_and_bounded() {
+        let registry = Registry::default();
+        let alice = connection(&registry, "s1", 1, "alice");
+        assert_eq!(registry.whose("s1"), Some(Whose::User(Arc::from("alice"))));
+        assert_eq!(registry.whose("s9"), None);
+        let max = 1024;
+        assert_eq!(
+            registry.post("s1", Some("bob"), &posted(1), max),
+            Post::OtherUser
+        );
+        assert_eq!(registry.post("s1", None, &posted(1), max), Post::OtherUser);
+        assert_eq!(
+            registry.post("s9", Some("alice"), &posted(1), max),
+            Post::NotHere
+        );
+        assert!(
+            registry.next_posted("s1").is_none(),
+            "nothing of theirs queued"
+        );
+        assert_eq!(
+            registry.post("s1", Some("alice"), &posted(2), max),
+            Post::Queued
+        );
+        assert_eq!(
+            futures_util::FutureExt::now_or_never(alice.stopped_or_poked()),
+            Some(false),
+            "woken"
+        );
+        // Forwarded from another pod, by the session's key.
+        let key = format!("{:032x}", session_key("s1"));
+        let third = [Bytes::from_static(br#"{"op":"ping","id":9}"#)];
+        assert_eq!(
+            registry.forwarded(&key, Some("alice"), &third, max),
+            Post::Queued
+        );
+        assert_eq!(
+            registry.forwarded(&key, Some("eve"), &third, max),
+            Post::OtherUser
+        );
+        assert_eq!(
+            registry.forwarded("zz", Some("alice"), &third, max),
+            Post::NotHere
+        );
+        let order: Vec<Bytes> = std::iter::from_fn(|| registry.next_posted("s1")).collect();
+        assert_eq!(order, [posted(2), third.to_vec()].concat());
+        // Bounded in count and in bytes, a POST whole or not at all: a
+        // forwarded one dropped is told.
+        assert_eq!(
+            registry.post(
+                "s1",
+                Some("alice"),
+                &posted(MAX_POSTED_COMMANDS + 1),
+                usize::MAX
+            ),
+            Post::Full
+        );
+        assert_eq!(
+            registry.post("s1", Some("alice"), &posted(10), 100),
+            Post::Full
+        );
+        assert_eq!(
+            registry.post("s1", Some("alice"), &posted(3), 100),
+            Post::Queued
+        );
+        assert_eq!(
+            registry.forwarded(&key, Some("alice"), &posted(3), 100),
+            Post::Full
+        );
+        assert_eq!(std::iter::from_fn(|| registry.next_posted("s1")).count(), 3);
+        assert_eq!(registry.dropped_posted("s1"), 3);
+        assert_eq!(registry.dropped_posted("s1"), 0);
+        assert!(registry.live().posted.is_empty());
+        // Gone with the connection, key and all.
+        assert_eq!(
+            registry.post("s1", Some("alice"), &posted(1), max),
+            Post::Queued
+        );
+        registry.deregister("s1", 1);
+        assert!(registry.next_posted("s1").is_none());
+        assert_eq!(
+            registry.forwarded(&key, Some("alice"), &third, max),
+            Post::NotHere
+        );
+        let live = registry.live();
+        assert!(live.posted.is_empty() && live.keys.is_empty());
     }
 }

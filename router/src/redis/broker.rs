@@ -25,9 +25,9 @@ use super::{control, history, millis, publisher, pubsub, sessions};
 use crate::observe::Observer;
 use crate::page::{Page, PageSize};
 use crate::{
-    Broker, BrokerError, BrokerStatus, Deliver, Epoch, HistoryPage, HistoryQuery, Namespaces,
-    Outgoing, Position, PresenceCounts, PresencePage, PresenceUpdate, Recovery, ServerSubscription,
-    Since, Topic, Unavailable,
+    Broker, BrokerError, BrokerStatus, Deliver, Epoch, Forward, HistoryPage, HistoryQuery,
+    Namespaces, Outgoing, Position, PresenceCounts, PresencePage, PresenceUpdate, Recovery,
+    ServerSubscription, Since, Topic, Unavailable,
 };
 
 /// How much longer than the command timeout a publish waits for the
@@ -451,6 +451,10 @@ impl Broker for RedisBroker {
             .arg(control::subscription(user, &command));
         let sending = self.inner.shards.command::<()>(&channel, &publish);
         timed(&*self.inner.observer, "subscription", sending).await
+    }
+
+    async fn forward(&self, forward: Forward) -> Result<(), BrokerError> {
+        self.forward_commands(&forward).await
     }
 }
 

@@ -7,12 +7,17 @@
 //!   `unsubscribe <user> <topic>`: a server-side subscription.
 //! - `resumed <session key>`: a session was resumed on some pod (its
 //!   presence key: the id itself is a credential, never sent).
+//! - `forward <session key> <user>` (`-` for an anonymous session), then
+//!   one command per line: commands posted for a session
+//!   ([`crate::Forward`]).
 //!
 //! A pod of an older release ignores a message it does not read (and logs
 //! it).
 
+use bytes::Bytes;
+
 use super::sessions::{hex, unhex};
-use crate::{ServerSubscription, Since, Topic};
+use crate::{Forward, ServerSubscription, Since, Topic};
 
 /// A message of the control channel, read.
 #[derive(Debug)]
@@ -20,6 +25,37 @@ pub(super) enum Control {
     Disconnect(String),
     Subscription(String, ServerSubscription),
     Resumed(String),
+    Forward(Forward),
+}
+
+/// `forward <session key> <user>` and the commands, a line each.
+pub(super) fn forward(forward: &Forward) -> Vec<u8> {
+    let user = forward.user.as_deref().map_or_else(|| "-".to_owned(), hex);
+    let mut out = format!("forward {} {user}", forward.session).into_bytes();
+    for command in &forward.commands {
+        debug_assert!(!command.contains(&b'\n'), "a command is one line");
+        out.push(b'\n');
+        out.extend_from_slice(command);
+    }
+    out
+}
+
+/// Reads a `forward` message, its head's words already split off.
+fn read_forward(session: &str, user: &str, body: &[u8]) -> Option<Control> {
+    let user = match user {
+        "-" => None,
+        user => Some(unhex(user)?),
+    };
+    let commands = body
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(Bytes::copy_from_slice)
+        .collect();
+    Some(Control::Forward(Forward {
+        session: session.to_owned(),
+        user,
+        commands,
+    }))
 }
 
 /// `resumed <session key>`.
@@ -53,6 +89,21 @@ pub(super) fn subscription(user: &str, command: &ServerSubscription) -> String {
 
 /// Reads a control message; `None` when it is none of the above.
 pub(super) fn read(payload: &[u8]) -> Option<Control> {
+    if let Some(rest) = payload.strip_prefix(b"forward ") {
+        // Its commands follow its head, a line each: any text but a
+        // newline, so not split into words.
+        let (head, body) = match rest.iter().position(|&b| b == b'\n') {
+            Some(at) => (&rest[..at], &rest[at + 1..]),
+            None => (rest, &[][..]),
+        };
+        let head = std::str::from_utf8(head).ok()?;
+        let mut words = head.split(' ');
+        let (session, user) = (words.next()?, words.next()?);
+        if session.is_empty() || words.next().is_some() {
+            return None;
+        }
+        return read_forward(session, user, body);
+    }
     let text = std::str::from_utf8(payload).ok()?;
     let mut words = text.split(' ');
     let kind = words.next()?;
@@ -123,6 +174,24 @@ mod tests {
             ))
         ));
         assert!(matches!(read(resumed("k1").as_bytes()), Some(Control::Resumed(k)) if k == "k1"));
+        let posted = Forward {
+            session: "9f3c".to_owned(),
+            user: Some("bob smith".to_owned()),
+            commands: vec![
+                Bytes::from_static(br#"{"op":"sub","id":1,"topic":"a b"}"#),
+                Bytes::from_static(br#"{"op":"ack","topic":"n","seq":4}"#),
+            ],
+        };
+        let line = forward(&posted);
+        assert!(matches!(read(&line), Some(Control::Forward(f)) if f == posted));
+        let anonymous = Forward {
+            user: None,
+            ..posted
+        };
+        let line = forward(&anonymous);
+        assert!(matches!(read(&line), Some(Control::Forward(f)) if f == anonymous));
+        assert!(read(b"forward 9f3c").is_none());
+        assert!(read(b"forward 9f3c zz").is_none(), "a user is hex");
         assert!(read(b"subscribe 626f62").is_none());
         assert!(read(b"later 626f62 x").is_none());
     }

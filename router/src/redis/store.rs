@@ -16,7 +16,8 @@ use super::replies::{ClaimReply, parse_claim};
 use super::{connection, control, millis, scripts, sessions};
 use crate::session::unix_ms;
 use crate::{
-    BrokerError, Claim, Claimed, SessionSave, SessionSnapshot, SessionStore, Stored, Unavailable,
+    BrokerError, Claim, Claimed, Forward, SessionSave, SessionSnapshot, SessionStore, Stored,
+    Unavailable, Whose,
 };
 
 #[async_trait]
@@ -96,6 +97,45 @@ impl SessionStore for RedisBroker {
             shards.command::<()>(&channel, &publish).await
         };
         timed(&*self.inner.observer, "revoke", revoking).await
+    }
+
+    async fn whose(&self, id: &str) -> Result<Whose, BrokerError> {
+        self.inner.reach.check()?;
+        let shards = &self.inner.shards;
+        let key = self.inner.keys.session(id);
+        let mut get = redis::cmd("GET");
+        get.arg(&key);
+        let reading = shards.command::<Option<Vec<u8>>>(&key, &get);
+        let Some(value) = timed(&*self.inner.observer, "session_user", reading).await? else {
+            return Ok(Whose::Nobody);
+        };
+        let Some(user) = sessions::decode(&value).user else {
+            return Ok(Whose::Anonymous);
+        };
+        // A revocation is in its own key (another slot, in a cluster): a
+        // session it ended is gone for a claim, and so for this.
+        let revocation = self.inner.keys.revoked(&sessions::hex(&user.id));
+        let mut get = redis::cmd("GET");
+        get.arg(&revocation);
+        let reading = shards.command::<Option<u64>>(&revocation, &get);
+        let revoked = timed(&*self.inner.observer, "session_user", reading).await?;
+        if revoked.is_some_and(|at| user.since_ms <= at) {
+            return Ok(Whose::Nobody);
+        }
+        Ok(Whose::User(user.id))
+    }
+}
+
+impl RedisBroker {
+    /// Publishes `forward` on the control channel, which every pod reads
+    /// ([`crate::Broker::forward`]).
+    pub(super) async fn forward_commands(&self, forward: &Forward) -> Result<(), BrokerError> {
+        self.inner.reach.check()?;
+        let channel = self.inner.keys.control_channel();
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(&channel).arg(control::forward(forward));
+        let sending = self.inner.shards.command::<()>(&channel, &publish);
+        timed(&*self.inner.observer, "forward", sending).await
     }
 }
 

@@ -84,6 +84,7 @@ impl Pubsub {
             Some(Control::Disconnect(user)) => self.sink.disconnect(&user),
             Some(Control::Subscription(user, command)) => self.sink.subscription(&user, &command),
             Some(Control::Resumed(session)) => self.sink.resumed(&session),
+            Some(Control::Forward(forward)) => self.sink.forward(&forward),
             None => tracing::warn!("unreadable message on the control channel"),
         }
     }
