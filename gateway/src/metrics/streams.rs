@@ -29,10 +29,6 @@ pub struct StreamMetrics {
     pub open: IntGaugeVec,
     pub opened: IntCounterVec,
     pub refused: IntCounterVec,
-    /// Commands posted to a stream's session (`POST /stream/<session>`).
-    pub commands: IntCounterVec,
-    /// Those forwarded to the pod that holds the session.
-    pub commands_forwarded: IntCounterVec,
 }
 
 impl StreamMetrics {
@@ -67,24 +63,10 @@ impl StreamMetrics {
                 refused.with_label_values(&[transport, reason]);
             }
         }
-        let commands = counter_vec(
-            r,
-            "herald_stream_commands_total",
-            "Commands posted to HTTP-streaming sessions, by result.",
-            &["result"],
-        );
-        let commands_forwarded = counter_vec(
-            r,
-            "herald_stream_commands_forwarded_total",
-            "Posted commands forwarded to the pod holding their session, by result.",
-            &["result"],
-        );
         Self {
             open,
             opened,
             refused,
-            commands,
-            commands_forwarded,
         }
     }
 }

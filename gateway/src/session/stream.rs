@@ -204,6 +204,7 @@ impl Session {
                         self.drop_server_commands();
                     } else {
                         Box::pin(self.server_commands()).await;
+                        Box::pin(self.posted_commands()).await;
                     }
                 }
                 _ = self.subscriptions.taken_over() => {
