@@ -30,7 +30,7 @@ import { Events, JS_ROOT, STEP, cleanups, config, hs256, pod, publish, sdkPage, 
  * /stream/<session>`, branch h-commands) is not in this build. `undefined`
  * once it is.
  */
-const SERVER = 'needs POST /stream and POST /stream/<session> in the herald binary (branches h-streams, h-commands)';
+const SERVER = undefined;
 
 const SECRET = 'herald-js-streams-hmac-secret-0123456789';
 /** A token for `sub`, good for ten minutes. */
