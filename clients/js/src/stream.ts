@@ -70,13 +70,16 @@ export function refusalCode(status: number, code: string | undefined): number | 
  * one post at a time so that they arrive in order, those that waited
  * meanwhile batched in the next (newline-delimited). The token goes as
  * `Authorization: Bearer` with each command post (the session's user must
- * be its user); cookies go with every request (`credentials: 'include'`),
- * for a connect proxy that reads them.
+ * be its user). Without a token, cookies go with every request
+ * (`credentials: 'include'`), for a connect proxy that reads them; with
+ * one, only to the page's own origin (`same-origin`), so that a pod on
+ * another origin needs no credentialed CORS.
  */
 export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on: LinkHandlers): Link {
   const base = streamUrl(url);
   const abort = new AbortController();
   let token = hello.token;
+  const credentials: RequestCredentials = token ? 'same-origin' : 'include';
   let session: string | undefined;
   /** Commands not yet posted, as JSON texts, in order. */
   const queue: string[] = [];
@@ -107,7 +110,7 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
       if (token) headers.authorization = `Bearer ${token}`;
       let status: number;
       try {
-        const res = await fetcher(to.href, { method: 'POST', body: queue.slice(0, n).join('\n'), headers, credentials: 'include' });
+        const res = await fetcher(to.href, { method: 'POST', body: queue.slice(0, n).join('\n'), headers, credentials });
         status = res.status;
         // The answer's body says nothing more than its status: not read, let go.
         void res.body?.cancel().catch(() => {});
@@ -138,7 +141,7 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
         method: 'POST',
         body: JSON.stringify(hello),
         headers: { 'content-type': 'application/json' },
-        credentials: 'include',
+        credentials,
         cache: 'no-store',
         signal: abort.signal,
       });
