@@ -207,6 +207,34 @@ test(
   { skip: SERVER },
 );
 
+test(
+  "Node, transport 'stream': short-lived tokens refreshed over command posts; the posts carry the newest token, the stream stays up past the first one's expiry",
+  async (t) => {
+    const cleanup = cleanups(t);
+    const herald = await startHerald(cleanup, config({ auth: { hmac_secret: SECRET, leeway: '0s' } }));
+    const events = new Events();
+    let minted = 0;
+    // Three seconds each: unrefreshed, the pod ends the stream at expiry; a post with an expired token is a 401.
+    const getToken = () => {
+      events.push({ t: 'minted', n: ++minted });
+      return hs256(SECRET, { sub: 'alice', exp: Math.floor(Date.now() / 1000) + 3 });
+    };
+    const c = client(cleanup, events, [herald.ws], { transport: 'stream', getToken });
+    follow(c.subscribe('chat:room-2'), events);
+    await c.connect();
+    await events.wait('subscribed', (e) => e.t === 'subscribed');
+    const firstExpiry = Math.floor(Date.now() / 1000) + 3;
+    await events.wait('a fourth token', (e) => e.t === 'minted' && e.n === 4, 10_000);
+    assert.ok(Date.now() > firstExpiry * 1000, 'past the first expiry');
+    // A command post now: with the first token it would be refused.
+    const mine = await c.publish('chat:room-2', { after: 'refreshes' });
+    await events.wait('the message', (e) => e.t === 'msg' && e.seq === mine.seq);
+    assert.deepEqual(events.filter((e) => e.t === 'state' && e.state !== 'connected' && e.state !== 'connecting'), [], 'never disconnected');
+    assert.deepEqual(events.filter((e) => e.t === 'error' || e.t === 'suberror'), []);
+  },
+  { skip: SERVER },
+);
+
 // ---------------------------------------------------------------- auto
 
 test(
