@@ -235,6 +235,66 @@ test(
   { skip: SERVER },
 );
 
+test(
+  "Node, transport 'stream': a pod draining sends its streams the `reconnect` advice; the client follows it to the other pod and misses nothing",
+  async (t) => {
+    const cleanup = cleanups(t);
+    const redis = await startRedis(cleanup);
+    const drain = { shutdown: { drain_timeout: '2s' } };
+    const [a, b] = [await pod(cleanup, redis, drain), await pod(cleanup, redis, drain)];
+    const events = new Events();
+    // A backoff of a minute: only the advice can bring the client back within the test.
+    const c = client(cleanup, events, [a.ws, b.ws], { transport: 'stream', backoff: { initialMs: 60_000, maxMs: 60_000 } });
+    follow(c.subscribe('rolling'), events);
+    await c.connect();
+    await events.wait('subscribed', (e) => e.t === 'subscribed');
+    const N = 120;
+    for (let n = 1; n <= N; n++) {
+      await publish(b, 'rolling', { n });
+      if (n === 40) a.sigterm();
+      if (n === 80) await events.wait('resumed on b', (e) => e.t === 'state' && e.state === 'connected' && e.resumed);
+    }
+    await events.until(`seq ${N}`, () => seqs(events).includes(N));
+    const figures = exactlyOnce(seqs(events), 1, N);
+    assert.deepEqual([figures.lost, figures.duplicated, figures.outOfOrder], [0, 0, 0], JSON.stringify(figures));
+    const drained = events.filter((e) => e.t === 'state' && e.state === 'disconnected');
+    assert.equal(drained.length, 1, JSON.stringify(drained));
+    assert.ok(drained[0].delayMs < 2000, `waited as advised, not the backoff: ${drained[0].delayMs} ms`);
+    assert.equal(resumes(events), 1);
+    assert.equal(events.filter((e) => e.t === 'reset').length, 0);
+  },
+  { skip: SERVER },
+);
+
+test(
+  "Node, transport 'stream': a bad token is refused before the stream begins (401): UnauthorizedError, for good; an expired one is replaced from getToken",
+  async (t) => {
+    const cleanup = cleanups(t);
+    const herald = await startHerald(cleanup, config({ auth: { hmac_secret: SECRET, leeway: '0s' }, 'namespaces.default': { subscribe: 'authenticated' } }));
+    const events = new Events();
+    let minted = 0;
+    const bad = () => {
+      minted++;
+      return hs256('a-secret-that-is-not-the-pods-0123456789', { sub: 'alice', exp: Math.floor(Date.now() / 1000) + 60 });
+    };
+    const c = client(cleanup, events, [herald.ws], { transport: 'stream', getToken: bad, backoff: { initialMs: 50, maxMs: 50 } });
+    const refused = await c.connect().then(() => undefined, (e) => e);
+    assert.deepEqual([refused?.name, refused?.code, refused?.closeCode], ['UnauthorizedError', 'unauthorized', 4502]);
+    assert.equal(c.state, 'closed');
+    // A reconnect would come within the 50 ms backoff: give it twenty times that.
+    await assert.rejects(events.until('another attempt', () => minted > 1, 1000));
+    // Expired at the first attempt: a new token, and in.
+    let calls = 0;
+    const expiring = () => hs256(SECRET, { sub: 'alice', exp: Math.floor(Date.now() / 1000) + (++calls === 1 ? -10 : 600) });
+    const d = client(cleanup, events, [herald.ws], { transport: 'stream', getToken: expiring, backoff: { initialMs: 50, maxMs: 50 } });
+    await d.connect();
+    assert.equal(calls, 2);
+    const closed = events.filter((e) => e.t === 'state' && e.state === 'disconnected');
+    assert.deepEqual(closed.map((e) => e.closeCode), [4004]);
+  },
+  { skip: SERVER },
+);
+
 // ---------------------------------------------------------------- auto
 
 test(
