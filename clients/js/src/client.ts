@@ -159,7 +159,7 @@ export interface Published {
 }
 
 /** How a stream that ended without a word on why was ended, by the `err` that refused its `hello` (a WebSocket's close code would say). */
-const HELLO_REFUSALS: Record<string, number> = { unauthorized: 4502, forbidden: 4502, token_expired: 4004, rate_limited: 4504 };
+const HELLO_REFUSALS: Record<string, number> = { unauthorized: 4502, forbidden: 4502, token_expired: 4004 };
 
 /** A command answered by the `ok` or `err` of its `id`, before it is given one. */
 type Request =
