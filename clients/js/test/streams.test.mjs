@@ -22,7 +22,7 @@ import { extname, join, normalize } from 'node:path';
 import WebSocket from 'ws';
 
 import { HeraldClient } from '../dist/index.js';
-import { Events, JS_ROOT, STEP, cleanups, config, hs256, pod, publish, sdkPage, startHerald, startRedis, test } from './harness.mjs';
+import { Events, JS_ROOT, STEP, cleanups, config, hs256, pod, publish, sdkPage, startBackend, startHerald, startRedis, test } from './harness.mjs';
 
 /**
  * Why the stories against `herald` are skipped: the server side of
@@ -373,6 +373,46 @@ test(
     c.close();
     assert.equal(proxy.streamsSeen, 0);
     assert.equal(events.filter((e) => e.t === 'transport').length, 0);
+  },
+  { skip: SERVER },
+);
+
+// ---------------------------------------------------------------- cookies
+
+test(
+  "Chromium, auto, no token: the fallback's stream and its command posts carry the page's cookie; the connect proxy names the user for each",
+  async (t) => {
+    const cleanup = cleanups(t);
+    const backend = await startBackend(cleanup, {
+      '/connect': (body) =>
+        /(?:^|;\s*)sid=alice-session(;|$)/.test(body.headers?.cookie ?? '') ? [200, { user: 'alice' }] : [401, { message: 'no session' }],
+      '/rpc': (body) => [200, { data: { user: body.user } }],
+    });
+    const herald = await startHerald(
+      cleanup,
+      config({
+        auth: { hmac_secret: SECRET },
+        'proxy.connect': { url: `${backend.url}/connect`, timeout: '5s', headers: ['Cookie'] },
+        'proxy.rpc': { url: `${backend.url}/rpc`, timeout: '5s' },
+        'namespaces.default': { subscribe: 'authenticated' },
+      }),
+    );
+    const proxy = await startProxy(cleanup, herald, 'refuse');
+    const events = new Events();
+    // The app's login set the cookie for the page's host, which serves /stream too.
+    const page = await sdkPage(cleanup, events, { origin: proxy.http, cookie: 'sid=alice-session' });
+    await page.evaluate(([url]) => window.follow([url], 'news'), [proxy.ws]);
+    await events.wait('on the stream', (e) => e.t === 'transport' && e.transport === 'stream');
+    await events.wait('subscribed', (e) => e.t === 'subscribed');
+    const sent = await publish(herald, 'news', { for: 'alice' });
+    await events.wait('the message', (e) => e.t === 'msg' && e.seq === sent.seq);
+    // A command post, as the user the connect proxy named.
+    assert.deepEqual(await page.evaluate(() => window.client.rpc('whoami')), { user: 'alice' });
+    const asked = backend.requests.filter((r) => r.path === '/connect');
+    t.diagnostic(`connect proxy asked ${asked.length} times`);
+    assert.ok(asked.length >= 2, `asked for the stream and again for the posts: ${asked.length}`);
+    assert.ok(asked.every((r) => /sid=alice-session/.test(r.body.headers?.cookie ?? '')), JSON.stringify(asked.map((r) => r.body.headers)));
+    assert.deepEqual(events.filter((e) => e.t === 'error' || e.t === 'suberror' || e.t === 'pageerror'), []);
   },
   { skip: SERVER },
 );
