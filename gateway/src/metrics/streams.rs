@@ -1,6 +1,7 @@
 //! The streams' metrics (issue #25): SSE and HTTP-streaming connections
 //! open, opened and refused, by transport. Their deliveries, closes and
 //! queues count in the connection metrics too: a stream is a connection.
+//! (The command POSTs' are [`super::StreamCommandMetrics`].)
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 

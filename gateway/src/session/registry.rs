@@ -390,6 +390,10 @@ impl Registry {
     pub fn whose(&self, id: &str) -> Option<Whose> {
         let live = self.live();
         let session = live.sessions.get(id)?;
+        if session.out.format() == frame::Format::Sse {
+            // Takes no commands ([`Self::post`]).
+            return Some(Whose::Nobody);
+        }
         Some(Whose::of(session.subscriptions.user().as_ref()))
     }
 
@@ -402,7 +406,10 @@ impl Registry {
         let Some((id, session)) = live.sessions.get_key_value(id) else {
             return Post::NotHere;
         };
-        if !Claim::belongs(session.subscriptions.user().as_ref(), user) {
+        // An SSE stream takes no commands (its client is never told its
+        // session's id): as good as another user's.
+        let read_only = session.out.format() == frame::Format::Sse;
+        if read_only || !Claim::belongs(session.subscriptions.user().as_ref(), user) {
             return Post::OtherUser;
         }
         let (id, out) = (id.clone(), session.out.clone());

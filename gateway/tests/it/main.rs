@@ -60,5 +60,7 @@ mod server_subscriptions;
 mod sessions;
 mod shutdown;
 mod slow_consumer;
+// Issue #25: HTTP-streaming's command POSTs (h-commands).
+mod stream_commands;
 mod tracing;
 mod webhooks;
