@@ -60,6 +60,8 @@ mod server_subscriptions;
 mod sessions;
 mod shutdown;
 mod slow_consumer;
+// Issue #25: SSE and HTTP-streaming (h-streams).
+mod sse;
 // Issue #25: HTTP-streaming's command POSTs (h-commands).
 mod stream_commands;
 mod tracing;
