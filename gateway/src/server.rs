@@ -253,6 +253,13 @@ async fn route(
         {
             streams::redirect(req.uri())
         }
+        (&Method::OPTIONS, path)
+            if ws_here
+                && node.config.streams.enabled
+                && (path == "/sse" || path == "/stream" || path.starts_with("/stream/")) =>
+        {
+            streams::preflight(&node, req.headers().get(ORIGIN))
+        }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         // HTTP-streaming's commands, for a session held here or elsewhere.
         (&Method::POST, p) if ws_here && p.starts_with("/stream/") => {
