@@ -251,7 +251,7 @@ async fn route(
         (&Method::GET, "/sse") | (&Method::POST, "/stream")
             if ws_here && node.config.streams.enabled =>
         {
-            streams::redirect(req.uri())
+            streams::redirect(&node, req.uri(), req.headers().get(ORIGIN))
         }
         (&Method::OPTIONS, path)
             if ws_here

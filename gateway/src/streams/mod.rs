@@ -358,6 +358,11 @@ pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
         HeaderValue::from_static("authorization, content-type, last-event-id"),
     );
     headers.insert("access-control-max-age", HeaderValue::from_static("600"));
+    // The request it clears comes next, on this connection if it stays
+    // open: hyper would have it, and a stream is served only as a
+    // connection's first request (`redirect` sends it round again
+    // otherwise). Closed, the stream gets a new one at once.
+    headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -371,12 +376,26 @@ fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
 }
 
 /// A stream request hyper got (not the first of its connection): sent back
-/// to itself on a fresh connection.
-pub fn redirect(uri: &hyper::Uri) -> Response<Body> {
+/// to itself on a fresh connection. With the CORS headers of a page of an
+/// allowed origin: a browser follows a cross-origin redirect only with them
+/// (a `fetch` whose preflight is cached goes on any idle connection, one a
+/// command post left open, say).
+pub fn redirect(node: &Node, uri: &hyper::Uri, origin: Option<&HeaderValue>) -> Response<Body> {
     let mut response = http::text(
         StatusCode::TEMPORARY_REDIRECT,
         "open streams on a new connection\n",
     );
+    if origin_allowed(&node.config.websocket.allowed_origins, origin)
+        && let Some(origin) = origin
+    {
+        let headers = response.headers_mut();
+        headers.insert("access-control-allow-origin", origin.clone());
+        headers.insert(
+            "access-control-allow-credentials",
+            HeaderValue::from_static("true"),
+        );
+        headers.insert("vary", HeaderValue::from_static("Origin"));
+    }
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
     if let Ok(location) = HeaderValue::from_str(target) {
         response.headers_mut().insert(LOCATION, location);
