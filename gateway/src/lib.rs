@@ -22,6 +22,9 @@
 //! - [`session`]: one WebSocket connection: its reader (commands), who the
 //!   client is and what it may do, what a resume needs (its subscriptions
 //!   and acks); the registry of the pod's live sessions.
+//! - [`streams`]: the WebSocket's fallbacks on the same port (issue #25):
+//!   `GET /sse` and `POST /stream`, read off the raw socket, each a
+//!   [`session`] over a plain HTTP response.
 //! - [`outbound`]: a connection's outgoing side: its bounded queue, the
 //!   fan-out's direct writes to it, and the writer (replies, pings, and what
 //!   a socket did not take at once), which runs in the connection's task.

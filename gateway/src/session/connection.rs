@@ -185,8 +185,10 @@ impl Session {
     pub(super) async fn end(mut self) {
         let reason = self.out.reason().unwrap_or(CloseReason::ConnectionLost);
         // A client expected to come back (resume) stays a member meanwhile.
+        // Not an SSE stream: it comes back as a new session, by event id.
         if let Some(id) = &self.id
             && reason.stays_present()
+            && self.out.format() != crate::frame::Format::Sse
         {
             self.node.presence.linger(self.conn, id);
         }

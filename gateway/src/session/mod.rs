@@ -385,5 +385,7 @@ mod sizes {
             std::mem::size_of::<Session>(),
             std::mem::size_of::<Reader<tokio::net::tcp::OwnedReadHalf>>(),
         );
+        // An SSE or HTTP-streaming connection's task (issue #25).
+        println!("stream task future {}", returns(serve_stream));
     }
 }

@@ -656,3 +656,73 @@ for e in events:
     let data: Value = serde_json::from_str(data).expect("json");
     assert_eq!(data["data"], json!({"n": 2}));
 }
+
+/// What a browser meets: CORS on the stream and its preflight, origins
+/// checked as for `/ws`, and a stream request that comes second on a
+/// kept-alive connection sent to a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_get_cors_origins_are_checked_and_a_second_request_is_redirected() {
+    let mut config = config();
+    config.websocket.allowed_origins = vec!["https://app.example".to_owned()];
+    let gw = Gateway::with(config).await;
+    let mut sse = Stream::sse(
+        gw.addr,
+        "topic=chat:a",
+        &[("Origin", "https://app.example")],
+    )
+    .await;
+    assert_eq!(sse.status, 200, "{}", sse.head);
+    let head = sse.head.to_ascii_lowercase();
+    assert!(
+        head.contains("access-control-allow-origin: https://app.example"),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-credentials: true"),
+        "{head}"
+    );
+    oks(&mut sse, 1).await;
+    let refused = Stream::sse(
+        gw.addr,
+        "topic=chat:a",
+        &[("Origin", "https://evil.example")],
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+    assert_eq!(refused.body().await["error"]["code"], "forbidden");
+    // The preflight of a `fetch` POST /stream with a JSON body.
+    let preflight = Stream::request(
+        gw.addr,
+        "OPTIONS /stream HTTP/1.1\r\nHost: herald\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: POST\r\nConnection: close\r\n\r\n".to_owned(),
+    )
+    .await;
+    assert_eq!(preflight.status, 204, "{}", preflight.head);
+    let head = preflight.head.to_ascii_lowercase();
+    assert!(
+        head.contains("access-control-allow-origin: https://app.example"),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-headers: authorization, content-type, last-event-id"),
+        "{head}"
+    );
+    // A probe, then a stream on the same connection: redirected to itself.
+    let second = Stream::request(
+        gw.addr,
+        "GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\nGET /sse?topic=chat:a HTTP/1.1\r\nHost: herald\r\n\r\n".to_owned(),
+    )
+    .await;
+    assert_eq!(second.status, 200);
+    let mut reader = second.reader;
+    let mut rest = String::new();
+    tokio::time::timeout(WAIT, reader.read_to_string(&mut rest))
+        .await
+        .expect("the connection closes")
+        .expect("read");
+    assert!(rest.contains("HTTP/1.1 307"), "{rest}");
+    assert!(
+        rest.to_ascii_lowercase()
+            .contains("location: /sse?topic=chat:a"),
+        "{rest}"
+    );
+}
