@@ -261,12 +261,12 @@ async fn route(
             streams::preflight(&node, req.headers().get(ORIGIN))
         }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
-        // HTTP-streaming's commands, for a session held here or elsewhere.
-        (&Method::POST, p) if ws_here && p.starts_with("/stream/") => {
+        // HTTP-streaming's commands, for a session held here or elsewhere
+        // (their preflight is the streams' above).
+        (&Method::POST, p)
+            if ws_here && node.config.streams.enabled && p.starts_with("/stream/") =>
+        {
             stream_commands::post(req, &node, peer).await
-        }
-        (&Method::OPTIONS, p) if ws_here && p.starts_with("/stream/") => {
-            stream_commands::preflight(&req, &node.config)
         }
         (
             _,

@@ -20,8 +20,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
-    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE, AUTHORIZATION, CACHE_CONTROL,
+    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, AUTHORIZATION, CACHE_CONTROL,
     CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
     WWW_AUTHENTICATE,
 };
@@ -131,44 +130,23 @@ pub async fn post(req: Request<Incoming>, node: &Node, peer: SocketAddr) -> Resp
     response
 }
 
-/// `OPTIONS /stream/<session>`: a browser's CORS preflight for a POST
-/// from a page of another origin (with `Authorization` and a JSON
-/// `Content-Type`): `204`, allowed for the origins `/ws` allows.
-pub fn preflight(req: &Request<Incoming>, config: &Config) -> Response<Body> {
-    let mut response = Response::new(Body::default());
-    *response.status_mut() = StatusCode::NO_CONTENT;
-    let headers = response.headers_mut();
-    headers.insert(
-        ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("POST"),
-    );
-    headers.insert(
-        ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type"),
-    );
-    headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
-    allow_origin(config, req.headers().get(ORIGIN), headers);
-    response
-}
-
 /// Lets a page of `origin` read the answer, where `/ws` would let it
-/// connect (`websocket.allowed_origins`; empty: any). Credentials (the
-/// cookies a connect proxy may read) only for origins listed by name: any
-/// page of the web must not post with the user's cookies.
+/// connect (`websocket.allowed_origins`; empty: any), with credentials (the
+/// cookies a connect proxy may read), as the stream's own response and
+/// preflight do ([`crate::streams`]). A page of another site learns
+/// nothing by it: the session's id, which it would need, is a secret, and
+/// the answer only counts what was accepted.
 fn allow_origin(config: &Config, origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
     let Some(origin) = origin else { return };
-    let allowed = &config.websocket.allowed_origins;
-    if !origin_allowed(allowed, origin) {
+    if !origin_allowed(&config.websocket.allowed_origins, origin) {
         return;
     }
     headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+    headers.insert(
+        ACCESS_CONTROL_ALLOW_CREDENTIALS,
+        HeaderValue::from_static("true"),
+    );
     headers.append(VARY, HeaderValue::from_static("Origin"));
-    if !allowed.is_empty() {
-        headers.insert(
-            ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static("true"),
-        );
-    }
 }
 
 fn origin_allowed(allowed: &[String], origin: &HeaderValue) -> bool {

@@ -320,6 +320,33 @@ async fn the_embedded_broker_runs_posted_commands_on_its_pods_session_and_the_pr
         (401, Some("unauthorized"))
     );
 
+    // A page of another origin may post: its preflight is answered, and
+    // so is the POST, for it to read.
+    let origin = [("origin", "https://app.example")];
+    let path = format!("/stream/{session}");
+    let (status, headers, _) =
+        testkit::http_with_headers(gw.addr, "OPTIONS", &path, &origin, b"").await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let allowed = headers["access-control-allow-headers"]
+        .to_str()
+        .expect("text");
+    assert!(allowed.contains("authorization"), "{allowed}");
+    let bearer = format!("Bearer {alice}");
+    let headers = [origin[0], ("authorization", bearer.as_str())];
+    let ping = lines(&[json!({"op": "ping", "id": 6})]);
+    let (status, answer_headers, _) =
+        testkit::http_with_headers(gw.addr, "POST", &path, &headers, ping.as_bytes()).await;
+    assert_eq!(status, 202);
+    assert_eq!(
+        answer_headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert_eq!(client.expect("ok").await["id"], 6);
+
     // The session's own dispatch: a command it refuses is its `err`,
     // counted as a frame's would be.
     let bad = json!({"op": "unsub", "id": 5, "topic": "chat:elsewhere"});
@@ -466,4 +493,56 @@ async fn bad_posts_get_a_clear_status_and_nothing_reaches_the_session_they_name(
         victim.msg().await,
         ("marker".to_owned(), 1, json!("still here"))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_forwarded_to_a_session_with_too_many_waiting_are_dropped_and_its_client_told() {
+    let backend = HttpBackend::start(app).await;
+    let redis = Redis::start().await;
+    let rpc = backend.url("/rpc");
+    let env = [
+        ("HERALD_REDIS__COMMAND_TIMEOUT", "2s"),
+        ("HERALD_AUTH__HMAC_SECRET", SECRET),
+        ("HERALD_PROXY__RPC__URL", rpc.as_str()),
+        ("HERALD_PROXY__RPC__TIMEOUT", "8s"),
+    ];
+    let a = Herald::pod(HERALD, &redis.url(), &env).await;
+    let b = Herald::pod(HERALD, &redis.url(), &env).await;
+    let alice = token("alice");
+    let (mut client, session) = Stream::open(a.addr, json!({"op": "hello", "token": alice})).await;
+    // A call that holds the session's loop (until the proxy's timeout):
+    // what is forwarded meanwhile waits on pod a, four bodies' worth at
+    // most.
+    let slow = json!({"op": "rpc", "id": 1, "method": "slow"});
+    assert_eq!(
+        post_as(b.addr, &session, &alice, &lines(&[slow])).await.0,
+        202
+    );
+    let pad = "x".repeat(60_000);
+    for id in 2..=6 {
+        let big = json!({"op": "ping", "id": id, "pad": pad});
+        let (status, _) = post_as(b.addr, &session, &alice, &lines(&[big])).await;
+        assert_eq!(status, 202, "pod b cannot know: it forwards");
+    }
+    // The slow call ends; the four that fitted run, in order; the client is
+    // told of the one dropped.
+    let err = client.expect("err").await;
+    assert_eq!(
+        (err["id"].as_u64(), err["code"].as_str()),
+        (Some(1), Some("unavailable"))
+    );
+    for id in 2..=5 {
+        assert_eq!(client.expect("ok").await["id"], id);
+    }
+    let dropped = client.expect("err").await;
+    assert_eq!(dropped["code"], "rate_limited", "{dropped}");
+    assert!(dropped.get("id").is_none(), "{dropped}");
+    let message = dropped["message"].as_str().expect("message");
+    assert!(message.starts_with("1 posted command"), "{message}");
+    let counted = testkit::metric(
+        a.addr,
+        r#"herald_stream_commands_forwarded_total{result="dropped"}"#,
+    )
+    .await;
+    assert_eq!(counted, 1.0);
 }
