@@ -335,7 +335,7 @@ fn cors(origin: Option<&HeaderValue>) -> String {
 /// A browser's preflight of `POST /stream` (its JSON body and its
 /// `Authorization` make it one) or of `GET /sse` with a header: allowed
 /// from the origins `/ws` allows.
-pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
+pub fn preflight(node: &Node, origin: Option<&HeaderValue>, stream: bool) -> Response<Body> {
     if !origin_allowed(&node.config.websocket.allowed_origins, origin) {
         return http::text(StatusCode::FORBIDDEN, "origin not allowed\n");
     }
@@ -358,11 +358,14 @@ pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
         HeaderValue::from_static("authorization, content-type, last-event-id"),
     );
     headers.insert("access-control-max-age", HeaderValue::from_static("600"));
-    // The request it clears comes next, on this connection if it stays
-    // open: hyper would have it, and a stream is served only as a
-    // connection's first request (`redirect` sends it round again
-    // otherwise). Closed, the stream gets a new one at once.
-    headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    // A stream's (`stream`; not a command post's): the request it clears
+    // comes next, on this connection if it stays open: hyper would have it,
+    // and a stream is served only as a connection's first request
+    // (`redirect` sends it round again otherwise). Closed, the stream gets a
+    // new one at once.
+    if stream {
+        headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 
