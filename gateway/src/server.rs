@@ -279,7 +279,9 @@ async fn route(
                 && node.config.streams.enabled
                 && (path == "/sse" || path == "/stream" || path.starts_with("/stream/")) =>
         {
-            streams::preflight(&node, req.headers().get(ORIGIN))
+            // A stream's own preflight closes its connection: the stream comes next.
+            let stream = !path.starts_with("/stream/");
+            streams::preflight(&node, req.headers().get(ORIGIN), stream)
         }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         // HTTP-streaming's commands, for a session held here or elsewhere

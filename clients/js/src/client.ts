@@ -17,19 +17,24 @@ import {
   type UnsubscribedFrame,
   type WelcomeFrame,
 } from './frame.js';
+import { Fallback } from './fallback.js';
 import { Heartbeat } from './heartbeat.js';
+import type { Link, LinkHandlers, Transport } from './link.js';
 import {
   DEFAULT_ACK_INTERVAL_MS,
   DEFAULT_BACKOFF_INITIAL_MS,
   DEFAULT_BACKOFF_MAX_MS,
   DEFAULT_TIMEOUT_MS,
+  DEFAULT_WEBSOCKET_RETRY_MS,
   type HeraldClientOptions,
   type HelloData,
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
 import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
 import { Subscription, type Owner } from './subscription.js';
+import { openStream, type Fetch } from './stream.js';
 import { Timer } from './timer.js';
+import { openWebSocket, type SocketClass } from './websocket.js';
 
 /**
  * `connecting` (a socket is opening or `hello` is unanswered), `connected`
@@ -64,9 +69,22 @@ export interface ServerUnsubscribed {
   reason: string;
 }
 
+/** A `transport` event: the connection now welcomed goes over another transport than the one before. */
+export interface TransportChange {
+  transport: Transport;
+  previous: Transport;
+}
+
 /** The events of a {@link HeraldClient}. */
 export interface ClientEvents {
   state: StateChange;
+  /**
+   * The client moved to another transport (`auto`): to HTTP-streaming where
+   * the WebSocket could not be opened, back to the WebSocket once it could.
+   * Told when the first connection over the new one is welcomed, before its
+   * `state` event.
+   */
+  transport: TransportChange;
   /** Something went wrong that no promise or subscription reports: a refused refresh, a listener that threw. */
   error: HeraldError;
   /**
@@ -140,18 +158,8 @@ export interface Published {
   skipped?: true;
 }
 
-/** The part of the WHATWG WebSocket the client uses: browsers, Node 22's global, the `ws` package. */
-interface Socket {
-  readonly readyState: number;
-  send(data: string): void;
-  close(code?: number): void;
-  terminate?(): void;
-  on?(event: 'ping', listener: () => void): void;
-  onopen: (() => void) | null;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: (() => void) | null;
-}
+/** How a stream that ended without a word on why was ended, by the `err` that refused its `hello` (a WebSocket's close code would say). */
+const HELLO_REFUSALS: Record<string, number> = { unauthorized: 4502, forbidden: 4502, token_expired: 4004 };
 
 /** A command answered by the `ok` or `err` of its `id`, before it is given one. */
 type Request =
@@ -182,6 +190,15 @@ interface Pending {
 export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   /** The connection's state; changes are `state` events. */
   state: ConnectionState = 'idle';
+
+  /**
+   * The transport of the current connection (the last one welcomed; before
+   * any, the first one to be tried): `websocket` or `stream`
+   * (HTTP-streaming). Changes are `transport` events.
+   */
+  get transport(): Transport {
+    return this.#fallback.current;
+  }
   /** The session id (keep it secret: it resumes an anonymous session). */
   session: string | undefined;
   /** @internal */
@@ -191,7 +208,11 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #helloData: HelloData;
   #urls: string[];
   #next = 0;
-  #Socket: new (url: string) => unknown;
+  /** The URL of the last attempt: the stream tried right after a WebSocket failed goes to it again. */
+  #url = '';
+  #Socket: SocketClass | undefined;
+  #fetch: Fetch | undefined;
+  #fallback: Fallback;
   #initialMs: number;
   #maxMs: number;
   #ackMs: number;
@@ -199,8 +220,12 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /** Bumped whenever a connection ends: handlers of an older one do nothing. */
   #gen = 0;
-  #ws: Socket | undefined;
+  #link: Link | undefined;
+  /** The transport of {@link HeraldClient.#link}. */
+  #linkTransport: Transport = 'websocket';
   #welcomed = false;
+  /** A frame came over the current link (before `welcome`: it got through, whatever ended it). */
+  #heard = false;
   #subs = new Map<string, Subscription>();
   /** `sub`s in flight, by id. */
   #subIds = new Map<number, Subscription>();
@@ -227,16 +252,27 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     super((e) => this.#fault(e));
     this.#urls = typeof options.urls === 'string' ? [options.urls] : [...options.urls];
     if (this.#urls.length === 0) throw new TypeError('HeraldClient: `urls` is empty');
-    const Socket = options.WebSocket ?? (globalThis as { WebSocket?: new (url: string) => unknown }).WebSocket;
-    if (!Socket) throw new TypeError('HeraldClient: no global WebSocket here; pass `WebSocket` (e.g. the `ws` package)');
-    this.#Socket = Socket;
+    const mode = options.transport ?? 'auto';
+    this.#Socket = options.WebSocket ?? (globalThis as { WebSocket?: SocketClass }).WebSocket;
+    if (!this.#Socket && mode !== 'stream') {
+      throw new TypeError("HeraldClient: no global WebSocket here; pass `WebSocket` (e.g. the `ws` package), or `transport: 'stream'`");
+    }
+    const globalFetch = (globalThis as { fetch?: Fetch }).fetch;
+    this.#fetch = options.fetch ?? globalFetch?.bind(globalThis);
+    if (!this.#fetch && mode === 'stream') throw new TypeError('HeraldClient: no global fetch here; pass `fetch`');
+    // Without `fetch`, `auto` is the WebSocket alone.
+    this.#fallback = new Fallback(this.#fetch ? mode : 'websocket', options.webSocketRetryMs ?? DEFAULT_WEBSOCKET_RETRY_MS);
     this.#getToken = options.getToken;
     this.#helloData = options.helloData;
     this.#initialMs = options.backoff?.initialMs ?? DEFAULT_BACKOFF_INITIAL_MS;
     this.#maxMs = options.backoff?.maxMs ?? DEFAULT_BACKOFF_MAX_MS;
     this.#refresh = new TokenRefresh(
       options.getToken,
-      (token) => this.#request({ op: 'refresh', token }),
+      (token) => {
+        const link = this.#link;
+        // Accepted: the stream's command posts carry it from now on (one refused is not the session's user).
+        return this.#request({ op: 'refresh', token }).then((ok) => (link?.auth(token), ok));
+      },
       (e) => this.#fault(e),
     );
     this.#ackMs = options.ackIntervalMs ?? DEFAULT_ACK_INTERVAL_MS;
@@ -419,40 +455,39 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
     // Closed meanwhile: by the app (in a `state` listener, say), or for good.
     if (gen !== this.#gen) return;
-    const url = this.#urls[this.#next++ % this.#urls.length]!;
-    let ws: Socket;
+    const url = this.#fallback.probing ? this.#url : this.#urls[this.#next++ % this.#urls.length]!;
+    this.#url = url;
+    const transport = this.#fallback.next(Date.now());
+    const hello: HelloCommand = { op: 'hello' };
+    if (token) hello.token = token;
+    if (this.session) hello.resume = this.session;
+    if (data !== undefined) hello.data = data;
+    const handlers: LinkHandlers = {
+      frame: (text) => gen === this.#gen && this.#frame(text),
+      beat: () => gen === this.#gen && this.#heartbeat.alive(),
+      closed: (code, reason) => this.#lost(gen, code, reason),
+    };
+    this.#welcomed = false;
+    this.#heard = false;
+    this.#helloErr = undefined;
+    this.#advice = undefined;
+    this.#linkTransport = transport;
     try {
-      ws = new this.#Socket(url) as Socket;
+      this.#link =
+        transport === 'stream' ? openStream(this.#fetch!, url, hello, handlers) : openWebSocket(this.#Socket!, url, hello, handlers);
     } catch (e) {
       this.#stop(new HeraldError('closed', `cannot open ${url}: ${e}`));
       return;
     }
-    this.#ws = ws;
-    this.#welcomed = false;
-    this.#helloErr = undefined;
-    this.#advice = undefined;
     this.#attemptTimer.set(this.#timeoutMs, () => this.#lost(gen, 1006, 'no welcome in time'));
-    ws.onopen = () => {
-      if (gen !== this.#gen) return;
-      const hello: HelloCommand = { op: 'hello' };
-      if (token) hello.token = token;
-      if (this.session) hello.resume = this.session;
-      if (data !== undefined) hello.data = data;
-      this.#send(hello);
-    };
-    ws.onmessage = (ev) => {
-      if (gen === this.#gen) this.#frame(ev.data);
-    };
-    ws.onclose = (ev) => this.#lost(gen, ev.code, ev.reason);
-    ws.onerror = () => {}; // a close event follows
-    ws.on?.('ping', () => {
-      if (gen === this.#gen) this.#heartbeat.alive();
-    });
   }
 
   /** The connection of generation `gen` ended (closed by the server, dropped, or found dead). */
   #lost(gen: number, code: number, reason: string): void {
     if (gen !== this.#gen) return;
+    if (!this.#welcomed) this.#fallback.failed(this.#linkTransport, this.#link?.opened ?? false, this.#heard, Date.now());
+    // A stream that ended after the `err` refusing its `hello` was closed as a WebSocket would have been.
+    if (code === 1005 && this.#helloErr) code = HELLO_REFUSALS[this.#helloErr.code] ?? code;
     this.#end();
     if (isTerminalClose(code)) {
       this.#stop(closeError(code, reason, this.#helloErr));
@@ -463,7 +498,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /** Schedules the next attempt: after the server's advice, or a backoff with full jitter. */
   #retry(code: number): void {
-    const delay = this.#advice ?? backoff(this.#initialMs, this.#maxMs, this.#attempt++);
+    // The stream right after a WebSocket that failed is another way to the same server, not another try of it: no wait.
+    const delay = this.#advice ?? (this.#fallback.probing ? 0 : backoff(this.#initialMs, this.#maxMs, this.#attempt++));
     this.#advice = undefined;
     // Before the event: a listener that closes the client ends this generation.
     const gen = this.#gen;
@@ -480,18 +516,10 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#ackTimer.clear();
     this.#heartbeat.stop();
     this.#refresh.stop();
-    const ws = this.#ws;
-    this.#ws = undefined;
+    const link = this.#link;
+    this.#link = undefined;
     this.#welcomed = false;
-    if (ws) {
-      ws.onopen = ws.onmessage = ws.onclose = null;
-      try {
-        if (ws.terminate) ws.terminate();
-        else ws.close(1000);
-      } catch {
-        // Already closed.
-      }
-    }
+    link?.close();
     for (const p of this.#pending.values()) {
       clearTimeout(p.timer);
       p.reject(new HeraldError('closed', 'the connection closed before the answer'));
@@ -516,14 +544,15 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   // ---------------------------------------------------------------- messages
 
-  #frame(data: unknown): void {
+  #frame(text: string): void {
     let m: ServerFrame | undefined;
     try {
-      m = parseFrame(String(data));
+      m = parseFrame(text);
     } catch {
       return;
     }
-    // Any frame is life, even one this client does not know.
+    // Any frame is life, even one this client does not know; and the transport carries.
+    this.#heard = true;
     this.#heartbeat.alive();
     switch (m?.op) {
       case 'welcome':
@@ -554,8 +583,13 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.session = m.session;
     this.#welcomed = true;
     this.#attempt = 0;
-    this.#heartbeat.start(m.ping_ms, typeof this.#ws?.on === 'function');
+    this.#heartbeat.start(m.ping_ms, this.#link?.beats ?? false);
     if (typeof m.expires === 'number') this.#refresh.schedule(m.expires);
+    const previous = this.#fallback.current;
+    const gen = this.#gen;
+    if (this.#fallback.welcomed(this.#linkTransport)) this.emit('transport', { transport: this.#linkTransport, previous });
+    // A listener that closed the client ended this connection.
+    if (gen !== this.#gen) return;
     this.#set({ state: 'connected', session: m.session, resumed });
     for (const sub of [...this.#subs.values()]) {
       if (resumed && sub._held) sub._resumed();
@@ -694,13 +728,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   }
 
   #send(command: Command): void {
-    const ws = this.#ws;
-    if (!ws || ws.readyState !== 1) return;
-    try {
-      ws.send(JSON.stringify(command));
-    } catch {
-      // The close event follows.
-    }
+    this.#link?.send(command);
   }
 
   // ---------------------------------------------------------------- errors

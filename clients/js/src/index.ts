@@ -4,7 +4,9 @@
  * to the app once and in order. docs/clients.md has the guide.
  *
  * The modules: `client` speaks the protocol (docs/protocol.md) over one
- * connection after another; `frame` is its wire, the server's frames (a union
+ * connection after another, each a `link` (the seam: what the client needs of
+ * a connection) over `websocket` or `stream` (HTTP-streaming: `ndjson` splits
+ * its response into frames), as `fallback` picks; `frame` is its wire, the server's frames (a union
  * keyed on `op`, checked on the way in by `parseFrame`) and the commands;
  * `subscription` is one topic's stream and its acks; `presence` merges a
  * topic's presence pages and diffs (`PresenceRoom`, the rule without I/O)
@@ -14,7 +16,8 @@
  * (with their defaults), `emitter` (events) and `errors` (one class per code
  * an app handles differently). A `msg` goes socket -> `client` (parsed by
  * `frame`) -> its `subscription` (a duplicate dropped) -> the app's
- * `message` listeners -> an `ack` batched by `client`.
+ * `message` listeners -> an `ack` batched by `client` -> the link (a
+ * WebSocket message, or a line of a `POST /stream/<session>`).
  * @packageDocumentation
  */
 export {
@@ -27,6 +30,7 @@ export {
   type RpcOptions,
   type ServerSubscribed,
   type ServerUnsubscribed,
+  type TransportChange,
   type PresenceOptions,
   type HistoryOptions,
   type HistoryPage,
@@ -46,6 +50,7 @@ export {
   DEFAULT_BACKOFF_INITIAL_MS,
   DEFAULT_BACKOFF_MAX_MS,
   DEFAULT_TIMEOUT_MS,
+  DEFAULT_WEBSOCKET_RETRY_MS,
   type HeraldClientOptions,
   type HelloData,
 } from './options.js';
@@ -71,3 +76,6 @@ export {
   type ErrorCode,
 } from './errors.js';
 export { Emitter } from './emitter.js';
+export type { Transport } from './link.js';
+export type { TransportOption } from './fallback.js';
+export type { Fetch } from './stream.js';

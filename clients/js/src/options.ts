@@ -1,4 +1,6 @@
+import type { TransportOption } from './fallback.js';
 import type { TokenSource } from './refresh.js';
+import type { Fetch } from './stream.js';
 
 /** `hello.data`: a JSON value, or a function returning one (or a promise of one). */
 export type HelloData = unknown | (() => unknown | Promise<unknown>);
@@ -11,6 +13,9 @@ export const DEFAULT_BACKOFF_MAX_MS = 20_000;
 export const DEFAULT_ACK_INTERVAL_MS = 100;
 /** Longest the client waits for `welcome`, or for the answer to a `pub`, `refresh` or `rpc` (unless the call gives its own). */
 export const DEFAULT_TIMEOUT_MS = 10_000;
+
+/** On HTTP-streaming (`transport: 'auto'`), the WebSocket is tried again at the first reconnect this long after it last failed. */
+export const DEFAULT_WEBSOCKET_RETRY_MS = 60_000;
 
 /** The options of a `HeraldClient`: where to connect, with which token, and its timings. */
 export interface HeraldClientOptions {
@@ -48,4 +53,16 @@ export interface HeraldClientOptions {
    * one). Default: `globalThis.WebSocket`.
    */
   WebSocket?: new (url: string) => unknown;
+  /**
+   * `auto` (default): the WebSocket; where it cannot be opened (the upgrade
+   * refused or blocked, or closed before `welcome` 3 times in a row),
+   * HTTP-streaming to the same server (`POST /stream` beside `/ws`), with
+   * the same API and guarantees, until the WebSocket works again. `websocket`
+   * or `stream`: that one only.
+   */
+  transport?: TransportOption;
+  /** Default {@link DEFAULT_WEBSOCKET_RETRY_MS}. */
+  webSocketRetryMs?: number;
+  /** The `fetch` HTTP-streaming uses (default: the global one); in Node, one that sets a cookie, say. */
+  fetch?: Fetch;
 }

@@ -506,11 +506,14 @@ export async function browser(cleanup) {
 /**
  * A page with the SDK loaded (`window.herald`) and `window.follow(...)`,
  * which starts a client on one topic and reports each event to `events`.
- * `tokens()`, if given, is the page's `getToken`.
+ * `tokens()`, if given, is the page's `getToken`. `origin`: where the page
+ * is loaded from (a server of the test's that serves `JS_ROOT`), instead of
+ * a static server of its own.
  */
-export async function sdkPage(cleanup, events, { tokens, cookie } = {}) {
+export async function sdkPage(cleanup, events, { tokens, cookie, origin } = {}) {
   const context = await browser(cleanup);
-  const origin = await serveStatic(cleanup, JS_ROOT);
+  // `origin`: where the page is served from, when the test serves it itself (the pods' origin, say).
+  origin ??= await serveStatic(cleanup, JS_ROOT);
   const page = context.pages()[0] ?? (await context.newPage());
   page.on('pageerror', (e) => events.push({ t: 'pageerror', message: String(e) }));
   await page.exposeFunction('report', (event) => events.push(event));

@@ -16,6 +16,8 @@ import {
   type PresencePage,
   type PresenceSnapshot,
   type Subscription,
+  type Transport,
+  type TransportChange,
 } from '../dist/index.js';
 import { parseFrame, type Command, type ServerFrame } from '../src/frame.js';
 
@@ -212,3 +214,15 @@ void hooks;
 
 const rpcCommand: Command = { op: 'rpc', id: 1, method: 'cart.add', data: { sku: 'A-1' } };
 void rpcCommand;
+
+// ---------------------------------------------------------------- transports
+
+same<Transport, 'websocket' | 'stream'>(true);
+same<typeof client.transport, Transport>(true);
+client.on('transport', (change) => same<typeof change, TransportChange>(true));
+new HeraldClient({ urls: 'wss://h/ws', transport: 'stream', webSocketRetryMs: 30_000, fetch });
+new HeraldClient({ urls: 'wss://h/ws', transport: 'auto' });
+// @ts-expect-error: no such transport
+new HeraldClient({ urls: 'wss://h/ws', transport: 'long-polling' });
+// @ts-expect-error: read-only: `transport` says which is in use, the option picks
+client.transport = 'stream';

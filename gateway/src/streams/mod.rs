@@ -405,7 +405,7 @@ fn cors(ws: &WebSocketConfig, origin: Option<&HeaderValue>) -> String {
 /// A browser's preflight of `POST /stream` (its JSON body and its
 /// `Authorization` make it one) or of `GET /sse` with a header: allowed
 /// from the origins `/ws` allows.
-pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
+pub fn preflight(node: &Node, origin: Option<&HeaderValue>, stream: bool) -> Response<Body> {
     let ws = &node.config.websocket;
     if !ws.allows_origin(origin.map(HeaderValue::as_bytes)) {
         return http::text(StatusCode::FORBIDDEN, "origin not allowed\n");
@@ -431,6 +431,13 @@ pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
         HeaderValue::from_static("authorization, content-type, last-event-id"),
     );
     headers.insert("access-control-max-age", HeaderValue::from_static("600"));
+    // A stream's (`stream`; not a command post's): the request it clears
+    // comes next, on this connection if it stays open, and hyper would
+    // serve it through its body ([`serve_hyper`]). Closed, the stream gets a
+    // new connection at once, and the raw socket's direct writes.
+    if stream {
+        headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 

@@ -1,0 +1,64 @@
+import type { Command, HelloCommand } from './frame.js';
+import type { Link, LinkHandlers } from './link.js';
+
+/** The part of the WHATWG WebSocket the client uses: browsers, Node 22's global, the `ws` package. */
+interface Socket {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number): void;
+  terminate?(): void;
+  on?(event: 'ping', listener: () => void): void;
+  onopen: (() => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: (() => void) | null;
+}
+
+/** A WebSocket constructor: the global one, or the `ws` package's. */
+export type SocketClass = new (url: string) => unknown;
+
+/**
+ * A link over a WebSocket to `url`: `hello` once it opens, each command a
+ * text message. Throws if the socket cannot even be created (a bad URL).
+ */
+export function openWebSocket(Socket: SocketClass, url: string, hello: HelloCommand, on: LinkHandlers): Link {
+  const ws = new Socket(url) as Socket;
+  let opened = false;
+  /** Until `close()`: no handler runs after it. */
+  let live = true;
+  const send = (command: Command): void => {
+    if (ws.readyState !== 1) return;
+    try {
+      ws.send(JSON.stringify(command));
+    } catch {
+      // The close event follows.
+    }
+  };
+  ws.onopen = () => {
+    opened = true;
+    send(hello);
+  };
+  ws.onmessage = (ev) => on.frame(String(ev.data));
+  ws.onclose = (ev) => on.closed(ev.code, ev.reason);
+  ws.onerror = () => {}; // a close event follows
+  // Only the `ws` package shows the server's pings; a browser answers them unseen.
+  ws.on?.('ping', () => live && on.beat());
+  return {
+    get opened() {
+      return opened;
+    },
+    beats: typeof ws.on === 'function',
+    send,
+    auth() {},
+    close() {
+      live = false;
+      ws.onopen = ws.onmessage = ws.onclose = null;
+      try {
+        if (ws.terminate) ws.terminate();
+        else ws.close(1000);
+      } catch {
+        // Already closed.
+      }
+    },
+  };
+}
