@@ -59,6 +59,9 @@
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
+//! - [`scenarios::sse_failover`]: SSE clients round-robin over two pods,
+//!   one killed: each comes back at the other with `Last-Event-ID`; lost
+//!   and duplicated messages per client.
 //! - [`scenarios::stall`]: a canary topic's latency and longest silence
 //!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
 //!   of new topics and a pub/sub reconnect.

@@ -8,8 +8,8 @@ use clap::Args;
 use super::output::{Out, Watch};
 use super::values::{bytes, number};
 use crate::Target;
-use crate::streams::Transport;
 use crate::scenarios::{DEFAULT_SIZE, idle, publish, throughput, wire};
+use crate::streams::Transport;
 
 #[derive(Debug, Args)]
 pub struct PublishArgs {

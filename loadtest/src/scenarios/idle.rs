@@ -37,8 +37,8 @@ use crate::clients::{
 };
 use crate::cpu::{Meter, Usage};
 use crate::memory::rss_bytes;
-use crate::streams::{Conn, Incoming, Transport};
 use crate::report::{Outcome, Row};
+use crate::streams::{Conn, Incoming, Transport};
 use crate::{Error, Target};
 
 /// Connections held, over all gateways.

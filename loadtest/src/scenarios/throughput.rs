@@ -45,8 +45,8 @@ use crate::clients::{
 };
 use crate::cpu::{Meter, Usage};
 use crate::publish::{Connection, back_to_back, body};
-use crate::streams::{Conn, Incoming, Transport};
 use crate::report::{Outcome, Row, delivery_failures};
+use crate::streams::{Conn, Incoming, Transport};
 use crate::{Error, Target};
 
 /// Subscribing clients.
