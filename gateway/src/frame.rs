@@ -54,13 +54,72 @@ pub enum Format {
     /// RFC 6455 text frames holding the JSON protocol.
     #[default]
     WebSocket,
+    /// Server-Sent Events (`GET /sse`): `data: <the JSON frame>` and a blank
+    /// line. The `id:` line before it is the connection's own (its place
+    /// in each topic), written beside the shared part by its queue.
+    Sse,
+    /// HTTP-streaming (`POST /stream`): one JSON frame per line.
+    Ndjson,
+}
+
+impl Format {
+    /// A stream over plain HTTP: no WebSocket frames, no close handshake;
+    /// the connection ends the response.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Format::Sse | Format::Ndjson)
+    }
+
+    /// What keeps an idle connection's path open: a WebSocket ping is built
+    /// by the session (it is stamped); a stream's is a comment line (SSE)
+    /// or an empty line (NDJSON). A whole line either way, harmless
+    /// wherever it lands between two of an event's lines.
+    pub fn heartbeat(self) -> Option<Bytes> {
+        match self {
+            Format::WebSocket => None,
+            Format::Sse => Some(Bytes::from_static(b":\n")),
+            Format::Ndjson => Some(Bytes::from_static(b"\n")),
+        }
+    }
 }
 
 /// A message of the protocol, as `format` writes it.
 pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
     match format {
         Format::WebSocket => encode(OP_TEXT, &[&message.to_json()]),
+        Format::Sse => {
+            // The drain's advice tells an `EventSource` when to come back.
+            let retry = match message {
+                ServerMessage::Reconnect { after_ms, .. } => format!("retry: {after_ms}\n"),
+                _ => String::new(),
+            };
+            line(&[retry.as_bytes(), b"data: "], &[&message.to_json()], b"\n\n")
+        }
+        Format::Ndjson => line(&[], &[&message.to_json()], b"\n"),
     }
+}
+
+/// `head`, then `json` on one line (a raw newline in it, whitespace that
+/// a publisher's or a backend's JSON may hold between tokens, made a
+/// space: inside a JSON string it would be escaped), then `tail`.
+fn line(head: &[&[u8]], json: &[&[u8]], tail: &[u8]) -> Bytes {
+    let len = head.iter().chain(json).map(|p| p.len()).sum::<usize>() + tail.len();
+    let mut out = Vec::with_capacity(len);
+    for part in head {
+        out.extend_from_slice(part);
+    }
+    for part in json {
+        let start = out.len();
+        out.extend_from_slice(part);
+        if part.iter().any(|&b| b == b'\n' || b == b'\r') {
+            for b in &mut out[start..] {
+                if *b == b'\n' || *b == b'\r' {
+                    *b = b' ';
+                }
+            }
+        }
+    }
+    out.extend_from_slice(tail);
+    Bytes::from(out)
 }
 
 /// The `msg` of a publication, as `format` writes it: what every subscriber
@@ -70,6 +129,8 @@ pub fn publication(format: Format, p: &Publication) -> Bytes {
     proto::json::encode_msg_prefix(&mut prefix, p.topic.as_str(), p.seq);
     match format {
         Format::WebSocket => encode(OP_TEXT, &[&prefix, &p.data, b"}"]),
+        Format::Sse => line(&[b"data: "], &[&prefix, &p.data, b"}"], b"\n\n"),
+        Format::Ndjson => line(&[], &[&prefix, &p.data, b"}"], b"\n"),
     }
 }
 
@@ -139,6 +200,30 @@ mod tests {
         let two = frames.get(Format::WebSocket);
         assert_eq!(one, two);
         assert_eq!(calls.get(), 1);
+    }
+
+    #[test]
+    fn stream_formats_keep_one_frame_on_one_line() {
+        let p = Publication {
+            topic: router::Topic::parse("chat:a").unwrap(),
+            seq: 7,
+            epoch: std::sync::Arc::from("e1"),
+            data: Bytes::from_static(b"{\"a\":\n1}"),
+        };
+        let sse = publication(Format::Sse, &p);
+        assert!(sse.starts_with(b"data: {"), "{sse:?}");
+        assert!(sse.ends_with(b"}\n\n"));
+        assert_eq!(sse.iter().filter(|&&b| b == b'\n').count(), 2);
+        let nd = publication(Format::Ndjson, &p);
+        assert_eq!(nd.iter().filter(|&&b| b == b'\n').count(), 1);
+        let advice = message(
+            Format::Sse,
+            &ServerMessage::Reconnect {
+                after_ms: 250,
+                reason: "shutdown",
+            },
+        );
+        assert!(advice.starts_with(b"retry: 250\ndata: {"), "{advice:?}");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use tracing::Span;
 use crate::admission::ConnId;
 use crate::frame::{self, Format, Frames};
 use crate::metrics::Metrics;
-use crate::outbound::{IdleSockets, Outbound, Pushed};
+use crate::outbound::{IdleSockets, Mark, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -216,7 +216,13 @@ impl Hub {
                 if held.kind == Kind::Reset {
                     subscriber.session.reset(topic, &held.epoch, held.seq);
                 }
-                self.count(subscriber.out.push(held.frame, held.at, &mut idle));
+                let mark = Mark {
+                    topic: topic.as_str(),
+                    epoch: &held.epoch,
+                    seq: held.seq,
+                };
+                let pushed = subscriber.out.push_marked(held.frame, Some(mark), held.at, &mut idle);
+                self.count(pushed);
             }
         }
         drop(shard);
@@ -348,7 +354,13 @@ impl Hub {
                         if kind == Kind::Reset {
                             subscriber.session.reset(topic, position.0, position.1);
                         }
-                        self.count(subscriber.out.push(frame, at, &mut idle));
+                        let mark = Mark {
+                            topic: topic.as_str(),
+                            epoch: position.0,
+                            seq: position.1,
+                        };
+                        let pushed = subscriber.out.push_marked(frame, Some(mark), at, &mut idle);
+                        self.count(pushed);
                     }
                 }
                 // History holds it: the session reads it from there.

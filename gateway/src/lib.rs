@@ -77,6 +77,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod signal;
+pub mod streams;
 pub mod telemetry;
 pub mod webhooks;
 

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, StartError};
-use crate::{grpc, session};
+use crate::{grpc, session, streams};
 
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
@@ -161,6 +161,15 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
     if let Err(e) = listener::tune(&stream) {
         tracing::debug!(%peer, error = %e, "socket options not set");
     }
+    // `GET /sse` and `POST /stream` keep the raw socket (see
+    // `crate::streams`). Boxed: only streams carry its state.
+    if matches!(port, Port::Clients { .. }) && node.config.streams.enabled {
+        let timeout = node.config.websocket.handshake_timeout;
+        if let Some(format) = streams::sniff(&stream, timeout).await {
+            Box::pin(streams::serve(stream, peer, node, format)).await;
+            return;
+        }
+    }
     // Told of each request as it starts (a permit is kept until the drain
     // asks), so that the drain knows whether this connection has one yet.
     let requested = Arc::new(Notify::new());
@@ -239,6 +248,11 @@ async fn route(
             http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         (&Method::GET, "/ws") if ws_here => upgrade(req, node, peer),
+        (&Method::GET, "/sse") | (&Method::POST, "/stream")
+            if ws_here && node.config.streams.enabled =>
+        {
+            streams::redirect(req.uri())
+        }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         (
             _,

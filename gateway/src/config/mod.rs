@@ -16,6 +16,7 @@
 //! - [`observability`]: `[log]` and `[telemetry]`;
 //! - [`presence`]: `[presence]`, who is subscribed to a topic;
 //! - [`hooks`]: `[proxy]` and `[webhooks]`, the application's backend;
+//! - [`streams`]: `[streams]`, SSE and HTTP-streaming beside `/ws`;
 //! - [`validation`]: the checks before anything starts.
 
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ mod hooks;
 mod observability;
 mod presence;
 mod redis;
+mod streams;
 mod validation;
 
 pub use api::{GrpcConfig, HttpConfig};
@@ -50,6 +52,7 @@ pub use hooks::{
 pub use observability::{LogConfig, LogFormat, TelemetryConfig};
 pub use presence::{MIN_PRESENCE_POD_TTL, PresenceConfig};
 pub use redis::{RedisConfig, SentinelConfig};
+pub use streams::{DEFAULT_STREAMS_MAX_TOPICS, DEFAULT_STREAMS_TOKEN_COOKIE, StreamsConfig};
 
 /// Exit code for a configuration error, or a bad command line (EX_USAGE).
 pub const EXIT_BAD_CONFIG: i32 = 64;
@@ -77,6 +80,8 @@ pub struct Config {
     /// The application's backend, asked (proxies) and told (webhooks).
     pub proxy: ProxyConfig,
     pub webhooks: WebhooksConfig,
+    /// `GET /sse` and `POST /stream`: the WebSocket's fallbacks.
+    pub streams: StreamsConfig,
     /// Client tokens; without a key every client is anonymous (open mode).
     pub auth: AuthConfig,
     /// Per-namespace settings; `default` is for topics without a `:`.
@@ -112,6 +117,7 @@ impl Default for Config {
             presence: PresenceConfig::default(),
             proxy: ProxyConfig::default(),
             webhooks: WebhooksConfig::default(),
+            streams: StreamsConfig::default(),
             auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
         }
@@ -132,7 +138,7 @@ pub enum ConfigError {
 /// Top-level keys; anything else in a file is a typo. (Unknown `HERALD_*`
 /// variables are ignored: Kubernetes sets `HERALD_PORT` and friends for a
 /// Service named herald.)
-const TOP_LEVEL_KEYS: [&str; 19] = [
+const TOP_LEVEL_KEYS: [&str; 20] = [
     "listen",
     "broker",
     "redis",
@@ -150,6 +156,7 @@ const TOP_LEVEL_KEYS: [&str; 19] = [
     "presence",
     "proxy",
     "webhooks",
+    "streams",
     "auth",
     "namespaces",
 ];

@@ -179,6 +179,9 @@ impl Config {
         if let Err((key, reason)) = self.presence.check() {
             return invalid(key, reason);
         }
+        if let Err((key, reason)) = self.streams.check() {
+            return invalid(key, reason);
+        }
         // Webhooks (issue #24).
         if let Err((key, reason)) = self.webhooks.check() {
             return invalid(key, &reason);

@@ -7,9 +7,11 @@ mod labels;
 mod observer;
 mod proxy;
 mod register;
+mod streams;
 
 pub use labels::*;
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
+pub use streams::{STREAM_REFUSALS, STREAM_TRANSPORTS, StreamMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 
 use prometheus::{
@@ -82,6 +84,8 @@ pub struct Metrics {
     pub webhook_post_seconds: Histogram,
     /// The proxies' (issue #24).
     pub proxy: ProxyMetrics,
+    /// SSE and HTTP-streaming (issue #25).
+    pub streams: StreamMetrics,
 }
 
 impl Metrics {
@@ -425,6 +429,7 @@ impl Metrics {
                 "How long each webhook POST took, answer read.",
             ),
             proxy: ProxyMetrics::new(r),
+            streams: StreamMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();

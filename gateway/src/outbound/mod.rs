@@ -6,9 +6,11 @@
 //! replays through it.
 
 mod direct;
+mod ids;
 mod queue;
 pub mod writer;
 
 pub use direct::{IdleSockets, SocketWriter};
+pub use ids::{Mark, Place};
 pub use queue::{Close, Outbound, Pushed, Taken};
 pub use writer::Writing;

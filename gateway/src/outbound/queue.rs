@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::direct::{IdleSockets, SocketWriter};
+use super::ids::{self, EventIds, Mark, Place};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame::{self, Format};
@@ -166,6 +167,8 @@ pub(super) struct State {
     pub(super) ping: Option<Bytes>,
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
+    /// An SSE connection's event ids; `None` for every other format.
+    ids: Option<Box<EventIds>>,
 }
 
 impl State {
@@ -177,6 +180,26 @@ impl State {
     fn append(&mut self, frame: Bytes) {
         self.bytes += frame.len();
         self.frames.push_back(frame);
+    }
+
+    /// Appends `frame`, after its id line on an SSE connection (moved by
+    /// `mark` first).
+    fn append_event(&mut self, frame: Bytes, mark: Option<Mark<'_>>) {
+        if let Some(ids) = &mut self.ids {
+            if let Some(mark) = mark {
+                ids.mark(mark);
+            }
+            let id = ids.render();
+            self.append(id);
+        }
+        self.append(frame);
+    }
+
+    /// Whether the queue holds `max` frames (an event and its id line
+    /// count as one).
+    fn is_full(&self, max: usize) -> bool {
+        let per_event = if self.ids.is_some() { 2 } else { 1 };
+        self.frames.len() >= max.saturating_mul(per_event)
     }
 
     /// Drops the queued frames, but not the rest of one partly written.
@@ -202,9 +225,12 @@ impl State {
                 break;
             }
             left -= front.len();
-            self.frames.pop_front();
+            if let Some(done) = self.frames.pop_front()
+                && !ids::is_id(&done)
+            {
+                completed += 1;
+            }
             self.partial = false;
-            completed += 1;
         }
         completed
     }
@@ -316,21 +342,38 @@ impl Outbound {
         self.shared.stopped.is_set()
     }
 
+    /// An SSE connection: every event it is sent from now on carries an
+    /// id, starting from `places`.
+    pub fn track_events(&self, places: Vec<Place>) {
+        self.state().ids = Some(Box::new(EventIds::new(places)));
+    }
+
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
     /// A connection nobody is writing to joins `idle`, which writes it.
     pub fn push(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Pushed {
+        self.push_marked(frame, None, at, idle)
+    }
+
+    /// [`push`](Self::push) of a frame that moves its topic to `mark`.
+    pub fn push_marked(
+        &self,
+        frame: Bytes,
+        mark: Option<Mark<'_>>,
+        at: Instant,
+        idle: &mut IdleSockets,
+    ) -> Pushed {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
             return Pushed::Closed;
         }
-        if state.frames.len() >= limits.frames || state.bytes + frame.len() > limits.bytes {
+        if state.is_full(limits.frames) || state.bytes + frame.len() > limits.bytes {
             drop(state);
             return self.overflow();
         }
         state.oldest.get_or_insert(at);
         let nobody_writing = state.frames.is_empty() && !state.writing;
-        state.append(frame);
+        state.append_event(frame, mark);
         drop(state);
         if nobody_writing {
             idle.0.push(self.clone());
@@ -340,9 +383,9 @@ impl Outbound {
 
     /// Appends `frame`, releases the lock, and wakes the writer if it may be
     /// waiting (the queue was empty).
-    fn enqueue(&self, mut state: MutexGuard<'_, State>, frame: Bytes) {
+    fn enqueue(&self, mut state: MutexGuard<'_, State>, frame: Bytes, mark: Option<Mark<'_>>) {
         let was_empty = state.frames.is_empty();
-        state.append(frame);
+        state.append_event(frame, mark);
         drop(state);
         if was_empty {
             self.wake_writer();
@@ -357,7 +400,7 @@ impl Outbound {
                 let mut state = self.state();
                 // Free the backlog now: the writer may be stuck in a write.
                 state.drop_backlog();
-                Self::request_close(&mut state, CloseReason::SlowConsumer, false);
+                self.request_close(&mut state, CloseReason::SlowConsumer, false);
                 self.closing(state);
                 Pushed::Overflowed
             }
@@ -368,6 +411,11 @@ impl Outbound {
     /// messages still find room while a replay streams in. Returns false when
     /// the connection is closing.
     pub async fn send(&self, frame: Bytes) -> bool {
+        self.send_marked(frame, None).await
+    }
+
+    /// [`send`](Self::send) of a frame that moves its topic to `mark`.
+    pub async fn send_marked(&self, frame: Bytes, mark: Option<Mark<'_>>) -> bool {
         let limits = self.shared.limits;
         loop {
             let room = self.shared.room.notified();
@@ -378,10 +426,10 @@ impl Outbound {
                 if state.is_closing() {
                     return false;
                 }
-                let fits = state.frames.len() < limits.frames / 2
+                let fits = !state.is_full(limits.frames / 2)
                     && state.bytes + frame.len() <= limits.bytes / 2;
                 if fits || state.bytes == 0 {
-                    self.enqueue(state, frame);
+                    self.enqueue(state, frame, mark);
                     return true;
                 }
                 state.room_waiters += 1;
@@ -419,7 +467,7 @@ impl Outbound {
     /// frame carries the reason's code; `flush` writes what is queued first.
     pub fn close(&self, reason: CloseReason, flush: bool) {
         let mut state = self.state();
-        Self::request_close(&mut state, reason, flush);
+        self.request_close(&mut state, reason, flush);
         self.closing(state);
     }
 
@@ -431,7 +479,7 @@ impl Outbound {
         if !state.is_closing() {
             state.append(advice);
         }
-        Self::request_close(&mut state, reason, true);
+        self.request_close(&mut state, reason, true);
         self.closing(state);
     }
 
@@ -465,17 +513,23 @@ impl Outbound {
         self.shared.room.notify_waiters();
     }
 
-    fn request_close(state: &mut State, reason: CloseReason, flush: bool) {
+    fn request_close(&self, state: &mut State, reason: CloseReason, flush: bool) {
         if state.is_closing() {
             return;
         }
         state.reason.get_or_insert(reason);
-        let frame = reason.code().map(|code| frame::close(code, reason.text()));
+        // A stream has no close frame, and no close to wait for: its
+        // response just ends.
+        let stream = self.shared.format.is_stream();
+        let frame = match stream {
+            true => None,
+            false => reason.code().map(|code| frame::close(code, reason.text())),
+        };
         state.close = Some(Close {
             reason,
             frame,
             flush,
-            answers: false,
+            answers: stream,
         });
     }
 
@@ -530,7 +584,7 @@ impl Outbound {
             }
         }
         let state = &mut *state;
-        let frames = state.frames.len() as u64;
+        let frames = state.frames.iter().filter(|f| !ids::is_id(f)).count() as u64;
         let bytes = state.frames.iter().map(Bytes::len).sum();
         // Taken whole, allocation and all: a queue that the writer empties
         // holds no memory until it has frames again.

@@ -13,6 +13,7 @@ use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::history;
 use crate::hooks::{PublishReply, SubscribeReply};
+use crate::outbound::Mark;
 use crate::presence::PresenceError;
 
 impl Session {
@@ -483,8 +484,13 @@ impl Session {
     }
 
     pub(super) async fn reply(&self, message: ServerMessage<'_>) {
+        // A `reset` moves its topic (an SSE stream's event ids).
+        let mark = match &message {
+            ServerMessage::Reset { topic, epoch, seq } => Some(Mark { topic, epoch, seq: *seq }),
+            _ => None,
+        };
         self.out
-            .send(frame::message(self.out.format(), &message))
+            .send_marked(frame::message(self.out.format(), &message), mark)
             .await;
     }
 

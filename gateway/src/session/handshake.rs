@@ -32,6 +32,7 @@ use super::{Pod, Session};
 use crate::admission::ConnId;
 use crate::config::BrokerKind;
 use crate::disconnect::CloseReason;
+use crate::frame::Format;
 use crate::hooks::SubscribeReply;
 use crate::presence::Who;
 
@@ -319,6 +320,10 @@ impl Session {
         }
         // 5.
         match origin {
+            Origin::Command(_) if self.out.format() == Format::Sse => {
+                self.sse_subscribed(&topic, &position, start, since.is_some(), recovery.recovered)
+                    .await;
+            }
             Origin::Command(id) => {
                 if let Err(e) = self.store_subscriptions().await {
                     self.subscriptions.remove(&topic);

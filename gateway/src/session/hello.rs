@@ -9,7 +9,8 @@ use router::{Causes, Claim, SessionUser};
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::{LiveSession, Session, Unregistered, random_id, tag};
+use super::{Arrival, LiveSession, Session, Unregistered, random_id, tag};
+use crate::frame::Format;
 use crate::auth::{Claims, Refused};
 use crate::disconnect::CloseReason;
 
@@ -112,6 +113,19 @@ impl Session {
                 Err(denied) => return self.deny(denied).await,
             }
         };
+        self.begin(arrived, by_proxy, claims, resume).await;
+    }
+
+    /// [`hello`](Self::hello) once the client is known: `claims` verified
+    /// (a stream's token is, before its response begins), or the connect
+    /// proxy's (`by_proxy`). `arrived` was taken before anything was asked.
+    pub(super) async fn begin(
+        &mut self,
+        arrived: Arrival,
+        by_proxy: bool,
+        claims: Option<Claims>,
+        resume: Option<&str>,
+    ) {
         let topics = match self.token_topics(claims.as_ref()) {
             Ok(topics) => topics,
             Err(message) => return self.deny_topics(&message).await,
@@ -160,14 +174,18 @@ impl Session {
         };
         self.subscriptions.set_user(session_user);
         let ping_ms = self.node.config.websocket.ping_interval.as_millis() as u64;
-        self.reply(ServerMessage::Welcome {
-            session: &id,
-            ping_ms,
-            resumed: self.resumed,
-            expires: self.expires_unix(),
-            reason: not_resumed,
-        })
-        .await;
+        // An SSE stream has no session to speak of (it resumes by event
+        // id): its first events are its topics' `ok`s.
+        if self.out.format() != Format::Sse {
+            self.reply(ServerMessage::Welcome {
+                session: &id,
+                ping_ms,
+                resumed: self.resumed,
+                expires: self.expires_unix(),
+                reason: not_resumed,
+            })
+            .await;
+        }
         let states = snapshot.map(|s| s.subscriptions).unwrap_or_default();
         // In place before the session is registered, whole: a flush while
         // they are restored one by one, then a resume elsewhere, must not
@@ -202,7 +220,9 @@ impl Session {
             .opened(self.conn, user, self.address.addr());
         self.restore(states).await;
         // A resumed session has them already, or the client unsubscribed.
-        if !self.resumed {
+        // An SSE stream carries the topics its request names, no others:
+        // its event ids place it in those alone.
+        if !self.resumed && self.out.format() != Format::Sse {
             self.subscribe_token_topics(topics).await;
         }
 

@@ -29,6 +29,7 @@
 //!   subscribe and unsubscribe of the user, the token's `topics`.
 //! - [`subscriptions`]: the subscriptions and acks a resume needs;
 //!   [`registry`]: the pod's live sessions.
+//! - [`stream`]: the same session over an SSE or HTTP-streaming response.
 //! - [`echo`]: the conformance echo, over the same reader and writer.
 //! - `fuzzing` (tests and fuzz builds only): what the fuzz targets check.
 
@@ -50,6 +51,7 @@ mod replay;
 mod resume;
 mod rpc;
 mod server_side;
+mod stream;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -58,6 +60,7 @@ pub use crate::config::{Limits, Overflow};
 pub use connect::Handshake;
 pub use registry::{Arrival, LiveSession, MAX_SERVER_COMMANDS, Registry, TakeOver, Unregistered};
 pub use replay::Replays;
+pub use stream::{Opening, serve_stream};
 pub use subscriptions::Subscriptions;
 
 use std::hash::{Hash, Hasher};

@@ -34,7 +34,7 @@ use crate::config::ReplayConfig;
 use crate::disconnect::CloseReason;
 use crate::frame;
 use crate::metrics::Metrics;
-use crate::outbound::Outbound;
+use crate::outbound::{Mark, Outbound};
 
 /// The pod's replay turns, and how large a page is.
 pub struct Replays {
@@ -151,11 +151,13 @@ impl Session {
         let mut page = first;
         loop {
             for publication in page.drain(..) {
-                if !self
-                    .out
-                    .send(frame::publication(self.out.format(), &publication))
-                    .await
-                {
+                let frame = frame::publication(self.out.format(), &publication);
+                let mark = Mark {
+                    topic: topic.as_str(),
+                    epoch: &publication.epoch,
+                    seq: publication.seq,
+                };
+                if !self.out.send_marked(frame, Some(mark)).await {
                     joining.keep();
                     return;
                 }
