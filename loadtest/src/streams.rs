@@ -428,19 +428,44 @@ impl SseClient {
         })
     }
 
-    /// Whether a whole event is buffered (the next [`Self::next`] will not wait).
+    /// Whether a whole event or comment is buffered (the next
+    /// [`Self::next`] will not wait).
     pub fn has_event(&self) -> bool {
-        block_end(self.body.unread()).is_some()
+        let unread = self.body.unread();
+        block_end(unread).is_some() || (unread.first() == Some(&b':') && unread.contains(&b'\n'))
     }
 
-    /// The next event or comment; `None` when the stream ended.
+    /// The next event, or comment; `None` when the stream ended.
     /// Cancel-safe.
+    ///
+    /// A comment line that starts a block is handed out on its own, at
+    /// once: the gateway's heartbeat is a lone comment line (`:` LF), which
+    /// would otherwise wait for the next event's empty line. Comments are
+    /// no part of an event's fields, so `EventSource`'s reading is
+    /// unchanged; an empty block (the empty line after such a comment) is
+    /// no item.
     pub async fn next(&mut self) -> io::Result<Option<Sse<'_>>> {
         loop {
-            if let Some(end) = block_end(self.body.unread()) {
-                let from = self.body.start;
-                self.body.start += end;
-                return Ok(Some(self.dispatch(from, from + end)));
+            let unread = self.body.unread();
+            if unread.first() == Some(&b':')
+                && let Some(nl) = unread.iter().position(|&b| b == b'\n')
+            {
+                self.body.start += nl + 1;
+                return Ok(Some(Sse::Comment));
+            }
+            match block_end(unread) {
+                Some(end)
+                    if end <= 2 && unread[..end].iter().all(|&b| b == b'\r' || b == b'\n') =>
+                {
+                    self.body.start += end;
+                    continue;
+                }
+                Some(end) => {
+                    let from = self.body.start;
+                    self.body.start += end;
+                    return Ok(Some(self.dispatch(from, from + end)));
+                }
+                None => {}
             }
             if !self.body.fill().await? {
                 return Ok(None);
@@ -956,6 +981,7 @@ mod tests {
                     "{\"op\":\"msg\"}",
                     "one\ntwo",
                     ":",
+                    ":",
                     ""
                 ],
                 "chunked {chunked}, pieces of {piece}"
@@ -969,12 +995,13 @@ mod tests {
     #[tokio::test]
     async fn the_last_id_is_the_last_event_s() {
         let (items, last_id, _) = sse_items(
-            b"id: 1:1.:0\ndata: x\n\nid: 1:2.:0\ndata: y\n\n:\n\n",
+            b"id: 1:1.:0\ndata: x\n\n:\nid: 1:2.:0\ndata: y\n\n:\n",
             false,
             3,
         )
         .await;
-        assert_eq!(items, ["x", "y", ":"]);
+        // A lone comment line (the gateway's heartbeat) comes at once.
+        assert_eq!(items, ["x", ":", "y", ":"]);
         assert_eq!(last_id.as_deref(), Some("1:2.:0"));
     }
 
