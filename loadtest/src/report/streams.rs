@@ -81,7 +81,7 @@ pub(super) fn section(results: &Results) -> String {
         out.push(format!(
             "Each run: {} clients, each on {} of {} topics ({:.0} subscribers per topic), {} B \
              payloads, {} publishing connections, {:.0} s, against a fresh pod. {}",
-            res.clients,
+            count(res.clients as u64),
             res.subscriptions_per_client,
             res.topics,
             res.fanout,
