@@ -92,7 +92,11 @@ pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
                 ServerMessage::Reconnect { after_ms, .. } => format!("retry: {after_ms}\n"),
                 _ => String::new(),
             };
-            line(&[retry.as_bytes(), b"data: "], &[&message.to_json()], b"\n\n")
+            line(
+                &[retry.as_bytes(), b"data: "],
+                &[&message.to_json()],
+                b"\n\n",
+            )
         }
         Format::Ndjson => line(&[], &[&message.to_json()], b"\n"),
     }

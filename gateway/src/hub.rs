@@ -221,7 +221,9 @@ impl Hub {
                     epoch: &held.epoch,
                     seq: held.seq,
                 };
-                let pushed = subscriber.out.push_marked(held.frame, Some(mark), held.at, &mut idle);
+                let pushed = subscriber
+                    .out
+                    .push_marked(held.frame, Some(mark), held.at, &mut idle);
                 self.count(pushed);
             }
         }

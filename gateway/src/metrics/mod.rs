@@ -11,8 +11,8 @@ mod streams;
 
 pub use labels::*;
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
-pub use streams::{STREAM_REFUSALS, STREAM_TRANSPORTS, StreamMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
+pub use streams::{STREAM_REFUSALS, STREAM_TRANSPORTS, StreamMetrics};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,

@@ -7,6 +7,7 @@
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -18,6 +19,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::queue::{Outbound, Socket, counted};
+use crate::config::Limits;
+use crate::frame::Format;
 use crate::metrics::Metrics;
 
 /// Slices handed to one direct `writev`: an idle connection's queue seldom
@@ -36,6 +39,28 @@ struct Direct {
 }
 
 impl Outbound {
+    /// A queue whose socket is a counter that takes every byte at once:
+    /// for benchmarks of the fan-out's own cost, without the kernel's.
+    #[doc(hidden)]
+    pub fn with_counting_sink(limits: Limits) -> (Self, SocketWriter) {
+        let out = Self::build(
+            limits,
+            Some(Socket::Counting(AtomicU64::new(0))),
+            Format::default(),
+        );
+        (out.clone(), SocketWriter(out))
+    }
+
+    /// Bytes a counting sink ([`with_counting_sink`](Self::with_counting_sink))
+    /// was given; `None` for a real socket.
+    #[doc(hidden)]
+    pub fn sink_bytes(&self) -> Option<u64> {
+        match &self.shared.socket {
+            Some(Socket::Counting(count)) => Some(count.load(Ordering::Relaxed)),
+            _ => None,
+        }
+    }
+
     /// Writes what is queued straight to the socket, as far as it takes it
     /// without waiting; whatever is left (or a control frame, or a close) is
     /// handed to the writer. Nothing is done while the writer writes: it

@@ -11,6 +11,8 @@
 
 use bytes::Bytes;
 
+use super::queue::{Outbound, State};
+
 /// Where a queued frame leaves its topic: a `msg`'s seq, a `reset`'s or an
 /// `ok`'s epoch and seq. Other frames (presence, errors) move nothing.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +71,36 @@ impl EventIds {
         }
         out.push(b'\n');
         Bytes::from(out)
+    }
+}
+
+impl State {
+    /// Appends `frame`, after its id line on an SSE connection (moved by
+    /// `mark` first).
+    pub(super) fn append_event(&mut self, frame: Bytes, mark: Option<Mark<'_>>) {
+        if let Some(ids) = &mut self.ids {
+            if let Some(mark) = mark {
+                ids.mark(mark);
+            }
+            let id = ids.render();
+            self.append(id);
+        }
+        self.append(frame);
+    }
+
+    /// Whether the queue holds `max` frames (an event and its id line
+    /// count as one).
+    pub(super) fn is_full(&self, max: usize) -> bool {
+        let per_event = if self.ids.is_some() { 2 } else { 1 };
+        self.frames.len() >= max.saturating_mul(per_event)
+    }
+}
+
+impl Outbound {
+    /// An SSE connection: every event it is sent from now on carries an
+    /// id, starting from `places`.
+    pub fn track_events(&self, places: Vec<Place>) {
+        self.state().ids = Some(Box::new(EventIds::new(places)));
     }
 }
 

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::direct::{IdleSockets, SocketWriter};
-use super::ids::{self, EventIds, Mark, Place};
+use super::ids::{self, EventIds, Mark};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame::{self, Format};
@@ -168,7 +168,7 @@ pub(super) struct State {
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
     /// An SSE connection's event ids; `None` for every other format.
-    ids: Option<Box<EventIds>>,
+    pub(super) ids: Option<Box<EventIds>>,
 }
 
 impl State {
@@ -177,29 +177,9 @@ impl State {
         self.close.is_some() || self.closed
     }
 
-    fn append(&mut self, frame: Bytes) {
+    pub(super) fn append(&mut self, frame: Bytes) {
         self.bytes += frame.len();
         self.frames.push_back(frame);
-    }
-
-    /// Appends `frame`, after its id line on an SSE connection (moved by
-    /// `mark` first).
-    fn append_event(&mut self, frame: Bytes, mark: Option<Mark<'_>>) {
-        if let Some(ids) = &mut self.ids {
-            if let Some(mark) = mark {
-                ids.mark(mark);
-            }
-            let id = ids.render();
-            self.append(id);
-        }
-        self.append(frame);
-    }
-
-    /// Whether the queue holds `max` frames (an event and its id line
-    /// count as one).
-    fn is_full(&self, max: usize) -> bool {
-        let per_event = if self.ids.is_some() { 2 } else { 1 };
-        self.frames.len() >= max.saturating_mul(per_event)
     }
 
     /// Drops the queued frames, but not the rest of one partly written.
@@ -269,29 +249,7 @@ impl Outbound {
         self.shared.format
     }
 
-    /// A queue whose socket is a counter that takes every byte at once:
-    /// for benchmarks of the fan-out's own cost, without the kernel's.
-    #[doc(hidden)]
-    pub fn with_counting_sink(limits: Limits) -> (Self, SocketWriter) {
-        let out = Self::build(
-            limits,
-            Some(Socket::Counting(AtomicU64::new(0))),
-            Format::default(),
-        );
-        (out.clone(), SocketWriter(out))
-    }
-
-    /// Bytes a counting sink ([`with_counting_sink`](Self::with_counting_sink))
-    /// was given; `None` for a real socket.
-    #[doc(hidden)]
-    pub fn sink_bytes(&self) -> Option<u64> {
-        match &self.shared.socket {
-            Some(Socket::Counting(count)) => Some(count.load(Ordering::Relaxed)),
-            _ => None,
-        }
-    }
-
-    fn build(limits: Limits, socket: Option<Socket>, format: Format) -> Self {
+    pub(super) fn build(limits: Limits, socket: Option<Socket>, format: Format) -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
@@ -340,12 +298,6 @@ impl Outbound {
     #[cfg(test)]
     pub(crate) fn is_stopped(&self) -> bool {
         self.shared.stopped.is_set()
-    }
-
-    /// An SSE connection: every event it is sent from now on carries an
-    /// id, starting from `places`.
-    pub fn track_events(&self, places: Vec<Place>) {
-        self.state().ids = Some(Box::new(EventIds::new(places)));
     }
 
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.

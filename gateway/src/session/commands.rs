@@ -486,7 +486,11 @@ impl Session {
     pub(super) async fn reply(&self, message: ServerMessage<'_>) {
         // A `reset` moves its topic (an SSE stream's event ids).
         let mark = match &message {
-            ServerMessage::Reset { topic, epoch, seq } => Some(Mark { topic, epoch, seq: *seq }),
+            ServerMessage::Reset { topic, epoch, seq } => Some(Mark {
+                topic,
+                epoch,
+                seq: *seq,
+            }),
             _ => None,
         };
         self.out

@@ -195,7 +195,12 @@ impl Session {
         if let Some(id) = &self.id {
             // Not when a newer connection owns it: the store would refuse it,
             // or, had the session expired meanwhile, bring back an old copy.
-            if reason != CloseReason::Disconnected && !self.subscriptions.superseded() {
+            // Nor for an SSE stream, which resumes by event id, never by
+            // session.
+            if reason != CloseReason::Disconnected
+                && !self.subscriptions.superseded()
+                && self.out.format() != crate::frame::Format::Sse
+            {
                 self.save(id).await;
             }
             self.node.live.deregister(id, self.conn);

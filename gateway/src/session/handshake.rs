@@ -321,8 +321,14 @@ impl Session {
         // 5.
         match origin {
             Origin::Command(_) if self.out.format() == Format::Sse => {
-                self.sse_subscribed(&topic, &position, start, since.is_some(), recovery.recovered)
-                    .await;
+                self.sse_subscribed(
+                    &topic,
+                    &position,
+                    start,
+                    since.is_some(),
+                    recovery.recovered,
+                )
+                .await;
             }
             Origin::Command(id) => {
                 if let Err(e) = self.store_subscriptions().await {

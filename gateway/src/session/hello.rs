@@ -10,9 +10,9 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::{Arrival, LiveSession, Session, Unregistered, random_id, tag};
-use crate::frame::Format;
 use crate::auth::{Claims, Refused};
 use crate::disconnect::CloseReason;
+use crate::frame::Format;
 
 impl Session {
     /// Who the client is: the claims of a valid token, or anonymous where

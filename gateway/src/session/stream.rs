@@ -121,7 +121,9 @@ impl Session {
                 id: 0,
                 topic: Cow::Borrowed(topic.as_str()),
                 since: since.as_ref().map(|s| s.seq),
-                epoch: since.as_ref().and_then(|s| s.epoch.as_deref().map(Cow::Borrowed)),
+                epoch: since
+                    .as_ref()
+                    .and_then(|s| s.epoch.as_deref().map(Cow::Borrowed)),
                 data: None,
             };
             if let Err(mut e) = Box::pin(self.act(command, &Bytes::new())).await {

@@ -38,8 +38,8 @@ use crate::http::{self, Body};
 use crate::listener;
 use crate::node::Node;
 use crate::session::{self, Handshake, Opening};
-pub use request::{Refused, event_id};
 use request::{Head, SseQuery};
+pub use request::{Refused, event_id};
 
 /// How long to wait between two peeks at a request line that came in
 /// parts (rare: a request line is one segment).
@@ -49,8 +49,10 @@ const PEEK_AGAIN: Duration = Duration::from_millis(5);
 /// `POST /stream` (not `POST /stream/<session>`, a command, which hyper
 /// serves). Peeked, not read: anything else goes to hyper untouched.
 pub async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Format> {
-    const CANDIDATES: [(&[u8], Format); 2] =
-        [(b"GET /sse", Format::Sse), (b"POST /stream", Format::Ndjson)];
+    const CANDIDATES: [(&[u8], Format); 2] = [
+        (b"GET /sse", Format::Sse),
+        (b"POST /stream", Format::Ndjson),
+    ];
     let deadline = tokio::time::Instant::now() + timeout;
     let mut buf = [0u8; 16];
     loop {
@@ -69,7 +71,8 @@ pub async fn sniff(stream: &TcpStream, timeout: Duration) -> Option<Format> {
                 if seen.starts_with(prefix) && matches!(seen[prefix.len()], b' ' | b'?') {
                     return Some(format);
                 }
-            } else if prefix[..seen.len().min(prefix.len())] == seen[..seen.len().min(prefix.len())] {
+            } else if prefix[..seen.len().min(prefix.len())] == seen[..seen.len().min(prefix.len())]
+            {
                 undecided = true;
             }
         }
@@ -150,16 +153,32 @@ async fn open(
     let ws = &config.websocket;
     let mut head = request::read_head(stream, ws.handshake_timeout).await?;
     if format == Format::Ndjson {
-        request::read_body(stream, &mut head, ws.max_message_bytes, ws.handshake_timeout).await?;
+        request::read_body(
+            stream,
+            &mut head,
+            ws.max_message_bytes,
+            ws.handshake_timeout,
+        )
+        .await?;
     }
     if node.is_draining() {
         return Err(Refused::new(503, "unavailable", "draining", "draining"));
     }
     if let Some(why) = node.not_ready() {
-        return Err(Refused::new(503, "unavailable", "not_ready", format!("not ready: {why}")));
+        return Err(Refused::new(
+            503,
+            "unavailable",
+            "not_ready",
+            format!("not ready: {why}"),
+        ));
     }
     if !origin_allowed(&ws.allowed_origins, head.headers.get(ORIGIN)) {
-        return Err(Refused::new(403, "forbidden", "origin", "origin not allowed"));
+        return Err(Refused::new(
+            403,
+            "forbidden",
+            "origin",
+            "origin not allowed",
+        ));
     }
     let ip = listener::client_ip(peer, &head.headers, &config.http.trusted_proxies);
     let (token, mut opening) = match format {
@@ -180,7 +199,11 @@ async fn open(
                 Ok(claims) => opening.claims = Some(claims),
                 Err(refused) => {
                     pod.metrics.auth_failed(refused.reason());
-                    let code = if refused.is_expired() { "token_expired" } else { "unauthorized" };
+                    let code = if refused.is_expired() {
+                        "token_expired"
+                    } else {
+                        "unauthorized"
+                    };
                     return Err(Refused::new(401, code, "unauthorized", refused.to_string()));
                 }
             }
@@ -189,7 +212,12 @@ async fn open(
         (Some(_), None) if config.auth.allow_anonymous => {}
         (Some(_), None) => {
             pod.metrics.auth_failed("missing");
-            return Err(Refused::new(401, "unauthorized", "unauthorized", "a token is required"));
+            return Err(Refused::new(
+                401,
+                "unauthorized",
+                "unauthorized",
+                "a token is required",
+            ));
         }
     }
     if opening.by_proxy {
@@ -211,10 +239,16 @@ async fn open(
     let response = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache, no-transform\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
     );
-    let written = tokio::time::timeout(ws.write_timeout, stream.write_all(response.as_bytes())).await;
+    let written =
+        tokio::time::timeout(ws.write_timeout, stream.write_all(response.as_bytes())).await;
     if !matches!(written, Ok(Ok(()))) {
         // Nobody to answer: the slot goes with the connection.
-        return Err(Refused::new(400, "malformed", "timeout", "the response could not be written"));
+        return Err(Refused::new(
+            400,
+            "malformed",
+            "timeout",
+            "the response could not be written",
+        ));
     }
     Ok((admission, opening))
 }
@@ -225,10 +259,9 @@ fn sse_opening(head: &Head, node: &Node) -> Result<(Option<String>, Opening), Re
         return Err(Refused::new(405, "malformed", "malformed", "GET /sse"));
     }
     let last_event_id = match head.headers.get("last-event-id") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| Refused::new(400, "malformed", "malformed", "Last-Event-ID is not text"))?,
-        ),
+        Some(v) => Some(v.to_str().map_err(|_| {
+            Refused::new(400, "malformed", "malformed", "Last-Event-ID is not text")
+        })?),
         None => None,
     };
     let streams = &node.config.streams;
@@ -297,7 +330,10 @@ fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
 /// A stream request hyper got (not the first of its connection): sent back
 /// to itself on a fresh connection.
 pub fn redirect(uri: &hyper::Uri) -> Response<Body> {
-    let mut response = http::text(StatusCode::TEMPORARY_REDIRECT, "open streams on a new connection\n");
+    let mut response = http::text(
+        StatusCode::TEMPORARY_REDIRECT,
+        "open streams on a new connection\n",
+    );
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
     if let Ok(location) = HeaderValue::from_str(target) {
         response.headers_mut().insert(LOCATION, location);

@@ -31,7 +31,12 @@ pub struct Refused {
 }
 
 impl Refused {
-    pub fn new(status: u16, code: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: u16,
+        code: &'static str,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             status,
             code,
@@ -57,7 +62,12 @@ pub struct Head {
 pub async fn read_head(stream: &mut TcpStream, timeout: Duration) -> Result<Head, Refused> {
     match tokio::time::timeout(timeout, read_head_inner(stream)).await {
         Ok(head) => head,
-        Err(_) => Err(Refused::new(408, "timeout", "timeout", "the request head took too long")),
+        Err(_) => Err(Refused::new(
+            408,
+            "timeout",
+            "timeout",
+            "the request head took too long",
+        )),
     }
 }
 
@@ -125,7 +135,14 @@ pub async fn read_body(
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .ok_or_else(|| Refused::malformed("Content-Length is not a number"))?,
-        None => return Err(Refused::new(411, "malformed", "malformed", "Content-Length is required")),
+        None => {
+            return Err(Refused::new(
+                411,
+                "malformed",
+                "malformed",
+                "Content-Length is required",
+            ));
+        }
     };
     if length > max {
         return Err(Refused::new(
@@ -150,7 +167,12 @@ pub async fn read_body(
             Ok(())
         }
         Ok(Err(_)) => Err(Refused::malformed("the body ended early")),
-        Err(_) => Err(Refused::new(408, "timeout", "timeout", "the body took too long")),
+        Err(_) => Err(Refused::new(
+            408,
+            "timeout",
+            "timeout",
+            "the body took too long",
+        )),
     }
 }
 
@@ -220,7 +242,10 @@ pub fn sse_query(
             return Err(Refused::malformed(format!("`{name}` is named twice")));
         }
         let seq = since.iter().find(|(t, _)| t == name).map(|(_, s)| *s);
-        let epoch = epochs.iter().find(|(t, _)| t == name).map(|(_, e)| e.clone());
+        let epoch = epochs
+            .iter()
+            .find(|(t, _)| t == name)
+            .map(|(_, e)| e.clone());
         topics.push((topic, seq.map(|seq| Since::claimed(seq, epoch))));
     }
     if let Some(id) = last_event_id.or(query_id.as_deref()) {
@@ -295,9 +320,19 @@ mod tests {
     fn an_event_id_parses_against_its_topics_only() {
         let places = event_id("ab:3.:0", 2).unwrap();
         assert_eq!(places[0].as_ref().map(|s| s.seq), Some(3));
-        assert_eq!(places[0].as_ref().and_then(|s| s.epoch.as_deref()), Some("ab"));
+        assert_eq!(
+            places[0].as_ref().and_then(|s| s.epoch.as_deref()),
+            Some("ab")
+        );
         assert!(places[1].is_none());
-        for bad in ["ab:3", "ab:3.cd:x", "zz:1.:0", "ab3.:0", ":5.:0", "ab:3.:0.:0"] {
+        for bad in [
+            "ab:3",
+            "ab:3.cd:x",
+            "zz:1.:0",
+            "ab3.:0",
+            ":5.:0",
+            "ab:3.:0.:0",
+        ] {
             assert!(event_id(bad, 2).is_err(), "{bad}");
         }
     }

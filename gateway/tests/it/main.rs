@@ -60,5 +60,7 @@ mod server_subscriptions;
 mod sessions;
 mod shutdown;
 mod slow_consumer;
+// Issue #25: SSE and HTTP-streaming (h-streams).
+mod sse;
 mod tracing;
 mod webhooks;
