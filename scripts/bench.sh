@@ -22,11 +22,12 @@
 #                                    streams idle-sse sse-failover),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   The parts of issue #25 (SSE and HTTP-streaming):
-#     streams       `throughput` three times, the same shape (1,000 clients on
-#                   10 of 100 topics, 64 B, 10 s), over WebSocket, SSE and
-#                   HTTP-streaming clients (streams-ws, -sse, -stream): each
-#                   stream transport's deliveries per gateway CPU-second as a
-#                   ratio of the WebSocket's (target >= 0.8x)
+#     streams       `throughput` over WebSocket, SSE and HTTP-streaming
+#                   clients, in two shapes (1,000 clients on 10 of 100
+#                   topics: streams-ws, -sse, -stream; 1,000 on 1 of 10:
+#                   streams-one-*), 64 B, 10 s: each stream transport's
+#                   deliveries per gateway CPU-second as a ratio of the
+#                   WebSocket's (target >= 0.8x)
 #     idle-sse      $CLIENTS idle SSE streams held 60 s, heartbeats every 5 s:
 #                   gateway RSS per stream, as `idle` measures a WebSocket's
 #                   (target <= 6 KiB)
@@ -155,12 +156,17 @@ fi
 
 if wants streams; then
     say "streams: deliveries per gateway CPU-second over WebSocket, SSE and HTTP-streaming clients"
-    # One shape for the three, within streams.max_topics (16) for SSE: 1,000
-    # clients on 10 of 100 topics each, 100 subscribers per topic (as in
-    # `throughput`); each against a fresh pod.
+    # Two shapes for the three, each against a fresh pod, 100 subscribers
+    # per topic (as in `throughput`): 1,000 clients on 10 of 100 topics each
+    # (within SSE's streams.max_topics, 16), and 1,000 on one of 10 topics
+    # each (an SSE event's id grows with its stream's topics).
     streams=(--clients 1000 --topics 100 --subscriptions 10 --concurrency 8 --duration 10s --size 64)
+    streams_one=(--clients 1000 --topics 10 --subscriptions 1 --concurrency 8 --duration 10s --size 64)
     for transport in ws sse stream; do
         run "streams-$transport" -- throughput --transport "$transport" "${streams[@]}"
+    done
+    for transport in ws sse stream; do
+        run "streams-one-$transport" -- throughput --transport "$transport" "${streams_one[@]}"
     done
 fi
 

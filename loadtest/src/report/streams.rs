@@ -1,7 +1,7 @@
 //! The `streams` section (issue #25): server-sent events and HTTP-streaming
 //! against the WebSocket. Deliveries per gateway CPU-second of the three
-//! transports in one `throughput` shape (`streams-ws`, `streams-sse`,
-//! `streams-stream`), the memory of idle SSE streams (`idle-sse`), and SSE
+//! transports in two `throughput` shapes (`streams-ws`, `streams-sse`,
+//! `streams-stream`: 10 topics per client; `streams-one-*`: one), the memory of idle SSE streams (`idle-sse`), and SSE
 //! clients across a pod's death (`sse-failover`).
 
 use super::markdown::{count, cpu_line, paragraphs, table, thousands, verdict, x};
@@ -28,20 +28,21 @@ fn per_cpu(res: &Throughput) -> f64 {
     res.deliveries_per_gateway_cpu_s.unwrap_or(0.0)
 }
 
-pub(super) fn section(results: &Results) -> String {
-    let mut out =
-        vec!["## streams: server-sent events and HTTP-streaming against the WebSocket".to_owned()];
-    let ws = results.throughput("streams-ws");
-    let mut rows = Vec::new();
-    for (name, label) in [
-        ("streams-ws", "WebSocket (`/ws`)"),
-        ("streams-sse", "server-sent events (`GET /sse`)"),
-        ("streams-stream", "HTTP-streaming (`POST /stream`)"),
+/// The transports' runs of one shape: `<prefix>ws`, `<prefix>sse`,
+/// `<prefix>stream`, each against the WebSocket's of the same shape.
+fn transport_rows(results: &Results, prefix: &str, shape: &str, rows: &mut Vec<Vec<String>>) {
+    let ws = results.throughput(&format!("{prefix}ws"));
+    for (transport, label) in [
+        ("ws", "WebSocket (`/ws`)"),
+        ("sse", "server-sent events (`GET /sse`)"),
+        ("stream", "HTTP-streaming (`POST /stream`)"),
     ] {
-        let Some(res) = results.throughput(name) else {
+        let name = format!("{prefix}{transport}");
+        let label = format!("{label}, {shape}");
+        let Some(res) = results.throughput(&name) else {
             rows.push(vec![
-                label.to_owned(),
-                missing(results, name),
+                label,
+                missing(results, &name),
                 String::new(),
                 String::new(),
             ]);
@@ -52,8 +53,8 @@ pub(super) fn section(results: &Results) -> String {
             .map(per_cpu)
             .filter(|&w| w > 0.0)
             .map(|w| per_cpu(res) / w);
-        let target = match (name, ratio) {
-            ("streams-ws", _) => "the yardstick".to_owned(),
+        let target = match (transport, ratio) {
+            ("ws", _) => "the yardstick".to_owned(),
             (_, Some(r)) => format!(
                 "≥ {RATIO_TARGET}× the WebSocket's: {}",
                 verdict(r >= RATIO_TARGET && clean)
@@ -61,7 +62,7 @@ pub(super) fn section(results: &Results) -> String {
             (_, None) => format!("≥ {RATIO_TARGET}× the WebSocket's: no WebSocket run"),
         };
         rows.push(vec![
-            label.to_owned(),
+            label,
             format!(
                 "{} deliveries per gateway CPU-second ({} per second); lost / duplicated {} / {}",
                 thousands(per_cpu(res)),
@@ -73,21 +74,48 @@ pub(super) fn section(results: &Results) -> String {
             target,
         ]);
     }
+}
+
+/// How a shape's runs were made, from its WebSocket run (or its SSE one).
+fn shape_line(results: &Results, prefix: &str) -> Option<String> {
+    let res = results
+        .throughput(&format!("{prefix}ws"))
+        .or(results.throughput(&format!("{prefix}sse")))?;
+    Some(format!(
+        "{} clients, each on {} of {} topics ({:.0} subscribers per topic)",
+        count(res.clients as u64),
+        res.subscriptions_per_client,
+        res.topics,
+        res.fanout
+    ))
+}
+
+pub(super) fn section(results: &Results) -> String {
+    let mut out =
+        vec!["## streams: server-sent events and HTTP-streaming against the WebSocket".to_owned()];
+    let mut rows = Vec::new();
+    transport_rows(results, "streams-", "10 topics per client", &mut rows);
+    transport_rows(results, "streams-one-", "1 topic per client", &mut rows);
     out.push(table(
         &["transport", "Herald", "of the WebSocket's", "target"],
         &rows,
     ));
-    if let Some(res) = ws.or(results.throughput("streams-sse")) {
+    let shapes: Vec<String> = [("streams-", "10 topics"), ("streams-one-", "1 topic")]
+        .iter()
+        .filter_map(|(prefix, name)| Some(format!("{name}: {}", shape_line(results, prefix)?)))
+        .collect();
+    if let Some(res) = results
+        .throughput("streams-ws")
+        .or(results.throughput("streams-sse"))
+    {
         out.push(format!(
-            "Each run: {} clients, each on {} of {} topics ({:.0} subscribers per topic), {} B \
-             payloads, {} publishing connections, {:.0} s, against a fresh pod. {}",
-            count(res.clients as u64),
-            res.subscriptions_per_client,
-            res.topics,
-            res.fanout,
+            "Each run against a fresh pod, {} B payloads, {} publishing connections, {:.0} s; {}. \
+             An SSE event's id is the stream's position in each of its topics (about 19 bytes a \
+             topic), so its bytes per delivery grow with the topics per stream. {}",
             res.size_bytes,
             res.concurrency,
             res.duration_s,
+            shapes.join("; "),
             cpu_line(&res.cpu)
         ));
     }
