@@ -195,7 +195,9 @@ pub enum Command {
     /// to one topic, held for --duration while the gateways ping them.
     ///
     /// Every ping is answered. Gateway RSS per connection (with
-    /// --gateway-pid), unexpected closes (must be 0). Clients past what one
+    /// --gateway-pid), unexpected closes (must be 0). --transport sse or
+    /// stream: server-sent event or HTTP-streaming streams instead, their
+    /// heartbeats read. Clients past what one
     /// process may open are held by worker processes (this program again),
     /// each with its own file-descriptor limit.
     ///
@@ -216,7 +218,10 @@ pub enum Command {
     /// round-robin over the topics for --duration.
     ///
     /// Deliveries per second and per gateway CPU-second (with
-    /// --gateway-pid); lost, duplicated (both must be 0).
+    /// --gateway-pid); lost, duplicated (both must be 0). --transport sse
+    /// or stream: the same over server-sent events (the topics in GET
+    /// /sse's query, at most the gateway's streams.max_topics) or
+    /// HTTP-streaming (POST /stream, the subs by POST /stream/<session>).
     Throughput(ThroughputArgs),
     /// Bytes on the wire per message: each payload (a JSON string of that
     /// size) is published and its frame read off a raw socket, against a
