@@ -253,6 +253,13 @@ async fn route(
         {
             streams::redirect(req.uri())
         }
+        (&Method::OPTIONS, path)
+            if ws_here
+                && node.config.streams.enabled
+                && (path == "/sse" || path == "/stream" || path.starts_with("/stream/")) =>
+        {
+            streams::preflight(&node, req.headers().get(ORIGIN))
+        }
         (_, "/ws") if ws_here => http::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
         (
             _,

@@ -236,8 +236,9 @@ async fn open(
         Format::Sse => "text/event-stream; charset=utf-8",
         _ => "application/x-ndjson",
     };
+    let cors = cors(head.headers.get(ORIGIN));
     let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache, no-transform\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-cache, no-transform\r\nX-Accel-Buffering: no\r\n{cors}Connection: close\r\n\r\n"
     );
     let written =
         tokio::time::timeout(ws.write_timeout, stream.write_all(response.as_bytes())).await;
@@ -316,6 +317,48 @@ fn ndjson_opening(head: &Head) -> Result<(Option<String>, Opening), Refused> {
             handshake: None,
         },
     ))
+}
+
+/// The CORS headers of a stream's response to a page of `origin` (checked
+/// against `websocket.allowed_origins` already): a browser reads a
+/// cross-origin `EventSource` or `fetch` only with them. Credentials too:
+/// the token may travel in a cookie (`withCredentials`).
+fn cors(origin: Option<&HeaderValue>) -> String {
+    match origin.and_then(|o| o.to_str().ok()) {
+        Some(origin) if !origin.contains(['\r', '\n']) => format!(
+            "Access-Control-Allow-Origin: {origin}\r\nAccess-Control-Allow-Credentials: true\r\nVary: Origin\r\n"
+        ),
+        _ => String::new(),
+    }
+}
+
+/// A browser's preflight of `POST /stream` (its JSON body and its
+/// `Authorization` make it one) or of `GET /sse` with a header: allowed
+/// from the origins `/ws` allows.
+pub fn preflight(node: &Node, origin: Option<&HeaderValue>) -> Response<Body> {
+    if !origin_allowed(&node.config.websocket.allowed_origins, origin) {
+        return http::text(StatusCode::FORBIDDEN, "origin not allowed\n");
+    }
+    let mut response = http::text(StatusCode::NO_CONTENT, "");
+    let headers = response.headers_mut();
+    if let Some(origin) = origin {
+        headers.insert("access-control-allow-origin", origin.clone());
+        headers.insert(
+            "access-control-allow-credentials",
+            HeaderValue::from_static("true"),
+        );
+        headers.insert("vary", HeaderValue::from_static("Origin"));
+    }
+    headers.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST"),
+    );
+    headers.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("authorization, content-type, last-event-id"),
+    );
+    headers.insert("access-control-max-age", HeaderValue::from_static("600"));
+    response
 }
 
 fn origin_allowed(allowed: &[String], origin: Option<&HeaderValue>) -> bool {
