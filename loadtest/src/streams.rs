@@ -1064,6 +1064,28 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_bad_chunked_body_is_an_error_not_a_guess() {
+        for body in [
+            &b"zz\r\ndata: x\n\n"[..],
+            b"3\r\nabcX",
+            b"3\nabc\r\n",
+            b"ffffffffffffffffff\r\n",
+        ] {
+            let mut response = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+                Transfer-Encoding: chunked\r\n\r\n"
+                .to_vec();
+            response.extend_from_slice(body);
+            let target = serve(response, 4096).await;
+            let outcome = match SseClient::connect(None, &target, &["a"], None, 64).await {
+                Err(e) => Err(e),
+                Ok(mut c) => c.next().await.map(|_| ()),
+            };
+            let e = outcome.expect_err("refused").to_string();
+            assert!(e.contains("bad chunked body"), "{body:?}: {e}");
+        }
+    }
+
     #[test]
     fn blocks_end_at_an_empty_line() {
         assert_eq!(block_end(b"data: x\n"), None);
