@@ -18,9 +18,26 @@
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
-#                                    chaos-cluster presence fanout-presence hooks),
+#                                    chaos-cluster presence fanout-presence hooks
+#                                    streams idle-sse sse-failover),
 #                                    then BENCHMARKS.md from what $OUT holds
-#   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
+#   The parts of issue #25 (SSE and HTTP-streaming):
+#     streams       `throughput` over WebSocket, SSE and HTTP-streaming
+#                   clients, in two shapes (1,000 clients on 10 of 100
+#                   topics: streams-ws, -sse, -stream; 1,000 on 1 of 10:
+#                   streams-one-*), 64 B, 10 s: each stream transport's
+#                   deliveries per gateway CPU-second as a ratio of the
+#                   WebSocket's (target >= 0.8x)
+#     idle-sse      $CLIENTS idle SSE streams held 60 s, heartbeats every 5 s:
+#                   gateway RSS per stream, as `idle` measures a WebSocket's
+#                   (target <= 6 KiB)
+#     sse-failover  $FAILOVER_CLIENTS EventSource-style clients round-robin
+#                   over 2 pods sharing a Redis, 50 msg/s; the second pod
+#                   killed with kill -9 at 3 s, its clients back at the first
+#                   with Last-Event-ID: lost and duplicated per client
+#                   (target 0 and 0)
+#   OUT=target/bench  CLIENTS=10000  ROUNDS=40  FAILOVER_CLIENTS=1000
+#                                    (optional, defaults shown)
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
 #                                    `publish` (single publishes through Redis)
 #                                    measure it as well, in the same run, for a
@@ -41,10 +58,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
+FAILOVER_CLIENTS=${FAILOVER_CLIENTS:-1000}
 BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
-           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks)
+           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks streams idle-sse
+           sse-failover)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -135,6 +154,22 @@ if wants throughput; then
         --clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 64
 fi
 
+if wants streams; then
+    say "streams: deliveries per gateway CPU-second over WebSocket, SSE and HTTP-streaming clients"
+    # Two shapes for the three, each against a fresh pod, 100 subscribers
+    # per topic (as in `throughput`): 1,000 clients on 10 of 100 topics each
+    # (within SSE's streams.max_topics, 16), and 1,000 on one of 10 topics
+    # each (an SSE event's id grows with its stream's topics).
+    streams=(--clients 1000 --topics 100 --subscriptions 10 --concurrency 8 --duration 10s --size 64)
+    streams_one=(--clients 1000 --topics 10 --subscriptions 1 --concurrency 8 --duration 10s --size 64)
+    for transport in ws sse stream; do
+        run "streams-$transport" -- throughput --transport "$transport" "${streams[@]}"
+    done
+    for transport in ws sse stream; do
+        run "streams-one-$transport" -- throughput --transport "$transport" "${streams_one[@]}"
+    done
+fi
+
 if wants wire; then
     say "wire: bytes on the wire per payload size"
     run wire --env HERALD_HTTP__MAX_BODY_BYTES=2097152 --env HERALD_QUEUE__BYTES=4194304 -- wire
@@ -166,6 +201,20 @@ fi
 if wants idle; then
     say "idle: 19,000 connections held for 60 s, heartbeats every 5 s"
     run idle --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients 19000 --duration 60s
+fi
+
+if wants idle-sse; then
+    say "idle-sse: $CLIENTS SSE streams held for 60 s, heartbeats every 5 s"
+    run idle-sse --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --transport sse --clients "$CLIENTS" --duration 60s
+fi
+
+if wants sse-failover; then
+    say "sse-failover: $FAILOVER_CLIENTS SSE clients over 2 pods sharing a Redis, 50 msg/s; the second pod killed (kill -9) at 3 s"
+    # The load tool kills the run's last pod and publishes to the first; the
+    # clients come back with Last-Event-ID (history: 100 per topic, 5 msg/s
+    # per topic).
+    run sse-failover --pods 2 --redis one -- sse-failover --clients "$FAILOVER_CLIENTS" --topics 10 \
+        --rate 50 --duration 10s --kill-at 3s
 fi
 
 if wants pods; then

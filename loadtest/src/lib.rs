@@ -16,6 +16,11 @@
 //!   read back through their types.
 //! - [`raw`]: a lean WebSocket client on a bare TCP socket, for counting a
 //!   frame's bytes and holding tens of thousands of idle connections.
+//! - [`streams`]: lean clients of the HTTP stream transports on bare TCP
+//!   sockets (server-sent events, reconnecting with `Last-Event-ID` as
+//!   `EventSource` does; the NDJSON stream of `POST /stream`), and
+//!   [`streams::Conn`], a client of any transport, for the scenarios that
+//!   run each (`--transport ws|sse|stream`).
 //! - [`memory`]: a process's resident memory, from `/proc`.
 //! - [`metrics`]: a gateway's `/metrics`, for what a client cannot see (when
 //!   the gateway closed a client that does not read).
@@ -54,6 +59,9 @@
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
+//! - [`scenarios::sse_failover`]: SSE clients round-robin over two pods,
+//!   one killed: each comes back at the other with `Last-Event-ID`; lost
+//!   and duplicated messages per client.
 //! - [`scenarios::stall`]: a canary topic's latency and longest silence
 //!   on a pod watching 20,000 topics with Redis 200 ms away, through a burst
 //!   of new topics and a pub/sub reconnect.
@@ -93,6 +101,7 @@ pub mod redis_cluster;
 pub mod report;
 pub mod scenarios;
 pub mod sessions;
+pub mod streams;
 pub mod target;
 pub mod token;
 

@@ -14,8 +14,8 @@ use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
-    chaos, fanout, floor, hooks, idle, pods, presence, publish, slow, stall, storm, throughput,
-    wire,
+    chaos, fanout, floor, hooks, idle, pods, presence, publish, slow, sse_failover, stall, storm,
+    throughput, wire,
 };
 
 /// Exit code when a figure that must be zero was not.
@@ -146,6 +146,12 @@ fn run(command: Command) -> anyhow::Result<bool> {
             }
             Command::Storm(args) => {
                 let outcome = storm::run(args.options()).await.context("storm")?;
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::SseFailover(args) => {
+                let outcome = sse_failover::run(args.options())
+                    .await
+                    .context("sse-failover")?;
                 emit(&outcome, args.out.out.as_deref())
             }
             Command::Stall(args) => {

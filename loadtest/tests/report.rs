@@ -5,10 +5,11 @@
 //! from the same files before the renderer moved into the load tool, but
 //! for one name: a run's first pod's log is named after the run now
 //! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`),
-//! and for the `presence` section (issue #23) and the `hooks` one (issue
-//! #24), which came later: their result files (`presence.json`,
-//! `presence-off.json`, `hooks.json`) are made-up figures in the shape the
-//! scenarios write.
+//! and for the `presence` section (issue #23), the `hooks` one (issue
+//! #24) and the `streams` one (issue #25), which came later: their result
+//! files (`presence.json`, `presence-off.json`, `hooks.json`,
+//! `streams-*.json`, `idle-sse.json`, `sse-failover.json`) are made-up
+//! figures in the shape the scenarios write.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 
@@ -62,6 +63,11 @@ fn the_page_keeps_the_before_columns_and_the_floor_comparisons() {
         "this run's floor spent 6.8 µs of CPU per 1 KiB loopback",
         "| rolling restart: presence deliveries, whole room | 310,000 | ≤ 500,000: met | 100 million |",
         "| connect-proxy handshakes per second (backend 1 ms) | 6,250/s | ≥ 5,000/s: met |",
+        "| server-sent events (`GET /sse`), 10 topics per client | 455,000 deliveries per gateway \
+         CPU-second (280,000 per second); lost / duplicated 0 / 0 | 0.87× | ≥ 0.8× the WebSocket's: \
+         met |",
+        "| 10,000 idle SSE streams, 60 s, heartbeats read 120,000 | 5.20 KiB per stream; 0 \
+         unexpected closes | ≤ 6 KiB, 0 closes: met |",
         "| publish proxy: pub→ok p99 added over the backend's own time | 0.50 ms (1.40 ms less the \
          backend, 0.90 ms without the proxy) | ≤ 2 ms: met |",
     ] {

@@ -14,8 +14,9 @@ use loadtest::Target;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{fanout, slow};
-use loadtest::scenarios::{hooks, pods, presence, publish, stall, storm};
+use loadtest::scenarios::{hooks, pods, presence, publish, sse_failover, stall, storm};
 use loadtest::scenarios::{idle, throughput, wire};
+use loadtest::streams::Transport;
 use testkit::Redis;
 use tokio::net::TcpListener;
 
@@ -263,6 +264,53 @@ async fn storm_after_a_kill_9_every_session_resumes_at_the_other_pod() {
     assert_eq!(outcome.processed, 150 * 20);
 }
 
+/// `sse-failover` with a pod killed: two pods over a real Redis, one a
+/// real process that gets SIGKILL while the publisher runs. Its SSE
+/// clients come back at the other pod with `Last-Event-ID`: every message
+/// once, no reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_failover_after_a_kill_9_every_stream_comes_back_missing_nothing() {
+    let redis = Redis::start().await;
+    let doomed = ChildGateway::start(&redis).await;
+    let survivor = Gateway::start(redis_config(&redis.url())).await;
+    let mut options =
+        sse_failover::Options::new(vec![doomed.target.clone(), survivor.target.clone()]);
+    options.kill_pid = Some(doomed.pid());
+    options.clients = 200;
+    options.rate = 50.0;
+    options.duration = Duration::from_secs(3);
+    options.kill_at = Duration::from_secs(1);
+    options.retry = Duration::from_millis(200);
+    let outcome = sse_failover::run(options).await.expect("sse-failover runs");
+    assert_passed(&outcome);
+    assert!(outcome.cut.starts_with("kill -9"), "{}", outcome.cut);
+    assert_eq!(outcome.publish_to, survivor.target.http_url());
+    assert_eq!((outcome.cut_clients, outcome.reconnected), (100, 100));
+    assert_eq!(
+        (outcome.lost, outcome.duplicated, outcome.resets),
+        (0, 0, 0)
+    );
+    assert_eq!(outcome.received, 150 * 20);
+}
+
+/// `sse-failover` without a kill, on one pod: the tool drops every stream
+/// and each comes back by its last event id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_failover_every_dropped_stream_resumes_by_its_last_event_id() {
+    let gateway = Gateway::memory().await;
+    let mut options = sse_failover::Options::new(vec![gateway.target.clone()]);
+    options.clients = 100;
+    options.topics = 5;
+    options.duration = Duration::from_secs(2);
+    options.kill_at = Duration::from_millis(700);
+    options.retry = Duration::from_millis(100);
+    let outcome = sse_failover::run(options).await.expect("sse-failover runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.cut, "cut");
+    assert_eq!((outcome.cut_clients, outcome.reconnected), (100, 100));
+    assert_eq!(outcome.received, 100 * 20);
+}
+
 /// `stall` at CI size: a pod over a real Redis behind the tool's proxy,
 /// 40 watched topics, 20 ms of Redis delay set through the proxy's control
 /// port. Short phases; the pod catches up within the drain, so every canary
@@ -385,6 +433,49 @@ async fn throughput_delivers_every_publish_to_every_subscriber() {
     assert_eq!(outcome.deliveries_expected, outcome.publishes * 5);
     assert_eq!(outcome.deliveries, outcome.deliveries_expected);
     assert!(outcome.deliveries_per_gateway_cpu_s.is_some());
+}
+
+/// `throughput` over SSE clients: the same counting, every publish to
+/// every subscriber once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_over_sse_delivers_every_publish_to_every_subscriber() {
+    let gateway = Gateway::memory().await;
+    let mut options = throughput::Options::new(gateway.target.clone());
+    options.transport = Transport::Sse;
+    options.gateway_pid = Some(std::process::id());
+    options.clients = 20;
+    options.topics = 20;
+    options.subscriptions = 5;
+    options.concurrency = 2;
+    options.duration = Duration::from_secs(2);
+    options.drain = Duration::from_secs(20);
+    let outcome = throughput::run(options).await.expect("throughput runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.transport, Transport::Sse);
+    assert!(outcome.publishes > 0);
+    assert_eq!(outcome.deliveries, outcome.publishes * 5);
+}
+
+/// `idle` over SSE streams: every stream held through its heartbeats
+/// (comments, read and counted), none closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_holds_every_sse_stream_through_heartbeats() {
+    let mut config = Config::default();
+    config.websocket.ping_interval = Duration::from_secs(1);
+    let gateway = Gateway::start(config).await;
+    let mut options = idle::Options::new(gateway.target.clone());
+    options.transport = Transport::Sse;
+    options.gateway_pids = vec![std::process::id()];
+    options.clients = 200;
+    options.duration = Duration::from_secs(3);
+    let outcome = idle::run(options).await.expect("idle runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.pods[0].connections, 200);
+    assert!(
+        outcome.pings_answered >= 200,
+        "heartbeats read: {}",
+        outcome.pings_answered
+    );
 }
 
 /// `wire` counts every byte: header, envelope and payload of Herald's frame

@@ -233,6 +233,22 @@ impl Servers {
                     add("--watch-pid", pid.to_string());
                 }
             }
+            // SSE clients over every pod; the last one killed, the
+            // publisher on the first.
+            "sse-failover" => {
+                for pod in self.client_pods() {
+                    add("--gateway", pod.http_url());
+                }
+                add("--publish-to", first.http_url());
+                if self.pods.len() > 1
+                    && let Some(pid) = self.pods.last().and_then(Herald::pid)
+                {
+                    add("--kill-pid", pid.to_string());
+                }
+                for pid in self.pod_pids().into_iter().chain(self.redis_pids()) {
+                    add("--watch-pid", pid.to_string());
+                }
+            }
             "wire" => add("--gateway", first.ws_url()),
             "publish" => {
                 add("--publish-to", first.http_url());

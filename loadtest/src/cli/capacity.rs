@@ -9,6 +9,7 @@ use super::output::{Out, Watch};
 use super::values::{bytes, number};
 use crate::Target;
 use crate::scenarios::{DEFAULT_SIZE, idle, publish, throughput, wire};
+use crate::streams::Transport;
 
 #[derive(Debug, Args)]
 pub struct PublishArgs {
@@ -70,6 +71,10 @@ pub struct IdleArgs {
     /// The topic [default: a fresh topic per run].
     #[arg(long, value_name = "NAME")]
     pub topic: Option<String>,
+    /// The clients' transport: WebSocket, server-sent events (`GET /sse`)
+    /// or HTTP-streaming (`POST /stream`).
+    #[arg(long, value_enum, default_value_t = Transport::Ws)]
+    pub transport: Transport,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -87,6 +92,7 @@ impl IdleArgs {
         options.processes = self.processes.unwrap_or(0);
         options.topic = self.topic.clone();
         options.watch = self.watch.watch_pid.clone();
+        options.transport = self.transport;
         options
     }
 }
@@ -104,6 +110,8 @@ pub struct WorkerArgs {
     pub topic: String,
     #[arg(long)]
     pub max_hold: humantime::Duration,
+    #[arg(long, value_enum, default_value_t = Transport::Ws)]
+    pub transport: Transport,
 }
 
 impl WorkerArgs {
@@ -114,6 +122,7 @@ impl WorkerArgs {
             clients: self.clients,
             topic: self.topic.clone(),
             max_hold: self.max_hold.into(),
+            transport: self.transport,
         }
     }
 }
@@ -150,6 +159,10 @@ pub struct ThroughputArgs {
     /// Payload bytes.
     #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = throughput::DEFAULT_SIZE)]
     pub size: usize,
+    /// The clients' transport: WebSocket, server-sent events (`GET /sse`)
+    /// or HTTP-streaming (`POST /stream`).
+    #[arg(long, value_enum, default_value_t = Transport::Ws)]
+    pub transport: Transport,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -171,6 +184,7 @@ impl ThroughputArgs {
         options.drain = self.drain.into();
         options.size = self.size;
         options.watch = self.watch.watch_pid.clone();
+        options.transport = self.transport;
         options
     }
 }
@@ -256,6 +270,7 @@ mod tests {
             clients: 19_000,
             topic: "loadtest.idle.1.2".to_owned(),
             max_hold: Duration::from_millis(120_500),
+            transport: Transport::Sse,
         };
         let Ok(Command::IdleWorker(back)) = parse_args(worker.args()) else {
             panic!("parsed");
@@ -267,13 +282,14 @@ mod tests {
     fn throughput_and_wire_take_their_options() {
         let Ok(Command::Throughput(args)) = parse(
             "throughput --gateway ws://127.0.0.1:8080 --gateway-pid 7 --clients 200 \
-             --topics 500 --subscriptions 50 --concurrency 12 --duration 5s",
+             --topics 500 --subscriptions 50 --concurrency 12 --duration 5s --transport sse",
         ) else {
             panic!("parsed");
         };
         let options = args.options();
         assert_eq!(options.publish_to.http_url(), "http://127.0.0.1:8080");
         assert_eq!(options.gateway_pid, Some(7));
+        assert_eq!(options.transport, Transport::Sse);
         assert_eq!(options.size, throughput::DEFAULT_SIZE);
         assert_eq!(
             (

@@ -10,7 +10,7 @@ use clap::Args;
 use super::output::{Out, Watch};
 use super::values::{number, rate};
 use crate::scenarios::chaos::faults::Kind;
-use crate::scenarios::{DEFAULT_SIZE, chaos, stall, storm};
+use crate::scenarios::{DEFAULT_SIZE, chaos, sse_failover, stall, storm};
 use crate::sessions::{Backoff, Cut};
 use crate::{Target, target};
 
@@ -93,6 +93,73 @@ impl StormArgs {
         options.kill_pid = self.kill_pid;
         options.connections = self.connections;
         options.token = self.token.clone();
+        options.size = self.size;
+        options.watch = self.watch.watch_pid.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct SseFailoverArgs {
+    /// A gateway, http://127.0.0.1:PORT; repeat for several pods.
+    #[arg(long, value_name = "URL", required = true, value_parser = Target::http)]
+    pub gateway: Vec<Target>,
+    /// Where the publisher posts, http://127.0.0.1:PORT [default: the first
+    /// gateway not killed].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// SIGKILL this gateway process at --kill-at (it must listen on a
+    /// --gateway port; needs broker = redis) [default: the tool drops every
+    /// stream itself].
+    #[arg(long, value_name = "PID")]
+    pub kill_pid: Option<u32>,
+    /// Clients, round-robin over the gateways.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = sse_failover::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Topics; client i on topic i % n.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = sse_failover::DEFAULT_TOPICS)]
+    pub topics: usize,
+    /// Messages per second, over all topics.
+    #[arg(long, value_name = "MSGS_PER_S", value_parser = rate, default_value_t = sse_failover::DEFAULT_RATE)]
+    pub rate: f64,
+    /// How long the publisher runs.
+    #[arg(long, value_name = "TIME", default_value_t = sse_failover::DEFAULT_DURATION.into())]
+    pub duration: humantime::Duration,
+    /// When the kill (or the cut) comes, from the first publish.
+    #[arg(long, value_name = "TIME", default_value_t = sse_failover::DEFAULT_KILL_AT.into())]
+    pub kill_at: humantime::Duration,
+    /// After the last publish, wait for every client to have everything.
+    #[arg(long, value_name = "TIME", default_value_t = sse_failover::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// The reconnection time when the server sent no `retry:` (jittered,
+    /// doubled per failed attempt).
+    #[arg(long, value_name = "TIME", default_value_t = sse_failover::DEFAULT_RETRY.into())]
+    pub retry: humantime::Duration,
+    /// Publisher keep-alive connections.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = sse_failover::DEFAULT_CONNECTIONS)]
+    pub connections: usize,
+    /// Payload bytes (the send-time stamp needs ~40).
+    #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = DEFAULT_SIZE)]
+    pub size: usize,
+    #[command(flatten)]
+    pub watch: Watch,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl SseFailoverArgs {
+    pub fn options(&self) -> sse_failover::Options {
+        let mut options = sse_failover::Options::new(self.gateway.clone());
+        options.publish_to = self.publish_to.clone();
+        options.kill_pid = self.kill_pid;
+        options.clients = self.clients;
+        options.topics = self.topics;
+        options.rate = self.rate;
+        options.duration = self.duration.into();
+        options.kill_at = self.kill_at.into();
+        options.drain = self.drain.into();
+        options.retry = self.retry.into();
+        options.connections = self.connections;
         options.size = self.size;
         options.watch = self.watch.watch_pid.clone();
         options

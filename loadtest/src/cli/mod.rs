@@ -13,8 +13,8 @@
 //! - [`capacity`]: how much a gateway takes: `publish`, `idle` (and its
 //!   worker process), `throughput`, `wire`.
 //! - [`faults`]: the scenarios that break something and check what the
-//!   clients saw: `storm`, `chaos`, `stall`; and `proxy`, the bad network
-//!   they go through.
+//!   clients saw: `storm`, `sse-failover`, `chaos`, `stall`; and `proxy`,
+//!   the bad network they go through.
 //! - [`mod@presence`]: `presence`, a room of many members on pods it
 //!   runs, drains and kills.
 //! - [`mod@hooks`]: `hooks`, the backend hooks (connect and publish
@@ -41,7 +41,7 @@ use crate::scenarios::{floor, idle};
 
 pub use self::capacity::{IdleArgs, PublishArgs, ThroughputArgs, WireArgs, WorkerArgs};
 pub use self::fanout::{FanoutArgs, FloorArgs, PodsArgs, ReadersArgs, Rounds, SlowArgs, Spread};
-pub use self::faults::{ChaosArgs, ProxyArgs, StallArgs, StormArgs};
+pub use self::faults::{ChaosArgs, ProxyArgs, SseFailoverArgs, StallArgs, StormArgs};
 pub use self::hooks::HooksArgs;
 pub use self::output::{Out, Watch};
 pub use self::presence::PresenceArgs;
@@ -118,6 +118,18 @@ pub enum Command {
     /// lost and (application) duplicated messages must be 0, every session
     /// must resume.
     Storm(StormArgs),
+    /// Server-sent event streams across a pod's death: --clients
+    /// EventSource-style clients round-robin over the --gateway URLs (pods
+    /// sharing a Redis), a paced publisher on a pod that survives; at
+    /// --kill-at, --kill-pid is killed with SIGKILL (without it, the tool
+    /// drops every stream).
+    ///
+    /// Each client whose stream ends comes back as EventSource does (after
+    /// the server's retry:, with Last-Event-ID) at the next gateway. Per
+    /// client, messages lost and duplicated (both must be 0), resets (must
+    /// be 0), the time until every cut client reads again.
+    #[command(name = "sse-failover")]
+    SseFailover(SseFailoverArgs),
     /// A soak with its own cluster: a Redis master and replica, --pods
     /// herald pods (--herald) reaching Redis through a proxy of this tool,
     /// --clients clients with sessions resuming at random pods, --publishers
@@ -183,7 +195,9 @@ pub enum Command {
     /// to one topic, held for --duration while the gateways ping them.
     ///
     /// Every ping is answered. Gateway RSS per connection (with
-    /// --gateway-pid), unexpected closes (must be 0). Clients past what one
+    /// --gateway-pid), unexpected closes (must be 0). --transport sse or
+    /// stream: server-sent event or HTTP-streaming streams instead, their
+    /// heartbeats read. Clients past what one
     /// process may open are held by worker processes (this program again),
     /// each with its own file-descriptor limit.
     ///
@@ -204,7 +218,10 @@ pub enum Command {
     /// round-robin over the topics for --duration.
     ///
     /// Deliveries per second and per gateway CPU-second (with
-    /// --gateway-pid); lost, duplicated (both must be 0).
+    /// --gateway-pid); lost, duplicated (both must be 0). --transport sse
+    /// or stream: the same over server-sent events (the topics in GET
+    /// /sse's query, at most the gateway's streams.max_topics) or
+    /// HTTP-streaming (POST /stream, the subs by POST /stream/<session>).
     Throughput(ThroughputArgs),
     /// Bytes on the wire per message: each payload (a JSON string of that
     /// size) is published and its frame read off a raw socket, against a

@@ -13,7 +13,8 @@
 //! - [`page`]: the header, the sections in order, the notes at the end.
 //! - One module per section, named for its scenario: [`fanout`],
 //!   [`profile`], [`slow`], [`idle`], [`storm`], [`identity`], [`chaos`],
-//!   [`presence`], [`hooks`], [`pods`], [`publish`], [`stall`], [`throughput`], [`wire`], [`micro`].
+//!   [`presence`], [`hooks`], [`pods`], [`publish`], [`stall`], [`throughput`], [`streams`],
+//!   [`wire`], [`micro`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -38,6 +39,7 @@ pub mod results;
 mod slow;
 mod stall;
 mod storm;
+mod streams;
 mod throughput;
 mod wire;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::results::Results;
 use super::{
     chaos, fanout, hooks, identity, idle, micro, pods, presence, profile, publish, slow, stall,
-    storm, throughput, wire,
+    storm, streams, throughput, wire,
 };
 
 /// The whole page, from a results directory.
@@ -30,6 +30,7 @@ pub fn render(results: &Results) -> String {
         publish::section(results),
         stall::section(results),
         throughput::section(results),
+        streams::section(results),
         wire::section(results),
         micro::section(results),
         notes(results),

@@ -25,6 +25,7 @@ use crate::scenarios::pods::Pods;
 use crate::scenarios::presence::Presence;
 use crate::scenarios::publish::Publish;
 use crate::scenarios::slow::Slow;
+use crate::scenarios::sse_failover::SseFailover;
 use crate::scenarios::stall::Stall;
 use crate::scenarios::storm::Storm;
 use crate::scenarios::throughput::Throughput;
@@ -70,6 +71,7 @@ pub enum Figures {
     Chaos(Chaos),
     Presence(Presence),
     Hooks(Hooks),
+    SseFailover(SseFailover),
 }
 
 /// One result file: its envelope, and its scenario's result.
@@ -225,6 +227,13 @@ impl Results {
         }
     }
 
+    pub fn sse_failover(&self, name: &str) -> Option<&SseFailover> {
+        match &self.file(name)?.figures {
+            Figures::SseFailover(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// A file of the directory, other than a result: its text, if there.
     pub fn text(&self, file: &str) -> Option<String> {
         std::fs::read(self.dir.join(file))
@@ -304,6 +313,7 @@ impl File {
             Chaos::SCENARIO => typed(text, Figures::Chaos)?,
             Presence::SCENARIO => typed(text, Figures::Presence)?,
             Hooks::SCENARIO => typed(text, Figures::Hooks)?,
+            SseFailover::SCENARIO => typed(text, Figures::SseFailover)?,
             _ => return Err(FileError::Scenario(scenario)),
         })
     }

@@ -5,7 +5,13 @@
 //! connection is lost meanwhile: any close or EOF before the end counts as
 //! an unexpected close, and there must be none.
 //!
-//! Every client is a [`raw::Client`]: a socket, a 512-byte buffer and a
+//! `--transport sse` holds server-sent event streams instead (`GET /sse`
+//! on the topic; the gateway's heartbeat is a comment, nothing to answer),
+//! `--transport stream` HTTP-streaming ones (`POST /stream`, the `sub` by
+//! `POST /stream/<session>`): the same figure, bytes per held stream.
+//!
+//! Every client is a [`crate::raw::Client`] (or a [`crate::streams`] one): a
+//! socket, a 512-byte buffer and a
 //! task that answers each ping with a pong at once, so tens of thousands fit
 //! in one process and none is closed for a missed pong while the others are
 //! still connecting. A process may hold only as many clients as it may open
@@ -31,8 +37,8 @@ use crate::clients::{
 };
 use crate::cpu::{Meter, Usage};
 use crate::memory::rss_bytes;
-use crate::raw::{self, Client};
 use crate::report::{Outcome, Row};
+use crate::streams::{Conn, Incoming, Transport};
 use crate::{Error, Target};
 
 /// Connections held, over all gateways.
@@ -74,6 +80,8 @@ pub struct Options {
     /// The program a worker runs (default: this one). Tests name the
     /// `herald-loadtest` binary, as their own program is the test harness.
     pub worker_program: Option<PathBuf>,
+    /// The clients' transport.
+    pub transport: Transport,
 }
 
 impl Options {
@@ -87,6 +95,7 @@ impl Options {
             topic: None,
             watch: Vec::new(),
             worker_program: None,
+            transport: Transport::Ws,
         }
     }
 
@@ -134,6 +143,7 @@ pub struct Worker {
     pub topic: String,
     /// Stops by itself this long after connecting if not told to before.
     pub max_hold: Duration,
+    pub transport: Transport,
 }
 
 impl Worker {
@@ -152,6 +162,8 @@ impl Worker {
             self.topic.clone(),
             "--max-hold".to_owned(),
             format!("{}ms", self.max_hold.as_millis()),
+            "--transport".to_owned(),
+            self.transport.name().to_owned(),
         ]);
         args
     }
@@ -225,6 +237,7 @@ pub async fn hold(
     first: usize,
     count: usize,
     topic: &str,
+    transport: Transport,
 ) -> Result<Holding, Error> {
     if gateways.is_empty() {
         return Err(Error::Options("no gateway to connect to".to_owned()));
@@ -258,7 +271,7 @@ pub async fn hold(
                     return Ok(held);
                 }
                 let gateway = client % gateways.len();
-                match open(client, &gateways[gateway], &topic).await {
+                match open(client, &gateways[gateway], &topic, transport).await {
                     Ok(c) => held.push((gateway, tokio::spawn(keep(c, gateway, counters.clone())))),
                     Err(e) => {
                         failed.store(true, Ordering::Relaxed);
@@ -297,22 +310,33 @@ pub async fn hold(
 }
 
 /// One client, connected and subscribed within [`CONNECT_TIMEOUT`].
-async fn open(client: usize, target: &Target, topic: &str) -> Result<Client, Error> {
+async fn open(
+    client: usize,
+    target: &Target,
+    topic: &str,
+    transport: Transport,
+) -> Result<Conn, Error> {
     let source = source_addr(target.addr.ip(), client);
     let fail = client_failure(client, source, target.addr);
     let opening = async {
-        let mut c = Client::connect(source, target, BUFFER_BYTES, client as u64)
-            .await
-            .map_err(|e| {
-                let hint = if e.to_string().contains(" 503 ") {
-                    " (over the gateway's websocket.max_connections: \
-                     HERALD_WEBSOCKET__MAX_CONNECTIONS)"
-                } else {
-                    ""
-                };
-                fail(format!("{e}{hint}"))
-            })?;
-        c.subscribe(&[topic]).await.map_err(fail)?;
+        let (c, _) = Conn::subscribed(
+            transport,
+            source,
+            target,
+            &[topic],
+            BUFFER_BYTES,
+            client as u64,
+        )
+        .await
+        .map_err(|e| {
+            let hint = if e.contains(" 503") {
+                " (over the gateway's websocket.max_connections: \
+                 HERALD_WEBSOCKET__MAX_CONNECTIONS)"
+            } else {
+                ""
+            };
+            fail(format!("{e}{hint}"))
+        })?;
         Ok(c)
     };
     tokio::time::timeout(CONNECT_TIMEOUT, opening)
@@ -320,22 +344,27 @@ async fn open(client: usize, target: &Target, topic: &str) -> Result<Client, Err
         .map_err(|_| fail(format!("not subscribed within {CONNECT_TIMEOUT:?}")))?
 }
 
-/// Holds one client: answers pings until the connection ends, and counts
-/// the end as unexpected unless the scenario is stopping.
-async fn keep(mut client: Client, gateway: usize, counters: Arc<Counters>) {
+/// Holds one client: answers pings (or counts a stream's heartbeats) until
+/// the connection ends, and counts the end as unexpected unless the
+/// scenario is stopping.
+async fn keep(mut client: Conn, gateway: usize, counters: Arc<Counters>) {
     let reason = loop {
         let ping = match client.next().await {
-            Ok(Some(frame)) => match frame.opcode {
-                raw::OP_PING => frame.payload.to_vec(),
-                raw::OP_CLOSE => break format!("closed: {}", raw::describe_close(frame.payload)),
+            Ok(Some(frame)) => match frame {
+                Incoming::Ping(ping) => ping,
+                Incoming::Heartbeat => {
+                    counters.pings.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Incoming::Closed(reason) => break format!("closed: {reason}"),
                 // Nothing is published on the topic; a `reset` would be news
                 // but not a close.
-                _ => continue,
+                Incoming::Frame(_) | Incoming::Other => continue,
             },
             Ok(None) => break "EOF".to_owned(),
             Err(e) => break e.to_string(),
         };
-        if let Err(e) = client.send(raw::OP_PONG, &ping).await {
+        if let Err(e) = client.pong(&ping).await {
             break format!("sending a pong: {e}");
         }
         counters.pings.fetch_add(1, Ordering::Relaxed);
@@ -383,6 +412,7 @@ pub async fn work(worker: Worker) -> Result<(), Error> {
         worker.first,
         worker.clients,
         &worker.topic,
+        worker.transport,
     )
     .await
     {
@@ -473,6 +503,9 @@ enum Holders {
 /// The result of an `idle` run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Idle {
+    /// The clients' transport (results from before it was a choice: `ws`).
+    #[serde(default)]
+    pub transport: Transport,
     pub topic: String,
     pub clients: usize,
     pub processes: usize,
@@ -525,7 +558,16 @@ pub async fn run(options: Options) -> Result<Idle, Error> {
 
     let connecting = Instant::now();
     let holders = if processes <= 1 {
-        Holders::Here(hold(&options.gateways, 0, options.clients, &topic).await?)
+        Holders::Here(
+            hold(
+                &options.gateways,
+                0,
+                options.clients,
+                &topic,
+                options.transport,
+            )
+            .await?,
+        )
     } else {
         let program = match &options.worker_program {
             Some(p) => p.clone(),
@@ -542,6 +584,7 @@ pub async fn run(options: Options) -> Result<Idle, Error> {
                 clients: each.min(options.clients - first),
                 topic: topic.clone(),
                 max_hold,
+                transport: options.transport,
             };
             parts.push(Part::start(&program, &worker)?);
         }
@@ -631,6 +674,7 @@ pub async fn run(options: Options) -> Result<Idle, Error> {
     .filter(|_| !measured.is_empty());
 
     Ok(Idle {
+        transport: options.transport,
         topic,
         clients: options.clients,
         processes: processes.max(1),
@@ -663,12 +707,16 @@ impl Outcome for Idle {
             Row::new(
                 "clients",
                 format!(
-                    "{} in {} process(es) on topic {}, connected and subscribed in {:.2} s",
-                    self.clients, self.processes, self.topic, self.connect_s
+                    "{} ({}) in {} process(es) on topic {}, connected and subscribed in {:.2} s",
+                    self.clients,
+                    self.transport.name(),
+                    self.processes,
+                    self.topic,
+                    self.connect_s
                 ),
             ),
             Row::new("held", format!("{:.0} s", self.duration_s)),
-            Row::new("pings answered", self.pings_answered),
+            Row::new("pings answered (heartbeats read)", self.pings_answered),
             Row::new("unexpected closes", self.unexpected_closes),
             Row::new(
                 "gateway RSS per connection",

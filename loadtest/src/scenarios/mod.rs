@@ -20,6 +20,9 @@
 //!   HTTP/1.1 POST of the same payload.
 //! - [`storm`]: every session cut at once (or its pod killed) and resumed:
 //!   time until all are back, messages lost and duplicated.
+//! - [`sse_failover`]: server-sent event streams across a pod's death:
+//!   `EventSource`-style clients come back at another pod with
+//!   `Last-Event-ID`; messages lost and duplicated per client.
 //! - [`stall`]: a canary topic's latency on a pod that watches many topics
 //!   while Redis is slow, through a burst of new topics and a pub/sub
 //!   reconnect: does one slow part stop fan-out for every topic?
@@ -46,6 +49,7 @@ pub mod pods;
 pub mod presence;
 pub mod publish;
 pub mod slow;
+pub mod sse_failover;
 pub mod stall;
 pub mod storm;
 pub mod throughput;

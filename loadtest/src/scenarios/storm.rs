@@ -561,7 +561,7 @@ fn merge(result: &mut Storm, cut: Option<Instant>, seqs: &[Vec<u64>], records: &
 /// The index of the gateway whose listening socket process `pid` holds: the
 /// check that keeps `--kill-pid` from killing anything but a gateway of
 /// this run. Linux only (`/proc`).
-fn gateway_of(pid: u32, gateways: &[Target]) -> Result<usize, Error> {
+pub(crate) fn gateway_of(pid: u32, gateways: &[Target]) -> Result<usize, Error> {
     let refuse = |why: String| Err(Error::Options(format!("--kill-pid {pid}: {why}")));
     if pid == std::process::id() {
         return refuse("that is this process".to_owned());
@@ -611,7 +611,7 @@ fn listen_entry(line: &str) -> Option<(u16, u64)> {
 }
 
 /// SIGKILL, with the system's `kill` (this crate has no unsafe code).
-fn kill(pid: u32) -> Result<(), Error> {
+pub(crate) fn kill(pid: u32) -> Result<(), Error> {
     let status = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()

@@ -8,7 +8,8 @@
 //! keep-alive HTTP connections publish back to back, round-robin over the
 //! topics. Each client thus receives a share of every publish, many frames
 //! at once, which lets the gateway write them with one syscall: the
-//! coalescing this scenario is about. Clients are [`raw::Client`]s that
+//! coalescing this scenario is about. Clients are [`crate::raw::Client`]s (or
+//! their stream twins, [`crate::streams`]) that
 //! count `msg` frames from their fixed prefix without parsing JSON, so they
 //! cost little of the machine's CPU.
 //!
@@ -17,6 +18,12 @@
 //! answered with. The gateway's CPU comes from `/proc/<pid>/stat` of
 //! `--gateway-pid`, over the window from the first publish to the last
 //! delivery.
+//!
+//! `--transport` picks the clients' transport ([`Transport`]): WebSocket
+//! (`sub` per topic), server-sent events (the topics in `GET /sse`'s query)
+//! or HTTP-streaming (`POST /stream`, the `sub`s by `POST
+//! /stream/<session>`); the same counting on each, so the three runs'
+//! deliveries per gateway CPU-second compare (`scripts/bench.sh streams`).
 //!
 //! Why HTTP and not gRPC `PublishBatch`: with a fan-out of tens of
 //! subscribers per topic, a publish's HTTP cost is shared by all its
@@ -38,8 +45,8 @@ use crate::clients::{
 };
 use crate::cpu::{Meter, Usage};
 use crate::publish::{Connection, back_to_back, body};
-use crate::raw::{self, Client};
 use crate::report::{Outcome, Row, delivery_failures};
+use crate::streams::{Conn, Incoming, Transport};
 use crate::{Error, Target};
 
 /// Subscribing clients.
@@ -93,6 +100,8 @@ pub struct Options {
     pub drain: Duration,
     /// Other local processes whose CPU time to report.
     pub watch: Vec<u32>,
+    /// The clients' transport.
+    pub transport: Transport,
 }
 
 impl Options {
@@ -109,6 +118,7 @@ impl Options {
             size: DEFAULT_SIZE,
             drain: DEFAULT_DRAIN,
             watch: Vec::new(),
+            transport: Transport::Ws,
         }
     }
 
@@ -156,6 +166,9 @@ pub fn payload(size: usize) -> String {
 /// The result of a `throughput` run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Throughput {
+    /// The clients' transport (results from before it was a choice: `ws`).
+    #[serde(default)]
+    pub transport: Transport,
     pub gateway: String,
     pub publish_to: String,
     pub gateway_pid: Option<u32>,
@@ -304,6 +317,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
     let _ = stop.send(true);
 
     let mut result = Throughput {
+        transport: options.transport,
         gateway: options.gateway.ws_url(),
         publish_to: options.publish_to.http_url(),
         gateway_pid: options.gateway_pid,
@@ -373,7 +387,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
 async fn connect_all(
     options: &Options,
     topics: &Arc<[String]>,
-) -> Result<Vec<(usize, Vec<u64>, Client)>, Error> {
+) -> Result<Vec<(usize, Vec<u64>, Conn)>, Error> {
     let mut all = Vec::with_capacity(options.clients);
     let mut pending = JoinSet::new();
     for client in 0..options.clients {
@@ -383,6 +397,7 @@ async fn connect_all(
             all.push(joined(done)?);
         }
         let target = options.gateway.clone();
+        let transport = options.transport;
         let mine: Vec<String> = options
             .topics_of(client)
             .map(|t| topics[t].clone())
@@ -391,11 +406,17 @@ async fn connect_all(
             let source = source_addr(target.addr.ip(), client);
             let fail = client_failure(client, source, target.addr);
             let opening = async {
-                let mut c = Client::connect(source, &target, BUFFER_BYTES, client as u64)
-                    .await
-                    .map_err(|e| fail(e.to_string()))?;
                 let names: Vec<&str> = mine.iter().map(String::as_str).collect();
-                let seqs = c.subscribe(&names).await.map_err(fail)?;
+                let (c, seqs) = Conn::subscribed(
+                    transport,
+                    source,
+                    &target,
+                    &names,
+                    BUFFER_BYTES,
+                    client as u64,
+                )
+                .await
+                .map_err(fail)?;
                 Ok((client, seqs, c))
             };
             tokio::time::timeout(CONNECT_TIMEOUT, opening)
@@ -409,7 +430,7 @@ async fn connect_all(
     Ok(all)
 }
 
-type Opened = Result<(usize, Vec<u64>, Client), Error>;
+type Opened = Result<(usize, Vec<u64>, Conn), Error>;
 
 fn joined(done: Result<Opened, tokio::task::JoinError>) -> Opened {
     match done {
@@ -421,7 +442,7 @@ fn joined(done: Result<Opened, tokio::task::JoinError>) -> Opened {
 /// Reads one client's frames until `stop`, checking each topic's seqs.
 async fn read(
     client: usize,
-    mut c: Client,
+    mut c: Conn,
     initial: Vec<u64>,
     options: Options,
     progress: Arc<AtomicU64>,
@@ -451,9 +472,9 @@ async fn read(
             frame = c.next() => frame,
         };
         let pong = match frame {
-            Ok(Some(frame)) => match frame.opcode {
-                raw::OP_TEXT => {
-                    match raw::msg_topic_seq(frame.payload)
+            Ok(Some(frame)) => match frame {
+                Incoming::Frame(payload) => {
+                    match crate::raw::msg_topic_seq(payload)
                         .and_then(|(topic, seq)| Some((topic_index(topic)?, seq)))
                         .map(|(t, seq)| (((t + options.topics - first) % options.topics), seq))
                         .filter(|(j, _)| *j < options.subscriptions)
@@ -468,12 +489,13 @@ async fn read(
                     }
                     None
                 }
-                raw::OP_PING => Some(frame.payload.to_vec()),
-                raw::OP_CLOSE => {
-                    seen.end = Some(format!("closed: {}", raw::describe_close(frame.payload)));
+                Incoming::Ping(ping) => Some(ping),
+                Incoming::Heartbeat => None,
+                Incoming::Closed(reason) => {
+                    seen.end = Some(format!("closed: {reason}"));
                     break;
                 }
-                _ => {
+                Incoming::Other => {
                     seen.unexpected += 1;
                     None
                 }
@@ -488,7 +510,7 @@ async fn read(
             }
         };
         if let Some(ping) = pong
-            && let Err(e) = c.send(raw::OP_PONG, &ping).await
+            && let Err(e) = c.pong(&ping).await
         {
             seen.end = Some(format!("sending a pong: {e}"));
             break;
@@ -516,9 +538,10 @@ impl Outcome for Throughput {
             Row::new(
                 "clients",
                 format!(
-                    "{} on {}, {} topics each of {} ({:.1} subscribers per topic), \
+                    "{} ({}) on {}, {} topics each of {} ({:.1} subscribers per topic), \
                      connected in {:.2} s",
                     self.clients,
+                    self.transport.name(),
                     self.gateway,
                     self.subscriptions_per_client,
                     self.topics,
