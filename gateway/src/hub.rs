@@ -18,6 +18,15 @@
 //! history instead, which holds the same messages ([`Hub::go_live`] says
 //! so). A long replay to a slow client thus costs its queue, not everything
 //! published while it lasts.
+//!
+//! A live subscriber whose queue has no room for a topic's frame (it reads
+//! slower than the topic goes) meets the topic's lag policy ([`OnLag`]):
+//! with `catch_up`, it goes back to holding, overrun from the start (nothing
+//! held: history has it), its cursor at the last frame it was given, and its
+//! session is told ([`Resets::lagged`]) and woken: it reads the topic's
+//! history after the cursor at the client's pace and goes live again
+//! ([`Hub::caught_up`]) as a replay does. `disconnect` and `drop_newest`
+//! are the connection's overflow rules, as before namespaces had a say.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -26,15 +35,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use proto::ServerMessage;
-use router::{Deliver, Epoch, Position, Publication, Topic};
+use router::{Deliver, Epoch, OnLag, Position, Publication, Topic};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Span;
 
 use crate::admission::ConnId;
+use crate::config::Overflow;
 use crate::frame::{self, Format, Frames};
 use crate::metrics::Metrics;
-use crate::outbound::{IdleSockets, Outbound, Pushed};
+use crate::outbound::{IdleSockets, Offered, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -66,6 +76,8 @@ struct Subscriber {
     cursor: Position,
     /// `Some` while the session reads history: frames held aside.
     pending: Option<Holding>,
+    /// What a frame its queue has no room for leads to.
+    on_lag: OnLag,
 }
 
 /// What a subscriber that reads history holds aside.
@@ -76,6 +88,44 @@ struct Holding {
     /// More came than the bounds hold: everything held was dropped, and
     /// nothing is held until the session asks again. History has it all.
     overrun: bool,
+    /// It was live and lagged: a catch-up, not a subscribe handshake, reads
+    /// its history ([`Hub::caught_up`]).
+    lag: bool,
+}
+
+impl Holding {
+    /// Nothing held, and nothing to be until the session asks again.
+    fn overrun(lag: bool) -> Self {
+        Self {
+            overrun: true,
+            lag,
+            ..Self::default()
+        }
+    }
+
+    /// Holding aside from now.
+    fn fresh(lag: bool) -> Self {
+        Self {
+            lag,
+            ..Self::default()
+        }
+    }
+}
+
+/// What [`Hub::caught_up`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaughtUp {
+    /// Back on the live stream: what was held aside past the position is
+    /// queued.
+    Live,
+    /// More arrived meanwhile than could be held: nothing was sent, it
+    /// holds aside from now, and the catch-up reads on from history.
+    Overrun,
+    /// The queue had no room for all that was held: it lags again, from
+    /// this position (the last frame queued); the catch-up reads on.
+    Lagged(Position),
+    /// Not a lagging subscriber of the topic any more (it left).
+    Gone,
 }
 
 /// A frame held aside for a subscriber that reads history.
@@ -127,6 +177,12 @@ pub fn admit(cursor: &mut Position, kind: Kind, epoch: &Epoch, seq: u64) -> bool
 pub trait Resets: Send {
     /// The subscriber was sent a reset of `topic` to `epoch` and `seq`.
     fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64);
+
+    /// The subscriber's queue had no room for a frame of `topic` (its
+    /// policy `catch_up`): it was sent up to `cursor`, and is to be caught
+    /// up from history from there (the hub pokes its connection after
+    /// this). Ignored by default: a subscriber that never lags.
+    fn lagged(&self, _topic: &Topic, _cursor: &Position) {}
 }
 
 /// The result of [`Hub::join`].
@@ -154,13 +210,31 @@ impl Hub {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a buffering subscriber.
+    /// Adds a buffering subscriber whose queue's overflow rule is its lag
+    /// policy.
     pub fn join(
         &self,
         topic: &Topic,
         conn: ConnId,
         out: Outbound,
         session: impl Resets + 'static,
+    ) -> Joined {
+        let on_lag = match out.overflow_rule() {
+            Overflow::Disconnect => OnLag::Disconnect,
+            Overflow::DropNewest => OnLag::DropNewest,
+        };
+        self.join_as(topic, conn, out, session, on_lag)
+    }
+
+    /// Adds a buffering subscriber with the lag policy `on_lag` (its
+    /// namespace's).
+    pub fn join_as(
+        &self,
+        topic: &Topic,
+        conn: ConnId,
+        out: Outbound,
+        session: impl Resets + 'static,
+        on_lag: OnLag,
     ) -> Joined {
         let mut shard = self.shard(topic);
         let local = shard.entry(topic.clone()).or_insert_with(|| {
@@ -179,6 +253,7 @@ impl Hub {
                 seq: 0,
             },
             pending: Some(Holding::default()),
+            on_lag,
         };
         if local.subscribers.insert(conn, subscriber).is_none() {
             self.metrics.subscriptions.inc();
@@ -194,34 +269,137 @@ impl Hub {
     /// held: then nothing was sent, the subscriber holds aside again from
     /// now, and the session reads on from history past `position` (it holds
     /// what was dropped) before it calls this again.
+    ///
+    /// Where the queue has no room for all that was held, the subscriber
+    /// lags at once, as a live one would (its session is told): the
+    /// handshake is over all the same.
     #[must_use]
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) -> bool {
+        self.release(topic, conn, position, false) != CaughtUp::Overrun
+    }
+
+    /// [`go_live`](Self::go_live) for a lagging subscriber's catch-up,
+    /// which has sent it up to `position` from history: what it finds is
+    /// the catch-up's to act on (it is not told of a new lag, it reads on).
+    pub fn caught_up(&self, topic: &Topic, conn: ConnId, position: &Position) -> CaughtUp {
+        self.release(topic, conn, position, true)
+    }
+
+    fn release(
+        &self,
+        topic: &Topic,
+        conn: ConnId,
+        position: &Position,
+        catching_up: bool,
+    ) -> CaughtUp {
         let mut idle = IdleSockets::default();
         let mut shard = self.shard(topic);
-        let Some(local) = shard.get_mut(topic) else {
-            return true;
+        let subscriber = shard.get_mut(topic).and_then(|local| {
+            local.head = local.head.max(position.seq);
+            local.subscribers.get_mut(&conn)
+        });
+        let Some(subscriber) = subscriber else {
+            return CaughtUp::Gone;
         };
-        let Some(subscriber) = local.subscribers.get_mut(&conn) else {
-            return true;
+        let lag = match &subscriber.pending {
+            Some(holding) => holding.lag,
+            None => return CaughtUp::Gone,
         };
-        if subscriber.pending.as_ref().is_some_and(|h| h.overrun) {
-            subscriber.pending = Some(Holding::default());
-            return false;
+        if lag != catching_up {
+            // A catch-up of a subscriber that left and joined again, or a
+            // handshake of one that lags: not this caller's to release.
+            return CaughtUp::Gone;
         }
-        local.head = local.head.max(position.seq);
+        if subscriber.pending.as_ref().is_some_and(|h| h.overrun) {
+            subscriber.pending = Some(Holding::fresh(lag));
+            return CaughtUp::Overrun;
+        }
         subscriber.cursor = position.clone();
         let held = subscriber.pending.take().unwrap_or_default();
+        let mut result = CaughtUp::Live;
         for held in held.frames {
-            if admit(&mut subscriber.cursor, held.kind, &held.epoch, held.seq) {
-                if held.kind == Kind::Reset {
-                    subscriber.session.reset(topic, &held.epoch, held.seq);
+            let delivered = self.deliver_to(
+                topic,
+                subscriber,
+                held.kind,
+                (&held.epoch, held.seq),
+                held.frame,
+                held.at,
+                &mut idle,
+            );
+            if !delivered {
+                // The rest is dropped with the holding: history has it.
+                if catching_up {
+                    subscriber.pending = Some(Holding::overrun(true));
+                    self.metrics.lag.lagged(OnLag::CatchUp);
+                    result = CaughtUp::Lagged(subscriber.cursor.clone());
+                } else {
+                    self.lag(topic, subscriber);
                 }
-                self.count(subscriber.out.push(held.frame, held.at, &mut idle));
+                break;
             }
         }
         drop(shard);
         idle.spawn(&self.metrics);
+        result
+    }
+
+    /// Offers a live subscriber a frame, as [`admit`] allows, applying its
+    /// lag policy when its queue has no room. False when it lags
+    /// (`catch_up`): its cursor was left where it was, and the caller marks
+    /// it lagging.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver_to(
+        &self,
+        topic: &Topic,
+        subscriber: &mut Subscriber,
+        kind: Kind,
+        position: (&Epoch, u64),
+        frame: Bytes,
+        at: Instant,
+        idle: &mut IdleSockets,
+    ) -> bool {
+        let (epoch, seq) = position;
+        // A reset moves the cursor to another epoch: kept to put back, as a
+        // publication's seq is.
+        let before = (kind == Kind::Reset).then(|| subscriber.cursor.clone());
+        let before_seq = subscriber.cursor.seq;
+        if !admit(&mut subscriber.cursor, kind, epoch, seq) {
+            return true;
+        }
+        let offered = subscriber.out.offer(frame, at, idle);
+        if offered == Offered::Full {
+            match subscriber.on_lag {
+                OnLag::CatchUp => {
+                    match before {
+                        Some(before) => subscriber.cursor = before,
+                        None => subscriber.cursor.seq = before_seq,
+                    }
+                    return false;
+                }
+                OnLag::DropNewest => {
+                    self.metrics.lag.lagged(OnLag::DropNewest);
+                    self.count(subscriber.out.overflow_as(Overflow::DropNewest));
+                }
+                OnLag::Disconnect => {
+                    self.metrics.lag.lagged(OnLag::Disconnect);
+                    subscriber.out.overflow_as(Overflow::Disconnect);
+                }
+            }
+        }
+        if kind == Kind::Reset {
+            subscriber.session.reset(topic, epoch, seq);
+        }
         true
+    }
+
+    /// A live subscriber lags (`catch_up`): nothing more of the topic goes
+    /// to it (history holds it), and its session is told and woken.
+    fn lag(&self, topic: &Topic, subscriber: &mut Subscriber) {
+        subscriber.pending = Some(Holding::overrun(true));
+        self.metrics.lag.lagged(OnLag::CatchUp);
+        subscriber.session.lagged(topic, &subscriber.cursor);
+        subscriber.out.poke();
     }
 
     /// Drops what a buffering subscriber held aside, and holds aside from
@@ -232,9 +410,9 @@ impl Hub {
             .get_mut(topic)
             .and_then(|local| local.subscribers.get_mut(&conn));
         if let Some(subscriber) = subscriber
-            && subscriber.pending.is_some()
+            && let Some(holding) = &subscriber.pending
         {
-            subscriber.pending = Some(Holding::default());
+            subscriber.pending = Some(Holding::fresh(holding.lag));
         }
     }
 
@@ -276,7 +454,8 @@ impl Hub {
     /// still in its subscribe handshake is skipped: it has not had its `ok`
     /// yet, and its session takes no other command (a `presence` query)
     /// before it is live, so any page it asks for is at or past what this
-    /// message says.
+    /// message says. One that lags is offered it, and misses it only where
+    /// its queue has no room (counted as dropped): it is in no history.
     pub fn broadcast(&self, topic: &Topic, message: &ServerMessage<'_>) -> usize {
         let mut frames = Frames::new(|format| frame::message(format, message));
         let mut shard = self.shard(topic);
@@ -287,11 +466,18 @@ impl Hub {
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         let mut pushed = 0;
         for subscriber in local.subscribers.values_mut() {
-            if subscriber.pending.is_some() {
-                continue;
-            }
+            let lags = match &subscriber.pending {
+                Some(holding) if !holding.lag => continue,
+                Some(_) => true,
+                None => false,
+            };
             let frame = frames.get(subscriber.out.format());
-            let result = subscriber.out.push(frame, at, &mut idle);
+            let result = match subscriber.out.offer(frame, at, &mut idle) {
+                Offered::Queued => Pushed::Queued,
+                Offered::Closed => Pushed::Closed,
+                Offered::Full if lags || subscriber.on_lag != OnLag::Disconnect => Pushed::Dropped,
+                Offered::Full => subscriber.out.overflow_as(Overflow::Disconnect),
+            };
             if result != Pushed::Closed {
                 pushed += 1;
             }
@@ -344,11 +530,8 @@ impl Hub {
             let frame = frames.get(subscriber.out.format());
             match &mut subscriber.pending {
                 None => {
-                    if admit(&mut subscriber.cursor, kind, position.0, position.1) {
-                        if kind == Kind::Reset {
-                            subscriber.session.reset(topic, position.0, position.1);
-                        }
-                        self.count(subscriber.out.push(frame, at, &mut idle));
+                    if !self.deliver_to(topic, subscriber, kind, position, frame, at, &mut idle) {
+                        self.lag(topic, subscriber);
                     }
                 }
                 // History holds it: the session reads it from there.
@@ -368,12 +551,7 @@ impl Hub {
                 }
                 // More than its queue would hold: dropped, memory and all;
                 // the session reads on from history instead.
-                Some(holding) => {
-                    *holding = Holding {
-                        overrun: true,
-                        ..Holding::default()
-                    }
-                }
+                Some(holding) => *holding = Holding::overrun(holding.lag),
             }
         }
         drop(shard);

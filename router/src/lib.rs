@@ -42,7 +42,7 @@ use tracing::Instrument;
 pub use error::{BrokerError, Causes, Unavailable};
 pub use history::{HistoryPage, HistoryQuery};
 pub use memory::MemoryBroker;
-pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
+pub use namespace::{NamespaceSettings, Namespaces, OnLag, Publish, Subscribe};
 pub use observe::Observer;
 pub use page::{Page, PageSize};
 pub use presence::{

@@ -4,11 +4,13 @@
 //! statuses, gRPC methods and codes: [`labels`]): never a topic or a session.
 
 mod labels;
+mod lag;
 mod observer;
 mod proxy;
 mod register;
 
 pub use labels::*;
+pub use lag::{CatchUpOutcome, LAG_POLICIES, LagMetrics};
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 
@@ -82,6 +84,8 @@ pub struct Metrics {
     pub webhook_post_seconds: Histogram,
     /// The proxies' (issue #24).
     pub proxy: ProxyMetrics,
+    /// Lagging subscribers' (issue #25).
+    pub lag: LagMetrics,
 }
 
 impl Metrics {
@@ -425,6 +429,7 @@ impl Metrics {
                 "How long each webhook POST took, answer read.",
             ),
             proxy: ProxyMetrics::new(r),
+            lag: LagMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();

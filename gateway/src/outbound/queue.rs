@@ -46,6 +46,16 @@ pub enum Pushed {
     Closed,
 }
 
+/// The result of [`Outbound::offer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    Queued,
+    /// No room within the bounds: nothing was done.
+    Full,
+    /// The connection is closing; the frame was not queued.
+    Closed,
+}
+
 /// A request to end the connection.
 #[derive(Debug, Clone)]
 pub struct Close {
@@ -319,14 +329,24 @@ impl Outbound {
     /// Queues `frame`, handed over by the fan-out at `at`, without waiting.
     /// A connection nobody is writing to joins `idle`, which writes it.
     pub fn push(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Pushed {
+        match self.offer(frame, at, idle) {
+            Offered::Queued => Pushed::Queued,
+            Offered::Closed => Pushed::Closed,
+            Offered::Full => self.overflow(),
+        }
+    }
+
+    /// [`push`](Self::push), but a frame without room is only reported
+    /// ([`Offered::Full`]), the overflow rule not applied: the fan-out
+    /// decides by the topic's lag policy (`on_lag`) what follows.
+    pub fn offer(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Offered {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
-            return Pushed::Closed;
+            return Offered::Closed;
         }
         if state.frames.len() >= limits.frames || state.bytes + frame.len() > limits.bytes {
-            drop(state);
-            return self.overflow();
+            return Offered::Full;
         }
         state.oldest.get_or_insert(at);
         let nobody_writing = state.frames.is_empty() && !state.writing;
@@ -335,7 +355,12 @@ impl Outbound {
         if nobody_writing {
             idle.0.push(self.clone());
         }
-        Pushed::Queued
+        Offered::Queued
+    }
+
+    /// The rule for a frame that does not fit, as `queue.overflow` says.
+    pub fn overflow_rule(&self) -> Overflow {
+        self.shared.limits.overflow
     }
 
     /// Appends `frame`, releases the lock, and wakes the writer if it may be
@@ -351,7 +376,13 @@ impl Outbound {
 
     /// Applies the overflow rule to a frame that does not fit.
     pub fn overflow(&self) -> Pushed {
-        match self.shared.limits.overflow {
+        self.overflow_as(self.shared.limits.overflow)
+    }
+
+    /// Applies `rule` (a namespace's, which may differ from the
+    /// connection's) to a frame that does not fit.
+    pub fn overflow_as(&self, rule: Overflow) -> Pushed {
+        match rule {
             Overflow::DropNewest => Pushed::Dropped,
             Overflow::Disconnect => {
                 let mut state = self.state();

@@ -51,6 +51,8 @@ impl Session {
                             // Boxed, as a command is: the loop would carry
                             // the handshake's future all along.
                             Box::pin(self.server_commands()).await;
+                            // Or for a topic the client lags in.
+                            self.catch_up_lagging();
                         }
                         _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);
