@@ -707,6 +707,141 @@ mod tests {
         assert_eq!(queued(&out), 1, "6 only");
     }
 
+    /// What a session is told of its subscription: the lags.
+    #[derive(Clone, Default)]
+    struct Told(Arc<Mutex<Vec<Position>>>);
+    impl Resets for Told {
+        fn reset(&self, _: &Topic, _: &Epoch, _: u64) {}
+        fn lagged(&self, _: &Topic, cursor: &Position) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(cursor.clone());
+        }
+    }
+
+    /// A hub holding 4 frames aside, a topic `t` of epoch `e`, and a live
+    /// subscriber (conn 1) with `policy` whose queue holds 2 frames.
+    fn lagging_rig(policy: OnLag) -> (Hub, Topic, Epoch, Outbound, Told) {
+        use crate::config::Limits;
+        let hub = Hub::new(Arc::new(Metrics::new()), 4, 1 << 20);
+        let topic = Topic::parse("t").unwrap_or_else(|e| panic!("{e}"));
+        let epoch: Epoch = Arc::from("e");
+        let out = Outbound::new(Limits {
+            frames: 2,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        });
+        let told = Told::default();
+        hub.join_as(&topic, 1, out.clone(), told.clone(), policy);
+        let at = Position {
+            epoch: epoch.clone(),
+            seq: 0,
+        };
+        assert!(hub.go_live(&topic, 1, &at));
+        (hub, topic, epoch, out, told)
+    }
+
+    fn publish(hub: &Hub, topic: &Topic, epoch: &Epoch, seq: u64) {
+        hub.deliver(
+            &Publication {
+                topic: topic.clone(),
+                epoch: epoch.clone(),
+                seq,
+                data: Bytes::from_static(b"1"),
+            },
+            None,
+        )
+    }
+
+    /// Frames queued since the last look, taken as the writer would.
+    fn drained(out: &Outbound) -> u64 {
+        match out.take(&mut Vec::new()) {
+            Some(taken) => {
+                out.written(taken.bytes);
+                taken.frames
+            }
+            None => 0,
+        }
+    }
+
+    #[test]
+    fn a_live_subscriber_without_room_lags_and_goes_live_again_after_its_catch_up() {
+        let (hub, topic, epoch, out, told) = lagging_rig(OnLag::CatchUp);
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        // 3 found no room: the subscriber lags from 2, the last it was given.
+        let lags = told.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(lags, vec![at(2)]);
+        assert!(!out.is_closing(), "a lagging client stays connected");
+        assert_eq!(drained(&out), 2);
+        // Nothing more of the topic goes to it: history has it.
+        publish(&hub, &topic, &epoch, 4);
+        assert_eq!(drained(&out), 0);
+        // Its catch-up sent 3 and 4 from history: it holds aside from now,
+        // reads once more, and goes live past what it sent.
+        assert_eq!(hub.caught_up(&topic, 1, &at(4)), CaughtUp::Overrun);
+        publish(&hub, &topic, &epoch, 5);
+        publish(&hub, &topic, &epoch, 6);
+        // The last read went to 5: 6 only is released, once.
+        assert_eq!(hub.caught_up(&topic, 1, &at(5)), CaughtUp::Live);
+        assert_eq!(drained(&out), 1);
+        publish(&hub, &topic, &epoch, 7);
+        assert_eq!(drained(&out), 1, "live again");
+        assert_eq!(told.0.lock().unwrap_or_else(|e| e.into_inner()).len(), 1);
+        assert_eq!(
+            hub.caught_up(&topic, 1, &at(7)),
+            CaughtUp::Gone,
+            "not lagging"
+        );
+    }
+
+    #[test]
+    fn a_catch_up_whose_held_frames_find_no_room_reads_on_from_the_last_one_queued() {
+        let (hub, topic, epoch, out, _told) = lagging_rig(OnLag::CatchUp);
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert_eq!(hub.caught_up(&topic, 1, &at(3)), CaughtUp::Overrun);
+        for seq in 4..=6 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        // Two frames (1, 2) still queued: none of 4..=6 fits.
+        assert_eq!(hub.caught_up(&topic, 1, &at(3)), CaughtUp::Lagged(at(3)));
+        assert_eq!(drained(&out), 2);
+        assert_eq!(hub.caught_up(&topic, 1, &at(6)), CaughtUp::Overrun);
+        assert_eq!(hub.caught_up(&topic, 1, &at(6)), CaughtUp::Live);
+    }
+
+    #[test]
+    fn drop_newest_drops_and_disconnect_closes_as_before() {
+        let (hub, topic, epoch, out, told) = lagging_rig(OnLag::DropNewest);
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert_eq!(hub.metrics.dropped_queue_full.get(), 1);
+        assert!(!out.is_closing());
+        assert_eq!(drained(&out), 2);
+        publish(&hub, &topic, &epoch, 4);
+        assert_eq!(drained(&out), 1, "the next one goes, past a gap");
+
+        let (hub, topic, epoch, out, _) = lagging_rig(OnLag::Disconnect);
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert!(out.is_closing(), "closed with 4000");
+        assert!(told.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+    }
+
     #[test]
     fn the_next_seq_passes_and_a_reset_behind_the_cursor_does_not() {
         let (a, b): (Epoch, Epoch) = (Arc::from("a"), Arc::from("b"));
