@@ -44,7 +44,7 @@ use crate::admission::ConnId;
 use crate::config::Overflow;
 use crate::frame::{self, Format, Frames};
 use crate::metrics::Metrics;
-use crate::outbound::{IdleSockets, Offered, Outbound, Pushed};
+use crate::outbound::{IdleSockets, Outbound, Pushed};
 use crate::telemetry;
 
 const SHARDS: usize = 64;
@@ -368,7 +368,7 @@ impl Hub {
             return true;
         }
         let offered = subscriber.out.offer(frame, at, idle);
-        if offered == Offered::Full {
+        if offered == Pushed::Full {
             match subscriber.on_lag {
                 OnLag::CatchUp => {
                     match before {
@@ -473,10 +473,9 @@ impl Hub {
             };
             let frame = frames.get(subscriber.out.format());
             let result = match subscriber.out.offer(frame, at, &mut idle) {
-                Offered::Queued => Pushed::Queued,
-                Offered::Closed => Pushed::Closed,
-                Offered::Full if lags || subscriber.on_lag != OnLag::Disconnect => Pushed::Dropped,
-                Offered::Full => subscriber.out.overflow_as(Overflow::Disconnect),
+                Pushed::Full if lags || subscriber.on_lag != OnLag::Disconnect => Pushed::Dropped,
+                Pushed::Full => subscriber.out.overflow_as(Overflow::Disconnect),
+                pushed => pushed,
             };
             if result != Pushed::Closed {
                 pushed += 1;

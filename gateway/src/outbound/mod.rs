@@ -10,5 +10,5 @@ mod queue;
 pub mod writer;
 
 pub use direct::{IdleSockets, SocketWriter};
-pub use queue::{Close, Offered, Outbound, Pushed, Taken};
+pub use queue::{Close, Outbound, Pushed, Taken};
 pub use writer::Writing;

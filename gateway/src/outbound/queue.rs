@@ -44,16 +44,8 @@ pub enum Pushed {
     Overflowed,
     /// The connection is closing; the frame was not queued.
     Closed,
-}
-
-/// The result of [`Outbound::offer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offered {
-    Queued,
-    /// No room within the bounds: nothing was done.
+    /// No room, and nothing done: [`Outbound::offer`]'s only.
     Full,
-    /// The connection is closing; the frame was not queued.
-    Closed,
 }
 
 /// A request to end the connection.
@@ -330,23 +322,20 @@ impl Outbound {
     /// A connection nobody is writing to joins `idle`, which writes it.
     pub fn push(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Pushed {
         match self.offer(frame, at, idle) {
-            Offered::Queued => Pushed::Queued,
-            Offered::Closed => Pushed::Closed,
-            Offered::Full => self.overflow(),
+            Pushed::Full => self.overflow_as(self.shared.limits.overflow),
+            pushed => pushed,
         }
     }
 
-    /// [`push`](Self::push), but a frame without room is only reported
-    /// ([`Offered::Full`]), the overflow rule not applied: the fan-out
-    /// decides by the topic's lag policy (`on_lag`) what follows.
-    pub fn offer(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Offered {
+    /// [`push`](Self::push) without the overflow rule: [`Pushed::Full`].
+    pub fn offer(&self, frame: Bytes, at: Instant, idle: &mut IdleSockets) -> Pushed {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
-            return Offered::Closed;
+            return Pushed::Closed;
         }
         if state.frames.len() >= limits.frames || state.bytes + frame.len() > limits.bytes {
-            return Offered::Full;
+            return Pushed::Full;
         }
         state.oldest.get_or_insert(at);
         let nobody_writing = state.frames.is_empty() && !state.writing;
@@ -355,7 +344,7 @@ impl Outbound {
         if nobody_writing {
             idle.0.push(self.clone());
         }
-        Offered::Queued
+        Pushed::Queued
     }
 
     /// The rule for a frame that does not fit, as `queue.overflow` says.
@@ -374,13 +363,8 @@ impl Outbound {
         }
     }
 
-    /// Applies the overflow rule to a frame that does not fit.
-    pub fn overflow(&self) -> Pushed {
-        self.overflow_as(self.shared.limits.overflow)
-    }
-
-    /// Applies `rule` (a namespace's, which may differ from the
-    /// connection's) to a frame that does not fit.
+    /// Applies `rule` (the connection's overflow rule, or a namespace's
+    /// `on_lag`) to a frame that does not fit.
     pub fn overflow_as(&self, rule: Overflow) -> Pushed {
         match rule {
             Overflow::DropNewest => Pushed::Dropped,
