@@ -7,6 +7,7 @@
 
 mod direct;
 mod queue;
+mod room;
 pub mod writer;
 
 pub use direct::{IdleSockets, SocketWriter};

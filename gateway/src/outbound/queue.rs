@@ -94,7 +94,7 @@ pub struct Outbound {
 pub(super) struct Shared {
     /// For direct writes; without it, the writer writes everything.
     pub(super) socket: Option<Socket>,
-    limits: Limits,
+    pub(super) limits: Limits,
     state: Mutex<State>,
     /// Wakes the writer.
     writer: Notify,
@@ -149,7 +149,7 @@ pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
 pub(super) struct State {
     pub(super) frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
-    bytes: usize,
+    pub(super) bytes: usize,
     /// When the oldest queued fan-out frame was handed over, for the fan-out
     /// latency (one timestamp per queue, not per frame).
     pub(super) oldest: Option<Instant>,
@@ -589,7 +589,7 @@ impl Outbound {
 }
 
 /// A `send` counted in [`State::room_waiters`] while it waits.
-struct RoomWaiter<'a>(&'a Outbound);
+pub(super) struct RoomWaiter<'a>(pub(super) &'a Outbound);
 
 impl Drop for RoomWaiter<'_> {
     fn drop(&mut self) {

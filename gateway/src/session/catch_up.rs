@@ -10,11 +10,14 @@
 //! and its state exist only while the client lags).
 //!
 //! A catch-up is a replay ([`super::replay`]) from where the client stands:
-//! it takes one of the pod's replay turns (waiting as long as it must: the
-//! client is connected and served meanwhile), reads the topic's history a
-//! page at a time within the pod's rate (`replay.catch_up_reads_per_second`),
-//! each page once the queue has taken the one before
-//! ([`Outbound::send`] waits for room), and goes live with
+//! it reads the topic's history a page at a time, each page once the
+//! client's queue has room for it ([`Outbound::room`]: a client that stalls
+//! holds no page), taking one of the pod's replay turns for the read
+//! (`replay.max_concurrent`, waited for as long as it takes: the client is
+//! connected and served meanwhile; given back before the page is queued, so
+//! that a slow client does not keep replays and other catch-ups waiting)
+//! within the pod's rate (`replay.catch_up_reads_per_second`), and goes
+//! live with
 //! [`Hub::caught_up`](crate::hub::Hub::caught_up), which dedups against its
 //! cursor: each seq once, in order. What it holds is the queue and one page.
 //! Where history no longer reaches back to the client's place, it sends
@@ -106,19 +109,24 @@ impl CatchUp {
 
     async fn catch_up(&self, from: Position) -> CatchUpOutcome {
         let node = &self.node;
-        let Some(_turn) = node.replays.catch_up_turn(&self.out).await else {
-            return CatchUpOutcome::Ended;
-        };
         let size = node.replays.page();
         let mut outcome = CatchUpOutcome::Live;
         let mut at = from;
         loop {
+            // Nothing read, no turn taken, while the client reads nothing.
+            if !self.out.room().await {
+                return CatchUpOutcome::Ended;
+            }
+            let Some(turn) = node.replays.catch_up_turn(&self.out).await else {
+                return CatchUpOutcome::Ended;
+            };
             node.replays.catch_up_read().await;
-            match node
+            let read = node
                 .broker
                 .history(&self.topic, &at.epoch, at.seq, size)
-                .await
-            {
+                .await;
+            drop(turn);
+            match read {
                 Ok(Page::Read { publications, seq }) => {
                     let last = publications.is_empty();
                     for publication in publications {
