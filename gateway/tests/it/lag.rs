@@ -306,3 +306,53 @@ async fn with_on_lag_drop_newest_a_lagging_reader_sees_gaps_counted_and_stays() 
     drop(lagging);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_reader_is_served_its_commands_and_an_unsub_ends_its_catch_up() {
+    let history = NamespaceSettings {
+        history_size: 5000,
+        ..Default::default()
+    };
+    let gw = Gateway::with(config(&[("default", history)])).await;
+    let mut lagging = slow(&gw.ws_url(), "film").await;
+    let mut n = 0;
+    flood(gw.addr, "film", "catch_up", &mut n, 20).await;
+    // Still reading nothing, it leaves the topic it lags in and joins another:
+    // the connection reads its commands meanwhile.
+    lagging
+        .send(json!({"op": "unsub", "id": 2, "topic": "film"}))
+        .await;
+    lagging
+        .send(json!({"op": "sub", "id": 3, "topic": "news"}))
+        .await;
+    metric_is(
+        gw.addr,
+        "herald_lag_catch_ups_total{outcome=\"ended\"}",
+        1.0,
+    )
+    .await;
+    metric_is(gw.addr, "herald_lag_catching_up", 0.0).await;
+
+    // Reading again: what it was sent of `film`, in order, then the answers.
+    let mut last = 0;
+    loop {
+        let message = lagging.recv().await;
+        match message["op"].as_str() {
+            Some("msg") => {
+                assert_eq!(message["topic"], "film", "{message}");
+                let seq = message["seq"].as_u64().expect("seq");
+                assert_eq!(seq, last + 1, "a gap or a duplicate");
+                last = seq;
+            }
+            Some("ok") if message["id"] == 2 => {}
+            Some("ok") if message["id"] == 3 => break,
+            _ => panic!("unexpected {message}"),
+        }
+    }
+    assert!(last < n, "the catch-up stopped with the unsub");
+    let (status, _) = publish(gw.addr, "news", json!({"n": 1}), None).await;
+    assert_eq!(status, 200);
+    let (topic, seq, _) = lagging.msg().await;
+    assert_eq!((topic.as_str(), seq), ("news", 1));
+    gw.shutdown().await;
+}
