@@ -290,3 +290,35 @@ impl Session {
         self.out.close(CloseReason::Unavailable, true);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn catch_up_reads_keep_to_the_pods_rate_and_waits_are_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let config = ReplayConfig {
+            catch_up_reads_per_second: 10,
+            ..ReplayConfig::default()
+        };
+        let replays = Replays::new(&config, metrics.clone());
+        let start = tokio::time::Instant::now();
+        // A second's worth at once, then one a tenth of a second.
+        for _ in 0..10 {
+            replays.catch_up_read().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(metrics.lag.throttled.get(), 0);
+        for _ in 0..5 {
+            replays.catch_up_read().await;
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(450),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(metrics.lag.throttled.get(), 5);
+        assert_eq!(metrics.lag.history_reads.get(), 15);
+    }
+}

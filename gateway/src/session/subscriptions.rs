@@ -281,6 +281,9 @@ impl Subscriptions {
                 }
                 t != topic
             });
+            if lag.running.is_empty() && lag.waiting.is_empty() {
+                inner.lag = None;
+            }
         }
         let removed = inner.by_topic.remove(topic).is_some();
         if removed {
@@ -494,6 +497,31 @@ mod tests {
         let restored = Subscriptions::default();
         restored.restore(&state);
         assert!(restored.is_server(&news()));
+    }
+
+    #[tokio::test]
+    async fn a_lagging_topics_catch_up_is_recorded_and_stopped_when_the_topic_is_left() {
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0, false);
+        let at = Position {
+            epoch: Arc::from("e"),
+            seq: 4,
+        };
+        s.lagged(&news(), &at);
+        assert_eq!(s.take_lagging(), vec![(news(), at)]);
+        assert!(s.take_lagging().is_empty(), "taken once");
+        let task = tokio::spawn(std::future::pending::<()>());
+        s.catching_up(news(), || task.abort_handle());
+        assert!(s.remove(&news()));
+        let stopped = task.await.expect_err("aborted");
+        assert!(stopped.is_cancelled());
+        assert!(s.inner().lag.is_none(), "nothing held once it is over");
+        // One that ends by itself gives its place back.
+        let task = tokio::spawn(async { tokio::task::id() });
+        s.catching_up(news(), || task.abort_handle());
+        let id = task.await.expect("ran");
+        s.caught_up(id);
+        assert!(s.inner().lag.is_none());
     }
 
     #[tokio::test]
