@@ -15,7 +15,7 @@
 # the run; more than a few seconds means the figures are noisy).
 #
 # Usage: scripts/bench.sh            everything, then BENCHMARKS.md
-#        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
+#        scripts/bench.sh fanout ... only these parts (micro fanout profile slow lag
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
 #                                    chaos-cluster presence fanout-presence hooks
@@ -38,6 +38,7 @@
 #                   (target 0 and 0)
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  FAILOVER_CLIENTS=1000
 #                                    (optional, defaults shown)
+#   LAG_CLIENTS=1000  LAG_ROUNDS=10000: `lag`'s healthy clients and pause
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
 #                                    `publish` (single publishes through Redis)
 #                                    measure it as well, in the same run, for a
@@ -61,7 +62,7 @@ ROUNDS=${ROUNDS:-40}
 FAILOVER_CLIENTS=${FAILOVER_CLIENTS:-1000}
 BUILD=${BUILD:-release}
 PARTS=("$@")
-ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
+ALL_PARTS=(micro fanout profile slow lag throughput wire storm storm-auth idle-auth idle pods publish idle-pods
            idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks streams idle-sse
            sse-failover)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
@@ -146,6 +147,14 @@ if wants slow; then
     run slow -- slow --slow 1 "${fanout[@]}"
     say "slow, large frames: 20 clients, 60 KB, 50 ms apart (fills the kernel's buffers, so the close shows)"
     run slow-close -- slow --slow 1 --clients 20 --size 60000 --rounds 80 --interval 50ms
+fi
+
+if wants lag; then
+    # Issue #25: lagging clients caught up from history. History long enough
+    # for the pause (10,000 rounds), so that no one needs a reset.
+    say "lag: 100 of 1,100 clients stop reading for 10 s while 10,000 messages flow, then read again"
+    run lag --env HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE=20000 -- slow --slow 100 --catch-up 20 \
+        --clients "${LAG_CLIENTS:-1000}" --topics 1 --size 1024 --rounds "${LAG_ROUNDS:-10000}" --interval 1ms
 fi
 
 if wants throughput; then

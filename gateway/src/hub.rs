@@ -18,6 +18,15 @@
 //! history instead, which holds the same messages ([`Hub::go_live`] says
 //! so). A long replay to a slow client thus costs its queue, not everything
 //! published while it lasts.
+//!
+//! A live subscriber whose queue has no room for a topic's frame (it reads
+//! slower than the topic goes) meets the topic's lag policy ([`OnLag`]):
+//! with `catch_up`, it goes back to holding, overrun from the start (nothing
+//! held: history has it), its cursor at the last frame it was given, and its
+//! session is told ([`Resets::lagged`]) and woken: it reads the topic's
+//! history after the cursor at the client's pace and goes live again
+//! ([`Hub::caught_up`]) as a replay does. `disconnect` and `drop_newest`
+//! are the connection's overflow rules, as before namespaces had a say.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -26,12 +35,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use proto::ServerMessage;
-use router::{Deliver, Epoch, Position, Publication, Topic};
+use router::{Deliver, Epoch, OnLag, Position, Publication, Topic};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tracing::Span;
 
 use crate::admission::ConnId;
+use crate::config::Overflow;
 use crate::frame::{self, Format, Frames};
 use crate::metrics::Metrics;
 use crate::outbound::{IdleSockets, Mark, Outbound, Pushed};
@@ -66,6 +76,8 @@ struct Subscriber {
     cursor: Position,
     /// `Some` while the session reads history: frames held aside.
     pending: Option<Holding>,
+    /// What a frame its queue has no room for leads to.
+    on_lag: OnLag,
 }
 
 /// What a subscriber that reads history holds aside.
@@ -76,6 +88,44 @@ struct Holding {
     /// More came than the bounds hold: everything held was dropped, and
     /// nothing is held until the session asks again. History has it all.
     overrun: bool,
+    /// It was live and lagged: a catch-up, not a subscribe handshake, reads
+    /// its history ([`Hub::caught_up`]).
+    lag: bool,
+}
+
+impl Holding {
+    /// Nothing held, and nothing to be until the session asks again.
+    fn overrun(lag: bool) -> Self {
+        Self {
+            overrun: true,
+            lag,
+            ..Self::default()
+        }
+    }
+
+    /// Holding aside from now.
+    fn fresh(lag: bool) -> Self {
+        Self {
+            lag,
+            ..Self::default()
+        }
+    }
+}
+
+/// What [`Hub::caught_up`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaughtUp {
+    /// Back on the live stream: what was held aside past the position is
+    /// queued.
+    Live,
+    /// More arrived meanwhile than could be held: nothing was sent, it
+    /// holds aside from now, and the catch-up reads on from history.
+    Overrun,
+    /// The queue had no room for all that was held: it lags again, from
+    /// this position (the last frame queued); the catch-up reads on.
+    Lagged(Position),
+    /// Not a lagging subscriber of the topic any more (it left).
+    Gone,
 }
 
 /// A frame held aside for a subscriber that reads history.
@@ -127,6 +177,12 @@ pub fn admit(cursor: &mut Position, kind: Kind, epoch: &Epoch, seq: u64) -> bool
 pub trait Resets: Send {
     /// The subscriber was sent a reset of `topic` to `epoch` and `seq`.
     fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64);
+
+    /// The subscriber's queue had no room for a frame of `topic` (its
+    /// policy `catch_up`): it was sent up to `cursor`, and is to be caught
+    /// up from history from there (the hub pokes its connection after
+    /// this). Ignored by default: a subscriber that never lags.
+    fn lagged(&self, _topic: &Topic, _cursor: &Position) {}
 }
 
 /// The result of [`Hub::join`].
@@ -154,13 +210,31 @@ impl Hub {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a buffering subscriber.
+    /// Adds a buffering subscriber whose queue's overflow rule is its lag
+    /// policy.
     pub fn join(
         &self,
         topic: &Topic,
         conn: ConnId,
         out: Outbound,
         session: impl Resets + 'static,
+    ) -> Joined {
+        let on_lag = match out.overflow_rule() {
+            Overflow::Disconnect => OnLag::Disconnect,
+            Overflow::DropNewest => OnLag::DropNewest,
+        };
+        self.join_as(topic, conn, out, session, on_lag)
+    }
+
+    /// Adds a buffering subscriber with the lag policy `on_lag` (its
+    /// namespace's).
+    pub fn join_as(
+        &self,
+        topic: &Topic,
+        conn: ConnId,
+        out: Outbound,
+        session: impl Resets + 'static,
+        on_lag: OnLag,
     ) -> Joined {
         let mut shard = self.shard(topic);
         let local = shard.entry(topic.clone()).or_insert_with(|| {
@@ -179,6 +253,7 @@ impl Hub {
                 seq: 0,
             },
             pending: Some(Holding::default()),
+            on_lag,
         };
         if local.subscribers.insert(conn, subscriber).is_none() {
             self.metrics.subscriptions.inc();
@@ -194,42 +269,143 @@ impl Hub {
     /// held: then nothing was sent, the subscriber holds aside again from
     /// now, and the session reads on from history past `position` (it holds
     /// what was dropped) before it calls this again.
+    ///
+    /// Where the queue has no room for all that was held, the subscriber
+    /// lags at once, as a live one would (its session is told): the
+    /// handshake is over all the same.
     #[must_use]
     pub fn go_live(&self, topic: &Topic, conn: ConnId, position: &Position) -> bool {
+        self.release(topic, conn, position, false) != CaughtUp::Overrun
+    }
+
+    /// [`go_live`](Self::go_live) for a lagging subscriber's catch-up,
+    /// which has sent it up to `position` from history: what it finds is
+    /// the catch-up's to act on (it is not told of a new lag, it reads on).
+    pub fn caught_up(&self, topic: &Topic, conn: ConnId, position: &Position) -> CaughtUp {
+        self.release(topic, conn, position, true)
+    }
+
+    fn release(
+        &self,
+        topic: &Topic,
+        conn: ConnId,
+        position: &Position,
+        catching_up: bool,
+    ) -> CaughtUp {
         let mut idle = IdleSockets::default();
         let mut shard = self.shard(topic);
-        let Some(local) = shard.get_mut(topic) else {
-            return true;
+        let subscriber = shard.get_mut(topic).and_then(|local| {
+            local.head = local.head.max(position.seq);
+            local.subscribers.get_mut(&conn)
+        });
+        let Some(subscriber) = subscriber else {
+            return CaughtUp::Gone;
         };
-        let Some(subscriber) = local.subscribers.get_mut(&conn) else {
-            return true;
+        let lag = match &subscriber.pending {
+            Some(holding) => holding.lag,
+            None => return CaughtUp::Gone,
         };
-        if subscriber.pending.as_ref().is_some_and(|h| h.overrun) {
-            subscriber.pending = Some(Holding::default());
-            return false;
+        if lag != catching_up {
+            // A catch-up of a subscriber that left and joined again, or a
+            // handshake of one that lags: not this caller's to release.
+            return CaughtUp::Gone;
         }
-        local.head = local.head.max(position.seq);
+        if subscriber.pending.as_ref().is_some_and(|h| h.overrun) {
+            subscriber.pending = Some(Holding::fresh(lag));
+            return CaughtUp::Overrun;
+        }
         subscriber.cursor = position.clone();
         let held = subscriber.pending.take().unwrap_or_default();
+        let mut result = CaughtUp::Live;
         for held in held.frames {
-            if admit(&mut subscriber.cursor, held.kind, &held.epoch, held.seq) {
-                if held.kind == Kind::Reset {
-                    subscriber.session.reset(topic, &held.epoch, held.seq);
+            let delivered = self.deliver_to(
+                topic,
+                subscriber,
+                held.kind,
+                (&held.epoch, held.seq),
+                held.frame,
+                held.at,
+                &mut idle,
+            );
+            if !delivered {
+                // The rest is dropped with the holding: history has it.
+                if catching_up {
+                    subscriber.pending = Some(Holding::overrun(true));
+                    self.metrics.lag.lagged(OnLag::CatchUp);
+                    result = CaughtUp::Lagged(subscriber.cursor.clone());
+                } else {
+                    self.lag(topic, subscriber);
                 }
-                let mark = Mark {
-                    topic: topic.as_str(),
-                    epoch: &held.epoch,
-                    seq: held.seq,
-                };
-                let pushed = subscriber
-                    .out
-                    .push_marked(held.frame, Some(mark), held.at, &mut idle);
-                self.count(pushed);
+                break;
             }
         }
         drop(shard);
         idle.spawn(&self.metrics);
+        result
+    }
+
+    /// Offers a live subscriber a frame, as [`admit`] allows, applying its
+    /// lag policy when its queue has no room. False when it lags
+    /// (`catch_up`): its cursor was left where it was, and the caller marks
+    /// it lagging.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver_to(
+        &self,
+        topic: &Topic,
+        subscriber: &mut Subscriber,
+        kind: Kind,
+        position: (&Epoch, u64),
+        frame: Bytes,
+        at: Instant,
+        idle: &mut IdleSockets,
+    ) -> bool {
+        let (epoch, seq) = position;
+        // A reset moves the cursor to another epoch: kept to put back, as a
+        // publication's seq is.
+        let before = (kind == Kind::Reset).then(|| subscriber.cursor.clone());
+        let before_seq = subscriber.cursor.seq;
+        if !admit(&mut subscriber.cursor, kind, epoch, seq) {
+            return true;
+        }
+        // The frame moves an SSE stream's place in the topic (its event ids).
+        let mark = Mark {
+            topic: topic.as_str(),
+            epoch,
+            seq,
+        };
+        let offered = subscriber.out.offer(frame, Some(mark), at, idle);
+        if offered == Pushed::Full {
+            match subscriber.on_lag {
+                OnLag::CatchUp => {
+                    match before {
+                        Some(before) => subscriber.cursor = before,
+                        None => subscriber.cursor.seq = before_seq,
+                    }
+                    return false;
+                }
+                OnLag::DropNewest => {
+                    self.metrics.lag.lagged(OnLag::DropNewest);
+                    self.count(subscriber.out.overflow_as(Overflow::DropNewest));
+                }
+                OnLag::Disconnect => {
+                    self.metrics.lag.lagged(OnLag::Disconnect);
+                    subscriber.out.overflow_as(Overflow::Disconnect);
+                }
+            }
+        }
+        if kind == Kind::Reset {
+            subscriber.session.reset(topic, epoch, seq);
+        }
         true
+    }
+
+    /// A live subscriber lags (`catch_up`): nothing more of the topic goes
+    /// to it (history holds it), and its session is told and woken.
+    fn lag(&self, topic: &Topic, subscriber: &mut Subscriber) {
+        subscriber.pending = Some(Holding::overrun(true));
+        self.metrics.lag.lagged(OnLag::CatchUp);
+        subscriber.session.lagged(topic, &subscriber.cursor);
+        subscriber.out.poke();
     }
 
     /// Drops what a buffering subscriber held aside, and holds aside from
@@ -240,9 +416,9 @@ impl Hub {
             .get_mut(topic)
             .and_then(|local| local.subscribers.get_mut(&conn));
         if let Some(subscriber) = subscriber
-            && subscriber.pending.is_some()
+            && let Some(holding) = &subscriber.pending
         {
-            subscriber.pending = Some(Holding::default());
+            subscriber.pending = Some(Holding::fresh(holding.lag));
         }
     }
 
@@ -284,7 +460,8 @@ impl Hub {
     /// still in its subscribe handshake is skipped: it has not had its `ok`
     /// yet, and its session takes no other command (a `presence` query)
     /// before it is live, so any page it asks for is at or past what this
-    /// message says.
+    /// message says. One that lags is offered it, and misses it only where
+    /// its queue has no room (counted as dropped): it is in no history.
     pub fn broadcast(&self, topic: &Topic, message: &ServerMessage<'_>) -> usize {
         let mut frames = Frames::new(|format| frame::message(format, message));
         let mut shard = self.shard(topic);
@@ -295,11 +472,17 @@ impl Hub {
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         let mut pushed = 0;
         for subscriber in local.subscribers.values_mut() {
-            if subscriber.pending.is_some() {
-                continue;
-            }
+            let lags = match &subscriber.pending {
+                Some(holding) if !holding.lag => continue,
+                Some(_) => true,
+                None => false,
+            };
             let frame = frames.get(subscriber.out.format());
-            let result = subscriber.out.push(frame, at, &mut idle);
+            let result = match subscriber.out.offer(frame, None, at, &mut idle) {
+                Pushed::Full if lags || subscriber.on_lag != OnLag::Disconnect => Pushed::Dropped,
+                Pushed::Full => subscriber.out.overflow_as(Overflow::Disconnect),
+                pushed => pushed,
+            };
             if result != Pushed::Closed {
                 pushed += 1;
             }
@@ -352,17 +535,8 @@ impl Hub {
             let frame = frames.get(subscriber.out.format());
             match &mut subscriber.pending {
                 None => {
-                    if admit(&mut subscriber.cursor, kind, position.0, position.1) {
-                        if kind == Kind::Reset {
-                            subscriber.session.reset(topic, position.0, position.1);
-                        }
-                        let mark = Mark {
-                            topic: topic.as_str(),
-                            epoch: position.0,
-                            seq: position.1,
-                        };
-                        let pushed = subscriber.out.push_marked(frame, Some(mark), at, &mut idle);
-                        self.count(pushed);
+                    if !self.deliver_to(topic, subscriber, kind, position, frame, at, &mut idle) {
+                        self.lag(topic, subscriber);
                     }
                 }
                 // History holds it: the session reads it from there.
@@ -382,12 +556,7 @@ impl Hub {
                 }
                 // More than its queue would hold: dropped, memory and all;
                 // the session reads on from history instead.
-                Some(holding) => {
-                    *holding = Holding {
-                        overrun: true,
-                        ..Holding::default()
-                    }
-                }
+                Some(holding) => *holding = Holding::overrun(holding.lag),
             }
         }
         drop(shard);
@@ -541,6 +710,141 @@ mod tests {
         publish(6);
         assert!(hub.go_live(&topic, 1, &at(5)));
         assert_eq!(queued(&out), 1, "6 only");
+    }
+
+    /// What a session is told of its subscription: the lags.
+    #[derive(Clone, Default)]
+    struct Told(Arc<Mutex<Vec<Position>>>);
+    impl Resets for Told {
+        fn reset(&self, _: &Topic, _: &Epoch, _: u64) {}
+        fn lagged(&self, _: &Topic, cursor: &Position) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(cursor.clone());
+        }
+    }
+
+    /// A hub holding 4 frames aside, a topic `t` of epoch `e`, and a live
+    /// subscriber (conn 1) with `policy` whose queue holds 2 frames.
+    fn lagging_rig(policy: OnLag) -> (Hub, Topic, Epoch, Outbound, Told) {
+        use crate::config::Limits;
+        let hub = Hub::new(Arc::new(Metrics::new()), 4, 1 << 20);
+        let topic = Topic::parse("t").unwrap_or_else(|e| panic!("{e}"));
+        let epoch: Epoch = Arc::from("e");
+        let out = Outbound::new(Limits {
+            frames: 2,
+            bytes: 1 << 20,
+            overflow: Overflow::Disconnect,
+        });
+        let told = Told::default();
+        hub.join_as(&topic, 1, out.clone(), told.clone(), policy);
+        let at = Position {
+            epoch: epoch.clone(),
+            seq: 0,
+        };
+        assert!(hub.go_live(&topic, 1, &at));
+        (hub, topic, epoch, out, told)
+    }
+
+    fn publish(hub: &Hub, topic: &Topic, epoch: &Epoch, seq: u64) {
+        hub.deliver(
+            &Publication {
+                topic: topic.clone(),
+                epoch: epoch.clone(),
+                seq,
+                data: Bytes::from_static(b"1"),
+            },
+            None,
+        )
+    }
+
+    /// Frames queued since the last look, taken as the writer would.
+    fn drained(out: &Outbound) -> u64 {
+        match out.take(&mut Vec::new()) {
+            Some(taken) => {
+                out.written(taken.bytes);
+                taken.frames
+            }
+            None => 0,
+        }
+    }
+
+    #[test]
+    fn a_live_subscriber_without_room_lags_and_goes_live_again_after_its_catch_up() {
+        let (hub, topic, epoch, out, told) = lagging_rig(OnLag::CatchUp);
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        // 3 found no room: the subscriber lags from 2, the last it was given.
+        let lags = told.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(lags, vec![at(2)]);
+        assert!(!out.is_closing(), "a lagging client stays connected");
+        assert_eq!(drained(&out), 2);
+        // Nothing more of the topic goes to it: history has it.
+        publish(&hub, &topic, &epoch, 4);
+        assert_eq!(drained(&out), 0);
+        // Its catch-up sent 3 and 4 from history: it holds aside from now,
+        // reads once more, and goes live past what it sent.
+        assert_eq!(hub.caught_up(&topic, 1, &at(4)), CaughtUp::Overrun);
+        publish(&hub, &topic, &epoch, 5);
+        publish(&hub, &topic, &epoch, 6);
+        // The last read went to 5: 6 only is released, once.
+        assert_eq!(hub.caught_up(&topic, 1, &at(5)), CaughtUp::Live);
+        assert_eq!(drained(&out), 1);
+        publish(&hub, &topic, &epoch, 7);
+        assert_eq!(drained(&out), 1, "live again");
+        assert_eq!(told.0.lock().unwrap_or_else(|e| e.into_inner()).len(), 1);
+        assert_eq!(
+            hub.caught_up(&topic, 1, &at(7)),
+            CaughtUp::Gone,
+            "not lagging"
+        );
+    }
+
+    #[test]
+    fn a_catch_up_whose_held_frames_find_no_room_reads_on_from_the_last_one_queued() {
+        let (hub, topic, epoch, out, _told) = lagging_rig(OnLag::CatchUp);
+        let at = |seq| Position {
+            epoch: epoch.clone(),
+            seq,
+        };
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert_eq!(hub.caught_up(&topic, 1, &at(3)), CaughtUp::Overrun);
+        for seq in 4..=6 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        // Two frames (1, 2) still queued: none of 4..=6 fits.
+        assert_eq!(hub.caught_up(&topic, 1, &at(3)), CaughtUp::Lagged(at(3)));
+        assert_eq!(drained(&out), 2);
+        assert_eq!(hub.caught_up(&topic, 1, &at(6)), CaughtUp::Overrun);
+        assert_eq!(hub.caught_up(&topic, 1, &at(6)), CaughtUp::Live);
+    }
+
+    #[test]
+    fn drop_newest_drops_and_disconnect_closes_as_before() {
+        let (hub, topic, epoch, out, told) = lagging_rig(OnLag::DropNewest);
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert_eq!(hub.metrics.dropped_queue_full.get(), 1);
+        assert!(!out.is_closing());
+        assert_eq!(drained(&out), 2);
+        publish(&hub, &topic, &epoch, 4);
+        assert_eq!(drained(&out), 1, "the next one goes, past a gap");
+
+        let (hub, topic, epoch, out, _) = lagging_rig(OnLag::Disconnect);
+        for seq in 1..=3 {
+            publish(&hub, &topic, &epoch, seq);
+        }
+        assert!(out.is_closing(), "closed with 4000");
+        assert!(told.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
     }
 
     #[test]

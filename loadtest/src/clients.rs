@@ -323,7 +323,20 @@ impl Subscriber {
     /// stamped message its latency under its index (`messages` of them);
     /// `progress` counts first deliveries, so the scenario knows when all are in.
     pub async fn read(
+        self,
+        messages: usize,
+        progress: Arc<AtomicU64>,
+        stop: watch::Receiver<bool>,
+    ) -> Received {
+        self.read_from(0, messages, progress, stop).await
+    }
+
+    /// [`read`](Self::read), `progress` counting only the messages from
+    /// index `from` on (a client that joined at round `from` may still get
+    /// a straggler of a round before).
+    pub async fn read_from(
         mut self,
+        from: usize,
         messages: usize,
         progress: Arc<AtomicU64>,
         mut stop: watch::Receiver<bool>,
@@ -362,7 +375,9 @@ impl Subscriber {
                             let slot = &mut received.latency_us[stamp.i as usize];
                             if *slot == MISSING {
                                 *slot = stamp.latency_to(now).min(MISSING - 1);
-                                progress.fetch_add(1, Ordering::Relaxed);
+                                if stamp.i as usize >= from {
+                                    progress.fetch_add(1, Ordering::Relaxed);
+                                }
                             } else {
                                 received.duplicates += 1;
                             }

@@ -6,10 +6,11 @@
 //! for one name: a run's first pod's log is named after the run now
 //! (`idle-pods-cluster.log`, where `bench.sh` wrote `idle-cluster-pod-1.log`),
 //! and for the `presence` section (issue #23), the `hooks` one (issue
-//! #24) and the `streams` one (issue #25), which came later: their result
-//! files (`presence.json`, `presence-off.json`, `hooks.json`,
-//! `streams-*.json`, `idle-sse.json`, `sse-failover.json`) are made-up
-//! figures in the shape the scenarios write.
+//! #24), and the `streams` one and the `lag` part of the `slow` section
+//! (issue #25), which came later: their result files (`presence.json`,
+//! `presence-off.json`, `hooks.json`, `streams-*.json`, `idle-sse.json`,
+//! `sse-failover.json`, `lag.json`) are made-up figures in the shape the
+//! scenarios write.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed expectation is the failure
 

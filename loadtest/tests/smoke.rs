@@ -588,6 +588,10 @@ async fn slow_client_is_closed_and_the_others_get_every_round() {
     let mut config = Config::default();
     config.queue.bytes = QUEUE_BYTES;
     config.websocket.write_timeout = Duration::from_secs(2);
+    // Where history is kept, a lagging client is caught up from it by
+    // default (the next test); without, the queue's overflow rule closes it.
+    let namespace = config.namespaces.entry("default".to_owned()).or_default();
+    namespace.history_size = 0;
     let gateway = Gateway::start(config).await;
     let mut fanout = fanout::Options::new(gateway.target.clone());
     fanout.clients = 5;
@@ -616,6 +620,53 @@ async fn slow_client_is_closed_and_the_others_get_every_round() {
     assert!(client.closed_after_s.is_some() && client.blocked_for_s.is_some());
     assert!(client.rounds_received < client.rounds_sent, "{client:?}");
     assert!(outcome.rss[0].from_bytes.is_some());
+}
+
+/// `slow --catch-up` at CI size (issue #25): the same slow client, in a
+/// namespace that catches lagging clients up from history (the default
+/// where history is kept), reads again after the slow phase: it is not
+/// disconnected, gets every round once, and is back live for the last ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_that_reads_again_is_caught_up_and_back_live() {
+    const SIZE: usize = 60 * 1024;
+    const QUEUE_BYTES: usize = 256 * 1024;
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|w| w.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(4 << 20);
+    let rounds = (wmem_max + QUEUE_BYTES) / SIZE + 10;
+    let mut config = Config::default();
+    config.queue.bytes = QUEUE_BYTES;
+    config.websocket.write_timeout = Duration::from_secs(60);
+    let namespace = config.namespaces.entry("default".to_owned()).or_default();
+    namespace.history_size = 4 * rounds;
+    let gateway = Gateway::start(config).await;
+    let mut fanout = fanout::Options::new(gateway.target.clone());
+    fanout.clients = 5;
+    fanout.rounds = rounds;
+    fanout.warmup = 1;
+    fanout.interval = Duration::from_millis(50);
+    fanout.size = SIZE;
+    fanout.watch = vec![std::process::id()];
+    let mut options = slow::Options::new(fanout);
+    options.catch_up = Some(5);
+    options.catch_up_wait = Duration::from_secs(60);
+    let outcome = slow::run(options).await.expect("slow runs");
+    assert_passed(&outcome);
+    let caught = outcome.catch_up.as_ref().expect("catch-up figures");
+    assert_eq!(
+        (
+            caught.disconnected,
+            caught.lost,
+            caught.duplicated,
+            caught.back_live
+        ),
+        (0, 0, 0, 1),
+        "{caught:?}"
+    );
+    let lags = caught.lag_metrics["herald_lag_events_total{policy=\"catch_up\"}"];
+    assert!(lags >= 1, "the slow client lagged: {caught:?}");
+    assert!(caught.caught_up_s.is_some() && caught.rss[0].after_bytes.is_some());
 }
 
 /// The `herald` binary beside this test's (`target/<profile>/herald`):

@@ -46,7 +46,7 @@ pub use error::{BrokerError, Causes, Unavailable};
 pub use forward::Forward;
 pub use history::{HistoryPage, HistoryQuery};
 pub use memory::MemoryBroker;
-pub use namespace::{NamespaceSettings, Namespaces, Publish, Subscribe};
+pub use namespace::{NamespaceSettings, Namespaces, OnLag, Publish, Subscribe};
 pub use observe::Observer;
 pub use page::{Page, PageSize};
 pub use presence::{

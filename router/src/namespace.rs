@@ -44,6 +44,35 @@ pub struct NamespaceSettings {
     /// Each client `pub` goes through the backend's publish proxy
     /// (`[proxy.publish]`), instead of the `publish` rule.
     pub publish_proxy: bool,
+    /// What a subscriber whose outgoing queue has no room for one of the
+    /// topics' messages gets: `None` for the default, [`Self::on_lag`].
+    pub on_lag: Option<OnLag>,
+}
+
+/// What happens to a subscriber too slow for a namespace's topics: its
+/// outgoing queue has no room for the next message (issue #25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLag {
+    /// The topic's messages stop going to it; it is caught up from history
+    /// at its own pace, then put back on the live stream (or sent `reset`
+    /// where history no longer reaches back far enough). Needs history.
+    CatchUp,
+    /// Closed with 4000 (slow consumer); it resumes from its acks.
+    Disconnect,
+    /// The message is dropped for it, and counted.
+    DropNewest,
+}
+
+impl OnLag {
+    /// As metrics and logs name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CatchUp => "catch_up",
+            Self::Disconnect => "disconnect",
+            Self::DropNewest => "drop_newest",
+        }
+    }
 }
 
 /// Who may subscribe to a namespace's topics from a WebSocket.
@@ -83,7 +112,18 @@ impl Default for NamespaceSettings {
             presence_counts_only_above: 0,
             subscribe_proxy: false,
             publish_proxy: false,
+            on_lag: None,
         }
+    }
+}
+
+impl NamespaceSettings {
+    /// The lag policy configured, else `catch_up` where the namespace keeps
+    /// history; `None`: neither, the connection's `queue.overflow` decides,
+    /// as it did before namespaces had a say.
+    pub fn on_lag(&self) -> Option<OnLag> {
+        self.on_lag
+            .or((self.history_size > 0).then_some(OnLag::CatchUp))
     }
 }
 

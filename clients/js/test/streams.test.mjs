@@ -443,8 +443,8 @@ test(
     assert.deepEqual(events.filter((e) => e.t === 'msg').map((m) => [m.seq, m.data.from]), [[mine.seq, 'page'], [theirs.seq, 'backend']]);
     assert.equal(await page.evaluate(() => window.client.transport), 'stream');
     // Again, its preflight cached now: the stream's request may go on a
-    // connection the posts left open (the pod serves a stream only as a
-    // connection's first request, and redirects it otherwise).
+    // connection the posts left open (the pod serves it there too, through
+    // its HTTP server).
     await page.evaluate(() => {
       window.client.close();
       window.client.connect();

@@ -87,6 +87,10 @@ pub struct ReplayConfig {
     pub wait: Duration,
     pub page_messages: usize,
     pub page_bytes: usize,
+    /// History reads per second for lagging subscribers' catch-ups, shared
+    /// by the pod's connections: what lagging clients cost the broker is
+    /// capped, however many lag at once.
+    pub catch_up_reads_per_second: u32,
 }
 
 impl Default for ReplayConfig {
@@ -96,6 +100,7 @@ impl Default for ReplayConfig {
             wait: DEFAULT_REPLAY_WAIT,
             page_messages: DEFAULT_REPLAY_PAGE_MESSAGES,
             page_bytes: DEFAULT_REPLAY_PAGE_BYTES,
+            catch_up_reads_per_second: DEFAULT_REPLAY_CATCH_UP_READS_PER_SECOND,
         }
     }
 }

@@ -66,6 +66,9 @@ pub const DEFAULT_REPLAY_PAGE_MESSAGES: usize = 64;
 /// Bytes of message data one read of history returns at most (a larger
 /// message is read alone).
 pub const DEFAULT_REPLAY_PAGE_BYTES: usize = 256 * 1024;
+/// Reads of history per second for lagging subscribers' catch-ups, the
+/// pod's whole (a burst of as many).
+pub const DEFAULT_REPLAY_CATCH_UP_READS_PER_SECOND: u32 = 1000;
 /// Messages a history read (`history`, `GET /v1/history`) returns when it
 /// names no `limit`.
 pub const DEFAULT_HISTORY_LIMIT: usize = 100;

@@ -114,6 +114,10 @@ impl Config {
             ("replay.max_concurrent", replay.max_concurrent),
             ("replay.page_messages", replay.page_messages),
             ("replay.page_bytes", replay.page_bytes),
+            (
+                "replay.catch_up_reads_per_second",
+                replay.catch_up_reads_per_second as usize,
+            ),
             ("history.max_limit", self.history.max_limit),
         ] {
             if n == 0 {
@@ -206,6 +210,19 @@ impl Config {
                 key: "namespaces",
                 reason: e.to_string(),
             });
+        }
+        // A catch-up reads history: a namespace without any has none to read.
+        for (name, ns) in &self.namespaces {
+            if ns.on_lag == Some(router::OnLag::CatchUp) && ns.history_size == 0 {
+                return Err(ConfigError::Invalid {
+                    key: "namespaces",
+                    reason: format!(
+                        "namespace `{name}` has on_lag = \"catch_up\" but history_size = 0: a \
+                         lagging subscriber is caught up from history (keep some, or choose \
+                         \"disconnect\" or \"drop_newest\")"
+                    ),
+                });
+            }
         }
         // Without a key nobody holds a token: nobody could ever be granted a
         // topic or own a personal one.

@@ -4,6 +4,7 @@
 //! statuses, gRPC methods and codes: [`labels`]): never a topic or a session.
 
 mod labels;
+mod lag;
 mod observer;
 mod proxy;
 mod register;
@@ -11,6 +12,7 @@ mod stream_commands;
 mod streams;
 
 pub use labels::*;
+pub use lag::{CatchUpOutcome, LAG_POLICIES, LagMetrics};
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
 use register::{BUCKETS, counter, counter_vec, gauge, histogram, register};
 pub use stream_commands::{STREAM_COMMAND_RESULTS, STREAM_FORWARD_RESULTS, StreamCommandMetrics};
@@ -90,6 +92,8 @@ pub struct Metrics {
     pub streams: StreamMetrics,
     /// HTTP-streaming's command POSTs' (issue #25).
     pub stream_commands: StreamCommandMetrics,
+    /// Lagging subscribers' (issue #25).
+    pub lag: LagMetrics,
 }
 
 impl Metrics {
@@ -435,6 +439,7 @@ impl Metrics {
             proxy: ProxyMetrics::new(r),
             streams: StreamMetrics::new(r),
             stream_commands: StreamCommandMetrics::new(r),
+            lag: LagMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();

@@ -8,6 +8,7 @@
 mod direct;
 mod ids;
 mod queue;
+mod room;
 pub mod writer;
 
 pub use direct::{IdleSockets, SocketWriter};

@@ -45,6 +45,8 @@ pub enum Pushed {
     Overflowed,
     /// The connection is closing; the frame was not queued.
     Closed,
+    /// No room, and nothing done: [`Outbound::offer`]'s only.
+    Full,
 }
 
 /// A request to end the connection.
@@ -93,7 +95,7 @@ pub struct Outbound {
 pub(super) struct Shared {
     /// For direct writes; without it, the writer writes everything.
     pub(super) socket: Option<Socket>,
-    limits: Limits,
+    pub(super) limits: Limits,
     state: Mutex<State>,
     /// Wakes the writer.
     writer: Notify,
@@ -148,7 +150,7 @@ pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
 pub(super) struct State {
     pub(super) frames: VecDeque<Bytes>,
     /// Bytes queued plus bytes the writer took and has not finished writing.
-    bytes: usize,
+    pub(super) bytes: usize,
     /// When the oldest queued fan-out frame was handed over, for the fan-out
     /// latency (one timestamp per queue, not per frame).
     pub(super) oldest: Option<Instant>,
@@ -314,14 +316,29 @@ impl Outbound {
         at: Instant,
         idle: &mut IdleSockets,
     ) -> Pushed {
+        match self.offer(frame, mark, at, idle) {
+            Pushed::Full => self.overflow_as(self.shared.limits.overflow),
+            pushed => pushed,
+        }
+    }
+
+    /// [`push_marked`](Self::push_marked) without the overflow rule: a
+    /// frame that does not fit is [`Pushed::Full`], for the caller to
+    /// decide (a lagging subscriber's topic is caught up from history).
+    pub fn offer(
+        &self,
+        frame: Bytes,
+        mark: Option<Mark<'_>>,
+        at: Instant,
+        idle: &mut IdleSockets,
+    ) -> Pushed {
         let limits = self.shared.limits;
         let mut state = self.state();
         if state.is_closing() {
             return Pushed::Closed;
         }
         if state.is_full(limits.frames) || state.bytes + frame.len() > limits.bytes {
-            drop(state);
-            return self.overflow();
+            return Pushed::Full;
         }
         state.oldest.get_or_insert(at);
         let nobody_writing = state.frames.is_empty() && !state.writing;
@@ -331,6 +348,11 @@ impl Outbound {
             idle.0.push(self.clone());
         }
         Pushed::Queued
+    }
+
+    /// The rule for a frame that does not fit, as `queue.overflow` says.
+    pub fn overflow_rule(&self) -> Overflow {
+        self.shared.limits.overflow
     }
 
     /// Appends `frame`, releases the lock, and wakes the writer if it may be
@@ -344,9 +366,10 @@ impl Outbound {
         }
     }
 
-    /// Applies the overflow rule to a frame that does not fit.
-    pub fn overflow(&self) -> Pushed {
-        match self.shared.limits.overflow {
+    /// Applies `rule` (the connection's overflow rule, or a namespace's
+    /// `on_lag`) to a frame that does not fit.
+    pub fn overflow_as(&self, rule: Overflow) -> Pushed {
+        match rule {
             Overflow::DropNewest => Pushed::Dropped,
             Overflow::Disconnect => {
                 let mut state = self.state();
@@ -580,7 +603,7 @@ impl Outbound {
 }
 
 /// A `send` counted in [`State::room_waiters`] while it waits.
-struct RoomWaiter<'a>(&'a Outbound);
+pub(super) struct RoomWaiter<'a>(pub(super) &'a Outbound);
 
 impl Drop for RoomWaiter<'_> {
     fn drop(&mut self) {

@@ -52,6 +52,8 @@ impl Session {
                             // the handshake's future all along.
                             Box::pin(self.server_commands()).await;
                             Box::pin(self.posted_commands()).await;
+                            // Or for a topic the client lags in.
+                            self.catch_up_lagging();
                         }
                         _ = self.subscriptions.taken_over() => {
                             self.out.close(CloseReason::TakenOver, false);

@@ -133,12 +133,15 @@ impl Joining {
     /// gave one (else its claims').
     pub(super) fn join(session: &Session, topic: Topic, info: Option<Bytes>) -> Self {
         let node = session.node.clone();
-        let joined = node.hub.join(
-            &topic,
-            session.conn,
-            session.out.clone(),
-            session.subscriptions.clone(),
-        );
+        let (out, subscriptions) = (session.out.clone(), session.subscriptions.clone());
+        // The namespace's lag policy, else the connection's overflow rule.
+        let on_lag = node.namespaces.get(&topic).and_then(|ns| ns.on_lag());
+        let joined = match on_lag {
+            Some(on_lag) => node
+                .hub
+                .join_as(&topic, session.conn, out, subscriptions, on_lag),
+            None => node.hub.join(&topic, session.conn, out, subscriptions),
+        };
         // Every origin counts: a command's, a restore's.
         node.presence.enter(&topic, session.conn, || {
             let mut who = session.who();

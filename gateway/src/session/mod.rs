@@ -25,6 +25,8 @@
 //!   subscriptions restored, and the session saved to the store.
 //! - [`handshake`]: how a subscription starts, whoever asked for it: hub
 //!   join, broker watch and recover, the answer, then [`replay`] to live.
+//! - [`catch_up`]: a topic the client lags in, read from history at its
+//!   pace beside the connection's loop, then live again.
 //! - [`server_side`]: the subscriptions the server makes: a backend's
 //!   subscribe and unsubscribe of the user, the token's `topics`.
 //! - [`posted`]: commands posted for the session over HTTP
@@ -38,6 +40,7 @@
 
 mod access;
 mod approval;
+mod catch_up;
 mod commands;
 mod connect;
 mod connection;

@@ -20,7 +20,7 @@
 //! silent gap.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::IntGauge;
@@ -30,6 +30,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::Session;
 use super::handshake::Joining;
+use super::rate::Bucket;
 use crate::config::ReplayConfig;
 use crate::disconnect::CloseReason;
 use crate::frame;
@@ -44,6 +45,10 @@ pub struct Replays {
     wait: Duration,
     page: PageSize,
     metrics: Arc<Metrics>,
+    /// Lagging subscribers' reads of history, the pod's whole
+    /// (`replay.catch_up_reads_per_second`, a second's worth in a burst).
+    catch_up_reads: Mutex<Bucket>,
+    catch_up_rate: u32,
 }
 
 /// A replay's turn: its place among the replays running, until dropped.
@@ -90,6 +95,50 @@ impl Replays {
                 bytes: config.page_bytes,
             },
             metrics,
+            catch_up_reads: Mutex::new(Bucket::new(
+                config.catch_up_reads_per_second,
+                config.catch_up_reads_per_second,
+            )),
+            catch_up_rate: config.catch_up_reads_per_second.max(1),
+        }
+    }
+
+    /// A turn for a lagging subscriber's catch-up, however long it waits:
+    /// the client is connected and served meanwhile (only that topic
+    /// waits). `None` when the connection ends first.
+    pub(super) async fn catch_up_turn(&self, out: &Outbound) -> Option<Turn<'_>> {
+        let permit = tokio::select! {
+            permit = self.turns.acquire() => permit.ok()?,
+            () = out.stopped() => return None,
+        };
+        self.metrics.replays_running.inc();
+        Some(Turn {
+            _permit: permit,
+            running: &self.metrics.replays_running,
+        })
+    }
+
+    /// Waits for the pod's next catch-up read of history
+    /// (`replay.catch_up_reads_per_second`); counted when it had to wait.
+    pub(super) async fn catch_up_read(&self) {
+        let mut waited = false;
+        loop {
+            let taken = self
+                .catch_up_reads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if taken {
+                self.metrics.lag.history_reads.inc();
+                return;
+            }
+            if !waited {
+                self.metrics.lag.throttled.inc();
+                waited = true;
+            }
+            // A rate limit, not a synchronisation: a token comes back
+            // within one period.
+            tokio::time::sleep(Duration::from_secs_f64(1.0 / f64::from(self.catch_up_rate))).await;
         }
     }
 
@@ -241,5 +290,37 @@ impl Session {
         tracing::warn!(conn = self.conn, error = %Causes(e), "a replay's read failed; the client is to come back");
         tracing::debug!(conn = self.conn, %topic, "the replay that failed");
         self.out.close(CloseReason::Unavailable, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn catch_up_reads_keep_to_the_pods_rate_and_waits_are_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let config = ReplayConfig {
+            catch_up_reads_per_second: 10,
+            ..ReplayConfig::default()
+        };
+        let replays = Replays::new(&config, metrics.clone());
+        let start = tokio::time::Instant::now();
+        // A second's worth at once, then one a tenth of a second.
+        for _ in 0..10 {
+            replays.catch_up_read().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(metrics.lag.throttled.get(), 0);
+        for _ in 0..5 {
+            replays.catch_up_read().await;
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(450),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(metrics.lag.throttled.get(), 5);
+        assert_eq!(metrics.lag.history_reads.get(), 15);
     }
 }

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use router::{
-    BrokerError, Epoch, SessionSnapshot, SessionStore, SessionUser, Stored, SubscriptionState,
-    Topic,
+    BrokerError, Epoch, Position, SessionSnapshot, SessionStore, SessionUser, Stored,
+    SubscriptionState, Topic,
 };
 use tokio::sync::Notify;
+use tokio::task::{AbortHandle, Id};
 use tokio::time::Instant;
 
 use crate::hub::Resets;
@@ -58,6 +59,19 @@ struct Inner {
     superseded: bool,
     /// Wakes the pod's flusher (a shared store's): see [`Inner::moved`].
     flush_soon: Option<Arc<Notify>>,
+    /// Topics the client lags in: `None` while it lags in none (allocated
+    /// only while it does).
+    lag: Option<Box<Lag>>,
+}
+
+/// A session's lagging topics (issue #25, [`super::catch_up`]).
+#[derive(Default)]
+struct Lag {
+    /// Marked lagging by the hub, where the client stands in each; not yet
+    /// taken by the connection.
+    waiting: Vec<(Topic, Position)>,
+    /// The catch-ups under way, by topic.
+    running: Vec<(Topic, AbortHandle)>,
 }
 
 impl Inner {
@@ -129,9 +143,50 @@ impl Subscriptions {
         self.0.taken_over.wait().await;
     }
 
-    /// Marks the connection gone, its session saved.
+    /// Marks the connection gone, its session saved; stops its catch-ups.
     pub fn end(&self) {
+        if let Some(lag) = self.inner().lag.take() {
+            for (_, task) in lag.running {
+                task.abort();
+            }
+        }
         self.0.ended.set();
+    }
+
+    /// The topics the hub marked lagging since the last call, with where
+    /// the client stands in each.
+    pub fn take_lagging(&self) -> Vec<(Topic, Position)> {
+        let mut inner = self.inner();
+        let Some(lag) = inner.lag.as_mut() else {
+            return Vec::new();
+        };
+        let waiting = std::mem::take(&mut lag.waiting);
+        if lag.running.is_empty() {
+            inner.lag = None;
+        }
+        waiting
+    }
+
+    /// A catch-up of `topic` runs as the task `start` spawns, until
+    /// [`Self::caught_up`] (or the topic is left, or the connection ends:
+    /// then it is stopped). Spawned under the lock, so that a task over at
+    /// once finds itself recorded.
+    pub fn catching_up(&self, topic: Topic, start: impl FnOnce() -> AbortHandle) {
+        let mut inner = self.inner();
+        let lag = inner.lag.get_or_insert_with(Box::default);
+        lag.running.push((topic, start()));
+    }
+
+    /// The catch-up task `id` is over.
+    pub fn caught_up(&self, id: Id) {
+        let mut inner = self.inner();
+        let Some(lag) = inner.lag.as_mut() else {
+            return;
+        };
+        lag.running.retain(|(_, task)| task.id() != id);
+        if lag.running.is_empty() && lag.waiting.is_empty() {
+            inner.lag = None;
+        }
     }
 
     /// Resolves once [`end`](Self::end) was called.
@@ -215,9 +270,21 @@ impl Subscriptions {
         self.inner().by_topic.get(topic).is_some_and(|s| s.server)
     }
 
-    /// Whether the topic was subscribed.
+    /// Whether the topic was subscribed. A catch-up of it stops.
     pub fn remove(&self, topic: &Topic) -> bool {
         let mut inner = self.inner();
+        if let Some(lag) = inner.lag.as_mut() {
+            lag.waiting.retain(|(t, _)| t != topic);
+            lag.running.retain(|(t, task)| {
+                if t == topic {
+                    task.abort();
+                }
+                t != topic
+            });
+            if lag.running.is_empty() && lag.waiting.is_empty() {
+                inner.lag = None;
+            }
+        }
         let removed = inner.by_topic.remove(topic).is_some();
         if removed {
             inner.touch();
@@ -365,6 +432,12 @@ impl Resets for Subscriptions {
     fn reset(&self, topic: &Topic, epoch: &Epoch, seq: u64) {
         self.told(topic, epoch, seq);
     }
+
+    fn lagged(&self, topic: &Topic, cursor: &Position) {
+        let mut inner = self.inner();
+        let lag = inner.lag.get_or_insert_with(Box::default);
+        lag.waiting.push((topic.clone(), cursor.clone()));
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +497,31 @@ mod tests {
         let restored = Subscriptions::default();
         restored.restore(&state);
         assert!(restored.is_server(&news()));
+    }
+
+    #[tokio::test]
+    async fn a_lagging_topics_catch_up_is_recorded_and_stopped_when_the_topic_is_left() {
+        let s = Subscriptions::default();
+        s.insert(news(), Arc::from("e"), 0, false);
+        let at = Position {
+            epoch: Arc::from("e"),
+            seq: 4,
+        };
+        s.lagged(&news(), &at);
+        assert_eq!(s.take_lagging(), vec![(news(), at)]);
+        assert!(s.take_lagging().is_empty(), "taken once");
+        let task = tokio::spawn(std::future::pending::<()>());
+        s.catching_up(news(), || task.abort_handle());
+        assert!(s.remove(&news()));
+        let stopped = task.await.expect_err("aborted");
+        assert!(stopped.is_cancelled());
+        assert!(s.inner().lag.is_none(), "nothing held once it is over");
+        // One that ends by itself gives its place back.
+        let task = tokio::spawn(async { tokio::task::id() });
+        s.catching_up(news(), || task.abort_handle());
+        let id = task.await.expect("ran");
+        s.caught_up(id);
+        assert!(s.inner().lag.is_none());
     }
 
     #[tokio::test]

@@ -85,6 +85,7 @@ fn the_sample_file_loads_with_the_documented_values() {
         (64, Duration::from_secs(2))
     );
     assert_eq!((replay.page_messages, replay.page_bytes), (64, 262_144));
+    assert_eq!(replay.catch_up_reads_per_second, 1000);
     assert_eq!(config.session.resume_window, Duration::from_secs(120));
     assert_eq!(config.session.max_subscriptions, 1000);
     assert!(config.http.api_keys.is_empty());
@@ -106,6 +107,35 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(
         (default.history_size, default.history_ttl),
         (100, Duration::from_secs(300))
+    );
+}
+
+#[test]
+fn a_namespaces_lag_policy_is_read_and_catch_up_needs_history() {
+    let config = load_file(
+        "[namespaces.live]\nhistory_size = 0\non_lag = \"drop_newest\"\n\
+         [namespaces.feed]\nhistory_size = 50\n",
+    )
+    .expect("valid");
+    let (live, feed) = (&config.namespaces["live"], &config.namespaces["feed"]);
+    assert_eq!(live.on_lag(), Some(router::OnLag::DropNewest));
+    assert_eq!(
+        feed.on_lag(),
+        Some(router::OnLag::CatchUp),
+        "history: catch_up"
+    );
+    let bare = router::NamespaceSettings {
+        history_size: 0,
+        ..Default::default()
+    };
+    assert_eq!(bare.on_lag(), None, "no history: queue.overflow decides");
+    assert_names(
+        load_file("[namespaces.live]\nhistory_size = 0\non_lag = \"catch_up\"\n"),
+        "namespaces",
+    );
+    assert_names(
+        load_file("[namespaces.live]\non_lag = \"later\"\n"),
+        "on_lag",
     );
 }
 
@@ -292,6 +322,10 @@ fn replay_bounds_must_let_a_replay_run_and_move_on() {
         assert_names(load_env(&[(var, "0")]), key);
     }
     assert_names(load_env(&[("HERALD_REPLAY__WAIT", "0s")]), "replay.wait");
+    assert_names(
+        load_env(&[("HERALD_REPLAY__CATCH_UP_READS_PER_SECOND", "0")]),
+        "replay.catch_up_reads_per_second",
+    );
     assert_names(load_file("[replay]\npage = 1\n"), "page");
     let config = load_env(&[
         ("HERALD_REPLAY__MAX_CONCURRENT", "8"),

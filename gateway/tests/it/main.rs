@@ -34,6 +34,8 @@ mod heartbeat;
 mod history;
 mod hooks;
 mod http_api;
+// Issue #25: lagging clients caught up from history (h-lag).
+mod lag;
 mod leftovers;
 mod limits;
 mod logs;

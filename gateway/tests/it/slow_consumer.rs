@@ -1,5 +1,7 @@
 //! A client that stops reading must not delay anyone else: its queue fills,
-//! the overflow rule closes it, and the others keep getting every message.
+//! the overflow rule closes it (where its namespace says so: by default a
+//! namespace with history catches it up instead, `it/lag.rs`), and the
+//! others keep getting every message.
 //! Its memory is bounded by its queue (`queue.bytes`).
 
 use std::time::Duration;
@@ -32,6 +34,15 @@ async fn a_client_that_never_reads_is_closed_and_delays_nobody() {
     const MESSAGES: u64 = 120;
     let mut config = Gateway::config();
     config.queue.bytes = 256 * 1024;
+    // Where history is kept, a lagging client is caught up from it by
+    // default (`it/lag.rs`): this namespace closes it instead.
+    config.namespaces.insert(
+        "default".to_owned(),
+        router::NamespaceSettings {
+            on_lag: Some(router::OnLag::Disconnect),
+            ..Default::default()
+        },
+    );
     // Far longer than any wait of this test: a fan-out that waited on the
     // slow client's socket would hold every healthy client past its [`WAIT`]
     // for a message, and fail the test, whatever the machine's speed. No
@@ -97,6 +108,15 @@ async fn with_drop_newest_a_slow_client_sees_a_gap_instead() {
     let mut config = Gateway::config();
     config.queue.frames = 4;
     config.queue.overflow = gateway::session::Overflow::DropNewest;
+    // Without history, and without an `on_lag` of its own, a namespace
+    // follows the connection's overflow rule.
+    config.namespaces.insert(
+        "default".to_owned(),
+        router::NamespaceSettings {
+            history_size: 0,
+            ..Default::default()
+        },
+    );
     let gw = Gateway::with(config).await;
     let mut slow = slow_subscriber(&gw, "firehose").await;
     let pad = "x".repeat(16 * 1024);

@@ -165,6 +165,15 @@ pub struct SlowArgs {
     /// After the rounds, wait this long at most for the slow clients' closes.
     #[arg(long, value_name = "TIME", default_value_t = slow::DEFAULT_CLOSE_WAIT.into())]
     pub close_wait: humantime::Duration,
+    /// The slow clients stop reading for the slow phase only, then read
+    /// again while N rounds more go out (issue #25: lagging clients caught
+    /// up from history): disconnected, lost, duplicated, back live, RSS.
+    #[arg(long, value_name = "N", value_parser = number, num_args = 0..=1,
+          default_missing_value = "20")] // catch_up::DEFAULT_AFTER_ROUNDS
+    pub catch_up: Option<usize>,
+    /// With --catch-up: longest the slow clients may take to have every round.
+    #[arg(long, value_name = "TIME", default_value_t = slow::DEFAULT_CATCH_UP_WAIT.into())]
+    pub catch_up_wait: humantime::Duration,
 }
 
 impl SlowArgs {
@@ -173,6 +182,8 @@ impl SlowArgs {
         options.slow = self.slow;
         options.recv_buffer = self.recv_buffer;
         options.close_wait = self.close_wait.into();
+        options.catch_up = self.catch_up;
+        options.catch_up_wait = self.catch_up_wait.into();
         options
     }
 }
@@ -313,6 +324,17 @@ mod tests {
         assert_eq!((options.fanout.clients, options.slow), (500, 3));
         assert_eq!(options.recv_buffer, 2048);
         assert_eq!(options.close_wait, Duration::from_secs(10));
+        assert_eq!(options.catch_up, None);
+        for (line, after) in [("--catch-up", 20), ("--catch-up 5", 5)] {
+            let Ok(Command::Slow(args)) = parse(&format!(
+                "slow --gateway ws://127.0.0.1:8080 --slow 100 {line} --catch-up-wait 30s"
+            )) else {
+                panic!("parsed");
+            };
+            let options = args.options();
+            assert_eq!(options.catch_up, Some(after), "{line}");
+            assert_eq!(options.catch_up_wait, Duration::from_secs(30));
+        }
         let Ok(Command::Floor(args)) =
             parse("floor --clients 10000 --rounds 40 --interval 500ms --size 1024")
         else {

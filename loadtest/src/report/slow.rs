@@ -1,5 +1,7 @@
-//! The `slow` section: the fan-out with a client that never reads, and the
-//! large-frame run that shows the gateway closing it.
+//! The `slow` section: the fan-out with a client that never reads, the
+//! large-frame run that shows the gateway closing it, and the `lag` run
+//! (issue #25): 100 clients that stop reading for 10 s, caught up from
+//! history.
 
 use super::markdown::{cpu_line, ms, paragraphs, table, verdict, x};
 use super::results::Results;
@@ -8,6 +10,7 @@ pub(super) fn section(results: &Results) -> String {
     let mut out = vec!["## slow: the same, with one client that never reads".to_owned()];
     let Some(res) = results.slow("slow") else {
         out.push("Not run.".to_owned());
+        out.extend(lag(results));
         return paragraphs(&out);
     };
     let ratio = res.p99_with_over_without;
@@ -85,5 +88,87 @@ pub(super) fn section(results: &Results) -> String {
             ms(Some(f64::from(big.with.latency.p99_us)))
         ));
     }
+    out.extend(lag(results));
     paragraphs(&out)
+}
+
+/// The `lag` run's table (issue #25's targets), when it ran.
+fn lag(results: &Results) -> Vec<String> {
+    let Some(res) = results.slow("lag") else {
+        return Vec::new();
+    };
+    let Some(c) = &res.catch_up else {
+        return vec!["### lag\n\nThe `lag` run holds no catch-up figures.".to_owned()];
+    };
+    let ratio = res.p99_with_over_without;
+    let mib = |b: Option<u64>| {
+        b.map_or("n/a".to_owned(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        })
+    };
+    let rss = c
+        .rss
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} → {}",
+                r.name,
+                mib(r.before_bytes),
+                mib(r.after_bytes)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let zero = |n: u64| format!("0: {}", verdict(n == 0));
+    let rows = vec![
+        vec![
+            "lagging clients disconnected".to_owned(),
+            format!("{} of {}", c.disconnected, c.clients),
+            zero(c.disconnected as u64),
+        ],
+        vec!["rounds lost".to_owned(), c.lost.to_string(), zero(c.lost)],
+        vec![
+            "rounds duplicated".to_owned(),
+            c.duplicated.to_string(),
+            zero(c.duplicated),
+        ],
+        vec![
+            "back on the live stream".to_owned(),
+            format!("{} of {}", c.back_live, c.clients),
+            format!("all: {}", verdict(c.back_live == c.clients)),
+        ],
+        vec![
+            "all caught up after reading again".to_owned(),
+            c.caught_up_s
+                .map_or("not within the wait".to_owned(), |s| format!("{s:.2} s")),
+            String::new(),
+        ],
+        vec![
+            "healthy clients' p99 without / with them".to_owned(),
+            format!(
+                "{} / {} ({})",
+                ms(Some(f64::from(res.without.latency.p99_us))),
+                ms(Some(f64::from(res.with.latency.p99_us))),
+                x(Some(ratio))
+            ),
+            format!("within 10%: {}", verdict(ratio <= 1.10)),
+        ],
+        vec![
+            "pod RSS before the pause → after the catch-up".to_owned(),
+            rss,
+            "flat".to_owned(),
+        ],
+    ];
+    vec![
+        format!(
+            "### lag: {} clients stop reading for rounds {:?}, then read again\n\n\
+             `on_lag = \"catch_up\"` (docs/protocol.md#lagging-clients): the pod stops sending \
+             them the topic, and serves it from history once they read again; {} rounds more \
+             went out while they caught up.",
+            c.clients,
+            c.paused_rounds,
+            c.after_rounds.len()
+        ),
+        table(&["figure", "Herald", "target"], &rows),
+    ]
 }

@@ -8,7 +8,9 @@
 //! - [`pods`]: delivery latency, loss and duplication with clients spread
 //!   over one or more gateways and a paced publisher on one of them.
 //! - [`slow`]: `fanout` before and after K clients that never read join:
-//!   the others' latency with and without them, when the gateway closed them.
+//!   the others' latency with and without them, when the gateway closed them;
+//!   with `--catch-up` ([`catch_up`]) they read again after the slow phase:
+//!   disconnected, lost, duplicated, back live.
 //! - [`floor`]: the same frames written to plain loopback sockets by one
 //!   thread: the kernel's cost, `fanout`'s yardstick.
 //! - [`publish`]: publish throughput and latency over keep-alive HTTP.
@@ -40,6 +42,7 @@ use std::time::Duration;
 
 use crate::Error;
 
+pub mod catch_up;
 pub mod chaos;
 pub mod fanout;
 pub mod floor;

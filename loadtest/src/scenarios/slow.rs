@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::catch_up::{self, CatchUp, RssBeforeAfter};
 use super::fanout::engine::Engine;
 use super::fanout::{self, Fanout, Stats};
 use crate::clients::{End, MISSING, Received, Subscriber};
@@ -52,6 +53,9 @@ pub const SLOW_REASONS: [&str; 2] = ["write_timeout", "slow_consumer"];
 const SLOW_DRAIN: Duration = Duration::from_secs(10);
 /// Between two looks at the slow clients' reading after the run.
 const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// With `--catch-up`: longest the slow clients may take to catch up once
+/// they read again.
+pub const DEFAULT_CATCH_UP_WAIT: Duration = Duration::from_secs(120);
 /// The round of the slow phase from which memory should stay flat.
 pub const RSS_FROM_ROUND: usize = 5;
 
@@ -63,6 +67,11 @@ pub struct Options {
     pub slow: usize,
     pub recv_buffer: u32,
     pub close_wait: Duration,
+    /// The slow clients read again after the slow phase, while this many
+    /// rounds more go out ([`catch_up`]); `None`: they never read.
+    pub catch_up: Option<usize>,
+    /// ... and may take this long to have every round.
+    pub catch_up_wait: Duration,
 }
 
 impl Options {
@@ -73,6 +82,8 @@ impl Options {
             slow: DEFAULT_SLOW,
             recv_buffer: DEFAULT_RECV_BUFFER,
             close_wait: DEFAULT_CLOSE_WAIT,
+            catch_up: None,
+            catch_up_wait: DEFAULT_CATCH_UP_WAIT,
         }
     }
 
@@ -84,8 +95,18 @@ impl Options {
         if self.recv_buffer == 0 {
             return Err(Error::Options("--recv-buffer must be over 0".to_owned()));
         }
-        if self.close_wait > super::MAX_DURATION {
-            return Err(Error::Options("--close-wait is too long".to_owned()));
+        if self.close_wait > super::MAX_DURATION || self.catch_up_wait > super::MAX_DURATION {
+            return Err(Error::Options(
+                "--close-wait or --catch-up-wait is too long".to_owned(),
+            ));
+        }
+        if self
+            .catch_up
+            .is_some_and(|after| after == 0 || after > self.fanout.rounds.max(1000))
+        {
+            return Err(Error::Options(
+                "--catch-up needs 1 to max(--rounds, 1000) rounds after the pause".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -116,6 +137,9 @@ pub struct Slow {
     /// Each watched process's memory from the slow phase's round
     /// [`RSS_FROM_ROUND`] on.
     pub rss: Vec<RssGrowth>,
+    /// With `--catch-up`: what the slow clients came to once they read again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<CatchUp>,
 }
 
 /// One client that never read.
@@ -177,11 +201,17 @@ pub async fn run(options: Options) -> Result<Slow, Error> {
     let f = &options.fanout;
     let without = f.warmup..f.warmup + f.rounds;
     let with = without.end..without.end + f.rounds;
-    let total = with.end;
+    let after = with.end..with.end + options.catch_up.unwrap_or(0);
+    let total = after.end;
     let extra_fds = (options.slow + f.gateways.len()) as u64;
     let mut engine = Engine::connect(f, total, "slow", extra_fds).await?;
     engine.rounds(0..without.end).await;
 
+    let rss_before: Vec<(u32, Option<u64>)> = f
+        .watch
+        .iter()
+        .map(|&pid| (pid, crate::memory::rss_bytes(pid)))
+        .collect();
     let mut watcher = Watcher::start(&f.gateways).await;
     let mut slow = Vec::with_capacity(options.slow);
     for k in 0..options.slow {
@@ -200,14 +230,69 @@ pub async fn run(options: Options) -> Result<Slow, Error> {
     }
 
     engine.rounds(with.clone()).await;
+    // With `--catch-up`: they read again now, while the last rounds go out.
+    let reading_from = Instant::now();
+    let (reading, slow) = match options.catch_up {
+        Some(_) => (Some(Reading::start(slow, total, with.start)), Vec::new()),
+        None => (None, slow),
+    };
+    engine.rounds(after.clone()).await;
     engine.drain().await;
-    watcher
-        .wait_for_slow_closes(options.slow as u64, options.close_wait)
-        .await;
+    let (reading, caught_up_s) = match reading {
+        Some(reading) => {
+            let done = reading.wait(options.catch_up_wait).await;
+            (
+                Some(reading),
+                done.then(|| reading_from.elapsed().as_secs_f64()),
+            )
+        }
+        None => {
+            watcher
+                .wait_for_slow_closes(options.slow as u64, options.close_wait)
+                .await;
+            (None, None)
+        }
+    };
+    // Before the slow clients go: their own closes are not the gateway's.
     let (events, scrape_error) = watcher.stop().await;
+    let received = match reading {
+        Some(reading) => Some(reading.finish().await),
+        None => None,
+    };
     let round_starts = engine.round_starts.clone();
     let finished = engine.finish().await;
-    let received = read_what_was_sent(slow, total, with.start).await;
+    let lag_metrics = match &received {
+        Some(_) => catch_up::lag_metrics(&f.gateways).await,
+        None => Default::default(),
+    };
+    let catch_up = received.as_ref().map(|received| {
+        let rss = rss_before
+            .iter()
+            .map(|&(pid, before)| RssBeforeAfter {
+                pid,
+                name: finished
+                    .result
+                    .processes
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .map_or_else(String::new, |p| p.name.clone()),
+                before_bytes: before,
+                after_bytes: crate::memory::rss_bytes(pid),
+            })
+            .collect();
+        catch_up::summarise(
+            received,
+            with.clone(),
+            after.clone(),
+            caught_up_s,
+            rss,
+            lag_metrics,
+        )
+    });
+    let received = match received {
+        Some(received) => received,
+        None => read_what_was_sent(slow, total, with.start).await,
+    };
 
     let phase_start = round_starts.get(with.start).copied().flatten().unwrap_or(0);
     let at = |us: u64| us.saturating_sub(phase_start) as f64 / 1e6;
@@ -278,6 +363,7 @@ pub async fn run(options: Options) -> Result<Slow, Error> {
         closes,
         scrape_error,
         rss,
+        catch_up,
     })
 }
 
@@ -285,29 +371,63 @@ pub async fn run(options: Options) -> Result<Slow, Error> {
 /// closed it), or it has every round sent to it (still open), or
 /// [`SLOW_DRAIN`].
 async fn read_what_was_sent(slow: Vec<Subscriber>, total: usize, joined: usize) -> Vec<Received> {
-    let expected = (slow.len() * (total - joined)) as u64;
-    let progress = Arc::new(AtomicU64::new(0));
-    let (stop, stopped) = watch::channel(false);
-    let readers: Vec<_> = slow
-        .into_iter()
-        .map(|s| tokio::spawn(s.read(total, progress.clone(), stopped.clone())))
-        .collect();
-    let reading = Instant::now();
-    while progress.load(Ordering::Relaxed) < expected
-        && reading.elapsed() < SLOW_DRAIN
-        && !readers.iter().all(|r| r.is_finished())
-    {
-        tokio::time::sleep(DRAIN_POLL).await;
-    }
-    let _ = stop.send(true);
-    let mut received = Vec::with_capacity(readers.len());
-    for reader in readers {
-        match reader.await {
-            Ok(r) => received.push(r),
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
+    let reading = Reading::start(slow, total, joined);
+    reading.wait(SLOW_DRAIN).await;
+    reading.finish().await
+}
+
+/// The slow clients reading, each in a task of its own.
+struct Reading {
+    readers: Vec<tokio::task::JoinHandle<Received>>,
+    progress: Arc<AtomicU64>,
+    stop: watch::Sender<bool>,
+    /// Rounds sent to them from `joined` on, all of them together.
+    expected: u64,
+}
+
+impl Reading {
+    /// The slow clients, subscribed from round `joined` of `total`, start
+    /// reading.
+    fn start(slow: Vec<Subscriber>, total: usize, joined: usize) -> Self {
+        let expected = (slow.len() * (total - joined)) as u64;
+        let progress = Arc::new(AtomicU64::new(0));
+        let (stop, stopped) = watch::channel(false);
+        let readers = slow
+            .into_iter()
+            .map(|s| tokio::spawn(s.read_from(joined, total, progress.clone(), stopped.clone())))
+            .collect();
+        Self {
+            readers,
+            progress,
+            stop,
+            expected,
         }
     }
-    received
+
+    /// Until every round sent was read, every reader ended, or `limit`;
+    /// whether every round was read.
+    async fn wait(&self, limit: Duration) -> bool {
+        let reading = Instant::now();
+        while self.progress.load(Ordering::Relaxed) < self.expected
+            && reading.elapsed() < limit
+            && !self.readers.iter().all(|r| r.is_finished())
+        {
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+        self.progress.load(Ordering::Relaxed) >= self.expected
+    }
+
+    async fn finish(self) -> Vec<Received> {
+        let _ = self.stop.send(true);
+        let mut received = Vec::with_capacity(self.readers.len());
+        for reader in self.readers {
+            match reader.await {
+                Ok(r) => received.push(r),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+        received
+    }
 }
 
 /// Pairs, per gateway, the slow clients the gateway closed (fewest rounds
@@ -514,6 +634,9 @@ impl Outcome for Slow {
             .filter(|c| !SLOW_REASONS.contains(&c.reason.as_str()))
             .count();
         rows.push(Row::new("other closes seen", others));
+        if let Some(c) = &self.catch_up {
+            rows.extend(c.rows());
+        }
         if let Some(e) = &self.scrape_error {
             rows.push(Row::new("metrics", format!("not all read: {e}")));
         }
@@ -539,7 +662,11 @@ impl Outcome for Slow {
     }
 
     fn failures(&self) -> Vec<String> {
-        self.run.failures()
+        let mut failures = self.run.failures();
+        if let Some(c) = &self.catch_up {
+            failures.extend(c.failures());
+        }
+        failures
     }
 }
 
