@@ -6,10 +6,12 @@
 //! It is a session without the protocol: the same split of the upgraded
 //! socket, [`Reader`] (and its parser), outgoing queue ([`Outbound`]) and
 //! writer ([`writer::run`]) as [`super::serve_upgraded`]; each text
-//! message goes back as it came, pings are answered, closes are echoed (by
-//! the reader, as in a session). Binary messages are refused with 1003, as
-//! Herald refuses them: its parser reads text only, by design, and the echo
-//! tests that parser, not one with binary support bolted on for the suite.
+//! message goes back as it came (text as text, binary as binary), pings are
+//! answered, closes are echoed (by the reader, as in a session). It
+//! negotiates permessage-deflate as `/ws` does (`websocket.compression`):
+//! compressed messages are inflated under the same cap, and the echo goes
+//! back compressed in the connection's format. (Herald's sessions refuse
+//! binary messages with 1003; the echo takes them, through the same parser.)
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,8 +34,9 @@ use super::parser::Parsed;
 use super::reader::Reader;
 use super::{Limits, Serve, split};
 use crate::config::Config;
+use crate::deflate::negotiation::{self, Settings};
 use crate::disconnect::CloseReason;
-use crate::frame;
+use crate::frame::{self, Format};
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Writing, writer};
 
@@ -42,6 +45,9 @@ pub struct Echo {
     max_message_bytes: usize,
     message_timeout: Duration,
     limits: Limits,
+    /// permessage-deflate, where allowed; and the inflated cap.
+    compression: Option<Settings>,
+    inflate_cap: usize,
     writing: Arc<Writing>,
 }
 
@@ -53,6 +59,11 @@ impl Echo {
             max_message_bytes: config.websocket.max_message_bytes,
             message_timeout: config.websocket.message_timeout,
             limits: config.queue_limits(),
+            compression: config.websocket.compression.settings(),
+            inflate_cap: config
+                .websocket
+                .compression
+                .inflated_cap(config.websocket.max_message_bytes),
             writing: Arc::new(Writing::new(config, metrics, Instant::now())),
         })
     }
@@ -81,10 +92,13 @@ impl Echo {
         mut req: Request<Incoming>,
     ) -> Result<Response<Empty<Bytes>>, Infallible> {
         match fastwebsockets::upgrade::upgrade(&mut req) {
-            Ok((response, upgrading)) => {
+            Ok((mut response, upgrading)) => {
+                let format =
+                    negotiation::answer(req.headers(), response.headers_mut(), self.compression)
+                        .map_or(Format::WebSocket, Format::WebSocketDeflate);
                 tokio::spawn(async move {
                     if let Ok(ws) = upgrading.await {
-                        self.serve_upgraded(ws).await;
+                        self.serve_upgraded(ws, format).await;
                     }
                 });
                 Ok(response)
@@ -97,10 +111,10 @@ impl Echo {
         }
     }
 
-    /// Echoes an upgraded connection until it ends.
-    pub async fn serve_upgraded(self: Arc<Self>, ws: WebSocket<TokioIo<Upgraded>>) {
+    /// Echoes an upgraded connection, its frames in `format`, until it ends.
+    pub async fn serve_upgraded(self: Arc<Self>, ws: WebSocket<TokioIo<Upgraded>>, format: Format) {
         let limits = self.limits;
-        split(ws.into_inner().into_inner(), limits, self).await;
+        split(ws.into_inner().into_inner(), limits, format, self).await;
     }
 }
 
@@ -113,8 +127,10 @@ impl Serve for Arc<Echo> {
         let writing = writer::run(write, out.clone(), self.writing.clone());
         // Made here, so that `early` (a slice of hyper's read buffer) is not
         // kept for as long as the connection lives.
-        let mut reader =
-            Reader::new(read, self.max_message_bytes, self.message_timeout).after_handshake(&early);
+        let mut reader = Reader::new(read, self.max_message_bytes, self.message_timeout)
+            .inflating(out.format(), self.inflate_cap)
+            .binary()
+            .after_handshake(&early);
         async move {
             tokio::join!(writing, echo(&mut reader, &out));
         }
@@ -134,7 +150,14 @@ async fn echo<R: AsyncRead + Unpin>(reader: &mut Reader<R>, out: &Outbound) {
         };
         match next {
             Ok(Parsed::Text(text)) => {
-                if !out.send(frame::encode(frame::OP_TEXT, &[&text])).await {
+                let echo = frame::encode_as(out.format(), frame::OP_TEXT, &[&text]);
+                if !out.send(echo).await {
+                    return;
+                }
+            }
+            Ok(Parsed::Binary(data)) => {
+                let echo = frame::encode_as(out.format(), frame::OP_BINARY, &[&data]);
+                if !out.send(echo).await {
                     return;
                 }
             }
