@@ -129,7 +129,9 @@ pub struct Parser {
     max: usize,
     /// The header of the next frame, as far as it has arrived.
     head: [u8; MAX_HEADER],
-    head_len: usize,
+    /// (A byte, and the flags and cap below in 32 bits: the parser is part
+    /// of every idle connection, and stays the size it had without them.)
+    head_len: u8,
     /// The frame whose payload is being read.
     frame: Option<Frame>,
     /// The text message being assembled: set by a text frame, taken when a
@@ -139,9 +141,13 @@ pub struct Parser {
     control: Vec<u8>,
     /// The most a compressed message may inflate to; 0: permessage-deflate
     /// was not negotiated, and RSV1 is a protocol error.
-    inflate_cap: usize,
+    inflate_cap: u32,
     /// Binary messages are taken (the echo), not refused with 1003.
     binary: bool,
+    /// The message under way came with RSV1: `message` holds deflate data.
+    compressed: bool,
+    /// The message under way is binary.
+    binary_message: bool,
 }
 
 #[derive(Debug)]
@@ -160,9 +166,6 @@ struct Message {
     buf: Vec<u8>,
     /// Bytes at the front of `buf` known to be valid UTF-8.
     valid: usize,
-    /// Its first frame had RSV1: `buf` holds deflate data.
-    compressed: bool,
-    binary: bool,
 }
 
 impl Parser {
@@ -177,13 +180,16 @@ impl Parser {
             control: Vec::new(),
             inflate_cap: 0,
             binary: false,
+            compressed: false,
+            binary_message: false,
         }
     }
 
     /// Takes compressed messages (permessage-deflate negotiated), refused
     /// once they inflate past `cap` bytes.
     pub fn inflating(mut self, cap: usize) -> Self {
-        self.inflate_cap = cap.max(1);
+        // At most 4 GiB.
+        self.inflate_cap = u32::try_from(cap).unwrap_or(u32::MAX).max(1);
         self
     }
 
@@ -215,14 +221,15 @@ impl Parser {
                 continue;
             }
             let need = self.header_len()?;
-            let take = (need - self.head_len).min(input.len() - used);
-            self.head[self.head_len..self.head_len + take]
-                .copy_from_slice(&input[used..used + take]);
-            self.head_len += take;
+            let held = usize::from(self.head_len);
+            let take = (need - held).min(input.len() - used);
+            self.head[held..held + take].copy_from_slice(&input[used..used + take]);
+            // At most MAX_HEADER (14).
+            self.head_len += take as u8;
             used += take;
             // With two bytes in, the header's full length is known: go round
             // again for the rest.
-            if self.head_len < self.header_len()? {
+            if usize::from(self.head_len) < self.header_len()? {
                 if used == input.len() {
                     return Ok((used, None));
                 }
@@ -366,7 +373,7 @@ impl Parser {
     /// Checks a complete header against the limits and the message in
     /// progress. Room for the payload is made as it arrives.
     fn start_frame(&mut self) -> Result<(), FrameError> {
-        let head = &self.head[..self.head_len];
+        let head = &self.head[..usize::from(self.head_len)];
         self.head_len = 0;
         let fin = head[0] & FIN != 0;
         let opcode = head[0] & 0x0F;
@@ -407,11 +414,11 @@ impl Parser {
             _ if self.message.is_some() => return Err(FrameError::Interleaved),
             OP_BINARY if !self.binary => return Err(FrameError::Binary),
             _ => {
+                self.compressed = head[0] & RSV1 != 0;
+                self.binary_message = opcode == OP_BINARY;
                 self.message = Some(Message {
                     buf: Vec::new(),
                     valid: 0,
-                    compressed: head[0] & RSV1 != 0,
-                    binary: opcode == OP_BINARY,
                 })
             }
         }
@@ -441,7 +448,7 @@ impl Parser {
                 };
                 // Text is checked as it arrives; compressed text once
                 // inflated.
-                if !message.binary && !message.compressed {
+                if !self.binary_message && !self.compressed {
                     message.check(frame.fin)?;
                 }
                 if !frame.fin {
@@ -450,18 +457,18 @@ impl Parser {
                 let Some(mut message) = self.message.take() else {
                     return Ok(None);
                 };
-                if message.compressed {
-                    let inflated =
-                        inflate(&message.buf, self.inflate_cap).map_err(|e| match e {
-                            InflateError::TooBig => FrameError::InflatedTooBig,
-                            InflateError::Corrupt => FrameError::Corrupt,
-                        })?;
+                if self.compressed {
+                    let cap = self.inflate_cap as usize;
+                    let inflated = inflate(&message.buf, cap).map_err(|e| match e {
+                        InflateError::TooBig => FrameError::InflatedTooBig,
+                        InflateError::Corrupt => FrameError::Corrupt,
+                    })?;
                     message.buf = inflated;
-                    if !message.binary {
+                    if !self.binary_message {
                         message.check(true)?;
                     }
                 }
-                let binary = message.binary;
+                let binary = self.binary_message;
                 let mut buf = message.buf;
                 // Fragments may have left spare room; the message may live on
                 // in history, so it should not carry that.
@@ -489,7 +496,10 @@ impl Parser {
     /// targets (`session::fuzzing`).
     #[cfg(any(test, fuzzing))]
     pub fn check_invariants(&self) {
-        assert!(self.head_len < MAX_HEADER, "a whole header left unparsed");
+        assert!(
+            usize::from(self.head_len) < MAX_HEADER,
+            "a whole header left unparsed"
+        );
         let control = self.control.len();
         assert!(control <= MAX_CONTROL && self.control.capacity() <= MAX_CONTROL);
         if let Some(message) = &self.message {
