@@ -18,7 +18,7 @@
 #        scripts/bench.sh fanout ... only these parts (micro fanout profile slow
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
-#                                    chaos-cluster presence fanout-presence hooks),
+#                                    chaos-cluster presence fanout-presence hooks deflate),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   OUT=target/bench  CLIENTS=10000  ROUNDS=40  (optional, defaults shown)
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
@@ -44,7 +44,7 @@ ROUNDS=${ROUNDS:-40}
 BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow throughput wire storm storm-auth idle-auth idle pods publish idle-pods
-           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks)
+           idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks deflate)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -133,6 +133,25 @@ if wants throughput; then
     say "throughput: 64-byte messages, 200 clients on 50 of 100 topics each"
     run throughput ${before[@]+"${before[@]}"} -- throughput \
         --clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 64
+fi
+
+if wants deflate; then
+    # permessage-deflate on and off in one run, against the same build: the
+    # raw clients offer it as a browser does (`--compression`) or not; the
+    # results give wire bytes per delivery and deliveries per gateway CPU-s.
+    # (`fanout`'s clients are tokio-tungstenite, which has no permessage-
+    # deflate: the fan-out shape here is throughput's, 1,000 clients on one
+    # topic, one publisher.)
+    deflate_fanout=(--clients 1000 --topics 1 --subscriptions 1 --concurrency 1 --duration 10s --size 1024)
+    deflate_throughput=(--clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 1024)
+    say "deflate: one topic, 1,000 clients, 1 KiB JSON, without and with permessage-deflate"
+    run deflate-fanout-off -- throughput "${deflate_fanout[@]}"
+    run deflate-fanout-on -- throughput "${deflate_fanout[@]}" --compression
+    say "deflate: throughput, 1 KiB, 200 clients on 50 of 100 topics, without and with"
+    run deflate-throughput-off -- throughput "${deflate_throughput[@]}"
+    run deflate-throughput-on -- throughput "${deflate_throughput[@]}" --compression
+    say "deflate: what an idle connection costs with compression negotiated (19,000 held 60 s)"
+    run deflate-idle --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients 19000 --duration 60s --compression
 fi
 
 if wants wire; then

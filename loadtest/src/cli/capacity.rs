@@ -70,6 +70,9 @@ pub struct IdleArgs {
     /// The topic [default: a fresh topic per run].
     #[arg(long, value_name = "NAME")]
     pub topic: Option<String>,
+    /// Offer permessage-deflate, as a browser does.
+    #[arg(long)]
+    pub compression: bool,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -87,6 +90,7 @@ impl IdleArgs {
         options.processes = self.processes.unwrap_or(0);
         options.topic = self.topic.clone();
         options.watch = self.watch.watch_pid.clone();
+        options.compression = self.compression;
         options
     }
 }
@@ -104,6 +108,8 @@ pub struct WorkerArgs {
     pub topic: String,
     #[arg(long)]
     pub max_hold: humantime::Duration,
+    #[arg(long)]
+    pub compression: bool,
 }
 
 impl WorkerArgs {
@@ -114,6 +120,7 @@ impl WorkerArgs {
             clients: self.clients,
             topic: self.topic.clone(),
             max_hold: self.max_hold.into(),
+            compression: self.compression,
         }
     }
 }
@@ -150,6 +157,10 @@ pub struct ThroughputArgs {
     /// Payload bytes.
     #[arg(long, value_name = "BYTES", value_parser = number, default_value_t = throughput::DEFAULT_SIZE)]
     pub size: usize,
+    /// Offer permessage-deflate, as a browser does; inflate what comes and
+    /// report the bytes per delivery on the wire.
+    #[arg(long)]
+    pub compression: bool,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -171,6 +182,7 @@ impl ThroughputArgs {
         options.drain = self.drain.into();
         options.size = self.size;
         options.watch = self.watch.watch_pid.clone();
+        options.compression = self.compression;
         options
     }
 }
@@ -256,6 +268,7 @@ mod tests {
             clients: 19_000,
             topic: "loadtest.idle.1.2".to_owned(),
             max_hold: Duration::from_millis(120_500),
+            compression: true,
         };
         let Ok(Command::IdleWorker(back)) = parse_args(worker.args()) else {
             panic!("parsed");

@@ -74,7 +74,15 @@ pub struct Options {
     /// The program a worker runs (default: this one). Tests name the
     /// `herald-loadtest` binary, as their own program is the test harness.
     pub worker_program: Option<PathBuf>,
+    /// Offer permessage-deflate, as a browser does: what an idle connection
+    /// costs with compression negotiated.
+    pub compression: bool,
 }
+
+/// Whether this process's clients offer permessage-deflate: set once by
+/// `run` (from `Options::compression`) or a worker (from its command line),
+/// before any client connects.
+static COMPRESSION: AtomicBool = AtomicBool::new(false);
 
 impl Options {
     pub fn new(gateway: Target) -> Self {
@@ -84,6 +92,7 @@ impl Options {
             clients: DEFAULT_CLIENTS,
             duration: DEFAULT_DURATION,
             processes: 0,
+            compression: false,
             topic: None,
             watch: Vec::new(),
             worker_program: None,
@@ -134,6 +143,8 @@ pub struct Worker {
     pub topic: String,
     /// Stops by itself this long after connecting if not told to before.
     pub max_hold: Duration,
+    /// Its clients offer permessage-deflate.
+    pub compression: bool,
 }
 
 impl Worker {
@@ -153,6 +164,9 @@ impl Worker {
             "--max-hold".to_owned(),
             format!("{}ms", self.max_hold.as_millis()),
         ]);
+        if self.compression {
+            args.push("--compression".to_owned());
+        }
         args
     }
 }
@@ -301,17 +315,24 @@ async fn open(client: usize, target: &Target, topic: &str) -> Result<Client, Err
     let source = source_addr(target.addr.ip(), client);
     let fail = client_failure(client, source, target.addr);
     let opening = async {
-        let mut c = Client::connect(source, target, BUFFER_BYTES, client as u64)
-            .await
-            .map_err(|e| {
-                let hint = if e.to_string().contains(" 503 ") {
-                    " (over the gateway's websocket.max_connections: \
+        let offer = [("Sec-WebSocket-Extensions", crate::raw::DEFLATE_OFFER)];
+        let headers: &[(&str, &str)] = if COMPRESSION.load(Ordering::Relaxed) {
+            &offer
+        } else {
+            &[]
+        };
+        let mut c =
+            Client::connect_with_headers(source, target, BUFFER_BYTES, client as u64, headers)
+                .await
+                .map_err(|e| {
+                    let hint = if e.to_string().contains(" 503 ") {
+                        " (over the gateway's websocket.max_connections: \
                      HERALD_WEBSOCKET__MAX_CONNECTIONS)"
-                } else {
-                    ""
-                };
-                fail(format!("{e}{hint}"))
-            })?;
+                    } else {
+                        ""
+                    };
+                    fail(format!("{e}{hint}"))
+                })?;
         c.subscribe(&[topic]).await.map_err(fail)?;
         Ok(c)
     };
@@ -378,6 +399,7 @@ impl Holding {
 /// The hidden command: holds a share of a run's clients for the process
 /// that started it (see the module docs).
 pub async fn work(worker: Worker) -> Result<(), Error> {
+    COMPRESSION.store(worker.compression, Ordering::Relaxed);
     let holding = match hold(
         &worker.gateways,
         worker.first,
@@ -515,6 +537,7 @@ pub struct Pod {
 
 pub async fn run(options: Options) -> Result<Idle, Error> {
     options.validate()?;
+    COMPRESSION.store(options.compression, Ordering::Relaxed);
     let topic = options
         .topic
         .clone()
@@ -542,6 +565,7 @@ pub async fn run(options: Options) -> Result<Idle, Error> {
                 clients: each.min(options.clients - first),
                 topic: topic.clone(),
                 max_hold,
+                compression: options.compression,
             };
             parts.push(Part::start(&program, &worker)?);
         }

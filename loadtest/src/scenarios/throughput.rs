@@ -93,6 +93,8 @@ pub struct Options {
     pub drain: Duration,
     /// Other local processes whose CPU time to report.
     pub watch: Vec<u32>,
+    /// Offer permessage-deflate, as a browser does (and inflate what comes).
+    pub compression: bool,
 }
 
 impl Options {
@@ -109,6 +111,7 @@ impl Options {
             size: DEFAULT_SIZE,
             drain: DEFAULT_DRAIN,
             watch: Vec::new(),
+            compression: false,
         }
     }
 
@@ -189,6 +192,12 @@ pub struct Throughput {
     pub gateway_cpu_s: Option<f64>,
     pub deliveries_per_gateway_cpu_s: Option<f64>,
     pub cpu: Usage,
+    /// permessage-deflate offered (`--compression`), and by how many
+    /// clients it was negotiated.
+    pub compression: bool,
+    pub compressed_clients: usize,
+    /// Bytes of `msg` frames on the wire (headers included), per delivery.
+    pub wire_bytes_per_delivery: f64,
 }
 
 /// What one client saw.
@@ -199,6 +208,8 @@ struct Seen {
     initial: Vec<u64>,
     last: Vec<u64>,
     received: u64,
+    /// Wire bytes of the `msg` frames received.
+    wire_bytes: u64,
     duplicated: u64,
     unexpected: u64,
     end: Option<String>,
@@ -223,6 +234,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
     let connecting = Instant::now();
     let clients = connect_all(&options, &topics).await?;
     let connect = connecting.elapsed();
+    let compressed_clients = clients.iter().filter(|(_, _, c)| c.compressed()).count();
     let mut connections = Vec::with_capacity(options.concurrency);
     for _ in 0..options.concurrency {
         connections.push(Connection::open(options.publish_to.addr).await?);
@@ -337,7 +349,11 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
         }),
         deliveries_per_gateway_cpu_s: None,
         cpu,
+        compression: options.compression,
+        compressed_clients,
+        wire_bytes_per_delivery: 0.0,
     };
+    let mut wire_bytes = 0u64;
     for reader in readers {
         let seen = match reader.await {
             Ok(s) => s,
@@ -349,6 +365,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
             result.lost += published.top_seq[t].saturating_sub(seen.last[j]);
         }
         result.deliveries += seen.received;
+        wire_bytes += seen.wire_bytes;
         result.duplicated += seen.duplicated;
         result.unexpected += seen.unexpected;
         if let Some(end) = seen.end {
@@ -361,6 +378,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
         }
     }
     result.deliveries_per_s = result.deliveries as f64 / window.as_secs_f64();
+    result.wire_bytes_per_delivery = wire_bytes as f64 / result.deliveries.max(1) as f64;
     result.deliveries_per_gateway_cpu_s = result
         .gateway_cpu_s
         .filter(|&s| s > 0.0)
@@ -383,6 +401,7 @@ async fn connect_all(
             all.push(joined(done)?);
         }
         let target = options.gateway.clone();
+        let compression = options.compression;
         let mine: Vec<String> = options
             .topics_of(client)
             .map(|t| topics[t].clone())
@@ -391,9 +410,17 @@ async fn connect_all(
             let source = source_addr(target.addr.ip(), client);
             let fail = client_failure(client, source, target.addr);
             let opening = async {
-                let mut c = Client::connect(source, &target, BUFFER_BYTES, client as u64)
-                    .await
-                    .map_err(|e| fail(e.to_string()))?;
+                let offer = [("Sec-WebSocket-Extensions", raw::DEFLATE_OFFER)];
+                let headers: &[(&str, &str)] = if compression { &offer } else { &[] };
+                let mut c = Client::connect_with_headers(
+                    source,
+                    &target,
+                    BUFFER_BYTES,
+                    client as u64,
+                    headers,
+                )
+                .await
+                .map_err(|e| fail(e.to_string()))?;
                 let names: Vec<&str> = mine.iter().map(String::as_str).collect();
                 let seqs = c.subscribe(&names).await.map_err(fail)?;
                 Ok((client, seqs, c))
@@ -433,6 +460,7 @@ async fn read(
         last: initial.clone(),
         initial,
         received: 0,
+        wire_bytes: 0,
         duplicated: 0,
         unexpected: 0,
         end: None,
@@ -461,6 +489,7 @@ async fn read(
                         Some((j, seq)) if seq > seen.last[j] => {
                             seen.last[j] = seq;
                             seen.received += 1;
+                            seen.wire_bytes += frame.wire_bytes as u64;
                             pending += 1;
                         }
                         Some(_) => seen.duplicated += 1,
@@ -548,6 +577,21 @@ impl Outcome for Throughput {
                 ),
             ),
             Row::new("deliveries/s", format!("{:.0}", self.deliveries_per_s)),
+            Row::new(
+                "wire bytes per delivery",
+                format!(
+                    "{:.1}{}",
+                    self.wire_bytes_per_delivery,
+                    if self.compression {
+                        format!(
+                            " (permessage-deflate offered; negotiated by {} of {} clients)",
+                            self.compressed_clients, self.clients
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
             Row::new(
                 "gateway CPU",
                 self.gateway_cpu_s
