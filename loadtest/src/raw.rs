@@ -415,6 +415,39 @@ pub fn encode(first: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
     frame
 }
 
+/// A compressed server message inflated into `out` (RFC 7692 7.2.2: the
+/// flush's tail appended), with this thread's inflater.
+fn inflate(compressed: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+    out.clear();
+    INFLATER.with(|cell| {
+        let mut d = cell.borrow_mut();
+        d.reset(false);
+        for input in [compressed, &[0, 0, 0xff, 0xff][..]] {
+            let mut input = input;
+            loop {
+                if out.capacity() - out.len() < 1024 {
+                    out.reserve(out.capacity().max(4096));
+                }
+                let (before, written) = (d.total_in(), out.len());
+                d.decompress_vec(input, out, flate2::FlushDecompress::Sync)
+                    .map_err(io::Error::other)?;
+                let used = (d.total_in() - before) as usize;
+                if used == 0 && out.len() == written && !input.is_empty() {
+                    return Err(io::Error::other("a compressed frame that does not inflate"));
+                }
+                input = &input[used..];
+                if out.len() > MAX_FRAME_BYTES {
+                    return Err(io::Error::other("a message inflating past 16 MiB"));
+                }
+                if input.is_empty() && out.capacity() - out.len() >= 1024 {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,37 +490,4 @@ mod tests {
         assert_eq!(msg_topic_seq(msg), Some((&b"t.17"[..], 42)));
         assert_eq!(msg_topic_seq(br#"{"op":"ok","id":1}"#), None);
     }
-}
-
-/// A compressed server message inflated into `out` (RFC 7692 7.2.2: the
-/// flush's tail appended), with this thread's inflater.
-fn inflate(compressed: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
-    out.clear();
-    INFLATER.with(|cell| {
-        let mut d = cell.borrow_mut();
-        d.reset(false);
-        for input in [compressed, &[0, 0, 0xff, 0xff][..]] {
-            let mut input = input;
-            loop {
-                if out.capacity() - out.len() < 1024 {
-                    out.reserve(out.capacity().max(4096));
-                }
-                let (before, written) = (d.total_in(), out.len());
-                d.decompress_vec(input, out, flate2::FlushDecompress::Sync)
-                    .map_err(io::Error::other)?;
-                let used = (d.total_in() - before) as usize;
-                if used == 0 && out.len() == written && !input.is_empty() {
-                    return Err(io::Error::other("a compressed frame that does not inflate"));
-                }
-                input = &input[used..];
-                if out.len() > MAX_FRAME_BYTES {
-                    return Err(io::Error::other("a message inflating past 16 MiB"));
-                }
-                if input.is_empty() && out.capacity() - out.len() >= 1024 {
-                    break;
-                }
-            }
-        }
-        Ok(())
-    })
 }
