@@ -196,10 +196,15 @@ mod tests {
     /// The echo over a pipe: what the client reads back for `wire`, to the
     /// end of the stream.
     async fn exchange(wire: &[u8]) -> Vec<u8> {
+        exchange_as(Format::WebSocket, wire).await
+    }
+
+    /// [`exchange`] on a connection whose frames are in `format`.
+    async fn exchange_as(format: Format, wire: &[u8]) -> Vec<u8> {
         let (client, server) = tokio::io::duplex(1 << 20);
         let (read, write) = tokio::io::split(server);
         let echo = Echo::new(&Config::default());
-        let out = Outbound::new(echo.limits);
+        let out = Outbound::formatted(echo.limits, format);
         let served = tokio::spawn(echo.serve(read, Bytes::new(), write, out));
         let (mut from, mut to) = tokio::io::split(client);
         to.write_all(wire).await.expect("write");
@@ -225,6 +230,29 @@ mod tests {
         expected.extend_from_slice(&frame::encode(frame::OP_TEXT, &[b"fragment"]));
         expected.extend_from_slice(&[0x88, 4, 0x03, 0xe8, b'o', b'k']);
         assert_eq!(exchange(&wire).await, expected);
+    }
+
+    #[tokio::test]
+    async fn with_deflate_messages_come_back_compressed_and_binary_stays_binary() {
+        use crate::session::parser::tests::compressed;
+        let deflate = crate::deflate::Deflate {
+            window_bits: 15,
+            level: 1,
+            min_bytes: 0,
+        };
+        let data: Vec<u8> = b"0123456789".repeat(100);
+        let mut wire = masked(0xC2, &compressed(&data));
+        wire.extend(masked(0x88, &[0x03, 0xe8]));
+        let got = exchange_as(Format::WebSocketDeflate(deflate), &wire).await;
+        // FIN, RSV1, binary; a 16-bit length or less; the payload inflates back.
+        assert_eq!(got[0], 0xC2);
+        let (len, head) = match got[1] {
+            126 => (usize::from(u16::from_be_bytes([got[2], got[3]])), 4),
+            n => (usize::from(n), 2),
+        };
+        let inflated = crate::deflate::inflate::inflate(&got[head..head + len], 1 << 20);
+        assert_eq!(inflated, Ok(data));
+        assert_eq!(&got[head + len..], &[0x88, 2, 0x03, 0xe8]);
     }
 
     #[tokio::test]
