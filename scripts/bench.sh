@@ -19,7 +19,7 @@
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
 #                                    chaos-cluster presence fanout-presence hooks
-#                                    streams idle-sse sse-failover),
+#                                    streams idle-sse sse-failover deflate),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   The parts of issue #25 (SSE and HTTP-streaming):
 #     streams       `throughput` over WebSocket, SSE and HTTP-streaming
@@ -64,7 +64,7 @@ BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow lag throughput wire storm storm-auth idle-auth idle pods publish idle-pods
            idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks streams idle-sse
-           sse-failover)
+           sse-failover deflate)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -177,6 +177,25 @@ if wants streams; then
     for transport in ws sse stream; do
         run "streams-one-$transport" -- throughput --transport "$transport" "${streams_one[@]}"
     done
+fi
+
+if wants deflate; then
+    # permessage-deflate on and off in one run, against the same build: the
+    # raw clients offer it as a browser does (`--compression`) or not; the
+    # results give wire bytes per delivery and deliveries per gateway CPU-s.
+    # (`fanout`'s clients are tokio-tungstenite, which has no permessage-
+    # deflate: the fan-out shape here is throughput's, 1,000 clients on one
+    # topic, one publisher.)
+    deflate_fanout=(--clients 1000 --topics 1 --subscriptions 1 --concurrency 1 --duration 10s --size 1024)
+    deflate_throughput=(--clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 1024)
+    say "deflate: one topic, 1,000 clients, 1 KiB JSON, without and with permessage-deflate"
+    run deflate-fanout-off -- throughput "${deflate_fanout[@]}"
+    run deflate-fanout-on -- throughput "${deflate_fanout[@]}" --compression
+    say "deflate: throughput, 1 KiB, 200 clients on 50 of 100 topics, without and with"
+    run deflate-throughput-off -- throughput "${deflate_throughput[@]}"
+    run deflate-throughput-on -- throughput "${deflate_throughput[@]}" --compression
+    say "deflate: what an idle connection costs with compression negotiated (19,000 held 60 s)"
+    run deflate-idle --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients 19000 --duration 60s --compression
 fi
 
 if wants wire; then

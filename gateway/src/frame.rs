@@ -7,14 +7,20 @@
 //!
 //! A connection says once, when it opens, how its frames are written: its
 //! [`Format`]. The fan-out encodes a publication once per format among its
-//! subscribers ([`Frames`]), never once per subscriber.
+//! subscribers ([`Frames`]), never once per subscriber. A connection that
+//! negotiated permessage-deflate has a format of its own per set of
+//! parameters ([`Format::WebSocketDeflate`]): a publication is compressed
+//! once for all the subscribers that share it.
 
 use bytes::Bytes;
 use proto::ServerMessage;
 use router::Publication;
 
+use crate::deflate::{Deflate, RSV1};
+
 const FIN: u8 = 0x80;
 pub const OP_TEXT: u8 = 0x1;
+pub const OP_BINARY: u8 = 0x2;
 pub const OP_CLOSE: u8 = 0x8;
 pub const OP_PING: u8 = 0x9;
 pub const OP_PONG: u8 = 0xA;
@@ -22,16 +28,22 @@ pub const OP_PONG: u8 = 0xA;
 /// Longest header of an unmasked frame.
 const MAX_HEADER: usize = 10;
 
-fn header(out: &mut Vec<u8>, opcode: u8, len: usize) {
-    out.push(FIN | opcode);
+/// The header of a final frame whose first byte is `first` (FIN, RSV and
+/// opcode), and its length.
+fn header(first: u8, len: usize) -> ([u8; MAX_HEADER], usize) {
+    let mut head = [0; MAX_HEADER];
+    head[0] = first;
     if len < 126 {
-        out.push(len as u8);
+        head[1] = len as u8;
+        (head, 2)
     } else if let Ok(len) = u16::try_from(len) {
-        out.push(126);
-        out.extend_from_slice(&len.to_be_bytes());
+        head[1] = 126;
+        head[2..4].copy_from_slice(&len.to_be_bytes());
+        (head, 4)
     } else {
-        out.push(127);
-        out.extend_from_slice(&(len as u64).to_be_bytes());
+        head[1] = 127;
+        head[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+        (head, 10)
     }
 }
 
@@ -39,11 +51,34 @@ fn header(out: &mut Vec<u8>, opcode: u8, len: usize) {
 pub fn encode(opcode: u8, parts: &[&[u8]]) -> Bytes {
     let len = parts.iter().map(|p| p.len()).sum();
     let mut out = Vec::with_capacity(MAX_HEADER + len);
-    header(&mut out, opcode, len);
+    let (head, head_len) = header(FIN | opcode, len);
+    out.extend_from_slice(&head[..head_len]);
     for part in parts {
         out.extend_from_slice(part);
     }
     Bytes::from(out)
+}
+
+/// One data frame of `opcode` carrying the concatenation of `parts`, as
+/// `format` writes it: compressed, with RSV1, where the format deflates and
+/// the message is worth it; as [`encode`] makes it otherwise.
+pub fn encode_as(format: Format, opcode: u8, parts: &[&[u8]]) -> Bytes {
+    let Format::WebSocketDeflate(deflate) = format else {
+        return encode(opcode, parts);
+    };
+    // Compressed after room for the longest header, which goes in front of
+    // it: one buffer, no copy.
+    let Some((mut out, len)) = deflate.compress(parts, MAX_HEADER) else {
+        return encode(opcode, parts);
+    };
+    let (head, head_len) = header(FIN | RSV1 | opcode, len);
+    let start = MAX_HEADER - head_len;
+    out[start..MAX_HEADER].copy_from_slice(&head[..head_len]);
+    // A publication's frame may sit in many queues: no spare room with it.
+    if out.capacity() - out.len() > 64 {
+        out.shrink_to_fit();
+    }
+    Bytes::from(out).slice(start..)
 }
 
 /// How a connection's server frames are written: fixed when it opens, read
@@ -54,6 +89,9 @@ pub enum Format {
     /// RFC 6455 text frames holding the JSON protocol.
     #[default]
     WebSocket,
+    /// The same, with permessage-deflate (RFC 7692) as negotiated on the
+    /// upgrade: one variant per set of parameters that changes the bytes.
+    WebSocketDeflate(Deflate),
     /// Server-Sent Events (`GET /sse`): `data: <the JSON frame>` and a blank
     /// line. The `id:` line before it is the connection's own (its place
     /// in each topic), written beside the shared part by its queue.
@@ -75,7 +113,7 @@ impl Format {
     /// wherever it lands between two of an event's lines.
     pub fn heartbeat(self) -> Option<Bytes> {
         match self {
-            Format::WebSocket => None,
+            Format::WebSocket | Format::WebSocketDeflate(_) => None,
             Format::Sse => Some(Bytes::from_static(b":\n")),
             Format::Ndjson => Some(Bytes::from_static(b"\n")),
         }
@@ -85,7 +123,9 @@ impl Format {
 /// A message of the protocol, as `format` writes it.
 pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
     match format {
-        Format::WebSocket => encode(OP_TEXT, &[&message.to_json()]),
+        Format::WebSocket | Format::WebSocketDeflate(_) => {
+            encode_as(format, OP_TEXT, &[&message.to_json()])
+        }
         Format::Sse => {
             // The drain's advice tells an `EventSource` when to come back.
             let retry = match message {
@@ -132,7 +172,9 @@ pub fn publication(format: Format, p: &Publication) -> Bytes {
     let mut prefix = Vec::with_capacity(48 + p.topic.as_str().len());
     proto::json::encode_msg_prefix(&mut prefix, p.topic.as_str(), p.seq);
     match format {
-        Format::WebSocket => encode(OP_TEXT, &[&prefix, &p.data, b"}"]),
+        Format::WebSocket | Format::WebSocketDeflate(_) => {
+            encode_as(format, OP_TEXT, &[&prefix, &p.data, b"}"])
+        }
         Format::Sse => line(&[b"data: "], &[&prefix, &p.data, b"}"], b"\n\n"),
         Format::Ndjson => line(&[], &[&prefix, &p.data, b"}"], b"\n"),
     }
@@ -243,5 +285,86 @@ mod tests {
             assert_eq!(&frame[..head.len()], &head[..], "len {len}");
             assert_eq!(frame.len(), head.len() + len);
         }
+    }
+
+    fn deflate() -> Format {
+        Format::WebSocketDeflate(Deflate {
+            window_bits: 15,
+            level: 1,
+            min_bytes: 256,
+        })
+    }
+
+    #[test]
+    fn a_deflate_format_compresses_data_frames_over_its_threshold() {
+        let data = br#"{"score":[1,2,3],"team":"blue"}"#.repeat(40);
+        let plain = encode(OP_TEXT, &[&data]);
+        let frame = encode_as(deflate(), OP_TEXT, &[&data[..100], &data[100..]]);
+        // FIN, RSV1, text; a shorter payload that inflates back.
+        assert_eq!(frame[0], FIN | RSV1 | OP_TEXT);
+        assert!(
+            frame.len() < plain.len() / 4,
+            "{} of {}",
+            frame.len(),
+            plain.len()
+        );
+        let (len, head) = match frame[1] {
+            126 => (usize::from(u16::from_be_bytes([frame[2], frame[3]])), 4),
+            n => (usize::from(n), 2),
+        };
+        assert_eq!(frame.len(), head + len);
+        let inflated = crate::deflate::inflate::inflate(&frame[head..], 1 << 20);
+        assert_eq!(inflated.as_deref(), Ok(&data[..]));
+        // Binary keeps its opcode.
+        assert_eq!(
+            encode_as(deflate(), OP_BINARY, &[&data])[0],
+            FIN | RSV1 | OP_BINARY
+        );
+        // Under the threshold: exactly the plain frame, RSV1 clear.
+        assert_eq!(
+            encode_as(deflate(), OP_TEXT, &[&data[..255]]),
+            encode(OP_TEXT, &[&data[..255]])
+        );
+        // The plain format never compresses.
+        assert_eq!(encode_as(Format::WebSocket, OP_TEXT, &[&data]), plain);
+    }
+
+    #[test]
+    fn control_frames_are_never_compressed() {
+        // Pings, pongs and closes are built with `encode` whatever the
+        // connection's format: only data frames go through `encode_as`.
+        for frame in [
+            close(1000, &"x".repeat(120)),
+            encode(OP_PING, &[&[b'p'; 125]]),
+            encode(OP_PONG, &[&[b'p'; 125]]),
+        ] {
+            assert_eq!(frame[0] & RSV1, 0);
+        }
+    }
+
+    #[test]
+    fn frames_compress_once_per_deflate_format() {
+        let calls = std::cell::Cell::new(0);
+        let data = "x".repeat(1000);
+        let message = ServerMessage::Reconnect {
+            after_ms: 1,
+            reason: &data,
+        };
+        let mut frames = Frames::new(|format| {
+            calls.set(calls.get() + 1);
+            super::message(format, &message)
+        });
+        let small_window = Format::WebSocketDeflate(Deflate {
+            window_bits: 10,
+            level: 1,
+            min_bytes: 256,
+        });
+        let a = frames.get(deflate());
+        let plain = frames.get(Format::WebSocket);
+        let b = frames.get(deflate());
+        let c = frames.get(small_window);
+        let d = frames.get(small_window);
+        assert_eq!((a == b, c == d, calls.get()), (true, true, 3));
+        assert!(a.len() < plain.len() && a[0] & RSV1 != 0 && plain[0] & RSV1 == 0);
     }
 }

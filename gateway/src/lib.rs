@@ -35,7 +35,9 @@
 //!   bounded queue and one batching, signing, retrying sender per pod.
 //! - [`presence`]: who is subscribed to a topic, across pods: this pod's
 //!   members, written to the broker, and the diffs its subscribers get.
-//! - [`frame`]: server frames, encoded once per publication.
+//! - [`frame`]: server frames, encoded once per publication;
+//!   [`deflate`]: permessage-deflate, negotiated, compressed once per
+//!   publication, client messages inflated under a cap.
 //! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
 //!   between a connection's parts.
 //! - [`node`]: builds the pod's parts and wires them together (sessions
@@ -64,6 +66,7 @@ pub mod architecture {}
 pub mod auth;
 pub mod budget;
 pub mod config;
+pub mod deflate;
 pub mod disconnect;
 pub mod frame;
 pub mod grpc;

@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 
 use crate::admission::Refusal;
 use crate::config::Config;
+use crate::deflate::negotiation;
 use crate::frame::Format;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
@@ -419,13 +420,20 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
             return response;
         }
     };
-    let (response, upgrading) = match fastwebsockets::upgrade::upgrade(&mut req) {
+    let (mut response, upgrading) = match fastwebsockets::upgrade::upgrade(&mut req) {
         Ok(upgrade) => upgrade,
         Err(e) => {
             drop(admission);
             return reject("bad_handshake", StatusCode::BAD_REQUEST, &format!("{e}\n"));
         }
     };
+    // permessage-deflate, where the client offers it and the pod allows it.
+    let format = negotiation::answer(
+        req.headers(),
+        response.headers_mut(),
+        node.config.websocket.compression.settings(),
+    )
+    .map_or(Format::WebSocket, Format::WebSocketDeflate);
     // Only where a connect proxy is configured: what it is told of this
     // request, until the client's `hello`.
     let handshake = session::Handshake::capture(&node.pod.hooks, req.headers(), ip);
@@ -441,7 +449,7 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
                 return;
             }
         };
-        session::serve_upgraded(upgraded, node.pod.clone(), admission, handshake).await;
+        session::serve_upgraded(upgraded, node.pod.clone(), admission, handshake, format).await;
     });
     response.map(|_| Body::default())
 }

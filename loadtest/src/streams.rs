@@ -692,9 +692,10 @@ pub async fn post_commands(
 /// What a scenario reads from a client of any transport.
 #[derive(Debug, PartialEq)]
 pub enum Incoming<'a> {
-    /// A server frame's JSON (a WebSocket text frame, an SSE event's data,
-    /// an NDJSON line).
-    Frame(&'a [u8]),
+    /// A server frame's JSON (a WebSocket text frame, inflated where it was
+    /// compressed; an SSE event's data; an NDJSON line), and about what it
+    /// took on the wire (a WebSocket frame's exactly, a stream's data).
+    Frame(&'a [u8], usize),
     /// A WebSocket ping: answer with [`Conn::pong`].
     Ping(Vec<u8>),
     /// A heartbeat of a stream (an SSE comment, an empty NDJSON line).
@@ -730,6 +731,14 @@ fn not_a_frame(e: serde_json::Error, line: &[u8]) -> String {
 }
 
 impl Conn {
+    /// Whether the connection negotiated permessage-deflate (a WebSocket's).
+    pub fn compressed(&self) -> bool {
+        match self {
+            Self::Ws(c) => c.compressed(),
+            _ => false,
+        }
+    }
+
     /// Opens a client of `transport` on `target` and subscribes it to
     /// `topics`: the `seq` of each topic's `ok`, in `topics` order.
     /// WebSocket: `sub` per topic after the upgrade; SSE: the topics in the
@@ -742,12 +751,17 @@ impl Conn {
         topics: &[&str],
         buffer_bytes: usize,
         seed: u64,
+        compression: bool,
     ) -> Result<(Self, Vec<u64>), String> {
         match transport {
             Transport::Ws => {
-                let mut c = raw::Client::connect(source, target, buffer_bytes, seed)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // A WebSocket may offer permessage-deflate, as a browser does.
+                let offer = [("Sec-WebSocket-Extensions", raw::DEFLATE_OFFER)];
+                let headers: &[(&str, &str)] = if compression { &offer } else { &[] };
+                let mut c =
+                    raw::Client::connect_with_headers(source, target, buffer_bytes, seed, headers)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 let seqs = c.subscribe(topics).await?;
                 Ok((Self::Ws(c), seqs))
             }
@@ -792,7 +806,7 @@ impl Conn {
         let mut confirmed = 0;
         while confirmed < topics.len() {
             let frame = match self.next().await {
-                Ok(Some(Incoming::Frame(frame))) => frame,
+                Ok(Some(Incoming::Frame(frame, _))) => frame,
                 Ok(Some(_)) => continue,
                 Ok(None) => {
                     return Err("the stream ended before the subs were confirmed".to_owned());
@@ -833,7 +847,7 @@ impl Conn {
             Self::Ws(c) => match c.next().await? {
                 None => return Ok(None),
                 Some(frame) => match frame.opcode {
-                    raw::OP_TEXT => Incoming::Frame(frame.payload),
+                    raw::OP_TEXT => Incoming::Frame(frame.payload, frame.wire_bytes),
                     raw::OP_PING => Incoming::Ping(frame.payload.to_vec()),
                     raw::OP_CLOSE => Incoming::Closed(raw::describe_close(frame.payload)),
                     _ => Incoming::Other,
@@ -841,12 +855,12 @@ impl Conn {
             },
             Self::Sse(c) => match c.next().await? {
                 None => return Ok(None),
-                Some(Sse::Event { data }) => Incoming::Frame(data),
+                Some(Sse::Event { data }) => Incoming::Frame(data, data.len()),
                 Some(Sse::Comment) => Incoming::Heartbeat,
             },
             Self::Stream(c) => match c.next().await? {
                 None => return Ok(None),
-                Some(Line::Frame(line)) => Incoming::Frame(line),
+                Some(Line::Frame(line)) => Incoming::Frame(line, line.len() + 1),
                 Some(Line::Heartbeat) => Incoming::Heartbeat,
             },
         }))

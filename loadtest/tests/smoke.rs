@@ -478,6 +478,33 @@ async fn idle_holds_every_sse_stream_through_heartbeats() {
     );
 }
 
+/// `throughput --compression`: the clients negotiate permessage-deflate,
+/// inflate every compressed `msg`, and count fewer bytes on the wire per
+/// delivery than without (1 KiB JSON strings deflate well).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_with_compression_inflates_every_delivery() {
+    let gateway = Gateway::memory().await;
+    let mut wire = Vec::new();
+    for compression in [false, true] {
+        let mut options = throughput::Options::new(gateway.target.clone());
+        options.clients = 10;
+        options.topics = 5;
+        options.subscriptions = 2;
+        options.concurrency = 2;
+        options.size = 1024;
+        options.duration = Duration::from_secs(1);
+        options.drain = Duration::from_secs(20);
+        options.compression = compression;
+        let outcome = throughput::run(options).await.expect("throughput runs");
+        assert_passed(&outcome);
+        assert!(outcome.deliveries > 0);
+        assert_eq!(outcome.deliveries, outcome.deliveries_expected);
+        assert_eq!(outcome.compressed_clients, if compression { 10 } else { 0 });
+        wire.push(outcome.wire_bytes_per_delivery);
+    }
+    assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
+}
+
 /// `wire` counts every byte: header, envelope and payload of Herald's frame
 /// and of the POST, up to 1 MiB on a gateway started with larger limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

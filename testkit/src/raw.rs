@@ -98,6 +98,12 @@ impl RawClient {
     /// Opens TCP and performs the opening handshake (RFC 6455 4.1), checking
     /// the 101 and its `Sec-WebSocket-Accept`.
     pub async fn connect(addr: SocketAddr) -> Self {
+        Self::connect_offering(addr, None).await.0
+    }
+
+    /// [`connect`](Self::connect), offering `extensions` (a
+    /// `Sec-WebSocket-Extensions` value) where given; also the 101's head.
+    pub async fn connect_offering(addr: SocketAddr, extensions: Option<&str>) -> (Self, String) {
         let stream = timeout(STEP, TcpStream::connect(addr))
             .await
             .expect("connect in time")
@@ -113,7 +119,10 @@ impl RawClient {
              Connection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
              Sec-WebSocket-Version: 13\r\n\
-             \r\n"
+             {}\r\n",
+            extensions.map_or(String::new(), |e| format!(
+                "Sec-WebSocket-Extensions: {e}\r\n"
+            ))
         );
         client.send_bytes(request.as_bytes()).await;
         let end = loop {
@@ -141,7 +150,7 @@ impl RawClient {
             })
             .expect("Sec-WebSocket-Accept in the 101");
         assert_eq!(accept, "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
-        client
+        (client, head)
     }
 
     pub async fn send_bytes(&mut self, bytes: &[u8]) {

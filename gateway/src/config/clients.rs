@@ -44,6 +44,8 @@ pub struct WebSocketConfig {
     /// budgets): 0 to 32 and 0 to 128.
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
+    /// permessage-deflate (`[websocket.compression]`).
+    pub compression: super::CompressionConfig,
 }
 
 impl WebSocketConfig {
@@ -160,6 +162,7 @@ impl Default for WebSocketConfig {
             max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             ipv4_prefix: DEFAULT_IPV4_PREFIX,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            compression: super::CompressionConfig::default(),
         }
     }
 }

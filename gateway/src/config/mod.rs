@@ -9,7 +9,8 @@
 //!
 //! - [`defaults`]: every default, a named constant with its unit;
 //! - [`clients`]: `[websocket]`, `[queue]`, `[replay]`, `[history]`,
-//!   `[session]`: what each client gets;
+//!   `[session]`: what each client gets; [`compression`]:
+//!   `[websocket.compression]`, permessage-deflate;
 //! - [`api`]: `[http]` and `[grpc]`, the backend API;
 //! - [`redis`]: `[redis]`, the shared broker;
 //! - [`drain`]: `[shutdown]` and `[rebalance]`, moving clients off a pod;
@@ -30,6 +31,7 @@ use crate::auth::AuthConfig;
 
 mod api;
 mod clients;
+mod compression;
 mod defaults;
 mod drain;
 mod hooks;
@@ -43,6 +45,7 @@ pub use api::{GrpcConfig, HttpConfig};
 pub use clients::{
     HistoryConfig, Limits, Overflow, QueueConfig, ReplayConfig, SessionConfig, WebSocketConfig,
 };
+pub use compression::CompressionConfig;
 pub use defaults::*;
 pub use drain::{RebalanceConfig, ShutdownConfig};
 pub use hooks::{

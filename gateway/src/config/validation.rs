@@ -19,6 +19,9 @@ impl Config {
         if ws.max_message_bytes == 0 {
             return invalid("websocket.max_message_bytes", "must be at least 1");
         }
+        if let Err((key, reason)) = ws.compression.validate() {
+            return invalid(key, &reason);
+        }
         for (key, d) in [
             ("websocket.ping_interval", ws.ping_interval),
             ("websocket.pong_timeout", ws.pong_timeout),

@@ -443,6 +443,9 @@ impl Metrics {
             registry,
         };
         metrics.start_at_zero();
+        // permessage-deflate's counters: process-wide (frames are encoded
+        // where no pod's metrics are at hand), shown on every registry.
+        crate::deflate::register_metrics(&metrics.registry);
         // The process' own fds, resident memory and CPU time (`process_*`),
         // read from /proc at each scrape: the fd and memory alerts compare
         // them with their limits. Only Linux has the collector.

@@ -116,6 +116,12 @@ impl Session {
                     self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
                 }
                 Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
+                // The session's parser refuses binary messages (1003) before
+                // they get here; were one to come, the same answer.
+                Ok(Ok(Parsed::Binary(_))) => {
+                    self.out.close(CloseReason::UnsupportedData, false);
+                    return;
+                }
                 Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => self.late_ack(&text),
                 // Boxed, as this loop is as large as the largest future it
                 // awaits, for as long as the connection lives.

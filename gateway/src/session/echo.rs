@@ -6,10 +6,12 @@
 //! It is a session without the protocol: the same split of the upgraded
 //! socket, [`Reader`] (and its parser), outgoing queue ([`Outbound`]) and
 //! writer ([`writer::run`]) as [`super::serve_upgraded`]; each text
-//! message goes back as it came, pings are answered, closes are echoed (by
-//! the reader, as in a session). Binary messages are refused with 1003, as
-//! Herald refuses them: its parser reads text only, by design, and the echo
-//! tests that parser, not one with binary support bolted on for the suite.
+//! message goes back as it came (text as text, binary as binary), pings are
+//! answered, closes are echoed (by the reader, as in a session). It
+//! negotiates permessage-deflate as `/ws` does (`websocket.compression`):
+//! compressed messages are inflated under the same cap, and the echo goes
+//! back compressed in the connection's format. (Herald's sessions refuse
+//! binary messages with 1003; the echo takes them, through the same parser.)
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,8 +34,9 @@ use super::parser::Parsed;
 use super::reader::Reader;
 use super::{Limits, Serve, split};
 use crate::config::Config;
+use crate::deflate::negotiation::{self, Settings};
 use crate::disconnect::CloseReason;
-use crate::frame;
+use crate::frame::{self, Format};
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Writing, writer};
 
@@ -42,6 +45,9 @@ pub struct Echo {
     max_message_bytes: usize,
     message_timeout: Duration,
     limits: Limits,
+    /// permessage-deflate, where allowed; and the inflated cap.
+    compression: Option<Settings>,
+    inflate_cap: usize,
     writing: Arc<Writing>,
 }
 
@@ -53,6 +59,11 @@ impl Echo {
             max_message_bytes: config.websocket.max_message_bytes,
             message_timeout: config.websocket.message_timeout,
             limits: config.queue_limits(),
+            compression: config.websocket.compression.settings(),
+            inflate_cap: config
+                .websocket
+                .compression
+                .inflated_cap(config.websocket.max_message_bytes),
             writing: Arc::new(Writing::new(config, metrics, Instant::now())),
         })
     }
@@ -81,10 +92,13 @@ impl Echo {
         mut req: Request<Incoming>,
     ) -> Result<Response<Empty<Bytes>>, Infallible> {
         match fastwebsockets::upgrade::upgrade(&mut req) {
-            Ok((response, upgrading)) => {
+            Ok((mut response, upgrading)) => {
+                let format =
+                    negotiation::answer(req.headers(), response.headers_mut(), self.compression)
+                        .map_or(Format::WebSocket, Format::WebSocketDeflate);
                 tokio::spawn(async move {
                     if let Ok(ws) = upgrading.await {
-                        self.serve_upgraded(ws).await;
+                        self.serve_upgraded(ws, format).await;
                     }
                 });
                 Ok(response)
@@ -97,10 +111,10 @@ impl Echo {
         }
     }
 
-    /// Echoes an upgraded connection until it ends.
-    pub async fn serve_upgraded(self: Arc<Self>, ws: WebSocket<TokioIo<Upgraded>>) {
+    /// Echoes an upgraded connection, its frames in `format`, until it ends.
+    pub async fn serve_upgraded(self: Arc<Self>, ws: WebSocket<TokioIo<Upgraded>>, format: Format) {
         let limits = self.limits;
-        split(ws.into_inner().into_inner(), limits, self).await;
+        split(ws.into_inner().into_inner(), limits, format, self).await;
     }
 }
 
@@ -113,8 +127,10 @@ impl Serve for Arc<Echo> {
         let writing = writer::run(write, out.clone(), self.writing.clone());
         // Made here, so that `early` (a slice of hyper's read buffer) is not
         // kept for as long as the connection lives.
-        let mut reader =
-            Reader::new(read, self.max_message_bytes, self.message_timeout).after_handshake(&early);
+        let mut reader = Reader::new(read, self.max_message_bytes, self.message_timeout)
+            .inflating(out.format(), self.inflate_cap)
+            .binary()
+            .after_handshake(&early);
         async move {
             tokio::join!(writing, echo(&mut reader, &out));
         }
@@ -134,7 +150,14 @@ async fn echo<R: AsyncRead + Unpin>(reader: &mut Reader<R>, out: &Outbound) {
         };
         match next {
             Ok(Parsed::Text(text)) => {
-                if !out.send(frame::encode(frame::OP_TEXT, &[&text])).await {
+                let echo = frame::encode_as(out.format(), frame::OP_TEXT, &[&text]);
+                if !out.send(echo).await {
+                    return;
+                }
+            }
+            Ok(Parsed::Binary(data)) => {
+                let echo = frame::encode_as(out.format(), frame::OP_BINARY, &[&data]);
+                if !out.send(echo).await {
                     return;
                 }
             }
@@ -173,10 +196,15 @@ mod tests {
     /// The echo over a pipe: what the client reads back for `wire`, to the
     /// end of the stream.
     async fn exchange(wire: &[u8]) -> Vec<u8> {
+        exchange_as(Format::WebSocket, wire).await
+    }
+
+    /// [`exchange`] on a connection whose frames are in `format`.
+    async fn exchange_as(format: Format, wire: &[u8]) -> Vec<u8> {
         let (client, server) = tokio::io::duplex(1 << 20);
         let (read, write) = tokio::io::split(server);
         let echo = Echo::new(&Config::default());
-        let out = Outbound::new(echo.limits);
+        let out = Outbound::formatted(echo.limits, format);
         let served = tokio::spawn(echo.serve(read, Bytes::new(), write, out));
         let (mut from, mut to) = tokio::io::split(client);
         to.write_all(wire).await.expect("write");
@@ -202,6 +230,29 @@ mod tests {
         expected.extend_from_slice(&frame::encode(frame::OP_TEXT, &[b"fragment"]));
         expected.extend_from_slice(&[0x88, 4, 0x03, 0xe8, b'o', b'k']);
         assert_eq!(exchange(&wire).await, expected);
+    }
+
+    #[tokio::test]
+    async fn with_deflate_messages_come_back_compressed_and_binary_stays_binary() {
+        use crate::session::parser::tests::compressed;
+        let deflate = crate::deflate::Deflate {
+            window_bits: 15,
+            level: 1,
+            min_bytes: 0,
+        };
+        let data: Vec<u8> = b"0123456789".repeat(100);
+        let mut wire = masked(0xC2, &compressed(&data));
+        wire.extend(masked(0x88, &[0x03, 0xe8]));
+        let got = exchange_as(Format::WebSocketDeflate(deflate), &wire).await;
+        // FIN, RSV1, binary; a 16-bit length or less; the payload inflates back.
+        assert_eq!(got[0], 0xC2);
+        let (len, head) = match got[1] {
+            126 => (usize::from(u16::from_be_bytes([got[2], got[3]])), 4),
+            n => (usize::from(n), 2),
+        };
+        let inflated = crate::deflate::inflate::inflate(&got[head..head + len], 1 << 20);
+        assert_eq!(inflated, Ok(data));
+        assert_eq!(&got[head + len..], &[0x88, 2, 0x03, 0xe8]);
     }
 
     #[tokio::test]

@@ -92,6 +92,7 @@ use crate::admission::{Admission, ConnId};
 use crate::auth::{Claims, Verifier};
 use crate::budget::{Account, Budgets};
 use crate::config::Config;
+use crate::frame::Format;
 use crate::hooks::Hooks;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -142,16 +143,21 @@ pub struct Pod {
 ///
 /// `handshake`: what the connect proxy is given of the upgrade request, when
 /// there is one (boxed: dropped at `hello`, absent otherwise).
+///
+/// `format`: how its frames are written, as the upgrade negotiated
+/// (permessage-deflate or not).
 pub fn serve_upgraded(
     upgraded: Upgraded,
     node: Arc<Pod>,
     admission: Admission,
     handshake: Option<Box<Handshake>>,
+    format: Format,
 ) -> impl Future<Output = ()> {
     let limits = node.config.queue_limits();
     split(
         upgraded,
         limits,
+        format,
         Herald {
             node,
             admission,
@@ -190,8 +196,10 @@ impl Serve for Herald {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let ws = &self.node.config.websocket;
-        let reader =
-            Reader::new(read, ws.max_message_bytes, ws.message_timeout).after_handshake(&early);
+        let cap = ws.compression.inflated_cap(ws.max_message_bytes);
+        let reader = Reader::new(read, ws.max_message_bytes, ws.message_timeout)
+            .inflating(out.format(), cap)
+            .after_handshake(&early);
         serve(
             reader,
             write,
@@ -204,21 +212,26 @@ impl Serve for Herald {
 }
 
 /// Splits `upgraded` into the halves its reader and writer own, with its
-/// outgoing queue, and serves it with `conn`.
-fn split(upgraded: Upgraded, limits: Limits, conn: impl Serve) -> impl Future<Output = ()> {
+/// outgoing queue (of frames in `format`), and serves it with `conn`.
+fn split(
+    upgraded: Upgraded,
+    limits: Limits,
+    format: Format,
+    conn: impl Serve,
+) -> impl Future<Output = ()> {
     // Own the TCP stream's halves directly: no lock between reader and writer.
     match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             let (read, write) = parts.io.into_inner().into_split();
             // Shared with the fan-out, which writes to an idle socket itself.
-            let (out, write) = Outbound::with_socket(limits, write);
+            let (out, write) = Outbound::with_socket_as(limits, write, format);
             // Bytes the client sent right behind its handshake come first
             // (copied: hyper's read buffer, 8 KiB, is dropped here).
             Either::Left(conn.serve(read, parts.read_buf, write, out))
         }
         Err(upgraded) => {
             let (read, write) = tokio::io::split(TokioIo::new(upgraded));
-            let out = Outbound::new(limits);
+            let out = Outbound::formatted(limits, format);
             Either::Right(conn.serve(read, Bytes::new(), write, out))
         }
     }
@@ -371,7 +384,14 @@ mod sizes {
     use super::*;
 
     /// The size of what `f` returns, without calling it.
-    fn returns<A, B, C, D, F, Fut>(_: F) -> usize
+    fn returns<A, B, C, D, E, F, Fut>(_: F) -> usize
+    where
+        F: Fn(A, B, C, D, E) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    fn returns4<A, B, C, D, F, Fut>(_: F) -> usize
     where
         F: Fn(A, B, C, D) -> Fut,
     {
@@ -389,6 +409,6 @@ mod sizes {
             std::mem::size_of::<Reader<tokio::net::tcp::OwnedReadHalf>>(),
         );
         // An SSE or HTTP-streaming connection's task (issue #25).
-        println!("stream task future {}", returns(serve_stream));
+        println!("stream task future {}", returns4(serve_stream));
     }
 }

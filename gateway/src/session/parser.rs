@@ -14,7 +14,15 @@
 //! as the bytes allow: a frame is refused from its header, before its payload
 //! is read, when its bits, opcode, mask, length or place in a fragmented
 //! message are wrong.
+//!
+//! Where permessage-deflate was negotiated ([`Parser::inflating`]), RSV1 on
+//! a message's first frame marks it compressed: its compressed bytes are
+//! assembled as any message's (under the same size limit), then inflated
+//! whole under a cap of their own ([`crate::deflate::inflate`]): no
+//! inflater outlives the message, and a bomb stops at the cap.
 
+use crate::deflate::RSV1;
+use crate::deflate::inflate::{InflateError, inflate};
 use crate::disconnect::CloseReason;
 use bytes::Bytes;
 
@@ -43,7 +51,7 @@ const MAX_AHEAD: usize = 64 * 1024;
 /// connection; [`FrameError::close_reason`] picks the close code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    #[error("reserved bits set, but no extension was negotiated")]
+    #[error("reserved bits set where no extension allows them")]
     ReservedBits,
     #[error("opcode {0:#x} is reserved")]
     ReservedOpcode(u8),
@@ -71,6 +79,10 @@ pub enum FrameError {
     CloseCode(u16),
     #[error("close reason that is not UTF-8")]
     CloseReasonUtf8,
+    #[error("compressed message inflates past the cap")]
+    InflatedTooBig,
+    #[error("compressed message that is not deflate data")]
+    Corrupt,
 }
 
 impl FrameError {
@@ -79,7 +91,7 @@ impl FrameError {
     pub fn close_reason(&self) -> CloseReason {
         match self {
             Self::InvalidUtf8 | Self::CloseReasonUtf8 => CloseReason::InvalidUtf8,
-            Self::TooBig => CloseReason::MessageTooBig,
+            Self::TooBig | Self::InflatedTooBig => CloseReason::MessageTooBig,
             Self::Binary => CloseReason::UnsupportedData,
             Self::ReservedBits
             | Self::ReservedOpcode(_)
@@ -90,6 +102,7 @@ impl FrameError {
             | Self::StrayContinuation
             | Self::Interleaved
             | Self::ShortClose
+            | Self::Corrupt
             | Self::CloseCode(_) => CloseReason::ProtocolError,
         }
     }
@@ -98,8 +111,11 @@ impl FrameError {
 /// A whole message or control frame.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed {
-    /// A text message, valid UTF-8, reassembled if it came in fragments.
+    /// A text message, valid UTF-8, reassembled if it came in fragments
+    /// (and inflated if it came compressed).
     Text(Bytes),
+    /// A binary message, where the parser takes them ([`Parser::binary`]).
+    Binary(Bytes),
     Ping(Bytes),
     Pong(Bytes),
     /// A valid close frame's payload (code and reason), to be echoed.
@@ -113,7 +129,9 @@ pub struct Parser {
     max: usize,
     /// The header of the next frame, as far as it has arrived.
     head: [u8; MAX_HEADER],
-    head_len: usize,
+    /// (A byte, and the flags and cap below in 32 bits: the parser is part
+    /// of every idle connection, and stays the size it had without them.)
+    head_len: u8,
     /// The frame whose payload is being read.
     frame: Option<Frame>,
     /// The text message being assembled: set by a text frame, taken when a
@@ -121,6 +139,15 @@ pub struct Parser {
     message: Option<Message>,
     /// The payload of the control frame being read.
     control: Vec<u8>,
+    /// The most a compressed message may inflate to; 0: permessage-deflate
+    /// was not negotiated, and RSV1 is a protocol error.
+    inflate_cap: u32,
+    /// Binary messages are taken (the echo), not refused with 1003.
+    binary: bool,
+    /// The message under way came with RSV1: `message` holds deflate data.
+    compressed: bool,
+    /// The message under way is binary.
+    binary_message: bool,
 }
 
 #[derive(Debug)]
@@ -151,7 +178,25 @@ impl Parser {
             frame: None,
             message: None,
             control: Vec::new(),
+            inflate_cap: 0,
+            binary: false,
+            compressed: false,
+            binary_message: false,
         }
+    }
+
+    /// Takes compressed messages (permessage-deflate negotiated), refused
+    /// once they inflate past `cap` bytes.
+    pub fn inflating(mut self, cap: usize) -> Self {
+        // At most 4 GiB.
+        self.inflate_cap = u32::try_from(cap).unwrap_or(u32::MAX).max(1);
+        self
+    }
+
+    /// Takes binary messages ([`Parsed::Binary`]) instead of refusing them.
+    pub fn binary(mut self) -> Self {
+        self.binary = true;
+        self
     }
 
     /// Parses from `input` until it runs out or a message (or control frame)
@@ -176,14 +221,15 @@ impl Parser {
                 continue;
             }
             let need = self.header_len()?;
-            let take = (need - self.head_len).min(input.len() - used);
-            self.head[self.head_len..self.head_len + take]
-                .copy_from_slice(&input[used..used + take]);
-            self.head_len += take;
+            let held = usize::from(self.head_len);
+            let take = (need - held).min(input.len() - used);
+            self.head[held..held + take].copy_from_slice(&input[used..used + take]);
+            // At most MAX_HEADER (14).
+            self.head_len += take as u8;
             used += take;
             // With two bytes in, the header's full length is known: go round
             // again for the rest.
-            if self.head_len < self.header_len()? {
+            if usize::from(self.head_len) < self.header_len()? {
                 if used == input.len() {
                     return Ok((used, None));
                 }
@@ -286,8 +332,17 @@ impl Parser {
         }
         let [b0, b1] = [self.head[0], self.head[1]];
         let opcode = b0 & 0x0F;
-        if b0 & RSV != 0 {
-            // No extension is negotiated, so no reserved bit may be set.
+        // RSV1 only where permessage-deflate was negotiated, and there
+        // only on a message's first frame (RFC 7692 6): never on a
+        // continuation or a control frame. RSV2 and RSV3 never.
+        let rsv1_allowed = self.inflate_cap > 0 && matches!(opcode, OP_TEXT | OP_BINARY);
+        if b0 & RSV != 0 && (b0 & RSV != RSV1 || !rsv1_allowed) {
+            if b0 & RSV1 != 0 {
+                crate::deflate::METRICS
+                    .refused
+                    .with_label_values(&["rsv1"])
+                    .inc();
+            }
             return Err(FrameError::ReservedBits);
         }
         if !matches!(
@@ -318,7 +373,7 @@ impl Parser {
     /// Checks a complete header against the limits and the message in
     /// progress. Room for the payload is made as it arrives.
     fn start_frame(&mut self) -> Result<(), FrameError> {
-        let head = &self.head[..self.head_len];
+        let head = &self.head[..usize::from(self.head_len)];
         self.head_len = 0;
         let fin = head[0] & FIN != 0;
         let opcode = head[0] & 0x0F;
@@ -357,8 +412,10 @@ impl Parser {
                 }
             }
             _ if self.message.is_some() => return Err(FrameError::Interleaved),
-            OP_BINARY => return Err(FrameError::Binary),
+            OP_BINARY if !self.binary => return Err(FrameError::Binary),
             _ => {
+                self.compressed = head[0] & RSV1 != 0;
+                self.binary_message = opcode == OP_BINARY;
                 self.message = Some(Message {
                     buf: Vec::new(),
                     valid: 0,
@@ -389,15 +446,39 @@ impl Parser {
                 let Some(message) = self.message.as_mut() else {
                     return Ok(None);
                 };
-                message.check(frame.fin)?;
+                // Text is checked as it arrives; compressed text once
+                // inflated.
+                if !self.binary_message && !self.compressed {
+                    message.check(frame.fin)?;
+                }
                 if !frame.fin {
                     return Ok(None);
                 }
-                let mut buf = self.message.take().map(|m| m.buf).unwrap_or_default();
+                let Some(mut message) = self.message.take() else {
+                    return Ok(None);
+                };
+                if self.compressed {
+                    let cap = self.inflate_cap as usize;
+                    let inflated = inflate(&message.buf, cap).map_err(|e| match e {
+                        InflateError::TooBig => FrameError::InflatedTooBig,
+                        InflateError::Corrupt => FrameError::Corrupt,
+                    })?;
+                    message.buf = inflated;
+                    if !self.binary_message {
+                        message.check(true)?;
+                    }
+                }
+                let binary = self.binary_message;
+                let mut buf = message.buf;
                 // Fragments may have left spare room; the message may live on
                 // in history, so it should not carry that.
                 buf.shrink_to_fit();
-                Ok(Some(Parsed::Text(Bytes::from(buf))))
+                let payload = Bytes::from(buf);
+                Ok(Some(if binary {
+                    Parsed::Binary(payload)
+                } else {
+                    Parsed::Text(payload)
+                }))
             }
         }
     }
@@ -415,7 +496,10 @@ impl Parser {
     /// targets (`session::fuzzing`).
     #[cfg(any(test, fuzzing))]
     pub fn check_invariants(&self) {
-        assert!(self.head_len < MAX_HEADER, "a whole header left unparsed");
+        assert!(
+            usize::from(self.head_len) < MAX_HEADER,
+            "a whole header left unparsed"
+        );
         let control = self.control.len();
         assert!(control <= MAX_CONTROL && self.control.capacity() <= MAX_CONTROL);
         if let Some(message) = &self.message {
@@ -941,5 +1025,187 @@ pub(crate) mod tests {
         assert_eq!(events, 2);
         assert!(parser.message.is_none() && parser.frame.is_none());
         assert_eq!(parser.control.capacity(), 0);
+    }
+
+    // permessage-deflate.
+
+    const RSV1_BIT: u8 = 0x40;
+
+    /// `data` as a client compresses it: raw deflate, sync flush, tail off.
+    pub(crate) fn compressed(data: &[u8]) -> Vec<u8> {
+        let mut c = flate2::Compress::new(flate2::Compression::default(), false);
+        let mut out = Vec::with_capacity(data.len() + 1024);
+        let mut input = data;
+        loop {
+            let before = c.total_in();
+            c.compress_vec(input, &mut out, flate2::FlushCompress::Sync)
+                .unwrap_or_else(|e| panic!("{e}"));
+            input = &input[(c.total_in() - before) as usize..];
+            if input.is_empty() && out.len() < out.capacity() {
+                break;
+            }
+            out.reserve(out.capacity());
+        }
+        out.truncate(out.len() - 4);
+        out
+    }
+
+    fn parse_with(parser: impl Fn() -> Parser, input: &[u8]) -> (Vec<Parsed>, Option<FrameError>) {
+        let mut results = Vec::new();
+        for step in [1, 7, input.len().max(1)] {
+            let mut p = parser();
+            let mut events = Vec::new();
+            let mut used = 0;
+            let mut error = None;
+            while used < input.len() {
+                let end = (used + step).min(input.len());
+                match p.feed(&input[used..end]) {
+                    Ok((n, parsed)) => {
+                        used += n;
+                        events.extend(parsed);
+                        p.check_invariants();
+                    }
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            results.push((events, error));
+        }
+        assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+        results.remove(0)
+    }
+
+    #[test]
+    fn compressed_messages_whole_and_fragmented_inflate() {
+        let message = "{\"op\":\"pub\",\"data\":\"".to_owned() + &"abc".repeat(500) + "\"}";
+        let wire = compressed(message.as_bytes());
+        let inflating = || Parser::new(1 << 16).inflating(1 << 16);
+        // One frame.
+        let input = masked(FIN | RSV1_BIT | OP_TEXT, &wire);
+        assert_eq!(parse_with(inflating, &input), (vec![text(&message)], None));
+        // Fragments, RSV1 on the first only, a ping between them.
+        let (a, rest) = wire.split_at(wire.len() / 3);
+        let (b, c) = rest.split_at(rest.len() / 2);
+        let mut input = masked(RSV1_BIT | OP_TEXT, a);
+        input.extend(masked(OP_CONTINUATION, b));
+        input.extend(masked(FIN | OP_PING, b"p"));
+        input.extend(masked(FIN | OP_CONTINUATION, c));
+        // Then an uncompressed message on the same connection.
+        input.extend(masked(FIN | OP_TEXT, b"plain"));
+        assert_eq!(
+            parse_with(inflating, &input),
+            (
+                vec![
+                    Parsed::Ping(Bytes::from_static(b"p")),
+                    text(&message),
+                    text("plain")
+                ],
+                None
+            )
+        );
+        // Binary, where the parser takes it, keeps its opcode.
+        let binary = || Parser::new(1 << 16).inflating(1 << 16).binary();
+        let input = masked(FIN | RSV1_BIT | OP_BINARY, &compressed(&[0xff; 3000]));
+        assert_eq!(
+            parse_with(binary, &input),
+            (vec![Parsed::Binary(Bytes::from(vec![0xff; 3000]))], None)
+        );
+    }
+
+    #[test]
+    fn rsv1_only_on_a_first_frame_and_only_where_negotiated() {
+        let wire = compressed(b"hello");
+        let inflating = || Parser::new(1 << 16).inflating(1 << 16);
+        // Not negotiated.
+        let input = masked(FIN | RSV1_BIT | OP_TEXT, &wire);
+        assert_eq!(fails(64, &input), FrameError::ReservedBits);
+        // On a continuation.
+        let mut input = masked(OP_TEXT, b"a");
+        input.extend(masked(FIN | RSV1_BIT | OP_CONTINUATION, &wire));
+        assert_eq!(
+            parse_with(inflating, &input).1,
+            Some(FrameError::ReservedBits)
+        );
+        // On control frames.
+        for opcode in [OP_PING, OP_PONG, OP_CLOSE] {
+            let input = masked(FIN | RSV1_BIT | opcode, b"");
+            assert_eq!(
+                parse_with(inflating, &input).1,
+                Some(FrameError::ReservedBits)
+            );
+        }
+        // RSV2 and RSV3 never.
+        for rsv in [0x20, 0x10, 0x60] {
+            let input = masked(FIN | rsv | OP_TEXT, &wire);
+            assert_eq!(
+                parse_with(inflating, &input).1,
+                Some(FrameError::ReservedBits)
+            );
+        }
+        // Not deflate data, or not UTF-8 once inflated.
+        let input = masked(FIN | RSV1_BIT | OP_TEXT, &[0xff; 8]);
+        assert_eq!(parse_with(inflating, &input).1, Some(FrameError::Corrupt));
+        let input = masked(FIN | RSV1_BIT | OP_TEXT, &compressed(&[0xc3, 0x28]));
+        assert_eq!(
+            parse_with(inflating, &input).1,
+            Some(FrameError::InvalidUtf8)
+        );
+        assert_eq!(
+            FrameError::Corrupt.close_reason(),
+            CloseReason::ProtocolError
+        );
+        assert_eq!(
+            FrameError::InflatedTooBig.close_reason(),
+            CloseReason::MessageTooBig
+        );
+    }
+
+    #[test]
+    fn bombs_stop_at_the_cap() {
+        const CAP: usize = 64 * 1024;
+        let inflating = || Parser::new(CAP).inflating(CAP);
+        // One frame: 16 MiB of zeros in about 16 KiB.
+        let bomb = compressed(&vec![0u8; 16 << 20]);
+        assert!(bomb.len() < CAP);
+        let input = masked(FIN | RSV1_BIT | OP_TEXT, &bomb);
+        assert_eq!(
+            parse_with(inflating, &input).1,
+            Some(FrameError::InflatedTooBig)
+        );
+        // Fragmented, in many small frames.
+        let mut input = Vec::new();
+        let chunks: Vec<&[u8]> = bomb.chunks(100).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let first = if i == 0 {
+                RSV1_BIT | OP_TEXT
+            } else {
+                OP_CONTINUATION
+            };
+            let fin = if i == chunks.len() - 1 { FIN } else { 0 };
+            input.extend(masked(fin | first, chunk));
+        }
+        assert_eq!(
+            parse_with(inflating, &input).1,
+            Some(FrameError::InflatedTooBig)
+        );
+        // Many small messages, each under the cap, each inflated alone:
+        // all come out, none holds more than its own.
+        let small = compressed(&vec![b'a'; CAP]);
+        let mut input = Vec::new();
+        for _ in 0..50 {
+            input.extend(masked(FIN | RSV1_BIT | OP_TEXT, &small));
+        }
+        let (events, error) = parse_with(inflating, &input);
+        assert_eq!((events.len(), error), (50, None));
+        // One byte more than the cap in each: the first one closes.
+        let over = compressed(&vec![b'a'; CAP + 1]);
+        let mut input = masked(FIN | RSV1_BIT | OP_TEXT, &over);
+        input.extend(masked(FIN | RSV1_BIT | OP_TEXT, &over));
+        assert_eq!(
+            parse_with(inflating, &input),
+            (vec![], Some(FrameError::InflatedTooBig))
+        );
     }
 }

@@ -61,6 +61,21 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         }
     }
 
+    /// Takes compressed messages, as `format` (the connection's, negotiated
+    /// on the upgrade) says: inflated up to `cap` bytes.
+    pub fn inflating(mut self, format: frame::Format, cap: usize) -> Self {
+        if let frame::Format::WebSocketDeflate(_) = format {
+            self.parser = self.parser.inflating(cap);
+        }
+        self
+    }
+
+    /// Takes binary messages (the echo) instead of refusing them.
+    pub fn binary(mut self) -> Self {
+        self.parser = self.parser.binary();
+        self
+    }
+
     /// Reads `early`, bytes that came with the handshake, before the socket.
     pub fn after_handshake(mut self, early: &[u8]) -> Self {
         if !early.is_empty() {

@@ -26,6 +26,7 @@ mod commands;
 mod config;
 mod conformance;
 mod continuity;
+mod deflate;
 mod failover;
 mod fanout;
 mod grpc;

@@ -75,6 +75,9 @@ pub struct IdleArgs {
     /// or HTTP-streaming (`POST /stream`).
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
     pub transport: Transport,
+    /// Offer permessage-deflate, as a browser does.
+    #[arg(long)]
+    pub compression: bool,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -93,6 +96,7 @@ impl IdleArgs {
         options.topic = self.topic.clone();
         options.watch = self.watch.watch_pid.clone();
         options.transport = self.transport;
+        options.compression = self.compression;
         options
     }
 }
@@ -112,6 +116,8 @@ pub struct WorkerArgs {
     pub max_hold: humantime::Duration,
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
     pub transport: Transport,
+    #[arg(long)]
+    pub compression: bool,
 }
 
 impl WorkerArgs {
@@ -123,6 +129,7 @@ impl WorkerArgs {
             topic: self.topic.clone(),
             max_hold: self.max_hold.into(),
             transport: self.transport,
+            compression: self.compression,
         }
     }
 }
@@ -163,6 +170,10 @@ pub struct ThroughputArgs {
     /// or HTTP-streaming (`POST /stream`).
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
     pub transport: Transport,
+    /// Offer permessage-deflate, as a browser does; inflate what comes and
+    /// report the bytes per delivery on the wire.
+    #[arg(long)]
+    pub compression: bool,
     #[command(flatten)]
     pub watch: Watch,
     #[command(flatten)]
@@ -185,6 +196,7 @@ impl ThroughputArgs {
         options.size = self.size;
         options.watch = self.watch.watch_pid.clone();
         options.transport = self.transport;
+        options.compression = self.compression;
         options
     }
 }
@@ -271,6 +283,7 @@ mod tests {
             topic: "loadtest.idle.1.2".to_owned(),
             max_hold: Duration::from_millis(120_500),
             transport: Transport::Sse,
+            compression: true,
         };
         let Ok(Command::IdleWorker(back)) = parse_args(worker.args()) else {
             panic!("parsed");

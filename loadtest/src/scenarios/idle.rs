@@ -82,7 +82,15 @@ pub struct Options {
     pub worker_program: Option<PathBuf>,
     /// The clients' transport.
     pub transport: Transport,
+    /// Offer permessage-deflate, as a browser does: what an idle connection
+    /// costs with compression negotiated.
+    pub compression: bool,
 }
+
+/// Whether this process's clients offer permessage-deflate: set once by
+/// `run` (from `Options::compression`) or a worker (from its command line),
+/// before any client connects.
+static COMPRESSION: AtomicBool = AtomicBool::new(false);
 
 impl Options {
     pub fn new(gateway: Target) -> Self {
@@ -92,6 +100,7 @@ impl Options {
             clients: DEFAULT_CLIENTS,
             duration: DEFAULT_DURATION,
             processes: 0,
+            compression: false,
             topic: None,
             watch: Vec::new(),
             worker_program: None,
@@ -144,6 +153,8 @@ pub struct Worker {
     /// Stops by itself this long after connecting if not told to before.
     pub max_hold: Duration,
     pub transport: Transport,
+    /// Its clients offer permessage-deflate.
+    pub compression: bool,
 }
 
 impl Worker {
@@ -165,6 +176,9 @@ impl Worker {
             "--transport".to_owned(),
             self.transport.name().to_owned(),
         ]);
+        if self.compression {
+            args.push("--compression".to_owned());
+        }
         args
     }
 }
@@ -326,6 +340,7 @@ async fn open(
             &[topic],
             BUFFER_BYTES,
             client as u64,
+            COMPRESSION.load(Ordering::Relaxed),
         )
         .await
         .map_err(|e| {
@@ -359,7 +374,7 @@ async fn keep(mut client: Conn, gateway: usize, counters: Arc<Counters>) {
                 Incoming::Closed(reason) => break format!("closed: {reason}"),
                 // Nothing is published on the topic; a `reset` would be news
                 // but not a close.
-                Incoming::Frame(_) | Incoming::Other => continue,
+                Incoming::Frame(..) | Incoming::Other => continue,
             },
             Ok(None) => break "EOF".to_owned(),
             Err(e) => break e.to_string(),
@@ -407,6 +422,7 @@ impl Holding {
 /// The hidden command: holds a share of a run's clients for the process
 /// that started it (see the module docs).
 pub async fn work(worker: Worker) -> Result<(), Error> {
+    COMPRESSION.store(worker.compression, Ordering::Relaxed);
     let holding = match hold(
         &worker.gateways,
         worker.first,
@@ -548,6 +564,7 @@ pub struct Pod {
 
 pub async fn run(options: Options) -> Result<Idle, Error> {
     options.validate()?;
+    COMPRESSION.store(options.compression, Ordering::Relaxed);
     let topic = options
         .topic
         .clone()
@@ -585,6 +602,7 @@ pub async fn run(options: Options) -> Result<Idle, Error> {
                 topic: topic.clone(),
                 max_hold,
                 transport: options.transport,
+                compression: options.compression,
             };
             parts.push(Part::start(&program, &worker)?);
         }

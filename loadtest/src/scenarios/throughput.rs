@@ -102,6 +102,8 @@ pub struct Options {
     pub watch: Vec<u32>,
     /// The clients' transport.
     pub transport: Transport,
+    /// Offer permessage-deflate, as a browser does (and inflate what comes).
+    pub compression: bool,
 }
 
 impl Options {
@@ -119,6 +121,7 @@ impl Options {
             drain: DEFAULT_DRAIN,
             watch: Vec::new(),
             transport: Transport::Ws,
+            compression: false,
         }
     }
 
@@ -202,6 +205,12 @@ pub struct Throughput {
     pub gateway_cpu_s: Option<f64>,
     pub deliveries_per_gateway_cpu_s: Option<f64>,
     pub cpu: Usage,
+    /// permessage-deflate offered (`--compression`), and by how many
+    /// clients it was negotiated.
+    pub compression: bool,
+    pub compressed_clients: usize,
+    /// Bytes of `msg` frames on the wire (headers included), per delivery.
+    pub wire_bytes_per_delivery: f64,
 }
 
 /// What one client saw.
@@ -212,6 +221,8 @@ struct Seen {
     initial: Vec<u64>,
     last: Vec<u64>,
     received: u64,
+    /// Wire bytes of the `msg` frames received.
+    wire_bytes: u64,
     duplicated: u64,
     unexpected: u64,
     end: Option<String>,
@@ -236,6 +247,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
     let connecting = Instant::now();
     let clients = connect_all(&options, &topics).await?;
     let connect = connecting.elapsed();
+    let compressed_clients = clients.iter().filter(|(_, _, c)| c.compressed()).count();
     let mut connections = Vec::with_capacity(options.concurrency);
     for _ in 0..options.concurrency {
         connections.push(Connection::open(options.publish_to.addr).await?);
@@ -351,7 +363,11 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
         }),
         deliveries_per_gateway_cpu_s: None,
         cpu,
+        compression: options.compression,
+        compressed_clients,
+        wire_bytes_per_delivery: 0.0,
     };
+    let mut wire_bytes = 0u64;
     for reader in readers {
         let seen = match reader.await {
             Ok(s) => s,
@@ -363,6 +379,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
             result.lost += published.top_seq[t].saturating_sub(seen.last[j]);
         }
         result.deliveries += seen.received;
+        wire_bytes += seen.wire_bytes;
         result.duplicated += seen.duplicated;
         result.unexpected += seen.unexpected;
         if let Some(end) = seen.end {
@@ -375,6 +392,7 @@ pub async fn run(options: Options) -> Result<Throughput, Error> {
         }
     }
     result.deliveries_per_s = result.deliveries as f64 / window.as_secs_f64();
+    result.wire_bytes_per_delivery = wire_bytes as f64 / result.deliveries.max(1) as f64;
     result.deliveries_per_gateway_cpu_s = result
         .gateway_cpu_s
         .filter(|&s| s > 0.0)
@@ -398,6 +416,7 @@ async fn connect_all(
         }
         let target = options.gateway.clone();
         let transport = options.transport;
+        let compression = options.compression;
         let mine: Vec<String> = options
             .topics_of(client)
             .map(|t| topics[t].clone())
@@ -414,6 +433,7 @@ async fn connect_all(
                     &names,
                     BUFFER_BYTES,
                     client as u64,
+                    compression,
                 )
                 .await
                 .map_err(fail)?;
@@ -454,6 +474,7 @@ async fn read(
         last: initial.clone(),
         initial,
         received: 0,
+        wire_bytes: 0,
         duplicated: 0,
         unexpected: 0,
         end: None,
@@ -473,7 +494,7 @@ async fn read(
         };
         let pong = match frame {
             Ok(Some(frame)) => match frame {
-                Incoming::Frame(payload) => {
+                Incoming::Frame(payload, wire_bytes) => {
                     match crate::raw::msg_topic_seq(payload)
                         .and_then(|(topic, seq)| Some((topic_index(topic)?, seq)))
                         .map(|(t, seq)| (((t + options.topics - first) % options.topics), seq))
@@ -482,6 +503,7 @@ async fn read(
                         Some((j, seq)) if seq > seen.last[j] => {
                             seen.last[j] = seq;
                             seen.received += 1;
+                            seen.wire_bytes += wire_bytes as u64;
                             pending += 1;
                         }
                         Some(_) => seen.duplicated += 1,
@@ -571,6 +593,21 @@ impl Outcome for Throughput {
                 ),
             ),
             Row::new("deliveries/s", format!("{:.0}", self.deliveries_per_s)),
+            Row::new(
+                "wire bytes per delivery",
+                format!(
+                    "{:.1}{}",
+                    self.wire_bytes_per_delivery,
+                    if self.compression {
+                        format!(
+                            " (permessage-deflate offered; negotiated by {} of {} clients)",
+                            self.compressed_clients, self.clients
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
             Row::new(
                 "gateway CPU",
                 self.gateway_cpu_s
