@@ -16,9 +16,10 @@ use prometheus::local::LocalHistogram;
 use socket2::SockRef;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::time::Instant;
 
-use super::queue::{Outbound, Socket, counted};
+use super::queue::Outbound;
 use crate::config::Limits;
 use crate::frame::Format;
 use crate::metrics::Metrics;
@@ -283,4 +284,38 @@ impl Drop for IdleSockets {
             out.wake_writer();
         }
     }
+}
+/// Where a queue's frames go.
+pub(super) enum Socket {
+    Tcp(OwnedWriteHalf),
+    /// Counts the bytes it is given and takes them all: the fan-out's own
+    /// cost without the kernel's, for the benchmarks.
+    Counting(AtomicU64),
+}
+
+impl Socket {
+    /// One non-blocking send of `slices`, as far as the socket takes them.
+    pub(super) fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            // `send` on the socket itself: tokio's readiness needs no update,
+            // as a writer that takes over finds out for itself whether
+            // there is room; and the kernel's socket call is cheaper than
+            // `writev`.
+            Socket::Tcp(tcp) => {
+                let socket = SockRef::from(AsRef::<TcpStream>::as_ref(tcp));
+                match slices {
+                    [one] => socket.send(one),
+                    many => socket.send_vectored(many),
+                }
+            }
+            Socket::Counting(count) => Ok(counted(count, slices)),
+        }
+    }
+}
+
+/// Adds the length of `slices` to `count`; returns it.
+pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
+    let len: usize = slices.iter().map(|s| s.len()).sum();
+    count.fetch_add(len as u64, Ordering::Relaxed);
+    len
 }

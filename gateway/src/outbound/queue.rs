@@ -14,18 +14,14 @@
 //! two never interleave bytes.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, Bytes};
-use socket2::SockRef;
-use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::direct::{IdleSockets, SocketWriter};
+use super::direct::{IdleSockets, Socket, SocketWriter};
 use super::ids::{self, EventIds, Mark};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
@@ -106,41 +102,6 @@ pub(super) struct Shared {
     stopped: Signal,
     /// How this connection's frames are written.
     format: Format,
-}
-
-/// Where a queue's frames go.
-pub(super) enum Socket {
-    Tcp(OwnedWriteHalf),
-    /// Counts the bytes it is given and takes them all: the fan-out's own
-    /// cost without the kernel's, for the benchmarks.
-    Counting(AtomicU64),
-}
-
-impl Socket {
-    /// One non-blocking send of `slices`, as far as the socket takes them.
-    pub(super) fn send(&self, slices: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            // `send` on the socket itself: tokio's readiness needs no update,
-            // as a writer that takes over finds out for itself whether
-            // there is room; and the kernel's socket call is cheaper than
-            // `writev`.
-            Socket::Tcp(tcp) => {
-                let socket = SockRef::from(AsRef::<TcpStream>::as_ref(tcp));
-                match slices {
-                    [one] => socket.send(one),
-                    many => socket.send_vectored(many),
-                }
-            }
-            Socket::Counting(count) => Ok(counted(count, slices)),
-        }
-    }
-}
-
-/// Adds the length of `slices` to `count`; returns it.
-pub(super) fn counted(count: &AtomicU64, slices: &[IoSlice<'_>]) -> usize {
-    let len: usize = slices.iter().map(|s| s.len()).sum();
-    count.fetch_add(len as u64, Ordering::Relaxed);
-    len
 }
 
 /// `repr(C)`: the fields a push and a direct write read first (see
