@@ -14,8 +14,12 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(25);
 /// Grace after a ping interval in which some frame must arrive.
 pub const DEFAULT_PONG_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a write to one client may take before the client counts as stuck.
-pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a client's socket may take no byte of a write before the client
+/// counts as stuck: above a pause a client may make (a tab in the
+/// background, a phone between cells) and stay connected, its lag caught up
+/// from history (issue #25); the heartbeat's bound (ping interval and pong
+/// timeout, 35 s) is the dead peer's.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest the HTTP request head (the WebSocket handshake) may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for the client's close frame after its own.

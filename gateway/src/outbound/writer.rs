@@ -8,7 +8,7 @@
 //! come through its queue like any other frame
 //! ([`crate::session::Registry::drain`]).
 
-use std::io::{self, IoSlice};
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,26 +101,25 @@ pub fn run<W: AsyncWrite + Unpin>(
     }
 }
 
+/// Writes every frame, as few `writev` calls as the kernel allows, unless
+/// the socket takes nothing for `stall`: the timer restarts with every byte
+/// that goes out. A client that reads slowly is never cut by it (its queue's
+/// bounds and, where history is kept, a catch-up handle its lag); one that
+/// stopped reading, or whose network is gone, is, once its socket buffers
+/// are full and `stall` has passed without a byte taken.
 async fn write_timed<W: AsyncWrite + Unpin>(
     io: &mut W,
     frames: &[Bytes],
-    timeout: Duration,
+    stall: Duration,
 ) -> Result<(), CloseReason> {
-    match tokio::time::timeout(timeout, write_all(io, frames)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(CloseReason::ConnectionLost),
-        Err(_) => Err(CloseReason::WriteTimeout),
-    }
-}
-
-/// Writes every frame, as few `writev` calls as the kernel allows.
-async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::Result<()> {
+    let timer = tokio::time::sleep(stall);
+    tokio::pin!(timer);
     let mut index = 0;
     let mut offset = 0;
     while index < frames.len() {
         // The slice array lives only inside one poll, not in the task's
         // state: an idle connection should not carry 4 KiB of it.
-        let mut written = std::future::poll_fn(|cx| {
+        let write = std::future::poll_fn(|cx| {
             let mut slices = [IoSlice::new(&[]); MAX_IOV];
             let count = fill(&mut slices, &frames[index..]);
             // The front frame may be partly written already.
@@ -128,11 +127,16 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
                 slices[0] = IoSlice::new(&frames[index][offset..]);
             }
             Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count])
-        })
-        .await?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
+        });
+        let mut written = tokio::select! {
+            biased;
+            written = write => match written {
+                Ok(0) | Err(_) => return Err(CloseReason::ConnectionLost),
+                Ok(written) => written,
+            },
+            _ = &mut timer => return Err(CloseReason::WriteTimeout),
+        };
+        timer.as_mut().reset(Instant::now() + stall);
         while written > 0 {
             let left = frames[index].len() - offset;
             if written >= left {
@@ -145,13 +149,18 @@ async fn write_all<W: AsyncWrite + Unpin>(io: &mut W, frames: &[Bytes]) -> io::R
             }
         }
     }
-    io.flush().await
+    tokio::select! {
+        biased;
+        flushed = io.flush() => flushed.map_err(|_| CloseReason::ConnectionLost),
+        _ = &mut timer => Err(CloseReason::WriteTimeout),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::frame;
+    use std::io;
     use tokio::io::AsyncReadExt;
 
     use crate::config::{Limits, Overflow};
@@ -206,6 +215,31 @@ mod tests {
         );
         assert_eq!(out.reason(), Some(CloseReason::WriteTimeout));
         assert!(out.is_stopped(), "the reader is told");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_slowly_is_never_cut_however_long_the_write() {
+        let (server, mut client) = tokio::io::duplex(64);
+        let out = queue();
+        let writer = tokio::spawn(run(server, out.clone(), pod()));
+        // 4 KiB through a 64-byte pipe, 64 bytes every 4 s: over four
+        // minutes for the write, never 5 s (write_timeout) without a byte.
+        let frame = Bytes::from(vec![b'y'; 4096]);
+        assert!(out.send(frame.clone()).await);
+        let mut got = Vec::new();
+        while got.len() < frame.len() {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let mut chunk = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(1), client.read(&mut chunk))
+                .await
+                .expect("bytes in time")
+                .expect("read");
+            got.extend_from_slice(&chunk[..read]);
+        }
+        assert_eq!(got, frame);
+        assert_eq!(out.reason(), None, "not cut");
+        out.stop();
+        let _ = tokio::time::timeout(Duration::from_secs(600), writer).await;
     }
 
     /// What a fan-out on another core does when it finds the connection
@@ -319,7 +353,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn write_all_survives_short_writes() -> io::Result<()> {
+    async fn a_write_survives_short_writes() -> io::Result<()> {
         // A 7-byte pipe forces many partial writes.
         let (mut a, mut b) = tokio::io::duplex(7);
         let frames: Vec<Bytes> = (0..300u16).map(|i| Bytes::from(i.to_string())).collect();
@@ -328,7 +362,8 @@ mod tests {
             let mut got = Vec::new();
             b.read_to_end(&mut got).await.map(|_| got)
         });
-        write_all(&mut a, &frames).await?;
+        let written = write_timed(&mut a, &frames, Duration::from_secs(60)).await;
+        assert_eq!(written, Ok(()));
         drop(a);
         let got = reader.await.map_err(io::Error::other)??;
         assert_eq!(got, expected);

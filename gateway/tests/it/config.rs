@@ -71,7 +71,7 @@ fn the_sample_file_loads_with_the_documented_values() {
     assert_eq!(ws.max_message_bytes, 65536);
     assert_eq!(ws.ping_interval, Duration::from_secs(25));
     assert_eq!(ws.pong_timeout, Duration::from_secs(10));
-    assert_eq!(ws.write_timeout, Duration::from_secs(5));
+    assert_eq!(ws.write_timeout, Duration::from_secs(30));
     assert_eq!(ws.handshake_timeout, Duration::from_secs(10));
     assert_eq!(ws.close_timeout, Duration::from_secs(2));
     assert_eq!(ws.message_timeout, Duration::from_secs(10));

@@ -40,8 +40,9 @@ use crate::{Error, Target};
 pub const DEFAULT_SLOW: usize = 1;
 /// Their receive buffer (`SO_RCVBUF`; Linux doubles it).
 pub const DEFAULT_RECV_BUFFER: u32 = 4096;
-/// After the last round, how long to wait for slow clients' closes: the
-/// gateway's default `websocket.write_timeout` (5 s), 1 s, and a poll.
+/// After the last round, how long to wait for slow clients' closes: a
+/// `websocket.write_timeout` of 5 s (bench.sh's `slow` part sets it; the
+/// default is 30 s), 1 s, and a poll.
 pub const DEFAULT_CLOSE_WAIT: Duration = Duration::from_secs(7);
 /// Most slow clients.
 pub const MAX_SLOW: usize = 1000;
