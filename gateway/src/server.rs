@@ -165,11 +165,14 @@ async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: 
         tracing::debug!(%peer, error = %e, "socket options not set");
     }
     // `GET /sse` and `POST /stream` keep the raw socket (see
-    // `crate::streams`). Boxed: only streams carry its state.
+    // `crate::streams`), in a task of their own, as an upgraded WebSocket
+    // is: this one's future is sized for hyper's connection, which an idle
+    // stream should not carry for its whole life (issue #16's budget).
     if matches!(port, Port::Clients { .. }) && node.config.streams.enabled {
         let timeout = node.config.websocket.handshake_timeout;
         if let Some(format) = streams::sniff(&stream, timeout).await {
-            Box::pin(streams::serve(stream, peer, node, format)).await;
+            let tasks = node.tasks.clone();
+            tasks.spawn(streams::serve(stream, peer, node, format));
             return;
         }
     }
