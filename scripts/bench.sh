@@ -155,8 +155,13 @@ if wants lag; then
     # Issue #25: lagging clients caught up from history. History long enough
     # for the pause (10,000 rounds), so that no one needs a reset.
     say "lag: 100 of 200 clients stop reading for 10 s while 10,000 messages flow, then read again"
-    run lag --env HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE=20000 -- slow --slow 100 --catch-up 20 \
-        --clients "${LAG_CLIENTS:-100}" --topics 1 --size 256 --rounds "${LAG_ROUNDS:-10000}" --interval 1ms
+    lag=(--catch-up 20 --clients "${LAG_CLIENTS:-100}" --topics 1 --size 256
+         --rounds "${LAG_ROUNDS:-10000}" --interval 1ms)
+    run lag --env HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE=20000 -- slow --slow 100 "${lag[@]}"
+    # The same rounds without the slow clients: the healthy clients' p99
+    # over the pause's rounds, against the run above's (target: within 10%).
+    say "lag, baseline: the same run without the 100 slow clients"
+    run lag-baseline --env HERALD_NAMESPACES__DEFAULT__HISTORY_SIZE=20000 -- slow --slow 0 "${lag[@]}"
 fi
 
 if wants throughput; then

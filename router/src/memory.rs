@@ -186,6 +186,15 @@ impl Broker for MemoryBroker {
         _traceparent: Option<&str>,
     ) -> Result<Position, BrokerError> {
         let (history_size, ttl) = self.inner.settings(topic)?;
+        // Kept for the history's window: bytes of its own, not a slice
+        // that would pin the buffer it came in (an HTTP connection's read
+        // buffer, a batch's body, many times its size) for as long as it is
+        // kept. Copied before the lock.
+        let data = if history_size > 0 {
+            Bytes::copy_from_slice(&data)
+        } else {
+            data
+        };
         let now = Instant::now();
         let mut shard = self.inner.shard(topic);
         let state = shard
@@ -587,6 +596,24 @@ mod tests {
 
     fn topic(s: &str) -> Topic {
         Topic::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn history_keeps_a_copy_not_a_slice_of_the_buffer_a_publish_came_in()
+    -> Result<(), BrokerError> {
+        let (b, _) = broker(10);
+        let t = topic("news");
+        // A body read with others, as an HTTP connection's buffer holds them.
+        let buffer = Bytes::from(vec![b'1'; 64 * 1024]);
+        let data = buffer.slice(100..101);
+        b.publish(&t, data.clone(), None, None).await?;
+        let r = b
+            .recover(&t, Some(Since::claimed(0, None)), PageSize::UNBOUNDED)
+            .await?;
+        let kept = &r.publications[0].data;
+        assert_eq!(kept, &data);
+        assert_ne!(kept.as_ptr(), data.as_ptr(), "a copy of its own");
+        Ok(())
     }
 
     #[tokio::test]

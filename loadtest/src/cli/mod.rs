@@ -221,7 +221,7 @@ pub enum Command {
     /// --gateway-pid); lost, duplicated (both must be 0). --transport sse
     /// or stream: the same over server-sent events (the topics in GET
     /// /sse's query, at most the gateway's streams.max_topics) or
-    /// HTTP-streaming (POST /stream, the subs by POST /stream/<session>).
+    /// HTTP-streaming (`POST /stream`, the subs by `POST /stream/<session>`).
     Throughput(ThroughputArgs),
     /// Bytes on the wire per message: each payload (a JSON string of that
     /// size) is published and its frame read off a raw socket, against a
