@@ -82,10 +82,14 @@ async fn a_quiet_session_outlives_the_resume_window_while_its_client_is_connecte
     assert_eq!(client.msg().await.1, 2);
 }
 
+/// The pods' write timeout in the takeover stories: longer than a takeover
+/// waits (2 s), within a story's wait.
+const STUCK: Duration = Duration::from_secs(5);
+
 /// On the pod at `url`/`addr`: a client resumes its session while the old
 /// connection's writer is stuck (its client stopped reading while a lot was
-/// published) until the write timeout (5 s), longer than a takeover waits
-/// (2 s), and the store has no copy of the session (`no_copy` sees to it).
+/// published) until the write timeout ([`STUCK`]), longer than a takeover
+/// waits (2 s), and the store has no copy of the session (`no_copy` sees to it).
 /// The old connection ends and saves first; then the new one subscribes to
 /// another topic, and ends: a resume gets the new connection's
 /// subscriptions.
@@ -129,7 +133,9 @@ async fn a_takeover_outlasted_by_a_stuck_connection_keeps_the_new_subscriptions(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_takeover_keeps_the_new_subscriptions_in_a_pod_local_store() {
-    let gw = Gateway::start().await;
+    let mut config = Gateway::config();
+    config.websocket.write_timeout = STUCK;
+    let gw = Gateway::with(config).await;
     // The memory store keeps a session only once its connection ended.
     let no_copy = |_: &str| {};
     a_takeover_outlasted_by_a_stuck_connection_keeps_the_new_subscriptions(
@@ -145,7 +151,14 @@ async fn a_long_takeover_keeps_the_new_subscriptions_of_a_session_redis_lost() {
     let redis = Redis::start().await;
     // Flushed at the pod's start only, so that no flush writes the session
     // back once Redis lost it (a failover to a replica that never had it).
-    let a = pod(&redis, &[("HERALD_SESSION__FLUSH_INTERVAL", "1h")]).await;
+    let a = pod(
+        &redis,
+        &[
+            ("HERALD_SESSION__FLUSH_INTERVAL", "1h"),
+            ("HERALD_WEBSOCKET__WRITE_TIMEOUT", "5s"),
+        ],
+    )
+    .await;
     let no_copy = |session: &str| {
         let key = format!("herald:session:{session}");
         assert_eq!(redis.cli(&["DEL", &key]).trim(), "1");

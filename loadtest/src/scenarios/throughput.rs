@@ -206,10 +206,13 @@ pub struct Throughput {
     pub deliveries_per_gateway_cpu_s: Option<f64>,
     pub cpu: Usage,
     /// permessage-deflate offered (`--compression`), and by how many
-    /// clients it was negotiated.
+    /// clients it was negotiated (results from before: none).
+    #[serde(default)]
     pub compression: bool,
+    #[serde(default)]
     pub compressed_clients: usize,
     /// Bytes of `msg` frames on the wire (headers included), per delivery.
+    #[serde(default)]
     pub wire_bytes_per_delivery: f64,
 }
 
