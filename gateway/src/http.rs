@@ -9,7 +9,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
-    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE,
+    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, AUTHORIZATION, CONTENT_LENGTH,
+    CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, VARY, WWW_AUTHENTICATE,
 };
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
@@ -21,6 +22,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::admin::Status;
+use crate::config::WebSocketConfig;
 use crate::history::{self, HistoryError};
 use crate::node::Node;
 use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
@@ -406,26 +408,69 @@ fn refused(e: &ApiError) -> Response<Body> {
 
 /// A request's body, at most `limit` bytes.
 async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            Refusal::TooLarge,
-            ErrorCode::Malformed,
-            format!("the body is limited to {limit} bytes"),
-        )
-    };
-    let declared = req
-        .headers()
+    let (parts, body) = req.into_parts();
+    read_body(&parts.headers, body, limit)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => ApiError::new(
+                Refusal::TooLarge,
+                ErrorCode::Malformed,
+                format!("the body is limited to {limit} bytes"),
+            ),
+            BodyError::Broken(why) => ApiError::invalid(ErrorCode::Malformed, why),
+        })
+}
+
+/// Why a request's body was not read whole.
+pub enum BodyError {
+    /// It declared, or brought, more than the limit.
+    TooLarge,
+    /// The connection failed under it (the error, for the answer).
+    Broken(String),
+}
+
+/// A request's body (`headers` are its request's), at most `limit` bytes:
+/// one whose `Content-Length` says more is refused before a byte of it is
+/// read, any other as it passes the limit. Every body the gateway reads
+/// comes through here: the API's, the command posts', a stream's `hello`.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, BodyError> {
+    let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(too_large());
+        return Err(BodyError::TooLarge);
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::invalid(ErrorCode::Malformed, e.to_string())),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(e) => Err(BodyError::Broken(e.to_string())),
     }
+}
+
+/// Lets a page of `origin` read an answer where `/ws` would let it connect
+/// (`websocket.allowed_origins`; empty: any), and with credentials (the
+/// cookies a token or the connect proxy may be read from) only where that
+/// list names it: with any origin allowed them, any site could read a
+/// signed-in user's stream. The streams' answers, their preflights and the
+/// command posts' all carry these.
+pub fn allow_origin(ws: &WebSocketConfig, origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
+    let Some(origin) = origin else { return };
+    if !ws.allows_origin(Some(origin.as_bytes())) {
+        return;
+    }
+    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+    if ws.names_origin(Some(origin.as_bytes())) {
+        headers.insert(
+            ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+    }
+    headers.append(VARY, HeaderValue::from_static("Origin"));
 }
 
 async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {

@@ -17,20 +17,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{
-    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, AUTHORIZATION, CACHE_CONTROL,
-    CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
-    WWW_AUTHENTICATE,
+    AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, HeaderValue, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use hyper::{Request, Response, StatusCode};
 use proto::Command;
 use router::{Causes, Forward, Whose};
 
-use crate::config::Config;
 use crate::hooks::HookError;
-use crate::http::Body;
+use crate::http::{self, Body, BodyError};
 use crate::listener;
 use crate::node::Node;
 use crate::session::{self, Post};
@@ -126,28 +123,12 @@ pub async fn post(req: Request<Incoming>, node: &Node, peer: SocketAddr) -> Resp
             error(&refused)
         }
     };
-    allow_origin(&node.config, origin.as_ref(), response.headers_mut());
+    http::allow_origin(
+        &node.config.websocket,
+        origin.as_ref(),
+        response.headers_mut(),
+    );
     response
-}
-
-/// Lets a page of `origin` read the answer, where `/ws` would let it
-/// connect (`websocket.allowed_origins`; empty: any), and with credentials
-/// (the cookies a connect proxy may read) only where that list names it,
-/// as the stream's own response and preflight do ([`crate::streams`]).
-fn allow_origin(config: &Config, origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
-    let Some(origin) = origin else { return };
-    let ws = &config.websocket;
-    if !ws.allows_origin(Some(origin.as_bytes())) {
-        return;
-    }
-    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-    if ws.names_origin(Some(origin.as_bytes())) {
-        headers.insert(
-            ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static("true"),
-        );
-    }
-    headers.append(VARY, HeaderValue::from_static("Origin"));
 }
 
 /// Checks a POST and hands its commands on; how many.
@@ -290,26 +271,17 @@ async fn who(
 
 /// The body, at most `limit` bytes.
 async fn body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refused> {
-    let too_large = || {
-        Refused::too_large(format!(
-            "the body is limited to {limit} bytes (websocket.max_message_bytes)"
-        ))
-    };
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(too_large());
-    }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(Refused::malformed(format!(
-            "the body could not be read: {e}"
-        ))),
-    }
+    let (parts, body) = req.into_parts();
+    http::read_body(&parts.headers, body, limit)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => Refused::too_large(format!(
+                "the body is limited to {limit} bytes (websocket.max_message_bytes)"
+            )),
+            BodyError::Broken(why) => {
+                Refused::malformed(format!("the body could not be read: {why}"))
+            }
+        })
 }
 
 /// The body's commands, a line each (blank lines skipped), each one a

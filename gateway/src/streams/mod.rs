@@ -33,11 +33,10 @@ use std::io;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::Map;
-use http_body_util::{BodyExt, Either, LengthLimitError, Limited, StreamBody};
+use http_body_util::{Either, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{
-    ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, CACHE_CONTROL, CONTENT_TYPE,
-    HeaderValue, ORIGIN, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
+    CACHE_CONTROL, CONTENT_TYPE, HeaderValue, ORIGIN, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use hyper::{Request, Response, StatusCode};
 use proto::Command;
@@ -49,7 +48,7 @@ use tokio_util::io::ReaderStream;
 use crate::admission::Refusal;
 use crate::config::WebSocketConfig;
 use crate::frame::Format;
-use crate::http::{self, Body};
+use crate::http::{self, Body, BodyError};
 use crate::listener;
 use crate::node::Node;
 use crate::session::{self, Handshake, Opening};
@@ -412,16 +411,7 @@ pub fn preflight(node: &Node, origin: Option<&HeaderValue>, stream: bool) -> Res
     }
     let mut response = http::text(StatusCode::NO_CONTENT, "");
     let headers = response.headers_mut();
-    if let Some(origin) = origin {
-        headers.insert("access-control-allow-origin", origin.clone());
-        if ws.names_origin(Some(origin.as_bytes())) {
-            headers.insert(
-                "access-control-allow-credentials",
-                HeaderValue::from_static("true"),
-            );
-        }
-        headers.insert("vary", HeaderValue::from_static("Origin"));
-    }
+    http::allow_origin(ws, origin, headers);
     headers.insert(
         "access-control-allow-methods",
         HeaderValue::from_static("GET, POST"),
@@ -507,16 +497,7 @@ pub async fn serve_hyper(
         HeaderValue::from_static("no-cache, no-transform"),
     );
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    if let Some(origin) = origin.filter(|o| ws.allows_origin(Some(o.as_bytes()))) {
-        if ws.names_origin(Some(origin.as_bytes())) {
-            headers.insert(
-                ACCESS_CONTROL_ALLOW_CREDENTIALS,
-                HeaderValue::from_static("true"),
-            );
-        }
-        headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        headers.insert(VARY, HeaderValue::from_static("Origin"));
-    }
+    http::allow_origin(ws, origin.as_ref(), headers);
     response
 }
 
@@ -539,18 +520,19 @@ async fn hyper_head(
         body: BytesMut::new(),
     };
     if format == Format::Ndjson {
-        let limited = Limited::new(body, ws.max_message_bytes).collect();
-        match tokio::time::timeout(ws.handshake_timeout, limited).await {
-            Ok(Ok(collected)) => head.body = BytesMut::from(&collected.to_bytes()[..]),
-            Ok(Err(e)) if e.is::<LengthLimitError>() => {
+        let limit = ws.max_message_bytes;
+        let read = http::read_body(&head.headers, body, limit);
+        match tokio::time::timeout(ws.handshake_timeout, read).await {
+            Ok(Ok(body)) => head.body = BytesMut::from(&body[..]),
+            Ok(Err(BodyError::TooLarge)) => {
                 return Err(Refused::new(
                     413,
                     "too_large",
                     "too_large",
-                    format!("the body is over {} bytes", ws.max_message_bytes),
+                    format!("the body is over {limit} bytes"),
                 ));
             }
-            Ok(Err(_)) => {
+            Ok(Err(BodyError::Broken(_))) => {
                 return Err(Refused::new(
                     400,
                     "malformed",
