@@ -136,6 +136,7 @@ fn every_server_message_matches_its_proto_message() {
             recovered: Some(true),
             expires: Some(1_700_000_000),
             data: Some(&data),
+            delta: None,
         },
         ServerMessage::Msg {
             topic: "news",

@@ -124,6 +124,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
@@ -140,8 +141,11 @@ impl Session {
                 since,
                 epoch,
                 data,
+                delta,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
+                // Asked for where the namespace has them: else ignored.
+                let delta = delta && self.node.namespaces.get(&topic).is_some_and(|ns| ns.delta);
                 let proxied = self.asks_backend(&topic, Access::Subscribe);
                 if proxied {
                     self.may_ask(id, &topic, Access::Subscribe)?;
@@ -178,7 +182,13 @@ impl Session {
                 };
                 let subscribed = match approved {
                     Ok(Some(approved)) => self
-                        .subscribe_approved(Origin::Command(id), topic.clone(), since, approved)
+                        .subscribe_approved(
+                            Origin::Command(id),
+                            topic.clone(),
+                            since,
+                            approved,
+                            delta,
+                        )
                         .await
                         .map_err(|e| e.to_command(Origin::Command(id), &topic)),
                     // The backend did not answer: told so already.
@@ -209,6 +219,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
@@ -240,6 +251,7 @@ impl Session {
                                 recovered: None,
                                 expires: None,
                                 data: None,
+                                delta: None,
                             })
                             .await;
                             return Ok(());
@@ -267,6 +279,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
