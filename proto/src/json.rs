@@ -240,7 +240,7 @@ impl<'a> Command<'a> {
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
                 data: data.map(json_bytes),
-                delta: None,
+                delta: delta.then_some(true),
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,

@@ -196,12 +196,19 @@ mod tests {
         assert_eq!(frame[0] & 0x0f, OP_BINARY);
         let msg = decode(&frame);
         assert_eq!((msg.topic.as_str(), msg.seq), ("game:42", (1 << 21) - 1));
-        assert_eq!((msg.data, msg.delta, msg.binary), (text.to_vec(), false, false));
+        assert_eq!(
+            (msg.data, msg.delta, msg.binary),
+            (text.to_vec(), false, false)
+        );
         let envelope = payload(&frame).len() - text.len() - "game:42".len();
         assert!(envelope <= 12, "{envelope} bytes");
         // The full form is the plain one in protobuf; a delta is flagged.
         assert_eq!(publication(Format::Protobuf(None), &p, Body::Full), frame);
-        let msg = decode(&publication(Format::Protobuf(None), &p, Body::Delta(b"3\n1:x0;")));
+        let msg = decode(&publication(
+            Format::Protobuf(None),
+            &p,
+            Body::Delta(b"3\n1:x0;"),
+        ));
         assert_eq!((msg.data.as_slice(), msg.delta), (&b"3\n1:x0;"[..], true));
         // Binary data keeps every byte; seq 0 and empty data are left out,
         // as prost leaves them.
@@ -209,7 +216,10 @@ mod tests {
         let p = publication_of(Payload::binary(&bytes), 0);
         let frame = publication(Format::Protobuf(None), &p, Body::Data);
         let msg = decode(&frame);
-        assert_eq!((msg.data.as_slice(), msg.binary, msg.seq), (&bytes[..], true, 0));
+        assert_eq!(
+            (msg.data.as_slice(), msg.binary, msg.seq),
+            (&bytes[..], true, 0)
+        );
         let expected = v1::ServerMessage {
             op: Some(v1::server_message::Op::Msg(msg)),
         };
@@ -234,9 +244,16 @@ mod tests {
         let text = "{\"score\":\"é\\\"\\n\"}";
         let p = publication_of(Payload::json(Bytes::from(text)), 4);
         let full = json(&publication(Format::WebSocket, &p, Body::Full));
-        assert_eq!((full["full"].as_str(), full.get("data")), (Some(text), None));
+        assert_eq!(
+            (full["full"].as_str(), full.get("data")),
+            (Some(text), None)
+        );
         let delta_bytes = [b'1', b'0', b'\n', 0x00, 0x1f, 0x80, 0xff, b'"', b'\\'];
-        let delta = json(&publication(Format::WebSocket, &p, Body::Delta(&delta_bytes)));
+        let delta = json(&publication(
+            Format::WebSocket,
+            &p,
+            Body::Delta(&delta_bytes),
+        ));
         let chars = delta["delta"].as_str().unwrap();
         let back: Vec<u8> = chars.chars().map(|c| u8::try_from(c).unwrap()).collect();
         assert_eq!(back, delta_bytes);

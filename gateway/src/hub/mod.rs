@@ -53,9 +53,12 @@ use crate::telemetry;
 
 mod cursor;
 mod delta;
+mod holding;
 
 pub use cursor::{Kind, admit};
 use delta::{Delta, Encoder, Last};
+pub use holding::CaughtUp;
+use holding::{Held, Holding};
 
 const SHARDS: usize = 64;
 
@@ -94,65 +97,6 @@ struct Subscriber {
     on_lag: OnLag,
     /// Whether it asked for deltas, and what base it holds.
     delta: Delta,
-}
-
-/// What a subscriber that reads history holds aside.
-#[derive(Default)]
-struct Holding {
-    frames: Vec<Held>,
-    bytes: usize,
-    /// More came than the bounds hold: everything held was dropped, and
-    /// nothing is held until the session asks again. History has it all.
-    overrun: bool,
-    /// It was live and lagged: a catch-up, not a subscribe handshake, reads
-    /// its history ([`Hub::caught_up`]).
-    lag: bool,
-}
-
-impl Holding {
-    /// Nothing held, and nothing to be until the session asks again.
-    fn overrun(lag: bool) -> Self {
-        Self {
-            overrun: true,
-            lag,
-            ..Self::default()
-        }
-    }
-
-    /// Holding aside from now.
-    fn fresh(lag: bool) -> Self {
-        Self {
-            lag,
-            ..Self::default()
-        }
-    }
-}
-
-/// What [`Hub::caught_up`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CaughtUp {
-    /// Back on the live stream: what was held aside past the position is
-    /// queued.
-    Live,
-    /// More arrived meanwhile than could be held: nothing was sent, it
-    /// holds aside from now, and the catch-up reads on from history.
-    Overrun,
-    /// The queue had no room for all that was held: it lags again, from
-    /// this position (the last frame queued); the catch-up reads on.
-    Lagged(Position),
-    /// Not a lagging subscriber of the topic any more (it left).
-    Gone,
-}
-
-/// A frame held aside for a subscriber that reads history.
-struct Held {
-    kind: Kind,
-    /// Full or plain: what the client makes of it when it is released.
-    variant: Variant,
-    epoch: Epoch,
-    seq: u64,
-    frame: Bytes,
-    at: Instant,
 }
 
 /// Where a subscriber keeps its place for a resume (the session's
@@ -546,7 +490,9 @@ impl Hub {
         }
         local.head = local.head.max(position.1);
         let deltas = match publication {
-            Some(p) if local.deltas > 0 => Encoder::new(local.last.as_ref(), p, &self.metrics.delta),
+            Some(p) if local.deltas > 0 => {
+                Encoder::new(local.last.as_ref(), p, &self.metrics.delta)
+            }
             _ => Encoder::none(&self.metrics.delta),
         };
         let binary = publication.is_some_and(|p| crate::payload::Payload::of(&p.data).is_binary());
@@ -580,23 +526,17 @@ impl Hub {
                 }
                 // History holds it: the session reads it from there.
                 Some(holding) if holding.overrun => {}
-                Some(holding)
-                    if holding.frames.len() < self.max_pending
-                        && holding.bytes + frame.len() <= self.max_pending_bytes =>
-                {
-                    holding.bytes += frame.len();
-                    holding.frames.push(Held {
+                Some(holding) => {
+                    let held = Held {
                         kind,
                         variant,
                         epoch: position.0.clone(),
                         seq: position.1,
                         frame,
                         at,
-                    });
+                    };
+                    holding.hold(held, self.max_pending, self.max_pending_bytes);
                 }
-                // More than its queue would hold: dropped, memory and all;
-                // the session reads on from history instead.
-                Some(holding) => *holding = Holding::overrun(holding.lag),
             }
         }
         drop(frames);

@@ -79,7 +79,11 @@ impl Applier {
     /// makes them: the base for the next delta kept.
     fn apply(&mut self, msg: &Value) -> (Vec<u8>, Form) {
         if let Some(full) = msg.get("full") {
-            let text = full.as_str().expect("`full` is a string").as_bytes().to_vec();
+            let text = full
+                .as_str()
+                .expect("`full` is a string")
+                .as_bytes()
+                .to_vec();
             self.base = Some(text.clone());
             return (text, Form::Full);
         }
@@ -114,11 +118,19 @@ async fn sub_delta(client: &mut Client, id: u64, topic: &str, since: Option<u64>
 
 /// Reads `msg`s of `topic` up to `last`, applying them; each one's seq,
 /// its data and its form.
-async fn read_to(client: &mut Client, applier: &mut Applier, last: u64) -> Vec<(u64, Vec<u8>, Form)> {
+async fn read_to(
+    client: &mut Client,
+    applier: &mut Applier,
+    last: u64,
+) -> Vec<(u64, Vec<u8>, Form)> {
     let mut got = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT * 3;
     while got.last().is_none_or(|(seq, _, _)| *seq < last) {
-        assert!(tokio::time::Instant::now() < deadline, "{} messages in time", last);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} messages in time",
+            last
+        );
         let msg = client.expect("msg").await;
         let seq = msg["seq"].as_u64().expect("seq");
         let (data, form) = applier.apply(&msg);
@@ -129,12 +141,20 @@ async fn read_to(client: &mut Client, applier: &mut Applier, last: u64) -> Vec<(
 
 /// Publishes the scoreboards of ticks `ticks` to `topic`; the JSON text of
 /// each, as the publish API keeps it (the body's `data`, compact).
-async fn publish_states(gw: &Gateway, topic: &str, ticks: std::ops::RangeInclusive<u64>) -> Vec<Vec<u8>> {
+async fn publish_states(
+    gw: &Gateway,
+    topic: &str,
+    ticks: std::ops::RangeInclusive<u64>,
+) -> Vec<Vec<u8>> {
     let mut published = Vec::new();
     for tick in ticks {
         let state = scoreboard(tick);
         let text = state.to_string().into_bytes();
-        assert!((2048..=4096).contains(&text.len()), "a 2-4 KiB state: {}", text.len());
+        assert!(
+            (2048..=4096).contains(&text.len()),
+            "a 2-4 KiB state: {}",
+            text.len()
+        );
         let seq = gw.publish(topic, state).await;
         assert_eq!(seq, tick, "one topic, one publisher");
         published.push(text);
@@ -168,7 +188,11 @@ async fn a_json_client_rebuilds_every_state_from_a_full_message_and_deltas() {
         let mut applier = Applier::default();
         let got = read_to(client, &mut applier, STATES).await;
         let seqs: Vec<u64> = got.iter().map(|(seq, _, _)| *seq).collect();
-        assert_eq!(seqs, (1..=STATES).collect::<Vec<_>>(), "each seq once, in order");
+        assert_eq!(
+            seqs,
+            (1..=STATES).collect::<Vec<_>>(),
+            "each seq once, in order"
+        );
         for ((seq, data, _), text) in got.iter().zip(&published) {
             assert_eq!(
                 String::from_utf8_lossy(data),
@@ -180,7 +204,10 @@ async fn a_json_client_rebuilds_every_state_from_a_full_message_and_deltas() {
         assert_eq!(forms[0], Form::Full, "the first is full");
         // Those that arrived while the subscription went live were held
         // aside in full; from the first delta on, nothing was missed.
-        let first_delta = forms.iter().position(|f| *f == Form::Delta).expect("deltas");
+        let first_delta = forms
+            .iter()
+            .position(|f| *f == Form::Delta)
+            .expect("deltas");
         assert!(first_delta < 10, "deltas from early on: {forms:?}");
         assert!(
             forms[first_delta..].iter().all(|f| *f == Form::Delta),
@@ -190,18 +217,33 @@ async fn a_json_client_rebuilds_every_state_from_a_full_message_and_deltas() {
     for (seq, text) in (1..=STATES).zip(&published) {
         let (_, got_seq, data) = plain.msg().await;
         assert_eq!(got_seq, seq);
-        assert_eq!(data.to_string().into_bytes(), *text, "plain `data` for a plain sub");
+        assert_eq!(
+            data.to_string().into_bytes(),
+            *text,
+            "plain `data` for a plain sub"
+        );
     }
     let msg = elsewhere.expect("msg").await;
-    assert_eq!((msg["seq"].as_u64(), &msg["data"]), (Some(1), &json!({"n": 1})));
+    assert_eq!(
+        (msg["seq"].as_u64(), &msg["data"]),
+        (Some(1), &json!({"n": 1}))
+    );
 
     // One delta per publication at most, however many take it.
     let encodes = gw.metric("herald_delta_encodes_total").await;
-    let deltas = gw.metric("herald_delta_deliveries_total{sent=\"delta\"}").await;
-    let fulls = gw.metric("herald_delta_deliveries_total{sent=\"full\"}").await;
+    let deltas = gw
+        .metric("herald_delta_deliveries_total{sent=\"delta\"}")
+        .await;
+    let fulls = gw
+        .metric("herald_delta_deliveries_total{sent=\"full\"}")
+        .await;
     assert!(encodes <= (STATES - 1) as f64, "{encodes} deltas computed");
     assert!(deltas >= 2.0 * (STATES - 10) as f64, "{deltas} sent");
-    assert_eq!(deltas + fulls, 2.0 * STATES as f64, "every delivery to a delta subscriber counted");
+    assert_eq!(
+        deltas + fulls,
+        2.0 * STATES as f64,
+        "every delivery to a delta subscriber counted"
+    );
     gw.shutdown().await;
 }
 
@@ -217,12 +259,17 @@ async fn a_client_back_with_since_is_replayed_plain_then_sent_a_full_state_then_
     let got = read_to(&mut client, &mut applier, 20).await;
     assert_eq!(got.last().map(|(_, data, _)| data), published.last());
     // The client goes away at seq 20; the game goes on.
-    client.send(json!({"op": "unsub", "id": 2, "topic": topic})).await;
+    client
+        .send(json!({"op": "unsub", "id": 2, "topic": topic}))
+        .await;
     client.expect("ok").await;
     published.extend(publish_states(&gw, topic, 21..=30).await);
 
     let ok = sub_delta(&mut client, 3, topic, Some(20)).await;
-    assert_eq!((ok["recovered"].as_bool(), ok["delta"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(
+        (ok["recovered"].as_bool(), ok["delta"].as_bool()),
+        (Some(true), Some(true))
+    );
     let replayed = read_to(&mut client, &mut applier, 30).await;
     let forms: Vec<Form> = replayed.iter().map(|(_, _, form)| *form).collect();
     assert_eq!(forms, vec![Form::Data; 10], "history is replayed plain");

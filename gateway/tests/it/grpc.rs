@@ -57,6 +57,7 @@ fn item(topic: &str, data: &[u8]) -> PublishRequest {
         topic: topic.to_owned(),
         data: data.to_vec(),
         idempotency_key: None,
+        binary: false,
     }
 }
 
