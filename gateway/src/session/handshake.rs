@@ -318,6 +318,7 @@ impl Session {
                 position.epoch.clone(),
                 start,
                 origin.by_server(),
+                delta,
             );
         }
         // 5.

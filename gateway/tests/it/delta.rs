@@ -287,3 +287,47 @@ async fn a_client_back_with_since_is_replayed_plain_then_sent_a_full_state_then_
         .await
         .expect("shut down");
 }
+
+#[tokio::test]
+async fn a_resumed_session_keeps_its_deltas_after_a_plain_replay_and_a_full_state() {
+    let gw = Gateway::with(config()).await;
+    let topic = "game:9";
+    let mut client = Client::connect(&gw).await;
+    let session = client.hello(None).await["session"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    let ok = sub_delta(&mut client, 1, topic, None).await;
+    let epoch = ok["epoch"].as_str().expect("epoch").to_owned();
+    let mut published = publish_states(&gw, topic, 1..=10).await;
+    let mut applier = Applier::default();
+    read_to(&mut client, &mut applier, 10).await;
+    client
+        .send(json!({"op": "ack", "topic": topic, "seq": 10, "epoch": epoch}))
+        .await;
+    // Acks get no reply: a ping's `ok` says the ack before it was read.
+    client.send(json!({"op": "ping", "id": 2})).await;
+    client.expect("ok").await;
+    drop(client);
+    published.extend(publish_states(&gw, topic, 11..=15).await);
+
+    let mut client = Client::connect(&gw).await;
+    let welcome = client.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    let mut applier = Applier::default();
+    let replayed = read_to(&mut client, &mut applier, 15).await;
+    let forms: Vec<Form> = replayed.iter().map(|(_, _, form)| *form).collect();
+    assert_eq!(forms, vec![Form::Data; 5], "what it missed, plain");
+    published.extend(publish_states(&gw, topic, 16..=25).await);
+    let live = read_to(&mut client, &mut applier, 25).await;
+    let forms: Vec<Form> = live.iter().map(|(_, _, form)| *form).collect();
+    assert_eq!(forms[0], Form::Full, "{forms:?}");
+    assert!(
+        forms[1..].iter().all(|f| *f == Form::Delta),
+        "deltas again: {forms:?}"
+    );
+    for (seq, data, _) in replayed.iter().chain(&live) {
+        assert_eq!(data, &published[(*seq - 1) as usize], "seq {seq}");
+    }
+    gw.shutdown().await;
+}
