@@ -64,6 +64,7 @@ fn item(topic: &str, data: &[u8]) -> PublishRequest {
 fn keyed(topic: &str, data: &[u8], key: &str) -> PublishRequest {
     PublishRequest {
         idempotency_key: Some(key.to_owned()),
+        binary: false,
         ..item(topic, data)
     }
 }
