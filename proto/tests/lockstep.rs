@@ -25,8 +25,6 @@ const PROTO_ONLY: &[(&str, &str)] = &[
     ("Msg", "delta"),
     ("PublishRequest", "binary"),
     // Until the JSON forms carry them (issue #26, in progress).
-    ("Sub", "delta"),
-    ("Ok", "delta"),
     ("Publication", "binary"),
 ];
 
