@@ -331,3 +331,123 @@ async fn a_resumed_session_keeps_its_deltas_after_a_plain_replay_and_a_full_stat
     }
     gw.shutdown().await;
 }
+
+/// A client of the `herald.v1.protobuf` subprotocol: prost messages of the
+/// proto crate in binary WebSocket messages.
+mod protobuf {
+    use futures_util::{SinkExt, StreamExt};
+    use prost::Message as _;
+    use proto::v1::{self, client_command::Op as C, server_message::Op as S};
+    use testkit::{Gateway, WAIT};
+    use tokio::net::TcpStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+    pub struct Pb {
+        ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    }
+
+    impl Pb {
+        pub async fn connect(gw: &Gateway) -> Self {
+            let mut request = gw.ws_url().into_client_request().expect("a request");
+            request.headers_mut().insert(
+                "sec-websocket-protocol",
+                "herald.v1.protobuf".parse().expect("a header value"),
+            );
+            let (ws, response) =
+                tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+                    .await
+                    .expect("connect in time")
+                    .expect("connect");
+            let protocol = response.headers().get("sec-websocket-protocol");
+            assert_eq!(
+                protocol.and_then(|v| v.to_str().ok()),
+                Some("herald.v1.protobuf")
+            );
+            Self { ws }
+        }
+
+        pub async fn send(&mut self, op: C) {
+            let bytes = v1::ClientCommand { op: Some(op) }.encode_to_vec();
+            self.ws.send(Message::binary(bytes)).await.expect("send");
+        }
+
+        /// The next server message (pings are answered by the library).
+        pub async fn recv(&mut self) -> S {
+            loop {
+                let message = tokio::time::timeout(WAIT, self.ws.next())
+                    .await
+                    .expect("a message in time")
+                    .expect("connection open")
+                    .expect("a frame");
+                match message {
+                    Message::Binary(bytes) => {
+                        return v1::ServerMessage::decode(&*bytes)
+                            .expect("a ServerMessage")
+                            .op
+                            .expect("an op");
+                    }
+                    Message::Ping(_) | Message::Pong(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_protobuf_client_rebuilds_every_state_from_a_full_message_and_deltas() {
+    use proto::v1::{self, client_command::Op as C, server_message::Op as S};
+
+    let gw = Gateway::with(config()).await;
+    let topic = "game:pb";
+    let mut pb = protobuf::Pb::connect(&gw).await;
+    pb.send(C::Hello(v1::Hello::default())).await;
+    assert!(matches!(pb.recv().await, S::Welcome(_)));
+    pb.send(C::Sub(v1::Sub {
+        id: 1,
+        topic: topic.to_owned(),
+        delta: Some(true),
+        ..v1::Sub::default()
+    }))
+    .await;
+    let S::Ok(ok) = pb.recv().await else {
+        panic!("an ok")
+    };
+    assert_eq!((ok.id, ok.delta), (1, Some(true)), "granted");
+    // A JSON client beside it, that asked for nothing.
+    let mut plain = Client::subscriber(&gw.ws_url(), topic).await;
+
+    let published = publish_states(&gw, topic, 1..=STATES).await;
+    let mut base: Option<Vec<u8>> = None;
+    let mut forms = Vec::new();
+    for (seq, text) in (1..=STATES).zip(&published) {
+        let S::Msg(msg) = pb.recv().await else {
+            panic!("a msg")
+        };
+        assert_eq!((msg.seq, msg.binary), (seq, false));
+        let data = if msg.delta {
+            let base = base.as_ref().expect("a delta after a base");
+            fossil_delta::apply(base, &msg.data).expect("the delta applies")
+        } else {
+            msg.data
+        };
+        assert_eq!(&data, text, "seq {seq} rebuilt byte for byte");
+        forms.push(if msg.delta { Form::Delta } else { Form::Full });
+        base = Some(data);
+        let (_, got, data) = plain.msg().await;
+        assert_eq!((got, data.to_string().into_bytes()), (seq, text.clone()));
+    }
+    assert_eq!(forms[0], Form::Full);
+    let first_delta = forms
+        .iter()
+        .position(|f| *f == Form::Delta)
+        .expect("deltas");
+    assert!(first_delta < 10, "{forms:?}");
+    assert!(
+        forms[first_delta..].iter().all(|f| *f == Form::Delta),
+        "{forms:?}"
+    );
+    gw.shutdown().await;
+}
