@@ -99,7 +99,7 @@ impl Publisher {
             &*self.node.broker,
             &self.node.metrics,
             &request.topic,
-            data,
+            data.into(),
             request.idempotency_key.as_deref(),
         )
         .await?;
@@ -123,7 +123,7 @@ impl Publisher {
             .into_iter()
             .map(|item| {
                 Ok(publish::BatchItem {
-                    data: JsonData::parse(Bytes::from(item.data), limit)?,
+                    data: JsonData::parse(Bytes::from(item.data), limit)?.into(),
                     topic: item.topic,
                     idempotency_key: item.idempotency_key,
                 })
@@ -358,6 +358,7 @@ pub fn status(e: ApiError) -> Status {
         Refusal::Invalid => Code::InvalidArgument,
         Refusal::Unauthenticated => Code::Unauthenticated,
         Refusal::TooLarge => Code::ResourceExhausted,
+        Refusal::UnsupportedType => Code::InvalidArgument,
         Refusal::Unavailable => Code::Unavailable,
         Refusal::Gone => Code::OutOfRange,
         Refusal::Precondition => Code::FailedPrecondition,

@@ -78,6 +78,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod outbound;
+pub mod payload;
 pub mod presence;
 pub mod process;
 pub mod publish;
