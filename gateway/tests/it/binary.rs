@@ -88,7 +88,10 @@ fn assert_carries(item: &Value, sent: &Sent) {
 /// The next `msg` a WebSocket client gets, checked against `seq` and `sent`.
 async fn expect_msg(client: &mut Client, topic: &str, seq: u64, sent: &Sent) {
     let msg = client.expect("msg").await;
-    assert_eq!((msg["topic"].as_str(), msg["seq"].as_u64()), (Some(topic), Some(seq)));
+    assert_eq!(
+        (msg["topic"].as_str(), msg["seq"].as_u64()),
+        (Some(topic), Some(seq))
+    );
     assert_carries(&msg, sent);
 }
 
@@ -315,16 +318,33 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("missing_field"), "{body}");
     let (status, answer) = publish_bytes(addr, "bad%20topic", "", &[], BYTES).await;
-    assert_eq!((status, &answer["code"]), (400, &json!("bad_topic")), "{answer}");
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("bad_topic")),
+        "{answer}"
+    );
     let (status, answer) = publish_bytes(addr, "news", "", &[], b"").await;
-    assert_eq!((status, &answer["code"]), (400, &json!("malformed")), "{answer}");
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("malformed")),
+        "{answer}"
+    );
     let (status, answer) = publish_bytes(addr, "news", "", &[], &[0; 65]).await;
     assert_eq!(status, 413, "{answer}");
     // Two idempotency keys that differ.
-    let (status, answer) =
-        publish_bytes(addr, "news", "&idempotency_key=a", &[("idempotency-key", "b")], BYTES)
-            .await;
-    assert_eq!((status, &answer["code"]), (400, &json!("malformed")), "{answer}");
+    let (status, answer) = publish_bytes(
+        addr,
+        "news",
+        "&idempotency_key=a",
+        &[("idempotency-key", "b")],
+        BYTES,
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("malformed")),
+        "{answer}"
+    );
 
     // gRPC: binary data is 1 byte at least, and as large as HTTP's.
     let mut grpc = grpc_client(gw.grpc_addr).await;
@@ -339,11 +359,17 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
     assert_eq!(gw.metric(&refused("413")).await, 1.0);
     let (status, body) = testkit::http(addr, "GET", "/v1/history?topic=news", &[], b"").await;
     assert_eq!(status, 200);
-    assert!(body.contains(r#""seq":0,"publications":[]"#), "nothing published: {body}");
+    assert!(
+        body.contains(r#""seq":0,"publications":[]"#),
+        "nothing published: {body}"
+    );
 
     // What does publish: a JSON body under the types clients send unasked,
     // and a binary retry with the key of the first, which publishes nothing.
-    for content_type in ["application/x-www-form-urlencoded", "text/plain; charset=utf-8"] {
+    for content_type in [
+        "application/x-www-form-urlencoded",
+        "text/plain; charset=utf-8",
+    ] {
         let (status, body) = testkit::http(
             addr,
             "POST",
@@ -361,5 +387,9 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
         assert_eq!(status, 200, "{answer}");
         seqs.push(answer["seq"].as_u64());
     }
-    assert_eq!(seqs, [Some(3), Some(3)], "the retry gets the first publish's seq");
+    assert_eq!(
+        seqs,
+        [Some(3), Some(3)],
+        "the retry gets the first publish's seq"
+    );
 }
