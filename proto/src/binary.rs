@@ -140,7 +140,7 @@ fn required<'a>(
 
 /// `data`, which must be one JSON value (whitespace around it is dropped,
 /// as the JSON form's parser drops it).
-fn json<'a>(id: Option<u64>, data: &'a [u8]) -> Result<&'a RawValue, CommandError> {
+fn json(id: Option<u64>, data: &[u8]) -> Result<&RawValue, CommandError> {
     serde_json::from_slice(data).map_err(|e| {
         CommandError::new(
             id,
@@ -150,10 +150,7 @@ fn json<'a>(id: Option<u64>, data: &'a [u8]) -> Result<&'a RawValue, CommandErro
     })
 }
 
-fn optional_json<'a>(
-    id: Option<u64>,
-    data: Option<&'a [u8]>,
-) -> Result<Option<&'a RawValue>, CommandError> {
+fn optional_json(id: Option<u64>, data: Option<&[u8]>) -> Result<Option<&RawValue>, CommandError> {
     data.map(|data| json(id, data)).transpose()
 }
 
