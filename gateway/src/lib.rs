@@ -37,7 +37,9 @@
 //!   members, written to the broker, and the diffs its subscribers get.
 //! - [`frame`]: server frames, encoded once per publication;
 //!   [`deflate`]: permessage-deflate, negotiated, compressed once per
-//!   publication, client messages inflated under a cap.
+//!   publication, client messages inflated under a cap; [`subprotocol`]:
+//!   what a `/ws` connection speaks (`Sec-WebSocket-Protocol`: the JSON
+//!   protocol, or `herald.v1.protobuf`).
 //! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
 //!   between a connection's parts.
 //! - [`node`]: builds the pod's parts and wires them together (sessions
@@ -88,6 +90,7 @@ pub mod session;
 pub mod signal;
 pub mod stream_commands;
 pub mod streams;
+pub mod subprotocol;
 pub mod telemetry;
 pub mod webhooks;
 

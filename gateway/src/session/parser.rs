@@ -912,7 +912,10 @@ pub(crate) mod tests {
             let (events, error) = parse_with(binary_only, &text[..6]);
             assert_eq!((events, error), (vec![], Some(FrameError::Text)));
         }
-        assert_eq!(FrameError::Text.close_reason(), CloseReason::UnsupportedData);
+        assert_eq!(
+            FrameError::Text.close_reason(),
+            CloseReason::UnsupportedData
+        );
     }
 
     #[test]

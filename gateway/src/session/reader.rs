@@ -64,8 +64,18 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// Takes compressed messages, as `format` (the connection's, negotiated
     /// on the upgrade) says: inflated up to `cap` bytes.
     pub fn inflating(mut self, format: frame::Format, cap: usize) -> Self {
-        if let frame::Format::WebSocketDeflate(_) = format {
+        if let frame::Format::WebSocketDeflate(_) | frame::Format::Protobuf(Some(_)) = format {
             self.parser = self.parser.inflating(cap);
+        }
+        self
+    }
+
+    /// Takes the messages of the subprotocol `format` speaks: binary only
+    /// for `herald.v1.protobuf` (a text message closes with 1003), text
+    /// otherwise (a binary one does).
+    pub fn speaking(mut self, format: frame::Format) -> Self {
+        if let frame::Format::Protobuf(_) = format {
+            self.parser = self.parser.binary_only();
         }
         self
     }
