@@ -3,9 +3,11 @@
 //! every server message one protobuf message in one binary WebSocket
 //! message, with the JSON protocol's semantics and error codes. Seen from a
 //! library client (tokio-tungstenite) speaking prost messages of the proto
-//! crate, and from a raw client for the bytes on the wire (the subprotocol
-//! with permessage-deflate, a `msg`'s envelope).
+//! crate, from a raw client for the bytes on the wire (the subprotocol
+//! with permessage-deflate, a `msg`'s envelope), and from Python's
+//! `websockets` against the real binary (`tests/python/protobuf.py`).
 
+use std::path::Path;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -14,12 +16,13 @@ use proto::v1::{self, client_command::Op as C, server_message::Op as S};
 use router::{NamespaceSettings, Publish};
 use serde_json::{Value, json};
 use testkit::raw::{BINARY, FIN, RSV1, RawClient, TEXT, encode};
-use testkit::{Client, Gateway, WAIT};
+use testkit::{Client, Gateway, Herald, WAIT, process};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use crate::pod::HERALD;
 use crate::presence::{SECRET, token};
 
 const PROTOBUF: &str = "herald.v1.protobuf";
@@ -652,4 +655,33 @@ async fn a_json_connection_refuses_binary_messages() {
     client.send(C::Ping(v1::Ping { id: 1 })).await;
     assert_eq!(client.closed().await, Some(1003));
     gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_python_websockets_client_speaks_protobuf_with_the_binary() {
+    let herald = Herald::start(
+        HERALD,
+        &[("HERALD_NAMESPACES__CHAT__PUBLISH", "authenticated")],
+        &[],
+    )
+    .await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/protobuf.py");
+    let script = script.to_str().expect("a UTF-8 path").to_owned();
+    let (ws_url, http_url) = (herald.ws_url(), herald.http_url());
+    let output = tokio::task::spawn_blocking(move || {
+        process::run(
+            "python3",
+            &[&script, &ws_url, &http_url],
+            // Its own waits are 10 s each.
+            Duration::from_secs(60),
+            "the protobuf test needs python3 with the `websockets` package; run the project's test script (scripts/test.sh), which installs them",
+        )
+    })
+    .await
+    .expect("script");
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("protobuf: ok"),
+        "protobuf.py failed\n{}",
+        process::show(&output)
+    );
 }
