@@ -63,7 +63,7 @@ pub fn encode(opcode: u8, parts: &[&[u8]]) -> Bytes {
 /// `format` writes it: compressed, with RSV1, where the format deflates and
 /// the message is worth it; as [`encode`] makes it otherwise.
 pub fn encode_as(format: Format, opcode: u8, parts: &[&[u8]]) -> Bytes {
-    let (Format::WebSocketDeflate(deflate) | Format::Protobuf(Some(deflate))) = format else {
+    let Format::WebSocketDeflate(deflate) = format else {
         return encode(opcode, parts);
     };
     // Compressed after room for the longest header, which goes in front of
@@ -98,8 +98,6 @@ pub enum Format {
     Sse,
     /// HTTP-streaming (`POST /stream`): one JSON frame per line.
     Ndjson,
-    /// TEMPORARY (h-proto, until the lead's seam lands).
-    Protobuf(Option<Deflate>),
 }
 
 impl Format {
@@ -115,7 +113,7 @@ impl Format {
     /// wherever it lands between two of an event's lines.
     pub fn heartbeat(self) -> Option<Bytes> {
         match self {
-            Format::WebSocket | Format::WebSocketDeflate(_) | Format::Protobuf(_) => None,
+            Format::WebSocket | Format::WebSocketDeflate(_) => None,
             Format::Sse => Some(Bytes::from_static(b":\n")),
             Format::Ndjson => Some(Bytes::from_static(b"\n")),
         }
@@ -141,10 +139,6 @@ pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
             )
         }
         Format::Ndjson => line(&[], &[&message.to_json()], b"\n"),
-        Format::Protobuf(_) => {
-            use prost::Message;
-            encode_as(format, OP_BINARY, &[&message.to_proto().encode_to_vec()])
-        }
     }
 }
 
@@ -175,17 +169,6 @@ fn line(head: &[&[u8]], json: &[&[u8]], tail: &[u8]) -> Bytes {
 /// The `msg` of a publication, as `format` writes it: what every subscriber
 /// in that format receives.
 pub fn publication(format: Format, p: &Publication) -> Bytes {
-    if let Format::Protobuf(_) = format {
-        use prost::Message;
-        let msg = proto::v1::ServerMessage {
-            op: Some(proto::v1::server_message::Op::Msg(proto::v1::Msg {
-                topic: p.topic.as_str().to_owned(),
-                seq: p.seq,
-                data: p.data.to_vec(),
-            })),
-        };
-        return encode_as(format, OP_BINARY, &[&msg.encode_to_vec()]);
-    }
     let mut prefix = Vec::with_capacity(48 + p.topic.as_str().len());
     proto::json::encode_msg_prefix(&mut prefix, p.topic.as_str(), p.seq);
     match format {
@@ -194,7 +177,6 @@ pub fn publication(format: Format, p: &Publication) -> Bytes {
         }
         Format::Sse => line(&[b"data: "], &[&prefix, &p.data, b"}"], b"\n\n"),
         Format::Ndjson => line(&[], &[&prefix, &p.data, b"}"], b"\n"),
-        Format::Protobuf(_) => unreachable!(),
     }
 }
 
