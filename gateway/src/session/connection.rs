@@ -152,7 +152,7 @@ impl Session {
     /// Whether the connection negotiated `herald.v1.protobuf`: its
     /// commands come in binary messages.
     fn speaks_protobuf(&self) -> bool {
-        matches!(self.out.format(), frame::Format::Protobuf(_))
+        self.out.format().is_protobuf()
     }
 
     /// Whichever comes first of the session's deadline and `silent`, the

@@ -74,7 +74,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// for `herald.v1.protobuf` (a text message closes with 1003), text
     /// otherwise (a binary one does).
     pub fn speaking(mut self, format: frame::Format) -> Self {
-        if let frame::Format::Protobuf(_) = format {
+        if format.is_protobuf() {
             self.parser = self.parser.binary_only();
         }
         self
