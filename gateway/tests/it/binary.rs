@@ -3,11 +3,12 @@
 //! or gRPC (`binary = true`), bytes no JSON or UTF-8 check would let
 //! through (0x00 first, 0xff, a broken UTF-8 sequence, and bytes that look
 //! like JSON text but were sent as bytes). JSON clients (WebSocket and SSE)
-//! get them base64-encoded with `"binary":true`; a `since` replay and every
-//! history read (the client's `history`, `GET /v1/history`, gRPC `History`)
-//! give back the same bytes, with the embedded broker and through Redis
-//! across two pods. A client of the `herald.v1.protobuf` subprotocol gets
-//! the bytes themselves with `binary` set, live, replayed and in history. A request that is not one is refused with a status,
+//! get them base64-encoded with `"binary":true`; a resume, a `since` replay
+//! and every history read (the client's `history`, `GET /v1/history`, gRPC
+//! `History`) give back the same bytes, with the embedded broker and
+//! through Redis across two pods. A client of the `herald.v1.protobuf`
+//! subprotocol gets the bytes themselves with `binary` set, live, replayed
+//! and in history. A request that is not one is refused with a status,
 //! counted, and publishes nothing.
 
 use std::net::SocketAddr;
@@ -205,6 +206,23 @@ async fn bytes_published_over_http_reach_websocket_and_sse_clients_as_base64() {
         expect_event(&mut events, i as u64 + 1, sent).await;
     }
     assert_kept(&gw.ws_url(), gw.addr, gw.grpc_addr, "news", &sent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_gets_the_bytes_it_missed() {
+    let gw = Gateway::start().await;
+    let mut client = Client::connect(&gw).await;
+    let session = crate::pod::hello(&mut client).await;
+    client.sub(1, "news").await;
+    drop(client);
+
+    assert_eq!(published_bytes(gw.addr, "news", BYTES).await, 1);
+    assert_eq!(published_bytes(gw.addr, "news", LOOKS_LIKE_JSON).await, 2);
+    let mut back = Client::connect(&gw).await;
+    let welcome = back.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    expect_msg(&mut back, "news", 1, &Sent::Bytes(BYTES)).await;
+    expect_msg(&mut back, "news", 2, &Sent::Bytes(LOOKS_LIKE_JSON)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
