@@ -18,6 +18,8 @@
 mod abuse;
 mod admin;
 mod auth;
+// Issue #26: binary publish data end to end (h-binary).
+mod binary;
 mod budgets;
 mod chaos;
 mod cli;
@@ -46,6 +48,8 @@ mod observability;
 mod pod;
 mod presence;
 mod presence_pods;
+// Issue #26: the herald.v1.protobuf subprotocol (h-proto).
+mod protobuf;
 // Issue #24: the proxies' transport (h-proxy).
 mod proxy_transport;
 mod python_client;
