@@ -451,3 +451,84 @@ async fn a_protobuf_client_rebuilds_every_state_from_a_full_message_and_deltas()
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn binary_states_go_plain_to_json_clients_and_as_deltas_to_protobuf_ones() {
+    use proto::v1::{self, client_command::Op as C, server_message::Op as S};
+
+    let gw = Gateway::with(config()).await;
+    let topic = "game:bytes";
+    let mut json = Client::connect(&gw).await;
+    json.hello(None).await;
+    sub_delta(&mut json, 1, topic, None).await;
+    let mut pb = protobuf::Pb::connect(&gw).await;
+    pb.send(C::Hello(v1::Hello::default())).await;
+    assert!(matches!(pb.recv().await, S::Welcome(_)));
+    pb.send(C::Sub(v1::Sub {
+        id: 1,
+        topic: topic.to_owned(),
+        delta: Some(true),
+        ..v1::Sub::default()
+    }))
+    .await;
+    assert!(matches!(pb.recv().await, S::Ok(ok) if ok.delta == Some(true)));
+
+    // Bytes (a leading 0x00, 0xff and invalid UTF-8 among them), then JSON.
+    let mut published = Vec::new();
+    for tick in 1..=5 {
+        let bytes = [
+            &[0u8, 0xff, 0xfe][..],
+            scoreboard(tick).to_string().as_bytes(),
+        ]
+        .concat();
+        let path = format!("/v1/publish?topic={topic}");
+        let octets = [("content-type", "application/octet-stream")];
+        let (status, body) = testkit::http(gw.addr, "POST", &path, &octets, &bytes).await;
+        assert_eq!(status, 200, "{body}");
+        published.push((bytes, true));
+    }
+    for text in publish_states(&gw, topic, 6..=8).await {
+        published.push((text, false));
+    }
+
+    // JSON: binary data plain (base64), never a delta; then JSON in full
+    // first, as its base was dropped.
+    let mut applier = Applier::default();
+    let got = read_to(&mut json, &mut applier, 8).await;
+    let forms: Vec<Form> = got.iter().map(|(_, _, form)| *form).collect();
+    let want = [Form::Data; 5]
+        .into_iter()
+        .chain([Form::Full, Form::Delta, Form::Delta]);
+    assert_eq!(forms, want.collect::<Vec<_>>());
+    assert_eq!(got[7].1, published[7].0);
+
+    // Protobuf: a delta of bytes against bytes; JSON in full after bytes.
+    let mut base: Option<Vec<u8>> = None;
+    let mut forms = Vec::new();
+    for (seq, (sent, binary)) in (1..).zip(&published) {
+        let S::Msg(msg) = pb.recv().await else {
+            panic!("a msg")
+        };
+        assert_eq!((msg.seq, msg.binary), (seq, *binary));
+        let data = match (msg.delta, &base) {
+            (true, Some(base)) => fossil_delta::apply(base, &msg.data).expect("applies"),
+            (true, None) => panic!("a delta without a base"),
+            (false, _) => msg.data,
+        };
+        assert_eq!(&data, sent, "seq {seq} byte for byte");
+        forms.push(if msg.delta { Form::Delta } else { Form::Full });
+        base = Some(data);
+    }
+    assert_eq!(forms[0], Form::Full);
+    assert_eq!(
+        forms[5],
+        Form::Full,
+        "JSON after bytes: no delta across kinds"
+    );
+    assert_eq!(
+        forms.iter().filter(|f| **f == Form::Delta).count(),
+        6,
+        "{forms:?}"
+    );
+    gw.shutdown().await;
+}
