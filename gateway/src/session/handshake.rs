@@ -313,13 +313,11 @@ impl Session {
         if tell {
             self.subscriptions.told(&topic, &position.epoch, start);
         } else {
-            self.subscriptions.insert(
-                topic.clone(),
-                position.epoch.clone(),
-                start,
-                origin.by_server(),
-                delta,
-            );
+            // A restored subscription is still whoever's made it: the
+            // server's is kept at the next resume whatever the token grants.
+            let server = origin.by_server() || restored && self.subscriptions.is_server(&topic);
+            self.subscriptions
+                .insert(topic.clone(), position.epoch.clone(), start, server, delta);
         }
         // 5.
         match origin {
