@@ -19,9 +19,19 @@ use crate::outbound::Mark;
 use crate::presence::PresenceError;
 
 impl Session {
+    /// A command from the client's socket, in the subprotocol the
+    /// connection speaks.
+    pub(super) async fn command(&mut self, message: Bytes) {
+        if self.out.format().is_protobuf() {
+            self.command_proto(message).await;
+        } else {
+            self.command_json(message).await;
+        }
+    }
+
     /// A JSON command: a text frame's, or one posted over HTTP (JSON
     /// whatever the connection speaks).
-    pub(super) async fn command(&mut self, text: Bytes) {
+    pub(super) async fn command_json(&mut self, text: Bytes) {
         let Ok(json) = std::str::from_utf8(&text) else {
             // The reader only yields valid UTF-8.
             self.out.close(CloseReason::InvalidUtf8, false);
@@ -33,7 +43,7 @@ impl Session {
     /// A `herald.v1.protobuf` session's binary frame: one `ClientCommand`,
     /// from then on the same command as JSON's. Bytes that do not decode
     /// are `malformed`, counted as a JSON frame that does not parse.
-    pub(super) async fn command_proto(&mut self, frame: Bytes) {
+    async fn command_proto(&mut self, frame: Bytes) {
         let decoded = v1::ClientCommand::decode(&*frame).map_err(|e| undecodable(&e));
         let command = match &decoded {
             Ok(decoded) => Command::from_proto(decoded),

@@ -651,6 +651,42 @@ async fn a_json_client_and_a_protobuf_client_get_the_same_publications() {
 }
 
 #[tokio::test]
+async fn commands_posted_over_http_to_a_protobuf_session_are_answered_on_its_socket() {
+    let gw = Gateway::start().await;
+    let mut pb = Pb::connect(&gw).await;
+    let session = pb.hello(None).await.session;
+    // Posted commands are JSON whatever the session speaks; their replies
+    // come in the session's own protocol.
+    let body = "{\"op\":\"sub\",\"id\":1,\"topic\":\"chat:posted\"}\n{\"op\":\"ping\",\"id\":2}\n";
+    let path = format!("/stream/{session}");
+    let (status, answer) = testkit::http(gw.addr, "POST", &path, &[], body.as_bytes()).await;
+    assert_eq!(status, 202, "{answer}");
+    let ok = pb.ok().await;
+    assert_eq!((ok.id, ok.topic.as_deref()), (1, Some("chat:posted")));
+    assert_eq!(pb.ok().await.id, 2);
+    gw.publish("chat:posted", json!("hi")).await;
+    assert_eq!(pb.msg().await.data, br#""hi""#);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_binary_message_over_the_size_limit_closes_with_1009() {
+    let mut config = Gateway::config();
+    config.websocket.max_message_bytes = 1024;
+    let gw = Gateway::with(config).await;
+    let mut pb = Pb::connect(&gw).await;
+    pb.hello(None).await;
+    pb.send(C::Pub(v1::Pub {
+        id: 1,
+        topic: "chat:big".into(),
+        data: json!("x".repeat(1024)).to_string().into_bytes(),
+    }))
+    .await;
+    assert_eq!(pb.closed().await, Some(1009));
+    gw.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_json_connection_refuses_binary_messages() {
     let gw = Gateway::start().await;
     // JSON by name: binary is not its protocol (1003), as without a name.
