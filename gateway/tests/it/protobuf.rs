@@ -670,12 +670,33 @@ async fn commands_posted_over_http_to_a_protobuf_session_are_answered_on_its_soc
 }
 
 #[tokio::test]
-async fn a_binary_message_over_the_size_limit_closes_with_1009() {
+async fn the_json_protocols_limits_hold_its_size_and_rate() {
     let mut config = Gateway::config();
     config.websocket.max_message_bytes = 1024;
+    config.websocket.commands_per_second = 1;
+    config.websocket.commands_burst = 3;
     let gw = Gateway::with(config).await;
+    // Over the command rate (a burst of 3, the hello one of them): pings
+    // past it are refused, each with its id.
     let mut pb = Pb::connect(&gw).await;
     pb.hello(None).await;
+    for id in 1..=6 {
+        pb.send(C::Ping(v1::Ping { id })).await;
+    }
+    let mut limited = Vec::new();
+    for id in 1..=6 {
+        match pb.recv().await {
+            S::Ok(ok) => assert_eq!(ok.id, id),
+            S::Err(err) => {
+                assert_eq!((err.id, err.code.as_str()), (Some(id), "rate_limited"));
+                limited.push(id);
+            }
+            other => panic!("expected ok or err, got {other:?}"),
+        }
+    }
+    assert!(!limited.is_empty() && !limited.contains(&1), "{limited:?}");
+    // Over the size limit: 1009.
+    let mut pb = Pb::connect(&gw).await;
     pb.send(C::Pub(v1::Pub {
         id: 1,
         topic: "chat:big".into(),
