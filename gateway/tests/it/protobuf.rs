@@ -707,6 +707,55 @@ async fn the_json_protocols_limits_hold_its_size_and_rate() {
     gw.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protobuf_clients_acks_after_a_reconnect_advice_still_count() {
+    let redis = testkit::Redis::start().await;
+    let url = redis.url();
+    let pod = || Herald::pod(HERALD, &url, &[("HERALD_LOG__LEVEL", "info")]);
+    let (mut a, b) = (pod().await, pod().await);
+    let mut pb = Pb::offering(&a.ws_url(), PROTOBUF).await;
+    let session = pb.hello(None).await.session;
+    pb.sub(1, "news", None).await;
+    for n in 1..=3 {
+        assert_eq!(
+            crate::pod::publish(a.addr, "news", json!(n), None).await.0,
+            200
+        );
+        assert_eq!(pb.msg().await.seq, n);
+    }
+    // Pod a drains; the client acks what it has only after the advice,
+    // while the connection closes (read by the closing session's late ack).
+    a.sigterm();
+    match pb.recv().await {
+        S::Reconnect(advice) => assert_eq!(advice.reason, "draining"),
+        other => panic!("expected reconnect, got {other:?}"),
+    }
+    pb.send(C::Ack(v1::Ack {
+        topic: "news".into(),
+        seq: 3,
+        epoch: None,
+    }))
+    .await;
+    assert_eq!(pb.closed().await, Some(1012));
+    assert!(a.wait_exit(WAIT).await.is_some_and(|s| s.success()));
+
+    let mut pb = Pb::offering(&b.ws_url(), PROTOBUF).await;
+    pb.send(C::Hello(v1::Hello {
+        resume: Some(session),
+        ..Default::default()
+    }))
+    .await;
+    match pb.recv().await {
+        S::Welcome(welcome) => assert!(welcome.resumed),
+        other => panic!("expected welcome, got {other:?}"),
+    }
+    assert_eq!(
+        crate::pod::publish(b.addr, "news", json!(4), None).await.0,
+        200
+    );
+    assert_eq!(pb.msg().await.seq, 4, "nothing acked is replayed");
+}
+
 #[tokio::test]
 async fn a_json_connection_refuses_binary_messages() {
     let gw = Gateway::start().await;
