@@ -1,11 +1,13 @@
 //! The `herald.v1.protobuf` subprotocol on `/ws`: negotiated on the upgrade
 //! (`Sec-WebSocket-Protocol`, answered in the 101), then every command and
 //! every server message one protobuf message in one binary WebSocket
-//! message, with the JSON protocol's semantics and error codes. Seen from a
-//! library client (tokio-tungstenite) speaking prost messages of the proto
-//! crate, from a raw client for the bytes on the wire (the subprotocol
-//! with permessage-deflate, a `msg`'s envelope), and from Python's
-//! `websockets` against the real binary (`tests/python/protobuf.py`).
+//! message, with the JSON protocol's semantics, error codes and limits
+//! (replies, replays, presence diffs, resets, resumes, posted commands).
+//! Seen from a library client (tokio-tungstenite) speaking prost messages
+//! of the proto crate, from a raw client for the bytes on the wire (the
+//! subprotocol with permessage-deflate, a `msg`'s envelope), and from
+//! Python's `websockets` against the real binary
+//! (`tests/python/protobuf.py`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -754,6 +756,58 @@ async fn a_protobuf_clients_acks_after_a_reconnect_advice_still_count() {
         200
     );
     assert_eq!(pb.msg().await.seq, 4, "nothing acked is replayed");
+}
+
+#[tokio::test]
+async fn a_resumed_protobuf_session_past_its_history_gets_a_reset() {
+    let mut config = Gateway::config();
+    config.namespaces.insert(
+        "short".into(),
+        NamespaceSettings {
+            history_size: 1,
+            ..Default::default()
+        },
+    );
+    let gw = Gateway::with(config).await;
+    let mut pb = Pb::connect(&gw).await;
+    let session = pb.hello(None).await.session;
+    let epoch = pb.sub(1, "short:t", None).await.epoch.expect("an epoch");
+    gw.publish("short:t", json!(1)).await;
+    assert_eq!(pb.msg().await.seq, 1);
+    pb.send(C::Ack(v1::Ack {
+        topic: "short:t".into(),
+        seq: 1,
+        epoch: Some(epoch.clone()),
+    }))
+    .await;
+    // Ping, so that the ack is in before the connection goes.
+    pb.send(C::Ping(v1::Ping { id: 2 })).await;
+    assert_eq!(pb.ok().await.id, 2);
+    drop(pb);
+    // Three more, of which history keeps the last: 2 and 3 are gone.
+    for n in 2..=4 {
+        gw.publish("short:t", json!(n)).await;
+    }
+    let mut pb = Pb::connect(&gw).await;
+    pb.send(C::Hello(v1::Hello {
+        resume: Some(session),
+        ..Default::default()
+    }))
+    .await;
+    match pb.recv().await {
+        S::Welcome(welcome) => assert!(welcome.resumed),
+        other => panic!("expected welcome, got {other:?}"),
+    }
+    match pb.recv().await {
+        S::Reset(reset) => assert_eq!(
+            (reset.topic.as_str(), reset.epoch.as_str(), reset.seq),
+            ("short:t", epoch.as_str(), 4)
+        ),
+        other => panic!("expected reset, got {other:?}"),
+    }
+    gw.publish("short:t", json!(5)).await;
+    assert_eq!(pb.msg().await.seq, 5);
+    gw.shutdown().await;
 }
 
 #[tokio::test]
