@@ -595,3 +595,28 @@ pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
     // With its causes, as the message said when it was one string.
     CommandError::new(id, code, Causes(e).to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pubs_data_is_shared_with_its_frame_only_where_it_points_into_it() {
+        let frame = Bytes::from_static(br#"{"op":"pub","id":1,"topic":"a","data":[1,2]}"#);
+        let at = frame
+            .windows(5)
+            .position(|w| w == b"[1,2]")
+            .unwrap_or_else(|| panic!("data in the frame"));
+        let inside = &frame[at..at + 5];
+        let shared_data = shared(&frame, inside);
+        assert_eq!(
+            (&shared_data[..], shared_data.as_ptr()),
+            (&b"[1,2]"[..], inside.as_ptr())
+        );
+        // A protobuf command's data lives in the decoded message: copied.
+        let decoded = b"[1,2]".to_vec();
+        let copied = shared(&frame, &decoded);
+        assert_eq!(&copied[..], b"[1,2]");
+        assert_ne!(copied.as_ptr(), decoded.as_ptr());
+    }
+}
