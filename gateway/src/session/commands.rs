@@ -19,9 +19,19 @@ use crate::outbound::Mark;
 use crate::presence::PresenceError;
 
 impl Session {
+    /// A command from the client's socket, in the subprotocol the
+    /// connection speaks.
+    pub(super) async fn command(&mut self, message: Bytes) {
+        if self.out.format().is_protobuf() {
+            self.command_proto(message).await;
+        } else {
+            self.command_json(message).await;
+        }
+    }
+
     /// A JSON command: a text frame's, or one posted over HTTP (JSON
     /// whatever the connection speaks).
-    pub(super) async fn command(&mut self, text: Bytes) {
+    pub(super) async fn command_json(&mut self, text: Bytes) {
         let Ok(json) = std::str::from_utf8(&text) else {
             // The reader only yields valid UTF-8.
             self.out.close(CloseReason::InvalidUtf8, false);
@@ -33,7 +43,7 @@ impl Session {
     /// A `herald.v1.protobuf` session's binary frame: one `ClientCommand`,
     /// from then on the same command as JSON's. Bytes that do not decode
     /// are `malformed`, counted as a JSON frame that does not parse.
-    pub(super) async fn command_proto(&mut self, frame: Bytes) {
+    async fn command_proto(&mut self, frame: Bytes) {
         let decoded = v1::ClientCommand::decode(&*frame).map_err(|e| undecodable(&e));
         let command = match &decoded {
             Ok(decoded) => Command::from_proto(decoded),
@@ -597,4 +607,29 @@ pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
     };
     // With its causes, as the message said when it was one string.
     CommandError::new(id, code, Causes(e).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pubs_data_is_shared_with_its_frame_only_where_it_points_into_it() {
+        let frame = Bytes::from_static(br#"{"op":"pub","id":1,"topic":"a","data":[1,2]}"#);
+        let at = frame
+            .windows(5)
+            .position(|w| w == b"[1,2]")
+            .unwrap_or_else(|| panic!("data in the frame"));
+        let inside = &frame[at..at + 5];
+        let shared_data = shared(&frame, inside);
+        assert_eq!(
+            (&shared_data[..], shared_data.as_ptr()),
+            (&b"[1,2]"[..], inside.as_ptr())
+        );
+        // A protobuf command's data lives in the decoded message: copied.
+        let decoded = b"[1,2]".to_vec();
+        let copied = shared(&frame, &decoded);
+        assert_eq!(&copied[..], b"[1,2]");
+        assert_ne!(copied.as_ptr(), decoded.as_ptr());
+    }
 }

@@ -117,34 +117,27 @@ impl Session {
                     self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
                 }
                 Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
-                Ok(Ok(Parsed::Binary(frame))) if self.speaks_protobuf() => {
-                    if self.out.is_closing() {
-                        if let Ok(command) = v1::ClientCommand::decode(&*frame) {
-                            self.late_ack(Command::from_proto(&command));
-                        }
-                    } else {
-                        Box::pin(self.command_proto(frame)).await;
-                    }
-                }
-                // A JSON session's parser refuses binary messages (1003)
-                // before they get here; were one to come, the same answer.
-                Ok(Ok(Parsed::Binary(_))) => {
-                    self.out.close(CloseReason::UnsupportedData, false);
-                    return;
-                }
-                // Not `herald.v1.protobuf`'s: 1003, as binary is for JSON.
+                // Each subprotocol's own kind of message: the other is not
+                // this connection's (1003). A JSON session's parser refuses
+                // binary before it gets here; were one to come, the same.
                 Ok(Ok(Parsed::Text(_))) if self.speaks_protobuf() => {
                     self.out.close(CloseReason::UnsupportedData, false);
                     return;
                 }
-                Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => {
-                    if let Ok(json) = std::str::from_utf8(&text) {
-                        self.late_ack(Command::decode(json));
-                    }
+                Ok(Ok(Parsed::Binary(_))) if !self.speaks_protobuf() => {
+                    self.out.close(CloseReason::UnsupportedData, false);
+                    return;
+                }
+                Ok(Ok(Parsed::Text(message) | Parsed::Binary(message)))
+                    if self.out.is_closing() =>
+                {
+                    self.late_ack(&message);
                 }
                 // Boxed, as this loop is as large as the largest future it
                 // awaits, for as long as the connection lives.
-                Ok(Ok(Parsed::Text(text))) => Box::pin(self.command(text)).await,
+                Ok(Ok(Parsed::Text(message) | Parsed::Binary(message))) => {
+                    Box::pin(self.command(message)).await;
+                }
             }
         }
     }
@@ -178,7 +171,17 @@ impl Session {
     /// While the connection closes (a drain, a move) commands are ignored,
     /// but acks still count: the resume elsewhere then replays nothing the
     /// client already has.
-    pub(super) fn late_ack(&self, command: Result<Command<'_>, CommandError>) {
+    pub(super) fn late_ack(&self, message: &[u8]) {
+        if self.speaks_protobuf() {
+            if let Ok(command) = v1::ClientCommand::decode(message) {
+                self.late_acked(Command::from_proto(&command));
+            }
+        } else if let Ok(json) = std::str::from_utf8(message) {
+            self.late_acked(Command::decode(json));
+        }
+    }
+
+    fn late_acked(&self, command: Result<Command<'_>, CommandError>) {
         if let Ok(Command::Ack { topic, seq, epoch }) = command
             && let Ok(topic) = Topic::parse(&topic)
             && self.never_sent(&topic, seq).is_none()
