@@ -147,17 +147,7 @@ impl Session {
         match command {
             Command::Hello { .. } => Ok(()),
             Command::Ping { id } => {
-                self.reply(ServerMessage::Ok {
-                    id,
-                    topic: None,
-                    seq: None,
-                    epoch: None,
-                    recovered: None,
-                    expires: None,
-                    data: None,
-                    delta: None,
-                })
-                .await;
+                self.ok(id, None).await;
                 Ok(())
             }
             Command::Refresh { id, token } => {
@@ -175,8 +165,6 @@ impl Session {
                 delta,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
-                // Asked for where the namespace has them: else ignored.
-                let delta = delta && self.node.namespaces.get(&topic).is_some_and(|ns| ns.delta);
                 let proxied = self.asks_backend(&topic, Access::Subscribe);
                 if proxied {
                     self.may_ask(id, &topic, Access::Subscribe)?;
@@ -211,17 +199,12 @@ impl Session {
                 } else {
                     Ok(Some(SubscribeReply::default()))
                 };
+                let origin = Origin::Command(id);
                 let subscribed = match approved {
                     Ok(Some(approved)) => self
-                        .subscribe_approved(
-                            Origin::Command(id),
-                            topic.clone(),
-                            since,
-                            approved,
-                            delta,
-                        )
+                        .subscribe_approved(origin, topic.clone(), since, approved, delta)
                         .await
-                        .map_err(|e| e.to_command(Origin::Command(id), &topic)),
+                        .map_err(|e| e.to_command(origin, &topic)),
                     // The backend did not answer: told so already.
                     Ok(None) => Ok(()),
                     Err(e) => Err(e),
@@ -242,17 +225,7 @@ impl Session {
                     account.unsubscribed(&topic);
                 }
                 self.leave(&topic).await;
-                self.reply(ServerMessage::Ok {
-                    id,
-                    topic: Some(topic.as_str()),
-                    seq: None,
-                    epoch: None,
-                    recovered: None,
-                    expires: None,
-                    data: None,
-                    delta: None,
-                })
-                .await;
+                self.ok(id, Some(&topic)).await;
                 Ok(())
             }
             Command::Pub { id, topic, data } => {
@@ -273,17 +246,7 @@ impl Session {
                         }
                         Some(PublishReply::Skip) => {
                             // Accepted, not published: no position.
-                            self.reply(ServerMessage::Ok {
-                                id,
-                                topic: Some(topic.as_str()),
-                                seq: None,
-                                epoch: None,
-                                recovered: None,
-                                expires: None,
-                                data: None,
-                                delta: None,
-                            })
-                            .await;
+                            self.ok(id, Some(&topic)).await;
                             return Ok(());
                         }
                         // The backend did not answer: told so already.
@@ -524,6 +487,21 @@ impl Session {
             format!("you may not {} `{topic}`", access.verb()),
         )
         .about(topic.as_str()))
+    }
+
+    /// An `ok` with the command's `id` (and `topic`), nothing else.
+    async fn ok(&self, id: u64, topic: Option<&Topic>) {
+        self.reply(ServerMessage::Ok {
+            id,
+            topic: topic.map(Topic::as_str),
+            seq: None,
+            epoch: None,
+            recovered: None,
+            expires: None,
+            data: None,
+            delta: None,
+        })
+        .await;
     }
 
     pub(super) async fn reply(&self, message: ServerMessage<'_>) {

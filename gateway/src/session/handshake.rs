@@ -254,8 +254,9 @@ impl Session {
 
     /// [`subscribe`](Self::subscribe), with what a subscribe proxy said:
     /// the member's `info` in the topic's presence, and `data` for the
-    /// client's `ok`; `delta`: deltas granted (a client's `sub` only: its
-    /// `ok` says so).
+    /// client's `ok`; `delta`: deltas asked for (a client's `sub`, or a
+    /// resumed subscription that was granted them), granted where the
+    /// topic's namespace has them (the `ok` says so).
     pub(super) async fn subscribe_approved(
         &mut self,
         origin: Origin,
@@ -265,6 +266,9 @@ impl Session {
         delta: bool,
     ) -> Result<(), SubscribeError> {
         let node = self.node.clone();
+        // Asked for where the namespace has them (still: a resume's); else
+        // ignored.
+        let delta = delta && node.namespaces.get(&topic).is_some_and(|ns| ns.delta);
         // 1. Before anything is held aside or read for it.
         let _turn = match since {
             Some(_) => Some(

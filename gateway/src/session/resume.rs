@@ -66,17 +66,14 @@ impl Session {
                 epoch: Some(state.epoch.to_string()),
                 vouched: true,
             };
-            // Deltas as the client's `sub` was granted them, where its
-            // namespace still has them.
-            let delta =
-                state.delta && (self.node.namespaces.get(&state.topic)).is_some_and(|ns| ns.delta);
+            // Deltas as the client's `sub` was granted them.
             let subscribed = self
                 .subscribe_approved(
                     Origin::Restored,
                     state.topic.clone(),
                     Some(since),
                     SubscribeReply::default(),
-                    delta,
+                    state.delta,
                 )
                 .await
                 .map_err(|e| e.to_command(Origin::Restored, &state.topic));
