@@ -234,6 +234,7 @@ impl<'a> Command<'a> {
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
                 data: data.map(json_bytes),
+                delta: None,
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,
@@ -632,6 +633,7 @@ impl HistoryItem<'_> {
         v1::Publication {
             seq: self.seq,
             data: self.data.get().as_bytes().to_vec(),
+            binary: false,
         }
     }
 }
@@ -737,6 +739,7 @@ impl ServerMessage<'_> {
                 topic: topic.to_owned(),
                 seq,
                 data: data.get().as_bytes().to_vec(),
+                ..v1::Msg::default()
             }),
             ServerMessage::Err {
                 id,
@@ -857,6 +860,7 @@ impl<'a> PublishRequest<'a> {
             topic: self.topic.to_string(),
             data: self.data.get().as_bytes().to_vec(),
             idempotency_key: self.idempotency_key.as_deref().map(str::to_owned),
+            binary: false,
         }
     }
 }

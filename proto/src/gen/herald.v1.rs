@@ -63,6 +63,9 @@ pub struct Sub {
     /// JSON text, for the subscribe proxy; ignored otherwise.
     #[prost(bytes = "vec", optional, tag = "5")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// The subscription asks for deltas.
+    #[prost(bool, optional, tag = "6")]
+    pub delta: ::core::option::Option<bool>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -236,6 +239,9 @@ pub struct Ok {
     /// subscribe proxy approved.
     #[prost(bytes = "vec", optional, tag = "14")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// In a `sub`'s `ok`: true when deltas were granted.
+    #[prost(bool, optional, tag = "15")]
+    pub delta: ::core::option::Option<bool>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -247,6 +253,12 @@ pub struct Msg {
     /// JSON text, as published.
     #[prost(bytes = "vec", tag = "3")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    /// `data` is a Fossil delta against the previous message's full data.
+    #[prost(bool, tag = "4")]
+    pub delta: bool,
+    /// `data` is opaque bytes, not JSON text.
+    #[prost(bool, tag = "5")]
+    pub binary: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -305,6 +317,9 @@ pub struct Publication {
     /// JSON text, as published.
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    /// `data` is opaque bytes, not JSON text.
+    #[prost(bool, tag = "3")]
+    pub binary: bool,
 }
 /// A backend unsubscribed the connection (`reason`: `server`).
 #[allow(clippy::all)]
@@ -371,6 +386,9 @@ pub struct PublishRequest {
     /// the first publish's seq and publishes nothing.
     #[prost(string, optional, tag = "3")]
     pub idempotency_key: ::core::option::Option<::prost::alloc::string::String>,
+    /// `data` is binary.
+    #[prost(bool, tag = "4")]
+    pub binary: bool,
 }
 /// HTTP `POST /v1/publish` answer; `Publish` answer.
 #[allow(clippy::all)]
