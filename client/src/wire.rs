@@ -722,6 +722,298 @@ mod tests {
         );
     }
 
+    /// A `msg` frame's body, read into owned parts for comparing.
+    fn body_of(frame: &Frame<'_>) -> (&'static str, Vec<u8>, bool) {
+        match frame.body().unwrap_or_else(|e| panic!("{e}")) {
+            Body::Json(raw) => ("json", raw.get().as_bytes().to_vec(), false),
+            Body::Full {
+                bytes,
+                binary,
+                base: true,
+            } => ("full", bytes.into_owned(), binary),
+            Body::Full { bytes, binary, .. } => ("data", bytes.into_owned(), binary),
+            Body::Delta { bytes, binary } => ("delta", bytes.into_owned(), binary),
+        }
+    }
+
+    #[test]
+    fn json_msgs_read_in_every_form_the_spec_gives() {
+        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":5,"data":{"a":1}}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(body_of(&f), ("json", br#"{"a":1}"#.to_vec(), false));
+        // Binary data: base64, standard alphabet, padded.
+        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":5,"data":"AP+AgQ==","binary":true}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(body_of(&f), ("data", vec![0, 0xff, 0x80, 0x81], true));
+        // `full`: the payload's JSON text as a string, its exact bytes.
+        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":5,"full":"{\"name\":\"Zoë\", \"n\":1}"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            body_of(&f),
+            (
+                "full",
+                r#"{"name":"Zoë", "n":1}"#.as_bytes().to_vec(),
+                false
+            )
+        );
+        // `delta`: one char per byte; U+00C3 U+00AB are the bytes of "ë".
+        let f =
+            Frame::parse(r#"{"op":"msg","topic":"t","seq":6,"delta":"3\n2:\u00c3\u00ab1@0,0;"}"#)
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            body_of(&f),
+            ("delta", b"3\n2:\xc3\xab1@0,0;".to_vec(), false)
+        );
+        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":6,"delta":"\u0100"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(f.body().is_err());
+        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":6,"data":"!!","binary":true}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(f.body().is_err());
+        // The `ok` of a `sub` says whether deltas were granted.
+        let f = Frame::parse(r#"{"op":"ok","id":1,"topic":"t","seq":4,"epoch":"e","delta":true}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(f.granted);
+        let f = Frame::parse(r#"{"op":"ok","id":1,"topic":"t","seq":4,"epoch":"e"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!f.granted);
+        // History items: JSON, or base64 with `binary`.
+        let f = Frame::parse(
+            r#"{"op":"ok","id":2,"topic":"t","seq":2,"epoch":"e","publications":[{"seq":1,"data":"AP8=","binary":true},{"seq":2,"data":[1]}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let items: Vec<Data> = f
+            .publications
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.data().unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(
+            items[0],
+            Data::Binary(bytes::Bytes::from_static(&[0, 0xff]))
+        );
+        assert_eq!(items[1].json().map(RawValue::get), Some("[1]"));
+    }
+
+    #[test]
+    fn protobuf_messages_read_as_their_json_form_would() {
+        use v1::server_message::Op;
+        let message = |op: Op| {
+            let bytes = v1::ServerMessage { op: Some(op) }.encode_to_vec();
+            let incoming = Incoming::decode(Protocol::Protobuf, WsMessage::binary(bytes))
+                .unwrap_or_else(|e| panic!("{e}"));
+            match incoming {
+                Incoming::Proto(m) => m,
+                Incoming::Text(_) => panic!("text"),
+            }
+        };
+        let m = message(Op::Welcome(v1::Welcome {
+            session: "s1".into(),
+            ping_ms: 25_000,
+            resumed: true,
+            expires: Some(9),
+            reason: None,
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                f.op.as_ref(),
+                f.session.as_deref(),
+                f.ping_ms,
+                f.resumed,
+                f.expires
+            ),
+            ("welcome", Some("s1"), Some(25_000), Some(true), Some(9))
+        );
+        let m = message(Op::Msg(v1::Msg {
+            topic: "t".into(),
+            seq: 5,
+            data: br#"{"a":1}"#.to_vec(),
+            delta: false,
+            binary: false,
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((f.topic.as_deref(), f.seq), (Some("t"), Some(5)));
+        assert_eq!(body_of(&f), ("full", br#"{"a":1}"#.to_vec(), false));
+        let m = message(Op::Msg(v1::Msg {
+            topic: "t".into(),
+            seq: 6,
+            data: b"1\n1:x0;".to_vec(),
+            delta: true,
+            binary: true,
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(body_of(&f), ("delta", b"1\n1:x0;".to_vec(), true));
+        // An `ok` the client did not ask for has id 0; `delta` granted.
+        let m = message(Op::Ok(v1::Ok {
+            id: 0,
+            topic: Some("t".into()),
+            seq: Some(4),
+            epoch: Some("e".into()),
+            reason: Some("token".into()),
+            delta: Some(true),
+            data: Some(br#"{"x":[1, 2]}"#.to_vec()),
+            publications: vec![
+                v1::Publication {
+                    seq: 1,
+                    data: vec![0, 0xff, 0xfe],
+                    binary: true,
+                },
+                v1::Publication {
+                    seq: 2,
+                    data: b"null".to_vec(),
+                    binary: false,
+                },
+            ],
+            ..v1::Ok::default()
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (f.id, f.reason.as_deref(), f.granted),
+            (None, Some("token"), true)
+        );
+        assert_eq!(f.data.map(RawValue::get), Some(r#"{"x":[1, 2]}"#));
+        let items: Vec<Data> = f
+            .publications
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.data().unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(
+            items,
+            [
+                Data::Binary(bytes::Bytes::from_static(&[0, 0xff, 0xfe])),
+                Data::Json(RawValue::NULL.to_owned())
+            ]
+        );
+        // Data that is not JSON where JSON is due: refused, no panic.
+        let m = message(Op::Ok(v1::Ok {
+            id: 3,
+            data: Some(b"{not json".to_vec()),
+            ..v1::Ok::default()
+        }));
+        assert!(Frame::from_proto(&m).is_err());
+        // A counts-only diff: no lists.
+        let m = message(Op::PresenceDiff(v1::PresenceDiff {
+            topic: "room".into(),
+            from: 1,
+            to: 2,
+            users: 300,
+            connections: 310,
+            ..v1::PresenceDiff::default()
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        let diff = f.presence_diff().unwrap_or_else(|| panic!("a diff"));
+        assert!(diff.counts_only);
+        let m = message(Op::Err(v1::Err {
+            id: Some(7),
+            code: "forbidden".into(),
+            message: "no".into(),
+            topic: Some("t".into()),
+        }));
+        let f = Frame::from_proto(&m).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (f.op.as_ref(), f.id, f.code.as_deref()),
+            ("err", Some(7), Some("forbidden"))
+        );
+        // A message without an op, a text frame on a protobuf connection,
+        // bytes that are not a ServerMessage: errors, never a panic.
+        assert!(Frame::from_proto(&v1::ServerMessage { op: None }).is_err());
+        assert!(Incoming::decode(Protocol::Protobuf, WsMessage::text("{}")).is_err());
+        assert!(Incoming::decode(Protocol::Json, WsMessage::binary(vec![1u8])).is_err());
+        assert!(
+            Incoming::decode(Protocol::Protobuf, WsMessage::binary(vec![0xffu8, 0xff])).is_err()
+        );
+    }
+
+    #[test]
+    fn commands_in_protobuf_carry_the_same_fields() {
+        use v1::client_command::Op;
+        let data = RawValue::from_string(r#"{"a":1}"#.to_owned()).unwrap_or_else(|e| panic!("{e}"));
+        let decoded = |c: Command<'_>| {
+            let WsMessage::Binary(bytes) = c.encode(Protocol::Protobuf) else {
+                panic!("a binary message");
+            };
+            v1::ClientCommand::decode(bytes)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .op
+                .unwrap_or_else(|| panic!("an op"))
+        };
+        let sub = Command::Sub {
+            id: 3,
+            topic: "game",
+            since: Some(9),
+            epoch: Some("e"),
+            delta: true,
+        };
+        assert_eq!(
+            decoded(sub),
+            Op::Sub(v1::Sub {
+                id: 3,
+                topic: "game".into(),
+                since: Some(9),
+                epoch: Some("e".into()),
+                data: None,
+                delta: Some(true),
+            })
+        );
+        let publish = Command::Pub {
+            id: 4,
+            topic: "t",
+            data: &data,
+        };
+        assert_eq!(
+            decoded(publish),
+            Op::Pub(v1::Pub {
+                id: 4,
+                topic: "t".into(),
+                data: br#"{"a":1}"#.to_vec(),
+            })
+        );
+        let hello = Command::Hello {
+            token: Some("jwt"),
+            resume: Some("s1"),
+            data: None,
+        };
+        assert_eq!(
+            decoded(hello),
+            Op::Hello(v1::Hello {
+                token: Some("jwt".into()),
+                resume: Some("s1".into()),
+                data: None,
+            })
+        );
+        let history = Command::History {
+            id: 5,
+            topic: "t",
+            since: None,
+            epoch: None,
+            limit: Some(10),
+            reverse: true,
+        };
+        assert_eq!(
+            decoded(history),
+            Op::History(v1::History {
+                id: 5,
+                topic: "t".into(),
+                since: None,
+                epoch: None,
+                limit: Some(10),
+                reverse: Some(true),
+            })
+        );
+        assert!(matches!(
+            Command::Ack {
+                topic: "t",
+                seq: 1,
+                epoch: None
+            }
+            .encode(Protocol::Json),
+            WsMessage::Text(_)
+        ));
+    }
+
     #[test]
     fn urls_name_host_and_port() {
         assert_eq!(
