@@ -63,7 +63,8 @@ pub struct Sub {
     /// JSON text, for the subscribe proxy; ignored otherwise.
     #[prost(bytes = "vec", optional, tag = "5")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
-    /// The subscription asks for deltas.
+    /// Deltas wanted (namespaces with `delta = true`): a `msg` may carry a
+    /// Fossil delta against the previous message's data (docs/protocol.md).
     #[prost(bool, optional, tag = "6")]
     pub delta: ::core::option::Option<bool>,
 }
@@ -239,7 +240,7 @@ pub struct Ok {
     /// subscribe proxy approved.
     #[prost(bytes = "vec", optional, tag = "14")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
-    /// In a `sub`'s `ok`: true when deltas were granted.
+    /// Only in the reply to a `sub` that asked for deltas: true when granted.
     #[prost(bool, optional, tag = "15")]
     pub delta: ::core::option::Option<bool>,
 }
@@ -250,13 +251,14 @@ pub struct Msg {
     pub topic: ::prost::alloc::string::String,
     #[prost(uint64, tag = "2")]
     pub seq: u64,
-    /// JSON text, as published.
+    /// JSON text, as published; or, with `binary`, the published bytes; or,
+    /// with `delta`, a Fossil delta from the previous message's data to this
+    /// one's.
     #[prost(bytes = "vec", tag = "3")]
     pub data: ::prost::alloc::vec::Vec<u8>,
-    /// `data` is a Fossil delta against the previous message's full data.
     #[prost(bool, tag = "4")]
     pub delta: bool,
-    /// `data` is opaque bytes, not JSON text.
+    /// The publisher sent bytes, not JSON text.
     #[prost(bool, tag = "5")]
     pub binary: bool,
 }
@@ -314,10 +316,9 @@ pub struct History {
 pub struct Publication {
     #[prost(uint64, tag = "1")]
     pub seq: u64,
-    /// JSON text, as published.
+    /// JSON text, as published; or, with `binary`, the published bytes.
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
-    /// `data` is opaque bytes, not JSON text.
     #[prost(bool, tag = "3")]
     pub binary: bool,
 }
@@ -379,14 +380,14 @@ pub struct PresenceDiff {
 pub struct PublishRequest {
     #[prost(string, tag = "1")]
     pub topic: ::prost::alloc::string::String,
-    /// JSON text.
+    /// JSON text; or, with `binary`, any bytes.
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
     /// A publish retried with the same key (per topic, within 5 minutes) gets
     /// the first publish's seq and publishes nothing.
     #[prost(string, optional, tag = "3")]
     pub idempotency_key: ::core::option::Option<::prost::alloc::string::String>,
-    /// `data` is binary.
+    /// `data` is bytes, not JSON text: JSON clients get it base64-encoded.
     #[prost(bool, tag = "4")]
     pub binary: bool,
 }
