@@ -746,8 +746,10 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(body_of(&f), ("data", vec![0, 0xff, 0x80, 0x81], true));
         // `full`: the payload's JSON text as a string, its exact bytes.
-        let f = Frame::parse(r#"{"op":"msg","topic":"t","seq":5,"full":"{\"name\":\"Zoë\", \"n\":1}"}"#)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let f = Frame::parse(
+            r#"{"op":"msg","topic":"t","seq":5,"full":"{\"name\":\"Zoë\", \"n\":1}"}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             body_of(&f),
             (
