@@ -141,3 +141,83 @@ async fn presence_prints_the_members_as_one_json_object() {
         "{room}"
     );
 }
+
+/// Runs herald-cli with `args`; its stdout's lines as JSON.
+async fn cli_lines(args: Vec<String>) -> Vec<Value> {
+    let output = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        testkit::process::run(
+            CLI,
+            &args,
+            testkit::WAIT,
+            "cargo builds herald-cli for this package's tests",
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        testkit::process::show(&output)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `herald-cli sub` and `history` print binary data as the JSON protocol
+/// writes it (base64, `"binary":true`), in whichever encoding they speak.
+async fn binary_data_is_printed_as_base64(protobuf: bool) {
+    let gateway = Gateway::start().await;
+    let headers = [("content-type", "application/octet-stream")];
+    let (status, body) = testkit::http(
+        gateway.addr,
+        "POST",
+        "/v1/publish?topic=files",
+        &headers,
+        b"\x00\xff\xc3\x28",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    gateway.publish("files", json!({"n": 2})).await;
+    let mut args: Vec<String> = ["sub", "files", "--since", "0", "--count", "2", "--url"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.push(gateway.ws_url());
+    let mut history: Vec<String> = ["history", "files", "--url"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    history.push(gateway.ws_url());
+    if protobuf {
+        args.push("--protobuf".to_owned());
+        history.push("--protobuf".to_owned());
+    }
+    let lines = cli_lines(args).await;
+    let printed: Vec<(&Value, &Value, &Value)> = lines
+        .iter()
+        .map(|l| (&l["seq"], &l["data"], &l["binary"]))
+        .collect();
+    assert_eq!(
+        printed,
+        [
+            (&json!(1), &json!("AP/DKA=="), &json!(true)),
+            (&json!(2), &json!({"n": 2}), &Value::Null)
+        ],
+        "{lines:?}"
+    );
+    let page = cli_json(history).await;
+    assert_eq!(
+        page["publications"],
+        json!([{"seq": 1, "data": "AP/DKA==", "binary": true}, {"seq": 2, "data": {"n": 2}}]),
+        "{page}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_data_is_printed_as_base64_in_json() {
+    binary_data_is_printed_as_base64(false).await;
+}
