@@ -79,3 +79,8 @@ async fn binary_data_reaches_the_application_as_bytes(protocol: Protocol) {
 async fn binary_data_reaches_the_application_as_bytes_in_json() {
     binary_data_reaches_the_application_as_bytes(Protocol::Json).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_data_reaches_the_application_as_bytes_in_protobuf() {
+    binary_data_reaches_the_application_as_bytes(Protocol::Protobuf).await;
+}

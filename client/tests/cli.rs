@@ -221,3 +221,8 @@ async fn binary_data_is_printed_as_base64(protobuf: bool) {
 async fn binary_data_is_printed_as_base64_in_json() {
     binary_data_is_printed_as_base64(false).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_data_is_printed_as_base64_in_protobuf() {
+    binary_data_is_printed_as_base64(true).await;
+}
