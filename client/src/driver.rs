@@ -22,7 +22,7 @@ use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::delta::{self, Base, Unusable};
+use crate::delta::{self, Base, Body, Unusable};
 use crate::presence::{Loaded, Told, Tracker};
 use crate::wire::{self, Frame, Incoming};
 use crate::{
@@ -195,6 +195,9 @@ pub(crate) struct Driver {
     /// Commands a frame's handling made (a presence page asks for the
     /// next), sent once it is handled.
     outgoing: Vec<WsMessage>,
+    /// Connections dropped in a row for a delta the client could not
+    /// apply (reset by one it could).
+    bad_deltas: u32,
 }
 
 impl Driver {
@@ -222,6 +225,7 @@ impl Driver {
             requests: Vec::new(),
             trackers: HashMap::new(),
             outgoing: Vec::new(),
+            bad_deltas: 0,
         }
     }
 
@@ -527,10 +531,8 @@ impl Driver {
             // full (a resume's `ok`s are not sent again: granted stays).
             sub.base = None;
             if !resumed {
-                sub.granted = false;
-            }
-            if !resumed {
                 sub.held = false;
+                sub.granted = false;
             }
         }
         let left = std::mem::take(&mut self.left);
@@ -784,9 +786,15 @@ impl Driver {
                     if let Some(reason) = conn.broken.take() {
                         // Nothing after the message it could not read was
                         // delivered (so none of it acked): the resume
-                        // replays it, whole.
+                        // replays it, whole. In a row, the waits grow as
+                        // failed connects' do: a server that keeps sending
+                        // such deltas is not hammered.
                         let _ = ws.get_ref().set_zero_linger();
-                        return self.lost(ws, &mut conn, Cause::Lost(reason)).await;
+                        drop(ws);
+                        let wait = self.s.backoff.delay(self.bad_deltas);
+                        self.bad_deltas = self.bad_deltas.saturating_add(1);
+                        self.gone_quietly(&mut conn, None, Cause::Lost(reason)).await?;
+                        return Ok(End::Again(wait));
                     }
                     for message in std::mem::take(&mut self.outgoing) {
                         if let Err(e) = ws.send(message).await {
@@ -1071,12 +1079,17 @@ impl Driver {
         };
         // Read whole before the seq rule: a redelivery the rule drops is
         // still the base of the delta after it.
-        let opened = frame
-            .body()
-            .map_err(Unusable::Data)
-            .and_then(|body| delta::open(&mut sub.base, sub.granted, seq, body));
+        let opened = frame.body().map_err(Unusable::Data).and_then(|body| {
+            let applied = matches!(body, Body::Delta { .. });
+            delta::open(&mut sub.base, sub.granted, seq, body).map(|data| (data, applied))
+        });
         let data = match opened {
-            Ok(data) => data,
+            Ok((data, applied)) => {
+                if applied {
+                    self.bad_deltas = 0;
+                }
+                data
+            }
             Err(unusable) => {
                 let (reason, broken) = match unusable {
                     Unusable::Delta(reason) => (reason, true),
