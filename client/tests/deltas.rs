@@ -475,3 +475,157 @@ async fn a_delta_without_its_base_brings_the_client_back_and_the_replay_whole_in
 async fn a_delta_without_its_base_brings_the_client_back_and_the_replay_whole_in_protobuf() {
     a_delta_without_its_base_brings_the_client_back_and_the_replay_whole(Protocol::Protobuf).await;
 }
+
+/// A gateway whose namespace `game` has deltas (`delta = true`).
+async fn delta_gateway() -> testkit::Gateway {
+    let mut config = testkit::Gateway::config();
+    config.namespaces.insert(
+        "game".to_owned(),
+        router::NamespaceSettings {
+            delta: true,
+            ..Default::default()
+        },
+    );
+    testkit::Gateway::with(config).await
+}
+
+/// A client of `gateway` in `protocol`, subscribed to `topic` (asking for
+/// deltas or not): whether they were granted.
+async fn subscribed(
+    gateway: &testkit::Gateway,
+    protocol: Protocol,
+    topic: &str,
+    delta: bool,
+) -> (Client, herald_client::Events, bool) {
+    let (client, mut events) = Client::builder([gateway.ws_url()])
+        .protocol(protocol)
+        .build()
+        .unwrap();
+    let options = SubscribeOptions {
+        delta,
+        ..SubscribeOptions::default()
+    };
+    client.subscribe_with(topic, options).unwrap();
+    let granted = until(&mut events, |e| match e {
+        Event::Subscribed { delta, .. } => Some(*delta),
+        _ => None,
+    })
+    .await;
+    (client, events, granted)
+}
+
+/// Against a gateway: the state topic's subscribers that asked for deltas,
+/// in JSON and in protobuf, see every state whole, as a subscriber without
+/// deltas sees it; deltas were sent (the hit-rate metric); a namespace
+/// without deltas grants none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_topic_reaches_delta_subscribers_whole_in_both_encodings() {
+    let gateway = delta_gateway().await;
+    let (_plain, mut plain_events, granted) =
+        subscribed(&gateway, Protocol::Json, "game:1", false).await;
+    assert!(!granted);
+    let (_json, mut json_events, granted) =
+        subscribed(&gateway, Protocol::Json, "game:1", true).await;
+    assert!(granted, "granted in JSON");
+    let (_proto, mut proto_events, granted) =
+        subscribed(&gateway, Protocol::Protobuf, "game:1", true).await;
+    assert!(granted, "granted in protobuf");
+    let (_elsewhere, _, granted) = subscribed(&gateway, Protocol::Json, "news", true).await;
+    assert!(!granted, "a namespace without deltas grants none");
+
+    const STATES: u64 = 40;
+    for round in 1..=STATES {
+        let state: Value = serde_json::from_str(&board(round)).unwrap();
+        gateway.publish("game:1", state).await;
+    }
+    let n = usize::try_from(STATES).unwrap();
+    let plain = messages(&mut plain_events, n, &mut Vec::new()).await;
+    let mut others = Vec::new();
+    let by_json = messages(&mut json_events, n, &mut others).await;
+    let by_proto = messages(&mut proto_events, n, &mut others).await;
+    assert!(
+        !others.iter().any(|e| matches!(e, Event::Error(_))),
+        "{others:?}"
+    );
+    for ((p, j), b) in plain.iter().zip(&by_json).zip(&by_proto) {
+        assert_eq!((j, b), (p, p), "seq {}", p.0);
+    }
+    let deltas = gateway
+        .metric("herald_delta_deliveries_total{sent=\"delta\"}")
+        .await;
+    assert!(
+        deltas >= f64::from(2 * (u32::try_from(STATES).unwrap() - 1)),
+        "deltas sent to both: {deltas}"
+    );
+}
+
+/// Against a gateway: a delta subscriber whose connection is cut resumes
+/// (replayed plain, then a full state, then deltas again) and sees every
+/// state whole, once, in order.
+async fn a_cut_delta_subscriber_resumes_and_sees_every_state_whole(protocol: Protocol) {
+    let gateway = delta_gateway().await;
+    let gate = common::Gate::open(&gateway.ws_url());
+    let (client, mut events) = Client::builder([gateway.ws_url()])
+        .protocol(protocol)
+        .endpoints(gate.clone())
+        .build()
+        .unwrap();
+    let options = SubscribeOptions {
+        delta: true,
+        ..SubscribeOptions::default()
+    };
+    client.subscribe_with("game:2", options).unwrap();
+    until(&mut events, |e| {
+        matches!(e, Event::Subscribed { delta: true, .. }).then_some(())
+    })
+    .await;
+    let publish = |from: u64, to: u64| {
+        let gateway = &gateway;
+        async move {
+            for round in from..=to {
+                let state: Value = serde_json::from_str(&board(round)).unwrap();
+                assert_eq!(gateway.publish("game:2", state).await, round);
+            }
+        }
+    };
+    publish(1, 10).await;
+    let mut others = Vec::new();
+    let mut got = messages(&mut events, 10, &mut others).await;
+    let sent = "herald_delta_deliveries_total{sent=\"delta\"}";
+    let before = gateway.metric(sent).await;
+    assert!(before >= 9.0, "deltas before the cut: {before}");
+    gate.set(None);
+    client.cut(herald_client::Cut::Reset).unwrap();
+    until(&mut events, |e| {
+        matches!(e, Event::State(State::Disconnected { .. })).then_some(())
+    })
+    .await;
+    publish(11, 20).await;
+    gate.set(Some(&gateway.ws_url()));
+    got.extend(messages(&mut events, 10, &mut others).await);
+    publish(21, 30).await;
+    got.extend(messages(&mut events, 10, &mut others).await);
+    let after = gateway.metric(sent).await - before;
+    assert!(after >= 8.0, "deltas again after the resume: {after}");
+    let seqs: Vec<u64> = got.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>(), "once each, in order");
+    for (seq, data) in &got {
+        let want: Value = serde_json::from_str(&board(*seq)).unwrap();
+        let data: Value = serde_json::from_str(data.json().unwrap().get()).unwrap();
+        assert_eq!(data, want, "seq {seq}");
+    }
+    assert!(
+        !others.iter().any(|e| matches!(e, Event::Error(_))),
+        "{others:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_delta_subscriber_resumes_and_sees_every_state_whole_in_json() {
+    a_cut_delta_subscriber_resumes_and_sees_every_state_whole(Protocol::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_delta_subscriber_resumes_and_sees_every_state_whole_in_protobuf() {
+    a_cut_delta_subscriber_resumes_and_sees_every_state_whole(Protocol::Protobuf).await;
+}
