@@ -33,7 +33,7 @@ import { openMsg } from './payload.js';
  * name; a leading `*` is `repeated`, a trailing `?` is `optional` (present
  * only when on the wire, encoded whenever set).
  */
-const SCHEMA: Record<string, string> = {
+export const SCHEMA: Record<string, string> = {
   ClientCommand: 'hello:Hello? sub:Sub? unsub:Unsub? pub:Pub? ack:Ack? refresh:Refresh? ping:Ping? presence:Presence? history:History? rpc:Rpc?',
   Hello: 'token:s? resume:s? data:j?',
   Sub: 'id:u topic:s since:u? epoch:s? data:j? delta:b?',
@@ -115,7 +115,7 @@ function writeValue(out: number[], number: number, type: string, value: unknown,
     return;
   }
   const bytes =
-    type === 's' ? utf8.encode(value as string) : type === 'j' ? utf8.encode(JSON.stringify(value)) : type === 'r' ? (value as Uint8Array) : encodeMessage(type, value as Record<string, unknown>);
+    type === 's' ? utf8.encode(value as string) : type === 'j' ? utf8.encode(JSON.stringify(value)) : type === 'r' ? (value instanceof Uint8Array ? value : utf8.encode(JSON.stringify(value))) : encodeMessage(type, value as Record<string, unknown>);
   if (bytes.length || always) bytesField(out, number, bytes);
 }
 
