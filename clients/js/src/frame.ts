@@ -89,7 +89,7 @@ export interface MsgFrame {
 }
 
 /**
- * @internal A `msg` as a protobuf codec hands it over: the data's bytes
+ * A `msg` as a protobuf codec hands it over: the data's bytes
  * (JSON text, or with `binary` the published bytes; with `delta`, a Fossil
  * delta against the previous message's data).
  */
