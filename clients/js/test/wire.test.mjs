@@ -1,0 +1,126 @@
+// The SDK's protobuf mode, binary data and deltas in headless Chromium
+// against the real `herald`: the page offers `herald.v1.protobuf` and
+// permessage-deflate on one WebSocket and gets both, receives JSON and
+// binary publications whole (in messages and in history), and rebuilds a
+// 2-4 KiB scoreboard from deltas over many updates, in JSON and in protobuf
+// side by side, every state exactly the one published, most of them sent as
+// deltas (the gateway's metrics say so).
+
+import assert from 'node:assert/strict';
+
+import { Events, STEP, bounded, cleanups, config, publish, sdkPage, startHerald, test, waitingFor } from './harness.mjs';
+
+/** A counter's value from herald's /metrics, summed over the series whose labels contain `labels` (0 when absent). */
+async function metric(herald, name, labels = '') {
+  const res = await fetch(`${herald.http}/metrics`, { signal: AbortSignal.timeout(STEP) });
+  let sum = 0;
+  for (const line of (await res.text()).split('\n')) {
+    const [series, value] = line.split(' ');
+    if (series === name || (series?.startsWith(`${name}{`) && series.includes(labels))) sum += Number(value);
+  }
+  return sum;
+}
+
+/** `POST /v1/publish?topic=` with `application/octet-stream`: the bytes are the data. */
+async function publishBytes(pod, topic, bytes) {
+  const done = waitingFor(`a binary publish to ${topic}`, STEP);
+  try {
+    const res = await fetch(`${pod.http}/v1/publish?topic=${encodeURIComponent(topic)}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/octet-stream' },
+      body: bytes,
+      signal: AbortSignal.timeout(STEP),
+    });
+    const body = await res.json();
+    if (res.status !== 200) throw new Error(`publish: ${res.status} ${JSON.stringify(body)}`);
+    return body;
+  } finally {
+    done();
+  }
+}
+
+/** A scoreboard of 50 players (about 2.5 KiB of JSON), update `n`: the round, the clock and two players change. */
+function scoreboard(n) {
+  return {
+    round: n,
+    clock: `${String(59 - (n % 60)).padStart(2, '0')}:${String((n * 7) % 60).padStart(2, '0')}`,
+    players: Array.from({ length: 50 }, (_, i) => ({
+      name: `player ${i}`,
+      team: i % 2 ? 'red' : 'blue',
+      score: i * 37 + (i === n % 50 ? n * 3 : 0) + (i === (n * 7) % 50 ? n : 0),
+      online: i !== n % 50,
+    })),
+  };
+}
+
+test('Chromium in protobuf mode, with permessage-deflate on the same WebSocket: JSON and binary publications reach the page whole, in messages and in history', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(cleanup);
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  await page.evaluate(([url]) => window.follow([url], 'news', { protocol: 'protobuf' }), [herald.ws]);
+  await events.wait('subscribed', (e) => e.t === 'subscribed');
+  const socket = await page.evaluate(() => ({ protocol: window.sockets[0].protocol, extensions: window.sockets[0].extensions }));
+  assert.equal(socket.protocol, 'herald.v1.protobuf', 'the subprotocol selected');
+  assert.match(socket.extensions, /^permessage-deflate/, `compression negotiated beside it: ${socket.extensions}`);
+
+  const compressed = await metric(herald, 'herald_deflate_compressions_total');
+  const board = scoreboard(1);
+  const bytes = Uint8Array.of(0x00, 0xff, 0xc3, 0x28, 0x80, 0x0a, 0x00); // 0x00 first, and not UTF-8
+  await publish(herald, 'news', board);
+  await publishBytes(herald, 'news', bytes);
+  await publish(herald, 'news', 'a string');
+  await events.until('three messages', () => events.filter((e) => e.t === 'msg').length === 3);
+  const msgs = events.filter((e) => e.t === 'msg');
+  assert.deepEqual(msgs.map((m) => [m.seq, m.data]), [[1, board], [2, { bytes: [...bytes] }], [3, 'a string']]);
+  // The scoreboard (over the compression's minimum size) went compressed, as protobuf.
+  assert.ok((await metric(herald, 'herald_deflate_compressions_total')) > compressed, 'a frame was compressed');
+
+  const history = await bounded(
+    'the history page',
+    STEP,
+    page.evaluate(() => window.client.history('news').then((h) => h.publications.map((p) => ({ ...p, data: window.plain(p.data) })))),
+  );
+  assert.deepEqual(history, [{ seq: 1, data: board }, { seq: 2, data: { bytes: [...bytes] }, binary: true }, { seq: 3, data: 'a string' }]);
+  assert.deepEqual(events.filter((e) => e.t === 'pageerror' || e.t === 'error'), []);
+});
+
+test('deltas on a `delta = true` namespace: a 2.5 KiB scoreboard rebuilt over 120 updates, in JSON and in protobuf side by side, every state the one published, most sent as deltas', async (t) => {
+  const cleanup = cleanups(t);
+  const herald = await startHerald(
+    cleanup,
+    config({ 'namespaces.state': { history_size: 500, subscribe: 'anyone', publish: 'nobody', delta: true } }),
+  );
+  const events = new Events();
+  const page = await sdkPage(cleanup, events);
+  const warnings = [];
+  page.on('console', (m) => m.type() === 'warning' && warnings.push(m.text()));
+  const topic = 'state:match-1';
+  await page.evaluate(([url, topic]) => window.follow([url], topic, { delta: true, tag: 'json' }), [herald.ws, topic]);
+  await page.evaluate(([url, topic]) => window.follow([url], topic, { delta: true, protocol: 'protobuf', tag: 'protobuf' }), [herald.ws, topic]);
+  await events.until('both subscribed', () => events.filter((e) => e.t === 'subscribed').length === 2);
+  for (const s of events.filter((e) => e.t === 'subscribed')) assert.equal(s.delta, true, `${s.tag}: deltas granted`);
+  assert.equal(await page.evaluate(() => window.sockets[1].protocol), 'herald.v1.protobuf');
+
+  const N = 120;
+  const deltasBefore = await metric(herald, 'herald_delta_deliveries_total', 'sent="delta"');
+  const states = [];
+  for (let n = 1; n <= N; n++) {
+    states.push(scoreboard(n));
+    await publish(herald, topic, states[n - 1]);
+  }
+  await events.until(`seq ${N} in both`, () => events.filter((e) => e.t === 'msg' && e.seq === N).length === 2, 30_000);
+  for (const tag of ['json', 'protobuf']) {
+    const msgs = events.filter((e) => e.t === 'msg' && e.tag === tag);
+    assert.deepEqual(msgs.map((m) => m.seq), states.map((_, i) => i + 1), `${tag}: each seq once, in order`);
+    msgs.forEach((m, i) => assert.deepEqual(m.data, states[i], `${tag}: the state of seq ${m.seq}`));
+  }
+  assert.ok(JSON.stringify(states[0]).length > 2048 && JSON.stringify(states[0]).length < 4096, 'a 2-4 KiB state');
+  const deltas = (await metric(herald, 'herald_delta_deliveries_total', 'sent="delta"')) - deltasBefore;
+  const full = await metric(herald, 'herald_delta_deliveries_total', 'sent="full"');
+  t.diagnostic(`deliveries to the two delta subscribers: ${deltas} deltas, ${full} full`);
+  assert.ok(deltas >= 2 * (N - 1) * 0.9, `most deliveries were deltas: ${deltas} deltas, ${full} full`);
+  assert.ok((await metric(herald, 'herald_delta_encodes_total')) <= N, 'each delta made once, for both protocols');
+  assert.deepEqual(warnings, [], 'no delta failed to apply');
+  assert.deepEqual(events.filter((e) => e.t === 'pageerror' || e.t === 'error' || e.t === 'reset'), []);
+});
