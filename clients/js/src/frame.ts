@@ -130,7 +130,7 @@ export interface DeltaDecoder {
 }
 
 /**
- * @internal What a subscription with deltas holds to apply the next one:
+ * What a subscription with deltas holds to apply the next one:
  * the exact bytes of the data of `seq` (as the server had them: a delta is
  * made from those bytes, not from what JSON.parse made of them).
  */
@@ -139,13 +139,13 @@ export interface Base {
   bytes: Uint8Array;
 }
 
-/** @internal A `msg`'s data as the app sees it, and the base the next delta applies to (none: the next one is full). */
+/** A `msg`'s data as the app sees it, and the base the next delta applies to (none: the next one is full). */
 export interface Opened {
   data: unknown;
   base: Base | undefined;
 }
 
-/** @internal The full data of a `msg` (see `openMsg`). */
+/** The full data of a `msg` (see `openMsg`). */
 export type Opener = (m: MsgFrame | MsgBytes, base: Base | undefined, decoder: DeltaDecoder | undefined) => Opened;
 
 /** A command failed, or the server ended a subscription (no `id` then; `topic` names it). */
