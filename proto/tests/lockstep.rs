@@ -185,10 +185,16 @@ fn every_server_message_matches_its_proto_message() {
             topic: "news",
             epoch: "9f3c",
             seq: 42,
-            publications: &[proto::json::HistoryItem {
-                seq: 42,
-                data: &data,
-            }],
+            publications: &[
+                proto::json::HistoryItem {
+                    seq: 41,
+                    data: proto::json::ItemData::Binary(b"\x00\xff"),
+                },
+                proto::json::HistoryItem {
+                    seq: 42,
+                    data: proto::json::ItemData::Json(&data),
+                },
+            ],
         },
         ServerMessage::Unsubscribed {
             topic: "news",

@@ -18,6 +18,8 @@
 mod abuse;
 mod admin;
 mod auth;
+// Issue #26: binary publish data end to end (h-binary).
+mod binary;
 mod budgets;
 mod chaos;
 mod cli;
