@@ -53,16 +53,18 @@ function scoreboard(n) {
   };
 }
 
-test('Chromium in protobuf mode, with permessage-deflate on the same WebSocket: JSON and binary publications reach the page whole, in messages and in history', async (t) => {
+test('Chromium in protobuf mode, with permessage-deflate on the same WebSocket: JSON and binary publications reach the page whole, in messages and in history (and in JSON beside it)', async (t) => {
   const cleanup = cleanups(t);
   const herald = await startHerald(cleanup);
   const events = new Events();
   const page = await sdkPage(cleanup, events);
-  await page.evaluate(([url]) => window.follow([url], 'news', { protocol: 'protobuf' }), [herald.ws]);
-  await events.wait('subscribed', (e) => e.t === 'subscribed');
-  const socket = await page.evaluate(() => ({ protocol: window.sockets[0].protocol, extensions: window.sockets[0].extensions }));
-  assert.equal(socket.protocol, 'herald.v1.protobuf', 'the subprotocol selected');
-  assert.match(socket.extensions, /^permessage-deflate/, `compression negotiated beside it: ${socket.extensions}`);
+  await page.evaluate(([url]) => window.follow([url], 'news', { protocol: 'protobuf', tag: 'protobuf' }), [herald.ws]);
+  await page.evaluate(([url]) => window.follow([url], 'news', { tag: 'json' }), [herald.ws]);
+  await events.until('both subscribed', () => events.filter((e) => e.t === 'subscribed').length === 2);
+  const sockets = await page.evaluate(() => window.sockets.map((s) => ({ protocol: s.protocol, extensions: s.extensions })));
+  assert.equal(sockets[0].protocol, 'herald.v1.protobuf', 'the subprotocol selected');
+  assert.match(sockets[0].extensions, /^permessage-deflate/, `compression negotiated beside it: ${sockets[0].extensions}`);
+  assert.equal(sockets[1].protocol, '', 'JSON: no subprotocol offered, none selected');
 
   const compressed = await metric(herald, 'herald_deflate_compressions_total');
   const board = scoreboard(1);
@@ -70,18 +72,27 @@ test('Chromium in protobuf mode, with permessage-deflate on the same WebSocket: 
   await publish(herald, 'news', board);
   await publishBytes(herald, 'news', bytes);
   await publish(herald, 'news', 'a string');
-  await events.until('three messages', () => events.filter((e) => e.t === 'msg').length === 3);
-  const msgs = events.filter((e) => e.t === 'msg');
-  assert.deepEqual(msgs.map((m) => [m.seq, m.data]), [[1, board], [2, { bytes: [...bytes] }], [3, 'a string']]);
+  await events.until('three messages each', () => events.filter((e) => e.t === 'msg').length === 6);
+  for (const tag of ['protobuf', 'json']) {
+    const msgs = events.filter((e) => e.t === 'msg' && e.tag === tag);
+    assert.deepEqual(msgs.map((m) => [m.seq, m.data]), [[1, board], [2, { bytes: [...bytes] }], [3, 'a string']], tag);
+  }
   // The scoreboard (over the compression's minimum size) went compressed, as protobuf.
   assert.ok((await metric(herald, 'herald_deflate_compressions_total')) > compressed, 'a frame was compressed');
 
-  const history = await bounded(
-    'the history page',
+  // The history, read by both clients.
+  const histories = await bounded(
+    'the history pages',
     STEP,
-    page.evaluate(() => window.client.history('news').then((h) => h.publications.map((p) => ({ ...p, data: window.plain(p.data) })))),
+    page.evaluate(() =>
+      Promise.all(
+        window.clients.map((c) => c.history('news').then((h) => h.publications.map((p) => ({ ...p, data: window.plain(p.data) })))),
+      ),
+    ),
   );
-  assert.deepEqual(history, [{ seq: 1, data: board }, { seq: 2, data: { bytes: [...bytes] }, binary: true }, { seq: 3, data: 'a string' }]);
+  for (const history of histories) {
+    assert.deepEqual(history, [{ seq: 1, data: board }, { seq: 2, data: { bytes: [...bytes] }, binary: true }, { seq: 3, data: 'a string' }]);
+  }
   assert.deepEqual(events.filter((e) => e.t === 'pageerror' || e.t === 'error'), []);
 });
 
