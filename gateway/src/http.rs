@@ -1,8 +1,9 @@
-//! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/publish/batch` (in [`publisher`]), `POST /v1/disconnect`, `GET /v1/history`, `POST
-//! /v1/subscribe`, `POST /v1/unsubscribe`, `GET /v1/presence`, `GET
-//! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the plain
-//! answers every route shares.
+//! The HTTP edge of the backend API: `POST /v1/publish` and `POST
+//! /v1/publish/batch` (the `publisher` module: JSON or, for one publish,
+//! `application/octet-stream`), `POST /v1/disconnect`, `GET /v1/history`,
+//! `POST /v1/subscribe`, `POST /v1/unsubscribe`, `GET /v1/presence`, `GET
+//! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the
+//! plain answers every route shares.
 //! The checks and errors are [`crate::publish`]'s and [`crate::history`]'s.
 
 use bytes::Bytes;

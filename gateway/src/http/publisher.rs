@@ -26,7 +26,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}` (and an
 /// optional `Idempotency-Key` header or `idempotency_key` field), or with
 /// `Content-Type: application/octet-stream`, the bytes to publish as the
-/// body and `?topic=news[&idempotency_key=..]` (see [`Kind`]):
+/// body and `?topic=news[&idempotency_key=..]` (see `Kind`):
 /// `{"seq":42,"epoch":"9f3c"}`, or 400, 401, 413, 415, 503 with an error
 /// body. Traced as a `herald.publish` span, the child of the request's
 /// `traceparent` when it has one.

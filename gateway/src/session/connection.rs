@@ -126,13 +126,13 @@ impl Session {
                         Box::pin(self.command_proto(frame)).await;
                     }
                 }
-                // The session's parser refuses the messages of the other
-                // subprotocol (1003) before they get here; were one to come,
-                // the same answer.
+                // A JSON session's parser refuses binary messages (1003)
+                // before they get here; were one to come, the same answer.
                 Ok(Ok(Parsed::Binary(_))) => {
                     self.out.close(CloseReason::UnsupportedData, false);
                     return;
                 }
+                // Not `herald.v1.protobuf`'s: 1003, as binary is for JSON.
                 Ok(Ok(Parsed::Text(_))) if self.speaks_protobuf() => {
                     self.out.close(CloseReason::UnsupportedData, false);
                     return;
@@ -152,7 +152,7 @@ impl Session {
     /// Whether the connection negotiated `herald.v1.protobuf`: its
     /// commands come in binary messages.
     fn speaks_protobuf(&self) -> bool {
-        matches!(self.out.format(), frame::Format::Protobuf(_))
+        self.out.format().is_protobuf()
     }
 
     /// Whichever comes first of the session's deadline and `silent`, the

@@ -70,12 +70,13 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         self
     }
 
-    /// Takes the messages of the subprotocol `format` speaks: binary only
-    /// for `herald.v1.protobuf` (a text message closes with 1003), text
-    /// otherwise (a binary one does).
+    /// Takes the messages of the subprotocol `format` speaks: binary ones
+    /// for `herald.v1.protobuf` (a text message, read as any message is,
+    /// is the session's to refuse: 1003), text only otherwise (a binary
+    /// one closes with 1003 from its header).
     pub fn speaking(mut self, format: frame::Format) -> Self {
-        if let frame::Format::Protobuf(_) = format {
-            self.parser = self.parser.binary_only();
+        if format.is_protobuf() {
+            self.parser = self.parser.binary();
         }
         self
     }

@@ -3,19 +3,29 @@
 //! or gRPC (`binary = true`), bytes no JSON or UTF-8 check would let
 //! through (0x00 first, 0xff, a broken UTF-8 sequence, and bytes that look
 //! like JSON text but were sent as bytes). JSON clients (WebSocket and SSE)
-//! get them base64-encoded with `"binary":true`; a `since` replay and every
-//! history read (the client's `history`, `GET /v1/history`, gRPC `History`)
-//! give back the same bytes, with the embedded broker and through Redis
-//! across two pods. A request that is not one is refused with a status,
+//! get them base64-encoded with `"binary":true`; a resume, a `since` replay
+//! and every history read (the client's `history`, `GET /v1/history`, gRPC
+//! `History`) give back the same bytes, with the embedded broker and
+//! through Redis across two pods. A client of the `herald.v1.protobuf`
+//! subprotocol gets the bytes themselves with `binary` set, live, replayed
+//! and in history. A request that is not one is refused with a status,
 //! counted, and publishes nothing.
 
 use std::net::SocketAddr;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use futures_util::{SinkExt, StreamExt};
+use prost::Message as _;
+use proto::v1::{self, client_command::Op as C, server_message::Op as S};
 use proto::v1::{HistoryRequest, PublishBatchRequest, PublishRequest, publish_result};
 use serde_json::{Value, json};
-use testkit::{Client, Gateway, Herald, Redis, grpc_client};
+use testkit::{Client, Gateway, Herald, Redis, WAIT, grpc_client};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tonic::Code;
 
 use crate::pod::HERALD;
@@ -88,7 +98,10 @@ fn assert_carries(item: &Value, sent: &Sent) {
 /// The next `msg` a WebSocket client gets, checked against `seq` and `sent`.
 async fn expect_msg(client: &mut Client, topic: &str, seq: u64, sent: &Sent) {
     let msg = client.expect("msg").await;
-    assert_eq!((msg["topic"].as_str(), msg["seq"].as_u64()), (Some(topic), Some(seq)));
+    assert_eq!(
+        (msg["topic"].as_str(), msg["seq"].as_u64()),
+        (Some(topic), Some(seq))
+    );
     assert_carries(&msg, sent);
 }
 
@@ -193,6 +206,23 @@ async fn bytes_published_over_http_reach_websocket_and_sse_clients_as_base64() {
         expect_event(&mut events, i as u64 + 1, sent).await;
     }
     assert_kept(&gw.ws_url(), gw.addr, gw.grpc_addr, "news", &sent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_gets_the_bytes_it_missed() {
+    let gw = Gateway::start().await;
+    let mut client = Client::connect(&gw).await;
+    let session = crate::pod::hello(&mut client).await;
+    client.sub(1, "news").await;
+    drop(client);
+
+    assert_eq!(published_bytes(gw.addr, "news", BYTES).await, 1);
+    assert_eq!(published_bytes(gw.addr, "news", LOOKS_LIKE_JSON).await, 2);
+    let mut back = Client::connect(&gw).await;
+    let welcome = back.hello(Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    expect_msg(&mut back, "news", 1, &Sent::Bytes(BYTES)).await;
+    expect_msg(&mut back, "news", 2, &Sent::Bytes(LOOKS_LIKE_JSON)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,16 +345,33 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("missing_field"), "{body}");
     let (status, answer) = publish_bytes(addr, "bad%20topic", "", &[], BYTES).await;
-    assert_eq!((status, &answer["code"]), (400, &json!("bad_topic")), "{answer}");
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("bad_topic")),
+        "{answer}"
+    );
     let (status, answer) = publish_bytes(addr, "news", "", &[], b"").await;
-    assert_eq!((status, &answer["code"]), (400, &json!("malformed")), "{answer}");
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("malformed")),
+        "{answer}"
+    );
     let (status, answer) = publish_bytes(addr, "news", "", &[], &[0; 65]).await;
     assert_eq!(status, 413, "{answer}");
     // Two idempotency keys that differ.
-    let (status, answer) =
-        publish_bytes(addr, "news", "&idempotency_key=a", &[("idempotency-key", "b")], BYTES)
-            .await;
-    assert_eq!((status, &answer["code"]), (400, &json!("malformed")), "{answer}");
+    let (status, answer) = publish_bytes(
+        addr,
+        "news",
+        "&idempotency_key=a",
+        &[("idempotency-key", "b")],
+        BYTES,
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (400, &json!("malformed")),
+        "{answer}"
+    );
 
     // gRPC: binary data is 1 byte at least, and as large as HTTP's.
     let mut grpc = grpc_client(gw.grpc_addr).await;
@@ -339,11 +386,17 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
     assert_eq!(gw.metric(&refused("413")).await, 1.0);
     let (status, body) = testkit::http(addr, "GET", "/v1/history?topic=news", &[], b"").await;
     assert_eq!(status, 200);
-    assert!(body.contains(r#""seq":0,"publications":[]"#), "nothing published: {body}");
+    assert!(
+        body.contains(r#""seq":0,"publications":[]"#),
+        "nothing published: {body}"
+    );
 
     // What does publish: a JSON body under the types clients send unasked,
     // and a binary retry with the key of the first, which publishes nothing.
-    for content_type in ["application/x-www-form-urlencoded", "text/plain; charset=utf-8"] {
+    for content_type in [
+        "application/x-www-form-urlencoded",
+        "text/plain; charset=utf-8",
+    ] {
         let (status, body) = testkit::http(
             addr,
             "POST",
@@ -361,5 +414,153 @@ async fn a_binary_publish_that_is_not_one_is_refused_counted_and_publishes_nothi
         assert_eq!(status, 200, "{answer}");
         seqs.push(answer["seq"].as_u64());
     }
-    assert_eq!(seqs, [Some(3), Some(3)], "the retry gets the first publish's seq");
+    assert_eq!(
+        seqs,
+        [Some(3), Some(3)],
+        "the retry gets the first publish's seq"
+    );
+}
+
+/// A client that offered `herald.v1.protobuf` (h-proto's subprotocol):
+/// prost messages in binary WebSocket messages. Just what this story
+/// needs; `it/protobuf.rs` has the protocol's own story.
+struct Protobuf(WebSocketStream<MaybeTlsStream<TcpStream>>);
+
+impl Protobuf {
+    async fn connect(url: &str) -> Self {
+        let mut request = url.into_client_request().expect("a request");
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static("herald.v1.protobuf"),
+        );
+        let (ws, response) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        assert_eq!(
+            response.headers().get("sec-websocket-protocol"),
+            Some(&HeaderValue::from_static("herald.v1.protobuf"))
+        );
+        let mut client = Self(ws);
+        client.send(C::Hello(v1::Hello::default())).await;
+        assert!(matches!(client.recv().await, S::Welcome(_)));
+        client
+    }
+
+    async fn send(&mut self, op: C) {
+        let bytes = v1::ClientCommand { op: Some(op) }.encode_to_vec();
+        self.0.send(Message::binary(bytes)).await.expect("send");
+    }
+
+    /// The next server message (pings are answered by the library).
+    async fn recv(&mut self) -> S {
+        loop {
+            let message = tokio::time::timeout(WAIT, self.0.next())
+                .await
+                .expect("a message in time")
+                .expect("connection open")
+                .expect("a frame");
+            match message {
+                Message::Binary(bytes) => {
+                    let message = v1::ServerMessage::decode(&*bytes).expect("a ServerMessage");
+                    return message.op.expect("an op");
+                }
+                Message::Ping(_) | Message::Pong(_) => {}
+                other => panic!("expected a binary message, got {other:?}"),
+            }
+        }
+    }
+
+    async fn ok(&mut self) -> v1::Ok {
+        match self.recv().await {
+            S::Ok(ok) => ok,
+            other => panic!("expected ok, got {other:?}"),
+        }
+    }
+
+    /// `sub` (after `since` where given) and its `ok`.
+    async fn sub(&mut self, id: u64, topic: &str, since: Option<u64>) -> v1::Ok {
+        self.send(C::Sub(v1::Sub {
+            id,
+            topic: topic.to_owned(),
+            since,
+            ..Default::default()
+        }))
+        .await;
+        self.ok().await
+    }
+
+    /// The next `msg`, checked against `seq` and `sent`.
+    async fn expect_msg(&mut self, seq: u64, sent: &Sent) {
+        let msg = match self.recv().await {
+            S::Msg(msg) => msg,
+            other => panic!("expected msg, got {other:?}"),
+        };
+        assert_eq!(msg.seq, seq);
+        assert!(!msg.delta);
+        assert_publication(&msg.data, msg.binary, sent);
+    }
+}
+
+/// Protobuf data (`Msg`, `Publication`): the bytes themselves with
+/// `binary`, JSON text without.
+#[track_caller]
+fn assert_publication(data: &[u8], binary: bool, sent: &Sent) {
+    match sent {
+        Sent::Bytes(bytes) => {
+            assert!(binary, "binary: {data:?}");
+            assert_eq!(data, *bytes);
+        }
+        Sent::Json(value) => {
+            assert!(!binary, "not binary: {data:?}");
+            let data: Value = serde_json::from_slice(data).expect("JSON text");
+            assert_eq!(data, *value);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protobuf_client_gets_the_bytes_themselves_live_replayed_and_in_history() {
+    let gw = Gateway::start().await;
+    let mut live = Protobuf::connect(&gw.ws_url()).await;
+    live.sub(1, "news", None).await;
+    let mut json = Client::subscriber(&gw.ws_url(), "news").await;
+
+    assert_eq!(published_bytes(gw.addr, "news", BYTES).await, 1);
+    let mut grpc = grpc_client(gw.grpc_addr).await;
+    let answer = grpc
+        .publish(grpc_item("news", LOOKS_LIKE_JSON, true))
+        .await
+        .expect("binary data published")
+        .into_inner();
+    assert_eq!(answer.seq, 2);
+    assert_eq!(gw.publish("news", json!({"x": 1})).await, 3);
+    let sent = [
+        Sent::Bytes(BYTES),
+        Sent::Bytes(LOOKS_LIKE_JSON),
+        Sent::Json(json!({"x": 1})),
+    ];
+    for (i, sent) in sent.iter().enumerate() {
+        // One publication, two protocols: the same data.
+        live.expect_msg(i as u64 + 1, sent).await;
+        expect_msg(&mut json, "news", i as u64 + 1, sent).await;
+    }
+
+    let mut late = Protobuf::connect(&gw.ws_url()).await;
+    late.send(C::History(v1::History {
+        id: 2,
+        topic: "news".to_owned(),
+        ..Default::default()
+    }))
+    .await;
+    let page = late.ok().await;
+    assert_eq!(page.publications.len(), sent.len(), "{page:?}");
+    for (publication, sent) in page.publications.iter().zip(&sent) {
+        assert_publication(&publication.data, publication.binary, sent);
+    }
+    let ok = late.sub(3, "news", Some(0)).await;
+    assert_eq!(ok.recovered, Some(true), "{ok:?}");
+    for (i, sent) in sent.iter().enumerate() {
+        late.expect_msg(i as u64 + 1, sent).await;
+    }
 }

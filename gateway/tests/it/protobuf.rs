@@ -394,12 +394,14 @@ fn answered(head: &str) -> Option<String> {
     })
 }
 
-/// A ping command in `form`'s message, and the answer's opcode and payload.
+/// A ping command (binary: protobuf; else JSON text), and the answer's
+/// opcode and payload.
 async fn ping(client: &mut RawClient, binary: bool) -> (u8, Vec<u8>) {
     if binary {
         let ping = v1::ClientCommand {
             op: Some(C::Ping(v1::Ping { id: 9 })),
         };
+        assert_eq!(ping.encode_to_vec(), [0x3a, 0x02, 0x08, 0x09]);
         client
             .send_bytes(&encode(FIN | BINARY, &ping.encode_to_vec(), true))
             .await;
@@ -429,6 +431,8 @@ async fn the_upgrade_answers_the_first_offered_subprotocol_it_speaks() {
     assert_eq!(opcode, BINARY);
     let ok = v1::ServerMessage::decode(&payload[..]).expect("a ServerMessage");
     assert!(matches!(ok.op, Some(S::Ok(v1::Ok { id: 9, .. }))), "{ok:?}");
+    // The bytes docs/protocol.md shows (there with id 5).
+    assert_eq!(payload, [0x12, 0x02, 0x08, 0x09]);
 
     // JSON by name: named, and JSON it is.
     let (mut client, head) = RawClient::connect_with(
