@@ -14,7 +14,7 @@ import { gzipSync } from 'node:zlib';
  * presence, history, the hooks, binary data and what reads a delta
  * subscription's messages; 7.3 KiB before binary data and deltas, 7.8 after).
  * The extras, each by itself: the protobuf codec 2 KiB, the Fossil delta
- * decoder 1.25 KiB (1.7 and 1.0 when set; each carries the code that reads
+ * decoder 1.25 KiB (1.8 and 1.0 when set; each carries the code that reads
  * a `msg`'s data, shared in an app's bundle); all three, 10 KiB (9.8).
  */
 const BUNDLES = [
