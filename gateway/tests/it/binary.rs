@@ -36,6 +36,9 @@ use crate::sse::Stream;
 const BYTES: &[u8] = b"\x00\xff\xfe\xc3\x28 not JSON \x80\n\r\"}";
 /// JSON text, sent as bytes: it stays bytes.
 const LOOKS_LIKE_JSON: &[u8] = br#"{"a":1}"#;
+/// What a batch of announcements on a Redis channel looks like
+/// (`+<n>:<length>:<announcement>`), as data.
+const LOOKS_LIKE_A_BATCH: &[u8] = b"+2:5:1:e:\x00:3:\xff";
 
 /// What was published at a seq, as a reader must get it back.
 #[derive(Debug, Clone)]
@@ -287,19 +290,34 @@ async fn bytes_keep_every_byte_through_redis_to_another_pod_and_its_history() {
     let mut events = sse(b.addr, "news").await;
 
     assert_eq!(published_bytes(a.addr, "news", BYTES).await, 1);
+    // A batch: one pipeline, its announcements in one message on the
+    // channel, each item's bytes within it.
     let mut grpc = grpc_client(b.grpc_addr).await;
-    let answer = grpc
-        .publish(grpc_item("news", LOOKS_LIKE_JSON, true))
+    let batch = PublishBatchRequest {
+        items: vec![
+            grpc_item("news", LOOKS_LIKE_JSON, true),
+            grpc_item("news", LOOKS_LIKE_A_BATCH, true),
+        ],
+    };
+    let results = grpc
+        .publish_batch(batch)
         .await
         .expect("binary data published on b")
-        .into_inner();
-    assert_eq!(answer.seq, 2);
+        .into_inner()
+        .results;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r.result, Some(publish_result::Result::Published(_)))),
+        "{results:?}"
+    );
     let (status, _) = crate::pod::publish(a.addr, "news", json!("text"), None).await;
     assert_eq!(status, 200);
 
     let sent = [
         Sent::Bytes(BYTES),
         Sent::Bytes(LOOKS_LIKE_JSON),
+        Sent::Bytes(LOOKS_LIKE_A_BATCH),
         Sent::Json(json!("text")),
     ];
     for (i, sent) in sent.iter().enumerate() {
@@ -308,7 +326,7 @@ async fn bytes_keep_every_byte_through_redis_to_another_pod_and_its_history() {
         expect_msg(&mut on_b, "news", seq, sent).await;
         expect_event(&mut events, seq, sent).await;
     }
-    // Kept in Redis: read back on the pod that published neither.
+    // Kept in Redis: read back on either pod.
     assert_kept(&b.ws_url(), b.addr, b.grpc_addr, "news", &sent).await;
     assert_kept(&a.ws_url(), a.addr, a.grpc_addr, "news", &sent).await;
 }
