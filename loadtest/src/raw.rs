@@ -292,6 +292,8 @@ impl Client {
             })?;
             match (reply.op.as_str(), reply.id) {
                 ("welcome", _) if !welcomed => welcomed = true,
+                // A namespace with join/leave diffs sends them as members come.
+                ("presence_diff", _) => {}
                 ("ok", Some(id)) if (1..=topics.len() as u64).contains(&id) => {
                     seqs[id as usize - 1] = reply.seq.unwrap_or(0);
                     confirmed += 1;
