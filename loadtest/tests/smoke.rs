@@ -11,8 +11,11 @@ use std::time::Duration;
 use gateway::Config;
 use gateway::config::BrokerKind;
 use loadtest::Target;
+use loadtest::clients::Library;
+use loadtest::codec::Format;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
+use loadtest::scenarios::formats::{self, Kind};
 use loadtest::scenarios::{fanout, slow};
 use loadtest::scenarios::{hooks, pods, presence, publish, sse_failover, stall, storm};
 use loadtest::scenarios::{idle, throughput, wire};
@@ -503,6 +506,71 @@ async fn throughput_with_compression_inflates_every_delivery() {
         wire.push(outcome.wire_bytes_per_delivery);
     }
     assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
+}
+
+/// `fanout --raw` and `--compression` at CI size: the load tool's own
+/// clients get every round, those offering permessage-deflate inflate each
+/// and read fewer bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_with_compression_inflates_every_round() {
+    let gateway = Gateway::memory().await;
+    let mut wire = Vec::new();
+    for library in [Library::Raw, Library::Deflate] {
+        let mut options = fanout::Options::new(gateway.target.clone());
+        options.clients = 50;
+        options.rounds = 4;
+        options.warmup = 1;
+        options.interval = Duration::from_millis(100);
+        options.size = 1024;
+        options.library = library;
+        let outcome = fanout::run(options).await.expect("fanout runs");
+        assert_passed(&outcome);
+        assert_eq!(outcome.deliveries, 5 * 50);
+        let compressed = if library == Library::Deflate { 50 } else { 0 };
+        assert_eq!(outcome.compressed_clients, compressed);
+        wire.push(outcome.wire_bytes_per_delivery.expect("counted"));
+    }
+    assert!(wire[0] > 1024.0, "{wire:?}");
+    assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
+}
+
+/// `formats` at CI size, in the formats the gateway speaks without deltas'
+/// namespace setting: every payload of both series reaches every client
+/// and is checked; deflate takes bytes off, most off the state payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_checks_every_payload_in_json_with_and_without_deflate() {
+    let gateway = Gateway::memory().await;
+    let mut options = formats::Options::new(gateway.target.clone());
+    options.clients = 20;
+    options.updates = 30;
+    options.interval = Duration::from_millis(2);
+    options.formats = vec![
+        "json".parse().expect("f"),
+        "json+deflate".parse().expect("f"),
+    ];
+    // The gateway runs in this process: its CPU is the test's own.
+    options.gateway_pid = Some(std::process::id());
+    let outcome = formats::run(options).await.expect("formats runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.phases.len(), 4);
+    for p in &outcome.phases {
+        assert_eq!((p.publishes, p.deliveries), (30, 30 * 20), "{p:?}");
+        assert_eq!(p.delta_deliveries, 0);
+        assert!(p.gateway_ns_per_delivery.is_some(), "{p:?}");
+        let compressed = if p.format.deflate { 20 } else { 0 };
+        assert_eq!(p.compressed_clients, compressed);
+    }
+    let bytes = |kind, format: &str| {
+        let phase = outcome
+            .phase(kind, format.parse::<Format>().expect("f"))
+            .expect("run");
+        phase.wire_bytes_per_delivery / phase.payload_bytes
+    };
+    // JSON: the payload, its envelope and the frame's header.
+    assert!((1.0..1.5).contains(&bytes(Kind::Chat, "json")));
+    assert!((1.0..1.1).contains(&bytes(Kind::State, "json")));
+    assert!(bytes(Kind::State, "json+deflate") < 0.5);
+    assert!(bytes(Kind::Chat, "json+deflate") < bytes(Kind::Chat, "json"));
 }
 
 /// `wire` counts every byte: header, envelope and payload of Herald's frame
