@@ -162,7 +162,8 @@ pub struct Phase {
 }
 
 impl Phase {
-    fn failures(&self) -> Vec<String> {
+    /// What went wrong in this phase (nothing, when it passed).
+    pub fn failures(&self) -> Vec<String> {
         let name = format!("{} {}", self.payload, self.format);
         let mut failures = Vec::new();
         if let Some(e) = &self.publish_error {
