@@ -71,6 +71,8 @@ pub enum FrameError {
     Interleaved,
     #[error("binary message")]
     Binary,
+    #[error("text message on a connection that speaks a binary subprotocol")]
+    Text,
     #[error("text that is not UTF-8")]
     InvalidUtf8,
     #[error("close frame with a 1-byte payload")]
@@ -92,7 +94,7 @@ impl FrameError {
         match self {
             Self::InvalidUtf8 | Self::CloseReasonUtf8 => CloseReason::InvalidUtf8,
             Self::TooBig | Self::InflatedTooBig => CloseReason::MessageTooBig,
-            Self::Binary => CloseReason::UnsupportedData,
+            Self::Binary | Self::Text => CloseReason::UnsupportedData,
             Self::ReservedBits
             | Self::ReservedOpcode(_)
             | Self::Unmasked
@@ -114,12 +116,23 @@ pub enum Parsed {
     /// A text message, valid UTF-8, reassembled if it came in fragments
     /// (and inflated if it came compressed).
     Text(Bytes),
-    /// A binary message, where the parser takes them ([`Parser::binary`]).
+    /// A binary message, where the parser takes them ([`Parser::binary`],
+    /// [`Parser::binary_only`]).
     Binary(Bytes),
     Ping(Bytes),
     Pong(Bytes),
     /// A valid close frame's payload (code and reason), to be echoed.
     Close(Bytes),
+}
+
+/// Which data messages a connection takes: JSON sessions text, protobuf
+/// sessions binary, the echo both. A message of the other kind is refused
+/// from its header, before its payload is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    Text,
+    Binary,
+    Both,
 }
 
 /// The frame parser of one connection.
@@ -142,8 +155,8 @@ pub struct Parser {
     /// The most a compressed message may inflate to; 0: permessage-deflate
     /// was not negotiated, and RSV1 is a protocol error.
     inflate_cap: u32,
-    /// Binary messages are taken (the echo), not refused with 1003.
-    binary: bool,
+    /// Which data messages are taken; the other kind is refused with 1003.
+    takes: Takes,
     /// The message under way came with RSV1: `message` holds deflate data.
     compressed: bool,
     /// The message under way is binary.
@@ -179,7 +192,7 @@ impl Parser {
             message: None,
             control: Vec::new(),
             inflate_cap: 0,
-            binary: false,
+            takes: Takes::Text,
             compressed: false,
             binary_message: false,
         }
@@ -193,9 +206,17 @@ impl Parser {
         self
     }
 
-    /// Takes binary messages ([`Parsed::Binary`]) instead of refusing them.
+    /// Takes binary messages ([`Parsed::Binary`]) as well as text (the
+    /// echo).
     pub fn binary(mut self) -> Self {
-        self.binary = true;
+        self.takes = Takes::Both;
+        self
+    }
+
+    /// Takes binary messages only, and refuses text with 1003 (a session
+    /// that negotiated `herald.v1.protobuf`).
+    pub fn binary_only(mut self) -> Self {
+        self.takes = Takes::Binary;
         self
     }
 
@@ -412,7 +433,8 @@ impl Parser {
                 }
             }
             _ if self.message.is_some() => return Err(FrameError::Interleaved),
-            OP_BINARY if !self.binary => return Err(FrameError::Binary),
+            OP_BINARY if self.takes == Takes::Text => return Err(FrameError::Binary),
+            OP_TEXT if self.takes == Takes::Binary => return Err(FrameError::Text),
             _ => {
                 self.compressed = head[0] & RSV1 != 0;
                 self.binary_message = opcode == OP_BINARY;
@@ -865,6 +887,35 @@ pub(crate) mod tests {
             FrameError::Binary
         );
         assert_eq!(fails(64, &masked(OP_BINARY, b"{")), FrameError::Binary);
+    }
+
+    #[test]
+    fn a_binary_only_parser_takes_binary_and_refuses_text() {
+        let binary_only = || Parser::new(64).binary_only();
+        // Fragmented, a ping between: one binary message, not checked as UTF-8.
+        let mut input = masked(OP_BINARY, &[0xff, 0x00]);
+        input.extend(masked(FIN | OP_PING, b"p"));
+        input.extend(masked(FIN | OP_CONTINUATION, &[0xfe]));
+        let (events, error) = parse_with(binary_only, &input);
+        assert_eq!(
+            (events, error),
+            (
+                vec![
+                    Parsed::Ping(Bytes::from_static(b"p")),
+                    Parsed::Binary(Bytes::from_static(&[0xff, 0x00, 0xfe]))
+                ],
+                None
+            )
+        );
+        // Text is refused from its header, whole or a first fragment.
+        for text in [masked(FIN | OP_TEXT, b"{}"), masked(OP_TEXT, b"{")] {
+            let (events, error) = parse_with(binary_only, &text[..6]);
+            assert_eq!((events, error), (vec![], Some(FrameError::Text)));
+        }
+        assert_eq!(
+            FrameError::Text.close_reason(),
+            CloseReason::UnsupportedData
+        );
     }
 
     #[test]

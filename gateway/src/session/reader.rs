@@ -70,6 +70,16 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         self
     }
 
+    /// Takes the messages of the subprotocol `format` speaks: binary only
+    /// for `herald.v1.protobuf` (a text message closes with 1003), text
+    /// otherwise (a binary one does).
+    pub fn speaking(mut self, format: frame::Format) -> Self {
+        if format.is_protobuf() {
+            self.parser = self.parser.binary_only();
+        }
+        self
+    }
+
     /// Takes binary messages (the echo) instead of refusing them.
     pub fn binary(mut self) -> Self {
         self.parser = self.parser.binary();
