@@ -534,25 +534,24 @@ async fn fanout_with_compression_inflates_every_round() {
     assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
 }
 
-/// `formats` at CI size, in the formats the gateway speaks without deltas'
-/// namespace setting: every payload of both series reaches every client
-/// and is checked; deflate takes bytes off, most off the state payload.
+/// `formats` at CI size, in the formats without deltas: every payload of
+/// both series reaches every client and is checked; deflate takes bytes
+/// off, most off the state payload; protobuf's envelope is smaller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn formats_checks_every_payload_in_json_with_and_without_deflate() {
+async fn formats_checks_every_payload_in_json_and_protobuf_with_and_without_deflate() {
     let gateway = Gateway::memory().await;
     let mut options = formats::Options::new(gateway.target.clone());
     options.clients = 20;
     options.updates = 30;
     options.interval = Duration::from_millis(2);
-    options.formats = vec![
-        "json".parse().expect("f"),
-        "json+deflate".parse().expect("f"),
-    ];
+    options.formats = ["json", "json+deflate", "protobuf", "protobuf+deflate"]
+        .map(|f| f.parse().expect("a format"))
+        .to_vec();
     // The gateway runs in this process: its CPU is the test's own.
     options.gateway_pid = Some(std::process::id());
     let outcome = formats::run(options).await.expect("formats runs");
     assert_passed(&outcome);
-    assert_eq!(outcome.phases.len(), 4);
+    assert_eq!(outcome.phases.len(), 8);
     for p in &outcome.phases {
         assert_eq!((p.publishes, p.deliveries), (30, 30 * 20), "{p:?}");
         assert_eq!(p.delta_deliveries, 0);
@@ -571,6 +570,8 @@ async fn formats_checks_every_payload_in_json_with_and_without_deflate() {
     assert!((1.0..1.1).contains(&bytes(Kind::State, "json")));
     assert!(bytes(Kind::State, "json+deflate") < 0.5);
     assert!(bytes(Kind::Chat, "json+deflate") < bytes(Kind::Chat, "json"));
+    assert!(bytes(Kind::Chat, "protobuf") < bytes(Kind::Chat, "json"));
+    assert!(bytes(Kind::State, "protobuf+deflate") < 0.5);
 }
 
 /// `wire` counts every byte: header, envelope and payload of Herald's frame

@@ -130,7 +130,9 @@ pub(super) fn section(results: &Results) -> String {
          the version and two or three players' figures). Bytes: each `msg` frame as read off the \
          socket (header, envelope, payload; compressed where deflate was negotiated). Every \
          payload was put back together (deltas applied to the payload before) and checked byte \
-         for byte against the one published; the first message of each subscription is full.",
+         for byte against the one published; the first message of each subscription is full. \
+         The payloads are JSON text in every format, as published: protobuf takes bytes off the \
+         envelope only (a publisher's binary data would go as it is, unencoded).",
         count(run.clients as u64),
         run.phases.first().map_or(0, |p| p.topic.len()),
         count(run.updates as u64),
