@@ -162,6 +162,33 @@ pub struct Phase {
 }
 
 impl Phase {
+    /// A phase whose clients or publisher could not start, for `error`.
+    fn not_started(payload: Kind, format: Format, topic: String, error: Error) -> Self {
+        Self {
+            payload,
+            format,
+            topic,
+            payload_bytes: 0.0,
+            compressed_clients: 0,
+            delta_clients: 0,
+            publishes: 0,
+            deliveries_expected: 0,
+            deliveries: 0,
+            delta_deliveries: 0,
+            wire_bytes: 0,
+            wire_bytes_per_delivery: 0.0,
+            gateway_cpu_s: None,
+            gateway_user_s: None,
+            gateway_system_s: None,
+            gateway_ns_per_delivery: None,
+            window_s: 0.0,
+            cpu: Usage::default(),
+            failed_clients: 0,
+            errors: vec![format!("did not start: {error}")],
+            publish_error: None,
+        }
+    }
+
     /// What went wrong in this phase (nothing, when it passed).
     pub fn failures(&self) -> Vec<String> {
         let name = format!("{} {}", self.payload, self.format);
@@ -175,6 +202,8 @@ impl Phase {
                 self.failed_clients,
                 self.errors.join("; ")
             ));
+        } else if !self.errors.is_empty() {
+            failures.push(format!("{name}: {}", self.errors.join("; ")));
         }
         if self.deliveries < self.deliveries_expected {
             failures.push(format!(
@@ -197,7 +226,10 @@ pub async fn run(options: Options) -> Result<Formats, Error> {
         let series: Arc<[String]> = kind.series(options.updates).into();
         for (k, &format) in options.formats.iter().enumerate() {
             let topic = format!("{kind}{k}.{run}");
-            phases.push(phase(&options, kind, format, topic, series.clone()).await?);
+            // A phase that cannot start (deltas not granted, say) fails
+            // the run; the other phases still run.
+            let outcome = phase(&options, kind, format, topic.clone(), series.clone()).await;
+            phases.push(outcome.unwrap_or_else(|e| Phase::not_started(kind, format, topic, e)));
         }
     }
     Ok(Formats {
@@ -549,6 +581,13 @@ impl Outcome for Formats {
             ),
         )];
         for p in &self.phases {
+            if p.publishes == 0 && !p.errors.is_empty() {
+                rows.push(Row::new(
+                    format!("{} {}", p.payload, p.format),
+                    "did not start (below)",
+                ));
+                continue;
+            }
             rows.push(Row::new(
                 format!("{} {}", p.payload, p.format),
                 format!(
