@@ -118,7 +118,7 @@ pub(super) fn section(results: &Results) -> String {
     let size = |kind| {
         run.phases.iter().find(|p| p.payload == kind).map_or_else(
             || "not run".to_owned(),
-            |p| format!("{:.0} B", p.payload_bytes),
+            |p| format!("{} B", thousands(p.payload_bytes)),
         )
     };
     out.push(format!(
