@@ -27,6 +27,9 @@ pub enum Command<'a> {
         epoch: Option<Cow<'a, str>>,
         /// For the subscribe proxy, verbatim.
         data: Option<&'a RawValue>,
+        /// Deltas asked for: granted on a namespace with `delta = true`
+        /// (the `ok` says so), ignored elsewhere.
+        delta: bool,
     },
     Unsub {
         id: u64,
@@ -117,6 +120,7 @@ struct RawCommand<'a> {
     cursor: Option<Cow<'a, str>>,
     #[serde(borrow)]
     method: Option<Cow<'a, str>>,
+    delta: Option<bool>,
 }
 
 impl<'a> Command<'a> {
@@ -144,6 +148,7 @@ impl<'a> Command<'a> {
                 since: raw.since,
                 epoch: raw.epoch,
                 data: raw.data,
+                delta: raw.delta.unwrap_or(false),
             },
             "unsub" => Command::Unsub {
                 id: id.ok_or_else(|| missing("id"))?,
@@ -228,13 +233,14 @@ impl<'a> Command<'a> {
                 since,
                 epoch,
                 data,
+                delta,
             } => Op::Sub(v1::Sub {
                 id: *id,
                 topic: topic.to_string(),
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
                 data: data.map(json_bytes),
-                delta: None,
+                delta: delta.then_some(true),
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,
@@ -472,6 +478,10 @@ pub enum ServerMessage<'a> {
         /// proxy approved.
         #[serde(skip_serializing_if = "Option::is_none")]
         data: Option<&'a RawValue>,
+        /// In the reply to a `sub` that asked for deltas: `Some(true)` when
+        /// granted (its namespace has them); absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        delta: Option<bool>,
     },
     Msg {
         topic: &'a str,
@@ -692,6 +702,7 @@ impl ServerMessage<'_> {
                 recovered,
                 expires,
                 data,
+                delta,
             } => Op::Ok(v1::Ok {
                 id,
                 topic: topic.map(str::to_owned),
@@ -700,6 +711,7 @@ impl ServerMessage<'_> {
                 recovered,
                 expires,
                 data: data.map(json_bytes),
+                delta,
                 ..v1::Ok::default()
             }),
             ServerMessage::Subscribed {

@@ -145,6 +145,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
@@ -161,8 +162,11 @@ impl Session {
                 since,
                 epoch,
                 data,
+                delta,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
+                // Asked for where the namespace has them: else ignored.
+                let delta = delta && self.node.namespaces.get(&topic).is_some_and(|ns| ns.delta);
                 let proxied = self.asks_backend(&topic, Access::Subscribe);
                 if proxied {
                     self.may_ask(id, &topic, Access::Subscribe)?;
@@ -199,7 +203,13 @@ impl Session {
                 };
                 let subscribed = match approved {
                     Ok(Some(approved)) => self
-                        .subscribe_approved(Origin::Command(id), topic.clone(), since, approved)
+                        .subscribe_approved(
+                            Origin::Command(id),
+                            topic.clone(),
+                            since,
+                            approved,
+                            delta,
+                        )
                         .await
                         .map_err(|e| e.to_command(Origin::Command(id), &topic)),
                     // The backend did not answer: told so already.
@@ -230,6 +240,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
@@ -260,6 +271,7 @@ impl Session {
                                 recovered: None,
                                 expires: None,
                                 data: None,
+                                delta: None,
                             })
                             .await;
                             return Ok(());
@@ -287,6 +299,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())

@@ -27,6 +27,8 @@ mod config;
 mod conformance;
 mod continuity;
 mod deflate;
+// Issue #26: deltas for state topics (h-delta).
+mod delta;
 mod failover;
 mod fanout;
 mod grpc;
