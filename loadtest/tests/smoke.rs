@@ -574,6 +574,38 @@ async fn formats_checks_every_payload_in_json_and_protobuf_with_and_without_defl
     assert!(bytes(Kind::State, "protobuf+deflate") < 0.5);
 }
 
+/// `formats` with deltas at CI size, the default namespace's `delta` on:
+/// after the first full message every update comes as a delta (JSON and
+/// protobuf, with and without deflate), each applied and checked against the
+/// payload published; the state payload's deltas are a small share of JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_applies_and_checks_every_delta() {
+    let mut config = Config::default();
+    config
+        .namespaces
+        .entry("default".to_owned())
+        .or_default()
+        .delta = true;
+    let gateway = Gateway::start(config).await;
+    let mut options = formats::Options::new(gateway.target.clone());
+    options.clients = 20;
+    options.updates = 30;
+    options.interval = Duration::from_millis(2);
+    options.formats = Format::ALL.into_iter().filter(|f| f.delta).collect();
+    let outcome = formats::run(options).await.expect("formats runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.phases.len(), 8);
+    for p in &outcome.phases {
+        assert_eq!((p.deliveries, p.delta_clients), (30 * 20, 20), "{p:?}");
+        if p.payload == Kind::State {
+            // The first of each client's messages is full, then deltas.
+            assert_eq!(p.delta_deliveries, 29 * 20, "{p:?}");
+            let share = p.wire_bytes_per_delivery / p.payload_bytes;
+            assert!(share < 0.15, "{} {}: {share:.3}", p.payload, p.format);
+        }
+    }
+}
+
 /// `wire` counts every byte: header, envelope and payload of Herald's frame
 /// and of the POST, up to 1 MiB on a gateway started with larger limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,7 +53,7 @@ fn bytes_cell(run: &Formats, phase: Option<&Phase>) -> String {
     }
     let deltas = if p.format.delta {
         format!(
-            "; {:.0}% deltas",
+            "; {:.1}% deltas",
             p.delta_deliveries as f64 * 100.0 / p.deliveries.max(1) as f64
         )
     } else {

@@ -509,28 +509,13 @@ async fn read(
             _ => {}
         }
         let wire_bytes = frame.wire_bytes as u64;
-        let checked = codec::decode(protocol, frame.opcode, frame.payload).and_then(|f| match f {
-            Frame::Msg(msg) if *msg.topic == *topic => {
-                if msg.seq != last + 1 {
-                    return Err(format!("seq {} after seq {last}", msg.seq));
-                }
-                let delta = matches!(msg.body, Body::Delta(_));
-                let data = reassembler.payload(msg.seq, msg.body)?;
-                let published = usize::try_from(msg.seq - 1)
-                    .ok()
-                    .and_then(|i| series.get(i))
-                    .ok_or_else(|| format!("seq {} was never published", msg.seq))?;
-                if data != published.as_bytes() {
-                    return Err(format!(
-                        "seq {}{}: the payload differs from the one published",
-                        msg.seq,
-                        if delta { " (a delta)" } else { "" }
-                    ));
-                }
-                Ok(delta)
-            }
-            other => Err(format!("unexpected frame: {other:?}")),
-        });
+        let checked = check(
+            codec::decode(protocol, frame.opcode, frame.payload),
+            &topic,
+            last,
+            &mut reassembler,
+            &series,
+        );
         match checked {
             Ok(delta) => {
                 last += 1;
@@ -546,6 +531,39 @@ async fn read(
         }
     }
     seen
+}
+
+/// One decoded frame checked: a `msg` of `topic`, the seq after `last`,
+/// its payload (a delta applied to the one before) the one published.
+/// Whether it came as a delta.
+fn check(
+    frame: Result<Frame, String>,
+    topic: &str,
+    last: u64,
+    reassembler: &mut Reassembler,
+    series: &[String],
+) -> Result<bool, String> {
+    let msg = match frame? {
+        Frame::Msg(msg) if msg.topic == topic => msg,
+        other => return Err(format!("unexpected frame: {other:?}")),
+    };
+    if msg.seq != last + 1 {
+        return Err(format!("seq {} after seq {last}", msg.seq));
+    }
+    let delta = matches!(msg.body, Body::Delta(_));
+    let data = reassembler.payload(msg.seq, msg.body)?;
+    let published = usize::try_from(msg.seq - 1)
+        .ok()
+        .and_then(|i| series.get(i))
+        .ok_or_else(|| format!("seq {} was never published", msg.seq))?;
+    if data != published.as_bytes() {
+        return Err(format!(
+            "seq {}{}: the payload differs from the one published",
+            msg.seq,
+            if delta { " (a delta)" } else { "" }
+        ));
+    }
+    Ok(delta)
 }
 
 impl Formats {
@@ -631,5 +649,56 @@ mod tests {
         options.updates = 10;
         options.formats.clear();
         assert!(options.validate().is_err());
+    }
+
+    #[test]
+    fn a_wrong_delta_a_gap_or_a_stray_frame_fails_the_client() {
+        let series = Kind::State.series(3);
+        let msg = |seq, body| {
+            Ok(Frame::Msg(codec::Msg {
+                topic: "t".to_owned(),
+                seq,
+                body,
+            }))
+        };
+        // From `a` to `b` is the crate's `delta(b, a)`.
+        let delta =
+            |to: usize, from: usize| Body::Delta(fossil_delta::delta(&series[to], &series[from]));
+        let full = |i: usize| Body::Full(series[i].clone().into_bytes());
+
+        let mut r = Reassembler::default();
+        assert_eq!(check(msg(1, full(0)), "t", 0, &mut r, &series), Ok(false));
+        assert_eq!(
+            check(msg(2, delta(1, 0)), "t", 1, &mut r, &series),
+            Ok(true)
+        );
+        assert_eq!(
+            check(msg(3, delta(2, 1)), "t", 2, &mut r, &series),
+            Ok(true)
+        );
+
+        // A delta that applies, to the wrong payload (made against seq 3's
+        // payload from seq 1's, sent as seq 2's).
+        let mut r = Reassembler::default();
+        check(msg(1, full(0)), "t", 0, &mut r, &series).expect("full");
+        let wrong = check(msg(2, delta(2, 0)), "t", 1, &mut r, &series);
+        assert!(
+            wrong.is_err_and(|e| e.contains("differs")),
+            "applied to the wrong payload"
+        );
+        // A full payload that is not the one published.
+        let mut r = Reassembler::default();
+        let e = check(msg(1, full(1)), "t", 0, &mut r, &series).expect_err("not seq 1's");
+        assert!(e.contains("differs"), "{e}");
+        // A gap, a duplicate, another topic, a frame that is no msg.
+        let mut r = Reassembler::default();
+        assert!(check(msg(2, full(1)), "t", 0, &mut r, &series).is_err());
+        assert!(check(msg(1, full(0)), "t", 1, &mut r, &series).is_err());
+        assert!(check(msg(1, full(0)), "u", 0, &mut r, &series).is_err());
+        assert!(check(Ok(Frame::Welcome), "t", 0, &mut r, &series).is_err());
+        assert!(
+            check(msg(4, full(0)), "t", 3, &mut r, &series).is_err(),
+            "never published"
+        );
     }
 }
