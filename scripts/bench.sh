@@ -56,7 +56,7 @@
 #                   deltas (the namespace's delta on), for a chat payload
 #                   (~200 B JSON) and a 2-4 KiB scoreboard a few fields of
 #                   which change per update; $FORMATS_CLIENTS clients per
-#                   phase, 200 updates 10 ms apart; every payload put back
+#                   phase, 200 updates 20 ms apart; every payload put back
 #                   together and checked against the one published (targets,
 #                   state: delta+deflate <= 0.15x the JSON bytes,
 #                   JSON+deflate <= 0.4x)
@@ -235,7 +235,7 @@ if wants formats; then
     # Deltas on in the default namespace: only the subscriptions that ask
     # get them, so the other formats' phases are as without.
     run formats --env HERALD_NAMESPACES__DEFAULT__DELTA=true -- formats --clients "$FORMATS_CLIENTS" \
-        --updates 200 --interval 10ms
+        --updates 200 --interval 20ms
 fi
 
 if wants wire; then
