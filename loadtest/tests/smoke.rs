@@ -380,6 +380,29 @@ async fn idle_holds_every_connection_through_heartbeats() {
     assert!(outcome.rss_per_connection_bytes.is_some());
 }
 
+/// `idle --compression` measures connections that negotiated
+/// permessage-deflate, or fails: a gateway with compression off declines the
+/// offer, and the run says so rather than measure without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_with_compression_holds_only_compressed_connections() {
+    for enabled in [true, false] {
+        let mut config = Config::default();
+        config.websocket.compression.enabled = enabled;
+        let gateway = Gateway::start(config).await;
+        let mut options = idle::Options::new(gateway.target.clone());
+        options.clients = 20;
+        options.duration = Duration::from_secs(1);
+        options.compression = true;
+        let outcome = idle::run(options).await;
+        if enabled {
+            assert_passed(&outcome.expect("idle runs"));
+        } else {
+            let e = outcome.expect_err("not negotiated").to_string();
+            assert!(e.contains("not negotiated"), "{e}");
+        }
+    }
+}
+
 /// `idle` split over two worker processes (the real `herald-loadtest`
 /// binary) and two gateways: each pod holds its half.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

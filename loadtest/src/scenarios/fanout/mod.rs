@@ -516,6 +516,13 @@ impl Fanout {
         if let Some(floor) = &self.floor {
             failures.extend(floor.failures().into_iter().map(|f| format!("floor: {f}")));
         }
+        // Figures "with deflate" must be that.
+        if self.library == Library::Deflate && self.compressed_clients < self.clients {
+            failures.push(format!(
+                "permessage-deflate negotiated by {} of {} clients (websocket.compression off?)",
+                self.compressed_clients, self.clients
+            ));
+        }
         failures
     }
 }
