@@ -12,7 +12,7 @@
 //!   `ServerMessage` of the `proto` crate; a client's command one
 //!   `ClientCommand`. `Msg.data` is the payload, or with `Msg.delta` the delta.
 //!
-//! permessage-deflate is below both ([`raw`](crate::raw) inflates).
+//! permessage-deflate is below both ([`raw`] inflates).
 
 use std::borrow::Cow;
 use std::fmt;
