@@ -15,17 +15,21 @@ import { gzipSync } from 'node:zlib';
 
 /**
  * Each bundle, and its most bytes minified and gzipped, at start (`budget`)
- * and loaded later (`lazyBudget`). The core at start: 6 KiB (the WebSocket,
- * the fallback's rule, presence, history, the hooks, binary data and what
- * reads a delta subscription's messages; 7.8 KiB when the HTTP-streaming
- * link was in it, its budget then 8 KiB); the HTTP-streaming link, loaded
- * when the client falls back: 2 KiB. The extras, each by itself: the
- * protobuf codec 2 KiB, the Fossil delta decoder 1.25 KiB (1.8 and 1.0 when
- * set; each carries the code that reads a `msg`'s data, shared in an app's
- * bundle); all three at start, 8.5 KiB.
+ * and loaded later (`lazyBudget`). The core at start: 6.75 KiB (the
+ * WebSocket, the fallback's rule, presence, history, the hooks, binary data
+ * and what reads a delta subscription's messages; 7.8 KiB when the
+ * HTTP-streaming link was in it, its budget then 8 KiB; 6.7 KiB without
+ * it). Not 6 KiB: every class the SDK exports (the client, `Subscription`,
+ * `Presence`, `PresenceRoom`, the errors) is in it whatever is split off,
+ * and under gzip, trimming repeated code gains a few bytes only. The
+ * HTTP-streaming link, loaded when the client first falls back (or is told
+ * to use it): 2 KiB (1.5). The extras, each by itself: the protobuf codec
+ * 2 KiB, the Fossil delta decoder 1.25 KiB (1.8 and 1.0 when set; each
+ * carries the code that reads a `msg`'s data, shared in an app's bundle);
+ * all three at start, 9 KiB (8.8).
  */
 const BUNDLES = [
-  { name: 'core', entries: ['src/index.ts'], budget: 6 * 1024, lazyBudget: 2048 },
+  { name: 'core', entries: ['src/index.ts'], budget: 6.75 * 1024, lazyBudget: 2048 },
   { name: 'protobuf', entries: ['src/protobuf.ts'], budget: 2048, lazyBudget: 0 },
   { name: 'delta', entries: ['src/delta.ts'], budget: 1280, lazyBudget: 0 },
   {
@@ -45,7 +49,7 @@ const BUNDLES = [
         },
       },
     ],
-    budget: 8.5 * 1024,
+    budget: 9 * 1024,
     lazyBudget: 2048,
   },
 ];

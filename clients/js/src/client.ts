@@ -507,24 +507,26 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       beat: () => gen === this.#gen && this.#heartbeat.alive(),
       closed: (code, reason) => this.#lost(gen, code, reason),
     };
-    let openStream: typeof import('./stream.js').openStream | undefined;
-    if (transport === 'stream') {
-      try {
-        openStream = await loadStream();
-      } catch (e) {
-        // The chunk could not be loaded (a network cut, say): a failed attempt, tried again.
-        if (gen !== this.#gen) return;
-        this.#fault(e);
-        this.#retry(1006);
-        return;
-      }
-      if (gen !== this.#gen) return;
-    }
     this.#welcomed = false;
     this.#heard = false;
     this.#helloErr = undefined;
     this.#advice = undefined;
     this.#linkTransport = transport;
+    let openStream: typeof import('./stream.js').openStream | undefined;
+    if (transport === 'stream') {
+      // The first time: its chunk is loaded, within the attempt's time.
+      this.#attemptTimer.set(this.#timeoutMs, () => this.#lost(gen, 1006, 'the HTTP-streaming link not loaded in time'));
+      try {
+        openStream = await loadStream();
+      } catch (e) {
+        // The chunk could not be loaded (a network cut, say): a failed attempt, tried again.
+        if (gen !== this.#gen) return;
+        this.#fault(new HeraldError('closed', `cannot load the HTTP-streaming link: ${e}`));
+        this.#retry(1006);
+        return;
+      }
+      if (gen !== this.#gen) return;
+    }
     try {
       this.#link = openStream
         ? openStream(this.#fetch!, url, hello, handlers)
