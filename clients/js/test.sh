@@ -3,7 +3,8 @@
 # package-lock.json (npm ci; playwright-core drives the system's Chromium and
 # never downloads a browser), builds it (tsc: ESM and .d.ts), compiles the
 # type tests (test/types.ts, against the emitted .d.ts), builds the minified
-# browser bundle and prints its gzipped size, then runs the Node tests (the
+# browser bundles and prints their gzipped sizes (what loads at start, and
+# the lazily loaded HTTP-streaming link), then runs the Node tests (the
 # frame types in step with herald.proto and docs/protocol.md, the parser, the
 # protobuf codec and the Fossil decoder against the Rust side's bytes) and
 # the Node and headless-Chromium tests against the real `herald` binary.

@@ -38,7 +38,7 @@ import { TokenRefresh, type TokenSource } from './refresh.js';
 import { fromBase64 } from './payload.js';
 import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
 import { Subscription, type Owner } from './subscription.js';
-import { openStream, type Fetch } from './stream.js';
+import type { Fetch } from './stream.js';
 import { Timer } from './timer.js';
 import { openWebSocket, type SocketClass } from './websocket.js';
 
@@ -171,8 +171,23 @@ export interface Published {
   skipped?: true;
 }
 
-/** How a stream that ended without a word on why was ended, by the `err` that refused its `hello` (a WebSocket's close code would say). */
-const HELLO_REFUSALS: Record<string, number> = { unauthorized: 4502, forbidden: 4502, token_expired: 4004 };
+let streamModule: Promise<typeof import('./stream.js')> | undefined;
+
+/**
+ * The HTTP-streaming link, loaded the first time the client falls back to
+ * it (or is told to use it): most connections never need it, so it is a
+ * separate chunk of an app's bundle, out of what a page loads at start. A
+ * load that failed is tried again at the next attempt.
+ */
+async function loadStream(): Promise<typeof import('./stream.js').openStream> {
+  streamModule ??= import('./stream.js');
+  try {
+    return (await streamModule).openStream;
+  } catch (e) {
+    streamModule = undefined;
+    throw e;
+  }
+}
 
 /** A command answered by the `ok` or `err` of its `id`, before it is given one. */
 type Request =
@@ -497,11 +512,25 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#helloErr = undefined;
     this.#advice = undefined;
     this.#linkTransport = transport;
+    let openStream: typeof import('./stream.js').openStream | undefined;
+    if (transport === 'stream') {
+      // The first time: its chunk is loaded, within the attempt's time.
+      this.#attemptTimer.set(this.#timeoutMs, () => this.#lost(gen, 1006, 'the HTTP-streaming link not loaded in time'));
+      try {
+        openStream = await loadStream();
+      } catch (e) {
+        // The chunk could not be loaded (a network cut, say): a failed attempt, tried again.
+        if (gen !== this.#gen) return;
+        this.#fault(new HeraldError('closed', `cannot load the HTTP-streaming link: ${e}`));
+        this.#retry(1006);
+        return;
+      }
+      if (gen !== this.#gen) return;
+    }
     try {
-      this.#link =
-        transport === 'stream'
-          ? openStream(this.#fetch!, url, hello, handlers)
-          : openWebSocket(this.#Socket!, url, hello, handlers, this.#protobuf);
+      this.#link = openStream
+        ? openStream(this.#fetch!, url, hello, handlers)
+        : openWebSocket(this.#Socket!, url, hello, handlers, this.#protobuf);
     } catch (e) {
       this.#stop(new HeraldError('closed', `cannot open ${url}: ${e}`));
       return;
@@ -513,8 +542,6 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #lost(gen: number, code: number, reason: string): void {
     if (gen !== this.#gen) return;
     if (!this.#welcomed) this.#fallback.failed(this.#linkTransport, this.#link?.opened ?? false, this.#heard, Date.now());
-    // A stream that ended after the `err` refusing its `hello` was closed as a WebSocket would have been.
-    if (code === 1005 && this.#helloErr) code = HELLO_REFUSALS[this.#helloErr.code] ?? code;
     this.#end();
     if (isTerminalClose(code)) {
       this.#stop(closeError(code, reason, this.#helloErr));

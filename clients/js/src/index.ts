@@ -6,7 +6,8 @@
  * The modules: `client` speaks the protocol (docs/protocol.md) over one
  * connection after another, each a `link` (the seam: what the client needs of
  * a connection) over `websocket` or `stream` (HTTP-streaming: `ndjson` splits
- * its response into frames), as `fallback` picks; `frame` is its wire, the server's frames (a union
+ * its response into frames; loaded with `import()` the first time it is
+ * used, so that a page does not load it at start), as `fallback` picks; `frame` is its wire, the server's frames (a union
  * keyed on `op`, checked on the way in by `parseFrame`) and the commands;
  * `subscription` is one topic's stream and its acks; `presence` merges a
  * topic's presence pages and diffs (`PresenceRoom`, the rule without I/O)

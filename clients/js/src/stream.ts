@@ -1,4 +1,3 @@
-import { backoff } from './backoff.js';
 import type { HelloCommand } from './frame.js';
 import type { Link, LinkHandlers } from './link.js';
 import { Lines } from './ndjson.js';
@@ -49,6 +48,12 @@ export function batchSize(queue: readonly string[]): number {
   return n;
 }
 
+/**
+ * How a stream that ended without a word on why (1005) was ended, by the
+ * `err` that refused its `hello` (a WebSocket's close code would say).
+ */
+const HELLO_REFUSALS: Record<string, number> = { unauthorized: 4502, forbidden: 4502, token_expired: 4004 };
+
 /** A refused `POST /stream`'s status, as the close code a WebSocket would have been given. */
 const REFUSALS: Record<number, number> = { 400: 1002, 401: 4502, 403: 4502, 413: 1009, 429: 4003, 503: 1012 };
 
@@ -91,6 +96,8 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
 
   /** The stream's `200` came. */
   let opened = false;
+  /** The `code` of an `err` before `welcome` (the `hello` refused): what the stream's end means. */
+  let refused: string | undefined;
 
   const end = (code: number, reason: string): void => {
     if (ended) return;
@@ -120,7 +127,8 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
       }
       if (status === 429 && !closing) {
         // Nothing of it was taken: the same batch again, after a wait.
-        await new Promise((r) => setTimeout(r, backoff(BUSY_INITIAL_MS, BUSY_MAX_MS, busy++)));
+        // Full jitter, as `backoff` (backoff.ts; not imported: the core and this chunk would share a chunk of one line).
+        await new Promise((r) => setTimeout(r, Math.random() * Math.min(BUSY_MAX_MS, BUSY_INITIAL_MS * 2 ** busy++)));
         continue;
       }
       queue.splice(0, n);
@@ -190,8 +198,9 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
           if (session === undefined) {
             // The first frame is `welcome`: its session names where commands go.
             try {
-              const s = JSON.parse(line)?.session;
-              if (typeof s === 'string') session = s;
+              const f = JSON.parse(line);
+              if (typeof f?.session === 'string') session = f.session;
+              else if (f?.op === 'err' && typeof f.code === 'string') refused = f.code;
             } catch {
               // Not JSON: the client ignores it too.
             }
@@ -206,7 +215,7 @@ export function openStream(fetcher: Fetch, url: string, hello: HelloCommand, on:
       end(1006, `the stream broke: ${e}`);
       return;
     }
-    end(1005, 'the stream ended');
+    end(refused !== undefined && Object.hasOwn(HELLO_REFUSALS, refused) ? HELLO_REFUSALS[refused]! : 1005, 'the stream ended');
   };
 
   void read();

@@ -177,8 +177,15 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this.#presence?._diff(d);
   }
 
-  /** @internal Subscribed (again), on the current connection: the presence is loaded anew. */
-  #subscribed(): void {
+  /** Subscribed (again), on the current connection: `subscribed` told, and the presence loaded anew. */
+  #subscribed(
+    seq: number | undefined,
+    epoch: string | undefined,
+    recovered: boolean | undefined,
+    resumed = false,
+    extra?: { data?: unknown; delta?: boolean },
+  ): void {
+    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered, resumed, ...extra });
     this.#presence?.reload();
   }
 
@@ -198,8 +205,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       this.#acked = seq;
       this.#ackedEpoch = epoch;
     }
-    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered, resumed: false });
-    this.#subscribed();
+    this.#subscribed(seq, epoch, recovered);
     if (recovered === false) this.emit('reset', { topic: this.topic, epoch, seq });
   }
 
@@ -241,20 +247,17 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       this._processed = seq;
       this.#acked = seq;
       this.#ackedEpoch = epoch;
-      this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: undefined, resumed: false, ...extra });
-      this.#subscribed();
+      this.#subscribed(seq, epoch, undefined, false, extra);
       return;
     }
     if (recovered) {
       this.epoch = epoch ?? this.epoch;
-      this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: false, ...extra });
-      this.#subscribed();
+      this.#subscribed(this.seq, this.epoch, true, false, extra);
       return;
     }
     // Not recovered: live from the current seq. Within the same epoch the
     // position never goes back, so that no seq is handed over twice.
-    this.emit('subscribed', { topic: this.topic, seq, epoch, recovered: false, resumed: false, ...extra });
-    this.#subscribed();
+    this.#subscribed(seq, epoch, false, false, extra);
     this._reset(epoch, epoch === this.epoch ? Math.max(since, seq) : seq);
   }
 
@@ -264,8 +267,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this.#base = undefined;
     // The pod vouches for what we acked (it replays after it), so an ack up to it is safe.
     if (this.#ackedEpoch === this.epoch && this.#acked >= 0) this.#wire = this.#acked;
-    this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: true });
-    this.#subscribed();
+    this.#subscribed(this.seq, this.epoch, true, true);
   }
 
   /**

@@ -51,14 +51,24 @@ const UPGRADES = ['refuse', 'drop', 'mute', 'pass'];
  * connection closed once the client speaks: an upgrade that opens and
  * carries nothing), `pass` (through to the pod). `cut()` ends every stream
  * it carries; `upgradesSeen` counts the upgrades asked for. `GET /dist/…`
+ * (`GET /dist/stream.js`, the lazy chunk, counted in `chunkGets` and
+ * answered `503` while `chunkFailures` is above zero)
  * and `GET /test/…` are the SDK's files (`JS_ROOT`): the page's origin is the
  * proxy's.
  */
 async function startProxy(cleanup, pod, upgrades = 'refuse') {
-  const proxy = { upgrades, upgradesSeen: 0, streamsSeen: 0 };
+  const proxy = { upgrades, upgradesSeen: 0, streamsSeen: 0, chunkFailures: 0, chunkGets: 0 };
   const streams = new Set();
   const server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url, 'http://x').pathname));
+    if (req.method === 'GET' && path === '/dist/stream.js') {
+      // The lazily loaded HTTP-streaming link: counted, and refused `chunkFailures` times (a network blip).
+      proxy.chunkGets++;
+      if (proxy.chunkFailures > 0) {
+        proxy.chunkFailures--;
+        return res.writeHead(503).end();
+      }
+    }
     if (req.method === 'GET' && (path.startsWith('/dist/') || path.startsWith('/test/'))) {
       const file = join(JS_ROOT, path);
       if (!existsSync(file)) return res.writeHead(404).end();
@@ -342,6 +352,43 @@ test(
     assert.equal(proxy.upgradesSeen, 3, 'the first, one at the cut (refused), one let through');
     assert.equal(events.filter((e) => e.t === 'reset').length, 0);
     assert.deepEqual(events.filter((e) => e.t === 'error' || e.t === 'suberror' || e.t === 'pageerror'), []);
+  },
+  { skip: SERVER },
+);
+
+test(
+  'Chromium, auto: the HTTP-streaming link is not loaded at start; loaded at the first fallback, and where that load fails, an error and the next attempt loads it',
+  async (t) => {
+    const cleanup = cleanups(t);
+    const redis = await startRedis(cleanup);
+    const herald = await pod(cleanup, redis);
+    // Upgrades let through at first: the page connects without the stream's chunk.
+    const proxy = await startProxy(cleanup, herald, 'pass');
+    const events = new Events();
+    const page = await sdkPage(cleanup, events, { origin: proxy.http });
+    await page.evaluate(([urls]) => window.follow(urls, 'ticker', { backoff: { initialMs: 50, maxMs: 300 }, webSocketRetryMs: 0 }), [[proxy.ws]]);
+    await events.wait('subscribed', (e) => e.t === 'subscribed');
+    await publish(herald, 'ticker', { n: 1 });
+    await events.until('seq 1 at the page', () => events.list.some((e) => e.t === 'msg' && e.seq === 1));
+    assert.equal(proxy.chunkGets, 0, 'the HTTP-streaming link is loaded only when needed');
+    // Upgrades refused from now on, and the chunk's first load fails.
+    proxy.upgrades = 'refuse';
+    proxy.chunkFailures = 1;
+    // The WebSocket ends (closed at the page's end): the reconnect's upgrade is refused, and the client falls back.
+    assert.equal(await page.evaluate(() => window.sockets.length), 1);
+    await page.evaluate(() => window.sockets[0].close());
+    const error = await events.wait('the load failed', (e) => e.t === 'error');
+    assert.equal(error.code, 'closed');
+    assert.match(error.message, /cannot load the HTTP-streaming link/);
+    const fallback = await events.wait('on the stream', (e) => e.t === 'transport');
+    assert.deepEqual(fallback, { t: 'transport', transport: 'stream', previous: 'websocket' });
+    await events.wait('resumed on the stream', (e) => e.t === 'state' && e.state === 'connected' && e.transport === 'stream');
+    await publish(herald, 'ticker', { n: 2 });
+    await events.until('seq 2 at the page', () => events.list.some((e) => e.t === 'msg' && e.seq === 2));
+    assert.equal(proxy.chunkGets, 2, 'one failed load, one that worked');
+    const figures = exactlyOnce(await page.evaluate(() => window.seen), 1, 2);
+    assert.deepEqual([figures.lost, figures.duplicated, figures.outOfOrder], [0, 0, 0], JSON.stringify(figures));
+    assert.deepEqual(events.filter((e) => e.t === 'suberror' || e.t === 'pageerror'), []);
   },
   { skip: SERVER },
 );
