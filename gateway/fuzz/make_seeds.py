@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = os.path.join(HERE, "seeds")
@@ -229,6 +230,85 @@ def claims_seeds():
     }
 
 
+# compressed_script: the setup byte picks the limit (bits 0-1, into MAXES),
+# the cap (2-3, into CAPS), context takeover (0x10), binary taken (0x20) and
+# the reads (6-7, into READS); see fuzzing/compressed_script.rs. Then each
+# message: a kind byte, a window byte (9 + b % 7), a length, the data, and a
+# repeat byte (the data 1 + 4b times).
+MAXES_C = {"16": 0, "1000": 1, "64k": 2, "1m": 3}
+CAPS_C = {"1": 0, "200": 1, "4096": 2, "1m": 3}
+COMPRESSED, BIN, PING_AFTER, LEVEL9 = 0x01, 0x02, 0x10, 0x80
+SYNC, TAIL_KEPT, FINAL, TWO_FLUSHES = 0, 0x20, 0x40, 0x60
+TAKEOVER, TAKES_BINARY = 0x10, 0x20
+
+
+def c_setup(max_key, cap_key, reads=0, flags=0):
+    return bytes([MAXES_C[max_key] | CAPS_C[cap_key] << 2 | flags | reads << 6])
+
+
+def c_message(kind, data, window=6, fragments=1, times=0):
+    return bytes([kind | (fragments - 1) << 2, window, len(data)]) + data + bytes([times])
+
+
+def compressed_script_seeds():
+    state = json.dumps({"score": [3, 1], "clock": "12:04", "players": ["ann", "bo"]}).encode()
+    chat = b'{"op":"pub","id":1,"topic":"chat:lobby","data":{"text":"hello"}}'
+    return {
+        "every_window": c_setup("64k", "1m", 0)
+        + b"".join(c_message(COMPRESSED, state, window) for window in range(7)),
+        "fragmented_with_pings": c_setup("64k", "1m", 1)
+        + c_message(COMPRESSED | PING_AFTER, state, 3, fragments=4, times=3)
+        + c_message(PING_AFTER, chat, 5, fragments=3),
+        "endings": c_setup("64k", "1m", 0)
+        + b"".join(c_message(COMPRESSED | e, chat, 6, fragments=2) for e in (SYNC, TAIL_KEPT, FINAL, TWO_FLUSHES)),
+        "takeover": c_setup("64k", "1m", 1, TAKEOVER)
+        + c_message(COMPRESSED, state, 6)
+        + c_message(COMPRESSED | LEVEL9, state, 6)
+        + c_message(COMPRESSED | FINAL, chat, 6)
+        + c_message(COMPRESSED, chat, 6),
+        "binary_taken": c_setup("64k", "1m", 2, TAKES_BINARY)
+        + c_message(COMPRESSED | BIN, bytes(range(256))[:255], 2, times=2)
+        + c_message(BIN, b"\x00\xff", 2),
+        "binary_refused": c_setup("64k", "1m", 2) + c_message(COMPRESSED | BIN, b"\x00", 2),
+        "bomb_one_frame": c_setup("64k", "4096", 3) + c_message(COMPRESSED | LEVEL9, b"a" * 255, 6, times=255),
+        "bomb_fragmented": c_setup("64k", "4096", 0)
+        + c_message(COMPRESSED | PING_AFTER, b"{}" * 100, 1, fragments=4, times=200),
+        "bomb_many_small": c_setup("1000", "200", 0)
+        + c_message(COMPRESSED, b" " * 199, 4) * 5
+        + c_message(COMPRESSED, b" " * 201, 4),
+        "too_big_on_the_wire": c_setup("16", "1m", 0) + c_message(COMPRESSED, bytes(range(40)), 0),
+        "utf8_bad_compressed": c_setup("64k", "1m", 0) + c_message(COMPRESSED, b"ok \xc3\x28", 0),
+        "at_the_cap": c_setup("64k", "200", 1) + c_message(COMPRESSED, b"x" * 40, 6, times=1),
+    }
+
+
+# inflate: the first byte picks the cap (bits 0-2, into INFLATE_CAPS: 1, 2,
+# 63, 64, 65, 1000, 64 KiB, 1 MiB); the rest is a message's payload.
+def deflated(data, wbits=15, level=6, end=zlib.Z_SYNC_FLUSH, strip=True):
+    c = zlib.compressobj(level, zlib.DEFLATED, -wbits)
+    out = c.compress(data) + c.flush(end)
+    if strip and out.endswith(b"\x00\x00\xff\xff"):
+        out = out[:-4]
+    return out
+
+
+def inflate_seeds():
+    state = json.dumps({"score": [3, 1], "clock": "12:04", "players": ["ann", "bo"] * 20}).encode()
+    seeds = {f"window_{w}": bytes([6]) + deflated(state, w) for w in range(9, 16)}
+    seeds.update({
+        "final_block": bytes([5]) + deflated(state, end=zlib.Z_FINISH),
+        "final_block_then_garbage": bytes([5]) + deflated(b"hi", end=zlib.Z_FINISH) + b"\xff\xff",
+        "stored": bytes([5]) + deflated(bytes(range(200)), level=0),
+        "bomb": bytes([6]) + deflated(b"\x00" * (4 << 20), level=9),
+        "at_the_cap": bytes([4]) + deflated(b"a" * 64),
+        "one_over_the_cap": bytes([3]) + deflated(b"a" * 64),
+        "corrupt": bytes([5]) + b"\xff" * 8,
+        "truncated": bytes([5]) + deflated(state)[:20],
+        "empty": bytes([0]),
+    })
+    return seeds
+
+
 def write(target, seeds):
     folder = os.path.join(SEEDS, target)
     shutil.rmtree(folder, ignore_errors=True)
@@ -243,3 +323,5 @@ if __name__ == "__main__":
     write("frame_script", script_seeds())
     write("decoders", decoder_seeds())
     write("claims", claims_seeds())
+    write("compressed_script", compressed_script_seeds())
+    write("inflate", inflate_seeds())

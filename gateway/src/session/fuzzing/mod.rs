@@ -20,15 +20,26 @@
 //!   message's first frame, binary taken): the same outcome whatever the
 //!   reads, nothing inflated past the cap, and its messages, compressed
 //!   again and cut into fragments, parse back to the same.
+//! - [`compressed_script`]: a client's messages, compressed as clients do
+//!   (every `client_max_window_bits`, every way to end a message, with and
+//!   without context takeover), cut into fragments with pings between, against a
+//!   model: the same messages out, or the error the model predicts (1009 past
+//!   the limit or the cap, 1002 for what does not inflate, 1007 for text that
+//!   is not UTF-8), and no message inflated past the cap.
+//! - [`inflate`]: one compressed message inflated under a cap, against a plain
+//!   uncapped inflate: the same data, too big exactly when that passes the
+//!   cap, and no more work or memory than the cap's worth.
 //! - [`decoders`]: a client's text as a command, and the backend API's bodies
 //!   (HTTP JSON, the gRPC request's protobuf): no panic, a command's
 //!   protobuf form survives a round trip, what a subscriber would receive
 //!   (`msg`) and what the client is told (`err`) is valid JSON.
 
 mod compressed;
+mod compressed_script;
 mod script;
 
-pub use compressed::compressed;
+pub use compressed::{compressed, inflate};
+pub use compressed_script::compressed_script;
 
 use std::io;
 use std::pin::Pin;
@@ -532,6 +543,16 @@ mod tests {
     #[test]
     fn the_compressed_seeds_pass_the_fuzz_checks() {
         assert!(replay("compressed", compressed) >= 10);
+    }
+
+    #[test]
+    fn the_compressed_script_seeds_pass_the_fuzz_checks() {
+        assert!(replay("compressed_script", compressed_script) >= 10);
+    }
+
+    #[test]
+    fn the_inflate_seeds_pass_the_fuzz_checks() {
+        assert!(replay("inflate", inflate) >= 5);
     }
 
     #[test]
