@@ -56,7 +56,8 @@ fn encode(c: &mut Criterion) {
         seq: 123_456,
         data: Bytes::from(format!("\"{}\"", "x".repeat(1022))),
     };
-    let msg_len = frame::publication(Format::WebSocket, &publication).len() as u64;
+    let msg_len =
+        frame::publication(Format::WebSocket, &publication, frame::Body::Data).len() as u64;
     let ok = ServerMessage::Ok {
         id: 1,
         topic: Some("news"),
@@ -72,7 +73,13 @@ fn encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("encode_frame");
     group.throughput(Throughput::Bytes(msg_len));
     group.bench_function("msg_1KiB_publication", |b| {
-        b.iter(|| frame::publication(Format::WebSocket, black_box(&publication)))
+        b.iter(|| {
+            frame::publication(
+                Format::WebSocket,
+                black_box(&publication),
+                frame::Body::Data,
+            )
+        })
     });
     group.throughput(Throughput::Bytes(ok_len));
     group.bench_function("ok_reply", |b| {

@@ -35,9 +35,12 @@
 //!   bounded queue and one batching, signing, retrying sender per pod.
 //! - [`presence`]: who is subscribed to a topic, across pods: this pod's
 //!   members, written to the broker, and the diffs its subscribers get.
-//! - [`frame`]: server frames, encoded once per publication;
-//!   [`deflate`]: permessage-deflate, negotiated, compressed once per
-//!   publication, client messages inflated under a cap.
+//! - [`frame`]: server frames, encoded once per publication in each format
+//!   (JSON or the `herald.v1.protobuf` subprotocol, over a WebSocket or a
+//!   stream) and form (plain, full or delta); [`payload`]: what a
+//!   publication's data is (JSON text or bytes); [`deflate`]:
+//!   permessage-deflate, negotiated, compressed once per publication,
+//!   client messages inflated under a cap.
 //! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
 //!   between a connection's parts.
 //! - [`node`]: builds the pod's parts and wires them together (sessions
@@ -53,7 +56,7 @@
 //! Dependencies between these modules run one way, as a message does: the
 //! process runs the server; the edges (server, http, grpc) use the node,
 //! which builds the rest; session -> hub -> outbound; config, auth,
-//! metrics, frame, disconnect and signal are below them all.
+//! metrics, frame, payload, disconnect and signal are below them all.
 //! `scripts/module-deps.py` prints the graph and fails the lints on a cycle.
 //!
 //! [`architecture`] (`docs/architecture.md`) follows a publish, a replay
@@ -78,6 +81,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod outbound;
+pub mod payload;
 pub mod presence;
 pub mod process;
 pub mod publish;

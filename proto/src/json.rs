@@ -234,6 +234,7 @@ impl<'a> Command<'a> {
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
                 data: data.map(json_bytes),
+                delta: None,
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,
@@ -632,6 +633,7 @@ impl HistoryItem<'_> {
         v1::Publication {
             seq: self.seq,
             data: self.data.get().as_bytes().to_vec(),
+            binary: false,
         }
     }
 }
@@ -737,6 +739,7 @@ impl ServerMessage<'_> {
                 topic: topic.to_owned(),
                 seq,
                 data: data.get().as_bytes().to_vec(),
+                ..v1::Msg::default()
             }),
             ServerMessage::Err {
                 id,
@@ -805,13 +808,21 @@ impl ServerMessage<'_> {
 /// `msg` is this prefix, the publication's JSON text and `}`. The same bytes
 /// as [`ServerMessage::Msg`] (tested), without a serializer on the hot path.
 pub fn encode_msg_prefix(out: &mut Vec<u8>, topic: &str, seq: u64) {
+    encode_msg_head(out, topic, seq, "data");
+}
+
+/// [`encode_msg_prefix`] with another key for the data: `full` and `delta`
+/// in a delta subscription (docs/protocol.md).
+pub fn encode_msg_head(out: &mut Vec<u8>, topic: &str, seq: u64, key: &str) {
     out.extend_from_slice(br#"{"op":"msg","topic":"#);
     // A topic is plain ASCII by the time it gets here, but escape it properly
     // rather than rely on that.
     let _ = serde_json::to_writer(&mut *out, topic);
     out.extend_from_slice(br#","seq":"#);
     out.extend_from_slice(seq.to_string().as_bytes());
-    out.extend_from_slice(br#","data":"#);
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
 }
 
 /// The HTTP publish body: `{"topic":"news","data":<any JSON>}`, optionally
@@ -857,6 +868,7 @@ impl<'a> PublishRequest<'a> {
             topic: self.topic.to_string(),
             data: self.data.get().as_bytes().to_vec(),
             idempotency_key: self.idempotency_key.as_deref().map(str::to_owned),
+            binary: false,
         }
     }
 }

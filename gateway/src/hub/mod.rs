@@ -543,7 +543,7 @@ impl Deliver for Hub {
             &publication.topic,
             Kind::Publication,
             (&publication.epoch, publication.seq),
-            |format| frame::publication(format, publication),
+            |format| frame::publication(format, publication, frame::Body::Data),
             span.as_ref(),
         );
     }

@@ -130,7 +130,8 @@ impl CatchUp {
                 Ok(Page::Read { publications, seq }) => {
                     let last = publications.is_empty();
                     for publication in publications {
-                        let frame = frame::publication(self.out.format(), &publication);
+                        let frame =
+                            frame::publication(self.out.format(), &publication, frame::Body::Data);
                         // An SSE stream's place moves with each message.
                         let mark = Mark {
                             topic: self.topic.as_str(),

@@ -64,7 +64,7 @@ impl<R: AsyncRead + Unpin> Reader<R> {
     /// Takes compressed messages, as `format` (the connection's, negotiated
     /// on the upgrade) says: inflated up to `cap` bytes.
     pub fn inflating(mut self, format: frame::Format, cap: usize) -> Self {
-        if let frame::Format::WebSocketDeflate(_) = format {
+        if format.deflate().is_some() {
             self.parser = self.parser.inflating(cap);
         }
         self

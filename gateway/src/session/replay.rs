@@ -200,7 +200,7 @@ impl Session {
         let mut page = first;
         loop {
             for publication in page.drain(..) {
-                let frame = frame::publication(self.out.format(), &publication);
+                let frame = frame::publication(self.out.format(), &publication, frame::Body::Data);
                 let mark = Mark {
                     topic: topic.as_str(),
                     epoch: &publication.epoch,

@@ -57,6 +57,7 @@ async fn subscribers_on_two_pods_get_the_same_stream_from_publishers_on_both() {
                     topic: "news".into(),
                     data: json!({"grpc": p, "i": i}).to_string().into_bytes(),
                     idempotency_key: None,
+                    binary: false,
                 };
                 let answer = tokio::time::timeout(WAIT, client.publish(request)).await;
                 answer.expect("in time").expect("published over gRPC");

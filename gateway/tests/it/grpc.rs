@@ -57,12 +57,14 @@ fn item(topic: &str, data: &[u8]) -> PublishRequest {
         topic: topic.to_owned(),
         data: data.to_vec(),
         idempotency_key: None,
+        binary: false,
     }
 }
 
 fn keyed(topic: &str, data: &[u8], key: &str) -> PublishRequest {
     PublishRequest {
         idempotency_key: Some(key.to_owned()),
+        binary: false,
         ..item(topic, data)
     }
 }

@@ -1140,6 +1140,7 @@ async fn grpc_publisher(addr: SocketAddr) {
             topic: "ticks".into(),
             data: json!({"tick": i}).to_string().into_bytes(),
             idempotency_key: None,
+            binary: false,
         };
         let _ = client.publish(request).await;
         if i % 5 == 0 {

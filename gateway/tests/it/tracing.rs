@@ -276,6 +276,7 @@ fn item(topic: &str) -> PublishRequest {
         topic: topic.to_owned(),
         data: br#"{"n":1}"#.to_vec(),
         idempotency_key: None,
+        binary: false,
     }
 }
 

@@ -63,6 +63,10 @@ pub struct Sub {
     /// JSON text, for the subscribe proxy; ignored otherwise.
     #[prost(bytes = "vec", optional, tag = "5")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// Deltas wanted (namespaces with `delta = true`): a `msg` may carry a
+    /// Fossil delta against the previous message's data (docs/protocol.md).
+    #[prost(bool, optional, tag = "6")]
+    pub delta: ::core::option::Option<bool>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -236,6 +240,9 @@ pub struct Ok {
     /// subscribe proxy approved.
     #[prost(bytes = "vec", optional, tag = "14")]
     pub data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// Only in the reply to a `sub` that asked for deltas: true when granted.
+    #[prost(bool, optional, tag = "15")]
+    pub delta: ::core::option::Option<bool>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -244,9 +251,16 @@ pub struct Msg {
     pub topic: ::prost::alloc::string::String,
     #[prost(uint64, tag = "2")]
     pub seq: u64,
-    /// JSON text, as published.
+    /// JSON text, as published; or, with `binary`, the published bytes; or,
+    /// with `delta`, a Fossil delta from the previous message's data to this
+    /// one's.
     #[prost(bytes = "vec", tag = "3")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    #[prost(bool, tag = "4")]
+    pub delta: bool,
+    /// The publisher sent bytes, not JSON text.
+    #[prost(bool, tag = "5")]
+    pub binary: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -302,9 +316,11 @@ pub struct History {
 pub struct Publication {
     #[prost(uint64, tag = "1")]
     pub seq: u64,
-    /// JSON text, as published.
+    /// JSON text, as published; or, with `binary`, the published bytes.
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
+    #[prost(bool, tag = "3")]
+    pub binary: bool,
 }
 /// A backend unsubscribed the connection (`reason`: `server`).
 #[allow(clippy::all)]
@@ -364,13 +380,16 @@ pub struct PresenceDiff {
 pub struct PublishRequest {
     #[prost(string, tag = "1")]
     pub topic: ::prost::alloc::string::String,
-    /// JSON text.
+    /// JSON text; or, with `binary`, any bytes.
     #[prost(bytes = "vec", tag = "2")]
     pub data: ::prost::alloc::vec::Vec<u8>,
     /// A publish retried with the same key (per topic, within 5 minutes) gets
     /// the first publish's seq and publishes nothing.
     #[prost(string, optional, tag = "3")]
     pub idempotency_key: ::core::option::Option<::prost::alloc::string::String>,
+    /// `data` is bytes, not JSON text: JSON clients get it base64-encoded.
+    #[prost(bool, tag = "4")]
+    pub binary: bool,
 }
 /// HTTP `POST /v1/publish` answer; `Publish` answer.
 #[allow(clippy::all)]

@@ -10,13 +10,19 @@
 //! subscribers ([`Frames`]), never once per subscriber. A connection that
 //! negotiated permessage-deflate has a format of its own per set of
 //! parameters ([`Format::WebSocketDeflate`]): a publication is compressed
-//! once for all the subscribers that share it.
+//! once for all the subscribers that share it. The `msg` of a publication
+//! has encoders of its own, for every format and every form a subscription
+//! takes ([`msg`]).
 
 use bytes::Bytes;
+use prost::Message;
 use proto::ServerMessage;
-use router::Publication;
 
 use crate::deflate::{Deflate, RSV1};
+
+mod msg;
+
+pub use msg::{Body, Variant, publication};
 
 const FIN: u8 = 0x80;
 pub const OP_TEXT: u8 = 0x1;
@@ -63,7 +69,7 @@ pub fn encode(opcode: u8, parts: &[&[u8]]) -> Bytes {
 /// `format` writes it: compressed, with RSV1, where the format deflates and
 /// the message is worth it; as [`encode`] makes it otherwise.
 pub fn encode_as(format: Format, opcode: u8, parts: &[&[u8]]) -> Bytes {
-    let Format::WebSocketDeflate(deflate) = format else {
+    let Some(deflate) = format.deflate() else {
         return encode(opcode, parts);
     };
     // Compressed after room for the longest header, which goes in front of
@@ -92,6 +98,10 @@ pub enum Format {
     /// The same, with permessage-deflate (RFC 7692) as negotiated on the
     /// upgrade: one variant per set of parameters that changes the bytes.
     WebSocketDeflate(Deflate),
+    /// A WebSocket that negotiated the `herald.v1.protobuf` subprotocol:
+    /// binary frames, each one `ServerMessage`, compressed as a deflate
+    /// format's are where permessage-deflate was negotiated too.
+    Protobuf(Option<Deflate>),
     /// Server-Sent Events (`GET /sse`): `data: <the JSON frame>` and a blank
     /// line. The `id:` line before it is the connection's own (its place
     /// in each topic), written beside the shared part by its queue.
@@ -107,13 +117,26 @@ impl Format {
         matches!(self, Format::Sse | Format::Ndjson)
     }
 
+    /// The permessage-deflate parameters it writes with, where negotiated.
+    pub fn deflate(self) -> Option<Deflate> {
+        match self {
+            Format::WebSocketDeflate(deflate) | Format::Protobuf(Some(deflate)) => Some(deflate),
+            _ => None,
+        }
+    }
+
+    /// Whether it speaks the protocol's protobuf form rather than JSON.
+    pub fn is_protobuf(self) -> bool {
+        matches!(self, Format::Protobuf(_))
+    }
+
     /// What keeps an idle connection's path open: a WebSocket ping is built
     /// by the session (it is stamped); a stream's is a comment line (SSE)
     /// or an empty line (NDJSON). A whole line either way, harmless
     /// wherever it lands between two of an event's lines.
     pub fn heartbeat(self) -> Option<Bytes> {
         match self {
-            Format::WebSocket | Format::WebSocketDeflate(_) => None,
+            Format::WebSocket | Format::WebSocketDeflate(_) | Format::Protobuf(_) => None,
             Format::Sse => Some(Bytes::from_static(b":\n")),
             Format::Ndjson => Some(Bytes::from_static(b"\n")),
         }
@@ -126,6 +149,7 @@ pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
         Format::WebSocket | Format::WebSocketDeflate(_) => {
             encode_as(format, OP_TEXT, &[&message.to_json()])
         }
+        Format::Protobuf(_) => encode_as(format, OP_BINARY, &[&message.to_proto().encode_to_vec()]),
         Format::Sse => {
             // The drain's advice tells an `EventSource` when to come back.
             let retry = match message {
@@ -145,7 +169,7 @@ pub fn message(format: Format, message: &ServerMessage<'_>) -> Bytes {
 /// `head`, then `json` on one line (a raw newline in it, whitespace that
 /// a publisher's or a backend's JSON may hold between tokens, made a
 /// space: inside a JSON string it would be escaped), then `tail`.
-fn line(head: &[&[u8]], json: &[&[u8]], tail: &[u8]) -> Bytes {
+pub(crate) fn line(head: &[&[u8]], json: &[&[u8]], tail: &[u8]) -> Bytes {
     let len = head.iter().chain(json).map(|p| p.len()).sum::<usize>() + tail.len();
     let mut out = Vec::with_capacity(len);
     for part in head {
@@ -166,31 +190,18 @@ fn line(head: &[&[u8]], json: &[&[u8]], tail: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// The `msg` of a publication, as `format` writes it: what every subscriber
-/// in that format receives.
-pub fn publication(format: Format, p: &Publication) -> Bytes {
-    let mut prefix = Vec::with_capacity(48 + p.topic.as_str().len());
-    proto::json::encode_msg_prefix(&mut prefix, p.topic.as_str(), p.seq);
-    match format {
-        Format::WebSocket | Format::WebSocketDeflate(_) => {
-            encode_as(format, OP_TEXT, &[&prefix, &p.data, b"}"])
-        }
-        Format::Sse => line(&[b"data: "], &[&prefix, &p.data, b"}"], b"\n\n"),
-        Format::Ndjson => line(&[], &[&prefix, &p.data, b"}"], b"\n"),
-    }
-}
-
-/// One server message in each format its receivers use, each encoded at
-/// most once, on first use. A fan-out usually meets one format, two at
-/// most: the first is kept inline, without an allocation.
-pub struct Frames<F> {
+/// One server message in each form its receivers use (a [`Format`], or a
+/// format and a [`Variant`]), each encoded at most once, on first use. A
+/// fan-out usually meets one form, two at most: the first is kept inline,
+/// without an allocation.
+pub struct Frames<F, K = Format> {
     encode: F,
-    first: Option<(Format, Bytes)>,
-    rest: Vec<(Format, Bytes)>,
+    first: Option<(K, Bytes)>,
+    rest: Vec<(K, Bytes)>,
 }
 
-impl<F: Fn(Format) -> Bytes> Frames<F> {
-    /// Encodes with `encode`, once per format asked for.
+impl<K: Copy + PartialEq, F: Fn(K) -> Bytes> Frames<F, K> {
+    /// Encodes with `encode`, once per form asked for.
     pub fn new(encode: F) -> Self {
         Self {
             encode,
@@ -200,7 +211,7 @@ impl<F: Fn(Format) -> Bytes> Frames<F> {
     }
 
     /// The message in `format` (a reference-counted clone).
-    pub fn get(&mut self, format: Format) -> Bytes {
+    pub fn get(&mut self, format: K) -> Bytes {
         match &self.first {
             None => {
                 let frame = (self.encode)(format);
@@ -228,6 +239,7 @@ pub fn close(code: u16, reason: &str) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use router::Publication;
 
     #[test]
     fn frames_encode_each_format_once() {
@@ -256,11 +268,11 @@ mod tests {
             epoch: std::sync::Arc::from("e1"),
             data: Bytes::from_static(b"{\"a\":\n1}"),
         };
-        let sse = publication(Format::Sse, &p);
+        let sse = publication(Format::Sse, &p, Body::Data);
         assert!(sse.starts_with(b"data: {"), "{sse:?}");
         assert!(sse.ends_with(b"}\n\n"));
         assert_eq!(sse.iter().filter(|&&b| b == b'\n').count(), 2);
-        let nd = publication(Format::Ndjson, &p);
+        let nd = publication(Format::Ndjson, &p, Body::Data);
         assert_eq!(nd.iter().filter(|&&b| b == b'\n').count(), 1);
         let advice = message(
             Format::Sse,
