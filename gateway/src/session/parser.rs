@@ -1443,11 +1443,12 @@ pub(crate) mod tests {
         }
 
         /// What the server sends under any deflate format (window 9 to 15
-        /// bits, any level and threshold), read by a client's rules (here
-        /// the parser's, masked as a client's would be): one frame, RSV1
-        /// exactly when it is compressed, the data back; and what a client
-        /// that asked for that window inflates with that window. Control
-        /// frames never carry RSV1 (the parser would refuse it).
+        /// bits, any level and threshold; JSON or protobuf), read by a
+        /// client's rules (here the parser's, masked as a client's would
+        /// be): one frame, RSV1 exactly when it is compressed, the data
+        /// back; and what a client that asked for that window inflates with
+        /// that window. Control frames never carry RSV1 (the parser would
+        /// refuse it).
         #[test]
         fn server_frames_read_back_in_every_format(
             data in message_data(),
@@ -1457,7 +1458,12 @@ pub(crate) mod tests {
             binary in any::<bool>(),
         ) {
             let deflate = crate::deflate::Deflate { window_bits, level, min_bytes };
-            let format = crate::frame::Format::WebSocketDeflate(deflate);
+            // Binary frames are the protobuf subprotocol's.
+            let format = if binary {
+                crate::frame::Format::Protobuf(Some(deflate))
+            } else {
+                crate::frame::Format::WebSocketDeflate(deflate)
+            };
             let data = if binary { data } else { String::from_utf8_lossy(&data).into_owned().into_bytes() };
             let opcode = if binary { OP_BINARY } else { OP_TEXT };
             let frame = crate::frame::encode_as(format, opcode, &[&data]);
@@ -1480,6 +1486,21 @@ pub(crate) mod tests {
             let data = Bytes::from(data);
             let expected = if binary { Parsed::Binary(data) } else { Parsed::Text(data) };
             prop_assert_eq!(parse_with(parser, &wire), (vec![expected], None));
+            // A message of the protocol, in the format's own form.
+            let reason = String::from_utf8_lossy(&data);
+            let message = proto::ServerMessage::Reconnect { after_ms: 1, reason: &reason };
+            let (first, payload) = {
+                let frame = crate::frame::message(format, &message);
+                let (first, payload) = server_frame(&frame);
+                (first, masked(first, payload))
+            };
+            let expected = if binary {
+                Parsed::Binary(Bytes::from(prost::Message::encode_to_vec(&message.to_proto())))
+            } else {
+                Parsed::Text(Bytes::from(message.to_json()))
+            };
+            prop_assert_eq!(first & !RSV1, FIN | opcode);
+            prop_assert_eq!(parse_with(parser, &payload), (vec![expected], None));
             for control in [
                 crate::frame::close(1000, "bye"),
                 crate::frame::encode(OP_PING, &[b"p"]),

@@ -49,7 +49,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use prost::Message as _;
 use proto::json::{DisconnectRequest, PublishRequest};
-use proto::{Command, ServerMessage, v1};
+use proto::{Command, CommandError, ServerMessage, v1};
 use router::Topic;
 use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -392,44 +392,52 @@ fn command(frame: &Bytes, text: &str) {
             let pb = command.to_proto();
             let back = v1::ClientCommand::decode(pb.encode_to_vec().as_slice()).ok();
             assert_eq!(back.as_ref(), Some(&pb), "the protobuf form round-trips");
-            match &command {
-                Command::Pub { topic, data, .. } => {
-                    // As the session publishes it: no copy, so it must lie
-                    // within the frame (`slice_ref` panics otherwise).
-                    let data = frame.slice_ref(data.get().as_bytes());
-                    check_delivery(topic, &data);
-                }
-                Command::Sub { topic, .. }
-                | Command::Unsub { topic, .. }
-                | Command::Ack { topic, .. }
-                | Command::History { topic, .. }
-                | Command::Presence { topic, .. } => check_topic(topic),
-                Command::Hello { .. }
-                | Command::Refresh { .. }
-                | Command::Ping { .. }
-                | Command::Rpc { .. } => {}
+            if let Command::Pub { data, .. } = &command {
+                // As the session publishes it: no copy, so it must lie
+                // within the frame (`slice_ref` panics otherwise).
+                let _ = frame.slice_ref(data.get().as_bytes());
             }
+            check_command(&command);
         }
-        Err(e) => {
-            // The `err` the client gets is JSON that says what went wrong.
-            let reply = ServerMessage::Err {
-                id: e.id,
-                code: e.wire_code(),
-                message: &e.message,
-                topic: e.topic.as_deref(),
-            }
-            .to_json();
-            let reply: Value = serde_json::from_slice(&reply)
-                .unwrap_or_else(|j| panic!("`err` for {e:?} is not JSON: {j}"));
-            assert_eq!(reply["op"], "err");
-            assert_eq!(reply["code"], e.code.as_str());
-            assert_eq!(reply.get("id").and_then(Value::as_u64), e.id);
-            assert_eq!(
-                reply.get("topic").and_then(Value::as_str),
-                e.topic.as_deref()
-            );
-        }
+        Err(e) => check_error(&e),
     }
+}
+
+/// What a command names passes the checks of what it leads to: a `pub`'s
+/// delivery, a topic's `ok`. For both forms of the protocol.
+fn check_command(command: &Command<'_>) {
+    match command {
+        Command::Pub { topic, data, .. } => check_delivery(topic, data.get().as_bytes()),
+        Command::Sub { topic, .. }
+        | Command::Unsub { topic, .. }
+        | Command::Ack { topic, .. }
+        | Command::History { topic, .. }
+        | Command::Presence { topic, .. } => check_topic(topic),
+        Command::Hello { .. }
+        | Command::Refresh { .. }
+        | Command::Ping { .. }
+        | Command::Rpc { .. } => {}
+    }
+}
+
+/// The `err` the client gets is JSON that says what went wrong.
+fn check_error(e: &CommandError) {
+    let reply = ServerMessage::Err {
+        id: e.id,
+        code: e.wire_code(),
+        message: &e.message,
+        topic: e.topic.as_deref(),
+    }
+    .to_json();
+    let reply: Value = serde_json::from_slice(&reply)
+        .unwrap_or_else(|j| panic!("`err` for {e:?} is not JSON: {j}"));
+    assert_eq!(reply["op"], "err");
+    assert_eq!(reply["code"], e.code.as_str());
+    assert_eq!(reply.get("id").and_then(Value::as_u64), e.id);
+    assert_eq!(
+        reply.get("topic").and_then(Value::as_str),
+        e.topic.as_deref()
+    );
 }
 
 /// The HTTP publish body, as `POST /v1/publish` decodes it.
