@@ -40,7 +40,9 @@
 //!   stream) and form (plain, full or delta); [`payload`]: what a
 //!   publication's data is (JSON text or bytes); [`deflate`]:
 //!   permessage-deflate, negotiated, compressed once per publication,
-//!   client messages inflated under a cap.
+//!   client messages inflated under a cap; [`subprotocol`]: what a `/ws`
+//!   connection speaks (`Sec-WebSocket-Protocol`: the JSON protocol, or
+//!   `herald.v1.protobuf`).
 //! - [`disconnect`]: close reasons and codes; [`signal`]: a one-time signal
 //!   between a connection's parts.
 //! - [`node`]: builds the pod's parts and wires them together (sessions
@@ -92,6 +94,7 @@ pub mod session;
 pub mod signal;
 pub mod stream_commands;
 pub mod streams;
+pub mod subprotocol;
 pub mod telemetry;
 pub mod webhooks;
 

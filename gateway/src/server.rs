@@ -34,7 +34,7 @@ use crate::frame::Format;
 use crate::http::{self, Body};
 use crate::listener::{self, ACCEPT_BACKOFF};
 use crate::node::{Node, StartError};
-use crate::{grpc, session, stream_commands, streams};
+use crate::{grpc, session, stream_commands, streams, subprotocol};
 
 /// The sockets a gateway serves, bound by the caller.
 pub struct Listeners {
@@ -430,13 +430,19 @@ fn upgrade(mut req: Request<Incoming>, node: Arc<Node>, peer: SocketAddr) -> Res
             return reject("bad_handshake", StatusCode::BAD_REQUEST, &format!("{e}\n"));
         }
     };
-    // permessage-deflate, where the client offers it and the pod allows it.
-    let format = negotiation::answer(
+    // permessage-deflate, where the client offers it and the pod allows it;
+    // the JSON protocol, or `herald.v1.protobuf` where the client offers it.
+    let deflate = negotiation::answer(
         req.headers(),
         response.headers_mut(),
         node.config.websocket.compression.settings(),
-    )
-    .map_or(Format::WebSocket, Format::WebSocketDeflate);
+    );
+    let protocol = subprotocol::answer(req.headers(), response.headers_mut());
+    node.metrics
+        .connections_protocol
+        .with_label_values(&[protocol.label()])
+        .inc();
+    let format = protocol.format(deflate);
     // Only where a connect proxy is configured: what it is told of this
     // request, until the client's `hello`.
     let handshake = session::Handshake::capture(&node.pod.hooks, req.headers(), ip);

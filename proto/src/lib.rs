@@ -7,8 +7,11 @@
 //! `tests/bootstrap.rs`). [`json`]
 //! is the JSON text form the WebSocket protocol and the HTTP API speak: the
 //! same messages, an `"op"` key naming the case, the same field names.
-//! `tests/lockstep.rs` keeps the two in step.
+//! `tests/lockstep.rs` keeps the two in step. [`binary`] reads the protobuf
+//! form of a client's command (the `herald.v1.protobuf` subprotocol) into
+//! the same [`Command`] as the JSON form.
 
+pub mod binary;
 pub mod json;
 
 /// Generated from `proto/herald/v1/herald.proto` and `hooks.proto`.

@@ -104,6 +104,17 @@ impl RawClient {
     /// [`connect`](Self::connect), offering `extensions` (a
     /// `Sec-WebSocket-Extensions` value) where given; also the 101's head.
     pub async fn connect_offering(addr: SocketAddr, extensions: Option<&str>) -> (Self, String) {
+        let headers: Vec<_> = extensions
+            .map(|e| ("Sec-WebSocket-Extensions", e))
+            .into_iter()
+            .collect();
+        Self::connect_with(addr, &headers).await
+    }
+
+    /// [`connect`](Self::connect) with the extra request `headers` (each
+    /// on a line of its own, in order: a name given twice is sent twice);
+    /// also the 101's head.
+    pub async fn connect_with(addr: SocketAddr, headers: &[(&str, &str)]) -> (Self, String) {
         let stream = timeout(STEP, TcpStream::connect(addr))
             .await
             .expect("connect in time")
@@ -120,9 +131,10 @@ impl RawClient {
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
              Sec-WebSocket-Version: 13\r\n\
              {}\r\n",
-            extensions.map_or(String::new(), |e| format!(
-                "Sec-WebSocket-Extensions: {e}\r\n"
-            ))
+            headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}\r\n"))
+                .collect::<String>()
         );
         client.send_bytes(request.as_bytes()).await;
         let end = loop {

@@ -21,6 +21,10 @@ pub const AUTH_FAILURE_REASONS: [&str; 14] = [
     "forbidden",
 ];
 
+/// Every `protocol` of `herald_connections_protocol_total`: what a `/ws`
+/// connection speaks ([`crate::subprotocol::Subprotocol::label`]).
+pub const PROTOCOLS: [&str; 2] = ["json", "protobuf"];
+
 /// Every `limit` of `herald_limit_refusals_total`: the budgets of
 /// [`crate::budget::Limit`].
 pub const LIMIT_REFUSALS: [&str; 4] = [

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub connection_panics: IntCounter,
     pub config_reloads: IntCounterVec,
     pub upgrades_rejected: IntCounterVec,
+    /// WebSocket upgrades by the subprotocol they negotiated.
+    pub connections_protocol: IntCounterVec,
     pub subscriptions: IntGauge,
     pub topics: IntGauge,
     pub published: IntCounter,
@@ -175,6 +177,12 @@ impl Metrics {
                 "herald_upgrades_rejected_total",
                 "WebSocket upgrades refused before the handshake, by reason.",
                 &["reason"],
+            ),
+            connections_protocol: counter_vec(
+                r,
+                "herald_connections_protocol_total",
+                "WebSocket upgrades answered (101) on /ws, by the protocol they speak: json, or protobuf (herald.v1.protobuf).",
+                &["protocol"],
             ),
             subscriptions: gauge(r, "herald_subscriptions", "Live subscriptions on this pod."),
             topics: gauge(
@@ -476,6 +484,9 @@ impl Metrics {
             "not_ready",
         ] {
             self.upgrades_rejected.with_label_values(&[reason]);
+        }
+        for protocol in PROTOCOLS {
+            self.connections_protocol.with_label_values(&[protocol]);
         }
         for outcome in ["true", "false"] {
             self.replays.with_label_values(&[outcome]);

@@ -2,7 +2,9 @@
 //! client's grants and budgets, and answered (`ok` or `err`).
 
 use bytes::Bytes;
-use proto::{Command, CommandError, ErrorCode, ServerMessage};
+use prost::Message;
+use proto::binary::undecodable;
+use proto::{Command, CommandError, ErrorCode, ServerMessage, v1};
 use router::{BrokerError, Causes, Since, Topic};
 
 use super::Session;
@@ -17,13 +19,42 @@ use crate::outbound::Mark;
 use crate::presence::PresenceError;
 
 impl Session {
-    pub(super) async fn command(&mut self, text: Bytes) {
+    /// A command from the client's socket, in the subprotocol the
+    /// connection speaks.
+    pub(super) async fn command(&mut self, message: Bytes) {
+        if self.out.format().is_protobuf() {
+            self.command_proto(message).await;
+        } else {
+            self.command_json(message).await;
+        }
+    }
+
+    /// A JSON command: a text frame's, or one posted over HTTP (JSON
+    /// whatever the connection speaks).
+    pub(super) async fn command_json(&mut self, text: Bytes) {
         let Ok(json) = std::str::from_utf8(&text) else {
             // The reader only yields valid UTF-8.
             self.out.close(CloseReason::InvalidUtf8, false);
             return;
         };
-        let command = Command::decode(json);
+        self.dispatch(Command::decode(json), &text).await;
+    }
+
+    /// A `herald.v1.protobuf` session's binary frame: one `ClientCommand`,
+    /// from then on the same command as JSON's. Bytes that do not decode
+    /// are `malformed`, counted as a JSON frame that does not parse.
+    async fn command_proto(&mut self, frame: Bytes) {
+        let decoded = v1::ClientCommand::decode(&*frame).map_err(|e| undecodable(&e));
+        let command = match &decoded {
+            Ok(decoded) => Command::from_proto(decoded),
+            Err(e) => Err(e.clone()),
+        };
+        self.dispatch(command, &frame).await;
+    }
+
+    /// Rate-limits, runs and answers a decoded command; `frame` is what it
+    /// was read from.
+    async fn dispatch(&mut self, command: Result<Command<'_>, CommandError>, frame: &Bytes) {
         // Acks are cumulative, cost no broker work and get no reply: they are
         // not counted. A `ping` is cheap too, but it is answered: counted, so
         // that a flood of them is refused like any other.
@@ -65,7 +96,7 @@ impl Session {
                     }
                     self.settle_account();
                 }
-                Box::pin(self.act(command, &text)).await
+                Box::pin(self.act(command, frame)).await
             }
         };
         match result {
@@ -222,8 +253,7 @@ impl Session {
                     self.may(Some(id), &topic, Access::Publish)?;
                 }
                 self.draw(id, &topic, Access::Publish)?;
-                // `data` points into the frame: publish it without a copy.
-                let mut payload = text.slice_ref(data.get().as_bytes());
+                let mut payload = shared(text, data.get().as_bytes());
                 if proxied {
                     match Box::pin(self.approve_publish(id, &topic, data)).await? {
                         Some(PublishReply::AsIs) => {}
@@ -518,6 +548,19 @@ impl Session {
         if self.bad_in_a_row >= self.node.config.websocket.max_bad_commands {
             self.out.close(CloseReason::BadCommands, true);
         }
+    }
+}
+
+/// `data` as a publication's: without a copy where it points into `frame`
+/// (a JSON command's); a copy where it does not (a protobuf command's,
+/// decoded out of its frame).
+fn shared(frame: &Bytes, data: &[u8]) -> Bytes {
+    let within = frame.as_ptr_range();
+    let ends = data.as_ptr_range();
+    if within.start <= ends.start && ends.end <= within.end {
+        frame.slice_ref(data)
+    } else {
+        Bytes::copy_from_slice(data)
     }
 }
 

@@ -2,7 +2,8 @@
 //! keeps the heartbeat and the session's deadlines, and, once the
 //! connection is over, gives back what the session held and saves it.
 
-use proto::Command;
+use prost::Message;
+use proto::{Command, CommandError, v1};
 use router::Topic;
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
@@ -116,18 +117,35 @@ impl Session {
                     self.out.pong(frame::encode(frame::OP_PONG, &[&payload]));
                 }
                 Ok(Ok(Parsed::Pong(payload))) => self.observe_pong(&payload),
-                // The session's parser refuses binary messages (1003) before
-                // they get here; were one to come, the same answer.
-                Ok(Ok(Parsed::Binary(_))) => {
+                // Each subprotocol's own kind of message: the other is not
+                // this connection's (1003). A JSON session's parser refuses
+                // binary before it gets here; were one to come, the same.
+                Ok(Ok(Parsed::Text(_))) if self.speaks_protobuf() => {
                     self.out.close(CloseReason::UnsupportedData, false);
                     return;
                 }
-                Ok(Ok(Parsed::Text(text))) if self.out.is_closing() => self.late_ack(&text),
+                Ok(Ok(Parsed::Binary(_))) if !self.speaks_protobuf() => {
+                    self.out.close(CloseReason::UnsupportedData, false);
+                    return;
+                }
+                Ok(Ok(Parsed::Text(message) | Parsed::Binary(message)))
+                    if self.out.is_closing() =>
+                {
+                    self.late_ack(&message);
+                }
                 // Boxed, as this loop is as large as the largest future it
                 // awaits, for as long as the connection lives.
-                Ok(Ok(Parsed::Text(text))) => Box::pin(self.command(text)).await,
+                Ok(Ok(Parsed::Text(message) | Parsed::Binary(message))) => {
+                    Box::pin(self.command(message)).await;
+                }
             }
         }
+    }
+
+    /// Whether the connection negotiated `herald.v1.protobuf`: its
+    /// commands come in binary messages.
+    fn speaks_protobuf(&self) -> bool {
+        self.out.format().is_protobuf()
     }
 
     /// Whichever comes first of the session's deadline and `silent`, the
@@ -153,9 +171,18 @@ impl Session {
     /// While the connection closes (a drain, a move) commands are ignored,
     /// but acks still count: the resume elsewhere then replays nothing the
     /// client already has.
-    pub(super) fn late_ack(&self, text: &[u8]) {
-        let command = std::str::from_utf8(text).ok().map(Command::decode);
-        if let Some(Ok(Command::Ack { topic, seq, epoch })) = command
+    pub(super) fn late_ack(&self, message: &[u8]) {
+        if self.speaks_protobuf() {
+            if let Ok(command) = v1::ClientCommand::decode(message) {
+                self.late_acked(Command::from_proto(&command));
+            }
+        } else if let Ok(json) = std::str::from_utf8(message) {
+            self.late_acked(Command::decode(json));
+        }
+    }
+
+    fn late_acked(&self, command: Result<Command<'_>, CommandError>) {
+        if let Ok(Command::Ack { topic, seq, epoch }) = command
             && let Ok(topic) = Topic::parse(&topic)
             && self.never_sent(&topic, seq).is_none()
         {

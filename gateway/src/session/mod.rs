@@ -144,8 +144,8 @@ pub struct Pod {
 /// `handshake`: what the connect proxy is given of the upgrade request, when
 /// there is one (boxed: dropped at `hello`, absent otherwise).
 ///
-/// `format`: how its frames are written, as the upgrade negotiated
-/// (permessage-deflate or not).
+/// `format`: how its frames are written and its commands read, as the
+/// upgrade negotiated (the subprotocol, permessage-deflate or not).
 pub fn serve_upgraded(
     upgraded: Upgraded,
     node: Arc<Pod>,
@@ -199,6 +199,7 @@ impl Serve for Herald {
         let cap = ws.compression.inflated_cap(ws.max_message_bytes);
         let reader = Reader::new(read, ws.max_message_bytes, ws.message_timeout)
             .inflating(out.format(), cap)
+            .speaking(out.format())
             .after_handshake(&early);
         serve(
             reader,

@@ -2,7 +2,7 @@
 //! [`crate::stream_commands`]), on this pod or forwarded from another one:
 //! handed over by the [`Registry`](super::Registry), run by the
 //! connection's loop between the client's own frames, each through the
-//! same dispatch as a frame's command ([`Session::command`]: the rate
+//! same dispatch as a frame's command ([`Session::command_json`]: the rate
 //! limit, the grants, bad commands counted), its replies on the
 //! connection's queue, in the order posted.
 
@@ -19,7 +19,7 @@ impl Session {
             if self.out.is_closing() {
                 return;
             }
-            Box::pin(self.command(command)).await;
+            Box::pin(self.command_json(command)).await;
         }
         let dropped = self.node.live.dropped_posted(&id);
         if dropped > 0 && !self.out.is_closing() {

@@ -70,6 +70,17 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         self
     }
 
+    /// Takes the messages of the subprotocol `format` speaks: binary ones
+    /// for `herald.v1.protobuf` (a text message, read as any message is,
+    /// is the session's to refuse: 1003), text only otherwise (a binary
+    /// one closes with 1003 from its header).
+    pub fn speaking(mut self, format: frame::Format) -> Self {
+        if format.is_protobuf() {
+            self.parser = self.parser.binary();
+        }
+        self
+    }
+
     /// Takes binary messages (the echo) instead of refusing them.
     pub fn binary(mut self) -> Self {
         self.parser = self.parser.binary();

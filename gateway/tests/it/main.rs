@@ -44,6 +44,8 @@ mod observability;
 mod pod;
 mod presence;
 mod presence_pods;
+// Issue #26: the herald.v1.protobuf subprotocol (h-proto).
+mod protobuf;
 // Issue #24: the proxies' transport (h-proxy).
 mod proxy_transport;
 mod python_client;

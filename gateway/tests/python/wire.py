@@ -22,8 +22,10 @@ def check(condition, what):
         raise Failure(what)
 
 
-async def connect(url):
-    kwargs = {"open_timeout": TIMEOUT, "close_timeout": TIMEOUT}
+async def connect(url, **options):
+    """A connection to `url`; `options` for `websockets.connect`
+    (`subprotocols`, say)."""
+    kwargs = {"open_timeout": TIMEOUT, "close_timeout": TIMEOUT, **options}
     # Recent versions honour proxy variables; the server is on loopback.
     if "proxy" in inspect.signature(websockets.connect).parameters:
         kwargs["proxy"] = None
