@@ -309,6 +309,59 @@ def inflate_seeds():
     return seeds
 
 
+# proto_command: one herald.v1.ClientCommand as protobuf bytes (the op's
+# field number in the oneof, then the op's own fields).
+def varint(n):
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def pb_bytes(tag, value):
+    return varint(tag << 3 | 2) + varint(len(value)) + value
+
+
+def pb_int(tag, value):
+    return varint(tag << 3) + varint(value)
+
+
+def proto_command_seeds():
+    def op(tag, body):
+        return pb_bytes(tag, body)
+
+    HELLO, SUB, UNSUB, PUB, ACK, REFRESH, PING, PRESENCE, HISTORY, RPC = range(1, 11)
+    return {
+        "hello": op(HELLO, pb_bytes(1, b"eyJ.a.b") + pb_bytes(2, b"0f1e") + pb_bytes(3, b'{"device":"phone"}')),
+        "hello_empty": op(HELLO, b""),
+        "sub": op(SUB, pb_int(1, 1) + pb_bytes(2, b"chat:room-1") + pb_int(3, 41) + pb_bytes(4, b"9f3c")
+                  + pb_bytes(5, b'[1,"x"]') + pb_int(6, 1)),
+        "unsub": op(UNSUB, pb_int(1, 2) + pb_bytes(2, b"news")),
+        "pub": op(PUB, pb_int(1, 3) + pb_bytes(2, b"news") + pb_bytes(3, b' {"a": 1.50, "b": "\\u00e9"}\n')),
+        "pub_bad_data": op(PUB, pb_int(1, 3) + pb_bytes(2, b"news") + pb_bytes(3, b'{"a":')),
+        "pub_no_topic": op(PUB, pb_int(1, 3) + pb_bytes(3, b"1")),
+        "pub_lone_surrogate": op(PUB, pb_int(1, 4) + pb_bytes(2, b"news") + pb_bytes(3, b'"\\ude00"')),
+        "ack": op(ACK, pb_bytes(1, b"news") + pb_int(2, 2**64 - 1) + pb_bytes(3, b"e")),
+        "refresh": op(REFRESH, pb_int(1, 6) + pb_bytes(2, b"t2")),
+        "ping": op(PING, pb_int(1, 7)),
+        "presence": op(PRESENCE, pb_int(1, 9) + pb_bytes(2, b"room") + pb_bytes(3, b"c") + pb_int(4, 5)),
+        "history": op(HISTORY, pb_int(1, 8) + pb_bytes(2, b"news") + pb_int(3, 1) + pb_bytes(4, b"e")
+                      + pb_int(5, 10) + pb_int(6, 1)),
+        "rpc": op(RPC, pb_int(1, 10) + pb_bytes(2, b"rooms/create") + pb_bytes(3, b'{"n":1}')),
+        "rpc_bad_method": op(RPC, pb_int(1, 11) + pb_bytes(2, b"no spaces")),
+        "no_op": b"",
+        "unknown_op": pb_bytes(15, pb_int(1, 1)),
+        "two_ops": op(PING, pb_int(1, 1)) + op(UNSUB, pb_int(1, 2) + pb_bytes(2, b"n")),
+        "truncated": op(SUB, pb_int(1, 1) + pb_bytes(2, b"news"))[:-2],
+        "topic_not_utf8": op(SUB, pb_int(1, 1) + pb_bytes(2, b"\xff")),
+    }
+
+
 def write(target, seeds):
     folder = os.path.join(SEEDS, target)
     shutil.rmtree(folder, ignore_errors=True)
@@ -325,3 +378,4 @@ if __name__ == "__main__":
     write("claims", claims_seeds())
     write("compressed_script", compressed_script_seeds())
     write("inflate", inflate_seeds())
+    write("proto_command", proto_command_seeds())

@@ -1484,7 +1484,7 @@ pub(crate) mod tests {
             let wire = masked(first, payload);
             let parser = || Parser::new(1 << 20).inflating(1 << 20).binary();
             let data = Bytes::from(data);
-            let expected = if binary { Parsed::Binary(data) } else { Parsed::Text(data) };
+            let expected = if binary { Parsed::Binary(data.clone()) } else { Parsed::Text(data.clone()) };
             prop_assert_eq!(parse_with(parser, &wire), (vec![expected], None));
             // A message of the protocol, in the format's own form.
             let reason = String::from_utf8_lossy(&data);

@@ -29,6 +29,10 @@
 //! - [`inflate`]: one compressed message inflated under a cap, against a plain
 //!   uncapped inflate: the same data, too big exactly when that passes the
 //!   cap, and no more work or memory than the cap's worth.
+//! - [`proto_command`]: a binary message of the `herald.v1.protobuf`
+//!   subprotocol as a command: decoded or `malformed`, read into the JSON
+//!   form's command (the same one the JSON form gives for the same fields,
+//!   its `data` borrowed from the message) or an `err` valid in both forms.
 //! - [`decoders`]: a client's text as a command, and the backend API's bodies
 //!   (HTTP JSON, the gRPC request's protobuf): no panic, a command's
 //!   protobuf form survives a round trip, what a subscriber would receive
@@ -36,10 +40,12 @@
 
 mod compressed;
 mod compressed_script;
+mod proto_command;
 mod script;
 
 pub use compressed::{compressed, inflate};
 pub use compressed_script::compressed_script;
+pub use proto_command::proto_command;
 
 use std::io;
 use std::pin::Pin;
@@ -561,6 +567,11 @@ mod tests {
     #[test]
     fn the_inflate_seeds_pass_the_fuzz_checks() {
         assert!(replay("inflate", inflate) >= 5);
+    }
+
+    #[test]
+    fn the_proto_command_seeds_pass_the_fuzz_checks() {
+        assert!(replay("proto_command", proto_command) >= 10);
     }
 
     #[test]

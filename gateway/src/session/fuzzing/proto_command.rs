@@ -31,11 +31,19 @@ pub fn proto_command(data: &[u8]) {
             let pb = command.to_proto();
             let again = Command::from_proto(&pb)
                 .unwrap_or_else(|e| panic!("{command:?} does not read back: {e}"));
-            assert_eq!(again.to_proto(), pb, "the protobuf form reads back the same");
+            assert_eq!(
+                again.to_proto(),
+                pb,
+                "the protobuf form reads back the same"
+            );
             let text = json_text(&command);
             let json = Command::decode(&text)
                 .unwrap_or_else(|e| panic!("the JSON form of {command:?} ({text}) fails: {e}"));
-            assert_eq!(json.to_proto(), pb, "the JSON form ({text}) reads otherwise");
+            assert_eq!(
+                json.to_proto(),
+                pb,
+                "the JSON form ({text}) reads otherwise"
+            );
         }
         Err(error) => check_error_forms(&error),
     }
