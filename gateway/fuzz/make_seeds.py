@@ -234,7 +234,7 @@ def claims_seeds():
 # the cap (2-3, into CAPS), context takeover (0x10), binary taken (0x20) and
 # the reads (6-7, into READS); see fuzzing/compressed_script.rs. Then each
 # message: a kind byte, a window byte (9 + b % 7), a length, the data, and a
-# repeat byte (the data 1 + 4b times).
+# repeat byte (the data 1 + b times).
 MAXES_C = {"16": 0, "1000": 1, "64k": 2, "1m": 3}
 CAPS_C = {"1": 0, "200": 1, "4096": 2, "1m": 3}
 COMPRESSED, BIN, PING_AFTER, LEVEL9 = 0x01, 0x02, 0x10, 0x80
@@ -266,6 +266,11 @@ def compressed_script_seeds():
         + c_message(COMPRESSED | LEVEL9, state, 6)
         + c_message(COMPRESSED | FINAL, chat, 6)
         + c_message(COMPRESSED, chat, 6),
+        # Found by the fuzzer: an empty message of a client that keeps its
+        # window (its sync flush writes nothing, not even the tail).
+        "takeover_empty": c_setup("64k", "1m", 0, TAKEOVER)
+        + c_message(COMPRESSED, chat, 6)
+        + c_message(COMPRESSED, b"", 6),
         "binary_taken": c_setup("64k", "1m", 2, TAKES_BINARY)
         + c_message(COMPRESSED | BIN, bytes(range(256))[:255], 2, times=2)
         + c_message(BIN, b"\x00\xff", 2),
