@@ -173,22 +173,19 @@ impl CompressedScript {
         };
         // With context takeover, one compressor for the whole stream (a
         // final block ends its stream: it starts again after one).
-        let mut kept: Option<Compress> = None;
+        let mut kept: Option<(u8, u32, Compress)> = None;
         for m in &self.messages {
             let payload = if m.compressed {
-                let fresh = || {
-                    Compress::new_with_window_bits(Compression::new(m.level), false, m.window_bits)
-                };
-                let mut own;
-                let compress = if self.takeover {
-                    kept.get_or_insert_with(fresh)
-                } else {
-                    own = fresh();
-                    &mut own
-                };
+                let mut own = None;
+                let slot = if self.takeover { &mut kept } else { &mut own };
+                let (_, _, compress) =
+                    slot.get_or_insert_with(|| client_compressor(m.window_bits, m.level));
                 let payload = client_deflate(compress, &m.data, m.ending);
                 if m.ending == Ending::Final {
                     compress.reset();
+                }
+                if let Some(own) = own {
+                    give_back(own);
                 }
                 payload
             } else {
@@ -214,6 +211,9 @@ impl CompressedScript {
             if model.error.is_none() {
                 model.message(self, m, &frames, &payload);
             }
+        }
+        if let Some(kept) = kept {
+            give_back(kept);
         }
         (wire, model)
     }
@@ -338,6 +338,39 @@ impl Model {
             self.events.push(Parsed::Ping(Bytes::from_static(b"p")));
         }
     }
+}
+
+thread_local! {
+    /// The clients' compressors, by window and level, kept from one input
+    /// to the next: a new one costs more than most inputs' checks.
+    static COMPRESSORS: std::cell::RefCell<Vec<(u8, u32, Compress)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A client's compressor at the start of its stream.
+fn client_compressor(window_bits: u8, level: u32) -> (u8, u32, Compress) {
+    let found = COMPRESSORS.with(|cell| {
+        let mut pool = cell.borrow_mut();
+        let at = pool
+            .iter()
+            .position(|(w, l, _)| (*w, *l) == (window_bits, level))?;
+        Some(pool.swap_remove(at))
+    });
+    match found {
+        Some((w, l, mut compress)) => {
+            compress.reset();
+            (w, l, compress)
+        }
+        None => {
+            let compress =
+                Compress::new_with_window_bits(Compression::new(level), false, window_bits);
+            (window_bits, level, compress)
+        }
+    }
+}
+
+fn give_back(compressor: (u8, u32, Compress)) {
+    COMPRESSORS.with(|cell| cell.borrow_mut().push(compressor));
 }
 
 /// `data` compressed as a client compresses a message, ending as `ending`
