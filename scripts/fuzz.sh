@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-60}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(frames frame_script compressed compressed_script inflate decoders claims)
+[ ${#targets[@]} -gt 0 ] || targets=(frames frame_script compressed compressed_script inflate decoders proto_command claims)
 fuzz_dir=gateway/fuzz
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
