@@ -175,6 +175,10 @@ impl CompressedScript {
         // final block ends its stream: it starts again after one).
         let mut kept: Option<(u8, u32, Compress)> = None;
         for m in &self.messages {
+            if model.error.is_some() {
+                // The parser stops there: what follows is never read.
+                break;
+            }
             let payload = if m.compressed {
                 let mut own = None;
                 let slot = if self.takeover { &mut kept } else { &mut own };
@@ -208,9 +212,7 @@ impl CompressedScript {
                     wire.extend(client_frame(FIN | OP_PING, b"p", mask, Form::Shortest));
                 }
             }
-            if model.error.is_none() {
-                model.message(self, m, &frames, &payload);
-            }
+            model.message(self, m, &frames, &payload);
         }
         if let Some(kept) = kept {
             give_back(kept);
