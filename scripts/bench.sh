@@ -19,7 +19,7 @@
 #                                    throughput wire storm storm-auth idle-auth idle pods
 #                                    publish idle-pods idle-pods-cluster stall chaos
 #                                    chaos-cluster presence fanout-presence hooks
-#                                    streams idle-sse sse-failover deflate),
+#                                    streams idle-sse sse-failover deflate formats),
 #                                    then BENCHMARKS.md from what $OUT holds
 #   The parts of issue #25 (SSE and HTTP-streaming):
 #     streams       `throughput` over WebSocket, SSE and HTTP-streaming
@@ -36,7 +36,31 @@
 #                   killed with kill -9 at 3 s, its clients back at the first
 #                   with Last-Event-ID: lost and duplicated per client
 #                   (target 0 and 0)
-#   OUT=target/bench  CLIENTS=10000  ROUNDS=40  FAILOVER_CLIENTS=1000
+#   The parts of issue #26 (compression, the binary subprotocol, deltas):
+#     deflate       permessage-deflate on and off, in one run of each shape,
+#                   against the same build: the fan-out of `fanout` ($CLIENTS
+#                   clients, 1 topic, 1 KiB, $ROUNDS rounds 500 ms apart), its
+#                   clients the load tool's own (tokio-tungstenite has no
+#                   deflate) without (`--raw`) and with (`--compression`) the
+#                   offer: gateway CPU per delivery on against off (target
+#                   <= 1.1x), user space and kernel apart (the kernel's share
+#                   with the smaller frames), wire bytes per delivery; the
+#                   `throughput` shape (200 clients on 50 of 100 topics, 1 KiB)
+#                   without and with: deliveries per gateway CPU-second
+#                   (target >= 0.9x); $CLIENTS idle connections held 60 s
+#                   without and with deflate negotiated: gateway memory per
+#                   connection (target: no more with it)
+#     formats       bytes on the wire and gateway CPU per delivery in each
+#                   wire format: JSON, JSON+deflate, protobuf
+#                   (herald.v1.protobuf), protobuf+deflate, and each with
+#                   deltas (the namespace's delta on), for a chat payload
+#                   (~200 B JSON) and a 2-4 KiB scoreboard a few fields of
+#                   which change per update; $FORMATS_CLIENTS clients per
+#                   phase, 200 updates 20 ms apart; every payload put back
+#                   together and checked against the one published (targets,
+#                   state: delta+deflate <= 0.15x the JSON bytes,
+#                   JSON+deflate <= 0.4x)
+#   OUT=target/bench  CLIENTS=10000  ROUNDS=40  FAILOVER_CLIENTS=1000  FORMATS_CLIENTS=1000
 #                                    (optional, defaults shown)
 #   LAG_CLIENTS=100  LAG_ROUNDS=10000: `lag`'s healthy clients and pause
 #   BEFORE=<an older herald binary>: `fanout`, `profile`, `throughput` and
@@ -60,11 +84,12 @@ OUT=${OUT:-target/bench}
 CLIENTS=${CLIENTS:-10000}
 ROUNDS=${ROUNDS:-40}
 FAILOVER_CLIENTS=${FAILOVER_CLIENTS:-1000}
+FORMATS_CLIENTS=${FORMATS_CLIENTS:-1000}
 BUILD=${BUILD:-release}
 PARTS=("$@")
 ALL_PARTS=(micro fanout profile slow lag throughput wire storm storm-auth idle-auth idle pods publish idle-pods
            idle-pods-cluster stall chaos chaos-cluster presence fanout-presence hooks streams idle-sse
-           sse-failover deflate)
+           sse-failover deflate formats)
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL_PARTS[@]}")
 BEFORE=${BEFORE:-}
 case "$BUILD" in
@@ -187,22 +212,30 @@ if wants streams; then
 fi
 
 if wants deflate; then
-    # permessage-deflate on and off in one run, against the same build: the
-    # raw clients offer it as a browser does (`--compression`) or not; the
-    # results give wire bytes per delivery and deliveries per gateway CPU-s.
-    # (`fanout`'s clients are tokio-tungstenite, which has no permessage-
-    # deflate: the fan-out shape here is throughput's, 1,000 clients on one
-    # topic, one publisher.)
-    deflate_fanout=(--clients 1000 --topics 1 --subscriptions 1 --concurrency 1 --duration 10s --size 1024)
+    # permessage-deflate on and off in one run, against the same build. The
+    # fan-out's clients are the load tool's own both times (`--raw`: no
+    # offer; `--compression`: Chromium's offer, every frame inflated), so
+    # that only the offer differs; their payload is fanout's stamp padded
+    # with one repeated byte (compression's best case: `formats` has
+    # realistic payloads).
+    say "deflate: fanout, $CLIENTS clients, 1 topic, 1 KiB, $ROUNDS rounds, without and with permessage-deflate"
+    run deflate-fanout-off -- fanout --raw "${fanout[@]}"
+    run deflate-fanout-on -- fanout --compression "${fanout[@]}"
     deflate_throughput=(--clients 200 --topics 100 --subscriptions 50 --concurrency 8 --duration 10s --size 1024)
-    say "deflate: one topic, 1,000 clients, 1 KiB JSON, without and with permessage-deflate"
-    run deflate-fanout-off -- throughput "${deflate_fanout[@]}"
-    run deflate-fanout-on -- throughput "${deflate_fanout[@]}" --compression
     say "deflate: throughput, 1 KiB, 200 clients on 50 of 100 topics, without and with"
     run deflate-throughput-off -- throughput "${deflate_throughput[@]}"
     run deflate-throughput-on -- throughput "${deflate_throughput[@]}" --compression
-    say "deflate: what an idle connection costs with compression negotiated (19,000 held 60 s)"
-    run deflate-idle --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients 19000 --duration 60s --compression
+    say "deflate: $CLIENTS idle connections held 60 s, without and with compression negotiated"
+    run deflate-idle-off --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients "$CLIENTS" --duration 60s
+    run deflate-idle-on --env HERALD_WEBSOCKET__PING_INTERVAL=5s -- idle --clients "$CLIENTS" --duration 60s --compression
+fi
+
+if wants formats; then
+    say "formats: bytes and gateway CPU per delivery in each wire format, chat and state payloads"
+    # Deltas on in the default namespace: only the subscriptions that ask
+    # get them, so the other formats' phases are as without.
+    run formats --env HERALD_NAMESPACES__DEFAULT__DELTA=true -- formats --clients "$FORMATS_CLIENTS" \
+        --updates 200 --interval 20ms
 fi
 
 if wants wire; then

@@ -16,14 +16,19 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep, sleep_until, timeout};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::{Error as WsError, ProtocolError};
+use tokio_tungstenite::tungstenite::handshake::client::Request;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+use crate::delta::{self, Base, Body, Unusable};
 use crate::presence::{Loaded, Told, Tracker};
-use crate::wire::{self, Frame};
+use crate::wire::{self, Frame, Incoming};
 use crate::{
     Advice, Backoff, Cause, Cut, Endpoints, Error, ErrorCode, Event, HistoryPage, HistoryQuery,
-    HistoryReply, Message, Origin, PresenceReply, Publication, Published, Reply, RpcReply, Shared,
-    Since, State, TokenFn, reconnects_after,
+    HistoryReply, Message, Origin, PresenceReply, Protocol, Publication, Published, Reply,
+    RpcReply, Shared, Since, State, TokenFn, reconnects_after,
 };
 
 type Ws = WebSocketStream<TcpStream>;
@@ -52,6 +57,7 @@ pub(crate) struct Settings {
     pub report_dropped: bool,
     pub local_ip: Option<IpAddr>,
     pub read_buffer: usize,
+    pub protocol: Protocol,
 }
 
 /// From a [`crate::Client`] handle.
@@ -59,6 +65,7 @@ pub(crate) enum Command {
     Subscribe {
         topic: Arc<str>,
         since: Option<Since>,
+        delta: bool,
     },
     Unsubscribe {
         topic: Arc<str>,
@@ -116,6 +123,11 @@ struct Sub {
     /// newest it acked.
     delivered: u64,
     acked: u64,
+    /// Deltas asked for; granted by the last `ok` (this connection's).
+    delta: bool,
+    granted: bool,
+    /// The payload the next delta applies to (this connection's).
+    base: Option<Base>,
 }
 
 /// What an id in flight was.
@@ -182,7 +194,10 @@ pub(crate) struct Driver {
     trackers: HashMap<Arc<str>, Tracker>,
     /// Commands a frame's handling made (a presence page asks for the
     /// next), sent once it is handled.
-    outgoing: Vec<String>,
+    outgoing: Vec<WsMessage>,
+    /// Connections dropped in a row for a delta the client could not
+    /// apply (reset by one it could).
+    bad_deltas: u32,
 }
 
 impl Driver {
@@ -210,6 +225,7 @@ impl Driver {
             requests: Vec::new(),
             trackers: HashMap::new(),
             outgoing: Vec::new(),
+            bad_deltas: 0,
         }
     }
 
@@ -290,8 +306,12 @@ impl Driver {
     /// A command while there is no connection: noted for the next one.
     fn take_offline(&mut self, command: Command) {
         match command {
-            Command::Subscribe { topic, since } => {
-                self.add_sub(topic, since);
+            Command::Subscribe {
+                topic,
+                since,
+                delta,
+            } => {
+                self.add_sub(topic, since, delta);
             }
             Command::Unsubscribe { topic } => {
                 self.trackers.remove(&topic);
@@ -312,7 +332,7 @@ impl Driver {
     }
 
     /// A new subscription (none if the topic has one already).
-    fn add_sub(&mut self, topic: Arc<str>, since: Option<Since>) -> bool {
+    fn add_sub(&mut self, topic: Arc<str>, since: Option<Since>, delta: bool) -> bool {
         if self.subs.contains_key(&topic) {
             return false;
         }
@@ -335,6 +355,9 @@ impl Driver {
                 retries: 0,
                 delivered: 0,
                 acked: 0,
+                delta,
+                granted: false,
+                base: None,
             },
         );
         true
@@ -384,9 +407,19 @@ impl Driver {
             Ok(Ok(stream)) => stream,
         };
         let config = WebSocketConfig::default().read_buffer_size(self.s.read_buffer);
-        let upgrade = tokio_tungstenite::client_async_with_config(url, stream, Some(config));
+        let request = self.upgrade_request(url).map_err(Failed::Terminal)?;
+        let upgrade = tokio_tungstenite::client_async_with_config(request, stream, Some(config));
         let mut ws = match timeout(self.s.connect_timeout, upgrade).await {
             Err(_) => return Err(retry("WebSocket upgrade timed out".to_owned(), false)),
+            Ok(Err(WsError::Protocol(ProtocolError::SecWebSocketSubProtocolError(e)))) => {
+                return Err(retry(
+                    format!(
+                        "WebSocket upgrade: the server did not select {} ({e})",
+                        wire::PROTOBUF
+                    ),
+                    false,
+                ));
+            }
             Ok(Err(e)) => return Err(retry(format!("WebSocket upgrade: {e}"), false)),
             Ok(Ok((ws, _))) => ws,
         };
@@ -406,10 +439,10 @@ impl Driver {
             data: self.s.hello_data.as_deref(),
         };
         let asked = resume.is_some();
-        if let Err(e) = ws.send(WsMessage::text(hello.to_json())).await {
+        if let Err(e) = ws.send(hello.encode(self.s.protocol)).await {
             return Err(retry(format!("sending hello: {e}"), false));
         }
-        match timeout(self.s.connect_timeout, welcome(&mut ws)).await {
+        match timeout(self.s.connect_timeout, welcome(&mut ws, self.s.protocol)).await {
             Err(_) => Err(retry("no welcome in time".to_owned(), false)),
             Ok(Err(failed)) => Err(match failed {
                 Failed::Retry(Error::Connect { reason, .. }) => retry(reason, false),
@@ -426,6 +459,23 @@ impl Driver {
                 Ok((ws, welcome))
             }
         }
+    }
+
+    /// The upgrade request for `url`: offering `herald.v1.protobuf` in
+    /// protobuf mode (JSON offers nothing, as before the subprotocols).
+    fn upgrade_request(&self, url: &str) -> Result<Request, Error> {
+        let bad = |reason: String| Error::Url {
+            url: url.to_owned(),
+            reason,
+        };
+        let mut request = url.into_client_request().map_err(|e| bad(e.to_string()))?;
+        if self.s.protocol == Protocol::Protobuf {
+            request.headers_mut().insert(
+                "sec-websocket-protocol",
+                HeaderValue::from_static(wire::PROTOBUF),
+            );
+        }
+        Ok(request)
     }
 
     async fn tcp(&self, host: &str) -> std::io::Result<TcpStream> {
@@ -477,16 +527,21 @@ impl Driver {
             sub.retry_at = None;
             sub.delivered = 0;
             sub.acked = 0;
+            // Deltas are per connection: the first message on this one is
+            // full (a resume's `ok`s are not sent again: granted stays).
+            sub.base = None;
             if !resumed {
                 sub.held = false;
+                sub.granted = false;
             }
         }
         let left = std::mem::take(&mut self.left);
         let mut setup = Vec::new();
+        let p = self.s.protocol;
         if resumed {
             for topic in left {
                 let id = self.id(Pending::Unsub);
-                setup.push(wire::Command::Unsub { id, topic: &topic }.to_json());
+                setup.push(wire::Command::Unsub { id, topic: &topic }.encode(p));
             }
         }
         let topics: Vec<Arc<str>> = self
@@ -496,7 +551,7 @@ impl Driver {
             .map(|s| s.topic.clone())
             .collect();
         for topic in topics {
-            setup.push(self.sub_command(&topic));
+            setup.extend(self.sub_command(&topic));
         }
         for (topic, data, reply) in std::mem::take(&mut self.outbox) {
             let id = self.id(Pending::Pub(reply));
@@ -506,7 +561,7 @@ impl Driver {
                     topic: &topic,
                     data: &data,
                 }
-                .to_json(),
+                .encode(p),
             );
         }
         for request in std::mem::take(&mut self.requests) {
@@ -533,18 +588,20 @@ impl Driver {
             advice: None,
             refresh_at: welcome.expires.map(|e| self.refresh_at(e)),
             last_err: None,
+            broken: None,
         };
-        for text in setup {
-            if let Err(e) = ws.send(WsMessage::text(text)).await {
+        for message in setup {
+            if let Err(e) = ws.send(message).await {
                 return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
             }
         }
         self.read(ws, conn).await
     }
 
-    /// The text of a `presence` or `history` the application asked for
-    /// (`None` for any other command).
-    fn request(&mut self, command: Command) -> Option<String> {
+    /// The message of a `presence`, `history` or `rpc` the application
+    /// asked for (`None` for any other command).
+    fn request(&mut self, command: Command) -> Option<WsMessage> {
+        let p = self.s.protocol;
         Some(match command {
             Command::Presence {
                 topic,
@@ -559,7 +616,7 @@ impl Driver {
                     cursor: cursor.as_deref(),
                     limit,
                 }
-                .to_json()
+                .encode(p)
             }
             Command::History {
                 topic,
@@ -575,7 +632,7 @@ impl Driver {
                     limit: query.limit,
                     reverse: query.reverse,
                 }
-                .to_json()
+                .encode(p)
             }
             Command::Rpc {
                 method,
@@ -588,7 +645,7 @@ impl Driver {
                     method: &method,
                     data: data.as_deref(),
                 }
-                .to_json()
+                .encode(p)
             }
             _ => return None,
         })
@@ -609,14 +666,14 @@ impl Driver {
             topic: topic.clone(),
             load,
         });
-        let text = wire::Command::Presence {
+        let message = wire::Command::Presence {
             id,
             topic,
             cursor,
             limit: None,
         }
-        .to_json();
-        self.outgoing.push(text);
+        .encode(self.s.protocol);
+        self.outgoing.push(message);
     }
 
     fn id(&mut self, pending: Pending) -> u64 {
@@ -625,24 +682,25 @@ impl Driver {
         self.next_id
     }
 
-    /// The `sub` for `topic`: with `since` where the client has a position.
-    fn sub_command(&mut self, topic: &Arc<str>) -> String {
+    /// The `sub` for `topic`: with `since` where the client has a
+    /// position, and `delta` where it asks for deltas. `None` for a topic
+    /// without a subscription.
+    fn sub_command(&mut self, topic: &Arc<str>) -> Option<WsMessage> {
         self.next_id += 1;
         let id = self.next_id;
-        let Some(sub) = self.subs.get_mut(topic) else {
-            return String::new();
-        };
+        let sub = self.subs.get_mut(topic)?;
         sub.pending = Some(id);
         sub.pending_since = sub.last.is_some();
-        let text = wire::Command::Sub {
+        let message = wire::Command::Sub {
             id,
             topic,
             since: sub.last,
             epoch: sub.epoch.as_deref(),
+            delta: sub.delta,
         }
-        .to_json();
+        .encode(self.s.protocol);
         self.pending.insert(id, Pending::Sub(topic.clone()));
-        text
+        Some(message)
     }
 
     /// When to refresh a token that expires at `expires` (Unix seconds).
@@ -707,8 +765,8 @@ impl Driver {
                 }
                 frame = ws.next() => {
                     conn.last_frame = Instant::now();
-                    let text = match frame {
-                        Some(Ok(WsMessage::Text(text))) => text,
+                    let message = match frame {
+                        Some(Ok(message @ (WsMessage::Text(_) | WsMessage::Binary(_)))) => message,
                         Some(Ok(WsMessage::Close(close))) => {
                             let code = close.as_ref().map(|c| u16::from(c.code));
                             let reason = close.map(|c| c.reason.as_str().to_owned()).unwrap_or_default();
@@ -721,12 +779,25 @@ impl Driver {
                         Some(Err(e)) => return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await,
                         None => return self.lost(ws, &mut conn, Cause::Lost("connection ended".to_owned())).await,
                     };
-                    if let Some(e) = self.frame(text.as_str(), &mut conn).await? {
+                    if let Some(e) = self.frame(message, &mut conn).await? {
                         let _ = timeout(CLOSE_DRAIN, ws.close(None)).await;
                         return Ok(End::Stop(Some(e)));
                     }
-                    for text in std::mem::take(&mut self.outgoing) {
-                        if let Err(e) = ws.send(WsMessage::text(text)).await {
+                    if let Some(reason) = conn.broken.take() {
+                        // Nothing after the message it could not read was
+                        // delivered (so none of it acked): the resume
+                        // replays it, whole. In a row, the waits grow as
+                        // failed connects' do: a server that keeps sending
+                        // such deltas is not hammered.
+                        let _ = ws.get_ref().set_zero_linger();
+                        drop(ws);
+                        let wait = self.s.backoff.delay(self.bad_deltas);
+                        self.bad_deltas = self.bad_deltas.saturating_add(1);
+                        self.gone_quietly(&mut conn, None, Cause::Lost(reason)).await?;
+                        return Ok(End::Again(wait));
+                    }
+                    for message in std::mem::take(&mut self.outgoing) {
+                        if let Err(e) = ws.send(message).await {
                             return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
                         }
                     }
@@ -758,8 +829,8 @@ impl Driver {
                         if let Some(sub) = self.subs.get_mut(&topic) {
                             sub.retry_at = None;
                         }
-                        let text = self.sub_command(&topic);
-                        if let Err(e) = ws.send(WsMessage::text(text)).await {
+                        let Some(message) = self.sub_command(&topic) else { continue };
+                        if let Err(e) = ws.send(message).await {
                             return self.lost(ws, &mut conn, Cause::Lost(e.to_string())).await;
                         }
                     }
@@ -779,12 +850,20 @@ impl Driver {
 
     /// A command while connected.
     async fn take_online(&mut self, command: Command, ws: &mut Ws) -> Result<(), String> {
-        let text = match command {
-            Command::Subscribe { topic, since } => {
-                if !self.add_sub(topic.clone(), since) {
+        let p = self.s.protocol;
+        let message = match command {
+            Command::Subscribe {
+                topic,
+                since,
+                delta,
+            } => {
+                if !self.add_sub(topic.clone(), since, delta) {
                     return Ok(());
                 }
-                self.sub_command(&topic)
+                match self.sub_command(&topic) {
+                    Some(message) => message,
+                    None => return Ok(()),
+                }
             }
             Command::Unsubscribe { topic } => {
                 self.trackers.remove(&topic);
@@ -793,7 +872,7 @@ impl Driver {
                 }
                 self.wanted.remove(&topic);
                 let id = self.id(Pending::Unsub);
-                wire::Command::Unsub { id, topic: &topic }.to_json()
+                wire::Command::Unsub { id, topic: &topic }.encode(p)
             }
             Command::Publish { topic, data, reply } => {
                 let id = self.id(Pending::Pub(reply));
@@ -802,7 +881,7 @@ impl Driver {
                     topic: &topic,
                     data: &data,
                 }
-                .to_json()
+                .encode(p)
             }
             Command::Track { topic } => {
                 if self.trackers.contains_key(&topic) {
@@ -812,25 +891,21 @@ impl Driver {
                 if self.subs.get(&topic).is_some_and(|s| s.held) {
                     self.load_presence(&topic);
                 }
-                for text in std::mem::take(&mut self.outgoing) {
-                    ws.send(WsMessage::text(text))
-                        .await
-                        .map_err(|e| e.to_string())?;
+                for message in std::mem::take(&mut self.outgoing) {
+                    ws.send(message).await.map_err(|e| e.to_string())?;
                 }
                 return Ok(());
             }
             request
             @ (Command::Presence { .. } | Command::History { .. } | Command::Rpc { .. }) => {
                 match self.request(request) {
-                    Some(text) => text,
+                    Some(message) => message,
                     None => return Ok(()),
                 }
             }
             Command::Cut(_) | Command::Close => return Ok(()),
         };
-        ws.send(WsMessage::text(text))
-            .await
-            .map_err(|e| e.to_string())
+        ws.send(message).await.map_err(|e| e.to_string())
     }
 
     async fn refresh(&mut self, ws: &mut Ws, conn: &mut Connection) -> Result<(), String> {
@@ -850,10 +925,8 @@ impl Driver {
             }
         };
         let id = self.id(Pending::Refresh);
-        let text = wire::Command::Refresh { id, token: &token }.to_json();
-        ws.send(WsMessage::text(text))
-            .await
-            .map_err(|e| e.to_string())
+        let message = wire::Command::Refresh { id, token: &token }.encode(self.s.protocol);
+        ws.send(message).await.map_err(|e| e.to_string())
     }
 
     /// Moves what the application took into `wanted`.
@@ -871,6 +944,7 @@ impl Driver {
     /// Sends the acks this connection may send: never beyond what it
     /// delivered (the server refuses those), always with the epoch.
     async fn flush_acks(&mut self, ws: &mut Ws) -> Result<(), String> {
+        let p = self.s.protocol;
         let mut acks = Vec::new();
         self.wanted.retain(|topic, (epoch, seq)| {
             let Some(sub) = self.subs.get_mut(topic) else {
@@ -889,15 +963,13 @@ impl Driver {
                         seq: can,
                         epoch: Some(epoch),
                     }
-                    .to_json(),
+                    .encode(p),
                 );
             }
             *seq > sub.delivered
         });
         for ack in acks {
-            ws.send(WsMessage::text(ack))
-                .await
-                .map_err(|e| e.to_string())?;
+            ws.send(ack).await.map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -905,16 +977,28 @@ impl Driver {
     // ------------------------------------------------------------ frames
 
     /// Acts on one server frame; `Some` error: stop with it.
-    async fn frame(&mut self, text: &str, conn: &mut Connection) -> Result<Option<Error>, Stop> {
-        let frame = match Frame::parse(text) {
+    async fn frame(
+        &mut self,
+        message: WsMessage,
+        conn: &mut Connection,
+    ) -> Result<Option<Error>, Stop> {
+        let incoming = match Incoming::decode(self.s.protocol, message) {
+            Ok(incoming) => incoming,
+            Err(e) => {
+                self.emit(Event::Error(e)).await?;
+                return Ok(None);
+            }
+        };
+        let frame = match incoming.frame() {
             Ok(frame) => frame,
             Err(e) => {
                 self.emit(Event::Error(e)).await?;
                 return Ok(None);
             }
         };
+        let text = &incoming;
         match frame.op.as_ref() {
-            "msg" => self.msg(&frame).await,
+            "msg" => self.msg(&frame, conn).await,
             "ok" => self.ok(&frame, conn).await,
             "err" => self.err(&frame, conn).await,
             "reset" => {
@@ -972,22 +1056,57 @@ impl Driver {
         }
     }
 
-    async fn unreadable(&self, text: &str, reason: &str) -> Result<Option<Error>, Stop> {
+    async fn unreadable(&self, message: &Incoming, reason: &str) -> Result<Option<Error>, Stop> {
         let e = Error::Protocol {
             reason: reason.to_owned(),
-            frame: text.chars().take(200).collect(),
+            frame: message.show(),
         };
         self.emit(Event::Error(e)).await?;
         Ok(None)
     }
 
-    async fn msg(&mut self, frame: &Frame<'_>) -> Result<Option<Error>, Stop> {
+    async fn msg(
+        &mut self,
+        frame: &Frame<'_>,
+        conn: &mut Connection,
+    ) -> Result<Option<Error>, Stop> {
         let (Some(topic), Some(seq)) = (&frame.topic, frame.seq) else {
             return Ok(None);
         };
         // Left, or never asked for: not the application's business.
         let Some(sub) = self.subs.get_mut(&**topic) else {
             return Ok(None);
+        };
+        // Read whole before the seq rule: a redelivery the rule drops is
+        // still the base of the delta after it.
+        let opened = frame.body().map_err(Unusable::Data).and_then(|body| {
+            let applied = matches!(body, Body::Delta { .. });
+            delta::open(&mut sub.base, sub.granted, seq, body).map(|data| (data, applied))
+        });
+        let data = match opened {
+            Ok((data, applied)) => {
+                if applied {
+                    self.bad_deltas = 0;
+                }
+                data
+            }
+            Err(unusable) => {
+                let (reason, broken) = match unusable {
+                    Unusable::Delta(reason) => (reason, true),
+                    Unusable::Data(reason) => (reason, false),
+                };
+                let topic = sub.topic.clone();
+                if broken {
+                    sub.base = None;
+                    conn.broken = Some(reason.clone());
+                }
+                let e = Error::Protocol {
+                    reason: format!("{topic} seq {seq}: {reason}"),
+                    frame: String::new(),
+                };
+                self.emit(Event::Error(e)).await?;
+                return Ok(None);
+            }
         };
         sub.delivered = sub.delivered.max(seq);
         let epoch = sub.epoch.clone().unwrap_or_else(|| Arc::from(""));
@@ -1005,9 +1124,6 @@ impl Driver {
             return Ok(None);
         }
         sub.last = Some(seq);
-        let data = frame
-            .data
-            .map_or_else(|| RawValue::NULL.to_owned(), |d| d.to_owned());
         let event = Event::Message(Message {
             topic: sub.topic.clone(),
             epoch,
@@ -1040,6 +1156,7 @@ impl Driver {
                 sub.pending = None;
                 sub.held = true;
                 sub.retries = 0;
+                sub.granted = sub.delta && frame.granted;
                 let epoch: Arc<str> = Arc::from(frame.epoch.as_deref().unwrap_or_default());
                 let seq = frame.seq.unwrap_or(0);
                 let recovered = sub.pending_since.then_some(frame.recovered == Some(true));
@@ -1054,6 +1171,7 @@ impl Driver {
                     epoch,
                     seq: sub.last.unwrap_or(seq),
                     recovered,
+                    delta: sub.granted,
                 };
                 self.emit(event).await?;
                 self.load_presence(&topic);
@@ -1067,13 +1185,22 @@ impl Driver {
                     .as_deref()
                     .unwrap_or_default()
                     .iter()
-                    .map(|p| Publication {
-                        seq: p.seq,
-                        data: p
-                            .data
-                            .map_or_else(|| RawValue::NULL.to_owned(), |d| d.to_owned()),
+                    .map(|p| {
+                        p.data()
+                            .map(|data| Publication { seq: p.seq, data })
+                            .map_err(|reason| Error::Protocol {
+                                reason: format!("history of {:?}: {reason}", frame.topic),
+                                frame: String::new(),
+                            })
                     })
-                    .collect();
+                    .collect::<Result<Vec<_>, Error>>();
+                let publications = match publications {
+                    Ok(publications) => publications,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return Ok(None);
+                    }
+                };
                 let _ = reply.send(Ok(HistoryPage {
                     topic: frame.topic.as_deref().unwrap_or_default().to_owned(),
                     epoch: frame.epoch.as_deref().unwrap_or_default().to_owned(),
@@ -1188,7 +1315,7 @@ impl Driver {
             return Ok(None);
         };
         let topic: Arc<str> = Arc::from(topic);
-        if !self.add_sub(topic.clone(), None) {
+        if !self.add_sub(topic.clone(), None, false) {
             return Ok(None);
         }
         let Some(sub) = self.subs.get_mut(&topic) else {
@@ -1209,6 +1336,7 @@ impl Driver {
             Some("token") => Origin::Token,
             _ => Origin::Server,
         };
+        // Server-side subscriptions never get deltas.
         let event = Event::ServerSubscribed {
             topic: topic.clone(),
             epoch,
@@ -1355,6 +1483,8 @@ struct Connection {
     refresh_at: Option<Instant>,
     /// The last `err` without an id (the reason for the close that follows).
     last_err: Option<String>,
+    /// A delta this connection could not apply: drop it and resume.
+    broken: Option<String>,
 }
 
 impl Sub {
@@ -1378,7 +1508,7 @@ impl Sub {
 
 /// Reads until `welcome`: an `err` and the close that follow a refused
 /// `hello` say whether to come back.
-async fn welcome(ws: &mut Ws) -> Result<Welcome, Failed> {
+async fn welcome(ws: &mut Ws, protocol: Protocol) -> Result<Welcome, Failed> {
     let retry = |reason: String| {
         Failed::Retry(Error::Connect {
             url: String::new(),
@@ -1388,8 +1518,8 @@ async fn welcome(ws: &mut Ws) -> Result<Welcome, Failed> {
     };
     let mut err: Option<(ErrorCode, String)> = None;
     loop {
-        let text = match ws.next().await {
-            Some(Ok(WsMessage::Text(text))) => text,
+        let message = match ws.next().await {
+            Some(Ok(message @ (WsMessage::Text(_) | WsMessage::Binary(_)))) => message,
             Some(Ok(WsMessage::Close(close))) => {
                 let code = close.as_ref().map(|c| u16::from(c.code));
                 let why = err
@@ -1409,10 +1539,8 @@ async fn welcome(ws: &mut Ws) -> Result<Welcome, Failed> {
             Some(Err(e)) => return Err(retry(e.to_string())),
             None => return Err(retry("connection ended before welcome".to_owned())),
         };
-        let frame = match Frame::parse(text.as_str()) {
-            Ok(frame) => frame,
-            Err(e) => return Err(retry(e.to_string())),
-        };
+        let incoming = Incoming::decode(protocol, message).map_err(|e| retry(e.to_string()))?;
+        let frame = incoming.frame().map_err(|e| retry(e.to_string()))?;
         match frame.op.as_ref() {
             "welcome" => {
                 let Some(session) = frame.session else {
@@ -1423,7 +1551,7 @@ async fn welcome(ws: &mut Ws) -> Result<Welcome, Failed> {
                     resumed: frame.resumed == Some(true),
                     ping_ms: frame.ping_ms.unwrap_or(25_000),
                     expires: frame.expires,
-                    reason: frame.reason.map(|r| r.into_owned()),
+                    reason: frame.reason.as_deref().map(str::to_owned),
                 });
             }
             "err" => {

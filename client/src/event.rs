@@ -3,9 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::value::RawValue;
-
-use crate::{Applied, Error};
+use crate::{Applied, Data, Error};
 
 /// One thing that happened, in the order it happened.
 #[derive(Debug, Clone)]
@@ -24,6 +22,9 @@ pub enum Event {
         epoch: Arc<str>,
         seq: u64,
         recovered: Option<bool>,
+        /// Deltas asked for ([`crate::SubscribeOptions::delta`]) and
+        /// granted (the namespace has them).
+        delta: bool,
     },
     /// Continuity lost for good (history gone, or Redis lost the topic):
     /// resync the topic, then carry on live after `seq` in `epoch`.
@@ -94,8 +95,9 @@ pub struct Message {
     pub topic: Arc<str>,
     pub epoch: Arc<str>,
     pub seq: u64,
-    /// The publisher's JSON, byte for byte.
-    pub data: Box<RawValue>,
+    /// The publisher's JSON, or binary data, byte for byte; whole even
+    /// where it travelled as a delta.
+    pub data: Data,
 }
 
 /// The connection's life.

@@ -42,7 +42,34 @@
 //! [`Event::Subscribed`] with `recovered: Some(false)`). Acks go out with the
 //! epoch, never for a seq the current connection has not delivered (the
 //! server refuses those). `ws://` only (no TLS yet).
+//!
+//! Two encodings, one API: JSON text (the default) or, with
+//! [`Builder::protocol`]`(`[`Protocol::Protobuf`]`)`, the
+//! `herald.v1.protobuf` subprotocol (binary frames, each one protobuf
+//! message of the `proto` crate). A subscription may ask for deltas
+//! ([`SubscribeOptions::delta`], `delta.rs`): on a namespace that has them,
+//! the server sends most messages of a state topic as a Fossil delta
+//! against the previous one; the client applies them, so the application
+//! always sees whole [`Data`]: the publisher's JSON, or the bytes of a
+//! binary publication, in either encoding.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), herald_client::Error> {
+//! use herald_client::{Client, Event, Protocol, SubscribeOptions};
+//!
+//! let (client, mut events) = Client::builder(["ws://127.0.0.1:8080/ws"])
+//!     .protocol(Protocol::Protobuf)
+//!     .build()?;
+//! client.subscribe_with("game:7", SubscribeOptions { delta: true, ..Default::default() })?;
+//! while let Some(event) = events.next().await {
+//!     if let Event::Message(m) = event {
+//!         println!("#{}: {}", m.seq, m.data); // whole, however it travelled
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
+mod delta;
 mod driver;
 mod endpoints;
 mod error;
@@ -62,6 +89,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc, oneshot};
 
+pub use delta::Data;
 pub use endpoints::{DOWN_FOR, Endpoints, Urls};
 pub use error::{Error, ErrorCode, reconnects_after};
 pub use event::{Advice, Cause, Event, Message, Origin, State};
@@ -108,6 +136,42 @@ impl From<u64> for Since {
     fn from(seq: u64) -> Self {
         Self { seq, epoch: None }
     }
+}
+
+/// How a subscription starts and what it asks for (all optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    /// Start after this position (replayed from the history if it still
+    /// holds it); see [`Client::subscribe`].
+    pub since: Option<Since>,
+    /// Ask for deltas: on a namespace with `delta = true` the server sends
+    /// a message as a Fossil delta against the previous one where it can
+    /// (the client applies it: [`Message::data`] is always whole);
+    /// [`Event::Subscribed`]'s `delta` says whether it granted them.
+    /// Elsewhere nothing changes.
+    pub delta: bool,
+}
+
+impl From<Option<Since>> for SubscribeOptions {
+    fn from(since: Option<Since>) -> Self {
+        Self {
+            since,
+            delta: false,
+        }
+    }
+}
+
+/// How the client and the server write their messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// JSON text frames (no subprotocol offered): the default.
+    #[default]
+    Json,
+    /// The `herald.v1.protobuf` subprotocol: each command and each server
+    /// message one protobuf message (`proto/herald/v1/herald.proto`) in a
+    /// binary frame; smaller envelopes, binary data as bytes. A server that
+    /// does not select it fails the upgrade (retried as any failed connect).
+    Protobuf,
 }
 
 /// Who acks.
@@ -176,8 +240,8 @@ pub struct HistoryQuery {
 #[derive(Debug, Clone)]
 pub struct Publication {
     pub seq: u64,
-    /// The publisher's JSON, byte for byte.
-    pub data: Box<RawValue>,
+    /// The publisher's JSON, or binary data, byte for byte.
+    pub data: Data,
 }
 
 /// The answer to [`Client::history`]: kept messages and the topic's
@@ -216,6 +280,7 @@ pub struct Builder {
     report_dropped: bool,
     local_ip: Option<IpAddr>,
     read_buffer: usize,
+    protocol: Protocol,
 }
 
 impl fmt::Debug for Builder {
@@ -224,6 +289,7 @@ impl fmt::Debug for Builder {
             .field("backoff", &self.backoff)
             .field("acks", &self.acks)
             .field("resume", &self.resume)
+            .field("protocol", &self.protocol)
             .finish_non_exhaustive()
     }
 }
@@ -324,6 +390,13 @@ impl Builder {
         self
     }
 
+    /// The encoding on the wire (default [`Protocol::Json`]); the
+    /// application's API and events are the same in both.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
     /// Starts the client's driver task (on the current tokio runtime): it
     /// connects at once. Fails only on unusable URLs.
     pub fn build(self) -> Result<(Client, Events), Error> {
@@ -345,6 +418,7 @@ impl Builder {
             report_dropped: self.report_dropped,
             local_ip: self.local_ip,
             read_buffer: self.read_buffer,
+            protocol: self.protocol,
         };
         tokio::spawn(driver::Driver::new(settings, commands_rx, events_tx, shared.clone()).run());
         let auto = matches!(self.acks, Acks::Auto { .. });
@@ -402,6 +476,7 @@ impl Client {
             report_dropped: false,
             local_ip: None,
             read_buffer: DEFAULT_READ_BUFFER,
+            protocol: Protocol::Json,
         }
     }
 
@@ -421,9 +496,20 @@ impl Client {
     /// if given; [`Event::Subscribed`] says where it starts. A refusal comes
     /// as [`Event::Error`] with the topic; `unavailable` is retried.
     pub fn subscribe(&self, topic: impl Into<String>, since: Option<Since>) -> Result<(), Error> {
+        self.subscribe_with(topic, SubscribeOptions::from(since))
+    }
+
+    /// [`Client::subscribe`] with options: `since`, and `delta` to ask for
+    /// deltas (kept across reconnects and resumes).
+    pub fn subscribe_with(
+        &self,
+        topic: impl Into<String>,
+        options: SubscribeOptions,
+    ) -> Result<(), Error> {
         self.send(driver::Command::Subscribe {
             topic: Arc::from(topic.into()),
-            since,
+            since: options.since,
+            delta: options.delta,
         })
     }
 

@@ -31,7 +31,7 @@ async fn a_subscriber_receives_every_message_in_order() {
     }
     let got = messages(&mut events, 50, &mut Vec::new()).await;
     assert_eq!(seqs(&got), (1..=50).collect::<Vec<_>>());
-    assert_eq!(got[6].data.get(), r#"{"i":7}"#);
+    assert_eq!(got[6].data.json().unwrap().get(), r#"{"i":7}"#);
     assert!(
         got.iter()
             .all(|m| &*m.topic == "news" && m.epoch == got[0].epoch)

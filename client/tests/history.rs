@@ -27,7 +27,7 @@ async fn history_pages_forward_and_in_reverse_and_limit_0_gives_the_position() {
         .unwrap();
     assert_eq!(seqs(&all), [1, 2, 3, 4, 5]);
     assert_eq!(all.seq, 5);
-    assert_eq!(all.publications[2].data.get(), r#"{"i":3}"#);
+    assert_eq!(all.publications[2].data.json().unwrap().get(), r#"{"i":3}"#);
     let forward = HistoryQuery {
         since: Some(2),
         limit: Some(2),

@@ -101,7 +101,7 @@ async fn a_subscription_the_server_makes_is_the_clients_until_the_server_ends_it
     })
     .await;
     assert_eq!(
-        (m.seq, &*m.epoch, m.data.get()),
+        (m.seq, &*m.epoch, m.data.json().unwrap().get()),
         (11, "e1", r#"{"level":"high"}"#)
     );
     let ack = command(&mut commands, |c| c["op"] == "ack").await;
@@ -205,7 +205,7 @@ async fn history_and_presence_answers_and_their_typed_refusals() {
     let got: Vec<(u64, &str)> = page
         .publications
         .iter()
-        .map(|p| (p.seq, p.data.get()))
+        .map(|p| (p.seq, p.data.json().unwrap().get()))
         .collect();
     assert_eq!(got, [(42, r#"{"n":42}"#), (41, "null")]);
     match client.history("old", HistoryQuery::default()).await {

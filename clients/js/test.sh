@@ -4,7 +4,8 @@
 # never downloads a browser), builds it (tsc: ESM and .d.ts), compiles the
 # type tests (test/types.ts, against the emitted .d.ts), builds the minified
 # browser bundle and prints its gzipped size, then runs the Node tests (the
-# frame types in step with herald.proto and docs/protocol.md, the parser) and
+# frame types in step with herald.proto and docs/protocol.md, the parser, the
+# protobuf codec and the Fossil decoder against the Rust side's bytes) and
 # the Node and headless-Chromium tests against the real `herald` binary.
 # Needs Node >= 20, npm, /usr/bin/chromium and redis-server (scripts/test.sh
 # installs them).

@@ -66,6 +66,7 @@ fn encode(c: &mut Criterion) {
         recovered: None,
         expires: None,
         data: None,
+        delta: None,
     };
     let ok_len = frame::message(Format::WebSocket, &ok).len() as u64;
     let stamp = 1_234_567_890u64.to_be_bytes();

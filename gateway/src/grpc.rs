@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use crate::history;
 use crate::node::Node;
-use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
+use crate::publish::{self, ApiError, Data, JsonData, MAX_BATCH_ITEMS, Refusal};
 use crate::telemetry::{self, Api, Headers};
 
 pub mod connections;
@@ -91,10 +91,8 @@ impl Publisher {
 
     /// One item, checked and published as `POST /v1/publish` would.
     async fn publish_one(&self, request: PublishRequest) -> Result<PublishResponse, ApiError> {
-        let data = JsonData::parse(
-            Bytes::from(request.data),
-            self.node.config.http.max_body_bytes,
-        )?;
+        let limit = self.node.config.http.max_body_bytes;
+        let data = data(request.data, request.binary, limit)?;
         let position = publish::publish_data(
             &*self.node.broker,
             &self.node.metrics,
@@ -123,7 +121,7 @@ impl Publisher {
             .into_iter()
             .map(|item| {
                 Ok(publish::BatchItem {
-                    data: JsonData::parse(Bytes::from(item.data), limit)?,
+                    data: data(item.data, item.binary, limit)?,
                     topic: item.topic,
                     idempotency_key: item.idempotency_key,
                 })
@@ -343,6 +341,16 @@ impl publisher_server::Publisher for Publisher {
     }
 }
 
+/// A request's `data`: bytes where it says `binary`, JSON text (checked)
+/// otherwise; at most `limit` bytes either way.
+fn data(data: Vec<u8>, binary: bool, limit: usize) -> Result<Data, ApiError> {
+    if binary {
+        Data::binary(&data, limit)
+    } else {
+        JsonData::parse(Bytes::from(data), limit).map(Data::from)
+    }
+}
+
 fn published(position: Position) -> PublishResponse {
     PublishResponse {
         seq: position.seq,
@@ -358,6 +366,7 @@ pub fn status(e: ApiError) -> Status {
         Refusal::Invalid => Code::InvalidArgument,
         Refusal::Unauthenticated => Code::Unauthenticated,
         Refusal::TooLarge => Code::ResourceExhausted,
+        Refusal::UnsupportedType => Code::InvalidArgument,
         Refusal::Unavailable => Code::Unavailable,
         Refusal::Gone => Code::OutOfRange,
         Refusal::Precondition => Code::FailedPrecondition,

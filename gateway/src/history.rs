@@ -8,7 +8,7 @@
 //! [`HistoryError::Lost`] (`history_lost`), never part of what was asked.
 
 use proto::ErrorCode;
-use proto::json::HistoryItem;
+use proto::json::{HistoryItem, ItemData};
 use router::{
     Broker, BrokerError, Causes, HistoryPage, HistoryQuery, PageSize, Position, Publication, Topic,
 };
@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{Config, DEFAULT_HISTORY_LIMIT};
 use crate::metrics::Metrics;
+use crate::payload::Payload;
 use crate::publish::{ApiError, Refusal};
 
 /// A history read as a client or a backend asks for it.
@@ -42,13 +43,19 @@ pub struct Page {
 
 impl Page {
     /// The messages as the answers carry them: their data is the
-    /// publisher's JSON text (checked when it was published), verbatim.
+    /// publisher's JSON text (checked when it was published), verbatim, or
+    /// the bytes of a binary publish ([`Payload`]).
     pub fn items(&self) -> Result<Vec<HistoryItem<'_>>, HistoryError> {
         self.publications
             .iter()
             .map(|p| {
-                let data = serde_json::from_slice::<&RawValue>(&p.data)
-                    .map_err(|_| HistoryError::NotJson(p.seq))?;
+                let data = match Payload::of(&p.data) {
+                    Payload::Json(text) => ItemData::Json(
+                        serde_json::from_slice::<&RawValue>(text)
+                            .map_err(|_| HistoryError::NotJson(p.seq))?,
+                    ),
+                    Payload::Binary(bytes) => ItemData::Binary(bytes),
+                };
                 Ok(HistoryItem { seq: p.seq, data })
             })
             .collect()

@@ -1,8 +1,9 @@
-//! The HTTP edge of the backend API: `POST /v1/publish`, `POST
-//! /v1/publish/batch`, `POST /v1/disconnect`, `GET /v1/history`, `POST
-//! /v1/subscribe`, `POST /v1/unsubscribe`, `GET /v1/presence`, `GET
-//! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the plain
-//! answers every route shares.
+//! The HTTP edge of the backend API: `POST /v1/publish` and `POST
+//! /v1/publish/batch` (the `publisher` module: JSON or, for one publish,
+//! `application/octet-stream`), `POST /v1/disconnect`, `GET /v1/history`,
+//! `POST /v1/subscribe`, `POST /v1/unsubscribe`, `GET /v1/presence`, `GET
+//! /v1/presence/stats`, `GET /v1/admin/status`, `GET /metrics`, and the
+//! plain answers every route shares.
 //! The checks and errors are [`crate::publish`]'s and [`crate::history`]'s.
 
 use bytes::Bytes;
@@ -10,29 +11,24 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
     ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_ORIGIN, AUTHORIZATION, CONTENT_LENGTH,
-    CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, VARY, WWW_AUTHENTICATE,
+    CONTENT_TYPE, HeaderMap, HeaderValue, VARY, WWW_AUTHENTICATE,
 };
 use hyper::{Request, Response, StatusCode};
 use proto::ErrorCode;
-use proto::json::{
-    DisconnectRequest, HistoryResponse, PresencePage, PublishBatchRequest, PublishBatchResponse,
-    PublishError, PublishRequest, PublishResponse, PublishResult, SubscriptionRequest,
-};
+use proto::json::{DisconnectRequest, HistoryResponse, PresencePage, SubscriptionRequest};
 use serde::Serialize;
-use tracing::Instrument;
 
 use crate::admin::Status;
 use crate::config::WebSocketConfig;
 use crate::history::{self, HistoryError};
 use crate::node::Node;
-use crate::publish::{self, ApiError, JsonData, MAX_BATCH_ITEMS, Refusal};
-use crate::telemetry::{self, Api, Headers};
+use crate::publish::{self, ApiError, Refusal};
+
+mod publisher;
+
+pub use publisher::{IDEMPOTENCY_KEY, publish, publish_batch};
 
 pub type Body = Full<Bytes>;
-
-/// The request header that carries an idempotency key (the body's
-/// `idempotency_key` may carry it instead).
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The HTTP status a refusal is answered with.
 pub fn status(e: &ApiError) -> StatusCode {
@@ -40,6 +36,7 @@ pub fn status(e: &ApiError) -> StatusCode {
         Refusal::Invalid => StatusCode::BAD_REQUEST,
         Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
         Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Refusal::UnsupportedType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Refusal::Gone => StatusCode::GONE,
         Refusal::Precondition => StatusCode::BAD_REQUEST,
@@ -50,106 +47,6 @@ pub fn status(e: &ApiError) -> StatusCode {
 struct ErrorBody<'a> {
     code: ErrorCode,
     message: &'a str,
-}
-
-/// `POST /v1/publish` with `{"topic":"news","data":<any JSON>}` (and an
-/// optional `Idempotency-Key` header or `idempotency_key` field):
-/// `{"seq":42,"epoch":"9f3c"}`, or 400, 401, 413, 503 with an error body.
-/// Traced as a `herald.publish` span, the child of the request's
-/// `traceparent` when it has one.
-pub async fn publish(req: Request<Incoming>, node: &Node) -> Response<Body> {
-    let span = telemetry::publish_span(Api::Http, Headers(req.headers()));
-    let answer = publish_inner(req, node).instrument(span.clone()).await;
-    publish_answer(node, &span, answer)
-}
-
-/// The answer to a publish request, counted by status.
-fn publish_answer(
-    node: &Node,
-    span: &tracing::Span,
-    answer: Result<impl Serialize, ApiError>,
-) -> Response<Body> {
-    let response = match answer {
-        Ok(answer) => json(StatusCode::OK, &answer),
-        Err(e) => {
-            telemetry::failed(span, &e);
-            refused(&e)
-        }
-    };
-    node.metrics
-        .publish_requests
-        .with_label_values(&[response.status().as_str()])
-        .inc();
-    response
-}
-
-/// `POST /v1/publish/batch` with `{"items":[<a publish body>, ...]}` (at
-/// most [`MAX_BATCH_ITEMS`]): `{"results":[...]}`, one per item in order,
-/// each a publish answer (`{"seq":42,"epoch":"9f3c"}`) or `{"error":{"code",
-/// "message"}}` with what `/v1/publish` would have refused it with; or 400,
-/// 401, 413, 503 for the whole batch. Traced as one `herald.publish` span.
-pub async fn publish_batch(req: Request<Incoming>, node: &Node) -> Response<Body> {
-    let span = telemetry::publish_span(Api::HttpBatch, Headers(req.headers()));
-    let answer = publish_batch_inner(req, node)
-        .instrument(span.clone())
-        .await;
-    publish_answer(node, &span, answer)
-}
-
-async fn publish_batch_inner(
-    req: Request<Incoming>,
-    node: &Node,
-) -> Result<PublishBatchResponse, ApiError> {
-    authorize(&req, node)?;
-    // As large as gRPC takes a batch; each item's data within the limit of
-    // one publish.
-    let limit = node.config.http.max_body_bytes;
-    let body = body(req, publish::MAX_BATCH_BYTES.max(limit)).await?;
-    let request =
-        PublishBatchRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
-    if request.items.len() > MAX_BATCH_ITEMS {
-        return Err(ApiError::new(
-            Refusal::TooLarge,
-            ErrorCode::Malformed,
-            format!("a batch is limited to {MAX_BATCH_ITEMS} items"),
-        ));
-    }
-    let items = request
-        .items
-        .into_iter()
-        .map(|item| {
-            let item = item.map_err(|e| ApiError::invalid(e.code, e.message))?;
-            if item.data.get().len() > limit {
-                return Err(ApiError::new(
-                    Refusal::TooLarge,
-                    ErrorCode::Malformed,
-                    format!("`data` is limited to {limit} bytes"),
-                ));
-            }
-            Ok(publish::BatchItem {
-                data: JsonData::within(&body, item.data),
-                topic: item.topic.into_owned(),
-                idempotency_key: item.idempotency_key.map(|k| k.into_owned()),
-            })
-        })
-        .collect();
-    let answers = publish::publish_batch(&*node.broker, &node.metrics, items).await;
-    let results = answers
-        .into_iter()
-        .map(|answer| match answer {
-            Ok(position) => PublishResult::Published(PublishResponse {
-                seq: position.seq,
-                epoch: position.epoch.to_string(),
-            }),
-            Err(e) => PublishResult::Error {
-                error: PublishError {
-                    code: e.code.as_str().to_owned(),
-                    message: e.message,
-                },
-            },
-        })
-        .collect();
-    Ok(PublishBatchResponse { results })
 }
 
 /// `POST /v1/disconnect` with `{"user":"alice"}`: `{}`, or 400, 401, 503
@@ -471,47 +368,6 @@ pub fn allow_origin(ws: &WebSocketConfig, origin: Option<&HeaderValue>, headers:
         );
     }
     headers.append(VARY, HeaderValue::from_static("Origin"));
-}
-
-async fn publish_inner(req: Request<Incoming>, node: &Node) -> Result<PublishResponse, ApiError> {
-    authorize(&req, node)?;
-    let header_key = req.headers().get(IDEMPOTENCY_KEY).cloned();
-    let limit = node.config.http.max_body_bytes;
-    let body = body(req, limit).await?;
-    let request =
-        PublishRequest::decode(&body).map_err(|e| ApiError::invalid(e.code, e.message))?;
-    let header_key = header_key
-        .as_ref()
-        .map(|v| v.to_str())
-        .transpose()
-        .map_err(|_| {
-            ApiError::invalid(
-                ErrorCode::Malformed,
-                "`Idempotency-Key` is not visible ASCII",
-            )
-        })?;
-    let idempotency_key = match (header_key, request.idempotency_key.as_deref()) {
-        (Some(header), Some(field)) if header != field => {
-            return Err(ApiError::invalid(
-                ErrorCode::Malformed,
-                "the `Idempotency-Key` header and `idempotency_key` differ",
-            ));
-        }
-        (header, field) => header.or(field),
-    };
-    let data = JsonData::within(&body, request.data);
-    let position = publish::publish_data(
-        &*node.broker,
-        &node.metrics,
-        &request.topic,
-        data,
-        idempotency_key,
-    )
-    .await?;
-    Ok(PublishResponse {
-        seq: position.seq,
-        epoch: position.epoch.to_string(),
-    })
 }
 
 /// `GET /v1/admin/status`: the pod's [`Status`], with an API key like

@@ -28,7 +28,8 @@
 //! - [`outbound`]: a connection's outgoing side: its bounded queue, the
 //!   fan-out's direct writes to it, and the writer (replies, pings, and what
 //!   a socket did not take at once), which runs in the connection's task.
-//! - [`hub`]: the pod's local subscribers by topic; fan-out.
+//! - [`hub`]: the pod's local subscribers by topic; fan-out (a state topic's
+//!   deltas computed there, once per publication).
 //! - [`hooks`]: the application's backend, asked: the connect, refresh,
 //!   subscribe, publish and rpc proxies.
 //! - [`webhooks`]: the events the backend is told of (issue #24): a

@@ -23,14 +23,20 @@ const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// loop does not spin while the condition lasts.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// TCP_NODELAY (frames go out as soon as they are written) and keepalive
-/// (half-open connections are found even where no ping gets through).
-pub fn tune(stream: &TcpStream) -> std::io::Result<()> {
+/// TCP_NODELAY (frames go out as soon as they are written), keepalive
+/// (half-open connections are found even where no ping gets through) and,
+/// where `send_buffer` is not 0, a bounded send buffer.
+pub fn tune(stream: &TcpStream, send_buffer: usize) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let keepalive = TcpKeepalive::new()
         .with_time(TCP_KEEPALIVE_TIME)
         .with_interval(TCP_KEEPALIVE_INTERVAL);
-    SockRef::from(stream).set_tcp_keepalive(&keepalive)
+    let socket = SockRef::from(stream);
+    socket.set_tcp_keepalive(&keepalive)?;
+    if send_buffer > 0 {
+        socket.set_send_buffer_size(send_buffer)?;
+    }
+    Ok(())
 }
 
 /// The client's address: the peer's, unless the peer is a trusted proxy;
@@ -95,7 +101,7 @@ impl Stream for Accepted {
             }
             match ready!(this.listener.poll_accept(cx)) {
                 Ok((stream, peer)) => {
-                    if let Err(e) = tune(&stream) {
+                    if let Err(e) = tune(&stream, 0) {
                         tracing::debug!(%peer, error = %e, "socket options not set");
                     }
                     return Poll::Ready(Some(Ok(stream)));

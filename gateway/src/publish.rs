@@ -19,6 +19,7 @@ use subtle::{Choice, ConstantTimeEq};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::payload::Payload;
 use crate::presence::{Page, Presence, PresenceError};
 use crate::telemetry;
 
@@ -31,6 +32,9 @@ pub enum Refusal {
     Unauthenticated,
     /// HTTP 413, gRPC `RESOURCE_EXHAUSTED`.
     TooLarge,
+    /// HTTP 415: a body of a type the route does not read. (gRPC's
+    /// messages have one type: `INVALID_ARGUMENT` if it ever met one.)
+    UnsupportedType,
     /// HTTP 503, gRPC `UNAVAILABLE`: retry later.
     Unavailable,
     /// HTTP 410, gRPC `OUT_OF_RANGE`: what was asked for is gone (a
@@ -161,6 +165,40 @@ impl JsonData {
     }
 }
 
+/// A publish's data as the broker keeps it ([`Payload`]'s stored form):
+/// checked JSON text, or bytes.
+#[derive(Debug, Clone)]
+pub struct Data(Bytes);
+
+impl Data {
+    /// Binary data (HTTP `application/octet-stream`, gRPC `binary`), if it
+    /// is 1 to `limit` bytes: taken as it is, never read as JSON. Empty
+    /// data is refused: it is more likely a publisher's mistake (a body
+    /// lost on the way) than a message, and JSON has no empty text either.
+    pub fn binary(bytes: &[u8], limit: usize) -> Result<Self, ApiError> {
+        if bytes.len() > limit {
+            return Err(ApiError::new(
+                Refusal::TooLarge,
+                ErrorCode::Malformed,
+                format!("`data` is limited to {limit} bytes"),
+            ));
+        }
+        if bytes.is_empty() {
+            return Err(ApiError::invalid(
+                ErrorCode::Malformed,
+                "binary `data` is empty: it is 1 byte at least",
+            ));
+        }
+        Ok(Self(Payload::binary(bytes)))
+    }
+}
+
+impl From<JsonData> for Data {
+    fn from(json: JsonData) -> Self {
+        Self(Payload::json(json.0))
+    }
+}
+
 /// Checks an `Authorization` header (or `authorization` gRPC metadata)
 /// against `keys` (`http.api_keys`): with keys configured, it must be
 /// `Bearer <key>`.
@@ -187,7 +225,7 @@ pub async fn publish_data(
     broker: &dyn Broker,
     metrics: &Metrics,
     topic_name: &str,
-    data: JsonData,
+    data: Data,
     idempotency_key: Option<&str>,
 ) -> Result<Position, ApiError> {
     let topic = topic(topic_name)?;
@@ -216,7 +254,7 @@ pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// One item of a batch, as the API read it.
 pub struct BatchItem {
     pub topic: String,
-    pub data: JsonData,
+    pub data: Data,
     pub idempotency_key: Option<String>,
 }
 

@@ -1,4 +1,8 @@
-//! Many WebSocket clients (tokio-tungstenite, a library Herald did not write).
+//! Many WebSocket clients: tokio-tungstenite, a library Herald did not
+//! write, by default; or the load tool's own [`raw`] client ([`Library`]),
+//! which can offer permessage-deflate as a browser does and inflate what
+//! comes (tungstenite has no released deflate), and counts each frame's
+//! bytes on the wire.
 //!
 //! A TCP connection is named by its four addresses and ports; towards one
 //! gateway port, one source address has only the kernel's ephemeral ports
@@ -25,6 +29,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::latency::{Stamp, now_micros};
+use crate::raw;
 use crate::{Error, Target};
 
 /// Longest one client may take to connect, finish the handshake and have
@@ -52,6 +57,37 @@ pub const MISSING: u32 = u32::MAX;
 
 /// The WebSocket connection of one client.
 pub type Socket = WebSocketStream<TcpStream>;
+
+/// The WebSocket client the subscribers are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Library {
+    /// tokio-tungstenite, which offers no extension.
+    #[default]
+    Tungstenite,
+    /// The load tool's own client ([`raw`]), offering no extension: the
+    /// yardstick of [`Library::Deflate`], the same client without it.
+    Raw,
+    /// [`raw`], offering permessage-deflate as Chromium does and inflating
+    /// every compressed frame.
+    Deflate,
+}
+
+impl Library {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tungstenite => "tokio-tungstenite",
+            Self::Raw => "raw",
+            Self::Deflate => "raw, permessage-deflate offered",
+        }
+    }
+}
+
+/// A subscriber's connection, of either client.
+enum Link {
+    Library(Box<Socket>),
+    Raw(raw::Client),
+}
 
 /// Raises this process's soft file-descriptor limit as far as the hard limit
 /// allows and checks that `needed` fit; the limit now in force.
@@ -88,7 +124,7 @@ pub struct Subscriber {
     pub client: usize,
     /// The index of its gateway among those given.
     pub gateway: usize,
-    ws: Socket,
+    link: Link,
 }
 
 /// What one client received, for the scenario to merge.
@@ -102,6 +138,11 @@ pub struct Received {
     pub duplicates: u64,
     /// Frames that were no stamped `msg` of this run.
     pub unexpected: u64,
+    /// Bytes of the `msg` frames on the wire, headers included (the raw
+    /// client's count; 0 for tungstenite's, which does not tell).
+    pub wire_bytes: u64,
+    /// Whether the connection negotiated permessage-deflate.
+    pub compressed: bool,
     pub end: End,
 }
 
@@ -133,14 +174,16 @@ pub async fn subscribe_all(
     count: usize,
     topic: &str,
 ) -> Result<Vec<Subscriber>, Error> {
-    subscribe_spread(gateways, count, &[topic.to_owned()]).await
+    subscribe_spread(gateways, count, &[topic.to_owned()], Library::Tungstenite).await
 }
 
-/// As [`subscribe_all`], with client `i` subscribed to `topics[i % topics.len()]`.
+/// As [`subscribe_all`], with client `i` subscribed to `topics[i % topics.len()]`,
+/// each a client of `library`.
 pub async fn subscribe_spread(
     gateways: &[Target],
     count: usize,
     topics: &[String],
+    library: Library,
 ) -> Result<Vec<Subscriber>, Error> {
     if gateways.is_empty() || topics.is_empty() {
         return Err(Error::Options(
@@ -154,7 +197,14 @@ pub async fn subscribe_spread(
         async move {
             let gateway = client % gateways.len();
             let topic = &topics[client % topics.len()];
-            Subscriber::open(client, gateway, &gateways[gateway], topic).await
+            let target = &gateways[gateway];
+            match library {
+                Library::Tungstenite => Subscriber::open(client, gateway, target, topic).await,
+                Library::Raw | Library::Deflate => {
+                    let deflate = library == Library::Deflate;
+                    Subscriber::open_raw(client, gateway, target, topic, deflate).await
+                }
+            }
         }
     })
     .await
@@ -293,7 +343,43 @@ impl Subscriber {
         Ok(Self {
             client,
             gateway,
-            ws,
+            link: Link::Library(Box::new(ws)),
+        })
+    }
+
+    /// As [`open`](Self::open), with the load tool's own client; offering
+    /// permessage-deflate when `deflate`.
+    pub async fn open_raw(
+        client: usize,
+        gateway: usize,
+        target: &Target,
+        topic: &str,
+        deflate: bool,
+    ) -> Result<Self, Error> {
+        let source = source_addr(target.addr.ip(), client);
+        let fail = client_failure(client, source, target.addr);
+        let offer = [("Sec-WebSocket-Extensions", raw::DEFLATE_OFFER)];
+        let headers: &[(&str, &str)] = if deflate { &offer } else { &[] };
+        let opening = async {
+            let mut c = raw::Client::connect_with_headers(
+                source,
+                target,
+                READ_BUFFER_BYTES,
+                client as u64,
+                headers,
+            )
+            .await
+            .map_err(|e| fail(format!("WebSocket handshake: {}", describe(&e))))?;
+            c.subscribe(&[topic]).await.map_err(fail)?;
+            Ok::<_, Error>(c)
+        };
+        let c = tokio::time::timeout(CONNECT_TIMEOUT, opening)
+            .await
+            .map_err(|_| fail(format!("not subscribed within {CONNECT_TIMEOUT:?}")))??;
+        Ok(Self {
+            client,
+            gateway,
+            link: Link::Raw(c),
         })
     }
 
@@ -305,13 +391,16 @@ impl Subscriber {
         Self {
             client,
             gateway: 0,
-            ws,
+            link: Link::Library(Box::new(ws)),
         }
     }
 
     /// Reads the first message, which must be the text `greeting`.
     pub async fn greeted(&mut self, greeting: &str) -> Result<(), String> {
-        match self.ws.next().await {
+        let Link::Library(ws) = &mut self.link else {
+            return Err("a greeting is read by the library's client".to_owned());
+        };
+        match ws.next().await {
             Some(Ok(Message::Text(text))) if text.as_str() == greeting => Ok(()),
             Some(Ok(other)) => Err(format!("expected {greeting}, got {other:?}")),
             Some(Err(e)) => Err(format!("reading the greeting: {e}")),
@@ -335,7 +424,7 @@ impl Subscriber {
     /// index `from` on (a client that joined at round `from` may still get
     /// a straggler of a round before).
     pub async fn read_from(
-        mut self,
+        self,
         from: usize,
         messages: usize,
         progress: Arc<AtomicU64>,
@@ -347,11 +436,69 @@ impl Subscriber {
             latency_us: vec![MISSING; messages],
             duplicates: 0,
             unexpected: 0,
+            wire_bytes: 0,
+            compressed: matches!(&self.link, Link::Raw(c) if c.compressed()),
             end: End::Stopped,
         };
         if *stop.borrow_and_update() {
             return received;
         }
+        let mut reading = Reading {
+            received: &mut received,
+            from,
+            progress: &progress,
+        };
+        match self.link {
+            Link::Library(ws) => reading.library(*ws, &mut stop).await,
+            Link::Raw(c) => reading.raw(c, &mut stop).await,
+        }
+        received
+    }
+}
+
+/// A client's reading in progress: its record, and the shared count.
+struct Reading<'a> {
+    received: &'a mut Received,
+    /// Messages from this index on count in `progress`.
+    from: usize,
+    progress: &'a AtomicU64,
+}
+
+impl Reading<'_> {
+    /// Notes one text frame received now: a stamped `msg`'s latency, a
+    /// duplicate, or an unexpected frame; whether it was a `msg` of the run.
+    fn text(&mut self, text: &[u8]) -> bool {
+        let now = now_micros();
+        let messages = self.received.latency_us.len();
+        match serde_json::from_slice::<ServerFrame<'_>>(text) {
+            Ok(ServerFrame {
+                op,
+                data: Some(stamp),
+            }) if op == "msg" && (stamp.i as usize) < messages => {
+                let slot = &mut self.received.latency_us[stamp.i as usize];
+                if *slot == MISSING {
+                    *slot = stamp.latency_to(now).min(MISSING - 1);
+                    if stamp.i as usize >= self.from {
+                        self.progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                } else {
+                    self.received.duplicates += 1;
+                }
+                true
+            }
+            // A topic whose namespace has join/leave diffs
+            // (`fanout` with presence on, bench.sh's
+            // fanout-presence): the fan-out's figures leave them out.
+            Ok(ServerFrame { op, .. }) if op == "presence_diff" => false,
+            _ => {
+                self.received.unexpected += 1;
+                false
+            }
+        }
+    }
+
+    /// Reads tungstenite's messages until `stop`.
+    async fn library(&mut self, mut ws: Socket, stop: &mut watch::Receiver<bool>) {
         loop {
             // Both futures are cancel-safe: a frame half read stays in the stream.
             let next = tokio::select! {
@@ -362,50 +509,79 @@ impl Subscriber {
                     }
                     continue;
                 }
-                next = self.ws.next() => next,
+                next = ws.next() => next,
             };
             match next {
                 Some(Ok(Message::Text(text))) => {
-                    let now = now_micros();
-                    match serde_json::from_str::<ServerFrame<'_>>(text.as_str()) {
-                        Ok(ServerFrame {
-                            op,
-                            data: Some(stamp),
-                        }) if op == "msg" && (stamp.i as usize) < messages => {
-                            let slot = &mut received.latency_us[stamp.i as usize];
-                            if *slot == MISSING {
-                                *slot = stamp.latency_to(now).min(MISSING - 1);
-                                if stamp.i as usize >= from {
-                                    progress.fetch_add(1, Ordering::Relaxed);
-                                }
-                            } else {
-                                received.duplicates += 1;
-                            }
-                        }
-                        // A topic whose namespace has join/leave diffs
-                        // (`fanout` with presence on, bench.sh's
-                        // fanout-presence): the fan-out's figures leave them out.
-                        Ok(ServerFrame { op, .. }) if op == "presence_diff" => {}
-                        _ => received.unexpected += 1,
-                    }
+                    self.text(text.as_bytes());
                 }
                 Some(Ok(Message::Close(frame))) => {
-                    received.end = End::Closed(frame.map(|f| u16::from(f.code)));
+                    self.received.end = End::Closed(frame.map(|f| u16::from(f.code)));
                     break;
                 }
                 // Pings are answered by the library.
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
-                    received.end = End::Failed(e.to_string());
+                    self.received.end = End::Failed(e.to_string());
                     break;
                 }
                 None => {
-                    received.end = End::Closed(None);
+                    self.received.end = End::Closed(None);
                     break;
                 }
             }
         }
-        received
+    }
+
+    /// Reads the raw client's frames until `stop`, answering pings, each
+    /// `msg` frame's wire bytes counted.
+    async fn raw(&mut self, mut c: raw::Client, stop: &mut watch::Receiver<bool>) {
+        loop {
+            // Both futures are cancel-safe: a frame half read stays buffered.
+            let next = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                    continue;
+                }
+                next = c.next() => next,
+            };
+            let ping = match next {
+                Ok(Some(frame)) => match frame.opcode {
+                    raw::OP_TEXT => {
+                        if self.text(frame.payload) {
+                            self.received.wire_bytes += frame.wire_bytes as u64;
+                        }
+                        continue;
+                    }
+                    raw::OP_PING => frame.payload.to_vec(),
+                    raw::OP_CLOSE => {
+                        let code = (frame.payload.len() >= 2)
+                            .then(|| u16::from_be_bytes([frame.payload[0], frame.payload[1]]));
+                        self.received.end = End::Closed(code);
+                        break;
+                    }
+                    _ => {
+                        self.received.unexpected += 1;
+                        continue;
+                    }
+                },
+                Ok(None) => {
+                    self.received.end = End::Closed(None);
+                    break;
+                }
+                Err(e) => {
+                    self.received.end = End::Failed(e.to_string());
+                    break;
+                }
+            };
+            if let Err(e) = c.send(raw::OP_PONG, &ping).await {
+                self.received.end = End::Failed(format!("sending a pong: {e}"));
+                break;
+            }
+        }
     }
 }
 

@@ -21,6 +21,9 @@
 //!   `EventSource` does; the NDJSON stream of `POST /stream`), and
 //!   [`streams::Conn`], a client of any transport, for the scenarios that
 //!   run each (`--transport ws|sse|stream`).
+//! - [`codec`]: the client's side of Herald's wire formats (JSON and the
+//!   `herald.v1.protobuf` subprotocol, with deltas): a `sub` in each, the
+//!   server frames read back, Fossil deltas applied to their bases.
 //! - [`memory`]: a process's resident memory, from `/proc`.
 //! - [`metrics`]: a gateway's `/metrics`, for what a client cannot see (when
 //!   the gateway closed a client that does not read).
@@ -56,6 +59,8 @@
 //!   per connection, unexpected closes; over several processes if need be.
 //! - [`scenarios::throughput`]: deliveries per second and per gateway CPU-second.
 //! - [`scenarios::wire`]: bytes on the wire per message, Herald against HTTP POST.
+//! - [`scenarios::formats`]: bytes and gateway CPU per delivery in each wire
+//!   format (JSON, protobuf, deflate, deltas), every payload checked.
 //! - [`scenarios::storm`]: every connection cut at once (or a gateway
 //!   killed); the time until every session is resumed, lost and duplicated
 //!   messages per client.
@@ -89,6 +94,7 @@
 pub mod bench;
 pub mod cli;
 pub mod clients;
+pub mod codec;
 pub mod cpu;
 pub mod latency;
 pub mod memory;

@@ -14,8 +14,8 @@ use loadtest::cli::{Cli, Command, EXIT_USAGE};
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
 use loadtest::scenarios::{
-    chaos, fanout, floor, hooks, idle, pods, presence, publish, slow, sse_failover, stall, storm,
-    throughput, wire,
+    chaos, fanout, floor, formats, hooks, idle, pods, presence, publish, slow, sse_failover, stall,
+    storm, throughput, wire,
 };
 
 /// Exit code when a figure that must be zero was not.
@@ -117,6 +117,10 @@ fn run(command: Command) -> anyhow::Result<bool> {
             }
             Command::Wire(args) => {
                 let outcome = wire::run(args.options()).await.context("wire")?;
+                emit(&outcome, args.out.out.as_deref())
+            }
+            Command::Formats(args) => {
+                let outcome = formats::run(args.options()).await.context("formats")?;
                 emit(&outcome, args.out.out.as_deref())
             }
             Command::Chaos(args) => {

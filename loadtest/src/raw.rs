@@ -29,6 +29,7 @@ use tokio_tungstenite::tungstenite::handshake::client::generate_key;
 use crate::Target;
 
 pub const OP_TEXT: u8 = 0x1;
+pub const OP_BINARY: u8 = 0x2;
 pub const OP_CLOSE: u8 = 0x8;
 pub const OP_PING: u8 = 0x9;
 pub const OP_PONG: u8 = 0xA;
@@ -63,6 +64,8 @@ pub struct Client {
     stream: TcpStream,
     /// permessage-deflate was negotiated.
     deflate: bool,
+    /// The subprotocol the server selected (`Sec-WebSocket-Protocol`).
+    protocol: Option<String>,
     /// The last compressed frame's message, inflated (empty otherwise).
     inflated: Vec<u8>,
     /// Bytes read and not yet handed out are `buf[start..end]`.
@@ -107,6 +110,7 @@ impl Client {
         let mut client = Self {
             stream,
             deflate: false,
+            protocol: None,
             inflated: Vec::new(),
             buf: vec![0; buffer_bytes.max(256)],
             start: 0,
@@ -140,13 +144,15 @@ impl Client {
                         String::from_utf8_lossy(line)
                     )));
                 }
-                self.deflate = String::from_utf8_lossy(head)
-                    .lines()
-                    .filter_map(|l| l.split_once(':'))
-                    .any(|(name, value)| {
-                        name.eq_ignore_ascii_case("sec-websocket-extensions")
-                            && value.trim().starts_with("permessage-deflate")
-                    });
+                let head = String::from_utf8_lossy(head);
+                let headers = || head.lines().filter_map(|l| l.split_once(':'));
+                self.deflate = headers().any(|(name, value)| {
+                    name.eq_ignore_ascii_case("sec-websocket-extensions")
+                        && value.trim().starts_with("permessage-deflate")
+                });
+                self.protocol = headers()
+                    .find(|(name, _)| name.eq_ignore_ascii_case("sec-websocket-protocol"))
+                    .map(|(_, value)| value.trim().to_owned());
                 self.start = at + 4;
                 return Ok(());
             }
@@ -164,6 +170,11 @@ impl Client {
     /// Whether permessage-deflate was negotiated.
     pub fn compressed(&self) -> bool {
         self.deflate
+    }
+
+    /// The subprotocol the server selected, if any.
+    pub fn protocol(&self) -> Option<&str> {
+        self.protocol.as_deref()
     }
 
     /// Sends one masked frame.
@@ -292,6 +303,8 @@ impl Client {
             })?;
             match (reply.op.as_str(), reply.id) {
                 ("welcome", _) if !welcomed => welcomed = true,
+                // A namespace with join/leave diffs sends them as members come.
+                ("presence_diff", _) => {}
                 ("ok", Some(id)) if (1..=topics.len() as u64).contains(&id) => {
                     seqs[id as usize - 1] = reply.seq.unwrap_or(0);
                     confirmed += 1;

@@ -11,8 +11,11 @@ use std::time::Duration;
 use gateway::Config;
 use gateway::config::BrokerKind;
 use loadtest::Target;
+use loadtest::clients::Library;
+use loadtest::codec::Format;
 use loadtest::proxy::{self, Faults, Proxy};
 use loadtest::report::{self, Outcome};
+use loadtest::scenarios::formats::{self, Kind};
 use loadtest::scenarios::{fanout, slow};
 use loadtest::scenarios::{hooks, pods, presence, publish, sse_failover, stall, storm};
 use loadtest::scenarios::{idle, throughput, wire};
@@ -377,6 +380,29 @@ async fn idle_holds_every_connection_through_heartbeats() {
     assert!(outcome.rss_per_connection_bytes.is_some());
 }
 
+/// `idle --compression` measures connections that negotiated
+/// permessage-deflate, or fails: a gateway with compression off declines the
+/// offer, and the run says so rather than measure without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_with_compression_holds_only_compressed_connections() {
+    for enabled in [true, false] {
+        let mut config = Config::default();
+        config.websocket.compression.enabled = enabled;
+        let gateway = Gateway::start(config).await;
+        let mut options = idle::Options::new(gateway.target.clone());
+        options.clients = 20;
+        options.duration = Duration::from_secs(1);
+        options.compression = true;
+        let outcome = idle::run(options).await;
+        if enabled {
+            assert_passed(&outcome.expect("idle runs"));
+        } else {
+            let e = outcome.expect_err("not negotiated").to_string();
+            assert!(e.contains("not negotiated"), "{e}");
+        }
+    }
+}
+
 /// `idle` split over two worker processes (the real `herald-loadtest`
 /// binary) and two gateways: each pod holds its half.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,6 +529,104 @@ async fn throughput_with_compression_inflates_every_delivery() {
         wire.push(outcome.wire_bytes_per_delivery);
     }
     assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
+}
+
+/// `fanout --raw` and `--compression` at CI size: the load tool's own
+/// clients get every round, those offering permessage-deflate inflate each
+/// and read fewer bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_with_compression_inflates_every_round() {
+    let gateway = Gateway::memory().await;
+    let mut wire = Vec::new();
+    for library in [Library::Raw, Library::Deflate] {
+        let mut options = fanout::Options::new(gateway.target.clone());
+        options.clients = 50;
+        options.rounds = 4;
+        options.warmup = 1;
+        options.interval = Duration::from_millis(100);
+        options.size = 1024;
+        options.library = library;
+        let outcome = fanout::run(options).await.expect("fanout runs");
+        assert_passed(&outcome);
+        assert_eq!(outcome.deliveries, 5 * 50);
+        let compressed = if library == Library::Deflate { 50 } else { 0 };
+        assert_eq!(outcome.compressed_clients, compressed);
+        wire.push(outcome.wire_bytes_per_delivery.expect("counted"));
+    }
+    assert!(wire[0] > 1024.0, "{wire:?}");
+    assert!(wire[1] < wire[0] / 4.0, "wire bytes per delivery: {wire:?}");
+}
+
+/// `formats` at CI size, in the formats without deltas: every payload of
+/// both series reaches every client and is checked; deflate takes bytes
+/// off, most off the state payload; protobuf's envelope is smaller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_checks_every_payload_in_json_and_protobuf_with_and_without_deflate() {
+    let gateway = Gateway::memory().await;
+    let mut options = formats::Options::new(gateway.target.clone());
+    options.clients = 20;
+    options.updates = 30;
+    options.interval = Duration::from_millis(2);
+    options.formats = ["json", "json+deflate", "protobuf", "protobuf+deflate"]
+        .map(|f| f.parse().expect("a format"))
+        .to_vec();
+    // The gateway runs in this process: its CPU is the test's own.
+    options.gateway_pid = Some(std::process::id());
+    let outcome = formats::run(options).await.expect("formats runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.phases.len(), 8);
+    for p in &outcome.phases {
+        assert_eq!((p.publishes, p.deliveries), (30, 30 * 20), "{p:?}");
+        assert_eq!(p.delta_deliveries, 0);
+        assert!(p.gateway_ns_per_delivery.is_some(), "{p:?}");
+        let compressed = if p.format.deflate { 20 } else { 0 };
+        assert_eq!(p.compressed_clients, compressed);
+    }
+    let bytes = |kind, format: &str| {
+        let phase = outcome
+            .phase(kind, format.parse::<Format>().expect("f"))
+            .expect("run");
+        phase.wire_bytes_per_delivery / phase.payload_bytes
+    };
+    // JSON: the payload, its envelope and the frame's header.
+    assert!((1.0..1.5).contains(&bytes(Kind::Chat, "json")));
+    assert!((1.0..1.1).contains(&bytes(Kind::State, "json")));
+    assert!(bytes(Kind::State, "json+deflate") < 0.5);
+    assert!(bytes(Kind::Chat, "json+deflate") < bytes(Kind::Chat, "json"));
+    assert!(bytes(Kind::Chat, "protobuf") < bytes(Kind::Chat, "json"));
+    assert!(bytes(Kind::State, "protobuf+deflate") < 0.5);
+}
+
+/// `formats` with deltas at CI size, the default namespace's `delta` on:
+/// after the first full message every update comes as a delta (JSON and
+/// protobuf, with and without deflate), each applied and checked against the
+/// payload published; the state payload's deltas are a small share of JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_applies_and_checks_every_delta() {
+    let mut config = Config::default();
+    config
+        .namespaces
+        .entry("default".to_owned())
+        .or_default()
+        .delta = true;
+    let gateway = Gateway::start(config).await;
+    let mut options = formats::Options::new(gateway.target.clone());
+    options.clients = 20;
+    options.updates = 30;
+    options.interval = Duration::from_millis(2);
+    options.formats = Format::ALL.into_iter().filter(|f| f.delta).collect();
+    let outcome = formats::run(options).await.expect("formats runs");
+    assert_passed(&outcome);
+    assert_eq!(outcome.phases.len(), 8);
+    for p in &outcome.phases {
+        assert_eq!((p.deliveries, p.delta_clients), (30 * 20, 20), "{p:?}");
+        if p.payload == Kind::State {
+            // The first of each client's messages is full, then deltas.
+            assert_eq!(p.delta_deliveries, 29 * 20, "{p:?}");
+            let share = p.wire_bytes_per_delivery / p.payload_bytes;
+            assert!(share < 0.15, "{} {}: {share:.3}", p.payload, p.format);
+        }
+    }
 }
 
 /// `wire` counts every byte: header, envelope and payload of Herald's frame

@@ -45,6 +45,7 @@ impl<'a> Command<'a> {
                 since: sub.since,
                 epoch: sub.epoch.as_deref().map(Cow::Borrowed),
                 data: optional_json(Some(sub.id), sub.data.as_deref())?,
+                delta: sub.delta.unwrap_or(false),
             },
             Op::Unsub(unsub) => Command::Unsub {
                 id: unsub.id,

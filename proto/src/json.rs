@@ -27,6 +27,9 @@ pub enum Command<'a> {
         epoch: Option<Cow<'a, str>>,
         /// For the subscribe proxy, verbatim.
         data: Option<&'a RawValue>,
+        /// Deltas asked for: granted on a namespace with `delta = true`
+        /// (the `ok` says so), ignored elsewhere.
+        delta: bool,
     },
     Unsub {
         id: u64,
@@ -117,6 +120,7 @@ struct RawCommand<'a> {
     cursor: Option<Cow<'a, str>>,
     #[serde(borrow)]
     method: Option<Cow<'a, str>>,
+    delta: Option<bool>,
 }
 
 impl<'a> Command<'a> {
@@ -144,6 +148,7 @@ impl<'a> Command<'a> {
                 since: raw.since,
                 epoch: raw.epoch,
                 data: raw.data,
+                delta: raw.delta.unwrap_or(false),
             },
             "unsub" => Command::Unsub {
                 id: id.ok_or_else(|| missing("id"))?,
@@ -228,13 +233,14 @@ impl<'a> Command<'a> {
                 since,
                 epoch,
                 data,
+                delta,
             } => Op::Sub(v1::Sub {
                 id: *id,
                 topic: topic.to_string(),
                 since: *since,
                 epoch: epoch.as_deref().map(str::to_owned),
                 data: data.map(json_bytes),
-                delta: None,
+                delta: delta.then_some(true),
             }),
             Command::Unsub { id, topic } => Op::Unsub(v1::Unsub {
                 id: *id,
@@ -472,6 +478,10 @@ pub enum ServerMessage<'a> {
         /// proxy approved.
         #[serde(skip_serializing_if = "Option::is_none")]
         data: Option<&'a RawValue>,
+        /// In the reply to a `sub` that asked for deltas: `Some(true)` when
+        /// granted (its namespace has them); absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        delta: Option<bool>,
     },
     Msg {
         topic: &'a str,
@@ -547,11 +557,52 @@ pub enum ServerMessage<'a> {
 }
 
 /// One message of a history page, as the `history` reply and the HTTP
-/// answer carry it.
-#[derive(Debug, Clone, Serialize)]
+/// answer carry it: `{"seq":5,"data":<the JSON text>}`, or for binary data
+/// `{"seq":5,"data":"<base64>","binary":true}`.
+#[derive(Debug, Clone, Copy)]
 pub struct HistoryItem<'a> {
     pub seq: u64,
-    pub data: &'a RawValue,
+    pub data: ItemData<'a>,
+}
+
+/// A kept message's data, of the kind it was published as.
+#[derive(Debug, Clone, Copy)]
+pub enum ItemData<'a> {
+    /// JSON text, spliced verbatim.
+    Json(&'a RawValue),
+    /// Bytes (an `application/octet-stream` or gRPC `binary` publish): in
+    /// JSON a base64 string (standard alphabet, padded), as the JSON
+    /// protocol's `msg` has them; in protobuf the bytes themselves.
+    Binary(&'a [u8]),
+}
+
+impl Serialize for HistoryItem<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let binary = matches!(self.data, ItemData::Binary(_));
+        let mut item = s.serialize_struct("HistoryItem", 2 + usize::from(binary))?;
+        item.serialize_field("seq", &self.seq)?;
+        match self.data {
+            ItemData::Json(data) => item.serialize_field("data", data)?,
+            ItemData::Binary(bytes) => {
+                item.serialize_field("data", &Base64(bytes))?;
+                item.serialize_field("binary", &true)?;
+            }
+        }
+        item.end()
+    }
+}
+
+/// Bytes serialized as a base64 string, written straight into the output
+/// (no `String` of it first).
+struct Base64<'a>(&'a [u8]);
+
+impl Serialize for Base64<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::display::Base64Display;
+        use base64::engine::general_purpose::STANDARD;
+        s.collect_str(&Base64Display::new(self.0, &STANDARD))
+    }
 }
 
 /// The HTTP history answer (`GET /v1/history`): the `history` reply's
@@ -630,10 +681,14 @@ impl PresencePage<'_> {
 impl HistoryItem<'_> {
     /// The protobuf form.
     pub fn to_proto(&self) -> v1::Publication {
+        let (data, binary) = match self.data {
+            ItemData::Json(data) => (data.get().as_bytes(), false),
+            ItemData::Binary(bytes) => (bytes, true),
+        };
         v1::Publication {
             seq: self.seq,
-            data: self.data.get().as_bytes().to_vec(),
-            binary: false,
+            data: data.to_vec(),
+            binary,
         }
     }
 }
@@ -692,6 +747,7 @@ impl ServerMessage<'_> {
                 recovered,
                 expires,
                 data,
+                delta,
             } => Op::Ok(v1::Ok {
                 id,
                 topic: topic.map(str::to_owned),
@@ -700,6 +756,7 @@ impl ServerMessage<'_> {
                 recovered,
                 expires,
                 data: data.map(json_bytes),
+                delta,
                 ..v1::Ok::default()
             }),
             ServerMessage::Subscribed {
@@ -1120,6 +1177,29 @@ mod tests {
             CommandError::new(None, ErrorCode::Disabled, "").wire_code(),
             "disabled"
         );
+    }
+
+    #[test]
+    fn a_binary_history_item_is_base64_in_json_and_bytes_in_protobuf() {
+        let json = RawValue::from_string(r#"{"a": 1}"#.to_owned()).unwrap();
+        let bytes = b"\x00\xff\xfeA";
+        let items = [
+            HistoryItem {
+                seq: 4,
+                data: ItemData::Json(&json),
+            },
+            HistoryItem {
+                seq: 5,
+                data: ItemData::Binary(bytes),
+            },
+        ];
+        assert_eq!(
+            serde_json::to_string(&items).unwrap(),
+            r#"[{"seq":4,"data":{"a": 1}},{"seq":5,"data":"AP/+QQ==","binary":true}]"#
+        );
+        let pb = items[1].to_proto();
+        assert_eq!((pb.seq, &pb.data[..]), (5, &bytes[..]));
+        assert!(pb.binary && !items[0].to_proto().binary);
     }
 
     #[test]

@@ -793,6 +793,7 @@ mod tests {
                 acked: 1,
                 told: false,
                 server: false,
+                delta: false,
             }],
         };
         assert!(b.save("s", "a", old.clone(), ttl).await?);

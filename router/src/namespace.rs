@@ -47,6 +47,10 @@ pub struct NamespaceSettings {
     /// What a subscriber whose outgoing queue has no room for one of the
     /// topics' messages gets: `None` for the default, [`Self::on_lag`].
     pub on_lag: Option<OnLag>,
+    /// State topics: a client's `sub` may ask for deltas (`"delta": true`),
+    /// and is then sent each publication as a Fossil delta against the one
+    /// before where that is shorter (docs/protocol.md#deltas).
+    pub delta: bool,
 }
 
 /// What happens to a subscriber too slow for a namespace's topics: its
@@ -113,6 +117,7 @@ impl Default for NamespaceSettings {
             subscribe_proxy: false,
             publish_proxy: false,
             on_lag: None,
+            delta: false,
         }
     }
 }

@@ -44,6 +44,9 @@ pub struct SubscriptionState {
     /// token's `topics`), not by the client's `sub`: a resume restores it
     /// without checking the token's grants.
     pub server: bool,
+    /// The client's `sub` asked for deltas and was granted them: a resume
+    /// keeps sending them (after a first message in full).
+    pub delta: bool,
 }
 
 /// Keeps session snapshots for the resume window.

@@ -504,6 +504,7 @@ fn snapshot(topic: &str, position: u64) -> SessionSnapshot {
             acked: position,
             told: false,
             server: false,
+            delta: false,
         }],
     }
 }

@@ -1,8 +1,10 @@
 //! `herald-cli`: Herald from a terminal or a script.
 //!
-//! - `herald-cli sub TOPIC [--since N]`: prints each message as a JSON line
-//!   (`{"topic","epoch","seq","data"}`) on stdout, resuming across
-//!   reconnects; what else happens (connects, resets) goes to stderr.
+//! - `herald-cli sub TOPIC [--since N] [--delta]`: prints each message as a
+//!   JSON line (`{"topic","epoch","seq","data"}`; binary data as a base64
+//!   string with `"binary":true`) on stdout, resuming across reconnects;
+//!   what else happens (connects, resets) goes to stderr. `--delta` asks
+//!   for deltas (state topics): the lines are the same, whole.
 //! - `herald-cli pub TOPIC DATA`: publishes over the HTTP API and prints
 //!   the answer (`{"seq","epoch"}`).
 //! - `herald-cli presence TOPIC`: every page of the topic's presence over
@@ -16,12 +18,17 @@
 //!   `data` (JSON); a refusal is the backend's code and message on stderr
 //!   and exit status 1. `--hello-data` (every command that connects has
 //!   it) is `hello.data`, for a connect proxy (docs/hooks.md).
+//!
+//! Every command that connects takes `--protobuf`: speak the
+//! `herald.v1.protobuf` subprotocol instead of JSON (the output is the same).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use herald_client::{Client, Event, HistoryQuery, Since, State};
+use herald_client::{
+    Builder, Client, Data, Event, HistoryQuery, Protocol, Since, State, SubscribeOptions,
+};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -67,6 +74,13 @@ enum Command {
         /// Exit after this many messages.
         #[arg(long)]
         count: Option<u64>,
+        /// Ask for deltas (a namespace with `delta = true`): fewer bytes on
+        /// the wire, the same lines printed.
+        #[arg(long)]
+        delta: bool,
+        /// Speak the `herald.v1.protobuf` subprotocol instead of JSON.
+        #[arg(long)]
+        protobuf: bool,
     },
     /// Publish DATA (JSON; anything else is sent as a JSON string) over the HTTP API.
     Pub {
@@ -130,6 +144,48 @@ struct Conn {
     /// connect proxy reads when there is no token.
     #[arg(long)]
     hello_data: Option<String>,
+    /// Speak the `herald.v1.protobuf` subprotocol instead of JSON.
+    #[arg(long)]
+    protobuf: bool,
+}
+
+fn protocol(protobuf: bool) -> Protocol {
+    if protobuf {
+        Protocol::Protobuf
+    } else {
+        Protocol::Json
+    }
+}
+
+/// `{"data": ...}` as the JSON protocol writes it: JSON as it is, binary
+/// data as base64 with `"binary": true`.
+fn data_fields(data: &Data) -> serde_json::Map<String, Value> {
+    let mut fields = serde_json::Map::new();
+    match data {
+        Data::Json(raw) => {
+            let value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+            fields.insert("data".to_owned(), value);
+        }
+        Data::Binary(_) => {
+            fields.insert(
+                "data".to_owned(),
+                Value::String(data.to_string().trim_matches('"').to_owned()),
+            );
+            fields.insert("binary".to_owned(), Value::Bool(true));
+        }
+    }
+    fields
+}
+
+/// `builder` with `token` given on every connect.
+fn with_token(builder: Builder, token: Option<String>) -> Builder {
+    match token {
+        Some(token) => builder.token(move || {
+            let token = token.clone();
+            async move { Ok::<_, String>(token) }
+        }),
+        None => builder,
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -143,9 +199,12 @@ async fn main() -> ExitCode {
             urls,
             token,
             count,
+            delta,
+            protobuf,
         } => {
             let since = since.map(|seq| Since { seq, epoch });
-            sub(topic, since, urls, token, count).await
+            let builder = with_token(Client::builder(urls), token).protocol(protocol(protobuf));
+            sub(topic, SubscribeOptions { since, delta }, builder, count).await
         }
         Command::Pub {
             topic,
@@ -193,20 +252,15 @@ async fn main() -> ExitCode {
 
 async fn sub(
     topic: String,
-    since: Option<Since>,
-    urls: Vec<String>,
-    token: Option<String>,
+    options: SubscribeOptions,
+    builder: Builder,
     count: Option<u64>,
 ) -> Result<(), String> {
-    let mut builder = Client::builder(urls);
-    if let Some(token) = token {
-        builder = builder.token(move || {
-            let token = token.clone();
-            async move { Ok::<_, String>(token) }
-        });
-    }
+    let asked_delta = options.delta;
     let (client, mut events) = builder.build().map_err(|e| e.to_string())?;
-    client.subscribe(topic, since).map_err(|e| e.to_string())?;
+    client
+        .subscribe_with(topic, options)
+        .map_err(|e| e.to_string())?;
     let mut stdout = tokio::io::stdout();
     let mut printed = 0u64;
     if count == Some(0) {
@@ -215,9 +269,12 @@ async fn sub(
     while let Some(event) = events.next().await {
         match event {
             Event::Message(m) => {
-                let line =
-                    json!({"topic": &*m.topic, "epoch": &*m.epoch, "seq": m.seq, "data": m.data});
-                let line = format!("{line}\n");
+                let mut line = serde_json::Map::new();
+                line.insert("topic".to_owned(), json!(&*m.topic));
+                line.insert("epoch".to_owned(), json!(&*m.epoch));
+                line.insert("seq".to_owned(), json!(m.seq));
+                line.extend(data_fields(&m.data));
+                let line = format!("{}\n", Value::Object(line));
                 stdout
                     .write_all(line.as_bytes())
                     .await
@@ -234,13 +291,21 @@ async fn sub(
                 epoch,
                 seq,
                 recovered,
+                delta,
             } => {
                 let recovered = match recovered {
                     Some(true) => ", recovered",
                     Some(false) => ", NOT recovered: resync",
                     None => "",
                 };
-                eprintln!("subscribed to {topic} after seq {seq} of epoch {epoch}{recovered}");
+                let delta = match (asked_delta, delta) {
+                    (true, true) => ", deltas",
+                    (true, false) => ", no deltas (the namespace has none)",
+                    _ => "",
+                };
+                eprintln!(
+                    "subscribed to {topic} after seq {seq} of epoch {epoch}{recovered}{delta}"
+                );
             }
             Event::Reset { topic, epoch, seq } => {
                 eprintln!(
@@ -263,15 +328,10 @@ async fn sub(
 /// A client of `url` whose events are drained (a query's answer comes
 /// while someone reads them); a terminal error ends the query.
 fn query_client(conn: Conn) -> Result<(Client, tokio::sync::oneshot::Receiver<String>), String> {
-    let mut builder = Client::builder([conn.url]);
+    let mut builder =
+        with_token(Client::builder([conn.url]), conn.token).protocol(protocol(conn.protobuf));
     if let Some(data) = conn.hello_data {
         builder = builder.hello_data(&json_or_string(&data));
-    }
-    if let Some(token) = conn.token {
-        builder = builder.token(move || {
-            let token = token.clone();
-            async move { Ok::<_, String>(token) }
-        });
     }
     let (client, mut events) = builder.build().map_err(|e| e.to_string())?;
     let (fatal, fatal_rx) = tokio::sync::oneshot::channel();
@@ -338,8 +398,10 @@ async fn history(topic: String, conn: Conn, query: HistoryQuery) -> Result<(), S
         .publications
         .iter()
         .map(|p| {
-            let data: Value = serde_json::from_str(p.data.get()).unwrap_or(Value::Null);
-            json!({"seq": p.seq, "data": data})
+            let mut item = serde_json::Map::new();
+            item.insert("seq".to_owned(), json!(p.seq));
+            item.extend(data_fields(&p.data));
+            Value::Object(item)
         })
         .collect();
     let out = json!({

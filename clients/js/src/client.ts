@@ -4,16 +4,21 @@ import { HeraldError, closeError, errorFor, isTerminalClose } from './errors.js'
 import {
   parseFrame,
   type Command,
+  type DecodedFrame,
+  type DeltaDecoder,
   type ErrFrame,
   type HelloCommand,
   type HistoryCommand,
+  type MsgBytes,
+  type MsgFrame,
   type OkFrame,
+  type Opener,
   type PresenceCommand,
+  type ProtobufCodec,
   type PubCommand,
   type Publication,
   type RefreshCommand,
   type RpcCommand,
-  type ServerFrame,
   type UnsubscribedFrame,
   type WelcomeFrame,
 } from './frame.js';
@@ -30,6 +35,7 @@ import {
   type HelloData,
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
+import { fromBase64 } from './payload.js';
 import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
 import { Subscription, type Owner } from './subscription.js';
 import { openStream, type Fetch } from './stream.js';
@@ -139,6 +145,13 @@ export interface SubscribeOptions {
    * proxy. What the proxy attaches comes back as `subscribed`'s `data`.
    */
   data?: unknown;
+  /**
+   * Ask for deltas (where the namespace has `delta = true`): the server
+   * sends a message as a delta against the one before where that is
+   * smaller, and the client applies it (the client's `delta` option), so
+   * that `message` gives the full data as always.
+   */
+  delta?: boolean;
 }
 
 /** The options of {@link HeraldClient.rpc}. */
@@ -212,6 +225,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #url = '';
   #Socket: SocketClass | undefined;
   #fetch: Fetch | undefined;
+  #protobuf: ProtobufCodec | undefined;
+  #delta: DeltaDecoder | undefined;
+  #opener: Opener | undefined;
   #fallback: Fallback;
   #initialMs: number;
   #maxMs: number;
@@ -262,6 +278,12 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     if (!this.#fetch && mode === 'stream') throw new TypeError('HeraldClient: no global fetch here; pass `fetch`');
     // Without `fetch`, `auto` is the WebSocket alone.
     this.#fallback = new Fallback(this.#fetch ? mode : 'websocket', options.webSocketRetryMs ?? DEFAULT_WEBSOCKET_RETRY_MS);
+    if (options.protocol === 'protobuf') {
+      this.#protobuf = options.protobuf;
+      if (!this.#protobuf) throw new TypeError('HeraldClient: no `protobuf` codec');
+    }
+    this.#delta = options.delta;
+    this.#opener = this.#delta?.open ?? this.#protobuf?.open;
     this.#getToken = options.getToken;
     this.#helloData = options.helloData;
     this.#initialMs = options.backoff?.initialMs ?? DEFAULT_BACKOFF_INITIAL_MS;
@@ -314,7 +336,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    */
   subscribe<T = unknown>(topic: string, options: SubscribeOptions = {}): Subscription<T> {
     if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
-    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e), options.data);
+    if (options.delta && !this.#delta) throw new TypeError('HeraldClient: no `delta` decoder');
+    const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e), options.data, options.delta);
     this.#subs.set(topic, sub);
     if (this.#welcomed) this.#subscribe(sub);
     return sub;
@@ -415,8 +438,10 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       topic: ok.topic ?? topic,
       epoch: ok.epoch ?? '',
       seq: ok.seq ?? 0,
-      // `T` is the app's word for what publishers send: nothing here checks it.
-      publications: (ok.publications ?? []) as Publication<T>[],
+      // Bytes in base64 (JSON) read back; `T` is the app's word for what publishers send: nothing here checks it.
+      publications: (ok.publications ?? []).map((p) =>
+        p.binary && typeof p.data === 'string' ? { ...p, data: fromBase64(p.data) } : p,
+      ) as Publication<T>[],
     };
   }
 
@@ -463,7 +488,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     if (this.session) hello.resume = this.session;
     if (data !== undefined) hello.data = data;
     const handlers: LinkHandlers = {
-      frame: (text) => gen === this.#gen && this.#frame(text),
+      frame: (data) => gen === this.#gen && this.#frame(data),
       beat: () => gen === this.#gen && this.#heartbeat.alive(),
       closed: (code, reason) => this.#lost(gen, code, reason),
     };
@@ -474,7 +499,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#linkTransport = transport;
     try {
       this.#link =
-        transport === 'stream' ? openStream(this.#fetch!, url, hello, handlers) : openWebSocket(this.#Socket!, url, hello, handlers);
+        transport === 'stream'
+          ? openStream(this.#fetch!, url, hello, handlers)
+          : openWebSocket(this.#Socket!, url, hello, handlers, this.#protobuf);
     } catch (e) {
       this.#stop(new HeraldError('closed', `cannot open ${url}: ${e}`));
       return;
@@ -544,10 +571,10 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   // ---------------------------------------------------------------- messages
 
-  #frame(text: string): void {
-    let m: ServerFrame | undefined;
+  #frame(data: string | Uint8Array): void {
+    let m: DecodedFrame | undefined;
     try {
-      m = parseFrame(text);
+      m = typeof data === 'string' ? parseFrame(data) : this.#protobuf?.decode(data);
     } catch {
       return;
     }
@@ -558,7 +585,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       case 'welcome':
         return this.#welcome(m);
       case 'msg':
-        return this.#sub(m.topic)?._msg(m.seq, m.data);
+        return this.#msg(m);
       case 'reset':
         return this.#sub(m.topic)?._reset(m.epoch, m.seq);
       case 'ok':
@@ -613,7 +640,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
         return;
       }
-      sub._ok(m.seq ?? 0, m.epoch, m.recovered, m.data);
+      sub._ok(m.seq ?? 0, m.epoch, m.recovered, m.data, m.delta);
       return;
     }
     const p = this.#pending.get(id);
@@ -622,6 +649,31 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       clearTimeout(p.timer);
       p.resolve(m);
     }
+  }
+
+  #msg(m: MsgFrame | MsgBytes): void {
+    const sub = this.#sub(m.topic);
+    if (!sub || sub._resyncing) return;
+    let data: unknown;
+    try {
+      data = sub._open(m, this.#opener, this.#delta);
+    } catch (e) {
+      // Data that cannot be made (not JSON) is ignored, as a frame that is
+      // not JSON is. A delta that does not apply is not: rather than hand
+      // over wrong data or skip a seq, subscribe again after the last seq
+      // handed over (the server replays from there, and sends the next live
+      // message in full).
+      if (!m.delta) return;
+      console.warn(`herald: ${m.topic}: ${e}; subscribing again`);
+      sub._resyncing = true;
+      if (sub._held) {
+        sub._held = false;
+        this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
+      }
+      this.#subscribe(sub);
+      return;
+    }
+    sub._msg(m.seq, data);
   }
 
   /** A subscription the server made: a new one for the app, unless it has the topic already. */

@@ -28,8 +28,10 @@ export interface PresenceMember {
 /** One kept message of a topic, in a `history` answer. */
 export interface Publication<T = unknown> {
   seq: number;
-  /** Any JSON value, as published. */
+  /** Any JSON value, as published; a `Uint8Array` where it was published as bytes (`binary`). */
   data: T;
+  /** The data was published as bytes (base64 in a JSON frame; a `Uint8Array` once read). */
+  binary?: boolean;
 }
 
 /**
@@ -65,16 +67,86 @@ export interface OkFrame {
   publications?: Publication[];
   /** `rpc`: the backend's reply; `sub`: what the subscribe proxy attached (any JSON value). */
   data?: unknown;
+  /** `sub` with `delta`: deltas were granted (the namespace has `delta = true`). */
+  delta?: boolean;
 }
 
-/** A message of a topic. */
+/**
+ * A message of a topic, in one of three forms: `data` (any JSON value, as
+ * published; with `binary`, the published bytes in base64), or, in a
+ * subscription with deltas, `full` (the data's JSON text, as a string, so
+ * that the client holds its exact bytes) or `delta` (a Fossil delta from the
+ * previous message's data to this one's, one char per byte).
+ */
 export interface MsgFrame {
   op: 'msg';
   topic: string;
   seq: number;
-  /** Any JSON value, as published. */
-  data: unknown;
+  data?: unknown;
+  binary?: boolean;
+  full?: string;
+  delta?: string;
 }
+
+/**
+ * A `msg` as a protobuf codec hands it over: the data's bytes
+ * (JSON text, or with `binary` the published bytes; with `delta`, a Fossil
+ * delta against the previous message's data).
+ */
+export interface MsgBytes {
+  op: 'msg';
+  topic: string;
+  seq: number;
+  bytes: Uint8Array;
+  delta?: boolean;
+  binary?: boolean;
+}
+
+/** A frame decoded from a binary message by a protobuf codec. */
+export type DecodedFrame = ServerFrame | MsgBytes;
+
+/**
+ * The codec `protocol: 'protobuf'` speaks (`protobuf` of
+ * `@herald/client/protobuf`): a command to one binary message, one to the
+ * server's frame (`undefined` for one the client does not know; throws on
+ * bytes that do not decode).
+ */
+export interface ProtobufCodec {
+  encode(command: Command): Uint8Array;
+  decode(bytes: Uint8Array): DecodedFrame | undefined;
+  /** @internal The full data of a `msg` (`openMsg`: here so that a client without codec or decoder does not carry it). */
+  open: Opener;
+}
+
+/**
+ * What applies the deltas of a subscription with `delta` (`fossil` of
+ * `@herald/client/delta`): the target from the base and the delta; throws
+ * when the delta does not apply to the base (its checksum).
+ */
+export interface DeltaDecoder {
+  apply(base: Uint8Array, delta: Uint8Array): Uint8Array;
+  /** @internal As {@link ProtobufCodec.open}. */
+  open: Opener;
+}
+
+/**
+ * What a subscription with deltas holds to apply the next one:
+ * the exact bytes of the data of `seq` (as the server had them: a delta is
+ * made from those bytes, not from what JSON.parse made of them).
+ */
+export interface Base {
+  seq: number;
+  bytes: Uint8Array;
+}
+
+/** A `msg`'s data as the app sees it, and the base the next delta applies to (none: the next one is full). */
+export interface Opened {
+  data: unknown;
+  base: Base | undefined;
+}
+
+/** The full data of a `msg` (see `openMsg`). */
+export type Opener = (m: MsgFrame | MsgBytes, base: Base | undefined, decoder: DeltaDecoder | undefined) => Opened;
 
 /** A command failed, or the server ended a subscription (no `id` then; `topic` names it). */
 export interface ErrFrame {
@@ -151,6 +223,8 @@ export interface SubCommand {
   epoch?: string;
   /** Any JSON value, given to the namespace's subscribe proxy. */
   data?: unknown;
+  /** Deltas, where the namespace has `delta = true`. */
+  delta?: boolean;
 }
 
 export interface UnsubCommand {

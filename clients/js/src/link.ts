@@ -10,8 +10,8 @@ export type Transport = 'websocket' | 'stream';
 
 /** What a link tells the client. Nothing is called after the link's `close()`. */
 export interface LinkHandlers {
-  /** A frame from the server (one JSON text). */
-  frame(text: string): void;
+  /** A frame from the server: one JSON text, or one binary message (protobuf). */
+  frame(data: string | Uint8Array): void;
   /** A heartbeat the server sent (a WebSocket ping the socket shows, an empty line of a stream): life. */
   beat(): void;
   /**

@@ -1,4 +1,5 @@
 import type { TransportOption } from './fallback.js';
+import type { DeltaDecoder, ProtobufCodec } from './frame.js';
 import type { TokenSource } from './refresh.js';
 import type { Fetch } from './stream.js';
 
@@ -50,9 +51,24 @@ export interface HeraldClientOptions {
   timeoutMs?: number;
   /**
    * A WebSocket constructor (the `ws` package on Node 20, which has no global
-   * one). Default: `globalThis.WebSocket`.
+   * one). Default: `globalThis.WebSocket`. With `protocol: 'protobuf'` it is
+   * given the subprotocol too (`new WebSocket(url, ['herald.v1.protobuf'])`).
    */
-  WebSocket?: new (url: string) => unknown;
+  WebSocket?: new (url: string, protocols?: string[]) => unknown;
+  /**
+   * `json` (default): JSON text frames. `protobuf`: binary frames, each one
+   * of herald.proto's messages (the WebSocket offers `herald.v1.protobuf`),
+   * smaller on the wire; needs the codec, `protobuf` below. HTTP-streaming,
+   * and a server that does not select the subprotocol, speak JSON.
+   */
+  protocol?: 'json' | 'protobuf';
+  /** The codec of `protocol: 'protobuf'`: `import { protobuf } from '@herald/client/protobuf'`. */
+  protobuf?: ProtobufCodec;
+  /**
+   * What applies the deltas of a `subscribe(topic, { delta: true })`:
+   * `import { fossil } from '@herald/client/delta'`.
+   */
+  delta?: DeltaDecoder;
   /**
    * `auto` (default): the WebSocket; where it cannot be opened (the upgrade
    * refused or blocked, or closed before `welcome` 3 times in a row),

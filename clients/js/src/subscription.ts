@@ -1,6 +1,7 @@
 import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
-import type { AckCommand, PresenceDiffFrame, SubCommand } from './frame.js';
+import type { AckCommand, Base, DeltaDecoder, MsgBytes, MsgFrame, Opener, PresenceDiffFrame, SubCommand } from './frame.js';
+import { fromBase64 } from './payload.js';
 import { Presence, type PresenceSource } from './presence.js';
 
 /** A message handed to the application: each `seq` once, in order, within an `epoch`. */
@@ -35,6 +36,8 @@ export interface Subscribed {
    * JSON value), on the `subscribed` that answers a `sub`; absent otherwise.
    */
   data?: unknown;
+  /** Deltas were asked for and granted (the namespace has `delta = true`): on the `subscribed` that answers a `sub`. */
+  delta?: boolean;
 }
 
 /** Continuity was lost: resync the topic from its source, then continue live after `seq` in `epoch`. */
@@ -114,6 +117,16 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   #presence: Presence | undefined;
   /** `sub.data`, for the subscribe proxy. */
   #data: unknown;
+  /** Deltas asked for. */
+  #delta: boolean;
+  /** The data the next delta applies to (deltas only). */
+  #base: Base | undefined;
+  /**
+   * @internal A delta did not apply: the topic is being subscribed again
+   * from {@link Subscription.seq}, and its messages are ignored until the
+   * `ok` (they are replayed after it).
+   */
+  _resyncing = false;
 
   /** @internal */
   constructor(
@@ -123,9 +136,11 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     epoch: string | undefined,
     fault: Fault,
     data?: unknown,
+    delta = false,
   ) {
     super(fault);
     this.#data = data;
+    this.#delta = delta;
     this.#fault = fault;
     this.#owner = owner;
     this.topic = topic;
@@ -170,6 +185,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   /** @internal A subscription the server made (`ok` with `reason`, no `id`). */
   _server(seq: number, epoch: string | undefined, recovered: boolean | undefined): void {
     this._held = true;
+    this.#base = undefined;
     this.#wire = Math.max(this.#wire ?? 0, seq);
     this.epoch = epoch;
     if (recovered === true) {
@@ -204,14 +220,18 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
       if (this.epoch !== undefined) sub.epoch = this.epoch;
     }
     if (this.#data !== undefined) sub.data = this.#data;
+    if (this.#delta) sub.delta = true;
     return sub;
   }
 
   /** @internal The `ok` to our `sub`. */
-  _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined, data?: unknown): void {
+  _ok(seq: number, epoch: string | undefined, recovered: boolean | undefined, data?: unknown, delta?: boolean): void {
     this._held = true;
-    // The subscribe proxy's `data`, on each `subscribed` this `ok` causes.
-    const extra = data === undefined ? {} : { data };
+    this._resyncing = false;
+    this.#base = undefined;
+    // The subscribe proxy's `data`, and whether deltas were granted, on each `subscribed` this `ok` causes.
+    const extra: { data?: unknown; delta?: boolean } = data === undefined ? {} : { data };
+    if (delta) extra.delta = true;
     const since = this.#since;
     this.#since = undefined;
     this.#wire = Math.max(this.#wire ?? 0, seq);
@@ -240,10 +260,26 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
 
   /** @internal A resumed session brought the subscription back. */
   _resumed(): void {
+    this._resyncing = false;
+    this.#base = undefined;
     // The pod vouches for what we acked (it replays after it), so an ack up to it is safe.
     if (this.#ackedEpoch === this.epoch && this.#acked >= 0) this.#wire = this.#acked;
     this.emit('subscribed', { topic: this.topic, seq: this.seq, epoch: this.epoch, recovered: true, resumed: true });
     this.#subscribed();
+  }
+
+  /**
+   * @internal The full data of a `msg` (a delta applied), keeping the base
+   * for the next one. Throws where it cannot be made: the base is gone then.
+   */
+  _open(m: MsgFrame | MsgBytes, open: Opener | undefined, decoder: DeltaDecoder | undefined): unknown {
+    const base = this.#base;
+    this.#base = undefined;
+    // Without a codec or a decoder, only the plain form comes.
+    if (!open) return (m as MsgFrame).binary ? fromBase64((m as MsgFrame).data as string) : (m as MsgFrame).data;
+    const opened = open(m, base, decoder);
+    if (this.#delta) this.#base = opened.base;
+    return opened.data;
   }
 
   /** @internal A `msg`. */
@@ -263,6 +299,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
 
   /** @internal A `reset`, or a `sub` with `since` that could not be recovered. */
   _reset(epoch: string | undefined, seq: number): void {
+    this.#base = undefined;
     if (epoch !== undefined && epoch === this.epoch && this.seq !== undefined && seq <= this.seq) {
       // Told again of the epoch we are in (a resume repeats a reset we may
       // not have read): nothing was skipped, carry on.
@@ -293,5 +330,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   _disconnected(): void {
     this.#wire = undefined;
     this.#since = undefined;
+    this.#base = undefined;
+    this._resyncing = false;
   }
 }

@@ -30,12 +30,22 @@ const TS_TYPE = { uint64: 'number', uint32: 'number', string: 'string', bool: 'b
 /**
  * Where the SDK's type says more than the proto can: `ok.id` is absent from
  * an `ok` the server sends on its own (proto3's 0, left out of the JSON), and
- * `info` is a JSON object (the proto's JSON text).
+ * `info` is a JSON object (the proto's JSON text). A `msg` comes in one of
+ * three forms in JSON: `data` (with `binary`, base64), or in a subscription
+ * with deltas `full` or `delta` (a string, one char per byte); a binary
+ * publication's `binary` is there only when true.
  */
 const REFINED = new Map([
   ['ok.id', { optional: true, type: 'number' }],
   ['PresenceMember.info', { optional: true, type: 'Record<string, unknown>' }],
+  ['msg.data', { optional: true, type: 'unknown' }],
+  ['msg.delta', { optional: true, type: 'string' }],
+  ['msg.binary', { optional: true, type: 'boolean' }],
+  ['Publication.binary', { optional: true, type: 'boolean' }],
 ]);
+
+/** Fields of the JSON protocol that protobuf does without: a `msg`'s `full` (protobuf's `data` is the exact bytes). */
+const JSON_ONLY = new Map([['msg.full', { optional: true, type: 'string' }]]);
 
 /** The body of `message <name> { ... }`, without comments. */
 function messageBody(name) {
@@ -71,6 +81,7 @@ function protoFields(name, key = name) {
       REFINED.get(`${key}.${field}`) ?? { optional: label !== undefined, type: repeated ? `${ts}[]` : ts },
     );
   }
+  for (const [path, f] of JSON_ONLY) if (path.startsWith(`${key}.`)) fields.set(path.slice(key.length + 1), f);
   return fields;
 }
 
@@ -222,6 +233,11 @@ test('the parser: a frame the client knows passes as it came; anything else is u
     { op: 'ok', id: 6, data: { cart: ['A-1'] } },
     { op: 'ok', id: 7, topic: 'room:1', seq: 0, epoch: '9f3c', data: { role: 'guest' } },
     { op: 'err', id: 8, code: 'insufficient_funds', message: 'balance 0' },
+    { op: 'ok', id: 9, topic: 'scores', seq: 42, epoch: '9f3c', delta: true },
+    { op: 'msg', topic: 'scores', seq: 43, full: '{"round":1}' },
+    { op: 'msg', topic: 'scores', seq: 44, delta: '9\n3@0,6:"2}\u00ff1ZDO;' },
+    { op: 'msg', topic: 'frames', seq: 7, data: 'AP/DKA==', binary: true },
+    { op: 'ok', id: 10, topic: 'frames', epoch: '9f3c', seq: 7, publications: [{ seq: 7, data: 'AP/DKA==', binary: true }] },
   ];
   for (const frame of frames) assert.deepEqual(parseFrame(JSON.stringify(frame)), frame);
   const turnedAway = [

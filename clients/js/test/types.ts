@@ -20,6 +20,8 @@ import {
   type TransportChange,
 } from '../dist/index.js';
 import { parseFrame, type Command, type ServerFrame } from '../src/frame.js';
+import { protobuf } from '../dist/protobuf.js';
+import { fossil } from '../dist/delta.js';
 
 /** `true` only if `A` and `B` are the same type. */
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
@@ -226,3 +228,22 @@ new HeraldClient({ urls: 'wss://h/ws', transport: 'auto' });
 new HeraldClient({ urls: 'wss://h/ws', transport: 'long-polling' });
 // @ts-expect-error: read-only: `transport` says which is in use, the option picks
 client.transport = 'stream';
+
+// ---------------------------------------------------------------- protobuf and deltas
+
+// The extras come from entry points of their own (as an app imports them: dist/protobuf.d.ts, dist/delta.d.ts).
+new HeraldClient({ urls: 'wss://h/ws', protocol: 'protobuf', protobuf, delta: fossil });
+new HeraldClient({ urls: 'wss://h/ws', protocol: 'json' });
+// @ts-expect-error: no such protocol
+new HeraldClient({ urls: 'wss://h/ws', protocol: 'msgpack' });
+// @ts-expect-error: the codec is an object of the protobuf entry, not a name
+new HeraldClient({ urls: 'wss://h/ws', protocol: 'protobuf', protobuf: 'protobuf' });
+const board = client.subscribe<{ round: number } | Uint8Array>('scores', { delta: true });
+board.on('subscribed', (s) => same<typeof s.delta, boolean | undefined>(true));
+board.on('message', (m) => {
+  // Binary data is a Uint8Array: an app whose topic carries bytes says so in `T`.
+  if (m.data instanceof Uint8Array) same<typeof m.data, Uint8Array>(true);
+  else same<typeof m.data.round, number>(true);
+});
+// @ts-expect-error: `delta` is a flag
+client.subscribe('scores', { delta: 'yes' });

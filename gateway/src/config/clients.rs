@@ -46,6 +46,12 @@ pub struct WebSocketConfig {
     pub ipv6_prefix: u8,
     /// permessage-deflate (`[websocket.compression]`).
     pub compression: super::CompressionConfig,
+    /// The kernel's send buffer per client connection (`SO_SNDBUF`), in
+    /// bytes; 0 leaves it to the kernel's autotuning. Bounded, a client that
+    /// stops reading fills it soon and its outgoing queue takes over (its
+    /// namespace's `on_lag`), instead of the kernel copying megabytes into
+    /// a buffer nobody reads.
+    pub send_buffer_bytes: usize,
 }
 
 impl WebSocketConfig {
@@ -163,6 +169,7 @@ impl Default for WebSocketConfig {
             ipv4_prefix: DEFAULT_IPV4_PREFIX,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             compression: super::CompressionConfig::default(),
+            send_buffer_bytes: 0,
         }
     }
 }

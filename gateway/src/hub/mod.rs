@@ -27,6 +27,10 @@
 //! history after the cursor at the client's pace and goes live again
 //! ([`Hub::caught_up`]) as a replay does. `disconnect` and `drop_newest`
 //! are the connection's overflow rules, as before namespaces had a say.
+//!
+//! A subscriber of a state topic that asked for deltas is sent each live
+//! publication as a Fossil delta against the one before where it can take
+//! one, and in full otherwise ([`delta`]).
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -42,14 +46,19 @@ use tracing::Span;
 
 use crate::admission::ConnId;
 use crate::config::Overflow;
-use crate::frame::{self, Format, Frames};
+use crate::frame::{self, Body, Format, Frames, Variant};
 use crate::metrics::Metrics;
 use crate::outbound::{IdleSockets, Mark, Outbound, Pushed};
 use crate::telemetry;
 
 mod cursor;
+mod delta;
+mod holding;
 
 pub use cursor::{Kind, admit};
+use delta::{Delta, Encoder, Last};
+pub use holding::CaughtUp;
+use holding::{Held, Holding};
 
 const SHARDS: usize = 64;
 
@@ -69,6 +78,10 @@ struct LocalTopic {
     /// The newest seq any subscriber here was sent or told of: no client
     /// can have seen, and so ack, anything above it.
     head: u64,
+    /// Subscribers that asked for deltas; while there are any, the topic's
+    /// newest publication is kept in `last`, the base of the next delta.
+    deltas: usize,
+    last: Option<Last>,
 }
 
 struct Subscriber {
@@ -82,63 +95,8 @@ struct Subscriber {
     pending: Option<Holding>,
     /// What a frame its queue has no room for leads to.
     on_lag: OnLag,
-}
-
-/// What a subscriber that reads history holds aside.
-#[derive(Default)]
-struct Holding {
-    frames: Vec<Held>,
-    bytes: usize,
-    /// More came than the bounds hold: everything held was dropped, and
-    /// nothing is held until the session asks again. History has it all.
-    overrun: bool,
-    /// It was live and lagged: a catch-up, not a subscribe handshake, reads
-    /// its history ([`Hub::caught_up`]).
-    lag: bool,
-}
-
-impl Holding {
-    /// Nothing held, and nothing to be until the session asks again.
-    fn overrun(lag: bool) -> Self {
-        Self {
-            overrun: true,
-            lag,
-            ..Self::default()
-        }
-    }
-
-    /// Holding aside from now.
-    fn fresh(lag: bool) -> Self {
-        Self {
-            lag,
-            ..Self::default()
-        }
-    }
-}
-
-/// What [`Hub::caught_up`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CaughtUp {
-    /// Back on the live stream: what was held aside past the position is
-    /// queued.
-    Live,
-    /// More arrived meanwhile than could be held: nothing was sent, it
-    /// holds aside from now, and the catch-up reads on from history.
-    Overrun,
-    /// The queue had no room for all that was held: it lags again, from
-    /// this position (the last frame queued); the catch-up reads on.
-    Lagged(Position),
-    /// Not a lagging subscriber of the topic any more (it left).
-    Gone,
-}
-
-/// A frame held aside for a subscriber that reads history.
-struct Held {
-    kind: Kind,
-    epoch: Epoch,
-    seq: u64,
-    frame: Bytes,
-    at: Instant,
+    /// Whether it asked for deltas, and what base it holds.
+    delta: Delta,
 }
 
 /// Where a subscriber keeps its place for a resume (the session's
@@ -190,23 +148,25 @@ impl Hub {
         out: Outbound,
         session: impl Resets + 'static,
     ) -> Joined {
-        let on_lag = match out.overflow_rule() {
-            Overflow::Disconnect => OnLag::Disconnect,
-            Overflow::DropNewest => OnLag::DropNewest,
-        };
-        self.join_as(topic, conn, out, session, on_lag)
+        self.join_as(topic, conn, out, session, None, false)
     }
 
     /// Adds a buffering subscriber with the lag policy `on_lag` (its
-    /// namespace's).
+    /// namespace's; `None`: its queue's overflow rule), sent deltas where
+    /// `delta` (granted: its namespace has them, and it asked).
     pub fn join_as(
         &self,
         topic: &Topic,
         conn: ConnId,
         out: Outbound,
         session: impl Resets + 'static,
-        on_lag: OnLag,
+        on_lag: Option<OnLag>,
+        delta: bool,
     ) -> Joined {
+        let on_lag = on_lag.unwrap_or(match out.overflow_rule() {
+            Overflow::Disconnect => OnLag::Disconnect,
+            Overflow::DropNewest => OnLag::DropNewest,
+        });
         let mut shard = self.shard(topic);
         let local = shard.entry(topic.clone()).or_insert_with(|| {
             self.metrics.topics.inc();
@@ -214,6 +174,8 @@ impl Hub {
                 subscribers: HashMap::new(),
                 watched: Arc::new(OnceCell::new()),
                 head: 0,
+                deltas: 0,
+                last: None,
             }
         });
         let subscriber = Subscriber {
@@ -225,9 +187,12 @@ impl Hub {
             },
             pending: Some(Holding::default()),
             on_lag,
+            delta: Delta::new(delta),
         };
-        if local.subscribers.insert(conn, subscriber).is_none() {
-            self.metrics.subscriptions.inc();
+        local.deltas += usize::from(delta);
+        match local.subscribers.insert(conn, subscriber) {
+            None => self.metrics.subscriptions.inc(),
+            Some(before) => local.deltas -= usize::from(before.delta.is_on()),
         }
         Joined {
             watched: local.watched.clone(),
@@ -286,6 +251,9 @@ impl Hub {
             return CaughtUp::Overrun;
         }
         subscriber.cursor = position.clone();
+        // It was sent history: the next message is full (the frames held
+        // aside are).
+        subscriber.delta.lost();
         let held = subscriber.pending.take().unwrap_or_default();
         let mut result = CaughtUp::Live;
         for held in held.frames {
@@ -294,7 +262,7 @@ impl Hub {
                 subscriber,
                 held.kind,
                 (&held.epoch, held.seq),
-                held.frame,
+                (held.frame, held.variant),
                 held.at,
                 &mut idle,
             );
@@ -302,6 +270,7 @@ impl Hub {
                 // The rest is dropped with the holding: history has it.
                 if catching_up {
                     subscriber.pending = Some(Holding::overrun(true));
+                    subscriber.delta.lost();
                     self.metrics.lag.lagged(OnLag::CatchUp);
                     result = CaughtUp::Lagged(subscriber.cursor.clone());
                 } else {
@@ -315,10 +284,10 @@ impl Hub {
         result
     }
 
-    /// Offers a live subscriber a frame, as [`admit`] allows, applying its
-    /// lag policy when its queue has no room. False when it lags
-    /// (`catch_up`): its cursor was left where it was, and the caller marks
-    /// it lagging.
+    /// Offers a live subscriber a frame (of `variant`: what its delta base
+    /// becomes), as [`admit`] allows, applying its lag policy when its
+    /// queue has no room. False when it lags (`catch_up`): its cursor was
+    /// left where it was, and the caller marks it lagging.
     #[allow(clippy::too_many_arguments)]
     fn deliver_to(
         &self,
@@ -326,11 +295,12 @@ impl Hub {
         subscriber: &mut Subscriber,
         kind: Kind,
         position: (&Epoch, u64),
-        frame: Bytes,
+        frame: (Bytes, Variant),
         at: Instant,
         idle: &mut IdleSockets,
     ) -> bool {
         let (epoch, seq) = position;
+        let (frame, variant) = frame;
         // A reset moves the cursor to another epoch: kept to put back, as a
         // publication's seq is.
         let before = (kind == Kind::Reset).then(|| subscriber.cursor.clone());
@@ -346,6 +316,8 @@ impl Hub {
         };
         let offered = subscriber.out.offer(frame, Some(mark), at, idle);
         if offered == Pushed::Full {
+            // Whatever its policy, the client does not get this one.
+            subscriber.delta.lost();
             match subscriber.on_lag {
                 OnLag::CatchUp => {
                     match before {
@@ -363,6 +335,13 @@ impl Hub {
                     subscriber.out.overflow_as(Overflow::Disconnect);
                 }
             }
+        } else if offered == Pushed::Queued && subscriber.delta.is_on() {
+            subscriber.delta.queued(variant);
+            if kind == Kind::Publication {
+                self.metrics.delta.delivered(variant == Variant::Delta);
+            }
+        } else {
+            subscriber.delta.lost();
         }
         if kind == Kind::Reset {
             subscriber.session.reset(topic, epoch, seq);
@@ -374,6 +353,7 @@ impl Hub {
     /// to it (history holds it), and its session is told and woken.
     fn lag(&self, topic: &Topic, subscriber: &mut Subscriber) {
         subscriber.pending = Some(Holding::overrun(true));
+        subscriber.delta.lost();
         self.metrics.lag.lagged(OnLag::CatchUp);
         subscriber.session.lagged(topic, &subscriber.cursor);
         subscriber.out.poke();
@@ -390,6 +370,7 @@ impl Hub {
             && let Some(holding) = &subscriber.pending
         {
             subscriber.pending = Some(Holding::fresh(holding.lag));
+            subscriber.delta.lost();
         }
     }
 
@@ -400,8 +381,14 @@ impl Hub {
         let Some(local) = shard.get_mut(topic) else {
             return false;
         };
-        if local.subscribers.remove(&conn).is_some() {
+        if let Some(left) = local.subscribers.remove(&conn) {
             self.metrics.subscriptions.dec();
+            if left.delta.is_on() {
+                local.deltas -= 1;
+                if local.deltas == 0 {
+                    local.last = None;
+                }
+            }
         }
         if !local.subscribers.is_empty() {
             return false;
@@ -472,17 +459,20 @@ impl Hub {
 }
 
 impl Hub {
-    /// Pushes `frame` (of `position`, encoded once per format among the
-    /// subscribers) to every subscriber of `topic`, and records their number
-    /// on `span` (a traced fan-out's). The queues are filled under the shard
-    /// lock, which keeps each topic's order; the sockets are written after
-    /// it is released.
+    /// Pushes a frame of `position` to every subscriber of `topic` (each
+    /// form encoded once per format among them, by `frame`), and records
+    /// their number on `span` (a traced fan-out's). A publication (`Some`)
+    /// goes to a delta subscriber in full or as a delta against the one
+    /// before ([`delta`]). The queues are filled under the shard lock,
+    /// which keeps each topic's order; the sockets are written after it is
+    /// released.
     fn fan_out(
         &self,
         topic: &Topic,
         kind: Kind,
         position: (&Epoch, u64),
-        frame: impl Fn(Format) -> Bytes,
+        publication: Option<&Publication>,
+        frame: impl Fn((Format, Variant), Option<&[u8]>) -> Bytes,
         span: Option<&Span>,
     ) {
         let mut shard = self.shard(topic);
@@ -499,36 +489,61 @@ impl Hub {
             );
         }
         local.head = local.head.max(position.1);
-        let mut frames = Frames::new(frame);
+        let deltas = match publication {
+            Some(p) if local.deltas > 0 => {
+                Encoder::new(local.last.as_ref(), p, &self.metrics.delta)
+            }
+            _ => Encoder::none(&self.metrics.delta),
+        };
+        let binary = publication.is_some_and(|p| crate::payload::Payload::of(&p.data).is_binary());
+        let mut frames = Frames::new(|(format, variant)| {
+            let delta = match variant {
+                Variant::Delta => deltas.get(),
+                Variant::Data | Variant::Full => None,
+            };
+            frame((format, variant), delta)
+        });
         let at = Instant::now();
         let mut idle = IdleSockets::with_capacity(local.subscribers.len());
         for subscriber in local.subscribers.values_mut() {
-            let frame = frames.get(subscriber.out.format());
+            let format = subscriber.out.format();
+            let variant = match kind {
+                Kind::Publication => subscriber.delta.variant(
+                    &subscriber.cursor,
+                    format,
+                    (position.0, position.1, binary),
+                    &deltas,
+                ),
+                Kind::Reset => Variant::Data,
+            };
+            let frame = frames.get((format, variant.in_format(format)));
             match &mut subscriber.pending {
                 None => {
+                    let frame = (frame, variant);
                     if !self.deliver_to(topic, subscriber, kind, position, frame, at, &mut idle) {
                         self.lag(topic, subscriber);
                     }
                 }
                 // History holds it: the session reads it from there.
                 Some(holding) if holding.overrun => {}
-                Some(holding)
-                    if holding.frames.len() < self.max_pending
-                        && holding.bytes + frame.len() <= self.max_pending_bytes =>
-                {
-                    holding.bytes += frame.len();
-                    holding.frames.push(Held {
+                Some(holding) => {
+                    let held = Held {
                         kind,
+                        variant,
                         epoch: position.0.clone(),
                         seq: position.1,
                         frame,
                         at,
-                    });
+                    };
+                    holding.hold(held, self.max_pending, self.max_pending_bytes);
                 }
-                // More than its queue would hold: dropped, memory and all;
-                // the session reads on from history instead.
-                Some(holding) => *holding = Holding::overrun(holding.lag),
             }
+        }
+        drop(frames);
+        drop(deltas);
+        match publication {
+            Some(p) if local.deltas > 0 => Last::keep(&mut local.last, p),
+            _ => {}
         }
         drop(shard);
         idle.spawn(&self.metrics);
@@ -543,7 +558,15 @@ impl Deliver for Hub {
             &publication.topic,
             Kind::Publication,
             (&publication.epoch, publication.seq),
-            |format| frame::publication(format, publication, frame::Body::Data),
+            Some(publication),
+            |(format, variant), delta| {
+                let body = match (variant, delta) {
+                    (Variant::Delta, Some(delta)) => Body::Delta(delta),
+                    (Variant::Full, _) => Body::Full,
+                    _ => Body::Data,
+                };
+                frame::publication(format, publication, body)
+            },
             span.as_ref(),
         );
     }
@@ -557,7 +580,8 @@ impl Deliver for Hub {
             topic,
             Kind::Reset,
             (&position.epoch, position.seq),
-            |format| {
+            None,
+            |(format, _), _| {
                 frame::message(
                     format,
                     &ServerMessage::Reset {
@@ -655,7 +679,7 @@ mod tests {
             overflow: Overflow::Disconnect,
         });
         let told = Told::default();
-        hub.join_as(&topic, 1, out.clone(), told.clone(), policy);
+        hub.join_as(&topic, 1, out.clone(), told.clone(), Some(policy), false);
         let at = Position {
             epoch: epoch.clone(),
             seq: 0,

@@ -3,6 +3,7 @@
 //! Label values come from closed sets (close reasons, drop reasons, HTTP
 //! statuses, gRPC methods and codes: [`labels`]): never a topic or a session.
 
+mod delta;
 mod labels;
 mod lag;
 mod observer;
@@ -11,6 +12,7 @@ mod register;
 mod stream_commands;
 mod streams;
 
+pub use delta::DeltaMetrics;
 pub use labels::*;
 pub use lag::{CatchUpOutcome, LAG_POLICIES, LagMetrics};
 pub use proxy::{PROXIES, PROXY_FAILURES, PROXY_RESULTS, ProxyMetrics};
@@ -96,6 +98,8 @@ pub struct Metrics {
     pub stream_commands: StreamCommandMetrics,
     /// Lagging subscribers' (issue #25).
     pub lag: LagMetrics,
+    /// Deltas for state topics' (issue #26).
+    pub delta: DeltaMetrics,
 }
 
 impl Metrics {
@@ -448,6 +452,7 @@ impl Metrics {
             streams: StreamMetrics::new(r),
             stream_commands: StreamCommandMetrics::new(r),
             lag: LagMetrics::new(r),
+            delta: DeltaMetrics::new(r),
             registry,
         };
         metrics.start_at_zero();

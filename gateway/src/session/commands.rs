@@ -147,16 +147,7 @@ impl Session {
         match command {
             Command::Hello { .. } => Ok(()),
             Command::Ping { id } => {
-                self.reply(ServerMessage::Ok {
-                    id,
-                    topic: None,
-                    seq: None,
-                    epoch: None,
-                    recovered: None,
-                    expires: None,
-                    data: None,
-                })
-                .await;
+                self.ok(id, None).await;
                 Ok(())
             }
             Command::Refresh { id, token } => {
@@ -171,6 +162,7 @@ impl Session {
                 since,
                 epoch,
                 data,
+                delta,
             } => {
                 let topic = self.topic(Some(id), &topic)?;
                 let proxied = self.asks_backend(&topic, Access::Subscribe);
@@ -207,11 +199,12 @@ impl Session {
                 } else {
                     Ok(Some(SubscribeReply::default()))
                 };
+                let origin = Origin::Command(id);
                 let subscribed = match approved {
                     Ok(Some(approved)) => self
-                        .subscribe_approved(Origin::Command(id), topic.clone(), since, approved)
+                        .subscribe_approved(origin, topic.clone(), since, approved, delta)
                         .await
-                        .map_err(|e| e.to_command(Origin::Command(id), &topic)),
+                        .map_err(|e| e.to_command(origin, &topic)),
                     // The backend did not answer: told so already.
                     Ok(None) => Ok(()),
                     Err(e) => Err(e),
@@ -232,16 +225,7 @@ impl Session {
                     account.unsubscribed(&topic);
                 }
                 self.leave(&topic).await;
-                self.reply(ServerMessage::Ok {
-                    id,
-                    topic: Some(topic.as_str()),
-                    seq: None,
-                    epoch: None,
-                    recovered: None,
-                    expires: None,
-                    data: None,
-                })
-                .await;
+                self.ok(id, Some(&topic)).await;
                 Ok(())
             }
             Command::Pub { id, topic, data } => {
@@ -262,16 +246,7 @@ impl Session {
                         }
                         Some(PublishReply::Skip) => {
                             // Accepted, not published: no position.
-                            self.reply(ServerMessage::Ok {
-                                id,
-                                topic: Some(topic.as_str()),
-                                seq: None,
-                                epoch: None,
-                                recovered: None,
-                                expires: None,
-                                data: None,
-                            })
-                            .await;
+                            self.ok(id, Some(&topic)).await;
                             return Ok(());
                         }
                         // The backend did not answer: told so already.
@@ -297,6 +272,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: None,
+                    delta: None,
                 })
                 .await;
                 Ok(())
@@ -513,6 +489,21 @@ impl Session {
         .about(topic.as_str()))
     }
 
+    /// An `ok` with the command's `id` (and `topic`), nothing else.
+    async fn ok(&self, id: u64, topic: Option<&Topic>) {
+        self.reply(ServerMessage::Ok {
+            id,
+            topic: topic.map(Topic::as_str),
+            seq: None,
+            epoch: None,
+            recovered: None,
+            expires: None,
+            data: None,
+            delta: None,
+        })
+        .await;
+    }
+
     pub(super) async fn reply(&self, message: ServerMessage<'_>) {
         // A `reset` moves its topic (an SSE stream's event ids).
         let mark = match &message {
@@ -594,4 +585,29 @@ pub(super) fn broker_error(id: Option<u64>, e: &BrokerError) -> CommandError {
     };
     // With its causes, as the message said when it was one string.
     CommandError::new(id, code, Causes(e).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pubs_data_is_shared_with_its_frame_only_where_it_points_into_it() {
+        let frame = Bytes::from_static(br#"{"op":"pub","id":1,"topic":"a","data":[1,2]}"#);
+        let at = frame
+            .windows(5)
+            .position(|w| w == b"[1,2]")
+            .unwrap_or_else(|| panic!("data in the frame"));
+        let inside = &frame[at..at + 5];
+        let shared_data = shared(&frame, inside);
+        assert_eq!(
+            (&shared_data[..], shared_data.as_ptr()),
+            (&b"[1,2]"[..], inside.as_ptr())
+        );
+        // A protobuf command's data lives in the decoded message: copied.
+        let decoded = b"[1,2]".to_vec();
+        let copied = shared(&frame, &decoded);
+        assert_eq!(&copied[..], b"[1,2]");
+        assert_ne!(copied.as_ptr(), decoded.as_ptr());
+    }
 }

@@ -130,18 +130,15 @@ impl Joining {
     /// Joins `session`'s connection to `topic` as a buffering subscriber.
     ///
     /// `info`: its presence `info` in this topic, where a subscribe proxy
-    /// gave one (else its claims').
-    pub(super) fn join(session: &Session, topic: Topic, info: Option<Bytes>) -> Self {
+    /// gave one (else its claims'). `delta`: sent deltas (granted).
+    pub(super) fn join(session: &Session, topic: Topic, info: Option<Bytes>, delta: bool) -> Self {
         let node = session.node.clone();
         let (out, subscriptions) = (session.out.clone(), session.subscriptions.clone());
         // The namespace's lag policy, else the connection's overflow rule.
         let on_lag = node.namespaces.get(&topic).and_then(|ns| ns.on_lag());
-        let joined = match on_lag {
-            Some(on_lag) => node
-                .hub
-                .join_as(&topic, session.conn, out, subscriptions, on_lag),
-            None => node.hub.join(&topic, session.conn, out, subscriptions),
-        };
+        let joined = node
+            .hub
+            .join_as(&topic, session.conn, out, subscriptions, on_lag, delta);
         // Every origin counts: a command's, a restore's.
         node.presence.enter(&topic, session.conn, || {
             let mut who = session.who();
@@ -251,21 +248,27 @@ impl Session {
         topic: Topic,
         since: Option<Since>,
     ) -> Result<(), SubscribeError> {
-        self.subscribe_approved(origin, topic, since, SubscribeReply::default())
+        self.subscribe_approved(origin, topic, since, SubscribeReply::default(), false)
             .await
     }
 
     /// [`subscribe`](Self::subscribe), with what a subscribe proxy said:
     /// the member's `info` in the topic's presence, and `data` for the
-    /// client's `ok`.
+    /// client's `ok`; `delta`: deltas asked for (a client's `sub`, or a
+    /// resumed subscription that was granted them), granted where the
+    /// topic's namespace has them (the `ok` says so).
     pub(super) async fn subscribe_approved(
         &mut self,
         origin: Origin,
         topic: Topic,
         since: Option<Since>,
         approved: SubscribeReply,
+        delta: bool,
     ) -> Result<(), SubscribeError> {
         let node = self.node.clone();
+        // Asked for where the namespace has them (still: a resume's); else
+        // ignored.
+        let delta = delta && node.namespaces.get(&topic).is_some_and(|ns| ns.delta);
         // 1. Before anything is held aside or read for it.
         let _turn = match since {
             Some(_) => Some(
@@ -277,7 +280,7 @@ impl Session {
             None => None,
         };
         // 2. From here on, `?` leaves the topic.
-        let joining = Joining::join(self, topic.clone(), approved.info);
+        let joining = Joining::join(self, topic.clone(), approved.info, delta);
         // 3.
         joining.watch().await.map_err(SubscribeError::Watch)?;
         let recovery = node
@@ -314,12 +317,11 @@ impl Session {
         if tell {
             self.subscriptions.told(&topic, &position.epoch, start);
         } else {
-            self.subscriptions.insert(
-                topic.clone(),
-                position.epoch.clone(),
-                start,
-                origin.by_server(),
-            );
+            // A restored subscription is still whoever's made it: the
+            // server's is kept at the next resume whatever the token grants.
+            let server = origin.by_server() || restored && self.subscriptions.is_server(&topic);
+            self.subscriptions
+                .insert(topic.clone(), position.epoch.clone(), start, server, delta);
         }
         // 5.
         match origin {
@@ -346,6 +348,7 @@ impl Session {
                     recovered: since.as_ref().map(|_| recovery.recovered),
                     expires: None,
                     data: approved.data.as_deref(),
+                    delta: delta.then_some(true),
                 })
                 .await;
             }

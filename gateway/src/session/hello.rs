@@ -274,6 +274,7 @@ impl Session {
             recovered: None,
             expires: self.expires_unix(),
             data: None,
+            delta: None,
         })
         .await;
         Ok(())

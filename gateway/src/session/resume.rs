@@ -8,6 +8,7 @@ use super::access::Access;
 use super::handshake::Origin;
 use super::{Session, TakeOver, tag};
 use crate::disconnect::CloseReason;
+use crate::hooks::SubscribeReply;
 
 impl Session {
     /// The session `id` to resume, claimed for this connection, so that a
@@ -65,8 +66,15 @@ impl Session {
                 epoch: Some(state.epoch.to_string()),
                 vouched: true,
             };
+            // Deltas as the client's `sub` was granted them.
             let subscribed = self
-                .subscribe(Origin::Restored, state.topic.clone(), Some(since))
+                .subscribe_approved(
+                    Origin::Restored,
+                    state.topic.clone(),
+                    Some(since),
+                    SubscribeReply::default(),
+                    state.delta,
+                )
                 .await
                 .map_err(|e| e.to_command(Origin::Restored, &state.topic));
             match subscribed {

@@ -45,6 +45,7 @@ impl Session {
                     recovered: None,
                     expires: None,
                     data: reply.data.as_deref(),
+                    delta: None,
                 })
                 .await;
             }

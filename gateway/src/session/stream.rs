@@ -155,6 +155,7 @@ impl Session {
                     .as_ref()
                     .and_then(|s| s.epoch.as_deref().map(Cow::Borrowed)),
                 data: None,
+                delta: false,
             };
             if let Err(mut e) = Box::pin(self.act(command, &Bytes::new())).await {
                 e.id = None;

@@ -104,6 +104,9 @@ struct Subscription {
     /// Made by the server (a backend, the token's `topics`): kept across a
     /// resume and a `refresh` whatever the token grants.
     server: bool,
+    /// Sent deltas (the client's `sub` asked, its namespace has them): a
+    /// resume keeps them.
+    delta: bool,
 }
 
 /// What a flush owes the store for a session.
@@ -216,14 +219,15 @@ impl Subscriptions {
     }
 
     /// A new subscription, after `acked` in `epoch`; `server` when the
-    /// server made it, not the client.
-    pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64, server: bool) {
+    /// server made it, not the client; `delta` when it is sent deltas.
+    pub fn insert(&self, topic: Topic, epoch: Epoch, acked: u64, server: bool, delta: bool) {
         let mut inner = self.inner();
         let subscription = Subscription {
             epoch,
             acked,
             told: false,
             server,
+            delta,
         };
         inner.by_topic.insert(topic, subscription);
         inner.touch();
@@ -237,6 +241,7 @@ impl Subscriptions {
             acked: state.acked,
             told: state.told,
             server: state.server,
+            delta: state.delta,
         };
         inner.by_topic.insert(state.topic.clone(), subscription);
         inner.touch();
@@ -253,6 +258,7 @@ impl Subscriptions {
                 acked: seq,
                 told: true,
                 server: subscription.server,
+                delta: subscription.delta,
             };
             inner.moved();
         }
@@ -335,6 +341,7 @@ impl Subscriptions {
                     acked: s.acked,
                     told: s.told,
                     server: s.server,
+                    delta: s.delta,
                 })
                 .collect(),
         }
@@ -454,7 +461,7 @@ mod tests {
     fn only_what_the_store_kept_counts_as_saved() {
         let now = Instant::now();
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0, false);
+        s.insert(news(), Arc::from("e"), 0, false, false);
         let due = s.due(now, REFRESH).expect("due");
         s.ack(&news(), 3, None);
         // A save of the snapshot before the ack: the ack is still due.
@@ -472,7 +479,7 @@ mod tests {
     fn a_kept_session_is_extended_when_its_copy_ages_and_saved_whole_when_it_is_gone() {
         let now = Instant::now();
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0, false);
+        s.insert(news(), Arc::from("e"), 0, false, false);
         let due = s.due(now, REFRESH).expect("due");
         s.stored(due.changes, Stored::Kept, now);
         let later = now + REFRESH;
@@ -489,7 +496,7 @@ mod tests {
     #[test]
     fn a_server_subscription_keeps_its_origin_through_a_reset_and_a_snapshot() {
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0, true);
+        s.insert(news(), Arc::from("e"), 0, true, false);
         s.told(&news(), &Arc::from("f"), 7);
         assert!(s.is_server(&news()));
         let state = s.snapshot().subscriptions[0].clone();
@@ -502,7 +509,7 @@ mod tests {
     #[tokio::test]
     async fn a_lagging_topics_catch_up_is_recorded_and_stopped_when_the_topic_is_left() {
         let s = Subscriptions::default();
-        s.insert(news(), Arc::from("e"), 0, false);
+        s.insert(news(), Arc::from("e"), 0, false, false);
         let at = Position {
             epoch: Arc::from("e"),
             seq: 4,
@@ -534,9 +541,9 @@ mod tests {
             // A stored permit completes it at once.
             notified.as_mut().enable()
         };
-        s.insert(news(), Arc::from("e"), 0, false);
+        s.insert(news(), Arc::from("e"), 0, false, false);
         s.ack(&news(), 3, None);
-        s.insert(news(), Arc::from("e"), 3, false);
+        s.insert(news(), Arc::from("e"), 3, false, false);
         assert!(!woken(), "nothing moved");
         s.reset(&news(), &Arc::from("f"), 7);
         assert!(woken(), "a reset");

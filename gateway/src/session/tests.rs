@@ -120,7 +120,7 @@ async fn a_panicking_connection_task_releases_its_session_hub_memberships_and_so
     );
     session
         .subscriptions
-        .insert(topic.clone(), Epoch::from("e"), 0, false);
+        .insert(topic.clone(), Epoch::from("e"), 0, false, false);
     assert_eq!((node.live.len(), node.hub.subscribers(&topic)), (1, 1));
 
     let panicked = std::panic::catch_unwind(AssertUnwindSafe(move || {
@@ -485,6 +485,7 @@ async fn a_resumed_subscription_is_restored_without_an_ok_and_a_clients_own_sub_
             acked: 5,
             told: false,
             server: false,
+            delta: false,
         }],
     };
     let window = node.config.session.resume_window;
@@ -592,6 +593,7 @@ async fn a_resume_that_redis_interrupts_keeps_a_reset_the_client_may_not_have_re
             acked: 3,
             told: true,
             server: false,
+            delta: false,
         }],
     };
     let window = node.config.session.resume_window;
@@ -719,7 +721,7 @@ async fn a_flush_under_way_does_not_write_an_older_snapshot_over_a_subs_save() {
     // The `sub`: the topic, saved before its `ok`. Polled once, it has
     // taken its snapshot and queued its write, unless it waits its turn.
     let topic = Topic::parse("news").unwrap();
-    subscriptions.insert(topic.clone(), Epoch::from("e"), 0, false);
+    subscriptions.insert(topic.clone(), Epoch::from("e"), 0, false, false);
     let mut save = Box::pin(subscriptions.save(&store, "s1", &owner, window));
     let answered = (&mut save).now_or_never();
     // The flush goes on; then the `sub`'s save, if it waited.

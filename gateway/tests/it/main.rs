@@ -18,6 +18,8 @@
 mod abuse;
 mod admin;
 mod auth;
+// Issue #26: binary publish data end to end (h-binary).
+mod binary;
 mod budgets;
 mod chaos;
 mod cli;
@@ -27,6 +29,8 @@ mod config;
 mod conformance;
 mod continuity;
 mod deflate;
+// Issue #26: deltas for state topics (h-delta).
+mod delta;
 mod failover;
 mod fanout;
 mod grpc;

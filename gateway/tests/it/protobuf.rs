@@ -1,11 +1,13 @@
 //! The `herald.v1.protobuf` subprotocol on `/ws`: negotiated on the upgrade
 //! (`Sec-WebSocket-Protocol`, answered in the 101), then every command and
 //! every server message one protobuf message in one binary WebSocket
-//! message, with the JSON protocol's semantics and error codes. Seen from a
-//! library client (tokio-tungstenite) speaking prost messages of the proto
-//! crate, from a raw client for the bytes on the wire (the subprotocol
-//! with permessage-deflate, a `msg`'s envelope), and from Python's
-//! `websockets` against the real binary (`tests/python/protobuf.py`).
+//! message, with the JSON protocol's semantics, error codes and limits
+//! (replies, replays, presence diffs, resets, resumes, posted commands).
+//! Seen from a library client (tokio-tungstenite) speaking prost messages
+//! of the proto crate, from a raw client for the bytes on the wire (the
+//! subprotocol with permessage-deflate, a `msg`'s envelope), and from
+//! Python's `websockets` against the real binary
+//! (`tests/python/protobuf.py`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -670,12 +672,33 @@ async fn commands_posted_over_http_to_a_protobuf_session_are_answered_on_its_soc
 }
 
 #[tokio::test]
-async fn a_binary_message_over_the_size_limit_closes_with_1009() {
+async fn the_json_protocols_limits_hold_its_size_and_rate() {
     let mut config = Gateway::config();
     config.websocket.max_message_bytes = 1024;
+    config.websocket.commands_per_second = 1;
+    config.websocket.commands_burst = 3;
     let gw = Gateway::with(config).await;
+    // Over the command rate (a burst of 3, the hello one of them): pings
+    // past it are refused, each with its id.
     let mut pb = Pb::connect(&gw).await;
     pb.hello(None).await;
+    for id in 1..=6 {
+        pb.send(C::Ping(v1::Ping { id })).await;
+    }
+    let mut limited = Vec::new();
+    for id in 1..=6 {
+        match pb.recv().await {
+            S::Ok(ok) => assert_eq!(ok.id, id),
+            S::Err(err) => {
+                assert_eq!((err.id, err.code.as_str()), (Some(id), "rate_limited"));
+                limited.push(id);
+            }
+            other => panic!("expected ok or err, got {other:?}"),
+        }
+    }
+    assert!(!limited.is_empty() && !limited.contains(&1), "{limited:?}");
+    // Over the size limit: 1009.
+    let mut pb = Pb::connect(&gw).await;
     pb.send(C::Pub(v1::Pub {
         id: 1,
         topic: "chat:big".into(),
@@ -683,6 +706,107 @@ async fn a_binary_message_over_the_size_limit_closes_with_1009() {
     }))
     .await;
     assert_eq!(pb.closed().await, Some(1009));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protobuf_clients_acks_after_a_reconnect_advice_still_count() {
+    let redis = testkit::Redis::start().await;
+    let url = redis.url();
+    let pod = || Herald::pod(HERALD, &url, &[("HERALD_LOG__LEVEL", "info")]);
+    let (mut a, b) = (pod().await, pod().await);
+    let mut pb = Pb::offering(&a.ws_url(), PROTOBUF).await;
+    let session = pb.hello(None).await.session;
+    pb.sub(1, "news", None).await;
+    for n in 1..=3 {
+        assert_eq!(
+            crate::pod::publish(a.addr, "news", json!(n), None).await.0,
+            200
+        );
+        assert_eq!(pb.msg().await.seq, n);
+    }
+    // Pod a drains; the client acks what it has only after the advice,
+    // while the connection closes (read by the closing session's late ack).
+    a.sigterm();
+    match pb.recv().await {
+        S::Reconnect(advice) => assert_eq!(advice.reason, "draining"),
+        other => panic!("expected reconnect, got {other:?}"),
+    }
+    pb.send(C::Ack(v1::Ack {
+        topic: "news".into(),
+        seq: 3,
+        epoch: None,
+    }))
+    .await;
+    assert_eq!(pb.closed().await, Some(1012));
+    assert!(a.wait_exit(WAIT).await.is_some_and(|s| s.success()));
+
+    let mut pb = Pb::offering(&b.ws_url(), PROTOBUF).await;
+    pb.send(C::Hello(v1::Hello {
+        resume: Some(session),
+        ..Default::default()
+    }))
+    .await;
+    match pb.recv().await {
+        S::Welcome(welcome) => assert!(welcome.resumed),
+        other => panic!("expected welcome, got {other:?}"),
+    }
+    assert_eq!(
+        crate::pod::publish(b.addr, "news", json!(4), None).await.0,
+        200
+    );
+    assert_eq!(pb.msg().await.seq, 4, "nothing acked is replayed");
+}
+
+#[tokio::test]
+async fn a_resumed_protobuf_session_past_its_history_gets_a_reset() {
+    let mut config = Gateway::config();
+    config.namespaces.insert(
+        "short".into(),
+        NamespaceSettings {
+            history_size: 1,
+            ..Default::default()
+        },
+    );
+    let gw = Gateway::with(config).await;
+    let mut pb = Pb::connect(&gw).await;
+    let session = pb.hello(None).await.session;
+    let epoch = pb.sub(1, "short:t", None).await.epoch.expect("an epoch");
+    gw.publish("short:t", json!(1)).await;
+    assert_eq!(pb.msg().await.seq, 1);
+    pb.send(C::Ack(v1::Ack {
+        topic: "short:t".into(),
+        seq: 1,
+        epoch: Some(epoch.clone()),
+    }))
+    .await;
+    // Ping, so that the ack is in before the connection goes.
+    pb.send(C::Ping(v1::Ping { id: 2 })).await;
+    assert_eq!(pb.ok().await.id, 2);
+    drop(pb);
+    // Three more, of which history keeps the last: 2 and 3 are gone.
+    for n in 2..=4 {
+        gw.publish("short:t", json!(n)).await;
+    }
+    let mut pb = Pb::connect(&gw).await;
+    pb.send(C::Hello(v1::Hello {
+        resume: Some(session),
+        ..Default::default()
+    }))
+    .await;
+    match pb.recv().await {
+        S::Welcome(welcome) => assert!(welcome.resumed),
+        other => panic!("expected welcome, got {other:?}"),
+    }
+    match pb.recv().await {
+        S::Reset(reset) => assert_eq!(
+            (reset.topic.as_str(), reset.epoch.as_str(), reset.seq),
+            ("short:t", epoch.as_str(), 4)
+        ),
+        other => panic!("expected reset, got {other:?}"),
+    }
+    gw.publish("short:t", json!(5)).await;
+    assert_eq!(pb.msg().await.seq, 5);
     gw.shutdown().await;
 }
 

@@ -216,6 +216,16 @@ async fn a_server_subscription_replays_from_since_and_survives_a_resume_without_
     assert_eq!(welcome["resumed"], true, "{welcome}");
     // Restored, not refused for want of a grant: the missed message comes.
     assert_eq!(back.msg().await, ("vip:launch".to_owned(), 6, json!(6)));
+    // And again: restored, it is still the server's.
+    back.send(json!({"op": "ack", "topic": "vip:launch", "seq": 6}))
+        .await;
+    back.send(json!({"op": "ping", "id": 3})).await;
+    back.expect("ok").await;
+    drop(back);
+    gw.publish("vip:launch", json!(7)).await;
+    let (mut again, welcome) = login(&gw.ws_url(), &alice, Some(&session)).await;
+    assert_eq!(welcome["resumed"], true, "{welcome}");
+    assert_eq!(again.msg().await, ("vip:launch".to_owned(), 7, json!(7)));
     let applied = gw
         .metric(r#"herald_server_subscriptions_applied_total{command="subscribe",outcome="done"}"#)
         .await;

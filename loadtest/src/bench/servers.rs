@@ -209,7 +209,7 @@ impl Servers {
                     add("--watch-pid", pid.to_string());
                 }
             }
-            "throughput" => {
+            "throughput" | "formats" => {
                 add("--gateway", first.ws_url());
                 if let Some(pid) = first.pid() {
                     add("--gateway-pid", pid.to_string());

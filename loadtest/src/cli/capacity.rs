@@ -1,13 +1,16 @@
 //! The flags of the scenarios that measure how much a gateway takes:
 //! `publish` (publish throughput), `idle` (memory per held connection, and
 //! its worker process), `throughput` (deliveries per second), `wire`
-//! (bytes per message).
+//! (bytes per message), `formats` (bytes and CPU per delivery in each wire
+//! format).
 
 use clap::Args;
 
 use super::output::{Out, Watch};
 use super::values::{bytes, number};
 use crate::Target;
+use crate::codec::Format;
+use crate::scenarios::formats::{self, Kind};
 use crate::scenarios::{DEFAULT_SIZE, idle, publish, throughput, wire};
 use crate::streams::Transport;
 
@@ -233,6 +236,61 @@ impl WireArgs {
         }
         options.sizes = self.sizes.clone();
         options.topic = self.topic.clone();
+        options
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct FormatsArgs {
+    /// The gateway, ws://127.0.0.1:PORT[/ws].
+    #[arg(long, value_name = "URL", value_parser = Target::websocket)]
+    pub gateway: Target,
+    /// Where to publish, http://127.0.0.1:PORT [default: the gateway].
+    #[arg(long, value_name = "URL", value_parser = Target::http)]
+    pub publish_to: Option<Target>,
+    /// The gateway's process, for its CPU time.
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: Option<u32>,
+    /// Subscribers per phase.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = formats::DEFAULT_CLIENTS)]
+    pub clients: usize,
+    /// Publications per phase.
+    #[arg(long, value_name = "N", value_parser = number, default_value_t = formats::DEFAULT_UPDATES)]
+    pub updates: usize,
+    /// Between two publications.
+    #[arg(long, value_name = "TIME", default_value_t = formats::DEFAULT_INTERVAL.into())]
+    pub interval: humantime::Duration,
+    /// After the last publish, how long to wait for late deliveries.
+    #[arg(long, value_name = "TIME", default_value_t = formats::DEFAULT_DRAIN.into())]
+    pub drain: humantime::Duration,
+    /// The payloads, comma-separated: chat, state [default: both].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub payloads: Vec<Kind>,
+    /// The formats, comma-separated: json, json+deflate, protobuf,
+    /// protobuf+deflate, and each with a `delta-` prefix [default: all].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub formats: Vec<Format>,
+    #[command(flatten)]
+    pub out: Out,
+}
+
+impl FormatsArgs {
+    pub fn options(&self) -> formats::Options {
+        let mut options = formats::Options::new(self.gateway.clone());
+        if let Some(target) = &self.publish_to {
+            options.publish_to = target.clone();
+        }
+        options.gateway_pid = self.gateway_pid;
+        options.clients = self.clients;
+        options.updates = self.updates;
+        options.interval = self.interval.into();
+        options.drain = self.drain.into();
+        if !self.payloads.is_empty() {
+            options.payloads = self.payloads.clone();
+        }
+        if !self.formats.is_empty() {
+            options.formats = self.formats.clone();
+        }
         options
     }
 }

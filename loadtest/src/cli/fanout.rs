@@ -10,6 +10,7 @@ use clap::Args;
 use super::output::{Out, Watch};
 use super::values::{bytes_u32, number, rate};
 use crate::Target;
+use crate::clients::Library;
 use crate::scenarios::{DEFAULT_SIZE, fanout, floor, pods, slow};
 
 /// What `pods`, `fanout` and `slow` share: the gateways, the publisher,
@@ -115,6 +116,15 @@ pub struct Rounds {
     /// Rounds first, not timed.
     #[arg(long, value_name = "N", value_parser = number, default_value_t = fanout::DEFAULT_WARMUP)]
     pub warmup: usize,
+    /// The clients are the load tool's own WebSocket client (which counts
+    /// each frame's bytes), not tokio-tungstenite: `--compression`'s
+    /// yardstick.
+    #[arg(long)]
+    pub raw: bool,
+    /// The clients (the load tool's own) offer permessage-deflate as a
+    /// browser does and inflate every compressed frame.
+    #[arg(long)]
+    pub compression: bool,
 }
 
 impl Rounds {
@@ -125,6 +135,11 @@ impl Rounds {
         options.rounds = self.rounds;
         options.interval = self.interval.into();
         options.warmup = self.warmup;
+        options.library = match (self.compression, self.raw) {
+            (true, _) => Library::Deflate,
+            (false, true) => Library::Raw,
+            (false, false) => Library::Tungstenite,
+        };
         // The gateway first: its figures lead the table.
         options.watch = [self.gateway_pid.as_slice(), &options.watch].concat();
         options

@@ -39,7 +39,9 @@ use clap::{Parser, Subcommand};
 
 use crate::scenarios::{floor, idle};
 
-pub use self::capacity::{IdleArgs, PublishArgs, ThroughputArgs, WireArgs, WorkerArgs};
+pub use self::capacity::{
+    FormatsArgs, IdleArgs, PublishArgs, ThroughputArgs, WireArgs, WorkerArgs,
+};
 pub use self::fanout::{FanoutArgs, FloorArgs, PodsArgs, ReadersArgs, Rounds, SlowArgs, Spread};
 pub use self::faults::{ChaosArgs, ProxyArgs, SseFailoverArgs, StallArgs, StormArgs};
 pub use self::hooks::HooksArgs;
@@ -233,6 +235,17 @@ pub enum Command {
     /// HERALD_QUEUE__BYTES=4194304 (the publish body, and each client's
     /// queue, must hold one).
     Wire(WireArgs),
+    /// Bytes on the wire and gateway CPU per delivery in each wire format
+    /// (issue #26): JSON, protobuf (`herald.v1.protobuf`), each without and
+    /// with permessage-deflate, and each of those with deltas; for a chat
+    /// payload (~200 B) and a 2-4 KiB state that changes a little per update.
+    ///
+    /// One phase per payload and format: --clients clients subscribe to a
+    /// fresh topic, --updates publications --interval apart; every payload
+    /// is put back together and checked against the one published (a wrong
+    /// delta fails the run). The delta formats need the topics' namespace
+    /// with deltas on (HERALD_NAMESPACES__DEFAULT__DELTA=true).
+    Formats(FormatsArgs),
     /// One run of scripts/bench.sh: starts what it needs (--pods herald
     /// pods of --herald, --redis, a proxy), runs the scenario after `--`
     /// against them, writes DIR/NAME.json and the pods' logs there, and

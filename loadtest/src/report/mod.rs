@@ -14,7 +14,7 @@
 //! - One module per section, named for its scenario: [`fanout`],
 //!   [`profile`], [`slow`], [`idle`], [`storm`], [`identity`], [`chaos`],
 //!   [`presence`], [`hooks`], [`pods`], [`publish`], [`stall`], [`throughput`], [`streams`],
-//!   [`wire`], [`micro`].
+//!   [`deflate`], [`formats`], [`wire`], [`micro`].
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 
 mod chaos;
+mod deflate;
 mod fanout;
+mod formats;
 mod hooks;
 mod identity;
 mod idle;

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::results::Results;
 use super::{
-    chaos, fanout, hooks, identity, idle, micro, pods, presence, profile, publish, slow, stall,
-    storm, streams, throughput, wire,
+    chaos, deflate, fanout, formats, hooks, identity, idle, micro, pods, presence, profile,
+    publish, slow, stall, storm, streams, throughput, wire,
 };
 
 /// The whole page, from a results directory.
@@ -31,6 +31,8 @@ pub fn render(results: &Results) -> String {
         stall::section(results),
         throughput::section(results),
         streams::section(results),
+        deflate::section(results),
+        formats::section(results),
         wire::section(results),
         micro::section(results),
         notes(results),

@@ -19,6 +19,7 @@ use crate::report::{Envelope, Machine, Outcome};
 use crate::scenarios::chaos::Chaos;
 use crate::scenarios::fanout::Fanout;
 use crate::scenarios::floor::Floor;
+use crate::scenarios::formats::Formats;
 use crate::scenarios::hooks::Hooks;
 use crate::scenarios::idle::Idle;
 use crate::scenarios::pods::Pods;
@@ -68,6 +69,7 @@ pub enum Figures {
     Publish(Publish),
     Throughput(Throughput),
     Wire(Wire),
+    Formats(Formats),
     Chaos(Chaos),
     Presence(Presence),
     Hooks(Hooks),
@@ -206,6 +208,13 @@ impl Results {
         }
     }
 
+    pub fn formats(&self, name: &str) -> Option<&Formats> {
+        match &self.file(name)?.figures {
+            Figures::Formats(r) => Some(r),
+            _ => None,
+        }
+    }
+
     pub fn chaos(&self, name: &str) -> Option<&Chaos> {
         match &self.file(name)?.figures {
             Figures::Chaos(r) => Some(r),
@@ -310,6 +319,7 @@ impl File {
             Publish::SCENARIO => typed(text, Figures::Publish)?,
             Throughput::SCENARIO => typed(text, Figures::Throughput)?,
             Wire::SCENARIO => typed(text, Figures::Wire)?,
+            Formats::SCENARIO => typed(text, Figures::Formats)?,
             Chaos::SCENARIO => typed(text, Figures::Chaos)?,
             Presence::SCENARIO => typed(text, Figures::Presence)?,
             Hooks::SCENARIO => typed(text, Figures::Hooks)?,

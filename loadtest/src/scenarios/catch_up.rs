@@ -187,6 +187,8 @@ mod tests {
             latency_us,
             duplicates,
             unexpected: 0,
+            wire_bytes: 0,
+            compressed: false,
             end,
         }
     }

@@ -352,6 +352,14 @@ async fn open(
             };
             fail(format!("{e}{hint}"))
         })?;
+        // Memory "with compression negotiated" must be that: a gateway that
+        // declined the offer fails the run rather than measure without.
+        if transport == Transport::Ws && COMPRESSION.load(Ordering::Relaxed) && !c.compressed() {
+            return Err(fail(
+                "permessage-deflate offered, not negotiated (websocket.compression off?)"
+                    .to_owned(),
+            ));
+        }
         Ok(c)
     };
     tokio::time::timeout(CONNECT_TIMEOUT, opening)

@@ -20,6 +20,9 @@
 //!   takes them: deliveries per second and per gateway CPU-second.
 //! - [`wire`]: bytes on the wire per message through Herald against an
 //!   HTTP/1.1 POST of the same payload.
+//! - [`formats`]: bytes on the wire and gateway CPU per delivery in each
+//!   wire format (JSON, protobuf, permessage-deflate, deltas), for a chat
+//!   payload and a state payload, every payload checked.
 //! - [`storm`]: every session cut at once (or its pod killed) and resumed:
 //!   time until all are back, messages lost and duplicated.
 //! - [`sse_failover`]: server-sent event streams across a pod's death:
@@ -46,6 +49,7 @@ pub mod catch_up;
 pub mod chaos;
 pub mod fanout;
 pub mod floor;
+pub mod formats;
 pub mod hooks;
 pub mod idle;
 pub mod pods;

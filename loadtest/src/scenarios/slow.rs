@@ -687,6 +687,8 @@ mod tests {
             latency_us,
             duplicates: 0,
             unexpected: 0,
+            wire_bytes: 0,
+            compressed: false,
             end,
         }
     }

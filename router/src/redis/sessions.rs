@@ -110,8 +110,9 @@ pub fn is_owned_by(stored: &str, owner: &str) -> bool {
 /// The owner's line, the user's (`user <hex id> <since ms>`) if the session
 /// has one, then one line per subscription: `<acked> <epoch> <topic>`, and
 /// ` told` after it while the client has not acked the reset it was sent,
-/// ` server` for a subscription the server made (a pod of an older release
-/// skips such a line: the session resumes there without it).
+/// ` server` for a subscription the server made, ` delta` for one sent
+/// deltas (a pod of an older release skips a line with a flag it does not
+/// know: the session resumes there without it).
 pub fn encode(owner: &str, snapshot: &SessionSnapshot) -> Vec<u8> {
     let mut out = format!("owner {owner}\n").into_bytes();
     out.extend(encode_body(snapshot));
@@ -127,8 +128,9 @@ pub fn encode_body(snapshot: &SessionSnapshot) -> Vec<u8> {
     for s in &snapshot.subscriptions {
         let told = if s.told { " told" } else { "" };
         let server = if s.server { " server" } else { "" };
+        let delta = if s.delta { " delta" } else { "" };
         out.push_str(&format!(
-            "{} {} {}{told}{server}\n",
+            "{} {} {}{told}{server}{delta}\n",
             s.acked, s.epoch, s.topic
         ));
     }
@@ -159,6 +161,7 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
                     topic: Topic::parse(parts.next()?).ok()?,
                     told: false,
                     server: false,
+                    delta: false,
                 };
                 // Flags, in this order; a record of an older release has
                 // fewer.
@@ -169,6 +172,10 @@ pub fn decode(value: &[u8]) -> SessionSnapshot {
                 }
                 if flag == Some("server") {
                     state.server = true;
+                    flag = parts.next();
+                }
+                if flag == Some("delta") {
+                    state.delta = true;
                     flag = parts.next();
                 }
                 flag.is_none().then_some(state)
@@ -221,6 +228,7 @@ mod tests {
                     acked: 42,
                     told: false,
                     server: true,
+                    delta: false,
                 },
                 SubscriptionState {
                     topic: Topic::parse("news").unwrap_or_else(|e| panic!("{e}")),
@@ -228,6 +236,7 @@ mod tests {
                     acked: 7,
                     told: true,
                     server: false,
+                    delta: true,
                 },
             ],
         };

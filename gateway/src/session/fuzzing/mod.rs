@@ -517,6 +517,7 @@ fn check_topic(name: &str) {
         recovered: None,
         expires: None,
         data: None,
+        delta: None,
     }
     .to_json();
     let ok: Value = serde_json::from_slice(&ok).unwrap_or_else(|e| panic!("`ok`: {e}"));

@@ -17,7 +17,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::{CpuSplit, Fanout, GatewayLatency, Options, ProcessRounds, Round, Stats};
-use crate::clients::{self, End, FD_MARGIN, MISSING, Received};
+use crate::clients::{self, End, FD_MARGIN, Library, MISSING, Received};
 use crate::cpu::{self, Meter, Usage};
 use crate::latency::{Stamp, Summary, micros};
 use crate::publish::{Pool, body};
@@ -91,7 +91,8 @@ impl Engine {
         let pool = Arc::new(Pool::open(options.publish_to.addr, options.connections).await?);
         let connecting = Instant::now();
         let subscribers =
-            clients::subscribe_spread(&options.gateways, options.clients, &topics).await?;
+            clients::subscribe_spread(&options.gateways, options.clients, &topics, options.library)
+                .await?;
         let connect_time = connecting.elapsed();
         let progress = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = watch::channel(false);
@@ -275,6 +276,9 @@ impl Engine {
             gateway_cpu: None,
             floor: None,
             vs_floor: None,
+            library: options.library,
+            compressed_clients: 0,
+            wire_bytes_per_delivery: None,
         };
         let mut finished = Finished {
             result,
@@ -317,6 +321,10 @@ impl Finished {
         result.lost = tally.lost;
         result.duplicated = tally.duplicated;
         result.unexpected = tally.unexpected;
+        let wire_bytes: u64 = self.received.iter().map(|r| r.wire_bytes).sum();
+        result.compressed_clients = self.received.iter().filter(|r| r.compressed).count();
+        result.wire_bytes_per_delivery = (options.library != Library::Tungstenite)
+            .then(|| wire_bytes as f64 / (tally.delivered + tally.duplicated).max(1) as f64);
         for r in &self.received {
             clients_per_gateway[r.gateway] += 1;
             if r.end != End::Stopped {
@@ -547,6 +555,8 @@ mod tests {
             latency_us,
             duplicates: 0,
             unexpected: 0,
+            wire_bytes: 0,
+            compressed: false,
             end: End::Stopped,
         }
     }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{DEFAULT_SIZE, MAX_DURATION, check_bounds, floor};
+use crate::clients::Library;
 use crate::cpu::Usage;
 use crate::latency::{Summary, ms};
 use crate::report::{Outcome, Row, delivery_failures};
@@ -84,6 +85,9 @@ pub struct Options {
     /// Run [`floor`] first, its readers started from this executable
     /// (`herald-loadtest`).
     pub floor: Option<PathBuf>,
+    /// The clients' WebSocket client: tokio-tungstenite, or the load tool's
+    /// own, with or without permessage-deflate (`--raw`, `--compression`).
+    pub library: Library,
 }
 
 impl Options {
@@ -103,6 +107,7 @@ impl Options {
             topic: None,
             watch: Vec::new(),
             floor: None,
+            library: Library::Tungstenite,
         }
     }
 
@@ -211,6 +216,17 @@ pub struct Fanout {
     pub floor: Option<floor::Floor>,
     /// This run's last client as multiples of the floor's.
     pub vs_floor: Option<VsFloor>,
+    /// The clients' WebSocket client (results from before it was a
+    /// choice: tokio-tungstenite).
+    #[serde(default)]
+    pub library: Library,
+    /// Clients that negotiated permessage-deflate.
+    #[serde(default)]
+    pub compressed_clients: usize,
+    /// Bytes of `msg` frames on the wire (headers included) per delivery,
+    /// as the raw client counts them (tokio-tungstenite's: `None`).
+    #[serde(default)]
+    pub wire_bytes_per_delivery: Option<f64>,
 }
 
 /// Latency over a set of rounds.
@@ -368,8 +384,16 @@ impl Fanout {
             Row::new(
                 "clients",
                 format!(
-                    "{} on {}, connected and subscribed in {:.2} s",
-                    self.clients, self.topic, self.connect_s
+                    "{} on {}, connected and subscribed in {:.2} s ({}{})",
+                    self.clients,
+                    self.topic,
+                    self.connect_s,
+                    self.library.name(),
+                    if self.library == Library::Deflate {
+                        format!(": negotiated by {}", self.compressed_clients)
+                    } else {
+                        String::new()
+                    }
                 ),
             ),
             Row::new(
@@ -392,6 +416,13 @@ impl Fanout {
                 format!("{} / {} / {}", self.lost, self.duplicated, self.unexpected),
             ),
             Row::new("disconnected clients", self.disconnected),
+            Row::new(
+                "wire bytes per delivery",
+                self.wire_bytes_per_delivery
+                    .map_or("not counted (tokio-tungstenite)".to_owned(), |b| {
+                        format!("{b:.1}")
+                    }),
+            ),
             Row::new(
                 "latency p50/p90/p99/p99.9/max",
                 format!(
@@ -484,6 +515,13 @@ impl Fanout {
         );
         if let Some(floor) = &self.floor {
             failures.extend(floor.failures().into_iter().map(|f| format!("floor: {f}")));
+        }
+        // Figures "with deflate" must be that.
+        if self.library == Library::Deflate && self.compressed_clients < self.clients {
+            failures.push(format!(
+                "permessage-deflate negotiated by {} of {} clients (websocket.compression off?)",
+                self.compressed_clients, self.clients
+            ));
         }
         failures
     }
