@@ -119,6 +119,7 @@ fn json_text(command: &Command<'_>) -> String {
             since,
             epoch,
             data,
+            delta,
         } => {
             put("op", text("sub"));
             put("id", Value::from(*id));
@@ -128,6 +129,9 @@ fn json_text(command: &Command<'_>) -> String {
             }
             if let Some(epoch) = epoch {
                 put("epoch", text(epoch));
+            }
+            if *delta {
+                put("delta", Value::Bool(true));
             }
             *data
         }
