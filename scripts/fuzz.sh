@@ -10,14 +10,14 @@
 #
 # Not part of scripts/test.sh (CI time): the checked-in seeds
 # (gateway/fuzz/seeds/) replay through the same checks in `cargo test`
-# (gateway/src/session/fuzzing.rs). Each run grows gateway/fuzz/corpus/
+# (gateway/src/session/fuzzing/). Each run grows gateway/fuzz/corpus/
 # (not checked in) and starts from it next time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-60}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(frames frame_script compressed decoders claims)
+[ ${#targets[@]} -gt 0 ] || targets=(frames frame_script compressed compressed_script inflate decoders proto_command claims)
 fuzz_dir=gateway/fuzz
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = os.path.join(HERE, "seeds")
@@ -229,6 +230,143 @@ def claims_seeds():
     }
 
 
+# compressed_script: the setup byte picks the limit (bits 0-1, into MAXES),
+# the cap (2-3, into CAPS), context takeover (0x10), binary taken (0x20) and
+# the reads (6-7, into READS); see fuzzing/compressed_script.rs. Then each
+# message: a kind byte, a window byte (9 + b % 7), a length, the data, and a
+# repeat byte (the data 1 + b times).
+MAXES_C = {"16": 0, "1000": 1, "64k": 2, "1m": 3}
+CAPS_C = {"1": 0, "200": 1, "4096": 2, "1m": 3}
+COMPRESSED, BIN, PING_AFTER, LEVEL9 = 0x01, 0x02, 0x10, 0x80
+SYNC, TAIL_KEPT, FINAL, TWO_FLUSHES = 0, 0x20, 0x40, 0x60
+TAKEOVER, TAKES_BINARY = 0x10, 0x20
+
+
+def c_setup(max_key, cap_key, reads=0, flags=0):
+    return bytes([MAXES_C[max_key] | CAPS_C[cap_key] << 2 | flags | reads << 6])
+
+
+def c_message(kind, data, window=6, fragments=1, times=0):
+    return bytes([kind | (fragments - 1) << 2, window, len(data)]) + data + bytes([times])
+
+
+def compressed_script_seeds():
+    state = json.dumps({"score": [3, 1], "clock": "12:04", "players": ["ann", "bo"]}).encode()
+    chat = b'{"op":"pub","id":1,"topic":"chat:lobby","data":{"text":"hello"}}'
+    return {
+        "every_window": c_setup("64k", "1m", 0)
+        + b"".join(c_message(COMPRESSED, state, window) for window in range(7)),
+        "fragmented_with_pings": c_setup("64k", "1m", 1)
+        + c_message(COMPRESSED | PING_AFTER, state, 3, fragments=4, times=3)
+        + c_message(PING_AFTER, chat, 5, fragments=3),
+        "endings": c_setup("64k", "1m", 0)
+        + b"".join(c_message(COMPRESSED | e, chat, 6, fragments=2) for e in (SYNC, TAIL_KEPT, FINAL, TWO_FLUSHES)),
+        "takeover": c_setup("64k", "1m", 1, TAKEOVER)
+        + c_message(COMPRESSED, state, 6)
+        + c_message(COMPRESSED | LEVEL9, state, 6)
+        + c_message(COMPRESSED | FINAL, chat, 6)
+        + c_message(COMPRESSED, chat, 6),
+        # Found by the fuzzer: an empty message of a client that keeps its
+        # window (its sync flush writes nothing, not even the tail).
+        "takeover_empty": c_setup("64k", "1m", 0, TAKEOVER)
+        + c_message(COMPRESSED, chat, 6)
+        + c_message(COMPRESSED, b"", 6),
+        "binary_taken": c_setup("64k", "1m", 2, TAKES_BINARY)
+        + c_message(COMPRESSED | BIN, bytes(range(256))[:255], 2, times=2)
+        + c_message(BIN, b"\x00\xff", 2),
+        "binary_refused": c_setup("64k", "1m", 2) + c_message(COMPRESSED | BIN, b"\x00", 2),
+        "bomb_one_frame": c_setup("64k", "4096", 3) + c_message(COMPRESSED | LEVEL9, b"a" * 255, 6, times=255),
+        "bomb_fragmented": c_setup("64k", "4096", 0)
+        + c_message(COMPRESSED | PING_AFTER, b"{}" * 100, 1, fragments=4, times=200),
+        "bomb_many_small": c_setup("1000", "200", 0)
+        + c_message(COMPRESSED, b" " * 199, 4) * 5
+        + c_message(COMPRESSED, b" " * 201, 4),
+        "too_big_on_the_wire": c_setup("16", "1m", 0) + c_message(COMPRESSED, bytes(range(40)), 0),
+        "utf8_bad_compressed": c_setup("64k", "1m", 0) + c_message(COMPRESSED, b"ok \xc3\x28", 0),
+        "at_the_cap": c_setup("64k", "200", 1) + c_message(COMPRESSED, b"x" * 40, 6, times=1),
+    }
+
+
+# inflate: the first byte picks the cap (bits 0-2, into INFLATE_CAPS: 1, 2,
+# 63, 64, 65, 1000, 64 KiB, 1 MiB); the rest is a message's payload.
+def deflated(data, wbits=15, level=6, end=zlib.Z_SYNC_FLUSH, strip=True):
+    c = zlib.compressobj(level, zlib.DEFLATED, -wbits)
+    out = c.compress(data) + c.flush(end)
+    if strip and out.endswith(b"\x00\x00\xff\xff"):
+        out = out[:-4]
+    return out
+
+
+def inflate_seeds():
+    state = json.dumps({"score": [3, 1], "clock": "12:04", "players": ["ann", "bo"] * 20}).encode()
+    seeds = {f"window_{w}": bytes([6]) + deflated(state, w) for w in range(9, 16)}
+    seeds.update({
+        "final_block": bytes([5]) + deflated(state, end=zlib.Z_FINISH),
+        "final_block_then_garbage": bytes([5]) + deflated(b"hi", end=zlib.Z_FINISH) + b"\xff\xff",
+        "stored": bytes([5]) + deflated(bytes(range(200)), level=0),
+        "bomb": bytes([6]) + deflated(b"\x00" * (4 << 20), level=9),
+        "at_the_cap": bytes([4]) + deflated(b"a" * 64),
+        "one_over_the_cap": bytes([3]) + deflated(b"a" * 64),
+        "corrupt": bytes([5]) + b"\xff" * 8,
+        "truncated": bytes([5]) + deflated(state)[:20],
+        "empty": bytes([0]),
+    })
+    return seeds
+
+
+# proto_command: one herald.v1.ClientCommand as protobuf bytes (the op's
+# field number in the oneof, then the op's own fields).
+def varint(n):
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def pb_bytes(tag, value):
+    return varint(tag << 3 | 2) + varint(len(value)) + value
+
+
+def pb_int(tag, value):
+    return varint(tag << 3) + varint(value)
+
+
+def proto_command_seeds():
+    def op(tag, body):
+        return pb_bytes(tag, body)
+
+    HELLO, SUB, UNSUB, PUB, ACK, REFRESH, PING, PRESENCE, HISTORY, RPC = range(1, 11)
+    return {
+        "hello": op(HELLO, pb_bytes(1, b"eyJ.a.b") + pb_bytes(2, b"0f1e") + pb_bytes(3, b'{"device":"phone"}')),
+        "hello_empty": op(HELLO, b""),
+        "sub": op(SUB, pb_int(1, 1) + pb_bytes(2, b"chat:room-1") + pb_int(3, 41) + pb_bytes(4, b"9f3c")
+                  + pb_bytes(5, b'[1,"x"]') + pb_int(6, 1)),
+        "unsub": op(UNSUB, pb_int(1, 2) + pb_bytes(2, b"news")),
+        "pub": op(PUB, pb_int(1, 3) + pb_bytes(2, b"news") + pb_bytes(3, b' {"a": 1.50, "b": "\\u00e9"}\n')),
+        "pub_bad_data": op(PUB, pb_int(1, 3) + pb_bytes(2, b"news") + pb_bytes(3, b'{"a":')),
+        "pub_no_topic": op(PUB, pb_int(1, 3) + pb_bytes(3, b"1")),
+        "pub_lone_surrogate": op(PUB, pb_int(1, 4) + pb_bytes(2, b"news") + pb_bytes(3, b'"\\ude00"')),
+        "ack": op(ACK, pb_bytes(1, b"news") + pb_int(2, 2**64 - 1) + pb_bytes(3, b"e")),
+        "refresh": op(REFRESH, pb_int(1, 6) + pb_bytes(2, b"t2")),
+        "ping": op(PING, pb_int(1, 7)),
+        "presence": op(PRESENCE, pb_int(1, 9) + pb_bytes(2, b"room") + pb_bytes(3, b"c") + pb_int(4, 5)),
+        "history": op(HISTORY, pb_int(1, 8) + pb_bytes(2, b"news") + pb_int(3, 1) + pb_bytes(4, b"e")
+                      + pb_int(5, 10) + pb_int(6, 1)),
+        "rpc": op(RPC, pb_int(1, 10) + pb_bytes(2, b"rooms/create") + pb_bytes(3, b'{"n":1}')),
+        "rpc_bad_method": op(RPC, pb_int(1, 11) + pb_bytes(2, b"no spaces")),
+        "no_op": b"",
+        "unknown_op": pb_bytes(15, pb_int(1, 1)),
+        "two_ops": op(PING, pb_int(1, 1)) + op(UNSUB, pb_int(1, 2) + pb_bytes(2, b"n")),
+        "truncated": op(SUB, pb_int(1, 1) + pb_bytes(2, b"news"))[:-2],
+        "topic_not_utf8": op(SUB, pb_int(1, 1) + pb_bytes(2, b"\xff")),
+    }
+
+
 def write(target, seeds):
     folder = os.path.join(SEEDS, target)
     shutil.rmtree(folder, ignore_errors=True)
@@ -243,3 +381,6 @@ if __name__ == "__main__":
     write("frame_script", script_seeds())
     write("decoders", decoder_seeds())
     write("claims", claims_seeds())
+    write("compressed_script", compressed_script_seeds())
+    write("inflate", inflate_seeds())
+    write("proto_command", proto_command_seeds())

@@ -59,6 +59,20 @@ pub fn inflate(compressed: &[u8], cap: usize) -> Result<Vec<u8>, InflateError> {
     result
 }
 
+/// What this thread's inflater read and wrote for the last message it
+/// inflated (compressed bytes in, inflated bytes out): the work that message
+/// cost, which for a bomb must stay within the cap. For the tests and the
+/// fuzz targets (`session::fuzzing`).
+#[cfg(any(test, fuzzing))]
+pub fn last_work() -> (u64, u64) {
+    INFLATER.with(|cell| {
+        cell.try_borrow()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(|d| (d.total_in(), d.total_out())))
+            .unwrap_or((0, 0))
+    })
+}
+
 fn run(inflater: &mut Decompress, compressed: &[u8], cap: usize) -> Result<Vec<u8>, InflateError> {
     // Room for what a typical message inflates to, within the cap (one
     // byte over it tells a message that reaches it from one that passes it).

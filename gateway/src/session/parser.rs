@@ -1208,4 +1208,324 @@ pub(crate) mod tests {
             (vec![], Some(FrameError::InflatedTooBig))
         );
     }
+
+    // permessage-deflate, as properties: what clients and the server send,
+    // at every window size.
+
+    /// `data` as a client compresses a message with a window of
+    /// `window_bits` (its `client_max_window_bits`) at `level`: raw deflate,
+    /// a sync flush, its tail removed.
+    fn client_compressed(data: &[u8], window_bits: u8, level: u32) -> Vec<u8> {
+        let level = flate2::Compression::new(level);
+        let mut c = flate2::Compress::new_with_window_bits(level, false, window_bits);
+        let mut out = Vec::with_capacity(data.len() + 64);
+        let mut input = data;
+        loop {
+            let before = c.total_in();
+            c.compress_vec(input, &mut out, flate2::FlushCompress::Sync)
+                .unwrap_or_else(|e| panic!("{e}"));
+            input = &input[(c.total_in() - before) as usize..];
+            if input.is_empty() && out.len() < out.capacity() {
+                break;
+            }
+            out.reserve(out.capacity().max(64));
+        }
+        assert!(out.ends_with(&crate::deflate::TAIL));
+        out.truncate(out.len() - 4);
+        out
+    }
+
+    /// A bomb of each kind, compressed with each window a client may use:
+    /// one frame, one message in many small frames, many small messages
+    /// (each within the cap, then one past it). Each closes with 1009 at
+    /// the message that passes the cap, having cost at most the cap's worth
+    /// of inflating (by a byte: how a message that passes the cap is told
+    /// from one that reaches it) and the message limit's worth of buffer.
+    #[test]
+    fn a_bomb_of_each_kind_costs_at_most_the_cap() {
+        const CAP: usize = 64 * 1024;
+        let zeros = vec![0u8; 8 << 20];
+        for window_bits in crate::deflate::MIN_WINDOW_BITS..=crate::deflate::MAX_WINDOW_BITS {
+            let bomb = client_compressed(&zeros, window_bits, 9);
+            assert!(bomb.len() < CAP / 4, "{window_bits}: {}", bomb.len());
+            let one_frame = masked(FIN | RSV1 | OP_TEXT, &bomb);
+            let mut small_frames = Vec::new();
+            let chunks: Vec<&[u8]> = bomb.chunks(7).collect();
+            for (i, chunk) in chunks.iter().enumerate() {
+                let first = if i == 0 {
+                    RSV1 | OP_TEXT
+                } else {
+                    OP_CONTINUATION
+                };
+                let fin = if i + 1 == chunks.len() { FIN } else { 0 };
+                small_frames.extend(masked(fin | first, chunk));
+            }
+            let mut small_messages = Vec::new();
+            let full = client_compressed(&zeros[..CAP], window_bits, 9);
+            for _ in 0..64 {
+                small_messages.extend(masked(FIN | RSV1 | OP_TEXT, &full));
+            }
+            let over = client_compressed(&zeros[..CAP + 1], window_bits, 9);
+            small_messages.extend(masked(FIN | RSV1 | OP_TEXT, &over));
+            for (kind, wire, messages) in [
+                ("one frame", &one_frame, 0),
+                ("small frames", &small_frames, 0),
+                ("small messages", &small_messages, 64),
+            ] {
+                let mut parser = Parser::new(CAP).inflating(CAP);
+                let (mut used, mut events) = (0, 0);
+                let error = loop {
+                    let end = (used + 1000).min(wire.len());
+                    let result = parser.feed(&wire[used..end]);
+                    let (_, inflated) = crate::deflate::inflate::last_work();
+                    assert!(
+                        inflated <= CAP as u64 + 1,
+                        "{kind}, {window_bits}: {inflated}"
+                    );
+                    assert!(parser.buffered_capacity() <= CAP, "{kind}, {window_bits}");
+                    match result {
+                        Ok((n, parsed)) => {
+                            used += n;
+                            events += usize::from(parsed.is_some());
+                        }
+                        Err(e) => break e,
+                    }
+                    assert!(used < wire.len(), "{kind}, {window_bits}: no error");
+                };
+                assert_eq!(
+                    (events, error, error.close_reason()),
+                    (
+                        messages,
+                        FrameError::InflatedTooBig,
+                        CloseReason::MessageTooBig
+                    ),
+                    "{kind}, {window_bits}"
+                );
+            }
+        }
+    }
+
+    /// `payload` as a client sends it: cut where `cuts` say (a fraction of
+    /// it each, sorted), RSV1 on the first frame only where `compressed`, a
+    /// ping after the first frame where `ping`.
+    fn client_message(
+        opcode: u8,
+        payload: &[u8],
+        compressed: bool,
+        cuts: &[prop::sample::Index],
+        ping: bool,
+    ) -> Vec<u8> {
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(payload.len() + 1)).collect();
+        at.sort_unstable();
+        at.push(payload.len());
+        let mut wire = Vec::new();
+        let mut start = 0;
+        for (i, &end) in at.iter().enumerate() {
+            let mut first = if i == 0 { opcode } else { OP_CONTINUATION };
+            if i == 0 && compressed {
+                first |= RSV1;
+            }
+            if i + 1 == at.len() {
+                first |= FIN;
+            }
+            wire.extend(masked(first, &payload[start..end]));
+            if i == 0 && ping {
+                wire.extend(masked(FIN | OP_PING, b"p"));
+            }
+            start = end;
+        }
+        wire
+    }
+
+    /// A message's data: JSON-like text that compresses, or any bytes.
+    fn message_data() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            "[a-z{}\":,0-9 ]{0,3000}".prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..1500),
+            (1usize..20_000).prop_map(|n| b"{\"n\":1}".repeat(n / 7)),
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        /// Messages compressed by a client with any window (9 to 15 bits)
+        /// and level, or not compressed, text or binary, cut into fragments
+        /// anywhere (RSV1 on the first only), a ping between two: each
+        /// comes out as it was sent, in any reads.
+        #[test]
+        fn compressed_and_fragmented_messages_round_trip(
+            messages in proptest::collection::vec((
+                any::<bool>(),
+                any::<bool>(),
+                message_data(),
+                crate::deflate::MIN_WINDOW_BITS..=crate::deflate::MAX_WINDOW_BITS,
+                1u32..=9,
+                proptest::collection::vec(any::<prop::sample::Index>(), 0..4),
+                any::<bool>(),
+            ), 1..5),
+        ) {
+            let mut wire = Vec::new();
+            let mut expected = Vec::new();
+            for (compressed, binary, data, window_bits, level, cuts, ping) in messages {
+                let data = if binary {
+                    data
+                } else {
+                    String::from_utf8_lossy(&data).into_owned().into_bytes()
+                };
+                let payload = if compressed {
+                    client_compressed(&data, window_bits, level)
+                } else {
+                    data.clone()
+                };
+                let opcode = if binary { OP_BINARY } else { OP_TEXT };
+                wire.extend(client_message(opcode, &payload, compressed, &cuts, ping));
+                if ping && !cuts.is_empty() {
+                    expected.push(Parsed::Ping(Bytes::from_static(b"p")));
+                }
+                let data = Bytes::from(data);
+                expected.push(if binary { Parsed::Binary(data) } else { Parsed::Text(data) });
+                if ping && cuts.is_empty() {
+                    expected.push(Parsed::Ping(Bytes::from_static(b"p")));
+                }
+            }
+            let parser = || Parser::new(1 << 20).inflating(1 << 20).binary();
+            prop_assert_eq!(parse_with(parser, &wire), (expected, None));
+        }
+
+        /// RSV1 on any frame but a message's first (a continuation, a
+        /// control frame) is refused (1002) at that frame: what came before
+        /// it still comes out. So is RSV1 where nothing was negotiated.
+        #[test]
+        fn rsv1_only_on_a_messages_first_frame(
+            words in "[a-z]{0,300}",
+            window_bits in crate::deflate::MIN_WINDOW_BITS..=crate::deflate::MAX_WINDOW_BITS,
+            fragments in 2usize..5,
+            bad in any::<prop::sample::Index>(),
+            control in prop::sample::select(vec![OP_PING, OP_PONG, OP_CLOSE]),
+        ) {
+            let payload = client_compressed(words.as_bytes(), window_bits, 6);
+            let good = masked(FIN | RSV1 | OP_TEXT, &payload);
+            let inflating = || Parser::new(1 << 16).inflating(1 << 16);
+            // A continuation with RSV1, compressed message or not.
+            let bad = 1 + bad.index(fragments - 1);
+            for compressed in [true, false] {
+                let mut wire = good.clone();
+                let body = if compressed { &payload[..] } else { words.as_bytes() };
+                let mut chunks: Vec<&[u8]> = body.chunks(body.len().div_ceil(fragments).max(1)).collect();
+                chunks.resize(fragments, &[]);
+                for (i, chunk) in chunks.iter().enumerate() {
+                    let mut first = if i == 0 { OP_TEXT } else { OP_CONTINUATION };
+                    if (i == 0 && compressed) || i == bad {
+                        first |= RSV1;
+                    }
+                    if i + 1 == fragments {
+                        first |= FIN;
+                    }
+                    wire.extend(masked(first, chunk));
+                }
+                prop_assert_eq!(
+                    parse_with(inflating, &wire),
+                    (vec![text(&words)], Some(FrameError::ReservedBits))
+                );
+            }
+            // A control frame with RSV1.
+            let mut wire = good.clone();
+            wire.extend(masked(FIN | RSV1 | control, b""));
+            prop_assert_eq!(
+                parse_with(inflating, &wire),
+                (vec![text(&words)], Some(FrameError::ReservedBits))
+            );
+            // Not negotiated: the compressed message itself.
+            prop_assert_eq!(parse(1 << 16, &good), (vec![], Some(FrameError::ReservedBits)));
+        }
+
+        /// What the server sends under any deflate format (window 9 to 15
+        /// bits, any level and threshold; JSON or protobuf), read by a
+        /// client's rules (here the parser's, masked as a client's would
+        /// be): one frame, RSV1 exactly when it is compressed, the data
+        /// back; and what a client that asked for that window inflates with
+        /// that window. Control frames never carry RSV1 (the parser would
+        /// refuse it).
+        #[test]
+        fn server_frames_read_back_in_every_format(
+            data in message_data(),
+            window_bits in crate::deflate::MIN_WINDOW_BITS..=crate::deflate::MAX_WINDOW_BITS,
+            level in 1u8..=9,
+            min_bytes in prop::sample::select(vec![0u32, 1, 64, 256, 4096]),
+            binary in any::<bool>(),
+        ) {
+            let deflate = crate::deflate::Deflate { window_bits, level, min_bytes };
+            // Binary frames are the protobuf subprotocol's.
+            let format = if binary {
+                crate::frame::Format::Protobuf(Some(deflate))
+            } else {
+                crate::frame::Format::WebSocketDeflate(deflate)
+            };
+            let data = if binary { data } else { String::from_utf8_lossy(&data).into_owned().into_bytes() };
+            let opcode = if binary { OP_BINARY } else { OP_TEXT };
+            let frame = crate::frame::encode_as(format, opcode, &[&data]);
+            let (first, payload) = server_frame(&frame);
+            prop_assert_eq!(first & !RSV1, FIN | opcode);
+            let compressed = first & RSV1 != 0;
+            prop_assert_eq!(compressed, deflate.compress(&[&data], 0).is_some());
+            if compressed {
+                // A client with the window it asked for.
+                let mut d = flate2::Decompress::new_with_window_bits(false, window_bits);
+                let mut input = payload.to_vec();
+                input.extend_from_slice(&crate::deflate::TAIL);
+                let mut out = Vec::with_capacity(data.len() + 64);
+                let status = d.decompress_vec(&input, &mut out, flate2::FlushDecompress::Sync);
+                prop_assert!(status.is_ok(), "{:?}", status);
+                prop_assert_eq!(&out, &data);
+            }
+            let wire = masked(first, payload);
+            let parser = || Parser::new(1 << 20).inflating(1 << 20).binary();
+            let data = Bytes::from(data);
+            let expected = if binary { Parsed::Binary(data.clone()) } else { Parsed::Text(data.clone()) };
+            prop_assert_eq!(parse_with(parser, &wire), (vec![expected], None));
+            // A message of the protocol, in the format's own form.
+            let reason = String::from_utf8_lossy(&data);
+            let message = proto::ServerMessage::Reconnect { after_ms: 1, reason: &reason };
+            let (first, payload) = {
+                let frame = crate::frame::message(format, &message);
+                let (first, payload) = server_frame(&frame);
+                (first, masked(first, payload))
+            };
+            let expected = if binary {
+                Parsed::Binary(Bytes::from(prost::Message::encode_to_vec(&message.to_proto())))
+            } else {
+                Parsed::Text(Bytes::from(message.to_json()))
+            };
+            prop_assert_eq!(first & !RSV1, FIN | opcode);
+            prop_assert_eq!(parse_with(parser, &payload), (vec![expected], None));
+            for control in [
+                crate::frame::close(1000, "bye"),
+                crate::frame::encode(OP_PING, &[b"p"]),
+                crate::frame::encode(OP_PONG, &[b""]),
+            ] {
+                let (first, payload) = server_frame(&control);
+                prop_assert_eq!(first & RSV, 0);
+                prop_assert_eq!(parse_with(parser, &masked(first, payload)).1, None);
+            }
+        }
+    }
+
+    /// A server frame's first byte and payload (unmasked, one frame).
+    fn server_frame(frame: &[u8]) -> (u8, &[u8]) {
+        assert_eq!(frame[1] & MASKED, 0, "a server frame is not masked");
+        let (len, at) = match frame[1] {
+            126 => (usize::from(u16::from_be_bytes([frame[2], frame[3]])), 4),
+            127 => {
+                let mut len = [0; 8];
+                len.copy_from_slice(&frame[2..10]);
+                (u64::from_be_bytes(len) as usize, 10)
+            }
+            n => (usize::from(n), 2),
+        };
+        assert_eq!(frame.len(), at + len, "one frame");
+        (frame[0], &frame[at..])
+    }
 }

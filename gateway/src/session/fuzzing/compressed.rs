@@ -1,10 +1,13 @@
-//! The `compressed` fuzz target: client streams under permessage-deflate.
+//! The `compressed` fuzz target: client streams under permessage-deflate;
+//! and the `inflate` target: one compressed message inflated under a cap.
 
 use bytes::Bytes;
+use flate2::{Decompress, FlushDecompress, Status};
 
 use super::script::{Form, client_frame};
 use super::{FIN, OP_CONTINUATION, Outcome, Rng};
-use crate::deflate::{Deflate, RSV1};
+use crate::deflate::inflate::{InflateError, last_work};
+use crate::deflate::{Deflate, RSV1, TAIL};
 use crate::frame;
 use crate::session::parser::{Parsed, Parser};
 
@@ -121,4 +124,90 @@ fn feed(max: usize, cap: usize, wire: &[u8], read: usize) -> Outcome {
         parser.check_invariants();
     }
     (events, None)
+}
+
+/// Checks `data` as one compressed message's payload: its first byte picks
+/// the cap, the rest is the payload. Inflated under the cap it must agree
+/// with inflating it the plain way (the same data, or too big exactly when
+/// that passes the cap, or corrupt where that fails first), and cost no
+/// more than the cap: no more room than the cap (and a byte) taken, no
+/// more bytes inflated.
+pub fn inflate(data: &[u8]) {
+    let [pick, payload @ ..] = data else {
+        return;
+    };
+    let cap = INFLATE_CAPS[usize::from(pick & 7)];
+    let capped = crate::deflate::inflate::inflate(payload, cap);
+    let (_, out) = last_work();
+    assert!(
+        out <= cap as u64 + 1,
+        "{out} bytes inflated under a cap of {cap}"
+    );
+    match (plain_inflate(payload, cap), &capped) {
+        (Plain::Data(plain), Ok(inflated)) => {
+            assert_eq!(&plain, inflated);
+            assert!(
+                inflated.capacity() <= cap + 1,
+                "room for {}",
+                inflated.capacity()
+            );
+        }
+        (Plain::Data(plain), Err(e)) => {
+            assert!(plain.len() > cap, "{e} for {} bytes", plain.len());
+            assert_eq!(*e, InflateError::TooBig);
+        }
+        (Plain::Cut, Err(_)) => {}
+        // Past the cap it may be either: the inflater may meet the bad code
+        // before it runs out of room.
+        (Plain::Corrupt(produced), Err(e)) => assert!(
+            produced > cap || *e == InflateError::Corrupt,
+            "{e} for data corrupt after {produced} bytes"
+        ),
+        (plain, Ok(inflated)) => {
+            panic!("{plain:?}, yet inflated to {} bytes", inflated.len())
+        }
+    }
+}
+
+/// What inflating a payload the plain way gives.
+#[derive(Debug)]
+enum Plain {
+    Data(Vec<u8>),
+    /// Past the cap by a lot; stopped there.
+    Cut,
+    /// Not deflate data, found after this many bytes came out.
+    Corrupt(usize),
+}
+
+/// The caps an inflate is checked under: the edges, a typical limit.
+const INFLATE_CAPS: [usize; 8] = [1, 2, 63, 64, 65, 1000, 65_536, 1 << 20];
+
+/// `payload` inflated into one buffer, as large as needed or the cap and a
+/// lot more. A final block ends it; what follows that is ignored, as RFC
+/// 7692 7.2.3.3 has it.
+fn plain_inflate(payload: &[u8], cap: usize) -> Plain {
+    let mut input = payload.to_vec();
+    input.extend_from_slice(&TAIL);
+    let mut inflater = Decompress::new(false);
+    // Deflate expands 1032 times at most.
+    let room = cap.saturating_add(1 << 16).min(input.len() * 1032 + 64);
+    let mut out = Vec::with_capacity(room);
+    let mut input = input.as_slice();
+    loop {
+        let (before, written) = (inflater.total_in(), out.len());
+        let status = match inflater.decompress_vec(input, &mut out, FlushDecompress::Sync) {
+            Ok(status) => status,
+            Err(_) => return Plain::Corrupt(out.len()),
+        };
+        input = &input[(inflater.total_in() - before) as usize..];
+        match status {
+            Status::StreamEnd => return Plain::Data(out),
+            _ if out.len() == out.capacity() => return Plain::Cut,
+            _ if input.is_empty() => return Plain::Data(out),
+            _ if inflater.total_in() == before && out.len() == written => {
+                return Plain::Corrupt(out.len());
+            }
+            _ => {}
+        }
+    }
 }

@@ -20,15 +20,32 @@
 //!   message's first frame, binary taken): the same outcome whatever the
 //!   reads, nothing inflated past the cap, and its messages, compressed
 //!   again and cut into fragments, parse back to the same.
+//! - [`compressed_script`]: a client's messages, compressed as clients do
+//!   (every `client_max_window_bits`, every way to end a message, with and
+//!   without context takeover), cut into fragments with pings between, against a
+//!   model: the same messages out, or the error the model predicts (1009 past
+//!   the limit or the cap, 1002 for what does not inflate, 1007 for text that
+//!   is not UTF-8), and no message inflated past the cap.
+//! - [`inflate`]: one compressed message inflated under a cap, against a plain
+//!   uncapped inflate: the same data, too big exactly when that passes the
+//!   cap, and no more work or memory than the cap's worth.
+//! - [`proto_command`]: a binary message of the `herald.v1.protobuf`
+//!   subprotocol as a command: decoded or `malformed`, read into the JSON
+//!   form's command (the same one the JSON form gives for the same fields,
+//!   its `data` borrowed from the message) or an `err` valid in both forms.
 //! - [`decoders`]: a client's text as a command, and the backend API's bodies
 //!   (HTTP JSON, the gRPC request's protobuf): no panic, a command's
 //!   protobuf form survives a round trip, what a subscriber would receive
 //!   (`msg`) and what the client is told (`err`) is valid JSON.
 
 mod compressed;
+mod compressed_script;
+mod proto_command;
 mod script;
 
-pub use compressed::compressed;
+pub use compressed::{compressed, inflate};
+pub use compressed_script::compressed_script;
+pub use proto_command::proto_command;
 
 use std::io;
 use std::pin::Pin;
@@ -38,7 +55,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use prost::Message as _;
 use proto::json::{DisconnectRequest, PublishRequest};
-use proto::{Command, ServerMessage, v1};
+use proto::{Command, CommandError, ServerMessage, v1};
 use router::Topic;
 use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -381,44 +398,52 @@ fn command(frame: &Bytes, text: &str) {
             let pb = command.to_proto();
             let back = v1::ClientCommand::decode(pb.encode_to_vec().as_slice()).ok();
             assert_eq!(back.as_ref(), Some(&pb), "the protobuf form round-trips");
-            match &command {
-                Command::Pub { topic, data, .. } => {
-                    // As the session publishes it: no copy, so it must lie
-                    // within the frame (`slice_ref` panics otherwise).
-                    let data = frame.slice_ref(data.get().as_bytes());
-                    check_delivery(topic, &data);
-                }
-                Command::Sub { topic, .. }
-                | Command::Unsub { topic, .. }
-                | Command::Ack { topic, .. }
-                | Command::History { topic, .. }
-                | Command::Presence { topic, .. } => check_topic(topic),
-                Command::Hello { .. }
-                | Command::Refresh { .. }
-                | Command::Ping { .. }
-                | Command::Rpc { .. } => {}
+            if let Command::Pub { data, .. } = &command {
+                // As the session publishes it: no copy, so it must lie
+                // within the frame (`slice_ref` panics otherwise).
+                let _ = frame.slice_ref(data.get().as_bytes());
             }
+            check_command(&command);
         }
-        Err(e) => {
-            // The `err` the client gets is JSON that says what went wrong.
-            let reply = ServerMessage::Err {
-                id: e.id,
-                code: e.wire_code(),
-                message: &e.message,
-                topic: e.topic.as_deref(),
-            }
-            .to_json();
-            let reply: Value = serde_json::from_slice(&reply)
-                .unwrap_or_else(|j| panic!("`err` for {e:?} is not JSON: {j}"));
-            assert_eq!(reply["op"], "err");
-            assert_eq!(reply["code"], e.code.as_str());
-            assert_eq!(reply.get("id").and_then(Value::as_u64), e.id);
-            assert_eq!(
-                reply.get("topic").and_then(Value::as_str),
-                e.topic.as_deref()
-            );
-        }
+        Err(e) => check_error(&e),
     }
+}
+
+/// What a command names passes the checks of what it leads to: a `pub`'s
+/// delivery, a topic's `ok`. For both forms of the protocol.
+fn check_command(command: &Command<'_>) {
+    match command {
+        Command::Pub { topic, data, .. } => check_delivery(topic, data.get().as_bytes()),
+        Command::Sub { topic, .. }
+        | Command::Unsub { topic, .. }
+        | Command::Ack { topic, .. }
+        | Command::History { topic, .. }
+        | Command::Presence { topic, .. } => check_topic(topic),
+        Command::Hello { .. }
+        | Command::Refresh { .. }
+        | Command::Ping { .. }
+        | Command::Rpc { .. } => {}
+    }
+}
+
+/// The `err` the client gets is JSON that says what went wrong.
+fn check_error(e: &CommandError) {
+    let reply = ServerMessage::Err {
+        id: e.id,
+        code: e.wire_code(),
+        message: &e.message,
+        topic: e.topic.as_deref(),
+    }
+    .to_json();
+    let reply: Value = serde_json::from_slice(&reply)
+        .unwrap_or_else(|j| panic!("`err` for {e:?} is not JSON: {j}"));
+    assert_eq!(reply["op"], "err");
+    assert_eq!(reply["code"], e.code.as_str());
+    assert_eq!(reply.get("id").and_then(Value::as_u64), e.id);
+    assert_eq!(
+        reply.get("topic").and_then(Value::as_str),
+        e.topic.as_deref()
+    );
 }
 
 /// The HTTP publish body, as `POST /v1/publish` decodes it.
@@ -533,6 +558,21 @@ mod tests {
     #[test]
     fn the_compressed_seeds_pass_the_fuzz_checks() {
         assert!(replay("compressed", compressed) >= 10);
+    }
+
+    #[test]
+    fn the_compressed_script_seeds_pass_the_fuzz_checks() {
+        assert!(replay("compressed_script", compressed_script) >= 10);
+    }
+
+    #[test]
+    fn the_inflate_seeds_pass_the_fuzz_checks() {
+        assert!(replay("inflate", inflate) >= 5);
+    }
+
+    #[test]
+    fn the_proto_command_seeds_pass_the_fuzz_checks() {
+        assert!(replay("proto_command", proto_command) >= 10);
     }
 
     #[test]

@@ -1,0 +1,4 @@
+//! `gateway::session::fuzzing::inflate`: see there for what it checks.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| gateway::session::fuzzing::inflate(data));
