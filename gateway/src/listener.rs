@@ -25,16 +25,18 @@ pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// TCP_NODELAY (frames go out as soon as they are written), keepalive
 /// (half-open connections are found even where no ping gets through) and,
-/// where `send_buffer` is not 0, a bounded send buffer.
-pub fn tune(stream: &TcpStream, send_buffer: usize) -> std::io::Result<()> {
+/// where `unsent` is not 0, at most that many bytes the network has not
+/// carried yet in the kernel (`TCP_NOTSENT_LOWAT`: see
+/// `websocket.unsent_bytes`).
+pub fn tune(stream: &TcpStream, unsent: u32) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let keepalive = TcpKeepalive::new()
         .with_time(TCP_KEEPALIVE_TIME)
         .with_interval(TCP_KEEPALIVE_INTERVAL);
     let socket = SockRef::from(stream);
     socket.set_tcp_keepalive(&keepalive)?;
-    if send_buffer > 0 {
-        socket.set_send_buffer_size(send_buffer)?;
+    if unsent > 0 {
+        socket.set_tcp_notsent_lowat(unsent)?;
     }
     Ok(())
 }
@@ -151,6 +153,43 @@ mod tests {
         assert_eq!(
             client_ip(from_proxy, &headers("nonsense"), &proxies),
             "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    /// What the kernel takes of a connection whose peer reads nothing:
+    /// with `unsent` set, about that much beside the peer's own window
+    /// (megabytes without it, into an autotuned send buffer).
+    async fn taken_by_a_stalled_peer(unsent: u32) -> usize {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        peer.set_recv_buffer_size(4096).unwrap();
+        peer.connect(&listener.local_addr().unwrap().into())
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        tune(&stream, unsent).unwrap();
+        let chunk = [0u8; 1024];
+        let mut taken = 0;
+        // Bounded: the kernel stops taking bytes at some point either way.
+        while taken < 64 << 20 {
+            match stream.try_write(&chunk) {
+                Ok(n) => taken += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(peer);
+        taken
+    }
+
+    #[tokio::test]
+    async fn unsent_bytes_bound_what_the_kernel_takes_of_a_stalled_peer() {
+        let bounded = taken_by_a_stalled_peer(16 * 1024).await;
+        assert!(bounded < 128 * 1024, "{bounded} bytes taken");
+        let unbounded = taken_by_a_stalled_peer(0).await;
+        assert!(
+            unbounded > 4 * bounded,
+            "{unbounded} bytes taken without a bound, {bounded} with"
         );
     }
 }

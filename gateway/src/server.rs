@@ -161,11 +161,11 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
 }
 
 async fn connection(stream: TcpStream, peer: SocketAddr, node: Arc<Node>, port: Port) {
-    let send_buffer = match port {
-        Port::Clients { .. } => node.config.websocket.send_buffer_bytes,
+    let unsent = match port {
+        Port::Clients { .. } => node.config.websocket.unsent_bytes,
         _ => 0,
     };
-    if let Err(e) = listener::tune(&stream, send_buffer) {
+    if let Err(e) = listener::tune(&stream, unsent) {
         tracing::debug!(%peer, error = %e, "socket options not set");
     }
     // `GET /sse` and `POST /stream` keep the raw socket (see

@@ -46,12 +46,15 @@ pub struct WebSocketConfig {
     pub ipv6_prefix: u8,
     /// permessage-deflate (`[websocket.compression]`).
     pub compression: super::CompressionConfig,
-    /// The kernel's send buffer per client connection (`SO_SNDBUF`), in
-    /// bytes; 0 leaves it to the kernel's autotuning. Bounded, a client that
-    /// stops reading fills it soon and its outgoing queue takes over (its
-    /// namespace's `on_lag`), instead of the kernel copying megabytes into
-    /// a buffer nobody reads.
-    pub send_buffer_bytes: usize,
+    /// Bytes a client connection's kernel socket takes that the network has
+    /// not yet carried (`TCP_NOTSENT_LOWAT`); 0: no bound. With the kernel's
+    /// send buffer autotuned (up to `net.ipv4.tcp_wmem`'s 4 MiB) a client
+    /// that stops reading would otherwise soak megabytes into the kernel,
+    /// copied at the healthy clients' expense, before its outgoing queue
+    /// notices; bounded, its queue takes over at once (its namespace's
+    /// `on_lag`). Unlike a fixed `SO_SNDBUF` it leaves the bytes in flight
+    /// unbounded, so a fast client far away keeps its window.
+    pub unsent_bytes: u32,
 }
 
 impl WebSocketConfig {
@@ -169,7 +172,7 @@ impl Default for WebSocketConfig {
             ipv4_prefix: DEFAULT_IPV4_PREFIX,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             compression: super::CompressionConfig::default(),
-            send_buffer_bytes: 0,
+            unsent_bytes: 16 * 1024,
         }
     }
 }

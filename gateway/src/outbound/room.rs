@@ -6,10 +6,14 @@
 use super::queue::{Outbound, RoomWaiter};
 
 impl Outbound {
-    /// Resolves once the queue is at most half full, as
-    /// [`send`](Outbound::send) would queue a frame then; false when the
-    /// connection is closing.
-    pub async fn room(&self) -> bool {
+    /// Resolves once the queue holds at most `frames` frames and `bytes`
+    /// bytes (and is at most half full, as [`send`](Outbound::send) would
+    /// queue a frame then), or nothing; false when the connection is
+    /// closing. A catch-up asks for room for no more than its page: the
+    /// client's pipe stays full (the kernel holds what it was given), while
+    /// what the pod holds for it, frames encoded for it alone, stays near
+    /// one page rather than half a queue.
+    pub async fn room(&self, frames: usize, bytes: usize) -> bool {
         let limits = self.shared.limits;
         loop {
             let room = self.shared.room.notified();
@@ -20,9 +24,9 @@ impl Outbound {
                 if state.close.is_some() || state.closed {
                     return false;
                 }
-                let half =
-                    state.frames.len() < limits.frames / 2 && state.bytes <= limits.bytes / 2;
-                if half || state.bytes == 0 {
+                let fits = state.frames.len() <= frames.min(limits.frames / 2)
+                    && state.bytes <= bytes.min(limits.bytes / 2);
+                if fits || state.bytes == 0 {
                     return true;
                 }
                 state.room_waiters += 1;

@@ -11,8 +11,8 @@
 //!
 //! A catch-up is a replay ([`super::replay`]) from where the client stands:
 //! it reads the topic's history a page at a time, each page once the
-//! client's queue has room for it ([`Outbound::room`]: a client that stalls
-//! holds no page), taking one of the pod's replay turns for the read
+//! client's queue holds no more than a page ([`Outbound::room`]: a client
+//! that stalls holds no page, and one that reads holds about two), taking one of the pod's replay turns for the read
 //! (`replay.max_concurrent`, waited for as long as it takes: the client is
 //! connected and served meanwhile; given back before the page is queued, so
 //! that a slow client does not keep replays and other catch-ups waiting)
@@ -114,7 +114,7 @@ impl CatchUp {
         let mut at = from;
         loop {
             // Nothing read, no turn taken, while the client reads nothing.
-            if !self.out.room().await {
+            if !self.out.room(size.messages, size.bytes).await {
                 return CatchUpOutcome::Ended;
             }
             let Some(turn) = node.replays.catch_up_turn(&self.out).await else {
