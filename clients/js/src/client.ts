@@ -14,6 +14,7 @@ import {
   type OkFrame,
   type Opener,
   type PresenceCommand,
+  type PresenceMember,
   type ProtobufCodec,
   type PubCommand,
   type Publication,
@@ -36,7 +37,6 @@ import {
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
 import { fromBase64 } from './payload.js';
-import { PresenceRoom, type PresencePage, type PresenceSnapshot } from './presence.js';
 import { Subscription, type Owner } from './subscription.js';
 import type { Fetch } from './stream.js';
 import { Timer } from './timer.js';
@@ -109,6 +109,19 @@ export interface PresenceOptions {
   cursor?: string;
   /** Members per page (default and most: the server's `presence.page_size`). */
   limit?: number;
+}
+
+/** One page of a topic's presence, as {@link HeraldClient.presence} gives it. */
+export interface PresencePage {
+  topic: string;
+  /** The presence position this page answers at (see `PresenceRoom` of `@herald/client/presence`). */
+  position: number;
+  users: number;
+  connections: number;
+  /** Ordered by user id (bytewise). */
+  members: PresenceMember[];
+  /** Pass it back for the next page; absent on the last one. */
+  cursor?: string;
 }
 
 /** The options of {@link HeraldClient.history}. */
@@ -404,8 +417,9 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    * One page of the topic's presence (members ordered by user id, counts,
    * the position it answers at), where the namespace lets this client
    * subscribe (no subscription needed). Rejects with `DisabledError` where
-   * the namespace has no presence. `Subscription.presence()` keeps the
-   * members of a subscribed topic current.
+   * the namespace has no presence. `@herald/client/presence` has the rest:
+   * every page merged (`presenceAll`), a subscribed topic's members kept
+   * current (`followPresence`).
    */
   async presence(topic: string, options: PresenceOptions = {}): Promise<PresencePage> {
     const command: Omit<PresenceCommand, 'id'> = { op: 'presence', topic };
@@ -421,19 +435,6 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     };
     if (ok.cursor !== undefined) page.cursor = ok.cursor;
     return page;
-  }
-
-  /** Every page of the topic's presence, merged (the counts of the newest page). */
-  async presenceAll(topic: string): Promise<PresenceSnapshot> {
-    const room = new PresenceRoom();
-    let cursor: string | undefined;
-    do {
-      const page = await this.presence(topic, cursor === undefined ? {} : { cursor });
-      room.page(page.position, page.members, page.cursor !== undefined);
-      room.counts(page.position, page.users, page.connections);
-      cursor = page.cursor;
-    } while (cursor !== undefined);
-    return { topic, position: room.position, users: room.users, connections: room.connections, members: room.list() };
   }
 
   /**
@@ -458,11 +459,6 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         p.binary && typeof p.data === 'string' ? { ...p, data: fromBase64(p.data) } : p,
       ) as Publication<T>[],
     };
-  }
-
-  /** @internal */
-  _presencePage(topic: string, cursor: string | undefined): Promise<PresencePage> {
-    return this.presence(topic, cursor === undefined ? {} : { cursor });
   }
 
   /** @internal */
@@ -620,7 +616,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       case 'err':
         return this.#err(m);
       case 'presence_diff':
-        return this.#sub(m.topic)?._presenceDiff(m);
+        return this.#sub(m.topic)?._presence?._diff(m);
       case 'unsubscribed':
         return this.#unsubscribed(m);
       case 'reconnect':

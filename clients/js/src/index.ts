@@ -7,11 +7,11 @@
  * connection after another, each a `link` (the seam: what the client needs of
  * a connection) over `websocket` or `stream` (HTTP-streaming: `ndjson` splits
  * its response into frames; loaded with `import()` the first time it is
- * used, so that a page does not load it at start), as `fallback` picks; `frame` is its wire, the server's frames (a union
- * keyed on `op`, checked on the way in by `parseFrame`) and the commands;
- * `subscription` is one topic's stream and its acks; `presence` merges a
- * topic's presence pages and diffs (`PresenceRoom`, the rule without I/O)
- * and keeps a subscribed topic's members current (`Presence`). Beside the protocol:
+ * used, so that a page does not load it at start), as `fallback` picks;
+ * `frame` is its wire, the server's frames (a union keyed on `op`, checked on
+ * the way in by `parseFrame`) and the commands; `subscription` is one topic's
+ * stream and its acks, and tells a topic's presence diffs to what follows
+ * them. Beside the protocol:
  * `backoff` (the wait before a reconnect), `heartbeat` (a dead connection
  * found), `refresh` (the token renewed before it expires), `timer`, `options`
  * (with their defaults), `emitter` (events) and `errors` (one class per code
@@ -19,6 +19,13 @@
  * `frame`) -> its `subscription` (a duplicate dropped) -> the app's
  * `message` listeners -> an `ack` batched by `client` -> the link (a
  * WebSocket message, or a line of a `POST /stream/<session>`).
+ *
+ * The extras, each an entry point of its own so that an app carries only
+ * those it imports: `protobuf` (`@herald/client/protobuf`, the codec of
+ * `protocol: 'protobuf'`), `delta` (`@herald/client/delta`, the Fossil delta
+ * decoder) and `presence` (`@herald/client/presence`: `PresenceRoom`, the
+ * merge of presence pages and diffs without I/O, and `Presence`, a
+ * subscribed topic's members kept current).
  * @packageDocumentation
  */
 export {
@@ -33,18 +40,10 @@ export {
   type ServerUnsubscribed,
   type TransportChange,
   type PresenceOptions,
+  type PresencePage,
   type HistoryOptions,
   type HistoryPage,
 } from './client.js';
-export {
-  Presence,
-  PresenceRoom,
-  compareUsers,
-  type PresenceEvents,
-  type PresencePage,
-  type PresenceSnapshot,
-  type Applied,
-} from './presence.js';
 export type { PresenceMember, PresenceDiffFrame, Publication } from './frame.js';
 export {
   DEFAULT_ACK_INTERVAL_MS,

@@ -1,19 +1,31 @@
+/**
+ * `@herald/client/presence`: a topic's presence merged and kept current,
+ * kept out of the core bundle (the core has one page, `client.presence`; an
+ * app that does not follow who is here does not carry the merge rule):
+ *
+ * ```ts
+ * import { HeraldClient } from '@herald/client';
+ * import { followPresence, presenceAll } from '@herald/client/presence';
+ * const presence = followPresence(client.subscribe('room:1'));
+ * presence.on('change', (s) => show(s.members));
+ * const everyone = await presenceAll(client, 'room:2'); // every page, merged, no subscription needed
+ * ```
+ *
+ * `PresenceRoom` merges pages and `presence_diff`s by the protocol's rule,
+ * without I/O; `Presence` keeps a subscribed topic's members current with
+ * it, told of the topic's diffs and of each re-subscribe or resume through
+ * the subscription's hook (`PresenceFollower`, the one thing of presence the
+ * core knows).
+ * @packageDocumentation
+ */
+import type { HeraldClient, PresencePage } from './client.js';
 import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
 import type { PresenceDiffFrame, PresenceMember } from './frame.js';
+import type { Subscription } from './subscription.js';
 
-/** One page of a topic's presence, as `HeraldClient.presence` gives it. */
-export interface PresencePage {
-  topic: string;
-  /** The presence position this page answers at (see {@link PresenceRoom}). */
-  position: number;
-  users: number;
-  connections: number;
-  /** Ordered by user id (bytewise). */
-  members: PresenceMember[];
-  /** Pass it back for the next page; absent on the last one. */
-  cursor?: string;
-}
+export type { PresenceOptions, PresencePage } from './client.js';
+export type { PresenceDiffFrame, PresenceMember } from './frame.js';
 
 /** Counts and members of a topic's presence at `position`. */
 export interface PresenceSnapshot {
@@ -176,11 +188,8 @@ export interface PresenceEvents {
   error: HeraldError;
 }
 
-/** What a {@link Presence} needs of its client. */
-export interface PresenceSource {
-  /** @internal */
-  _presencePage(topic: string, cursor: string | undefined): Promise<PresencePage>;
-}
+/** One page of the topic's presence, after `cursor` (the first without). */
+type PageLoader = (cursor: string | undefined) => Promise<PresencePage>;
 
 /**
  * The members of a subscribed topic, kept current: every page loaded, then
@@ -190,11 +199,11 @@ export interface PresenceSource {
  * replayed), with the difference told as `join`s and `leave`s. Diffs come
  * only in a `join_leave` namespace; elsewhere the members are those of the
  * last load ({@link Presence.reload} loads again). From
- * `Subscription.presence()`.
+ * {@link followPresence}.
  */
 export class Presence extends Emitter<PresenceEvents> {
   readonly topic: string;
-  #source: PresenceSource;
+  #load: PageLoader;
   #room = new PresenceRoom();
   /** The room told to the app: kept while a reload is under way. */
   #shown: PresenceRoom | undefined;
@@ -204,10 +213,10 @@ export class Presence extends Emitter<PresenceEvents> {
   closed = false;
 
   /** @internal */
-  constructor(source: PresenceSource, topic: string, fault: Fault) {
+  constructor(topic: string, load: PageLoader, fault: Fault) {
     super(fault);
-    this.#source = source;
     this.topic = topic;
+    this.#load = load;
   }
 
   /** Every page is in (and since then, diffs applied). */
@@ -237,7 +246,7 @@ export class Presence extends Emitter<PresenceEvents> {
     if (this.closed) return;
     const gen = ++this.#gen;
     this.#room = new PresenceRoom();
-    void this.#load(gen);
+    void this.#pages(gen);
   }
 
   /** Stops following (the subscription is unaffected). */
@@ -259,12 +268,12 @@ export class Presence extends Emitter<PresenceEvents> {
     if (this.#room === this.#shown) this.#tell(applied);
   }
 
-  async #load(gen: number): Promise<void> {
+  async #pages(gen: number): Promise<void> {
     const room = this.#room;
     let cursor: string | undefined;
     try {
       do {
-        const page = await this.#source._presencePage(this.topic, cursor);
+        const page = await this.#load(cursor);
         if (gen !== this.#gen) return;
         room.page(page.position, page.members, page.cursor !== undefined);
         room.counts(page.position, page.users, page.connections);
@@ -293,4 +302,36 @@ export class Presence extends Emitter<PresenceEvents> {
     for (const user of applied.leaves) this.emit('leave', { user });
     this.emit('change', this.snapshot());
   }
+}
+
+/**
+ * The members of `subscription`'s topic, kept current (see {@link Presence};
+ * the same object on each call for a subscription): every page loaded once
+ * subscribed, then the `presence_diff`s of a `join_leave` namespace merged;
+ * loaded again after each re-subscribe or resume. Its `error` event says
+ * `DisabledError` where the namespace has no presence.
+ */
+export function followPresence(subscription: Subscription): Presence {
+  let presence = subscription._presence as Presence | undefined;
+  if (!presence) {
+    const { topic, _owner: client } = subscription;
+    // A listener that throws is the client's `error`, as for the subscription's own.
+    presence = new Presence(topic, (cursor) => client.presence(topic, cursor === undefined ? {} : { cursor }), subscription._fault);
+    subscription._presence = presence;
+    if (subscription._held) presence.reload();
+  }
+  return presence;
+}
+
+/** Every page of the topic's presence, merged (the counts of the newest page); no subscription needed. */
+export async function presenceAll(client: HeraldClient, topic: string): Promise<PresenceSnapshot> {
+  const room = new PresenceRoom();
+  let cursor: string | undefined;
+  do {
+    const page = await client.presence(topic, cursor === undefined ? {} : { cursor });
+    room.page(page.position, page.members, page.cursor !== undefined);
+    room.counts(page.position, page.users, page.connections);
+    cursor = page.cursor;
+  } while (cursor !== undefined);
+  return { topic, position: room.position, users: room.users, connections: room.connections, members: room.list() };
 }

@@ -2,7 +2,7 @@ import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
 import type { AckCommand, Base, DeltaDecoder, MsgBytes, MsgFrame, Opener, PresenceDiffFrame, SubCommand } from './frame.js';
 import { fromBase64 } from './payload.js';
-import { Presence, type PresenceSource } from './presence.js';
+import type { PresenceOptions, PresencePage } from './client.js';
 
 /** A message handed to the application: each `seq` once, in order, within an `epoch`. */
 export interface Message<T = unknown> {
@@ -71,13 +71,29 @@ export interface SubscriptionEvents<T = unknown> {
 }
 
 /** What a subscription needs of its client. */
-export interface Owner extends PresenceSource {
+export interface Owner {
+  /** The topic's presence pages, for what follows them (`@herald/client/presence`). */
+  presence(topic: string, options?: PresenceOptions): Promise<PresencePage>;
   /** @internal */
   _unsubscribe(sub: Subscription): void;
   /** @internal */
   _ackSoon(): void;
   /** @internal */
   readonly _autoAck: boolean;
+}
+
+/**
+ * @internal What follows a subscribed topic's presence (`followPresence` of
+ * `@herald/client/presence`): the core knows it by this alone, so that an
+ * app that does not follow presence does not carry its merge rule.
+ */
+export interface PresenceFollower {
+  /** A `presence_diff` of the topic. */
+  _diff(d: PresenceDiffFrame): void;
+  /** Subscribed again or resumed: the diffs of the gap are not replayed, so the members are loaded anew. */
+  reload(): void;
+  /** The subscription ended. */
+  close(): void;
 }
 
 /**
@@ -112,9 +128,12 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   /** The `since` the `sub` in flight carried. */
   #since: number | undefined;
 
-  #owner: Owner;
-  #fault: Fault;
-  #presence: Presence | undefined;
+  /** @internal The client: `@herald/client/presence` loads the topic's pages through it. */
+  readonly _owner: Owner;
+  /** @internal What a listener that throws is given (the client's `error`). */
+  readonly _fault: Fault;
+  /** @internal Told of the topic's presence (see {@link PresenceFollower}). */
+  _presence: PresenceFollower | undefined;
   /** `sub.data`, for the subscribe proxy. */
   #data: unknown;
   /** Deltas asked for. */
@@ -141,8 +160,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     super(fault);
     this.#data = data;
     this.#delta = delta;
-    this.#fault = fault;
-    this.#owner = owner;
+    this._fault = fault;
+    this._owner = owner;
     this.topic = topic;
     this.seq = since;
     this.epoch = epoch;
@@ -153,31 +172,11 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   unsubscribe(): void {
     if (this.closed) return;
     this.closed = true;
-    this.#presence?.close();
-    this.#owner._unsubscribe(this);
+    this._presence?.close();
+    this._owner._unsubscribe(this);
   }
 
-  /**
-   * The topic's members, kept current (the same object on each call): every
-   * page loaded once subscribed, then the `presence_diff`s of a `join_leave`
-   * namespace merged; loaded again after each re-subscribe or resume. Its
-   * `error` event says `DisabledError` where the namespace has no presence.
-   */
-  presence(): Presence {
-    if (!this.#presence) {
-      // A listener that throws is the client's `error`, as for the subscription's own.
-      this.#presence = new Presence(this.#owner, this.topic, this.#fault);
-      if (this._held) this.#presence.reload();
-    }
-    return this.#presence;
-  }
-
-  /** @internal A `presence_diff` of the topic. */
-  _presenceDiff(d: PresenceDiffFrame): void {
-    this.#presence?._diff(d);
-  }
-
-  /** Subscribed (again), on the current connection: `subscribed` told, and the presence loaded anew. */
+  /** Subscribed (again), on the current connection: `subscribed` told, and the presence (if followed) loaded anew. */
   #subscribed(
     seq: number | undefined,
     epoch: string | undefined,
@@ -186,7 +185,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     extra?: { data?: unknown; delta?: boolean },
   ): void {
     this.emit('subscribed', { topic: this.topic, seq, epoch, recovered, resumed, ...extra });
-    this.#presence?.reload();
+    this._presence?.reload();
   }
 
   /** @internal A subscription the server made (`ok` with `reason`, no `id`). */
@@ -213,7 +212,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   _ended(reason: string): void {
     this.closed = true;
     this._held = false;
-    this.#presence?.close();
+    this._presence?.close();
     this.emit('unsubscribed', { topic: this.topic, reason });
   }
 
@@ -289,14 +288,14 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this.#wire = Math.max(this.#wire ?? 0, seq);
     if (this.seq !== undefined && seq <= this.seq) {
       this.duplicates++;
-      this.#owner._ackSoon();
+      this._owner._ackSoon();
       return;
     }
     this.seq = seq;
     // `T` is the app's word for what publishers send: nothing here checks it.
     this.emit('message', { topic: this.topic, seq, epoch: this.epoch, data: data as T });
-    if (this.#owner._autoAck) this._processed = seq;
-    this.#owner._ackSoon();
+    if (this._owner._autoAck) this._processed = seq;
+    this._owner._ackSoon();
   }
 
   /** @internal A `reset`, or a `sub` with `since` that could not be recovered. */
@@ -313,7 +312,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this._processed = seq;
     this.#wire = Math.max(this.#wire ?? 0, seq);
     this.emit('reset', { topic: this.topic, epoch, seq });
-    this.#owner._ackSoon();
+    this._owner._ackSoon();
   }
 
   /** @internal The `ack` due now, if any. */

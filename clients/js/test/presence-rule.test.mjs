@@ -165,10 +165,8 @@ test('a diff before any page waits for the page of its users; one the page alrea
 
 test('a counts-only diff keeps the counts; the members are then not exact, and a Presence reloads when diffs name users again', async () => {
   const pages = [];
-  const source = {
-    _presencePage: () => new Promise((resolve) => pages.push(resolve)),
-  };
-  const presence = new Presence(source, 'room:1', (e) => {
+  const load = () => new Promise((resolve) => pages.push(resolve));
+  const presence = new Presence('room:1', load, (e) => {
     throw e;
   });
   const seen = [];

@@ -1,5 +1,6 @@
 // Who is here, what was said, and subscriptions a backend makes: the SDK's
-// presence (pages, and a `Presence` that merges the `presence_diff`s), its
+// presence (pages from the core; a `Presence` that merges the
+// `presence_diff`s, and every page merged, from `@herald/client/presence`), its
 // history and its server-made subscriptions, in Node (the `ws` package) and
 // in headless Chromium, against the real `herald` (one pod, and two pods
 // sharing Redis) with users from HS256 tokens.
@@ -9,6 +10,7 @@ import { once } from 'node:events';
 import WebSocket, { WebSocketServer } from 'ws';
 
 import { DisabledError, HeraldClient, HistoryLostError } from '../dist/index.js';
+import { followPresence, presenceAll } from '../dist/presence.js';
 import { Events, STEP, cleanups, config, hs256, poll, pod, publish, sdkPage, startHerald, startRedis, test } from './harness.mjs';
 
 const SECRET = 'herald-js-tests-hmac-secret-0123456789';
@@ -104,7 +106,7 @@ test('Node, against a scripted server: a server-made subscription (messages, ack
     subscription.on('unsubscribed', (u) => events.push({ t: 'sub-unsubscribed', ...u }));
   });
   const seen = [];
-  const presence = c.subscribe('room:1').presence();
+  const presence = followPresence(c.subscribe('room:1'));
   presence.on('join', (m) => seen.push(`+${m.user}`));
   presence.on('leave', ({ user }) => seen.push(`-${user}`));
   presence.on('change', (s) => events.push({ t: 'presence', users: s.members.map((m) => m.user), position: s.position }));
@@ -133,6 +135,66 @@ test('Node, against a scripted server: a server-made subscription (messages, ack
   assert.deepEqual(events.filter((e) => e.t === 'server-got' && e.op === 'unsub'), []);
 });
 
+test('Node, against a scripted server: a followed Presence loads again after a resume and after a re-subscribe, tells the difference, and ends with its subscription', async (t) => {
+  const cleanup = cleanups(t);
+  const events = new Events();
+  const server = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+  await once(server, 'listening');
+  cleanup.push(() => new Promise((r) => server.close(r)));
+  // Each load answers with the next page: the room as each connection finds it.
+  const pages = [['alice', 'bob'], ['bob', 'carol'], ['carol', 'dave']];
+  let connection = 0;
+  server.on('connection', (socket) => {
+    cleanup.push(() => socket.terminate());
+    // The second connection resumes the session, the third finds it gone (a re-subscribe).
+    const n = ++connection;
+    const send = (frame) => socket.send(JSON.stringify(frame));
+    socket.on('message', (data) => {
+      const m = JSON.parse(String(data));
+      events.push({ t: 'server-got', connection: n, ...m });
+      if (m.op === 'hello') send({ op: 'welcome', session: n === 3 ? 's2' : 's1', ping_ms: 25_000, resumed: n === 2 });
+      else if (m.op === 'sub') send({ op: 'ok', id: m.id, topic: m.topic, seq: 0, epoch: 'e1' });
+      else if (m.op === 'presence') {
+        const members = (pages.shift() ?? []).map((user) => ({ user }));
+        send({ op: 'ok', id: m.id, topic: m.topic, position: n, users: members.length, connections: members.length, members });
+      }
+    });
+  });
+  const url = `ws://127.0.0.1:${server.address().port}/ws`;
+  const c = new HeraldClient({ urls: [url], WebSocket, backoff: { initialMs: 10, maxMs: 20 } });
+  cleanup.push(() => c.close());
+  c.on('error', (e) => events.push({ t: 'error', code: e.code }));
+  const sub = c.subscribe('room:1');
+  await c.connect();
+  await events.wait('subscribed', (e) => e.t === 'server-got' && e.op === 'sub');
+  // Followed once subscribed: loaded at once.
+  const presence = followPresence(sub);
+  presence.on('join', (m) => events.push({ t: 'told', what: `+${m.user}` }));
+  presence.on('leave', ({ user }) => events.push({ t: 'told', what: `-${user}` }));
+  const told = () => events.filter((e) => e.t === 'told').map((e) => e.what);
+  await presence.loaded();
+  assert.deepEqual(told(), ['+alice', '+bob']);
+  // The connection dropped: the diffs of the gap are not replayed, so the next one loads again.
+  for (const [what, after] of [
+    ['a resume', ['+carol', '-alice']],
+    ['a re-subscribe', ['+dave', '-bob']],
+  ]) {
+    const before = told().length;
+    for (const socket of server.clients) socket.terminate();
+    await events.until(`the load after ${what}`, () => told().length === before + 2);
+    assert.deepEqual(told().slice(before), after, what);
+  }
+  assert.deepEqual([...presence.members.keys()], ['carol', 'dave']);
+  assert.deepEqual(
+    events.filter((e) => e.t === 'server-got' && e.op === 'sub').map((e) => e.connection),
+    [1, 3],
+    'the resume restored the subscription; the new session subscribed again',
+  );
+  sub.unsubscribe();
+  assert.ok(presence.closed, 'unsubscribed: the Presence is closed');
+  assert.deepEqual(events.filter((e) => e.t === 'error'), []);
+});
+
 /**
  * Alice on pod `a` follows `room:1`; bob comes from pod `b` (the same pod on
  * the embedded broker) on two connections, and leaves one after the other.
@@ -147,7 +209,8 @@ async function presenceStory(cleanup, a, b) {
   assert.deepEqual(page.members, [{ user: 'alice', info: { name: 'Alice' } }]);
   assert.deepEqual([page.users, page.connections, page.cursor], [1, 1, undefined]);
 
-  const presence = sub.presence();
+  const presence = followPresence(sub);
+  assert.equal(followPresence(sub), presence, 'one Presence per subscription');
   const seen = [];
   presence.on('join', (m) => seen.push(`+${m.user}`));
   presence.on('leave', ({ user }) => seen.push(`-${user}`));
@@ -175,7 +238,7 @@ async function presenceStory(cleanup, a, b) {
   // Two pages, then the merge of every page.
   const first = await alice.presence('room:1', { limit: 1 });
   assert.deepEqual([first.members.map((m) => m.user), first.cursor], [['alice'], undefined]);
-  const all = await alice.presenceAll('room:1');
+  const all = await presenceAll(alice, 'room:1');
   assert.deepEqual(all.members.map((m) => m.user), ['alice']);
 
   await assert.rejects(alice.presence('news'), (e) => e instanceof DisabledError && e.code === 'disabled');
@@ -296,7 +359,7 @@ test('Chromium: a page follows a room: its Presence shows the page itself, then 
   const events = new Events();
   const page = await carolsPage(cleanup, events, herald);
   await page.evaluate(async () => {
-    const presence = window.client.subscribe('room:lobby').presence();
+    const presence = window.heraldPresence.followPresence(window.client.subscribe('room:lobby'));
     presence.on('join', (m) => window.report({ t: 'join', user: m.user, info: m.info }));
     presence.on('leave', ({ user }) => window.report({ t: 'leave', user }));
     await window.client.connect();

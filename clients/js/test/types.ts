@@ -11,10 +11,8 @@ import {
   HeraldClient,
   type HistoryPage,
   type Message,
-  type Presence,
   type PresenceMember,
   type PresencePage,
-  type PresenceSnapshot,
   type Subscription,
   type Transport,
   type TransportChange,
@@ -22,6 +20,7 @@ import {
 import { parseFrame, type Command, type ServerFrame } from '../src/frame.js';
 import { protobuf } from '../dist/protobuf.js';
 import { fossil } from '../dist/delta.js';
+import { followPresence, presenceAll, type Presence, type PresenceSnapshot } from '../dist/presence.js';
 
 /** `true` only if `A` and `B` are the same type. */
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
@@ -144,13 +143,21 @@ async function features(): Promise<void> {
   const page = await client.presence('room:1', { limit: 10 });
   same<typeof page, PresencePage>(true);
   same<typeof page.cursor, string | undefined>(true);
-  const all = await client.presenceAll('room:1');
+  const all = await presenceAll(client, 'room:1');
   same<typeof all, PresenceSnapshot>(true);
   // @ts-expect-error: `limit` is a number
   await client.presence('room:1', { limit: '10' });
+  // @ts-expect-error: the merge of every page is `@herald/client/presence`'s, not the core's
+  await client.presenceAll('room:1');
 
-  const room = client.subscribe('room:1').presence();
+  const room = followPresence(client.subscribe('room:1'));
   same<typeof room, Presence>(true);
+  // Whatever its messages carry.
+  followPresence(client.subscribe<Price>('prices'));
+  // @ts-expect-error: a subscription is followed by `followPresence`, out of the core
+  client.subscribe('room:1').presence();
+  // @ts-expect-error: a subscription, not a topic
+  followPresence('room:1');
   room.on('join', (m) => same<typeof m, PresenceMember>(true));
   room.on('leave', ({ user }) => same<typeof user, string>(true));
   room.on('change', (s) => same<typeof s.users, number>(true));
