@@ -4,7 +4,7 @@
 // the client does when a delta does not apply (it subscribes again after the
 // last seq it handed over, and ignores the topic's messages until the
 // answer, rather than hand over wrong data or skip a seq). Against the real
-// `herald`: test/binary-browser.test.mjs.
+// `herald` in Chromium: test/wire.test.mjs.
 
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
