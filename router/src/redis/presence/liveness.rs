@@ -6,9 +6,10 @@
 //! instances whose expiry passed: under a lock (`SET NX PX pod_ttl`), topic
 //! by topic from the instance's topic set, each removal a change with the
 //! instance's leaves ([`super::scripts::WRITE`] with an empty part), then
-//! the instance itself. When occupancy is tracked, the instance's
-//! subscriptions go too ([`Occupancy::clean`]), the cleaner telling of the
-//! `vacated`s. Each step is idempotent: a cleaner killed midway
+//! the instance itself, even if it beat again meanwhile (so that it finds
+//! itself gone and writes its presence again). When occupancy is tracked,
+//! the instance's subscriptions go too ([`Occupancy::clean`]), the cleaner
+//! telling of the `vacated`s. Each step is idempotent: a cleaner killed midway
 //! leaves the lock to expire, and the next pod to find the instance expired
 //! finishes.
 //!
@@ -28,7 +29,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::encoding::decode_field;
-use super::scripts::{BEAT, FORGET, WRITE};
+use super::scripts::{BEAT, WRITE};
 use super::{Context, Presence};
 use crate::redis::call::{timed, unreadable};
 use crate::redis::millis;
@@ -195,13 +196,17 @@ async fn clean(
         let topics = occupancy.clean(dead).await?;
         tracing::info!(instance = %dead, topics, "occupancy: removed a dead pod's subscriptions");
     }
+    // Forgotten even if it beat again meanwhile (it was only slow, or cut
+    // off from Redis for longer than `pod_ttl`): its members were just
+    // cleared, and only finding itself gone tells it to write them again
+    // (its next beat adds it back, `added`). Kept because it came back, it
+    // would hold members nobody lists, for good.
     let pods = context.keys.pods();
-    let mut forget = FORGET.prepare_invoke();
-    forget.key(&pods).arg(dead);
+    let forget = redis::cmd("ZREM").arg(&pods).arg(dead).clone();
     timed(
         observer,
         "presence_clean",
-        context.shards.script::<Value>(&pods, &FORGET, &forget),
+        context.shards.command::<Value>(&pods, &forget),
     )
     .await?;
     let unlock = redis::cmd("DEL").arg(&lock).clone();

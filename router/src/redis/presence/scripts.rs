@@ -177,20 +177,3 @@ return {added, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 16)
 "#,
     )
 });
-
-/// Forgets a dead instance's liveness, unless it came back meanwhile.
-///
-/// KEYS: pods. ARGV: instance.
-pub static FORGET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if expiry and tonumber(expiry) <= now then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"#,
-    )
-});
