@@ -4,12 +4,26 @@
 //! `Last-Event-ID` when it reconnects, and the stream resumes from it on
 //! any pod.
 //!
-//! The id is the connection's own, the `data:` part of an event is shared
-//! by every subscriber ([`crate::frame::Frames`]): the queue writes an id
-//! line before each event, rendered as the event is queued, under the
-//! queue's lock, so that ids follow the order events are written in.
+//! The id is the connection's own, so an event is one buffer per
+//! connection: its id line, then the `data:` part every subscriber shares
+//! ([`crate::frame::Frames`]), copied. The allocation is paid for the id
+//! anyway; the copy costs less than a second slice would (its queue slot,
+//! and a `sendmsg` where one slice takes the cheaper `send`). Events are
+//! made as they are queued, under the queue's lock, so that ids follow the
+//! order events are written in.
+//!
+//! The fan-out moves a stream's id and copies it once per event and
+//! connection, with ten or more topics in it, over thousands of
+//! connections whose state is cold in the cache by the time their next
+//! event comes: what it reads lies in one allocation, read front to back
+//! (each separate allocation was a cache miss, and together they were most
+//! of an event's cost), and a move rewrites its topic's digits in place.
+
+use std::hash::BuildHasher;
+use std::ops::Range;
 
 use bytes::Bytes;
+use foldhash::fast::FixedState;
 
 use super::queue::{Outbound, State};
 
@@ -31,78 +45,183 @@ pub struct Place {
     pub seq: u64,
 }
 
+/// `[count][hash; count][name end; count][part; count][names][line]`: the
+/// topics' count, each topic's name [`hash`], where its name ends in
+/// `names` and where its part of the line starts in the buffer (all `u32`,
+/// little-endian), the names back to back in the request's order, then the
+/// id line as it stands, `id: <id>\n`. A topic's part is `<epoch>:<seq>`
+/// (not positioned: an empty epoch and seq 0), up to the `.` before the
+/// next one or the line's end.
 #[derive(Debug)]
 pub(super) struct EventIds {
-    places: Vec<Place>,
+    buf: Box<[u8]>,
 }
+
+const WORD: usize = size_of::<u32>();
 
 impl EventIds {
     pub(super) fn new(places: Vec<Place>) -> Self {
-        Self { places }
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&word(places.len()));
+        for place in &places {
+            buf.extend_from_slice(&hash(&place.topic).to_le_bytes());
+        }
+        let mut name_end = 0;
+        for place in &places {
+            name_end += place.topic.len();
+            buf.extend_from_slice(&word(name_end));
+        }
+        let parts = buf.len();
+        buf.resize(parts + places.len() * WORD, 0);
+        for place in &places {
+            buf.extend_from_slice(place.topic.as_bytes());
+        }
+        buf.extend_from_slice(b"id: ");
+        for (i, place) in places.iter().enumerate() {
+            if i > 0 {
+                buf.push(b'.');
+            }
+            let at = word(buf.len());
+            buf[parts + i * WORD..parts + (i + 1) * WORD].copy_from_slice(&at);
+            let mut digits = [0u8; 20];
+            let epoch = place.epoch.as_deref().unwrap_or_default();
+            buf.extend(part(epoch, decimal(place.seq, &mut digits)));
+        }
+        buf.push(b'\n');
+        Self { buf: buf.into() }
     }
 
     /// Moves `mark`'s topic (a topic not among them: nothing).
     pub(super) fn mark(&mut self, mark: Mark<'_>) {
-        let Some(place) = self.places.iter_mut().find(|p| &*p.topic == mark.topic) else {
+        let Some(i) = self.find(mark.topic) else {
             return;
         };
-        if place.epoch.as_deref() != Some(mark.epoch) {
-            place.epoch = Some(mark.epoch.into());
+        let part = self.part(i);
+        let mut digits = [0u8; 20];
+        let seq = decimal(mark.seq, &mut digits);
+        let colon = self.buf[part.clone()].iter().position(|&b| b == b':');
+        if let Some(colon) = colon.map(|at| part.start + at)
+            && self.buf[part.start..colon] == *mark.epoch.as_bytes()
+            && part.end - colon - 1 == seq.len()
+        {
+            self.buf[colon + 1..part.end].copy_from_slice(seq);
+            return;
         }
-        place.seq = mark.seq;
+        let mut buf = Vec::with_capacity(self.buf.len() + mark.epoch.len() + seq.len());
+        buf.extend_from_slice(&self.buf[..part.start]);
+        buf.extend(self::part(mark.epoch, seq));
+        buf.extend_from_slice(&self.buf[part.end..]);
+        // The parts after it move by as much as it grew or shrank.
+        let moved = |at: usize| at + buf.len() - self.buf.len();
+        let later: Vec<usize> = (i + 1..self.count())
+            .map(|j| moved(self.part_start(j)))
+            .collect();
+        self.buf = buf.into();
+        for (j, at) in (i + 1..).zip(later) {
+            let slot = (1 + 2 * self.count() + j) * WORD;
+            self.buf[slot..slot + WORD].copy_from_slice(&word(at));
+        }
     }
 
-    /// `id: <id>\n`: one allocation of its exact size, per event and
-    /// connection (this runs in the fan-out, under the queue's lock).
-    pub(super) fn render(&self) -> Bytes {
-        let mut digits = [0u8; 20];
-        let len = 5 + self
-            .places
-            .iter()
-            .map(|p| match &p.epoch {
-                Some(epoch) => epoch.len() + 1 + decimal(p.seq, &mut digits).len() + 1,
-                None => 3,
-            })
-            .sum::<usize>();
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(b"id: ");
-        for (i, place) in self.places.iter().enumerate() {
-            if i > 0 {
-                out.push(b'.');
-            }
-            match &place.epoch {
-                Some(epoch) => {
-                    out.extend_from_slice(epoch.as_bytes());
-                    out.push(b':');
-                    out.extend_from_slice(decimal(place.seq, &mut digits));
-                }
-                None => out.extend_from_slice(b":0"),
-            }
-        }
-        out.push(b'\n');
+    /// The event of `data`, `data`'s bytes after the id line: one
+    /// allocation of its exact size.
+    pub(super) fn event(&self, data: &[u8]) -> Bytes {
+        let line = &self.buf[self.line_start()..];
+        let mut out = Vec::with_capacity(line.len() + data.len());
+        out.extend_from_slice(line);
+        out.extend_from_slice(data);
         Bytes::from(out)
+    }
+
+    fn count(&self) -> usize {
+        self.word(0)
+    }
+
+    /// The `n`th `u32` of the buffer.
+    fn word(&self, n: usize) -> usize {
+        let mut bytes = [0; WORD];
+        bytes.copy_from_slice(&self.buf[n * WORD..(n + 1) * WORD]);
+        u32::from_le_bytes(bytes) as usize
+    }
+
+    /// Where topic `i`'s name ends in the names.
+    fn name_end(&self, i: usize) -> usize {
+        self.word(1 + self.count() + i)
+    }
+
+    /// Where topic `i`'s part of the line starts.
+    fn part_start(&self, i: usize) -> usize {
+        self.word(1 + 2 * self.count() + i)
+    }
+
+    fn names_start(&self) -> usize {
+        (1 + 3 * self.count()) * WORD
+    }
+
+    fn line_start(&self) -> usize {
+        let count = self.count();
+        let names = if count == 0 {
+            0
+        } else {
+            self.name_end(count - 1)
+        };
+        self.names_start() + names
+    }
+
+    /// The index of `topic`: its hash among the hashes, then its name.
+    fn find(&self, topic: &str) -> Option<usize> {
+        let hash = hash(topic).to_le_bytes();
+        let names = self.names_start();
+        (0..self.count()).find(|&i| {
+            self.buf[(1 + i) * WORD..(2 + i) * WORD] == hash && {
+                let start = if i == 0 { 0 } else { self.name_end(i - 1) };
+                self.buf[names + start..names + self.name_end(i)] == *topic.as_bytes()
+            }
+        })
+    }
+
+    /// Where topic `i`'s part of the line lies: up to the next one's `.`,
+    /// or the line's `\n`.
+    fn part(&self, i: usize) -> Range<usize> {
+        let next = if i + 1 < self.count() {
+            self.part_start(i + 1)
+        } else {
+            self.buf.len()
+        };
+        self.part_start(i)..next - 1
     }
 }
 
-impl State {
-    /// Appends `frame`, after its id line on an SSE connection (moved by
-    /// `mark` first).
-    pub(super) fn append_event(&mut self, frame: Bytes, mark: Option<Mark<'_>>) {
-        if let Some(ids) = &mut self.ids {
-            if let Some(mark) = mark {
-                ids.mark(mark);
-            }
-            let id = ids.render();
-            self.append(id);
-        }
-        self.append(frame);
-    }
+/// A count or offset as stored: ids are at most a request head long.
+fn word(n: usize) -> [u8; WORD] {
+    u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes()
+}
 
-    /// Whether the queue holds `max` frames (an event and its id line
-    /// count as one).
-    pub(super) fn is_full(&self, max: usize) -> bool {
-        let per_event = if self.ids.is_some() { 2 } else { 1 };
-        self.frames.len() >= max.saturating_mul(per_event)
+/// A topic name's hash (its low 32 bits), the same in every process:
+/// nothing to learn from it, as a collision costs one more compare.
+fn hash(topic: &str) -> u32 {
+    FixedState::with_seed(0).hash_one(topic) as u32
+}
+
+/// `<epoch>:<seq>`.
+fn part<'a>(epoch: &'a str, seq: &'a [u8]) -> impl Iterator<Item = u8> + 'a {
+    epoch.bytes().chain([b':']).chain(seq.iter().copied())
+}
+
+impl State {
+    /// Appends `frame`, as an event with its id on an SSE connection (moved
+    /// by `mark` first).
+    pub(super) fn append_event(&mut self, frame: Bytes, mark: Option<Mark<'_>>) {
+        let frame = match &mut self.ids {
+            Some(ids) => {
+                if let Some(mark) = mark {
+                    ids.mark(mark);
+                }
+                ids.event(&frame)
+            }
+            None => frame,
+        };
+        self.append(frame);
     }
 }
 
@@ -110,7 +229,7 @@ impl Outbound {
     /// An SSE connection: every event it is sent from now on carries an
     /// id, starting from `places`.
     pub fn track_events(&self, places: Vec<Place>) {
-        self.state().ids = Some(Box::new(EventIds::new(places)));
+        self.state().ids = Some(EventIds::new(places));
     }
 }
 
@@ -127,41 +246,63 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-/// Whether a queued frame is an event's id line (counted with its event,
-/// not as a frame of its own).
-pub(super) fn is_id(frame: &[u8]) -> bool {
-    frame.starts_with(b"id: ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_id_holds_every_topic_in_order() {
-        let place = |topic: &str| Place {
+    fn place(topic: &str) -> Place {
+        Place {
             topic: topic.into(),
             epoch: None,
             seq: 0,
-        };
+        }
+    }
+
+    fn mark(ids: &mut EventIds, topic: &str, epoch: &str, seq: u64) {
+        ids.mark(Mark { topic, epoch, seq });
+    }
+
+    #[test]
+    fn an_id_holds_every_topic_in_order() {
         let mut ids = EventIds::new(vec![place("a"), place("b")]);
-        assert_eq!(&ids.render()[..], b"id: :0.:0\n");
-        ids.mark(Mark {
-            topic: "b",
-            epoch: "ff",
-            seq: 9,
-        });
-        ids.mark(Mark {
-            topic: "zz",
-            epoch: "1",
-            seq: 1,
-        });
-        assert_eq!(&ids.render()[..], b"id: :0.ff:9\n");
-        ids.mark(Mark {
-            topic: "a",
-            epoch: "e",
-            seq: u64::MAX,
-        });
-        assert_eq!(&ids.render()[..], b"id: e:18446744073709551615.ff:9\n");
+        assert_eq!(&ids.event(b"")[..], b"id: :0.:0\n");
+        mark(&mut ids, "b", "ff", 9);
+        mark(&mut ids, "zz", "1", 1);
+        assert_eq!(&ids.event(b"")[..], b"id: :0.ff:9\n");
+        mark(&mut ids, "a", "e", u64::MAX);
+        assert_eq!(&ids.event(b"")[..], b"id: e:18446744073709551615.ff:9\n");
+    }
+
+    #[test]
+    fn a_part_that_grows_or_shrinks_moves_the_ones_after_it() {
+        let start = Place {
+            topic: "chat/b".into(),
+            epoch: Some("0a".into()),
+            seq: 99,
+        };
+        let mut ids = EventIds::new(vec![place("chat/a"), start, place("chat/c")]);
+        assert_eq!(&ids.event(b"")[..], b"id: :0.0a:99.:0\n");
+        mark(&mut ids, "chat/b", "0a", 100);
+        mark(&mut ids, "chat/c", "c0ffee", 7);
+        assert_eq!(&ids.event(b"")[..], b"id: :0.0a:100.c0ffee:7\n");
+        // Another epoch, fewer digits: the parts after it move back.
+        mark(&mut ids, "chat/b", "1", 5);
+        mark(&mut ids, "chat/c", "c0ffee", 8);
+        assert_eq!(&ids.event(b"")[..], b"id: :0.1:5.c0ffee:8\n");
+        mark(&mut ids, "chat/a", "abcdef0123456789", 12345);
+        mark(&mut ids, "chat/c", "c0ffee", 10);
+        assert_eq!(
+            &ids.event(b"data: {}\n\n")[..],
+            b"id: abcdef0123456789:12345.1:5.c0ffee:10\ndata: {}\n\n"
+        );
+    }
+
+    #[test]
+    fn a_name_that_ends_another_is_not_taken_for_it() {
+        let mut ids = EventIds::new(vec![place("ab"), place("b"), place("abb")]);
+        mark(&mut ids, "b", "e", 1);
+        mark(&mut ids, "abb", "e", 2);
+        mark(&mut ids, "a", "e", 3);
+        assert_eq!(&ids.event(b"")[..], b"id: :0.e:1.e:2\n");
     }
 }

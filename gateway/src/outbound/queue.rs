@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::direct::{IdleSockets, Socket, SocketWriter};
-use super::ids::{self, EventIds, Mark};
+use super::ids::{EventIds, Mark};
 use crate::config::{Limits, Overflow};
 use crate::disconnect::CloseReason;
 use crate::frame::{self, Format};
@@ -131,7 +131,7 @@ pub(super) struct State {
     /// Why the connection ended, first cause wins.
     reason: Option<CloseReason>,
     /// An SSE connection's event ids; `None` for every other format.
-    pub(super) ids: Option<Box<EventIds>>,
+    pub(super) ids: Option<EventIds>,
 }
 
 impl State {
@@ -168,11 +168,8 @@ impl State {
                 break;
             }
             left -= front.len();
-            if let Some(done) = self.frames.pop_front()
-                && !ids::is_id(&done)
-            {
-                completed += 1;
-            }
+            self.frames.pop_front();
+            completed += 1;
             self.partial = false;
         }
         completed
@@ -298,7 +295,7 @@ impl Outbound {
         if state.is_closing() {
             return Pushed::Closed;
         }
-        if state.is_full(limits.frames) || state.bytes + frame.len() > limits.bytes {
+        if state.frames.len() >= limits.frames || state.bytes + frame.len() > limits.bytes {
             return Pushed::Full;
         }
         state.oldest.get_or_insert(at);
@@ -362,7 +359,7 @@ impl Outbound {
                 if state.is_closing() {
                     return false;
                 }
-                let fits = !state.is_full(limits.frames / 2)
+                let fits = state.frames.len() < limits.frames / 2
                     && state.bytes + frame.len() <= limits.bytes / 2;
                 if fits || state.bytes == 0 {
                     self.enqueue(state, frame, mark);
@@ -520,7 +517,7 @@ impl Outbound {
             }
         }
         let state = &mut *state;
-        let frames = state.frames.iter().filter(|f| !ids::is_id(f)).count() as u64;
+        let frames = state.frames.len() as u64;
         let bytes = state.frames.iter().map(Bytes::len).sum();
         // Taken whole, allocation and all: a queue that the writer empties
         // holds no memory until it has frames again.

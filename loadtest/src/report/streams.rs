@@ -1,7 +1,8 @@
 //! The `streams` section (issue #25): server-sent events and HTTP-streaming
 //! against the WebSocket. Deliveries per gateway CPU-second of the three
 //! transports in two `throughput` shapes (`streams-ws`, `streams-sse`,
-//! `streams-stream`: 10 topics per client; `streams-one-*`: one), the memory of idle SSE streams (`idle-sse`), and SSE
+//! `streams-stream`: 10 topics per client; `streams-one-*`: one), in rounds
+//! (`streams-ws-2`, …), the memory of idle SSE streams (`idle-sse`), and SSE
 //! clients across a pod's death (`sse-failover`).
 
 use super::markdown::{count, cpu_line, paragraphs, table, thousands, verdict, x};
@@ -28,18 +29,42 @@ fn per_cpu(res: &Throughput) -> f64 {
     res.deliveries_per_gateway_cpu_s.unwrap_or(0.0)
 }
 
-/// The transports' runs of one shape: `<prefix>ws`, `<prefix>sse`,
-/// `<prefix>stream`, each against the WebSocket's of the same shape.
+/// Round `round`'s run of `transport` in a shape: `<prefix><transport>`,
+/// then `<prefix><transport>-2`, `-3`, …
+fn run_name(prefix: &str, transport: &str, round: usize) -> String {
+    match round {
+        1 => format!("{prefix}{transport}"),
+        round => format!("{prefix}{transport}-{round}"),
+    }
+}
+
+/// The middle one of `values` (the lower middle of an even count).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len().saturating_sub(1) / 2).copied()
+}
+
+/// The transports' runs of one shape, each against the WebSocket's of the
+/// same round. A round runs every transport once, one after the other,
+/// because one run's figure moves by a fifth from run to run on a shared
+/// machine: a round's runs are close in time, and the median round's ratio
+/// is the figure.
 fn transport_rows(results: &Results, prefix: &str, shape: &str, rows: &mut Vec<Vec<String>>) {
-    let ws = results.throughput(&format!("{prefix}ws"));
+    let runs = |transport: &str| -> Vec<&Throughput> {
+        (1..)
+            .map_while(|round| results.throughput(&run_name(prefix, transport, round)))
+            .collect()
+    };
+    let ws = runs("ws");
     for (transport, label) in [
         ("ws", "WebSocket (`/ws`)"),
         ("sse", "server-sent events (`GET /sse`)"),
         ("stream", "HTTP-streaming (`POST /stream`)"),
     ] {
-        let name = format!("{prefix}{transport}");
         let label = format!("{label}, {shape}");
-        let Some(res) = results.throughput(&name) else {
+        let mine = runs(transport);
+        if mine.is_empty() {
+            let name = run_name(prefix, transport, 1);
             rows.push(vec![
                 label,
                 missing(results, &name),
@@ -47,12 +72,17 @@ fn transport_rows(results: &Results, prefix: &str, shape: &str, rows: &mut Vec<V
                 String::new(),
             ]);
             continue;
-        };
-        let clean = res.lost == 0 && res.duplicated == 0 && res.disconnected == 0;
-        let ratio = ws
-            .map(per_cpu)
-            .filter(|&w| w > 0.0)
-            .map(|w| per_cpu(res) / w);
+        }
+        let clean = mine
+            .iter()
+            .all(|res| res.lost == 0 && res.duplicated == 0 && res.disconnected == 0);
+        let ratios: Vec<f64> = mine
+            .iter()
+            .zip(&ws)
+            .filter(|(_, w)| per_cpu(w) > 0.0)
+            .map(|(res, w)| per_cpu(res) / per_cpu(w))
+            .collect();
+        let ratio = median(ratios.clone());
         let target = match (transport, ratio) {
             ("ws", _) => "the yardstick".to_owned(),
             (_, Some(r)) => format!(
@@ -61,18 +91,27 @@ fn transport_rows(results: &Results, prefix: &str, shape: &str, rows: &mut Vec<V
             ),
             (_, None) => format!("≥ {RATIO_TARGET}× the WebSocket's: no WebSocket run"),
         };
-        rows.push(vec![
-            label,
-            format!(
-                "{} deliveries per gateway CPU-second ({} per second); lost / duplicated {} / {}",
-                thousands(per_cpu(res)),
-                thousands(res.deliveries_per_s),
-                res.lost,
-                res.duplicated
-            ),
-            x(ratio),
-            target,
-        ]);
+        let per_round: Vec<String> = mine.iter().map(|res| thousands(per_cpu(res))).collect();
+        let lost: u64 = mine.iter().map(|res| res.lost).sum();
+        let duplicated: u64 = mine.iter().map(|res| res.duplicated).sum();
+        let mut figures = format!(
+            "{} deliveries per gateway CPU-second ({} per second)",
+            per_round.join(" / "),
+            mine.iter()
+                .map(|res| thousands(res.deliveries_per_s))
+                .collect::<Vec<_>>()
+                .join(" / "),
+        );
+        if transport != "ws" && ratios.len() > 1 {
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            figures.push_str(&format!("; by round {}×", each.join(" / ")));
+        }
+        figures.push_str(&format!("; lost / duplicated {lost} / {duplicated}"));
+        let ratio_cell = match (transport, ratios.len()) {
+            ("ws", _) | (_, 0 | 1) => x(ratio),
+            (_, rounds) => format!("{} (median of {rounds})", x(ratio)),
+        };
+        rows.push(vec![label, figures, ratio_cell, target]);
     }
 }
 
@@ -110,8 +149,10 @@ pub(super) fn section(results: &Results) -> String {
     {
         out.push(format!(
             "Each run against a fresh pod, {} B payloads, {} publishing connections, {:.0} s; {}. \
-             An SSE event's id is the stream's position in each of its topics (about 19 bytes a \
-             topic), so its bytes per delivery grow with the topics per stream. {}",
+             Where there are rounds, each ran the three transports one after the other, and a \
+             ratio is the median of the rounds' (each against its round's WebSocket run). An SSE \
+             event's id is the stream's position in each of its topics (about 19 bytes a topic), \
+             so its bytes per delivery grow with the topics per stream. {}",
             res.size_bytes,
             res.concurrency,
             res.duration_s,
