@@ -22,6 +22,7 @@
 use std::io;
 use std::net::SocketAddr;
 
+use memchr::memchr;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -307,7 +308,7 @@ impl Body {
 
     /// The next whole line (without its LF or CRLF) if one is buffered.
     fn take_line(&mut self) -> Option<(usize, usize)> {
-        let nl = self.unread().iter().position(|&b| b == b'\n')?;
+        let nl = memchr(b'\n', self.unread())?;
         let (from, mut to) = (self.start, self.start + nl);
         if to > from && self.buf[to - 1] == b'\r' {
             to -= 1;
@@ -432,7 +433,8 @@ impl SseClient {
     /// [`Self::next`] will not wait).
     pub fn has_event(&self) -> bool {
         let unread = self.body.unread();
-        block_end(unread).is_some() || (unread.first() == Some(&b':') && unread.contains(&b'\n'))
+        block_end(unread).is_some()
+            || (unread.first() == Some(&b':') && memchr(b'\n', unread).is_some())
     }
 
     /// The next event, or comment; `None` when the stream ended.
@@ -448,7 +450,7 @@ impl SseClient {
         loop {
             let unread = self.body.unread();
             if unread.first() == Some(&b':')
-                && let Some(nl) = unread.iter().position(|&b| b == b'\n')
+                && let Some(nl) = memchr(b'\n', unread)
             {
                 self.body.start += nl + 1;
                 return Ok(Some(Sse::Comment));
@@ -481,10 +483,7 @@ impl SseClient {
         self.joined.clear();
         let mut at = 0;
         while at < block.len() {
-            let nl = block[at..]
-                .iter()
-                .position(|&b| b == b'\n')
-                .map_or(block.len(), |p| at + p);
+            let nl = memchr(b'\n', &block[at..]).map_or(block.len(), |p| at + p);
             let mut line = &block[at..nl];
             let line_at = at;
             at = nl + 1;
@@ -516,8 +515,12 @@ impl SseClient {
                         self.joined.extend_from_slice(value);
                     }
                 }
+                // Into the id kept, not a new string per event: a load
+                // generator's own cost per event shifts the gateway's.
                 b"id" if !value.contains(&0) => {
-                    self.last_id = Some(String::from_utf8_lossy(value).into_owned());
+                    let id = self.last_id.get_or_insert_with(String::new);
+                    id.clear();
+                    id.push_str(&String::from_utf8_lossy(value));
                 }
                 b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
                     self.retry_ms = std::str::from_utf8(value)
@@ -544,7 +547,7 @@ impl SseClient {
 fn block_end(bytes: &[u8]) -> Option<usize> {
     let mut at = 0;
     loop {
-        let nl = at + bytes[at..].iter().position(|&b| b == b'\n')?;
+        let nl = at + memchr(b'\n', &bytes[at..])?;
         let line = &bytes[at..nl];
         if line.is_empty() || line == b"\r" {
             return Some(nl + 1);
@@ -599,7 +602,7 @@ impl NdjsonClient {
 
     /// Whether a whole line is buffered.
     pub fn has_line(&self) -> bool {
-        self.body.unread().contains(&b'\n')
+        memchr(b'\n', self.body.unread()).is_some()
     }
 
     /// The next line; `None` when the stream ended. Cancel-safe.
