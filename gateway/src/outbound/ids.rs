@@ -259,6 +259,8 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn place(topic: &str) -> Place {
@@ -315,5 +317,46 @@ mod tests {
         mark(&mut ids, "abb", "e", 2);
         mark(&mut ids, "a", "e", 3);
         assert_eq!(&ids.event(b"")[..], b"id: :0.e:1.e:2\n");
+    }
+
+    /// The rendering the buffer keeps, written the plain way: each topic's
+    /// `<epoch>:<seq>` joined by `.`.
+    fn model(places: &[(String, String, u64)]) -> Vec<u8> {
+        let parts: Vec<String> = places.iter().map(|(_, e, s)| format!("{e}:{s}")).collect();
+        format!("id: {}\n", parts.join(".")).into_bytes()
+    }
+
+    proptest! {
+        /// Whatever moves come, in whatever order (another epoch, more or
+        /// fewer digits, a topic not among them), the id is the one the
+        /// plain rendering gives, and an event is that id and its data.
+        #[test]
+        fn the_id_is_always_the_plain_rendering_of_every_place(
+            names in prop::collection::hash_set("[a-c/]{1,6}", 1..6),
+            moves in prop::collection::vec(
+                (0usize..8, "[0-9a-f]{0,16}", any::<u64>().prop_map(|s| s >> (s % 64))),
+                0..40,
+            ),
+        ) {
+            let names: Vec<String> = names.into_iter().collect();
+            let mut plain: Vec<(String, String, u64)> =
+                names.iter().map(|n| (n.clone(), String::new(), 0)).collect();
+            let mut ids = EventIds::new(names.iter().map(|n| place(n)).collect());
+            for (which, epoch, seq) in moves {
+                // An empty epoch moves nothing as a `Mark` never has one;
+                // an index past the names is a topic not among them.
+                if epoch.is_empty() {
+                    continue;
+                }
+                let topic = names.get(which).cloned().unwrap_or_else(|| "zz".to_owned());
+                mark(&mut ids, &topic, &epoch, seq);
+                if let Some(p) = plain.iter_mut().find(|(n, _, _)| *n == topic) {
+                    (p.1, p.2) = (epoch, seq);
+                }
+                let mut want = model(&plain);
+                want.extend_from_slice(b"data: x\n\n");
+                prop_assert_eq!(&ids.event(b"data: x\n\n")[..], &want[..]);
+            }
+        }
     }
 }
