@@ -361,7 +361,11 @@ pub fn parse_head(head: &[u8]) -> io::Result<Head> {
 /// comment: the heartbeat, or an `id:`/`retry:` alone).
 #[derive(Debug, PartialEq)]
 pub enum Sse<'a> {
-    Event { data: &'a [u8] },
+    /// `wire`: the event's bytes on the wire, its `id:` line and all.
+    Event {
+        data: &'a [u8],
+        wire: usize,
+    },
     Comment,
 }
 
@@ -535,8 +539,12 @@ impl SseClient {
             (0, _) | (_, None) => Sse::Comment,
             (1, Some((f, t))) => Sse::Event {
                 data: &self.body.buf[f..t],
+                wire: to - from,
             },
-            _ => Sse::Event { data: &self.joined },
+            _ => Sse::Event {
+                data: &self.joined,
+                wire: to - from,
+            },
         }
     }
 }
@@ -858,7 +866,7 @@ impl Conn {
             },
             Self::Sse(c) => match c.next().await? {
                 None => return Ok(None),
-                Some(Sse::Event { data }) => Incoming::Frame(data, data.len()),
+                Some(Sse::Event { data, wire }) => Incoming::Frame(data, wire),
                 Some(Sse::Comment) => Incoming::Heartbeat,
             },
             Self::Stream(c) => match c.next().await? {
@@ -955,7 +963,7 @@ mod tests {
         let mut items = Vec::new();
         while let Some(item) = c.next().await.expect("read") {
             items.push(match item {
-                Sse::Event { data } => String::from_utf8_lossy(data).into_owned(),
+                Sse::Event { data, .. } => String::from_utf8_lossy(data).into_owned(),
                 Sse::Comment => ":".to_owned(),
             });
         }

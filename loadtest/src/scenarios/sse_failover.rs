@@ -416,10 +416,10 @@ async fn open_all(
                     .map_err(|e| fail(e.to_string()))?;
                 loop {
                     match c.next().await {
-                        Ok(Some(Sse::Event { data })) if data.starts_with(br#"{"op":"ok""#) => {
+                        Ok(Some(Sse::Event { data, .. })) if data.starts_with(br#"{"op":"ok""#) => {
                             break;
                         }
-                        Ok(Some(Sse::Event { data })) => {
+                        Ok(Some(Sse::Event { data, .. })) => {
                             return Err(fail(format!(
                                 "before ok: {}",
                                 String::from_utf8_lossy(data)
@@ -532,7 +532,7 @@ async fn follow(
             item = c.next() => item,
         };
         match item {
-            Ok(Some(Sse::Event { data })) => {
+            Ok(Some(Sse::Event { data, .. })) => {
                 if let Some((t, seq)) = msg_topic_seq(data) {
                     if t != topic.as_bytes() {
                         record.unexpected += 1;
