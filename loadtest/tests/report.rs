@@ -10,7 +10,7 @@
 //! (issue #25), which came later: their result files (`presence.json`,
 //! `presence-off.json`, `hooks.json`, `streams-*.json` (the 10-topic shape
 //! in three rounds), `idle-sse.json`,
-//! `sse-failover.json`, `lag.json`) are made-up figures in the shape the
+//! `sse-failover.json`, `lag.json`, `lag-baseline.json`) are made-up figures in the shape the
 //! scenarios write; and for the `deflate` and `formats` sections (issue
 //! #26), whose files are debug runs at CI size (`BUILD=debug CLIENTS=50`),
 //! the fan-out's and idle's figures then scaled to 10,000 clients by hand.

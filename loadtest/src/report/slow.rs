@@ -5,6 +5,7 @@
 
 use super::markdown::{cpu_line, ms, paragraphs, table, verdict, x};
 use super::results::Results;
+use crate::scenarios::slow::Slow;
 
 pub(super) fn section(results: &Results) -> String {
     let mut out = vec!["## slow: the same, with one client that never reads".to_owned()];
@@ -92,6 +93,30 @@ pub(super) fn section(results: &Results) -> String {
     paragraphs(&out)
 }
 
+/// The healthy clients' p99 over the pause's rounds, with the lagging
+/// clients and without them: against `lag-baseline` (the same run without
+/// them, the issue's yardstick) where it ran, as the same rounds there see
+/// the same history filling up; else against the rounds before the pause.
+fn healthy_p99(res: &Slow, baseline: Option<&Slow>) -> Vec<String> {
+    let with = f64::from(res.with.latency.p99_us);
+    let (label, without) = match baseline {
+        Some(b) => (
+            "healthy clients' p99 over the pause's rounds, `lag-baseline` / this run",
+            f64::from(b.with.latency.p99_us),
+        ),
+        None => (
+            "healthy clients' p99 before / during the pause",
+            f64::from(res.without.latency.p99_us),
+        ),
+    };
+    let ratio = (without > 0.0).then(|| with / without);
+    vec![
+        label.to_owned(),
+        format!("{} / {} ({})", ms(Some(without)), ms(Some(with)), x(ratio)),
+        format!("within 10%: {}", verdict(ratio.is_some_and(|r| r <= 1.10))),
+    ]
+}
+
 /// The `lag` run's table (issue #25's targets), when it ran.
 fn lag(results: &Results) -> Vec<String> {
     let Some(res) = results.slow("lag") else {
@@ -100,7 +125,6 @@ fn lag(results: &Results) -> Vec<String> {
     let Some(c) = &res.catch_up else {
         return vec!["### lag\n\nThe `lag` run holds no catch-up figures.".to_owned()];
     };
-    let ratio = res.p99_with_over_without;
     let mib = |b: Option<u64>| {
         b.map_or("n/a".to_owned(), |b| {
             format!("{:.1} MiB", b as f64 / 1048576.0)
@@ -143,16 +167,7 @@ fn lag(results: &Results) -> Vec<String> {
                 .map_or("not within the wait".to_owned(), |s| format!("{s:.2} s")),
             String::new(),
         ],
-        vec![
-            "healthy clients' p99 without / with them".to_owned(),
-            format!(
-                "{} / {} ({})",
-                ms(Some(f64::from(res.without.latency.p99_us))),
-                ms(Some(f64::from(res.with.latency.p99_us))),
-                x(Some(ratio))
-            ),
-            format!("within 10%: {}", verdict(ratio <= 1.10)),
-        ],
+        healthy_p99(res, results.slow("lag-baseline")),
         vec![
             "pod RSS before the pause → after the catch-up".to_owned(),
             rss,
