@@ -58,6 +58,21 @@ pub(super) struct EventIds {
 }
 
 const WORD: usize = size_of::<u32>();
+/// The header's columns, each `count` words after the count itself.
+const HASHES: usize = 0;
+const NAME_ENDS: usize = 1;
+const PARTS: usize = 2;
+const COLUMNS: usize = 3;
+
+/// The index of topic `i`'s word in `column`, of `count` topics.
+fn slot(column: usize, count: usize, i: usize) -> usize {
+    1 + column * count + i
+}
+
+/// The bytes of the buffer's `n`th word.
+fn word_at(n: usize) -> Range<usize> {
+    n * WORD..(n + 1) * WORD
+}
 
 impl EventIds {
     pub(super) fn new(places: Vec<Place>) -> Self {
@@ -71,8 +86,7 @@ impl EventIds {
             name_end += place.topic.len();
             buf.extend_from_slice(&word(name_end));
         }
-        let parts = buf.len();
-        buf.resize(parts + places.len() * WORD, 0);
+        buf.resize(buf.len() + places.len() * WORD, 0);
         for place in &places {
             buf.extend_from_slice(place.topic.as_bytes());
         }
@@ -82,7 +96,7 @@ impl EventIds {
                 buf.push(b'.');
             }
             let at = word(buf.len());
-            buf[parts + i * WORD..parts + (i + 1) * WORD].copy_from_slice(&at);
+            buf[word_at(slot(PARTS, places.len(), i))].copy_from_slice(&at);
             let mut digits = [0u8; 20];
             let epoch = place.epoch.as_deref().unwrap_or_default();
             buf.extend(part(epoch, decimal(place.seq, &mut digits)));
@@ -117,9 +131,9 @@ impl EventIds {
             .map(|j| moved(self.part_start(j)))
             .collect();
         self.buf = buf.into();
+        let count = self.count();
         for (j, at) in (i + 1..).zip(later) {
-            let slot = (1 + 2 * self.count() + j) * WORD;
-            self.buf[slot..slot + WORD].copy_from_slice(&word(at));
+            self.buf[word_at(slot(PARTS, count, j))].copy_from_slice(&word(at));
         }
     }
 
@@ -140,22 +154,27 @@ impl EventIds {
     /// The `n`th `u32` of the buffer.
     fn word(&self, n: usize) -> usize {
         let mut bytes = [0; WORD];
-        bytes.copy_from_slice(&self.buf[n * WORD..(n + 1) * WORD]);
+        bytes.copy_from_slice(&self.buf[word_at(n)]);
         u32::from_le_bytes(bytes) as usize
+    }
+
+    /// Topic `i`'s word in `column`.
+    fn column(&self, column: usize, i: usize) -> usize {
+        self.word(slot(column, self.count(), i))
     }
 
     /// Where topic `i`'s name ends in the names.
     fn name_end(&self, i: usize) -> usize {
-        self.word(1 + self.count() + i)
+        self.column(NAME_ENDS, i)
     }
 
     /// Where topic `i`'s part of the line starts.
     fn part_start(&self, i: usize) -> usize {
-        self.word(1 + 2 * self.count() + i)
+        self.column(PARTS, i)
     }
 
     fn names_start(&self) -> usize {
-        (1 + 3 * self.count()) * WORD
+        slot(COLUMNS, self.count(), 0) * WORD
     }
 
     fn line_start(&self) -> usize {
@@ -170,10 +189,10 @@ impl EventIds {
 
     /// The index of `topic`: its hash among the hashes, then its name.
     fn find(&self, topic: &str) -> Option<usize> {
-        let hash = hash(topic).to_le_bytes();
+        let hash = hash(topic) as usize;
         let names = self.names_start();
         (0..self.count()).find(|&i| {
-            self.buf[(1 + i) * WORD..(2 + i) * WORD] == hash && {
+            self.column(HASHES, i) == hash && {
                 let start = if i == 0 { 0 } else { self.name_end(i - 1) };
                 same(
                     &self.buf[names + start..names + self.name_end(i)],
