@@ -201,41 +201,13 @@ impl Redis {
             program: "redis-server".to_owned(),
             source,
         })?;
-        let pid = child.id();
         self.child = Some(child);
-        let deadline = Instant::now() + READY_WAIT;
-        loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                return Err(Error::Exited {
-                    what: format!("redis-server on {port}"),
-                    status,
-                    log: tail(&log),
-                });
-            }
-            let info = blocking(|| self.cli(&["INFO", "server"])).unwrap_or_default();
-            let answering = info
-                .lines()
-                .find_map(|line| line.trim().strip_prefix("process_id:")?.parse::<u32>().ok());
-            match answering {
-                Some(answering) if answering == pid => return Ok(()),
-                // Another test's server, until ours fails to bind and exits.
-                Some(_) | None => {}
-            }
-            if Instant::now() >= deadline {
-                process::kill(&mut self.child);
-                return Err(state(format!(
-                    "redis-server (pid {pid}) not answering on port {port} within \
-                     {READY_WAIT:?}; INFO server says: {info:?}; its log: {}",
-                    tail(&log)
-                )));
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        let tls = self.tls.clone();
+        let on = self.port;
+        until_own(&mut self.child, "redis-server", on, &log, || {
+            cli_on(on, tls.as_ref(), &["INFO", "server"])
+        })
+        .await
     }
 
     /// Starts the server again on its port, which it must get back.
@@ -256,22 +228,7 @@ impl Redis {
     /// an empty line. It blocks its thread a few milliseconds: an async
     /// caller runs it through [`blocking`].
     pub fn cli(&self, args: &[&str]) -> Result<String, Error> {
-        let port = self.port.to_string();
-        let mut argv: Vec<&str> = Vec::new();
-        let files;
-        if let Some(tls) = &self.tls {
-            files = [
-                tls.ca.display().to_string(),
-                tls.client.0.display().to_string(),
-                tls.client.1.display().to_string(),
-            ];
-            argv.extend(["--tls", "--cacert", &files[0], "--cert", &files[1]]);
-            argv.extend(["--key", &files[2]]);
-        }
-        argv.extend(["-p", &port]);
-        argv.extend(args);
-        let out = process::run("redis-cli", &argv, None, CLI_TIMEOUT)?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        cli_on(self.port, self.tls.as_ref(), args)
     }
 
     /// Runs a command that must answer `OK`.
@@ -382,6 +339,70 @@ impl Drop for Redis {
         if self.scratch {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// `redis-cli` against the server on `port` (over TLS with `tls`'s files).
+pub(crate) fn cli_on(port: u16, tls: Option<&Tls>, args: &[&str]) -> Result<String, Error> {
+    let port = port.to_string();
+    let mut argv: Vec<&str> = Vec::new();
+    let files;
+    if let Some(tls) = tls {
+        files = [
+            tls.ca.display().to_string(),
+            tls.client.0.display().to_string(),
+            tls.client.1.display().to_string(),
+        ];
+        argv.extend(["--tls", "--cacert", &files[0], "--cert", &files[1]]);
+        argv.extend(["--key", &files[2]]);
+    }
+    argv.extend(["-p", &port]);
+    argv.extend(args);
+    let out = process::run("redis-cli", &argv, None, CLI_TIMEOUT)?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits until the server answering on `port` is `child` itself (`INFO
+/// server`'s `process_id`, asked by `info`), at most [`READY_WAIT`]: until
+/// then it may be another test's process that took the free port first, and
+/// ours exits when its bind fails: [`Error::Exited`], for the caller to try
+/// another port. A sentinel is a `redis-server` too, and is started alike.
+pub(crate) async fn until_own(
+    child: &mut Option<Child>,
+    what: &str,
+    port: u16,
+    log: &Path,
+    info: impl Fn() -> Result<String, Error>,
+) -> Result<(), Error> {
+    let Some(pid) = child.as_ref().map(Child::id) else {
+        return Err(state(format!("{what} on {port}: not started")));
+    };
+    let deadline = Instant::now() + READY_WAIT;
+    loop {
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            *child = None;
+            return Err(Error::Exited {
+                what: format!("{what} on {port}"),
+                status,
+                log: tail(log),
+            });
+        }
+        let info = blocking(&info).unwrap_or_default();
+        let answering = info
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:")?.parse::<u32>().ok());
+        if answering == Some(pid) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            process::kill(child);
+            return Err(state(format!(
+                "{what} (pid {pid}) not answering on port {port} within {READY_WAIT:?}; INFO \
+                 server says: {info:?}; its log: {}",
+                tail(log)
+            )));
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::error::{Error, io};
+use crate::error::{Error, io, state};
 use crate::process::{self, free_port, poll};
-use crate::redis::{CLI_TIMEOUT, Redis};
+use crate::redis::{Redis, cli_on, until_own};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "herald";
@@ -37,10 +37,16 @@ pub struct Sentinels {
     dir: PathBuf,
 }
 
+/// One `redis-sentinel`; killed on drop.
 struct Sentinel {
     port: u16,
-    child: Child,
+    /// `None` once it exited (its port was taken) or was killed.
+    child: Option<Child>,
 }
+
+/// Ports tried for a sentinel before giving up (another process may take the
+/// free port between our look and the sentinel's bind).
+const ATTEMPTS: usize = 5;
 
 impl SentinelGroup {
     /// Starts everything and waits until every sentinel knows the replica
@@ -75,7 +81,7 @@ impl Sentinels {
             dir,
         };
         for i in 0..3 {
-            let sentinel = Sentinel::spawn(&group.dir, i, master_port)?;
+            let sentinel = Sentinel::start(&group.dir, i, master_port).await?;
             group.sentinels.push(sentinel);
         }
         let expected = master_port.to_string();
@@ -91,7 +97,8 @@ impl Sentinels {
             }
             Ok(())
         })
-        .await?;
+        .await
+        .map_err(|e| state(format!("{e}\n{}", group.logs())))?;
         Ok(group)
     }
 
@@ -114,15 +121,11 @@ impl Sentinels {
 
     /// `redis-cli` against sentinel `i`; its output.
     pub fn cli(&self, i: usize, args: &[&str]) -> Result<String, Error> {
-        let port = self
+        let sentinel = self
             .sentinels
             .get(i)
-            .map(|s| s.port.to_string())
-            .ok_or_else(|| crate::error::state(format!("no sentinel {i}")))?;
-        let mut argv = vec!["-p", &port];
-        argv.extend(args);
-        let out = process::run("redis-cli", &argv, None, CLI_TIMEOUT)?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            .ok_or_else(|| state(format!("no sentinel {i}")))?;
+        cli_on(sentinel.port, None, args)
     }
 
     /// What sentinel `i` knows of the master (`SENTINEL MASTER`).
@@ -168,8 +171,36 @@ impl Sentinels {
 }
 
 impl Sentinel {
-    fn spawn(dir: &Path, i: usize, master_port: u16) -> Result<Self, Error> {
-        let port = free_port()?;
+    /// Starts sentinel `i` on a free port, and waits until it is the one
+    /// answering there: another test's process may take the port first, and
+    /// a sentinel that could not bind would leave the group one short,
+    /// never settling.
+    async fn start(dir: &Path, i: usize, master_port: u16) -> Result<Self, Error> {
+        let log = dir.join(format!("sentinel-{i}.log"));
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            let port = free_port()?;
+            let mut sentinel = Self {
+                port,
+                child: Some(Self::spawn(dir, i, port, master_port)?),
+            };
+            let info = || cli_on(port, None, &["INFO", "server"]);
+            match until_own(&mut sentinel.child, "redis-sentinel", port, &log, info).await {
+                Ok(()) => return Ok(sentinel),
+                // The port was taken in the meantime: try another.
+                Err(e @ Error::Exited { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(state(format!(
+            "sentinel {i} did not start on a free port in {ATTEMPTS} attempts (the last: {})",
+            last.map_or_else(|| "none".to_owned(), |e| e.to_string())
+        )))
+    }
+
+    /// Starts sentinel `i` on `port` with a fresh config (a sentinel
+    /// rewrites its own).
+    fn spawn(dir: &Path, i: usize, port: u16, master_port: u16) -> Result<Child, Error> {
         let config = dir.join(format!("sentinel-{i}.conf"));
         let log = dir.join(format!("sentinel-{i}.log"));
         let down_after = DOWN_AFTER.as_millis();
@@ -201,11 +232,10 @@ impl Sentinel {
             ("redis-server --sentinel", c)
         };
         command.stdout(Stdio::null()).stderr(Stdio::null());
-        let child = process::spawn(command).map_err(|source| Error::Spawn {
+        process::spawn(command).map_err(|source| Error::Spawn {
             program: program.to_owned(),
             source,
-        })?;
-        Ok(Self { port, child })
+        })
     }
 }
 
@@ -220,10 +250,15 @@ fn has_redis_sentinel() -> bool {
 
 impl Drop for Sentinels {
     fn drop(&mut self) {
-        for sentinel in &mut self.sentinels {
-            let _ = sentinel.child.kill();
-            let _ = sentinel.child.wait();
-        }
+        // Killed before their directory goes (a sentinel rewrites its
+        // config there).
+        self.sentinels.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        process::kill(&mut self.child);
     }
 }
