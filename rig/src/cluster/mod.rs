@@ -25,7 +25,8 @@
 //!   ([`RedisCluster::start`]), its ports and URLs, its nodes' logs, all
 //!   killed on drop; a scratch directory for it ([`scratch_dir`]).
 //! - [`node`]: one `redis-server` of it: started in a directory of its
-//!   own on free ports (its bus port too), ready once it answers `PING`,
+//!   own on free ports (its bus port too), ready once it is the one
+//!   answering there,
 //!   asked with `redis-cli`.
 //! - [`topology`]: the cluster as a node's `CLUSTER NODES` reports it
 //!   (masters and their slots, replicas and their masters), and the waits
@@ -128,8 +129,8 @@ impl RedisCluster {
             let node = cluster.spawn(port)?;
             cluster.nodes.push(node);
         }
-        for port in cluster.ports() {
-            cluster.wait_ready(port).await?;
+        for i in 0..nodes {
+            cluster.start_node(i).await?;
         }
         let addrs: Vec<String> = cluster
             .ports()

@@ -1,18 +1,20 @@
 //! One `redis-server` of the cluster: started in a directory of its own on
-//! a free port whose bus port is free too, ready once it answers `PING`,
+//! a free port whose bus port is free too, ready once it is the one
+//! answering there (moved to another port while that one turns out taken),
 //! and asked with `redis-cli` (one argument per argv entry, bounded by
 //! [`CLI_TIMEOUT`]).
 
 use std::net::TcpListener;
 use std::process::{Child, Stdio};
-use std::time::Duration;
 
 use super::{CLI_TIMEOUT, NODE_TIMEOUT, Node, RedisCluster};
 use crate::error::{Error, state};
-use crate::process::{self, poll, run};
+use crate::process::{self, run};
+use crate::redis::{cli_on, until_own};
 
-/// Longest a fresh `redis-server` may take to answer `PING`.
-const NODE_READY: Duration = Duration::from_secs(10);
+/// Ports tried for a node before giving up (another process may take the
+/// free port between our look and the node's bind).
+const ATTEMPTS: usize = 5;
 /// The cluster bus listens on each node's port plus this.
 const BUS_OFFSET: u16 = 10000;
 
@@ -108,23 +110,50 @@ impl RedisCluster {
         })
     }
 
-    /// Waits until the node on `port` answers `PING`.
-    pub(super) async fn wait_ready(&self, port: u16) -> Result<(), Error> {
-        let log = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .map(|n| n.dir.join("redis.log").display().to_string())
-            .unwrap_or_default();
-        poll(NODE_READY, || {
-            match self.cli(port, &["PING"]).map_err(|e| e.to_string())?.trim() {
-                "PONG" => Ok(()),
-                other => Err(format!(
-                    "redis-server on {port}: PING says {other:?} (its log: {log})"
-                )),
-            }
-        })
+    /// Waits until the node on `port` is the one answering there (`INFO
+    /// server`'s `process_id`): until then another test's process may hold
+    /// the port, taken between our look and the node's bind, and a `PING`
+    /// would be answered by a server that is not ours. [`Error::Exited`] if
+    /// the node exited first.
+    pub(super) async fn wait_ready(&mut self, port: u16) -> Result<(), Error> {
+        let Some(node) = self.nodes.iter_mut().find(|n| n.port == port) else {
+            return Err(state(format!("no node on {port}")));
+        };
+        let log = node.dir.join("redis.log");
+        until_own(
+            &mut node.child,
+            "redis-server (cluster node)",
+            port,
+            &log,
+            || cli_on(port, None, &["INFO", "server"]),
+        )
         .await
+    }
+
+    /// Waits until node `i` is ready ([`RedisCluster::wait_ready`]), moving
+    /// it to another free port while the one it was given turns out taken.
+    pub(super) async fn start_node(&mut self, i: usize) -> Result<(), Error> {
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            let Some(port) = self.nodes.get(i).map(|n| n.port) else {
+                return Err(state(format!("no node {i}")));
+            };
+            match self.wait_ready(port).await {
+                Err(e @ Error::Exited { .. }) => last = Some(e),
+                done => return done,
+            }
+            let Some(&port) = free_ports(1)?.first() else {
+                return Err(state("no free port"));
+            };
+            let node = self.spawn(port)?;
+            if let Some(slot) = self.nodes.get_mut(i) {
+                *slot = node;
+            }
+        }
+        Err(state(format!(
+            "a cluster node did not start on a free port in {ATTEMPTS} attempts (the last: {})",
+            last.map_or_else(|| "none".to_owned(), |e| e.to_string())
+        )))
     }
 }
 
