@@ -1,5 +1,22 @@
 import { backoff } from './backoff.js';
+import {
+  Calls,
+  historyCommand,
+  historyPage,
+  presenceCommand,
+  presencePage,
+  published,
+  type HistoryOptions,
+  type HistoryPage,
+  type PresenceOptions,
+  type PresencePage,
+  type Published,
+  type Request,
+  type RpcOptions,
+  type SubscribeOptions,
+} from './calls.js';
 import { Emitter } from './emitter.js';
+import type { ClientEvents, ConnectionState, StateChange } from './events.js';
 import { HeraldError, closeError, errorFor, isTerminalClose } from './errors.js';
 import {
   parseFrame,
@@ -8,24 +25,18 @@ import {
   type DeltaDecoder,
   type ErrFrame,
   type HelloCommand,
-  type HistoryCommand,
   type MsgBytes,
   type MsgFrame,
   type OkFrame,
   type Opener,
-  type PresenceCommand,
-  type PresenceMember,
   type ProtobufCodec,
-  type PubCommand,
-  type Publication,
-  type RefreshCommand,
   type RpcCommand,
   type UnsubscribedFrame,
   type WelcomeFrame,
 } from './frame.js';
 import { Fallback } from './fallback.js';
 import { Heartbeat } from './heartbeat.js';
-import type { Link, LinkHandlers, Transport } from './link.js';
+import { loadStream, type Link, type LinkHandlers, type Transport } from './link.js';
 import {
   DEFAULT_ACK_INTERVAL_MS,
   DEFAULT_BACKOFF_INITIAL_MS,
@@ -36,185 +47,11 @@ import {
   type HelloData,
 } from './options.js';
 import { TokenRefresh, type TokenSource } from './refresh.js';
-import { fromBase64 } from './payload.js';
 import { Subscription, type Owner } from './subscription.js';
+import { Subscriptions } from './subscriptions.js';
 import type { Fetch } from './stream.js';
 import { Timer } from './timer.js';
 import { openWebSocket, type SocketClass } from './websocket.js';
-
-/**
- * `connecting` (a socket is opening or `hello` is unanswered), `connected`
- * (`welcome` came), `disconnected` (waiting `delayMs` to reconnect), `closed`
- * (by {@link HeraldClient.close}, or for good: `error` says why).
- */
-export type ConnectionState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'closed';
-
-/** A `state` event. */
-export interface StateChange {
-  state: ConnectionState;
-  /** `connected`: the session id, and whether the previous session was resumed. */
-  session?: string;
-  resumed?: boolean;
-  /** `disconnected`: the close code (1006: none, or the client found the connection dead) and the wait before the next attempt. */
-  closeCode?: number;
-  delayMs?: number;
-  /** `closed` for good: why. */
-  error?: HeraldError;
-}
-
-/** A subscription the server made on its own: a backend's `POST /v1/subscribe` (`server`), the token's `topics` (`token`). */
-export interface ServerSubscribed {
-  subscription: Subscription;
-  reason: 'server' | 'token' | (string & {});
-}
-
-/** The server ended a subscription on its own (a backend's `POST /v1/unsubscribe`). */
-export interface ServerUnsubscribed {
-  subscription: Subscription;
-  topic: string;
-  reason: string;
-}
-
-/** A `transport` event: the connection now welcomed goes over another transport than the one before. */
-export interface TransportChange {
-  transport: Transport;
-  previous: Transport;
-}
-
-/** The events of a {@link HeraldClient}. */
-export interface ClientEvents {
-  state: StateChange;
-  /**
-   * The client moved to another transport (`auto`): to HTTP-streaming where
-   * the WebSocket could not be opened, back to the WebSocket once it could.
-   * Told when the first connection over the new one is welcomed, before its
-   * `state` event.
-   */
-  transport: TransportChange;
-  /** Something went wrong that no promise or subscription reports: a refused refresh, a listener that threw. */
-  error: HeraldError;
-  /**
-   * The server subscribed this connection (a backend, or the token's
-   * `topics`): listen on the subscription now, its messages follow. Not for
-   * a topic the app subscribed already.
-   */
-  subscribed: ServerSubscribed;
-  /** The server ended a subscription (the app's or its own): it is closed. */
-  unsubscribed: ServerUnsubscribed;
-}
-
-/** The options of {@link HeraldClient.presence}. */
-export interface PresenceOptions {
-  /** The `cursor` of the previous page. */
-  cursor?: string;
-  /** Members per page (default and most: the server's `presence.page_size`). */
-  limit?: number;
-}
-
-/** One page of a topic's presence, as {@link HeraldClient.presence} gives it. */
-export interface PresencePage {
-  topic: string;
-  /** The presence position this page answers at (see `PresenceRoom` of `@herald/client/presence`). */
-  position: number;
-  users: number;
-  connections: number;
-  /** Ordered by user id (bytewise). */
-  members: PresenceMember[];
-  /** Pass it back for the next page; absent on the last one. */
-  cursor?: string;
-}
-
-/** The options of {@link HeraldClient.history}. */
-export interface HistoryOptions {
-  /** Forward: the messages after this seq (default: from the oldest kept). Reverse: those below it (default: from the newest). */
-  since?: number;
-  /** The epoch `since` belongs to; another epoch's is `HistoryLostError`. */
-  epoch?: string;
-  /** At most this many (default 100; the server's `history.max_limit` at most); 0: the position only. */
-  limit?: number;
-  /** Newest first. */
-  reverse?: boolean;
-}
-
-/** Kept messages of a topic, and its position. */
-export interface HistoryPage<T = unknown> {
-  topic: string;
-  /** The topic's current position. */
-  epoch: string;
-  seq: number;
-  /** Oldest first (newest first with `reverse`). Page on with the last one's seq as `since`. */
-  publications: Publication<T>[];
-}
-
-/** The options of {@link HeraldClient.subscribe}. */
-export interface SubscribeOptions {
-  /** Replay every message after this seq first (e.g. the last one the app stored). */
-  since?: number;
-  /** The epoch `since` belongs to; without it the topic's current epoch is assumed. */
-  epoch?: string;
-  /**
-   * Any JSON value, sent with every `sub` of this subscription (the first
-   * and each re-subscribe): Herald gives it to the namespace's subscribe
-   * proxy. What the proxy attaches comes back as `subscribed`'s `data`.
-   */
-  data?: unknown;
-  /**
-   * Ask for deltas (where the namespace has `delta = true`): the server
-   * sends a message as a delta against the one before where that is
-   * smaller, and the client applies it (the client's `delta` option), so
-   * that `message` gives the full data as always.
-   */
-  delta?: boolean;
-}
-
-/** The options of {@link HeraldClient.rpc}. */
-export interface RpcOptions {
-  /** Longest to wait for the answer (default: the client's `timeoutMs`). */
-  timeoutMs?: number;
-}
-
-/** What a `pub` was given. */
-export interface Published {
-  seq: number;
-  epoch: string;
-  /**
-   * The namespace's publish proxy accepted the message but did not publish
-   * it (`seq` 0, `epoch` empty then).
-   */
-  skipped?: true;
-}
-
-let streamModule: Promise<typeof import('./stream.js')> | undefined;
-
-/**
- * The HTTP-streaming link, loaded the first time the client falls back to
- * it (or is told to use it): most connections never need it, so it is a
- * separate chunk of an app's bundle, out of what a page loads at start. A
- * load that failed is tried again at the next attempt.
- */
-async function loadStream(): Promise<typeof import('./stream.js').openStream> {
-  streamModule ??= import('./stream.js');
-  try {
-    return (await streamModule).openStream;
-  } catch (e) {
-    streamModule = undefined;
-    throw e;
-  }
-}
-
-/** A command answered by the `ok` or `err` of its `id`, before it is given one. */
-type Request =
-  | Omit<PubCommand, 'id'>
-  | Omit<RefreshCommand, 'id'>
-  | Omit<PresenceCommand, 'id'>
-  | Omit<HistoryCommand, 'id'>
-  | Omit<RpcCommand, 'id'>;
-
-interface Pending {
-  resolve(frame: OkFrame): void;
-  reject(error: HeraldError): void;
-  timer: ReturnType<typeof setTimeout>;
-}
 
 /**
  * A connection to Herald that keeps the delivery contract for the app:
@@ -270,10 +107,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #welcomed = false;
   /** A frame came over the current link (before `welcome`: it got through, whatever ended it). */
   #heard = false;
-  #subs = new Map<string, Subscription>();
-  /** `sub`s in flight, by id. */
-  #subIds = new Map<number, Subscription>();
-  #pending = new Map<number, Pending>();
+  #subs = new Subscriptions();
+  #calls = new Calls();
   #id = 0;
   /** Reconnect attempts since the last `welcome`. */
   #attempt = 0;
@@ -366,14 +201,14 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     if (this.#subs.has(topic)) throw new HeraldError('already_subscribed', `already subscribed to \`${topic}\``);
     if (options.delta && !this.#delta) throw new TypeError('HeraldClient: no `delta` decoder');
     const sub = new Subscription<T>(this, topic, options.since, options.epoch, (e) => this.#fault(e), options.data, options.delta);
-    this.#subs.set(topic, sub);
+    this.#subs.add(sub);
     if (this.#welcomed) this.#subscribe(sub);
     return sub;
   }
 
   /** Manual acks: the app has processed every message of `topic` up to `seq`. Sent batched. */
   ack(topic: string, seq: number): void {
-    const sub = this.#sub(topic);
+    const sub = this.#subs.find(topic);
     if (!sub) return;
     sub._processed = Math.max(sub._processed, Math.min(seq, sub.seq ?? seq));
     this._ackSoon();
@@ -386,10 +221,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    * is not retried, as it could then happen twice).
    */
   async publish(topic: string, data: unknown): Promise<Published> {
-    const ok = await this.#request({ op: 'pub', topic, data });
-    // No position: the publish proxy swallowed it.
-    if (ok.seq === undefined) return { seq: 0, epoch: '', skipped: true };
-    return { seq: ok.seq, epoch: ok.epoch ?? '' };
+    return published(await this.#request({ op: 'pub', topic, data }));
   }
 
   /**
@@ -422,19 +254,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    * current (`followPresence`).
    */
   async presence(topic: string, options: PresenceOptions = {}): Promise<PresencePage> {
-    const command: Omit<PresenceCommand, 'id'> = { op: 'presence', topic };
-    if (options.cursor !== undefined) command.cursor = options.cursor;
-    if (options.limit !== undefined) command.limit = options.limit;
-    const ok = await this.#request(command);
-    const page: PresencePage = {
-      topic: ok.topic ?? topic,
-      position: ok.position ?? 0,
-      users: ok.users ?? 0,
-      connections: ok.connections ?? 0,
-      members: ok.members ?? [],
-    };
-    if (ok.cursor !== undefined) page.cursor = ok.cursor;
-    return page;
+    return presencePage(await this.#request(presenceCommand(topic, options)), topic);
   }
 
   /**
@@ -444,27 +264,12 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
    * holds rejects with `HistoryLostError` (never a partial answer).
    */
   async history<T = unknown>(topic: string, options: HistoryOptions = {}): Promise<HistoryPage<T>> {
-    const command: Omit<HistoryCommand, 'id'> = { op: 'history', topic };
-    if (options.since !== undefined) command.since = options.since;
-    if (options.epoch !== undefined) command.epoch = options.epoch;
-    if (options.limit !== undefined) command.limit = options.limit;
-    if (options.reverse) command.reverse = true;
-    const ok = await this.#request(command);
-    return {
-      topic: ok.topic ?? topic,
-      epoch: ok.epoch ?? '',
-      seq: ok.seq ?? 0,
-      // Bytes in base64 (JSON) read back; `T` is the app's word for what publishers send: nothing here checks it.
-      publications: (ok.publications ?? []).map((p) =>
-        p.binary && typeof p.data === 'string' ? { ...p, data: fromBase64(p.data) } : p,
-      ) as Publication<T>[],
-    };
+    return historyPage<T>(await this.#request(historyCommand(topic, options)), topic);
   }
 
   /** @internal */
   _unsubscribe(sub: Subscription): void {
-    if (this.#subs.get(sub.topic) !== sub) return;
-    this.#subs.delete(sub.topic);
+    if (!this.#subs.remove(sub)) return;
     if (sub._held) this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
   }
 
@@ -570,13 +375,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     this.#link = undefined;
     this.#welcomed = false;
     link?.close();
-    for (const p of this.#pending.values()) {
-      clearTimeout(p.timer);
-      p.reject(new HeraldError('closed', 'the connection closed before the answer'));
-    }
-    this.#pending.clear();
-    this.#subIds.clear();
-    for (const sub of this.#subs.values()) sub._disconnected();
+    this.#calls.fail(new HeraldError('closed', 'the connection closed before the answer'));
+    this.#subs.disconnected();
   }
 
   /** Closed for good with `error`, or by the app (`undefined`): `closed`, and `connect()` callers told. */
@@ -610,13 +410,13 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       case 'msg':
         return this.#msg(m);
       case 'reset':
-        return this.#sub(m.topic)?._reset(m.epoch, m.seq);
+        return this.#subs.find(m.topic)?._reset(m.epoch, m.seq);
       case 'ok':
         return this.#ok(m);
       case 'err':
         return this.#err(m);
       case 'presence_diff':
-        return this.#sub(m.topic)?._presence?._diff(m);
+        return this.#subs.find(m.topic)?._presence?._diff(m);
       case 'unsubscribed':
         return this.#unsubscribed(m);
       case 'reconnect':
@@ -641,7 +441,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     // A listener that closed the client ended this connection.
     if (gen !== this.#gen) return;
     this.#set({ state: 'connected', session: m.session, resumed });
-    for (const sub of [...this.#subs.values()]) {
+    for (const sub of this.#subs.all()) {
       if (resumed && sub._held) sub._resumed();
       else {
         sub._held = false;
@@ -655,9 +455,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #ok(m: OkFrame): void {
     const id = m.id;
     if (id === undefined) return this.#serverSub(m);
-    const sub = this.#subIds.get(id);
+    const sub = this.#subs.answered(id);
     if (sub) {
-      this.#subIds.delete(id);
       if (sub.closed) {
         // Unsubscribed while the `sub` was in flight.
         this.#send({ op: 'unsub', id: ++this.#id, topic: sub.topic });
@@ -666,16 +465,11 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
       sub._ok(m.seq ?? 0, m.epoch, m.recovered, m.data, m.delta);
       return;
     }
-    const p = this.#pending.get(id);
-    if (p) {
-      this.#pending.delete(id);
-      clearTimeout(p.timer);
-      p.resolve(m);
-    }
+    this.#calls.ok(id, m);
   }
 
   #msg(m: MsgFrame | MsgBytes): void {
-    const sub = this.#sub(m.topic);
+    const sub = this.#subs.find(m.topic);
     if (!sub || sub._resyncing) return;
     let data: unknown;
     try {
@@ -701,21 +495,21 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
 
   /** A subscription the server made: a new one for the app, unless it has the topic already. */
   #serverSub(m: OkFrame): void {
-    if (m.topic === undefined || this.#sub(m.topic)) return;
+    if (m.topic === undefined || this.#subs.find(m.topic)) return;
     const sub = new Subscription(this, m.topic, undefined, undefined, (e) => this.#fault(e));
     sub.origin = m.reason === 'token' ? 'token' : 'server';
     // Held from now on: an `unsubscribe()` in the listener below tells the server.
     sub._held = true;
-    this.#subs.set(m.topic, sub);
+    this.#subs.add(sub);
     // The app hears of it first, so that its listeners see `subscribed` and every message.
     this.emit('subscribed', { subscription: sub, reason: m.reason ?? 'server' });
     if (!sub.closed) sub._server(m.seq ?? 0, m.epoch, m.recovered);
   }
 
   #unsubscribed(m: UnsubscribedFrame): void {
-    const sub = this.#sub(m.topic);
+    const sub = this.#subs.find(m.topic);
     if (!sub || sub.closed) return;
-    this.#subs.delete(sub.topic);
+    this.#subs.remove(sub);
     sub._ended(m.reason);
     this.emit('unsubscribed', { subscription: sub, topic: sub.topic, reason: m.reason });
   }
@@ -723,9 +517,8 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
   #err(m: ErrFrame): void {
     const e = errorFor(m.code, m.message);
     if (m.id !== undefined) {
-      const sub = this.#subIds.get(m.id);
+      const sub = this.#subs.answered(m.id);
       if (sub) {
-        this.#subIds.delete(m.id);
         if (sub.closed) return;
         if (e.code === 'already_subscribed') {
           // The session got the `sub` before the connection that sent it ended.
@@ -737,12 +530,7 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
         } else this.#drop(sub, e);
         return;
       }
-      const p = this.#pending.get(m.id);
-      if (p) {
-        this.#pending.delete(m.id);
-        clearTimeout(p.timer);
-        p.reject(e);
-      }
+      this.#calls.err(m.id, e);
       return;
     }
     if (!this.#welcomed) {
@@ -752,54 +540,38 @@ export class HeraldClient extends Emitter<ClientEvents> implements Owner {
     }
     // Not caused by a command of ours: a subscription the server ended (a
     // resume the token no longer grants), named by `topic`.
-    const sub = this.#sub(m.topic);
+    const sub = this.#subs.find(m.topic);
     if (sub) this.#drop(sub, e);
     else this.emit('error', e);
   }
 
   #drop(sub: Subscription, e: HeraldError): void {
     sub.closed = true;
-    if (this.#subs.get(sub.topic) === sub) this.#subs.delete(sub.topic);
+    this.#subs.remove(sub);
     sub.emit('error', e);
-  }
-
-  #sub(topic: string | undefined): Subscription | undefined {
-    if (topic === undefined) return undefined;
-    return (
-      this.#subs.get(topic) ??
-      (topic.startsWith('default:') ? this.#subs.get(topic.slice(8)) : this.#subs.get(`default:${topic}`))
-    );
   }
 
   #subscribe(sub: Subscription): void {
     const id = ++this.#id;
-    this.#subIds.set(id, sub);
+    this.#subs.sent(id, sub);
     this.#send(sub._subCommand(id));
   }
 
   #flushAcks(): void {
     this.#ackTimer.clear();
     if (!this.#welcomed) return;
-    for (const sub of this.#subs.values()) {
+    for (const sub of this.#subs.all()) {
       const ack = sub._ackCommand();
       if (ack) this.#send(ack);
     }
   }
 
   #request(command: Request, timeoutMs = this.#timeoutMs): Promise<OkFrame> {
-    return new Promise((resolve, reject) => {
-      if (!this.#welcomed) {
-        reject(new HeraldError('not_connected', 'not connected'));
-        return;
-      }
-      const id = ++this.#id;
-      const timer = setTimeout(() => {
-        this.#pending.delete(id);
-        reject(new HeraldError('timeout', `no answer to \`${command.op}\` in ${timeoutMs} ms`));
-      }, timeoutMs);
-      this.#pending.set(id, { resolve, reject, timer });
-      this.#send({ ...command, id });
-    });
+    if (!this.#welcomed) return Promise.reject(new HeraldError('not_connected', 'not connected'));
+    const id = ++this.#id;
+    const answer = this.#calls.start(id, command.op, timeoutMs);
+    this.#send({ ...command, id });
+    return answer;
   }
 
   #send(command: Command): void {

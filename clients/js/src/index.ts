@@ -6,10 +6,14 @@
  * The modules: `client` speaks the protocol (docs/protocol.md) over one
  * connection after another, each a `link` (the seam: what the client needs of
  * a connection) over `websocket` or `stream` (HTTP-streaming: `ndjson` splits
- * its response into frames; loaded with `import()` the first time it is
- * used, so that a page does not load it at start), as `fallback` picks;
+ * its response into frames; loaded with `import()` by `link` the first time
+ * it is used, so that a page does not load it at start), as `fallback` picks;
  * `frame` is its wire, the server's frames (a union keyed on `op`, checked on
- * the way in by `parseFrame`) and the commands; `subscription` is one topic's
+ * the way in by `parseFrame`) and the commands; `events` are what the client
+ * tells its listeners; `calls` are the commands answered by their id's `ok`
+ * or `err` (`pub`, `rpc`, `presence`, `history`, `refresh`), their options
+ * and results and those in flight; `subscriptions` finds a frame's
+ * subscription by topic or by its `sub`'s id; `subscription` is one topic's
  * stream and its acks, and tells a topic's presence diffs to what follows
  * them. Beside the protocol:
  * `backoff` (the wait before a reconnect), `heartbeat` (a dead connection
@@ -28,22 +32,24 @@
  * subscribed topic's members kept current).
  * @packageDocumentation
  */
-export {
-  HeraldClient,
-  type ConnectionState,
-  type StateChange,
-  type ClientEvents,
-  type SubscribeOptions,
-  type Published,
-  type RpcOptions,
-  type ServerSubscribed,
-  type ServerUnsubscribed,
-  type TransportChange,
-  type PresenceOptions,
-  type PresencePage,
-  type HistoryOptions,
-  type HistoryPage,
-} from './client.js';
+export { HeraldClient } from './client.js';
+export type {
+  ConnectionState,
+  StateChange,
+  ClientEvents,
+  ServerSubscribed,
+  ServerUnsubscribed,
+  TransportChange,
+} from './events.js';
+export type {
+  SubscribeOptions,
+  Published,
+  RpcOptions,
+  PresenceOptions,
+  PresencePage,
+  HistoryOptions,
+  HistoryPage,
+} from './calls.js';
 export type { PresenceMember, PresenceDiffFrame, Publication } from './frame.js';
 export {
   DEFAULT_ACK_INTERVAL_MS,

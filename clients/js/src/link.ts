@@ -1,4 +1,5 @@
 import type { Command, HelloCommand } from './frame.js';
+import type { openStream } from './stream.js';
 
 /**
  * How the client reaches Herald: `websocket` (`/ws`), or `stream`
@@ -45,3 +46,21 @@ export interface Link {
 
 /** Opens a link to `url` (a `ws(s)://…/ws` URL) that starts with `hello`. */
 export type Opener = (url: string, hello: HelloCommand, handlers: LinkHandlers) => Link;
+
+let streamModule: Promise<typeof import('./stream.js')> | undefined;
+
+/**
+ * The HTTP-streaming link, loaded the first time the client falls back to
+ * it (or is told to use it): most connections never need it, so it is a
+ * separate chunk of an app's bundle, out of what a page loads at start. A
+ * load that failed is tried again at the next attempt.
+ */
+export async function loadStream(): Promise<typeof openStream> {
+  streamModule ??= import('./stream.js');
+  try {
+    return (await streamModule).openStream;
+  } catch (e) {
+    streamModule = undefined;
+    throw e;
+  }
+}

@@ -18,13 +18,14 @@
  * core knows).
  * @packageDocumentation
  */
-import type { HeraldClient, PresencePage } from './client.js';
+import type { HeraldClient } from './client.js';
+import type { PresencePage } from './calls.js';
 import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
 import type { PresenceDiffFrame, PresenceMember } from './frame.js';
 import type { Subscription } from './subscription.js';
 
-export type { PresenceOptions, PresencePage } from './client.js';
+export type { PresenceOptions, PresencePage } from './calls.js';
 export type { PresenceDiffFrame, PresenceMember } from './frame.js';
 
 /** Counts and members of a topic's presence at `position`. */

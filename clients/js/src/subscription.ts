@@ -2,7 +2,7 @@ import { Emitter, type Fault } from './emitter.js';
 import type { HeraldError } from './errors.js';
 import type { AckCommand, Base, DeltaDecoder, MsgBytes, MsgFrame, Opener, PresenceDiffFrame, SubCommand } from './frame.js';
 import { fromBase64 } from './payload.js';
-import type { PresenceOptions, PresencePage } from './client.js';
+import type { PresenceOptions, PresencePage } from './calls.js';
 
 /** A message handed to the application: each `seq` once, in order, within an `epoch`. */
 export interface Message<T = unknown> {
