@@ -9,7 +9,7 @@ declares under `#[cfg(test)]`, as `auth/tests.rs`) and generated code (a file
 that says `@generated` in its first lines). Prints each file over the limit
 with its counted lines and exits 1; prints nothing else and exits 0.
 
-Usage: scripts/file_size.py [SRC_DIR ...]   (default: gateway/src router/src)
+Usage: scripts/file_size.py [SRC_DIR ...]   (default: every crate's src/)
 
 Comments and strings are read as module-deps.py reads them (their braces do
 not count), so a test module's end is found where the compiler finds it.
@@ -39,7 +39,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DIRS = ["gateway/src", "router/src"]
+
+
+def default_dirs():
+    """The `src/` of every crate of the workspace (a folder with a
+    Cargo.toml at the top level): the gateway's and the router's, and the
+    clients', the load tool's and the test rig's, read as often."""
+    return sorted(
+        str(toml.parent.relative_to(ROOT) / "src")
+        for toml in ROOT.glob("*/Cargo.toml")
+        if (toml.parent / "src").is_dir()
+    )
+
+
 LIMIT = 600
 # `@generated` within this many first lines marks a generated file.
 GENERATED_HEAD = 5
@@ -132,7 +144,7 @@ def oversized(src):
 
 
 def main(argv):
-    dirs = argv or DEFAULT_DIRS
+    dirs = argv or default_dirs()
     found = []
     for d in dirs:
         src = Path(d) if Path(d).is_absolute() else ROOT / d

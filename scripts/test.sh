@@ -65,7 +65,7 @@ say "lints"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # No cycle between a crate's top-level modules (gateway, router): data flows one way.
 python3 scripts/module-deps.py
-# No file over 600 lines outside its tests (gateway, router): one noun per
+# No file over 600 lines outside its tests (every crate's src/): one noun per
 # file. The doctests are the script's own tests.
 python3 -m doctest scripts/file_size.py
 python3 scripts/file_size.py

@@ -27,10 +27,12 @@
 //! order, or the run fails. Every phase has a fixed length, so the run ends
 //! by itself however long the pod stalls; the delay is set back to zero at
 //! the end.
+//!
+//! Layout: the options, the run and the result here; [`watching`] (the
+//! connections that watch the many topics), [`canary`] (the topic measured).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,16 +41,20 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
+use self::canary::{count, phase, publish_canary, read_canary};
+use self::watching::{keep, open};
 use super::{MAX_DURATION, unique_topic};
-use crate::clients::{FD_MARGIN, client_failure, open_all, raise_fd_limit, source_addr};
-use crate::latency::{Stamp, Summary, now_micros};
+use crate::clients::{FD_MARGIN, open_all, raise_fd_limit};
+use crate::latency::{Summary, now_micros};
 use crate::proxy;
-use crate::publish::{Pool, body};
-use crate::raw::{self, Client};
+use crate::publish::Pool;
 use crate::report::{Outcome, Row};
 use crate::{Error, Target};
+
+mod canary;
+mod watching;
 
 /// Connections holding the watched topics.
 pub const DEFAULT_CONNECTIONS: usize = 200;
@@ -400,166 +406,6 @@ pub async fn run(options: Options) -> Result<Stall, Error> {
     })
 }
 
-/// Client `client`, connected and subscribed to `topics` within `within`.
-async fn open(
-    client: usize,
-    target: &Target,
-    topics: &[String],
-    within: Duration,
-) -> Result<Client, Error> {
-    let source = source_addr(target.addr.ip(), client);
-    let fail = client_failure(client, source, target.addr);
-    let opening = async {
-        let mut c = Client::connect(source, target, BUFFER_BYTES, client as u64)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-        c.subscribe(&topics).await.map_err(|e| {
-            let hint = if e.contains("too_many_subscriptions") {
-                " (raise HERALD_SESSION__MAX_SUBSCRIPTIONS)"
-            } else {
-                ""
-            };
-            fail(format!("{e}{hint}"))
-        })?;
-        Ok(c)
-    };
-    tokio::time::timeout(within, opening)
-        .await
-        .map_err(|_| fail(format!("not subscribed within {within:?}")))?
-}
-
-/// Holds a watching connection: answers pings until the run stops, and
-/// notes a close that came before.
-async fn keep(
-    mut client: Client,
-    c: usize,
-    closed: Arc<Mutex<Vec<String>>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let reason = loop {
-        let frame = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            frame = client.next() => frame,
-        };
-        let ping = match frame {
-            Ok(Some(frame)) if frame.opcode == raw::OP_PING => frame.payload.to_vec(),
-            Ok(Some(frame)) if frame.opcode == raw::OP_CLOSE => {
-                break format!("closed: {}", raw::describe_close(frame.payload));
-            }
-            // A `reset` for a topic nobody publishes to: not the canary's business.
-            Ok(Some(_)) => continue,
-            Ok(None) => break "EOF".to_owned(),
-            Err(e) => break e.to_string(),
-        };
-        if let Err(e) = client.send(raw::OP_PONG, &ping).await {
-            break format!("sending a pong: {e}");
-        }
-    };
-    let mut closed = lock(&closed);
-    if closed.len() < LISTED {
-        closed.push(format!("connection {c}: {reason}"));
-    }
-}
-
-/// The canary's `msg` as far as the tool reads it.
-#[derive(Deserialize)]
-struct CanaryFrame {
-    op: String,
-    seq: Option<u64>,
-    data: Option<Stamp>,
-}
-
-/// Reads the canary until the run stops: every delivery with its time.
-async fn read_canary(
-    mut client: Client,
-    canary: Arc<Mutex<Canary>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let frame = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            frame = client.next() => frame,
-        };
-        let now = now_micros();
-        let (opcode, payload) = match frame {
-            Ok(Some(frame)) => (frame.opcode, frame.payload.to_vec()),
-            Ok(None) => {
-                return lock(&canary)
-                    .unexpected
-                    .push("the canary's connection ended".into());
-            }
-            Err(e) => {
-                return lock(&canary)
-                    .unexpected
-                    .push(format!("the canary's connection: {e}"));
-            }
-        };
-        if opcode == raw::OP_PING {
-            if client.send(raw::OP_PONG, &payload).await.is_err() {
-                return;
-            }
-            continue;
-        }
-        match opcode {
-            raw::OP_TEXT => match serde_json::from_slice::<CanaryFrame>(&payload) {
-                Ok(CanaryFrame {
-                    op,
-                    seq: Some(seq),
-                    data: Some(stamp),
-                }) if op == "msg" => {
-                    lock(&canary).deliveries.push((seq, stamp.i, stamp.t, now));
-                }
-                Ok(CanaryFrame { op, .. }) if op == "reset" => lock(&canary).resets += 1,
-                _ => lock(&canary)
-                    .unexpected
-                    .push(String::from_utf8_lossy(&payload).into_owned()),
-            },
-            raw::OP_CLOSE => {
-                let close = raw::describe_close(&payload);
-                return lock(&canary)
-                    .unexpected
-                    .push(format!("the canary closed: {close}"));
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Publishes canary message `i` every `interval` (each stamped with its
-/// scheduled time, so that a publish that waits counts), until `until`.
-async fn publish_canary(
-    pool: Arc<Pool>,
-    topic: String,
-    interval: Duration,
-    sent: Arc<Mutex<Vec<Sent>>>,
-    mut until: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(interval);
-    // A late tick is sent late, not skipped: every index is a message.
-    tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
-    let next = AtomicU64::new(0);
-    let mut publishing = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = until.wait_for(|u| *u) => break,
-            _ = tick.tick() => {}
-        }
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let stamp = Stamp::now(i);
-        let body = body(&topic, &stamp.encode(CANARY_SIZE));
-        let (pool, sent) = (pool.clone(), sent.clone());
-        publishing.spawn(async move {
-            let answer = pool.publish_with(|| body).await;
-            let seq = answer.map(|a| a.seq).map_err(|e| e.to_string());
-            lock(&sent).push((i, stamp.t, seq));
-        });
-        // Reap what is done, so that the set holds only what is in flight.
-        while publishing.try_join_next().is_some() {}
-    }
-    while publishing.join_next().await.is_some() {}
-}
-
 /// Tells the proxy's control port `command`.
 async fn told(control: SocketAddr, command: &str) -> Result<String, Error> {
     proxy::tell(control, command)
@@ -591,62 +437,6 @@ async fn kill_pubsub(redis: SocketAddr) -> Result<u64, Error> {
         .strip_prefix(':')
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| fail(format!("CLIENT KILL answered `{}`", answer.trim())))
-}
-
-/// The figures of the canary messages sent in `[from, to)` (µs).
-fn phase(name: &str, from: u64, to: u64, sent: &[Sent], deliveries: &[Delivery]) -> Phase {
-    let in_phase: Vec<&Sent> = sent.iter().filter(|s| (from..to).contains(&s.1)).collect();
-    let by_index: std::collections::HashMap<u64, u64> =
-        deliveries.iter().map(|&(_, i, _, at)| (i, at)).collect();
-    let mut latency = Vec::new();
-    let mut undelivered = 0;
-    for &&(i, t, ref seq) in &in_phase {
-        match by_index.get(&i) {
-            Some(&at) => latency.push(u32::try_from(at.saturating_sub(t)).unwrap_or(u32::MAX)),
-            None if seq.is_ok() => undelivered += 1,
-            None => {}
-        }
-    }
-    // Gaps between deliveries (of any canary message) within the phase,
-    // from its start and to its end.
-    let mut times: Vec<u64> = deliveries
-        .iter()
-        .map(|d| d.3)
-        .filter(|at| (from..to).contains(at))
-        .collect();
-    times.sort_unstable();
-    let longest_gap = std::iter::once(from)
-        .chain(times.iter().copied())
-        .zip(times.iter().copied().chain(std::iter::once(to)))
-        .map(|(a, b)| b - a)
-        .max()
-        .unwrap_or(to - from);
-    Phase {
-        name: name.to_owned(),
-        seconds: (to - from) as f64 / 1e6,
-        sent: in_phase.len() as u64,
-        delivered: latency.len() as u64,
-        latency: Summary::of(&mut latency),
-        undelivered,
-        longest_gap_ms: longest_gap as f64 / 1e3,
-    }
-}
-
-/// (lost, duplicated, out of order): answered seqs never delivered, seqs
-/// delivered again, deliveries whose seq is not above the one before.
-fn count(answered: &HashSet<u64>, deliveries: &[Delivery]) -> (u64, u64, u64) {
-    let mut seen = HashSet::new();
-    let (mut duplicated, mut out_of_order, mut last) = (0, 0, 0);
-    for &(seq, ..) in deliveries {
-        if !seen.insert(seq) {
-            duplicated += 1;
-        } else if seq <= last {
-            out_of_order += 1;
-        }
-        last = last.max(seq);
-    }
-    let lost = answered.iter().filter(|seq| !seen.contains(seq)).count() as u64;
-    (lost, duplicated, out_of_order)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -746,34 +536,5 @@ impl Outcome for Stall {
                 .push("CLIENT KILL closed no pub/sub connection: is --redis the pod's?".to_owned());
         }
         failures
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_phase_counts_its_own_messages_and_its_longest_silence() {
-        // Sent at 0, 10, 20, 30 ms; 1 and 2 delivered late, 3 never.
-        let sent: Vec<Sent> = (0..4).map(|i| (i, i * 10_000, Ok(i + 1))).collect();
-        let deliveries = vec![
-            (1, 0, 0, 5_000),
-            (2, 1, 10_000, 90_000),
-            (3, 2, 20_000, 95_000),
-        ];
-        let p = phase("p", 0, 100_000, &sent, &deliveries);
-        assert_eq!((p.sent, p.delivered, p.undelivered), (4, 3, 1));
-        assert_eq!(p.latency.max_us, 80_000);
-        assert_eq!(p.longest_gap_ms, 85.0, "from 5 ms to 90 ms");
-        let quiet = phase("q", 100_000, 200_000, &sent, &deliveries);
-        assert_eq!((quiet.sent, quiet.longest_gap_ms), (0, 100.0));
-    }
-
-    #[test]
-    fn lost_duplicated_and_out_of_order_are_told_apart() {
-        let answered: HashSet<u64> = [1, 2, 3, 4].into();
-        let deliveries = vec![(1, 0, 0, 0), (3, 2, 0, 0), (2, 1, 0, 0), (3, 2, 0, 0)];
-        assert_eq!(count(&answered, &deliveries), (1, 1, 1));
     }
 }

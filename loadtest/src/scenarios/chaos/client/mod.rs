@@ -8,9 +8,11 @@
 //! It is the one client in the project that is not `herald_client`, on
 //! purpose: the checker judges the server by the raw stream, duplicates
 //! and all, which a client that applies the seq rule would hide.
+//!
+//! Layout: the client, its connection and its reading here; [`record`]
+//! (what it logs and hands back), [`resume`] (coming back after a loss).
 
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +28,13 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use crate::clients::{
     CONNECT_TIMEOUT, READ_BUFFER_BYTES, Socket, client_failure, connect, describe, source_addr,
 };
-use crate::sessions::{ATTEMPT_TIMEOUT, Plan};
+use crate::sessions::Plan;
 use crate::{Error, Target};
+
+mod record;
+mod resume;
+
+pub use self::record::{Event, Log, Record};
 
 /// Unexpected frames kept (as text) per client.
 const UNEXPECTED_KEPT: usize = 3;
@@ -43,64 +50,9 @@ pub enum Phase {
     Stop,
 }
 
-/// One entry of a topic's stream, `at` in ms from the run's start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// An `ok` to a `sub`: the stream goes on after `seq` in `epoch`
-    /// (`recovered`: a `sub` with `since` that the history bridged).
-    Start {
-        epoch: Arc<str>,
-        seq: u64,
-        recovered: bool,
-        at: u32,
-    },
-    /// A `msg`; `id` is the publish id in its data (`None`: none there).
-    Msg { seq: u64, id: Option<u64>, at: u32 },
-    /// A `reset`: continuity lost, live again after `seq` in `epoch`.
-    Reset { epoch: Arc<str>, seq: u64, at: u32 },
-    /// The connection was lost (`cut`: by the client itself).
-    Gone { cut: bool, at: u32 },
-    /// A `welcome` on a new connection to pod `gateway`.
-    Welcome {
-        gateway: usize,
-        resumed: bool,
-        at: u32,
-    },
-}
-
-/// A topic's stream as one client saw it.
-#[derive(Debug, Clone)]
-pub struct Log {
-    pub topic: usize,
-    pub events: Vec<Event>,
-}
-
 /// Where a client is in a topic, for the drain: the epoch and the newest
 /// seq processed.
 pub type Positions = Arc<Mutex<Vec<(Arc<str>, u64)>>>;
-
-/// What one client did and saw.
-#[derive(Debug)]
-pub struct Record {
-    pub client: usize,
-    /// The session it held last.
-    pub session: String,
-    pub logs: Vec<Log>,
-    /// Connections lost, its own cuts included.
-    pub lost: u32,
-    /// Its own cuts.
-    pub cuts: u32,
-    pub resumes: u32,
-    pub attempts: u32,
-    /// Why reconnect attempts failed.
-    pub attempt_errors: Vec<String>,
-    /// `welcome` with `resumed: false` (and why): the session was gone.
-    pub sessions_lost: Vec<String>,
-    pub unexpected: u64,
-    pub unexpected_kept: Vec<String>,
-    /// Why it stopped early, if it did.
-    pub failure: Option<String>,
-}
 
 /// A subscription's state.
 struct Sub {
@@ -490,109 +442,6 @@ impl Client {
                 .map_err(|_| ())?;
             sub.acked = seq;
             sub.ackable = None;
-        }
-        Ok(())
-    }
-
-    /// Comes back after a lost connection: backs off, connects to a pod
-    /// picked at random and resumes. A session that is gone is recorded and
-    /// replaced: a fresh one subscribes again with `since` and `epoch`.
-    async fn resume(
-        &mut self,
-        plan: &Plan,
-        phase: &mut watch::Receiver<Phase>,
-        advised: Option<Duration>,
-        clock: &Clock,
-    ) -> Result<Socket, String> {
-        plan.resuming.fetch_add(1, Ordering::SeqCst);
-        let resumed = self.resume_attempts(plan, phase, advised, clock).await;
-        plan.resuming.fetch_sub(1, Ordering::SeqCst);
-        resumed
-    }
-
-    async fn resume_attempts(
-        &mut self,
-        plan: &Plan,
-        phase: &mut watch::Receiver<Phase>,
-        advised: Option<Duration>,
-        clock: &Clock,
-    ) -> Result<Socket, String> {
-        let mut attempt = 0u32;
-        loop {
-            let wait = match (attempt, advised) {
-                (0, Some(after)) => after,
-                _ => plan.backoff.delay(attempt),
-            };
-            attempt += 1;
-            self.record.attempts += 1;
-            let gateway = plan.pick();
-            let target = &plan.gateways[gateway];
-            let (client, session) = (self.client, self.session.clone());
-            let try_once = async {
-                tokio::time::sleep(wait).await;
-                tokio::time::timeout(
-                    ATTEMPT_TIMEOUT,
-                    handshake(client, target, Some(&session), None),
-                )
-                .await
-                .map_err(|_| format!("no welcome within {ATTEMPT_TIMEOUT:?}"))?
-                .map_err(|e| {
-                    if e.refused {
-                        plan.refused(gateway);
-                    }
-                    e.reason
-                })
-            };
-            let outcome = tokio::select! {
-                biased;
-                changed = phase.changed() => {
-                    if changed.is_err() || *phase.borrow_and_update() == Phase::Stop {
-                        return Err(format!(
-                            "not resumed by the end of the run after {attempt} attempts; last error: {}",
-                            self.record.attempt_errors.last().map_or("none", String::as_str)
-                        ));
-                    }
-                    continue;
-                }
-                outcome = try_once => outcome,
-            };
-            match outcome {
-                Ok((mut ws, welcome)) => {
-                    self.gateway = gateway;
-                    self.note(Event::Welcome {
-                        gateway,
-                        resumed: welcome.resumed,
-                        at: clock.ms32(),
-                    });
-                    if welcome.resumed && welcome.session == self.session {
-                        self.record.resumes += 1;
-                        return Ok(ws);
-                    }
-                    self.record.sessions_lost.push(format!(
-                        "at {:.1} s: {}",
-                        f64::from(clock.ms32()) / 1000.0,
-                        welcome.reason.as_deref().unwrap_or("resumed: false")
-                    ));
-                    self.session = welcome.session;
-                    if self.resubscribe(&mut ws).await.is_ok() {
-                        return Ok(ws);
-                    }
-                }
-                Err(e) => self.record.attempt_errors.push(e),
-            }
-        }
-    }
-
-    /// `sub` with `since` and `epoch` for every topic, on a fresh session;
-    /// the `ok`s are read as any frame.
-    async fn resubscribe(&mut self, ws: &mut Socket) -> Result<(), ()> {
-        for (id, sub) in self.subs.iter().enumerate() {
-            let frame = serde_json::json!({
-                "op": "sub", "id": id, "topic": &*sub.name, "since": sub.last, "epoch": &*sub.epoch,
-            });
-            ws.send(Message::text(frame.to_string()))
-                .await
-                .map_err(|_| ())?;
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! Clients of the HTTP stream transports (issue #25), on bare TCP sockets
-//! like [`raw`]'s WebSocket client and for the same reasons: thousands in
+//! like [`raw`](crate::raw)'s WebSocket client and for the same reasons: thousands in
 //! one process, each a socket, a small buffer and a task, reading `msg`
 //! frames without parsing their JSON.
 //!
@@ -18,6 +18,10 @@
 //! proxy or another server frame it so). Lines end with LF or CRLF; a lone
 //! CR, which the event-stream format also allows, is not taken as a line
 //! end (no server in this project sends one).
+//!
+//! Layout: this module reads the responses (the head, the body, chunked or
+//! not) for every client; [`sse`], [`ndjson`] and [`conn`] hold the
+//! clients, one a module.
 
 use std::io;
 use std::net::SocketAddr;
@@ -27,8 +31,13 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::Target;
-use crate::raw;
+mod conn;
+mod ndjson;
+mod sse;
+
+pub use self::conn::{Conn, Incoming};
+pub use self::ndjson::{Line, NdjsonClient, post_commands};
+pub use self::sse::{Sse, SseClient, sse_path};
 
 /// Longest response head read.
 const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -357,373 +366,6 @@ pub fn parse_head(head: &[u8]) -> io::Result<Head> {
     Ok(parsed)
 }
 
-/// One event-stream item: an event with data, or a block without any (a
-/// comment: the heartbeat, or an `id:`/`retry:` alone).
-#[derive(Debug, PartialEq)]
-pub enum Sse<'a> {
-    /// `wire`: the event's bytes on the wire, its `id:` line and all.
-    Event {
-        data: &'a [u8],
-        wire: usize,
-    },
-    Comment,
-}
-
-/// A server-sent events client.
-pub struct SseClient {
-    body: Body,
-    /// The last event id seen (`EventSource`'s "last event ID string").
-    pub last_id: Option<String>,
-    /// The reconnection time the server asked for (`retry:`), in ms.
-    pub retry_ms: Option<u64>,
-    /// Several `data:` lines of one event, joined with LF.
-    joined: Vec<u8>,
-}
-
-/// The request line's target for an SSE stream of `topics`, and a token
-/// in the query (as `EventSource`, which sends no headers, must).
-pub fn sse_path(topics: &[&str], token: Option<&str>) -> String {
-    let mut path = "/sse".to_owned();
-    for (i, topic) in topics.iter().enumerate() {
-        path.push(if i == 0 { '?' } else { '&' });
-        path.push_str("topic=");
-        path.push_str(&query_escape(topic));
-    }
-    if let Some(token) = token {
-        path.push(if topics.is_empty() { '?' } else { '&' });
-        path.push_str("token=");
-        path.push_str(&query_escape(token));
-    }
-    path
-}
-
-impl SseClient {
-    /// Opens `GET /sse` for `topics` on `target`; with `last_id`, as a
-    /// reconnecting `EventSource` does (`Last-Event-ID`). The answer must
-    /// be `200` `text/event-stream`.
-    pub async fn connect(
-        source: Option<SocketAddr>,
-        target: &Target,
-        topics: &[&str],
-        last_id: Option<&str>,
-        buffer_bytes: usize,
-    ) -> io::Result<Self> {
-        let mut request = format!(
-            "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n",
-            sse_path(topics, None),
-            target.addr
-        );
-        if let Some(id) = last_id {
-            request.push_str(&format!("Last-Event-ID: {id}\r\n"));
-        }
-        request.push_str("\r\n");
-        let (body, head) =
-            Body::open(source, target.addr, request.as_bytes(), buffer_bytes).await?;
-        let kind = head.content_type.as_deref().unwrap_or_default();
-        if !kind.starts_with("text/event-stream") {
-            return Err(io::Error::other(format!(
-                "content-type {kind:?}, not text/event-stream"
-            )));
-        }
-        Ok(Self {
-            body,
-            last_id: last_id.map(str::to_owned),
-            retry_ms: None,
-            joined: Vec::new(),
-        })
-    }
-
-    /// Whether a whole event or comment is buffered (the next
-    /// [`Self::next`] will not wait).
-    pub fn has_event(&self) -> bool {
-        let unread = self.body.unread();
-        block_end(unread).is_some()
-            || (unread.first() == Some(&b':') && memchr(b'\n', unread).is_some())
-    }
-
-    /// The next event, or comment; `None` when the stream ended.
-    /// Cancel-safe.
-    ///
-    /// A comment line that starts a block is handed out on its own, at
-    /// once: the gateway's heartbeat is a lone comment line (`:` LF), which
-    /// would otherwise wait for the next event's empty line. Comments are
-    /// no part of an event's fields, so `EventSource`'s reading is
-    /// unchanged; an empty block (the empty line after such a comment) is
-    /// no item.
-    pub async fn next(&mut self) -> io::Result<Option<Sse<'_>>> {
-        loop {
-            let unread = self.body.unread();
-            if unread.first() == Some(&b':')
-                && let Some(nl) = memchr(b'\n', unread)
-            {
-                self.body.start += nl + 1;
-                return Ok(Some(Sse::Comment));
-            }
-            match block_end(unread) {
-                Some(end)
-                    if end <= 2 && unread[..end].iter().all(|&b| b == b'\r' || b == b'\n') =>
-                {
-                    self.body.start += end;
-                    continue;
-                }
-                Some(end) => {
-                    let from = self.body.start;
-                    self.body.start += end;
-                    return Ok(Some(self.dispatch(from, from + end)));
-                }
-                None => {}
-            }
-            if !self.body.fill().await? {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// The fields of the block `buf[from..to]` (its lines and the empty one).
-    fn dispatch(&mut self, from: usize, to: usize) -> Sse<'_> {
-        let block = &self.body.buf[from..to];
-        let mut data: Option<(usize, usize)> = None;
-        let mut lines_of_data = 0;
-        self.joined.clear();
-        let mut at = 0;
-        while at < block.len() {
-            let nl = memchr(b'\n', &block[at..]).map_or(block.len(), |p| at + p);
-            let mut line = &block[at..nl];
-            let line_at = at;
-            at = nl + 1;
-            if let [rest @ .., b'\r'] = line {
-                line = rest;
-            }
-            if line.is_empty() || line[0] == b':' {
-                continue;
-            }
-            let (name, value, value_at) = match line.iter().position(|&b| b == b':') {
-                Some(colon) => {
-                    let skip = usize::from(line.get(colon + 1) == Some(&b' '));
-                    (&line[..colon], &line[colon + 1 + skip..], colon + 1 + skip)
-                }
-                None => (line, &line[line.len()..], line.len()),
-            };
-            match name {
-                b"data" => {
-                    lines_of_data += 1;
-                    if lines_of_data == 1 {
-                        data = Some((from + line_at + value_at, from + line_at + line.len()));
-                    } else {
-                        if lines_of_data == 2
-                            && let Some((f, t)) = data
-                        {
-                            self.joined.extend_from_slice(&self.body.buf[f..t]);
-                        }
-                        self.joined.push(b'\n');
-                        self.joined.extend_from_slice(value);
-                    }
-                }
-                // Into the id kept, not a new string per event: a load
-                // generator's own cost per event shifts the gateway's.
-                b"id" if !value.contains(&0) => {
-                    let id = self.last_id.get_or_insert_with(String::new);
-                    id.clear();
-                    id.push_str(&String::from_utf8_lossy(value));
-                }
-                b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
-                    self.retry_ms = std::str::from_utf8(value)
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .or(self.retry_ms);
-                }
-                _ => {}
-            }
-        }
-        match (lines_of_data, data) {
-            (0, _) | (_, None) => Sse::Comment,
-            (1, Some((f, t))) => Sse::Event {
-                data: &self.body.buf[f..t],
-                wire: to - from,
-            },
-            _ => Sse::Event {
-                data: &self.joined,
-                wire: to - from,
-            },
-        }
-    }
-}
-
-/// Where the first event-stream block of `bytes` ends (just past its empty
-/// line), if it is all there. A block of only an empty line is a block
-/// (nothing in it).
-fn block_end(bytes: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    loop {
-        let nl = at + memchr(b'\n', &bytes[at..])?;
-        let line = &bytes[at..nl];
-        if line.is_empty() || line == b"\r" {
-            return Some(nl + 1);
-        }
-        at = nl + 1;
-    }
-}
-
-/// One NDJSON stream item.
-#[derive(Debug, PartialEq)]
-pub enum Line<'a> {
-    Frame(&'a [u8]),
-    /// An empty line: the heartbeat.
-    Heartbeat,
-}
-
-/// An HTTP-streaming client: the NDJSON response of `POST /stream`.
-pub struct NdjsonClient {
-    body: Body,
-    /// From `welcome` (see [`Self::welcome`]).
-    pub session: Option<String>,
-}
-
-impl NdjsonClient {
-    /// `POST /stream` with `hello` (a JSON object, `{"op":"hello"}` at the
-    /// least); the answer must be `200` `application/x-ndjson`.
-    pub async fn connect(
-        source: Option<SocketAddr>,
-        target: &Target,
-        hello: &str,
-        buffer_bytes: usize,
-    ) -> io::Result<Self> {
-        let request = format!(
-            "POST /stream HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Accept: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{hello}",
-            target.addr,
-            hello.len()
-        );
-        let (body, head) =
-            Body::open(source, target.addr, request.as_bytes(), buffer_bytes).await?;
-        let kind = head.content_type.as_deref().unwrap_or_default();
-        if !kind.starts_with("application/x-ndjson") {
-            return Err(io::Error::other(format!(
-                "content-type {kind:?}, not application/x-ndjson"
-            )));
-        }
-        Ok(Self {
-            body,
-            session: None,
-        })
-    }
-
-    /// Whether a whole line is buffered.
-    pub fn has_line(&self) -> bool {
-        memchr(b'\n', self.body.unread()).is_some()
-    }
-
-    /// The next line; `None` when the stream ended. Cancel-safe.
-    pub async fn next(&mut self) -> io::Result<Option<Line<'_>>> {
-        loop {
-            if let Some((from, to)) = self.body.take_line() {
-                return Ok(Some(if from == to {
-                    Line::Heartbeat
-                } else {
-                    Line::Frame(&self.body.buf[from..to])
-                }));
-            }
-            if !self.body.fill().await? {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// Reads up to `welcome` and keeps its session.
-    pub async fn welcome(&mut self) -> Result<String, String> {
-        loop {
-            let line = match self.next().await {
-                Ok(Some(Line::Frame(line))) => line,
-                Ok(Some(Line::Heartbeat)) => continue,
-                Ok(None) => return Err("the stream ended before welcome".to_owned()),
-                Err(e) => return Err(format!("reading: {e}")),
-            };
-            let reply: Reply = serde_json::from_slice(line).map_err(|e| not_a_frame(e, line))?;
-            match (reply.op.as_str(), reply.session) {
-                ("welcome", Some(session)) => {
-                    self.session = Some(session.clone());
-                    return Ok(session);
-                }
-                _ => return Err(format!("before welcome: {}", String::from_utf8_lossy(line))),
-            }
-        }
-    }
-}
-
-/// Sends `commands` (JSON lines) for `session` with `POST
-/// /stream/<session>` on a connection of its own; the answer must be `202`.
-pub async fn post_commands(
-    source: Option<SocketAddr>,
-    target: &Target,
-    session: &str,
-    commands: &[String],
-) -> io::Result<()> {
-    let body = commands.join("\n");
-    let request = format!(
-        "POST /stream/{} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-ndjson\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        query_escape(session),
-        target.addr,
-        body.len()
-    );
-    let socket = if target.addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    if let Some(source) = source {
-        socket.bind(source)?;
-    }
-    let mut stream = socket.connect(target.addr).await?;
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::with_capacity(256);
-    let mut chunk = [0u8; 512];
-    while find(&answer, b"\r\n").is_none() && answer.len() < MAX_HEAD_BYTES {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        answer.extend_from_slice(&chunk[..n]);
-    }
-    let line_end = find(&answer, b"\r\n").unwrap_or(answer.len());
-    let head = parse_head(&answer[..line_end])?;
-    if head.status != 202 {
-        return Err(io::Error::other(format!(
-            "commands answered {}: {}",
-            head.status,
-            String::from_utf8_lossy(&answer)
-                .chars()
-                .take(ERROR_BODY_QUOTED)
-                .collect::<String>()
-        )));
-    }
-    Ok(())
-}
-
-/// What a scenario reads from a client of any transport.
-#[derive(Debug, PartialEq)]
-pub enum Incoming<'a> {
-    /// A server frame's JSON (a WebSocket text frame, inflated where it was
-    /// compressed; an SSE event's data; an NDJSON line), and about what it
-    /// took on the wire (a WebSocket frame's exactly, a stream's data).
-    Frame(&'a [u8], usize),
-    /// A WebSocket ping: answer with [`Conn::pong`].
-    Ping(Vec<u8>),
-    /// A heartbeat of a stream (an SSE comment, an empty NDJSON line).
-    Heartbeat,
-    /// A WebSocket close frame (code and reason).
-    Closed(String),
-    /// A WebSocket frame of another kind.
-    Other,
-}
-
-/// A client of any transport.
-pub enum Conn {
-    Ws(raw::Client),
-    Sse(SseClient),
-    Stream(NdjsonClient),
-}
-
 /// The `ok` and `welcome` frames' fields the clients read.
 #[derive(Deserialize)]
 struct Reply {
@@ -739,160 +381,6 @@ fn not_a_frame(e: serde_json::Error, line: &[u8]) -> String {
         "not a server frame ({e}): {}",
         String::from_utf8_lossy(line)
     )
-}
-
-impl Conn {
-    /// Whether the connection negotiated permessage-deflate (a WebSocket's).
-    pub fn compressed(&self) -> bool {
-        match self {
-            Self::Ws(c) => c.compressed(),
-            _ => false,
-        }
-    }
-
-    /// Opens a client of `transport` on `target` and subscribes it to
-    /// `topics`: the `seq` of each topic's `ok`, in `topics` order.
-    /// WebSocket: `sub` per topic after the upgrade; SSE: the topics in the
-    /// request; HTTP-streaming: `hello`, then the `sub`s by `POST
-    /// /stream/<session>` (64 per request, the most one takes).
-    pub async fn subscribed(
-        transport: Transport,
-        source: Option<SocketAddr>,
-        target: &Target,
-        topics: &[&str],
-        buffer_bytes: usize,
-        seed: u64,
-        compression: bool,
-    ) -> Result<(Self, Vec<u64>), String> {
-        match transport {
-            Transport::Ws => {
-                // A WebSocket may offer permessage-deflate, as a browser does.
-                let offer = [("Sec-WebSocket-Extensions", raw::DEFLATE_OFFER)];
-                let headers: &[(&str, &str)] = if compression { &offer } else { &[] };
-                let mut c =
-                    raw::Client::connect_with_headers(source, target, buffer_bytes, seed, headers)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                let seqs = c.subscribe(topics).await?;
-                Ok((Self::Ws(c), seqs))
-            }
-            Transport::Sse => {
-                let c = SseClient::connect(source, target, topics, None, buffer_bytes)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut conn = Self::Sse(c);
-                let seqs = conn.confirmed(topics, false).await?;
-                Ok((conn, seqs))
-            }
-            Transport::Stream => {
-                let mut c =
-                    NdjsonClient::connect(source, target, r#"{"op":"hello"}"#, buffer_bytes)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                let session = c.welcome().await?;
-                let subs: Vec<String> = topics
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        serde_json::json!({"op": "sub", "id": i + 1, "topic": t}).to_string()
-                    })
-                    .collect();
-                for batch in subs.chunks(64) {
-                    post_commands(source, target, &session, batch)
-                        .await
-                        .map_err(|e| format!("subscribing: {e}"))?;
-                }
-                let mut conn = Self::Stream(c);
-                let seqs = conn.confirmed(topics, true).await?;
-                Ok((conn, seqs))
-            }
-        }
-    }
-
-    /// Reads one `ok` per topic (by `id` from 1 when `by_id`, else by
-    /// topic), answering nothing (streams have no pings); the seqs.
-    async fn confirmed(&mut self, topics: &[&str], by_id: bool) -> Result<Vec<u64>, String> {
-        let mut seqs = vec![0; topics.len()];
-        let mut seen = vec![false; topics.len()];
-        let mut confirmed = 0;
-        while confirmed < topics.len() {
-            let frame = match self.next().await {
-                Ok(Some(Incoming::Frame(frame, _))) => frame,
-                Ok(Some(_)) => continue,
-                Ok(None) => {
-                    return Err("the stream ended before the subs were confirmed".to_owned());
-                }
-                Err(e) => return Err(format!("reading: {e}")),
-            };
-            let reply: Reply = serde_json::from_slice(frame).map_err(|e| not_a_frame(e, frame))?;
-            let at = match (reply.op.as_str(), by_id) {
-                ("ok", true) => reply
-                    .id
-                    .and_then(|id| usize::try_from(id).ok())
-                    .filter(|id| (1..=topics.len()).contains(id))
-                    .map(|id| id - 1),
-                ("ok", false) => reply
-                    .topic
-                    .as_deref()
-                    .and_then(|t| topics.iter().position(|mine| *mine == t)),
-                _ => None,
-            };
-            match at {
-                Some(at) if !seen[at] => {
-                    seen[at] = true;
-                    seqs[at] = reply.seq.unwrap_or(0);
-                    confirmed += 1;
-                }
-                _ => {
-                    return Err(format!("sub refused: {}", String::from_utf8_lossy(frame)));
-                }
-            }
-        }
-        Ok(seqs)
-    }
-
-    /// The next thing the server sent; `None` at the end of the connection.
-    /// Cancel-safe.
-    pub async fn next(&mut self) -> io::Result<Option<Incoming<'_>>> {
-        Ok(Some(match self {
-            Self::Ws(c) => match c.next().await? {
-                None => return Ok(None),
-                Some(frame) => match frame.opcode {
-                    raw::OP_TEXT => Incoming::Frame(frame.payload, frame.wire_bytes),
-                    raw::OP_PING => Incoming::Ping(frame.payload.to_vec()),
-                    raw::OP_CLOSE => Incoming::Closed(raw::describe_close(frame.payload)),
-                    _ => Incoming::Other,
-                },
-            },
-            Self::Sse(c) => match c.next().await? {
-                None => return Ok(None),
-                Some(Sse::Event { data, wire }) => Incoming::Frame(data, wire),
-                Some(Sse::Comment) => Incoming::Heartbeat,
-            },
-            Self::Stream(c) => match c.next().await? {
-                None => return Ok(None),
-                Some(Line::Frame(line)) => Incoming::Frame(line, line.len() + 1),
-                Some(Line::Heartbeat) => Incoming::Heartbeat,
-            },
-        }))
-    }
-
-    /// Answers a WebSocket ping (nothing to do on a stream).
-    pub async fn pong(&mut self, ping: &[u8]) -> io::Result<()> {
-        match self {
-            Self::Ws(c) => c.send(raw::OP_PONG, ping).await,
-            Self::Sse(_) | Self::Stream(_) => Ok(()),
-        }
-    }
-
-    /// Whether the next [`Self::next`] will not wait.
-    pub fn has_frame(&self) -> bool {
-        match self {
-            Self::Ws(c) => c.has_frame(),
-            Self::Sse(c) => c.has_event(),
-            Self::Stream(c) => c.has_line(),
-        }
-    }
 }
 
 /// `s` with every byte outside RFC 3986's unreserved set percent-encoded.
@@ -917,6 +405,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::Target;
 
     /// A server on loopback that answers one connection with `response`
     /// (sent in pieces of `piece` bytes) and closes; the client's target.
@@ -1109,15 +598,6 @@ mod tests {
             let e = outcome.expect_err("refused").to_string();
             assert!(e.contains("bad chunked body"), "{body:?}: {e}");
         }
-    }
-
-    #[test]
-    fn blocks_end_at_an_empty_line() {
-        assert_eq!(block_end(b"data: x\n"), None);
-        assert_eq!(block_end(b"data: x\n\nrest"), Some(9));
-        assert_eq!(block_end(b"data: x\r\n\r\n"), Some(11));
-        assert_eq!(block_end(b"\n"), Some(1));
-        assert_eq!(block_end(b""), None);
     }
 
     #[test]
