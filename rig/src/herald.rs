@@ -23,16 +23,13 @@ use tokio::time::Instant;
 
 use crate::error::{Error, io, state};
 use crate::http::get;
-use crate::process::{self, free_port, tail};
+use crate::process::{self, PORT_ATTEMPTS, free_port, tail};
 
 /// Longest the binary may take to become ready.
 pub const READY_WAIT: Duration = Duration::from_secs(20);
 /// Between two looks at something that has no event to wait on (an exit
 /// status, a port that is not listening yet).
 const POLL: Duration = Duration::from_millis(20);
-/// Ports tried before giving up (another process may take the free port
-/// between our look and the binary's bind).
-const ATTEMPTS: usize = 5;
 
 /// What a pod must answer 200 on before it counts as started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +124,7 @@ impl Herald {
     /// [`READY_WAIT`]) until its probe answers 200.
     pub async fn start(spec: Spec) -> Result<Self, Error> {
         let mut last = String::new();
-        for _ in 0..ATTEMPTS {
+        for _ in 0..PORT_ATTEMPTS {
             let mut herald = Self {
                 addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
                 grpc_addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
@@ -146,7 +143,7 @@ impl Herald {
             }
         }
         Err(state(format!(
-            "herald could not bind a free port in {ATTEMPTS} attempts; its last output: {last}"
+            "herald could not bind a free port in {PORT_ATTEMPTS} attempts; its last output: {last}"
         )))
     }
 

@@ -108,6 +108,19 @@ fn has_setpriv() -> bool {
     })
 }
 
+/// Free ports a process is started on before giving up: another process
+/// may take the port between our look ([`free_port`]) and its bind.
+pub(crate) const PORT_ATTEMPTS: usize = 5;
+
+/// Why `what` could not be started in [`PORT_ATTEMPTS`] tries, the last
+/// try's failure (`last`) said.
+pub(crate) fn not_started(what: &str, last: Option<Error>) -> Error {
+    state(format!(
+        "{what} did not start on a free port in {PORT_ATTEMPTS} attempts (the last: {})",
+        last.map_or_else(|| "none".to_owned(), |e| e.to_string())
+    ))
+}
+
 /// A loopback port nobody listens on right now, for a process that binds
 /// its ports itself (the binary, `redis-server`, Prometheus): another
 /// process may take it before that one binds, so the caller retries on a

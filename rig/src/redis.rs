@@ -23,11 +23,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, io, state};
-use crate::process::{self, blocking, free_port, tail};
+use crate::process::{self, PORT_ATTEMPTS, blocking, free_port, tail};
 
-/// Ports tried before giving up (another process may take the free port
-/// between our look and the server's bind).
-const ATTEMPTS: usize = 5;
 /// Longest a server may take to answer (loading a dump included).
 pub const READY_WAIT: Duration = Duration::from_secs(20);
 /// Longest one `redis-cli` call may take.
@@ -100,7 +97,7 @@ impl Redis {
             return Ok(redis);
         }
         let mut last = None;
-        for _ in 0..ATTEMPTS {
+        for _ in 0..PORT_ATTEMPTS {
             redis.port = free_port()?;
             match redis.spawn().await {
                 Ok(()) => return Ok(redis),
@@ -123,7 +120,7 @@ impl Redis {
             held: None,
         };
         let mut last = None;
-        for _ in 0..ATTEMPTS {
+        for _ in 0..PORT_ATTEMPTS {
             redis.port = free_port()?;
             redis.dir = workdir(redis.port)?;
             match redis.spawn().await {
@@ -411,10 +408,9 @@ fn owned(args: &[&str]) -> Vec<String> {
 }
 
 fn not_started(last: Option<Error>) -> Error {
+    let why = process::not_started("redis-server", last);
     state(format!(
-        "redis-server did not start on a free port in {ATTEMPTS} attempts (the last: {}; is it \
-         installed? scripts/test.sh installs it)",
-        last.map_or_else(|| "none".to_owned(), |e| e.to_string())
+        "{why} (is it installed? scripts/test.sh installs it)"
     ))
 }
 

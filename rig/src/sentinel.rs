@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, io, state};
-use crate::process::{self, free_port, poll};
+use crate::process::{self, PORT_ATTEMPTS, free_port, not_started, poll};
 use crate::redis::{Redis, cli_on, until_own};
 
 /// The name the sentinels monitor the master under.
@@ -43,10 +43,6 @@ struct Sentinel {
     /// `None` once it exited (its port was taken) or was killed.
     child: Option<Child>,
 }
-
-/// Ports tried for a sentinel before giving up (another process may take the
-/// free port between our look and the sentinel's bind).
-const ATTEMPTS: usize = 5;
 
 impl SentinelGroup {
     /// Starts everything and waits until every sentinel knows the replica
@@ -178,7 +174,7 @@ impl Sentinel {
     async fn start(dir: &Path, i: usize, master_port: u16) -> Result<Self, Error> {
         let log = dir.join(format!("sentinel-{i}.log"));
         let mut last = None;
-        for _ in 0..ATTEMPTS {
+        for _ in 0..PORT_ATTEMPTS {
             let port = free_port()?;
             let mut sentinel = Self {
                 port,
@@ -192,10 +188,7 @@ impl Sentinel {
                 Err(e) => return Err(e),
             }
         }
-        Err(state(format!(
-            "sentinel {i} did not start on a free port in {ATTEMPTS} attempts (the last: {})",
-            last.map_or_else(|| "none".to_owned(), |e| e.to_string())
-        )))
+        Err(not_started(&format!("sentinel {i}"), last))
     }
 
     /// Starts sentinel `i` on `port` with a fresh config (a sentinel

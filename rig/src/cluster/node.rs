@@ -9,12 +9,9 @@ use std::process::{Child, Stdio};
 
 use super::{CLI_TIMEOUT, NODE_TIMEOUT, Node, RedisCluster};
 use crate::error::{Error, state};
-use crate::process::{self, run};
+use crate::process::{self, PORT_ATTEMPTS, not_started, run};
 use crate::redis::{cli_on, until_own};
 
-/// Ports tried for a node before giving up (another process may take the
-/// free port between our look and the node's bind).
-const ATTEMPTS: usize = 5;
 /// The cluster bus listens on each node's port plus this.
 const BUS_OFFSET: u16 = 10000;
 
@@ -134,7 +131,7 @@ impl RedisCluster {
     /// it to another free port while the one it was given turns out taken.
     pub(super) async fn start_node(&mut self, i: usize) -> Result<(), Error> {
         let mut last = None;
-        for _ in 0..ATTEMPTS {
+        for _ in 0..PORT_ATTEMPTS {
             let Some(port) = self.nodes.get(i).map(|n| n.port) else {
                 return Err(state(format!("no node {i}")));
             };
@@ -150,10 +147,7 @@ impl RedisCluster {
                 *slot = node;
             }
         }
-        Err(state(format!(
-            "a cluster node did not start on a free port in {ATTEMPTS} attempts (the last: {})",
-            last.map_or_else(|| "none".to_owned(), |e| e.to_string())
-        )))
+        Err(not_started("a cluster node", last))
     }
 }
 
